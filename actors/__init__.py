@@ -1,0 +1,1 @@
+"""Actor side: environments, the env ring and the actor worker. Never imports JAX."""

@@ -1,0 +1,195 @@
+"""The actor worker: steps a ring of environments and streams trajectory chunks.
+
+The ring's S splits take turns: each has at most one inference request in
+flight, and while it waits the actor steps whichever split has its answer.
+Finished chunks go to the learner on the sample stream; a request unanswered
+for `actors.inference_timeout_s` is sent again, to any live inference server.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import zmq
+
+from actors.env_ring import ChunkBuilder, EnvSplit, StepResult
+from actors.envs import env_seed, make_env
+from srl_jax.config import ExperimentConfig
+from srl_jax.names import NameService
+from srl_jax.streams import make_socket, receive, send
+from srl_jax.worker import LOOKUP_TIMEOUT_S, Worker
+
+REPLY_KINDS = frozenset({"infer_reply"})
+POLL_MS = 100
+SEND_WAIT_LOG_S = 5.0
+
+
+class _SplitState:
+    """One split's environments, chunk and outstanding request."""
+
+    def __init__(self, index: int, split: EnvSplit, length: int) -> None:
+        self.index = index
+        self.split = split
+        self.chunk = ChunkBuilder(length, split.obs)
+        self.seq = 0
+        self.sent_at = 0.0
+        self.request_obs = split.obs
+        self.n_truncated = 0
+
+
+class ActorWorker(Worker):
+    kind = "actor"
+
+    def __init__(self, config: ExperimentConfig, index: int, run_dir: Path,
+                 names: NameService) -> None:
+        super().__init__(config, index, run_dir, names)
+        self.env_frames = 0
+        self.episodes = 0
+        self.chunks_sent = 0
+        self.chunks_dropped = 0
+        self.infer_timeouts = 0
+        self.time_env = 0.0
+        self.time_wait = 0.0
+        self.time_send = 0.0
+        self._returns: list[float] = []
+        self._lengths: list[int] = []
+
+    def setup(self) -> None:
+        cfg = self.config.actors
+        per_split = cfg.envs // cfg.splits
+        self.splits = []
+        for s in range(cfg.splits):
+            ids = range(s * per_split, (s + 1) * per_split)
+            envs = [make_env(self.config.env) for _ in ids]
+            seeds = [env_seed(self.config.seed, self.index, k) for k in ids]
+            self.splits.append(_SplitState(s, EnvSplit(envs, seeds), cfg.trajectory_length))
+        self.inference = make_socket(self.zmq, zmq.DEALER)
+        self.inference.setsockopt(zmq.IMMEDIATE, 1)
+        for i in range(self.config.inference.count):
+            self.inference.connect(self.names.lookup(f"inference/{i}", LOOKUP_TIMEOUT_S))
+        self.samples = make_socket(self.zmq, zmq.PUSH, hwm=cfg.send_queue)
+        self.samples.connect(self.names.lookup("learner/samples", LOOKUP_TIMEOUT_S))
+        self.poller = zmq.Poller()
+        self.poller.register(self.inference, zmq.POLLIN)
+        for state in self.splits:
+            self._request(state)
+
+    def _request(self, state: _SplitState, final_obs: np.ndarray | None = None) -> None:
+        obs = state.split.obs
+        if final_obs is not None and len(final_obs):
+            obs = np.concatenate([obs, final_obs.astype(obs.dtype, copy=False)])
+        state.request_obs = obs
+        state.n_truncated = 0 if final_obs is None else len(final_obs)
+        state.seq += 1
+        state.sent_at = time.monotonic()
+        send(self.inference, "infer_request", {"split": state.index, "seq": state.seq},
+             {"obs": obs})
+
+    def run_once(self) -> None:
+        start = time.perf_counter()
+        events = dict(self.poller.poll(POLL_MS))
+        self.time_wait += time.perf_counter() - start
+        if self.inference in events:
+            while (received := receive(self.inference, REPLY_KINDS, self.rejects)) is not None:
+                self._on_reply(received[1].meta, received[1].arrays)
+        self._resend_overdue()
+
+    def _resend_overdue(self) -> None:
+        timeout = self.config.actors.inference_timeout_s
+        now = time.monotonic()
+        for state in self.splits:
+            if now - state.sent_at > timeout:
+                self.infer_timeouts += 1
+                self.log.warning("split %d: no inference reply for %.1fs; sending again",
+                                 state.index, now - state.sent_at)
+                state.seq += 1
+                state.sent_at = now
+                send(self.inference, "infer_request", {"split": state.index, "seq": state.seq},
+                     {"obs": state.request_obs})
+
+    def _on_reply(self, meta: dict, arrays: dict[str, np.ndarray]) -> None:
+        split, seq = meta.get("split"), meta.get("seq")
+        if not isinstance(split, int) or not 0 <= split < len(self.splits):
+            self.rejects.reject(ValueError(f"reply for unknown split {split!r}"))
+            return
+        state = self.splits[split]
+        if seq != state.seq:
+            return  # the answer to a request we already sent again
+        rows = len(state.request_obs)
+        try:
+            action, logp, value = (arrays[k] for k in ("action", "logp", "value"))
+        except KeyError as error:
+            self.rejects.reject(ValueError(f"reply without array {error}"))
+            return
+        if not (action.shape == logp.shape == value.shape == (rows,)):
+            self.rejects.reject(ValueError(f"reply shapes {action.shape} for {rows} rows"))
+            return
+        n = len(state.split)
+        chunk = state.chunk.on_policy(action[:n], logp[:n], value[:n],
+                                      int(meta.get("version", 0)), value[n:])
+        if chunk is not None:
+            self._send_chunk(chunk)
+        start = time.perf_counter()
+        result = state.split.step(action[:n])
+        self.time_env += time.perf_counter() - start
+        self._account(result, n)
+        state.chunk.on_step(result)
+        self._request(state, result.final_obs)
+
+    def _account(self, result: StepResult, n: int) -> None:
+        self.env_frames += n
+        self.episodes += len(result.episode_returns)
+        self._returns.extend(result.episode_returns)
+        self._lengths.extend(result.episode_lengths)
+
+    def _send_chunk(self, chunk: dict[str, np.ndarray]) -> None:
+        start = time.perf_counter()
+        meta = {"actor": self.index}
+        try:
+            send(self.samples, "samples", meta, chunk, flags=zmq.NOBLOCK)
+            self.chunks_sent += 1
+        except zmq.Again:
+            if self.config.actors.send_policy == "drop":
+                self.chunks_dropped += 1
+            else:
+                self._send_blocking(meta, chunk, start)
+        self.time_send += time.perf_counter() - start
+
+    def _send_blocking(self, meta: dict, chunk: dict[str, np.ndarray], start: float) -> None:
+        next_log = start + SEND_WAIT_LOG_S
+        while not self.stopping:
+            if self.samples.poll(POLL_MS, zmq.POLLOUT):
+                try:
+                    send(self.samples, "samples", meta, chunk, flags=zmq.NOBLOCK)
+                    self.chunks_sent += 1
+                    return
+                except zmq.Again:
+                    continue
+            self.heartbeat()
+            if time.perf_counter() > next_log:
+                self.log.info("waiting %.0fs on the learner: sample stream full",
+                              time.perf_counter() - start)
+                next_log += SEND_WAIT_LOG_S
+
+    def counters(self) -> dict[str, float]:
+        return {
+            "env_frames": self.env_frames, "episodes": self.episodes,
+            "chunks_sent": self.chunks_sent, "chunks_dropped": self.chunks_dropped,
+            "infer_timeouts": self.infer_timeouts, "time_env": self.time_env,
+            "time_wait": self.time_wait, "time_send": self.time_send,
+        }
+
+    def stats_arrays(self) -> dict[str, np.ndarray]:
+        arrays = {"episode_return": np.asarray(self._returns, np.float32),
+                  "episode_length": np.asarray(self._lengths, np.int32)}
+        self._returns, self._lengths = [], []
+        return arrays
+
+    def close(self) -> None:
+        for state in getattr(self, "splits", []):
+            state.split.close()
+        for name in ("inference", "samples"):
+            if hasattr(self, name):
+                getattr(self, name).close()

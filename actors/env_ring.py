@@ -1,0 +1,155 @@
+"""The env ring: K environments cut into S splits, and the trajectory chunks they fill.
+
+An `EnvSplit` steps its environments and resets finished ones itself, so the
+observation after a finished step is the first of a new episode while the
+step's reward and flags still belong to the old one (gymnasium's vector envs
+would instead hand back the reset one step later). For a truncated episode the
+final observation is kept, so its value can bootstrap the return.
+
+A `ChunkBuilder` fills one split's chunk of T steps:
+
+| array          | shape          | meaning                                          |
+| -------------- | -------------- | ------------------------------------------------ |
+| `obs`          | [T+1, n, ...]  | observation each step acted on, plus the next    |
+| `actions`      | [T, n]         | action taken                                     |
+| `logp`         | [T, n]         | its log-probability under the acting policy      |
+| `values`       | [T+1, n]       | acting policy's value of `obs` (last: bootstrap) |
+| `rewards`      | [T, n]         | reward received                                  |
+| `terminated`   | [T, n]         | episode ended in a terminal state (no bootstrap) |
+| `truncated`    | [T, n]         | episode cut by a time limit (bootstrap)          |
+| `trunc_values` | [T, n]         | value of the final observation where truncated   |
+| `versions`     | [T, n]         | parameter version of the acting policy           |
+
+Consecutive chunks overlap by one observation: the last of one is the first of
+the next.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import gymnasium as gym
+import numpy as np
+
+
+@dataclass
+class StepResult:
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    next_obs: np.ndarray
+    truncated_envs: np.ndarray
+    """Indices (within the split) of envs cut by a time limit this step."""
+    final_obs: np.ndarray
+    """Their final observations, one row each, to be valued for bootstrapping."""
+    episode_returns: list[float] = field(default_factory=list)
+    episode_lengths: list[int] = field(default_factory=list)
+
+
+class EnvSplit:
+    """A group of environments that step together and share one inference request."""
+
+    def __init__(self, envs: list[gym.Env], seeds: list[int]) -> None:
+        self.envs = envs
+        first = [env.reset(seed=seed)[0] for env, seed in zip(envs, seeds, strict=True)]
+        self.obs = np.stack(first)
+        self.returns = np.zeros(len(envs), np.float64)
+        self.lengths = np.zeros(len(envs), np.int64)
+
+    def __len__(self) -> int:
+        return len(self.envs)
+
+    def step(self, actions: np.ndarray) -> StepResult:
+        n = len(self.envs)
+        rewards = np.zeros(n, np.float32)
+        terminated = np.zeros(n, bool)
+        truncated = np.zeros(n, bool)
+        next_obs = np.empty_like(self.obs)
+        truncated_envs, final_obs, returns, lengths = [], [], [], []
+        for i, (env, action) in enumerate(zip(self.envs, actions.tolist(), strict=True)):
+            obs, reward, term, trunc, _ = env.step(action)
+            rewards[i] = reward
+            self.returns[i] += reward
+            self.lengths[i] += 1
+            if term or trunc:
+                terminated[i] = term
+                truncated[i] = trunc and not term
+                if truncated[i]:
+                    truncated_envs.append(i)
+                    final_obs.append(obs)
+                returns.append(float(self.returns[i]))
+                lengths.append(int(self.lengths[i]))
+                self.returns[i] = 0.0
+                self.lengths[i] = 0
+                obs, _ = env.reset()
+            next_obs[i] = obs
+        self.obs = next_obs
+        final = np.stack(final_obs) if final_obs else np.empty((0, *self.obs.shape[1:]),
+                                                              self.obs.dtype)
+        return StepResult(rewards, terminated, truncated, next_obs,
+                          np.asarray(truncated_envs, np.int64), final, returns, lengths)
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+class ChunkBuilder:
+    """Fills [T+1, n] trajectory chunks for one split, one step at a time."""
+
+    def __init__(self, length: int, first_obs: np.ndarray) -> None:
+        self.length = length
+        self.n = first_obs.shape[0]
+        self._pending_truncated = np.empty(0, np.int64)
+        self._new_chunk(first_obs)
+
+    def _new_chunk(self, first_obs: np.ndarray) -> None:
+        T, n = self.length, self.n
+        self.t = 0
+        self.arrays = {
+            "obs": np.empty((T + 1, *first_obs.shape), first_obs.dtype),
+            "actions": np.zeros((T, n), np.int32),
+            "logp": np.zeros((T, n), np.float32),
+            "values": np.zeros((T + 1, n), np.float32),
+            "rewards": np.zeros((T, n), np.float32),
+            "terminated": np.zeros((T, n), bool),
+            "truncated": np.zeros((T, n), bool),
+            "trunc_values": np.zeros((T, n), np.float32),
+            "versions": np.zeros((T, n), np.int32),
+        }
+        self.arrays["obs"][0] = first_obs
+
+    def on_policy(self, action: np.ndarray, logp: np.ndarray, value: np.ndarray,
+                  version: int, trunc_values: np.ndarray) -> dict[str, np.ndarray] | None:
+        """Record the policy's answer for the current observation.
+
+        `trunc_values` are the values of the final observations of the envs
+        truncated on the previous step (in `StepResult.truncated_envs` order,
+        given again in `truncated_envs` of the previous `on_step`). Returns a
+        finished chunk when this answer completes one.
+        """
+        a = self.arrays
+        if self.t > 0 and len(self._pending_truncated):
+            a["trunc_values"][self.t - 1, self._pending_truncated] = trunc_values
+        self._pending_truncated = np.empty(0, np.int64)
+        a["values"][self.t] = value
+        finished = None
+        if self.t == self.length:
+            finished = a
+            self._new_chunk(a["obs"][self.length])
+            self.arrays["values"][0] = value
+        a = self.arrays
+        a["actions"][self.t] = action
+        a["logp"][self.t] = logp
+        a["versions"][self.t] = version
+        return finished
+
+    def on_step(self, result: StepResult) -> None:
+        """Record the environments' answer to the current actions."""
+        a, t = self.arrays, self.t
+        a["rewards"][t] = result.rewards
+        a["terminated"][t] = result.terminated
+        a["truncated"][t] = result.truncated
+        a["obs"][t + 1] = result.next_obs
+        self._pending_truncated = result.truncated_envs
+        self.t = t + 1

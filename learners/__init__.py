@@ -1,0 +1,1 @@
+"""Learner side: networks, algorithms as pure functions, the learner and inference workers."""

@@ -1,0 +1,61 @@
+"""The learner's sample queue: bounded, drop-oldest, with the staleness cap.
+
+Pure Python and numpy so the policy can be tested without a learner. Chunks
+arrive as dicts of [T(+1), n] arrays with per-step `versions`; a batch is the
+first chunks that fill B env columns, concatenated on the env axis.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+
+class SampleQueue:
+    def __init__(self, capacity: int, batch_envs: int, staleness_cap: int) -> None:
+        self.capacity = capacity
+        self.batch_envs = batch_envs
+        self.staleness_cap = staleness_cap
+        self._chunks: deque[dict[str, np.ndarray]] = deque()
+        self._columns = 0
+        self.dropped_stale = 0
+        self.dropped_full = 0
+
+    def __len__(self) -> int:
+        return len(self._chunks)
+
+    def _is_stale(self, chunk: dict[str, np.ndarray], version: int) -> bool:
+        return version - int(chunk["versions"].min()) > self.staleness_cap
+
+    def put(self, chunk: dict[str, np.ndarray], version: int) -> None:
+        """Add a chunk unless it is already stale; drop the oldest when full."""
+        if self._is_stale(chunk, version):
+            self.dropped_stale += 1
+            return
+        if len(self._chunks) >= self.capacity:
+            oldest = self._chunks.popleft()
+            self._columns -= oldest["actions"].shape[1]
+            self.dropped_full += 1
+        self._chunks.append(chunk)
+        self._columns += chunk["actions"].shape[1]
+
+    def take_batch(self, version: int) -> dict[str, np.ndarray] | None:
+        """A [T(+1), B] batch of chunks within the staleness cap, or None if too few."""
+        kept: deque[dict[str, np.ndarray]] = deque()
+        for chunk in self._chunks:
+            if self._is_stale(chunk, version):
+                self.dropped_stale += 1
+            else:
+                kept.append(chunk)
+        self._chunks = kept
+        self._columns = sum(c["actions"].shape[1] for c in kept)
+        if self._columns < self.batch_envs:
+            return None
+        taken, columns = [], 0
+        while columns < self.batch_envs:
+            chunk = self._chunks.popleft()
+            taken.append(chunk)
+            columns += chunk["actions"].shape[1]
+        self._columns -= columns
+        return {key: np.concatenate([c[key] for c in taken], axis=1) for key in taken[0]}

@@ -1,0 +1,377 @@
+"""Experiment configuration: typed dataclasses, YAML loading, overrides, validation.
+
+One config describes the whole dataflow graph. Every field has a default and a
+docstring; `load_config` turns a YAML file plus `--set key=value` overrides into
+an `ExperimentConfig`, and `validate` rejects anything that cannot run before a
+single worker starts. Errors are `ConfigError` with one line naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message is one line naming the key."""
+
+
+@dataclass
+class EnvConfig:
+    id: str = "CartPole-v1"
+    """A registered gymnasium environment id."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments passed to `gymnasium.make`."""
+
+
+@dataclass
+class ActorConfig:
+    count: int = 2
+    """Number of actor processes."""
+    envs: int = 16
+    """Environments per actor (the size K of the env ring)."""
+    splits: int = 2
+    """Inference splits S: the ring is cut in S groups; one steps while the others wait."""
+    trajectory_length: int = 32
+    """T: steps per trajectory chunk (each chunk carries T+1 observations)."""
+    inference_timeout_s: float = 5.0
+    """A request unanswered for this long is sent again (to any live server)."""
+    send_policy: str = "block"
+    """When the learner cannot keep up: 'block' the actor, or 'drop' the chunk (counted)."""
+    send_queue: int = 4
+    """Chunks an actor may have in flight on the sample stream (ZMQ high-water mark)."""
+
+
+@dataclass
+class InferenceConfig:
+    count: int = 1
+    """Number of inference server processes."""
+    max_batch: int = 64
+    """Largest number of observations one forward pass serves."""
+    max_wait_ms: float = 1.0
+    """After the first request of a batch, wait at most this long for more."""
+    min_padded_batch: int = 8
+    """Smallest padded batch; padded sizes are powers of two from here to max_batch."""
+
+
+@dataclass
+class PPOConfig:
+    learning_rate: float = 2.5e-4
+    """Adam step size."""
+    gamma: float = 0.99
+    """Discount factor."""
+    gae_lambda: float = 0.95
+    """GAE lambda."""
+    clip_coef: float = 0.2
+    """PPO ratio clipping."""
+    vf_coef: float = 0.5
+    """Weight of the value loss."""
+    ent_coef: float = 0.01
+    """Weight of the entropy bonus."""
+    epochs: int = 4
+    """Passes over each batch."""
+    minibatches: int = 4
+    """Minibatches per epoch."""
+    max_grad_norm: float = 0.5
+    """Global gradient-norm clip."""
+    normalize_advantages: bool = True
+    """Normalize advantages per minibatch."""
+
+
+@dataclass
+class LearnerConfig:
+    algorithm: str = "ppo"
+    """Learning algorithm; one file in `learners/`."""
+    batch_envs: int = 32
+    """B: env columns per update; a batch is [T+1, B]."""
+    staleness_cap: int = 4
+    """Drop samples acted by a policy more than this many versions behind the learner."""
+    sample_queue: int = 64
+    """Chunks the learner holds before dropping the oldest (counted)."""
+    republish_interval_s: float = 1.0
+    """Parameters are re-sent at least this often so late joiners catch up."""
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    """PPO hyperparameters (used when algorithm is 'ppo')."""
+
+
+@dataclass
+class NetworkConfig:
+    hidden: list[int] = field(default_factory=lambda: [64, 64])
+    """Hidden layer widths of the actor and the critic MLPs."""
+    activation: str = "tanh"
+    """Activation function: 'tanh' or 'relu'."""
+
+
+@dataclass
+class StopConfig:
+    env_frames: int = 0
+    """Stop after this many env frames (0: no limit)."""
+    wall_time_s: float = 0.0
+    """Stop after this many seconds (0: no limit)."""
+    target_return: float | None = None
+    """Stop once `episode_return_mean` of a metrics window reaches this."""
+
+
+@dataclass
+class RuntimeConfig:
+    log_interval_s: float = 1.0
+    """Seconds between rows of metrics.jsonl (and status.json rewrites)."""
+    stats_interval_s: float = 0.5
+    """Seconds between a worker's heartbeats (which carry its counters)."""
+    heartbeat_timeout_s: float = 60.0
+    """A worker silent this long is killed and restarted (start-up gets twice as long)."""
+    max_restarts: int = 3
+    """Restarts allowed per worker before the run fails."""
+    restart_backoff_s: float = 1.0
+    """Delay before the first restart; doubles with each restart of the same worker."""
+    stop_grace_s: float = 5.0
+    """Seconds workers get to exit after SIGTERM before SIGKILL."""
+
+
+@dataclass
+class ExperimentConfig:
+    name: str = "experiment"
+    """Experiment name; the run directory defaults to runs/<name>/<timestamp>/."""
+    seed: int = 0
+    """Seed for parameters, environments and action sampling."""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """Environment."""
+    actors: ActorConfig = field(default_factory=ActorConfig)
+    """Actor workers and their env ring."""
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
+    """Inference servers."""
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    """Learner and algorithm."""
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    """Actor-critic network."""
+    stop: StopConfig = field(default_factory=StopConfig)
+    """Stop condition; the first limit reached ends the run."""
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    """Heartbeats, restarts, logging."""
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _convert(value: Any, tp: Any, key: str) -> Any:
+    """Check `value` against the annotation `tp`, converting the few safe cases."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _convert(value, option, key)
+            except ConfigError as error:
+                errors.append(error)
+        raise errors[0]
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"'{key}' must be a mapping, got {value!r}")
+        return _build(tp, value, key)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"'{key}' must be a list, got {value!r}")
+        (item_type,) = typing.get_args(tp)
+        return [_convert(v, item_type, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"'{key}' must be a mapping, got {value!r}")
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"'{key}' must be true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"'{key}' must be an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"'{key}' must be a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"'{key}' must be a string, got {value!r}")
+    raise ConfigError(f"'{key}' has an unsupported type {_type_name(tp)}")
+
+
+def _build(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for name, value in values.items():
+        key = f"{prefix}.{name}" if prefix else str(name)
+        if name not in names:
+            close = difflib.get_close_matches(str(name), names, n=1)
+            hint = f" (did you mean '{prefix + '.' if prefix else ''}{close[0]}'?)" if close else ""
+            raise ConfigError(f"unknown key '{key}'{hint}")
+        kwargs[name] = _convert(value, hints[name], key)
+    return cls(**kwargs)
+
+
+def config_from_dict(values: dict[str, Any]) -> ExperimentConfig:
+    """Build a typed config from plain data; raises ConfigError."""
+    if not isinstance(values, dict):
+        raise ConfigError("the config file must hold a mapping at its top level")
+    return _build(ExperimentConfig, values)
+
+
+def config_to_dict(config: ExperimentConfig) -> dict[str, Any]:
+    """Plain data for YAML and the wire."""
+    return dataclasses.asdict(config)
+
+
+def _parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise ConfigError(f"override '{text}' must look like key=value")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip().split("."), value
+
+
+def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply `a.b=value` overrides to plain config data (values parsed as YAML)."""
+    for text in overrides:
+        path, value = _parse_override(text)
+        node = values
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override '{text}': '{part}' is not a section")
+            node = child
+        node[path[-1]] = value
+    return values
+
+
+def resolve_experiment_path(experiment: str, search_dirs: list[Path]) -> Path:
+    """A config name in one of `search_dirs` or a path to a YAML file."""
+    candidate = Path(experiment)
+    if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
+        return candidate
+    for directory in search_dirs:
+        for suffix in (".yaml", ".yml"):
+            path = directory / f"{experiment}{suffix}"
+            if path.is_file():
+                return path
+    known = sorted({p.stem for d in search_dirs if d.is_dir() for p in d.glob("*.y*ml")})
+    raise ConfigError(f"unknown experiment '{experiment}' (known: {', '.join(known) or 'none'})")
+
+
+def load_config(path: Path, overrides: list[str] = ()) -> ExperimentConfig:
+    """Read a YAML config, apply overrides, type-check and validate it."""
+    try:
+        values = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        first = str(error).splitlines()[0]
+        raise ConfigError(f"{path} is not valid YAML: {first}") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"{path} must hold a mapping at its top level")
+    values.setdefault("name", path.stem)
+    config = config_from_dict(apply_overrides(values, list(overrides)))
+    validate(config)
+    return config
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+def validate(config: ExperimentConfig) -> None:
+    """Reject configs that cannot run; each message names the offending key."""
+    import gymnasium
+
+    if config.env.id not in gymnasium.envs.registry:
+        close = difflib.get_close_matches(config.env.id, list(gymnasium.envs.registry), n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise ConfigError(f"'env.id': unknown gymnasium environment '{config.env.id}'{hint}")
+    actors, inference, learner = config.actors, config.inference, config.learner
+    _require(actors.count >= 1, f"'actors.count' must be at least 1, got {actors.count}")
+    _require(actors.envs >= 1, f"'actors.envs' must be at least 1, got {actors.envs}")
+    _require(actors.splits >= 1, f"'actors.splits' must be at least 1, got {actors.splits}")
+    _require(
+        actors.envs % actors.splits == 0,
+        f"'actors.splits' ({actors.splits}) must divide 'actors.envs' ({actors.envs})",
+    )
+    _require(actors.trajectory_length >= 1, "'actors.trajectory_length' must be at least 1")
+    _require(actors.inference_timeout_s > 0, "'actors.inference_timeout_s' must be positive")
+    _require(
+        actors.send_policy in ("block", "drop"),
+        f"'actors.send_policy' must be 'block' or 'drop', got '{actors.send_policy}'",
+    )
+    _require(actors.send_queue >= 1, "'actors.send_queue' must be at least 1")
+    _require(inference.count >= 1, f"'inference.count' must be at least 1, got {inference.count}")
+    _require(inference.max_wait_ms >= 0, "'inference.max_wait_ms' must not be negative")
+    _require(inference.min_padded_batch >= 1, "'inference.min_padded_batch' must be at least 1")
+    split_size = actors.envs // actors.splits
+    _require(
+        inference.max_batch >= split_size,
+        f"'inference.max_batch' ({inference.max_batch}) must hold one split of "
+        f"{split_size} envs (actors.envs / actors.splits)",
+    )
+    _require(learner.algorithm == "ppo", f"'learner.algorithm': unknown '{learner.algorithm}'")
+    _require(learner.batch_envs >= 1, "'learner.batch_envs' must be at least 1")
+    _require(
+        learner.batch_envs % split_size == 0,
+        f"'learner.batch_envs' ({learner.batch_envs}) must be a multiple of the split size "
+        f"{split_size} (actors.envs / actors.splits): actors send one chunk per split",
+    )
+    _require(learner.staleness_cap >= 0, "'learner.staleness_cap' must not be negative")
+    _require(
+        learner.sample_queue * split_size >= learner.batch_envs,
+        f"'learner.sample_queue' ({learner.sample_queue}) chunks cannot hold one batch of "
+        f"{learner.batch_envs} envs",
+    )
+    ppo = learner.ppo
+    samples = learner.batch_envs * actors.trajectory_length
+    _require(ppo.minibatches >= 1, "'learner.ppo.minibatches' must be at least 1")
+    _require(ppo.epochs >= 1, "'learner.ppo.epochs' must be at least 1")
+    _require(
+        samples % ppo.minibatches == 0,
+        f"'learner.ppo.minibatches' ({ppo.minibatches}) must divide the batch of {samples} "
+        "samples (learner.batch_envs * actors.trajectory_length)",
+    )
+    _require(0 < ppo.gamma <= 1, "'learner.ppo.gamma' must be in (0, 1]")
+    _require(0 <= ppo.gae_lambda <= 1, "'learner.ppo.gae_lambda' must be in [0, 1]")
+    _require(ppo.learning_rate > 0, "'learner.ppo.learning_rate' must be positive")
+    _require(len(config.network.hidden) >= 1, "'network.hidden' needs at least one layer")
+    _require(all(h >= 1 for h in config.network.hidden), "'network.hidden' widths must be >= 1")
+    _require(
+        config.network.activation in ("tanh", "relu"),
+        f"'network.activation' must be 'tanh' or 'relu', got '{config.network.activation}'",
+    )
+    stop = config.stop
+    _require(stop.env_frames >= 0, "'stop.env_frames' must not be negative")
+    _require(stop.wall_time_s >= 0, "'stop.wall_time_s' must not be negative")
+    _require(
+        stop.env_frames > 0 or stop.wall_time_s > 0 or stop.target_return is not None,
+        "'stop' needs at least one of env_frames, wall_time_s or target_return",
+    )
+    runtime = config.runtime
+    _require(runtime.log_interval_s > 0, "'runtime.log_interval_s' must be positive")
+    _require(runtime.stats_interval_s > 0, "'runtime.stats_interval_s' must be positive")
+    _require(runtime.max_restarts >= 0, "'runtime.max_restarts' must not be negative")

@@ -1,0 +1,232 @@
+"""The controller: starts the workers, watches them, keeps the metrics, ends the run.
+
+It binds the stats stream, starts every worker through a launch backend, and
+then loops: take heartbeats, restart what died or went silent (bounded retries
+with backoff), write a metrics row and `status.json` every log interval, and
+stop everything at the stop condition, on SIGINT/SIGTERM, or when a worker
+fails for good.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from srl_jax.backends import LaunchBackend, WorkerHandle
+from srl_jax.config import ExperimentConfig
+from srl_jax.metrics import MetricsAggregator, MetricsWriter, ProgressDisplay
+from srl_jax.streams import RejectCounter, bind_registered, make_socket, receive
+
+log = logging.getLogger("controller")
+
+STATS_KINDS = frozenset({"stats"})
+LOOP_S = 0.05
+RESTARTABLE = frozenset({"actor", "inference"})
+EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+
+
+@dataclass
+class WorkerRecord:
+    kind: str
+    index: int
+    handle: WorkerHandle | None = None
+    state: str = "starting"
+    restarts: int = 0
+    started_at: float = 0.0
+    last_heartbeat: float | None = None
+    last_heartbeat_wall: float | None = None
+    restart_at: float | None = None
+    exit_code: int | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}-{self.index}"
+
+
+class Controller:
+    def __init__(self, config: ExperimentConfig, run_dir: Path, backend: LaunchBackend,
+                 progress: ProgressDisplay | None = None) -> None:
+        self.config = config
+        self.run_dir = Path(run_dir)
+        self.backend = backend
+        self.progress = progress or ProgressDisplay(sys.stdout, enabled=False)
+        self.metrics = MetricsAggregator()
+        self.rejects = RejectCounter()
+        self.workers = [WorkerRecord("learner", 0)]
+        self.workers += [WorkerRecord("inference", i) for i in range(config.inference.count)]
+        self.workers += [WorkerRecord("actor", i) for i in range(config.actors.count)]
+        self.stop_reason: str | None = None
+        self.exit_code = EXIT_OK
+        self.started = time.monotonic()
+        self.started_wall = time.time()
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self._finish(f"interrupted by {signal.Signals(signum).name}", EXIT_INTERRUPTED)
+
+    def _finish(self, reason: str, code: int) -> None:
+        if self.stop_reason is None:
+            self.stop_reason, self.exit_code = reason, code
+
+    def run(self) -> int:
+        """Run until the stop condition; returns the process exit code."""
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        context = zmq.Context.instance()
+        self.stats = make_socket(context, zmq.PULL, hwm=10_000)
+        bind_registered(self.stats, self.backend.name_service(), "controller/stats")
+        self.writer = MetricsWriter(self.run_dir / "metrics.jsonl")
+        try:
+            for record in self.workers:
+                self._start(record)
+            self._loop()
+        finally:
+            self._shutdown()
+            self.stats.close()
+            self.writer.close()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        self.progress.finish(f"{'done' if self.exit_code == 0 else 'failed'}: {self.stop_reason} "
+                             f"(run directory: {self.run_dir})")
+        return self.exit_code
+
+    def _start(self, record: WorkerRecord) -> None:
+        record.handle = self.backend.start(record.kind, record.index)
+        record.state, record.started_at = "starting", time.monotonic()
+        record.last_heartbeat = record.restart_at = record.exit_code = None
+        log.info("started %s (pid %d)", record.name, record.handle.pid)
+
+    def _loop(self) -> None:
+        next_row = self.started + self.config.runtime.log_interval_s
+        while self.stop_reason is None:
+            self._take_heartbeats()
+            self._watch_workers()
+            now = time.monotonic()
+            if now >= next_row:
+                next_row += self.config.runtime.log_interval_s
+                self._write_row()
+            time.sleep(LOOP_S)
+
+    def _take_heartbeats(self) -> None:
+        by_name = {r.name: r for r in self.workers}
+        while (received := receive(self.stats, STATS_KINDS, self.rejects)) is not None:
+            meta, arrays = received[1].meta, received[1].arrays
+            record = by_name.get(meta.get("worker"))
+            counters = meta.get("counters")
+            if record is None or record.handle is None or meta.get("pid") != record.handle.pid \
+                    or not isinstance(counters, dict):
+                continue  # a late heartbeat from a replaced process, or garbage
+            record.last_heartbeat, record.last_heartbeat_wall = time.monotonic(), time.time()
+            record.state = "running"
+            self.metrics.observe(record.name, record.kind, counters, arrays)
+
+    def _watch_workers(self) -> None:
+        now = time.monotonic()
+        timeout = self.config.runtime.heartbeat_timeout_s
+        for record in self.workers:
+            if record.state == "restarting":
+                if now >= record.restart_at:
+                    self._start(record)
+                continue
+            if record.state in ("failed", "stopped") or record.handle is None:
+                continue
+            code = self.backend.exit_code(record.handle)
+            if code is not None:
+                self._on_exit(record, code, f"exited with code {code}")
+                continue
+            last = record.last_heartbeat or record.started_at
+            allowed = timeout if record.last_heartbeat else 2 * timeout
+            if now - last > allowed:
+                log.warning("no heartbeat from %s for %.0fs; killing it", record.name, now - last)
+                self.backend.send_signal(record.handle, signal.SIGKILL)
+
+    def _on_exit(self, record: WorkerRecord, code: int, what: str) -> None:
+        record.exit_code = code
+        self.metrics.retire(record.name)
+        log_path = self.run_dir / "logs" / f"{record.name}.log"
+        if record.kind not in RESTARTABLE:
+            record.state = "failed"
+            self._finish(f"{record.name} {what}; see {log_path}", EXIT_FAILED)
+            return
+        if record.restarts >= self.config.runtime.max_restarts:
+            record.state = "failed"
+            self._finish(f"{record.name} {what} after {record.restarts} restarts; see {log_path}",
+                         EXIT_FAILED)
+            return
+        delay = self.config.runtime.restart_backoff_s * 2 ** record.restarts
+        record.restarts += 1
+        self.metrics.restarts += 1
+        record.state, record.restart_at = "restarting", time.monotonic() + delay
+        log.warning("%s %s; restart %d in %.1fs", record.name, what, record.restarts, delay)
+        self._write_status()
+
+    def _write_row(self) -> None:
+        row = self.metrics.row(time.monotonic() - self.started)
+        self.writer.write(row)
+        self.progress.show(row)
+        self._write_status()
+        self._check_stop(row)
+
+    def _check_stop(self, row: dict[str, Any]) -> None:
+        stop = self.config.stop
+        if stop.target_return is not None and row.get("episode_return_mean", -float("inf")) \
+                >= stop.target_return:
+            self._finish(f"episode_return_mean {row['episode_return_mean']:.1f} reached the "
+                         f"target {stop.target_return:g} at {row['env_frames']} frames, "
+                         f"{row['time']:.1f}s", EXIT_OK)
+        elif stop.env_frames and row["env_frames"] >= stop.env_frames:
+            self._finish(f"{row['env_frames']} env frames reached the limit {stop.env_frames}",
+                         EXIT_OK)
+        elif stop.wall_time_s and row["time"] >= stop.wall_time_s:
+            self._finish(f"wall time {row['time']:.0f}s reached the limit {stop.wall_time_s:g}s",
+                         EXIT_OK)
+
+    def _write_status(self, state: str = "running") -> None:
+        status = {
+            "experiment": self.config.name, "run_dir": str(self.run_dir), "state": state,
+            "stop_reason": self.stop_reason, "controller_pid": os.getpid(),
+            "started": self.started_wall, "updated": time.time(),
+            "workers": [{
+                "name": r.name, "kind": r.kind, "index": r.index,
+                "pid": r.handle.pid if r.handle else None,
+                "host": r.handle.host if r.handle else None, "state": r.state,
+                "restarts": r.restarts, "last_heartbeat": r.last_heartbeat_wall,
+                "exit_code": r.exit_code,
+            } for r in self.workers],
+        }
+        path = self.run_dir / "status.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(status, indent=1))
+        tmp.replace(path)
+
+    def _shutdown(self) -> None:
+        """SIGTERM every live worker, wait for the grace period, then SIGKILL."""
+        if self.stop_reason is None:
+            self._finish("controller error", EXIT_FAILED)
+        live = [r for r in self.workers if r.handle and self.backend.exit_code(r.handle) is None]
+        for record in live:
+            self.backend.send_signal(record.handle, signal.SIGTERM)
+        deadline = time.monotonic() + self.config.runtime.stop_grace_s
+        while time.monotonic() < deadline and any(
+                self.backend.exit_code(r.handle) is None for r in live):
+            self._take_heartbeats()
+            time.sleep(LOOP_S)
+        for record in live:
+            if self.backend.exit_code(record.handle) is None:
+                log.warning("%s did not stop in %.0fs; killing it", record.name,
+                            self.config.runtime.stop_grace_s)
+                self.backend.send_signal(record.handle, signal.SIGKILL)
+                while self.backend.exit_code(record.handle) is None:
+                    time.sleep(LOOP_S)
+            if record.state != "failed":
+                record.state = "stopped"
+                record.exit_code = self.backend.exit_code(record.handle)
+        self._take_heartbeats()
+        self._write_status("finished" if self.exit_code == EXIT_OK else "failed")

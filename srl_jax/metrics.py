@@ -1,0 +1,187 @@
+"""Metrics: fold workers' heartbeats into rows of metrics.jsonl and a progress line.
+
+Workers send cumulative counters; the aggregator keeps the latest per worker,
+adds the last counters of workers that were restarted (so totals never go
+back), and turns differences between rows into rates and time fractions.
+Row keys named in DESIGN.md never change; extra keys are grouped by prefix
+(`actor/`, `inference/`, `learner/`, `system/`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+GAUGES = frozenset({"policy_version", "queue_chunks"})
+
+
+def _is_gauge(key: str) -> bool:
+    return key in GAUGES or key.startswith("train/")
+
+
+class MetricsAggregator:
+    def __init__(self) -> None:
+        self.live: dict[str, dict[str, float]] = {}
+        self.kinds: dict[str, str] = {}
+        self.retired: dict[str, float] = defaultdict(float)
+        self._returns: list[np.ndarray] = []
+        self._lengths: list[np.ndarray] = []
+        self._previous: dict[str, float] = {}
+        self._previous_time = 0.0
+        self.restarts = 0
+
+    def observe(self, worker: str, kind: str, counters: dict[str, Any],
+                arrays: dict[str, np.ndarray]) -> None:
+        """Take one heartbeat."""
+        self.live[worker] = {k: float(v) for k, v in counters.items()
+                             if isinstance(v, int | float) and math.isfinite(v)}
+        self.kinds[worker] = kind
+        if "episode_return" in arrays and "episode_length" in arrays:
+            self._returns.append(np.asarray(arrays["episode_return"], np.float64))
+            self._lengths.append(np.asarray(arrays["episode_length"], np.float64))
+
+    def retire(self, worker: str) -> None:
+        """A worker died: keep its cumulative counters in the totals."""
+        for key, value in self.live.pop(worker, {}).items():
+            if not _is_gauge(key):
+                self.retired[f"{self.kinds[worker]}:{key}"] += value
+
+    def total(self, kind: str, key: str) -> float:
+        live = sum(c.get(key, 0.0) for w, c in self.live.items() if self.kinds[w] == kind)
+        return live + self.retired.get(f"{kind}:{key}", 0.0)
+
+    def gauge(self, kind: str, key: str) -> float | None:
+        values = [c[key] for w, c in self.live.items() if self.kinds[w] == kind and key in c]
+        return max(values) if values else None
+
+    def row(self, elapsed: float) -> dict[str, Any]:
+        """One metrics row over the window since the previous row."""
+        totals = {
+            "env_frames": self.total("actor", "env_frames"),
+            "lag_sum": self.total("learner", "lag_sum"),
+            "lag_count": self.total("learner", "lag_count"),
+            **{f"actor:{k}": self.total("actor", k) for k in (
+                "time_env", "time_wait", "time_send", "chunks_sent", "chunks_dropped",
+                "infer_timeouts")},
+            **{f"inference:{k}": self.total("inference", k) for k in (
+                "requests", "rows", "batches", "padded_rows", "time_compute")},
+            **{f"learner:{k}": self.total("learner", k) for k in (
+                "frames_consumed", "time_update", "time_publish")},
+        }
+        delta = {k: v - self._previous.get(k, 0.0) for k, v in totals.items()}
+        window = max(elapsed - self._previous_time, 1e-9)
+        self._previous, self._previous_time = totals, elapsed
+        actors = max(1, sum(1 for k in self.kinds.values() if k == "actor"))
+        servers = max(1, sum(1 for k in self.kinds.values() if k == "inference"))
+        version = self.gauge("learner", "policy_version") or 0
+        row: dict[str, Any] = {
+            "time": round(elapsed, 3),
+            "env_frames": int(totals["env_frames"]),
+            "fps": round(delta["env_frames"] / window, 1),
+            "learner_steps": int(version),
+            "policy_version": int(version),
+            "samples_dropped_stale": int(self.total("learner", "samples_dropped_stale")),
+        }
+        if self._returns:
+            returns, lengths = np.concatenate(self._returns), np.concatenate(self._lengths)
+            self._returns, self._lengths = [], []
+            if len(returns):
+                row["episode_return_mean"] = round(float(returns.mean()), 3)
+                row["episode_length_mean"] = round(float(lengths.mean()), 3)
+                row["episodes"] = len(returns)
+        if delta["lag_count"] > 0:
+            row["policy_lag_mean"] = round(delta["lag_sum"] / delta["lag_count"], 3)
+        actor_time = window * actors
+        for part in ("env", "wait", "send"):
+            row[f"actor/time_{part}_frac"] = round(delta[f"actor:time_{part}"] / actor_time, 4)
+        row["actor/chunks_dropped"] = int(totals["actor:chunks_dropped"])
+        row["actor/infer_timeouts"] = int(totals["actor:infer_timeouts"])
+        if delta["inference:batches"] > 0:
+            row["inference/batch_rows_mean"] = round(
+                delta["inference:rows"] / delta["inference:batches"], 2)
+            row["inference/requests_per_batch"] = round(
+                delta["inference:requests"] / delta["inference:batches"], 2)
+            row["inference/pad_frac"] = round(
+                1 - delta["inference:rows"] / max(delta["inference:padded_rows"], 1), 4)
+        row["inference/time_compute_frac"] = round(
+            delta["inference:time_compute"] / (window * servers), 4)
+        row["learner/samples_per_s"] = round(delta["learner:frames_consumed"] / window, 1)
+        row["learner/time_update_frac"] = round(delta["learner:time_update"] / window, 4)
+        row["learner/samples_dropped_full"] = int(self.total("learner", "samples_dropped_full"))
+        row["learner/queue_chunks"] = int(self.gauge("learner", "queue_chunks") or 0)
+        for worker, counters in self.live.items():
+            if self.kinds[worker] == "learner":
+                for key, value in counters.items():
+                    if key.startswith("train/"):
+                        row[f"learner/{key[len('train/'):]}"] = round(value, 6)
+        row["system/restarts"] = self.restarts
+        row["system/wire_rejected"] = int(sum(
+            self.total(kind, "wire_rejected") for kind in set(self.kinds.values())))
+        return row
+
+
+class MetricsWriter:
+    """Appends rows to metrics.jsonl, flushed per row so a reader never waits."""
+
+    def __init__(self, path: Path) -> None:
+        self._file = open(path, "a")  # noqa: SIM115 - held for the run
+
+    def write(self, row: dict[str, Any]) -> None:
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _si(value: float) -> str:
+    for unit, scale in (("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.1f}{unit}"
+    return f"{value:.0f}"
+
+
+def progress_line(row: dict[str, Any]) -> str:
+    """The one-line live summary shown in the terminal."""
+    parts = [f"{row['time']:6.1f}s", f"frames {_si(row['env_frames'])}",
+             f"fps {_si(row['fps'])}", f"updates {row['learner_steps']}"]
+    if "episode_return_mean" in row:
+        parts.append(f"return {row['episode_return_mean']:.1f}")
+    if "policy_lag_mean" in row:
+        parts.append(f"lag {row['policy_lag_mean']:.2f}")
+    if row.get("system/restarts"):
+        parts.append(f"restarts {row['system/restarts']}")
+    return " | ".join(parts)
+
+
+class ProgressDisplay:
+    """Rewrites one terminal line; on a non-terminal prints a line every few seconds."""
+
+    def __init__(self, stream: TextIO, enabled: bool = True, plain_every_s: float = 5.0) -> None:
+        self.stream = stream
+        self.enabled = enabled
+        self.tty = stream.isatty()
+        self.plain_every_s = plain_every_s
+        self._last_plain = -math.inf
+
+    def show(self, row: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        line = progress_line(row)
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + line)
+        elif row["time"] - self._last_plain >= self.plain_every_s:
+            self._last_plain = row["time"]
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def finish(self, message: str) -> None:
+        if self.tty and self.enabled:
+            self.stream.write("\n")
+        self.stream.write(message + "\n")
+        self.stream.flush()

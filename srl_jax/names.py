@@ -1,0 +1,66 @@
+"""Name service: how workers find each other's endpoints.
+
+A worker that binds a socket registers its endpoint under a key such as
+`inference/0` or `learner/samples`; a worker that connects looks the key up,
+waiting until it appears. The local backend keeps names as files in the run
+directory; a cluster backend implements the same two-method interface.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Protocol
+
+log = logging.getLogger(__name__)
+
+
+class NameService(Protocol):
+    def register(self, key: str, endpoint: str) -> None:
+        """Publish `endpoint` under `key`, replacing an older entry."""
+
+    def lookup(self, key: str, timeout_s: float) -> str:
+        """The endpoint under `key`, waiting up to `timeout_s` for it to appear."""
+
+    def get(self, key: str) -> str | None:
+        """The endpoint under `key` now, or None."""
+
+
+class FileNameService:
+    """Names as small files under `<run_dir>/names/`, written atomically."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        return self.root / key.replace("/", "__")
+
+    def register(self, key: str, endpoint: str) -> None:
+        path = self._path(key)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(endpoint)
+        tmp.replace(path)
+
+    def get(self, key: str) -> str | None:
+        try:
+            return self._path(key).read_text().strip() or None
+        except FileNotFoundError:
+            return None
+
+    def lookup(self, key: str, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        next_log = time.monotonic() + 5.0
+        while True:
+            endpoint = self.get(key)
+            if endpoint:
+                return endpoint
+            now = time.monotonic()
+            if now >= deadline:
+                raise TimeoutError(f"no endpoint registered under '{key}' after {timeout_s:.0f}s")
+            if now >= next_log:
+                log.info("waiting for '%s' to register in %s", key, self.root)
+                next_log = now + 5.0
+            time.sleep(0.02)

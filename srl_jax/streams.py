@@ -1,0 +1,99 @@
+"""Streams: the few ZMQ socket patterns the dataflow uses, over the wire format.
+
+- inference stream: actors' DEALER -> inference servers' ROUTER (requests are
+  spread over all connected servers; replies return to the asking actor);
+- sample stream: actors' PUSH -> learner's PULL, bounded by high-water marks;
+- parameter stream: learner's PUB -> inference servers' SUB, newest version wins;
+- stats stream: every worker's PUSH -> controller's PULL (heartbeats + counters).
+
+The local backend binds loopback only.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import zmq
+
+from srl_jax.names import NameService
+from srl_jax.wire import Message, WireError, decode, encode
+
+log = logging.getLogger(__name__)
+
+LOOPBACK = "127.0.0.1"
+
+
+def bind_registered(socket: zmq.Socket, names: NameService, key: str) -> str:
+    """Bind on loopback and register the endpoint under `key`.
+
+    A restarted worker binds the endpoint it had before, so peers that are
+    already connected reconnect by themselves.
+    """
+    previous = names.get(key)
+    if previous:
+        try:
+            socket.bind(previous)
+            return previous
+        except zmq.ZMQError:
+            log.info("previous endpoint %s for %s is taken; binding a new one", previous, key)
+    port = socket.bind_to_random_port(f"tcp://{LOOPBACK}")
+    endpoint = f"tcp://{LOOPBACK}:{port}"
+    names.register(key, endpoint)
+    return endpoint
+
+
+class RejectCounter:
+    """Counts malformed messages and logs the first of each reason."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._seen: set[str] = set()
+
+    def reject(self, error: Exception) -> None:
+        self.count += 1
+        reason = str(error).split(":")[0]
+        if reason not in self._seen:
+            self._seen.add(reason)
+            log.warning("dropped a malformed message (%s); further ones are only counted", error)
+
+
+def receive(socket: zmq.Socket, expected: frozenset[str], rejects: RejectCounter,
+            envelope: int = 0, max_bytes: int = 1 << 30) -> tuple[list[bytes], Message] | None:
+    """Receive one multipart message without blocking.
+
+    Returns (routing frames, message), or None if nothing was waiting or the
+    message was malformed (then counted in `rejects`). `envelope` is the number
+    of routing frames a ROUTER socket prepends.
+    """
+    try:
+        frames = socket.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+    except zmq.Again:
+        return None
+    routing = [bytes(f.buffer) for f in frames[:envelope]]
+    if len(frames) <= envelope:
+        rejects.reject(WireError("message has no header frame"))
+        return None
+    try:
+        return routing, decode(frames[envelope:], expected=expected, max_bytes=max_bytes)
+    except WireError as error:
+        rejects.reject(error)
+        return None
+
+
+def send(socket: zmq.Socket, kind: str, meta: dict[str, Any] | None = None,
+         arrays: dict[str, Any] | None = None, routing: list[bytes] | None = None,
+         flags: int = 0) -> None:
+    """Send one message, prefixed with `routing` frames for ROUTER sockets."""
+    frames = encode(kind, meta, arrays)
+    socket.send_multipart([*(routing or []), *frames], flags=flags, copy=False)
+
+
+def make_socket(context: zmq.Context, kind: int, hwm: int | None = None) -> zmq.Socket:
+    """A socket that does not linger on close, with optional send/receive bounds."""
+    socket = context.socket(kind)
+    socket.setsockopt(zmq.LINGER, 0)
+    if hwm is not None:
+        socket.setsockopt(zmq.SNDHWM, hwm)
+        socket.setsockopt(zmq.RCVHWM, hwm)
+    return socket

@@ -1,0 +1,154 @@
+"""Worker base: lifecycle (setup, poll loop, close), heartbeats, clean shutdown.
+
+Every worker kind (actor, inference server, learner) is a subclass that
+implements `setup` and `run_once`, and reports counters. The base sends a
+heartbeat carrying those counters to the controller every
+`runtime.stats_interval_s`, stops on SIGTERM/SIGINT, and stops by itself when
+its controller is gone, so a killed controller leaves no workers behind.
+
+Run one with `python -m srl_jax.worker KIND INDEX --run-dir DIR`; the
+controller does this for you.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import signal
+import socket as pysocket
+import sys
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import yaml
+import zmq
+
+from srl_jax.config import ExperimentConfig, config_from_dict
+from srl_jax.names import FileNameService, NameService
+from srl_jax.streams import RejectCounter, make_socket, send
+
+WORKER_CLASSES = {
+    "actor": "actors.actor_worker:ActorWorker",
+    "inference": "learners.inference_server:InferenceServer",
+    "learner": "learners.learner_worker:LearnerWorker",
+}
+LOOKUP_TIMEOUT_S = 120.0
+
+
+class Worker:
+    """One process of the dataflow graph."""
+
+    kind: ClassVar[str] = "worker"
+
+    def __init__(self, config: ExperimentConfig, index: int, run_dir: Path,
+                 names: NameService) -> None:
+        self.config = config
+        self.index = index
+        self.run_dir = Path(run_dir)
+        self.names = names
+        self.name = f"{self.kind}-{index}"
+        self.log = logging.getLogger(self.name)
+        self.zmq = zmq.Context.instance()
+        self.rejects = RejectCounter()
+        self._stop = False
+        self._parent = os.getppid()
+        self._last_stats = 0.0
+        self._stats_socket: zmq.Socket | None = None
+
+    def setup(self) -> None:
+        """Bind and connect sockets, build environments or programs."""
+
+    def run_once(self) -> None:
+        """One turn of the poll loop; returns within about a stats interval."""
+        raise NotImplementedError
+
+    def counters(self) -> dict[str, float]:
+        """Cumulative counters and current gauges sent with each heartbeat."""
+        return {}
+
+    def stats_arrays(self) -> dict[str, np.ndarray]:
+        """Arrays sent with a heartbeat (e.g. episodes finished since the last one)."""
+        return {}
+
+    def close(self) -> None:
+        """Release what `setup` took."""
+
+    def request_stop(self, *_: Any) -> None:
+        self._stop = True
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop
+
+    def heartbeat(self, force: bool = False) -> None:
+        """Send counters to the controller if a stats interval has passed."""
+        now = time.monotonic()
+        if not force and now - self._last_stats < self.config.runtime.stats_interval_s:
+            return
+        self._last_stats = now
+        if os.getppid() != self._parent:
+            self.log.warning("controller (pid %d) is gone; stopping", self._parent)
+            self._stop = True
+        if self._stats_socket is None:
+            return
+        counters = {"wire_rejected": self.rejects.count, **self.counters()}
+        meta = {"worker": self.name, "kind": self.kind, "index": self.index, "pid": os.getpid(),
+                "host": pysocket.gethostname(), "counters": counters}
+        try:
+            send(self._stats_socket, "stats", meta, self.stats_arrays(), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            self.log.debug("stats stream full; heartbeat dropped")
+
+    def run(self) -> int:
+        """The lifecycle: connect to the controller, setup, loop, close."""
+        signal.signal(signal.SIGTERM, self.request_stop)
+        signal.signal(signal.SIGINT, self.request_stop)
+        self._stats_socket = make_socket(self.zmq, zmq.PUSH, hwm=64)
+        self._stats_socket.connect(self.names.lookup("controller/stats", LOOKUP_TIMEOUT_S))
+        self.heartbeat(force=True)
+        try:
+            self.setup()
+            self.log.info("running")
+            while not self._stop:
+                self.run_once()
+                self.heartbeat()
+            self.heartbeat(force=True)
+        finally:
+            self.close()
+            self._stats_socket.close(linger=500)
+        self.log.info("stopped")
+        return 0
+
+
+def load_worker_class(kind: str) -> type[Worker]:
+    """Import the worker class for `kind` (lazily, so actors never import JAX)."""
+    module_name, class_name = WORKER_CLASSES[kind].split(":")
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def read_run_config(run_dir: Path) -> ExperimentConfig:
+    return config_from_dict(yaml.safe_load((Path(run_dir) / "config.yaml").read_text()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("kind", choices=sorted(WORKER_CLASSES))
+    parser.add_argument("index", type=int)
+    parser.add_argument("--run-dir", type=Path, required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr,
+        format=f"%(asctime)s {args.kind}-{args.index} %(levelname)s %(name)s: %(message)s",
+    )
+    config = read_run_config(args.run_dir)
+    names = FileNameService(args.run_dir / "names")
+    worker = load_worker_class(args.kind)(config, args.index, args.run_dir, names)
+    return worker.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
