@@ -19,11 +19,12 @@ from actors.envs import env_seed, make_env
 from srl_jax.config import ExperimentConfig
 from srl_jax.names import NameService
 from srl_jax.streams import make_socket, receive, send
-from srl_jax.worker import LOOKUP_TIMEOUT_S, Worker
+from srl_jax.worker import Worker
 
 REPLY_KINDS = frozenset({"infer_reply"})
 POLL_MS = 100
 SEND_WAIT_LOG_S = 5.0
+NO_SERVER_RETRY_S = 0.1
 
 
 class _SplitState:
@@ -35,6 +36,8 @@ class _SplitState:
         self.chunk = ChunkBuilder(length, split.obs)
         self.seq = 0
         self.sent_at = 0.0
+        self.retry_at = 0.0
+        self.delivered = False
         self.request_obs = split.obs
         self.n_truncated = 0
 
@@ -53,6 +56,7 @@ class ActorWorker(Worker):
         self.time_env = 0.0
         self.time_wait = 0.0
         self.time_send = 0.0
+        self._next_no_server_log = 0.0
         self._returns: list[float] = []
         self._lengths: list[int] = []
 
@@ -68,9 +72,9 @@ class ActorWorker(Worker):
         self.inference = make_socket(self.zmq, zmq.DEALER)
         self.inference.setsockopt(zmq.IMMEDIATE, 1)
         for i in range(self.config.inference.count):
-            self.inference.connect(self.names.lookup(f"inference/{i}", LOOKUP_TIMEOUT_S))
+            self.inference.connect(self.lookup(f"inference/{i}"))
         self.samples = make_socket(self.zmq, zmq.PUSH, hwm=cfg.send_queue)
-        self.samples.connect(self.names.lookup("learner/samples", LOOKUP_TIMEOUT_S))
+        self.samples.connect(self.lookup("learner/samples"))
         self.poller = zmq.Poller()
         self.poller.register(self.inference, zmq.POLLIN)
         for state in self.splits:
@@ -82,10 +86,23 @@ class ActorWorker(Worker):
             obs = np.concatenate([obs, final_obs.astype(obs.dtype, copy=False)])
         state.request_obs = obs
         state.n_truncated = 0 if final_obs is None else len(final_obs)
+        self._send_request(state)
+
+    def _send_request(self, state: _SplitState) -> None:
+        """Send the split's request; with no server connected, try again shortly."""
         state.seq += 1
         state.sent_at = time.monotonic()
-        send(self.inference, "infer_request", {"split": state.index, "seq": state.seq},
-             {"obs": obs})
+        try:
+            send(self.inference, "infer_request", {"split": state.index, "seq": state.seq},
+                 {"obs": state.request_obs}, flags=zmq.NOBLOCK)
+            state.delivered = True
+            state.retry_at = state.sent_at + self.config.actors.inference_timeout_s
+        except zmq.Again:
+            state.delivered = False
+            state.retry_at = state.sent_at + NO_SERVER_RETRY_S
+            if state.sent_at >= self._next_no_server_log:
+                self._next_no_server_log = state.sent_at + SEND_WAIT_LOG_S
+                self.log.info("waiting for an inference server to connect")
 
     def run_once(self) -> None:
         start = time.perf_counter()
@@ -97,17 +114,14 @@ class ActorWorker(Worker):
         self._resend_overdue()
 
     def _resend_overdue(self) -> None:
-        timeout = self.config.actors.inference_timeout_s
         now = time.monotonic()
         for state in self.splits:
-            if now - state.sent_at > timeout:
-                self.infer_timeouts += 1
-                self.log.warning("split %d: no inference reply for %.1fs; sending again",
-                                 state.index, now - state.sent_at)
-                state.seq += 1
-                state.sent_at = now
-                send(self.inference, "infer_request", {"split": state.index, "seq": state.seq},
-                     {"obs": state.request_obs})
+            if now >= state.retry_at:
+                if state.delivered:
+                    self.infer_timeouts += 1
+                    self.log.warning("split %d: no inference reply for %.1fs; sending again",
+                                     state.index, now - state.sent_at)
+                self._send_request(state)
 
     def _on_reply(self, meta: dict, arrays: dict[str, np.ndarray]) -> None:
         split, seq = meta.get("split"), meta.get("seq")

@@ -25,7 +25,7 @@ from learners.policy import make_act
 from srl_jax.config import ExperimentConfig
 from srl_jax.names import NameService
 from srl_jax.streams import bind_registered, make_socket, receive, send
-from srl_jax.worker import LOOKUP_TIMEOUT_S, Worker
+from srl_jax.worker import Worker
 
 REQUEST_KINDS = frozenset({"infer_request"})
 PARAM_KINDS = frozenset({"params"})
@@ -81,7 +81,7 @@ class InferenceServer(Worker):
         self.param_sub = make_socket(self.zmq, zmq.SUB)
         self.param_sub.setsockopt(zmq.SUBSCRIBE, b"")
         self.param_sub.setsockopt(zmq.RCVHWM, 4)
-        self.param_sub.connect(self.names.lookup("learner/params", LOOKUP_TIMEOUT_S))
+        self.param_sub.connect(self.lookup("learner/params"))
         self.poller = zmq.Poller()
         self.poller.register(self.router, zmq.POLLIN)
         self.poller.register(self.param_sub, zmq.POLLIN)

@@ -8,6 +8,7 @@ process that imported JAX). A cluster backend implements the same interface.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -70,10 +71,8 @@ class LocalBackend:
 
     def send_signal(self, handle: WorkerHandle, sig: int) -> None:
         if handle.process.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(handle.pid, sig)
-            except ProcessLookupError:
-                pass
 
 
 def make_backend(name: str, run_dir: Path) -> LaunchBackend:

@@ -124,7 +124,8 @@ class Controller:
                     or not isinstance(counters, dict):
                 continue  # a late heartbeat from a replaced process, or garbage
             record.last_heartbeat, record.last_heartbeat_wall = time.monotonic(), time.time()
-            record.state = "running"
+            if record.state == "starting" and meta.get("phase") == "running":
+                record.state = "running"
             self.metrics.observe(record.name, record.kind, counters, arrays)
 
     def _watch_workers(self) -> None:
@@ -229,4 +230,5 @@ class Controller:
                 record.state = "stopped"
                 record.exit_code = self.backend.exit_code(record.handle)
         self._take_heartbeats()
-        self._write_status("finished" if self.exit_code == EXIT_OK else "failed")
+        final = {EXIT_OK: "finished", EXIT_INTERRUPTED: "interrupted"}
+        self._write_status(final.get(self.exit_code, "failed"))

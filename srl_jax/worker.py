@@ -39,6 +39,10 @@ WORKER_CLASSES = {
 LOOKUP_TIMEOUT_S = 120.0
 
 
+class WorkerStopped(Exception):
+    """Raised out of a wait when the worker is told to stop."""
+
+
 class Worker:
     """One process of the dataflow graph."""
 
@@ -58,6 +62,7 @@ class Worker:
         self._parent = os.getppid()
         self._last_stats = 0.0
         self._stats_socket: zmq.Socket | None = None
+        self._phase = "setup"
 
     def setup(self) -> None:
         """Bind and connect sockets, build environments or programs."""
@@ -76,6 +81,24 @@ class Worker:
 
     def close(self) -> None:
         """Release what `setup` took."""
+
+    def lookup(self, key: str) -> str:
+        """An endpoint from the name service, waiting while still heartbeating.
+
+        Gives up with a line naming the key after LOOKUP_TIMEOUT_S, or as soon
+        as the worker is told to stop or its controller is gone.
+        """
+        deadline = time.monotonic() + LOOKUP_TIMEOUT_S
+        while True:
+            try:
+                return self.names.lookup(key, timeout_s=1.0)
+            except TimeoutError:
+                self.heartbeat()
+                if self._stop:
+                    raise WorkerStopped(f"stopped while waiting for '{key}'") from None
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no endpoint registered under '{key}' after "
+                                       f"{LOOKUP_TIMEOUT_S:.0f}s") from None
 
     def request_stop(self, *_: Any) -> None:
         self._stop = True
@@ -97,7 +120,7 @@ class Worker:
             return
         counters = {"wire_rejected": self.rejects.count, **self.counters()}
         meta = {"worker": self.name, "kind": self.kind, "index": self.index, "pid": os.getpid(),
-                "host": pysocket.gethostname(), "counters": counters}
+                "host": pysocket.gethostname(), "phase": self._phase, "counters": counters}
         try:
             send(self._stats_socket, "stats", meta, self.stats_arrays(), flags=zmq.NOBLOCK)
         except zmq.Again:
@@ -112,11 +135,15 @@ class Worker:
         self.heartbeat(force=True)
         try:
             self.setup()
+            self._phase = "running"
             self.log.info("running")
+            self.heartbeat(force=True)
             while not self._stop:
                 self.run_once()
                 self.heartbeat()
             self.heartbeat(force=True)
+        except WorkerStopped as stopped:
+            self.log.info("%s", stopped)
         finally:
             self.close()
             self._stats_socket.close(linger=500)

@@ -1,0 +1,106 @@
+"""Shared test helpers: run directories, real worker processes, stopping them by pid."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+import zmq
+
+from srl_jax.config import ExperimentConfig, apply_overrides, config_from_dict, config_to_dict
+from srl_jax.names import FileNameService
+from srl_jax.streams import bind_registered, make_socket
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def make_config(overrides: list[str] = ()) -> ExperimentConfig:
+    """The default experiment's config with `key=value` overrides."""
+    values = yaml.safe_load((REPO / "configs" / "cartpole_ppo.yaml").read_text())
+    return config_from_dict(apply_overrides(values, list(overrides)))
+
+
+def write_run_dir(run_dir: Path, config: ExperimentConfig) -> Path:
+    """A run directory as the launcher leaves it, so workers can start in it."""
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(config)))
+    return run_dir
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie of ours counts as gone
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+class Processes:
+    """Processes a test started; all are killed by pid when the test ends."""
+
+    def __init__(self) -> None:
+        self.started: list[subprocess.Popen] = []
+
+    def start(self, args: list[str], log: Path | None = None, **kwargs: Any) -> subprocess.Popen:
+        out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115
+        process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, **kwargs)
+        if log:
+            out.close()
+        self.started.append(process)
+        return process
+
+    def worker(self, kind: str, index: int, run_dir: Path) -> subprocess.Popen:
+        return self.start([sys.executable, "-m", "srl_jax.worker", kind, str(index),
+                           "--run-dir", str(run_dir)], log=run_dir / "logs" / f"{kind}-{index}.log")
+
+    @staticmethod
+    def kill(pid: int) -> None:
+        """SIGKILL one process by pid (ignored if it is gone)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+    def stop_all(self) -> None:
+        for process in self.started:
+            if process.poll() is None:
+                process.send_signal(signal.SIGKILL)
+                process.wait()
+
+
+@pytest.fixture
+def processes() -> Iterator[Processes]:
+    group = Processes()
+    yield group
+    group.stop_all()
+
+
+@pytest.fixture
+def stats_socket(tmp_path: Path) -> Iterator[zmq.Socket]:
+    """Stands in for the controller: the stats stream workers report to."""
+    socket = make_socket(zmq.Context.instance(), zmq.PULL)
+    bind_registered(socket, FileNameService(tmp_path / "run" / "names"), "controller/stats")
+    yield socket
+    socket.close()

@@ -1,0 +1,90 @@
+"""Config loading, overrides and validation; bad configs exit with code 2 and one line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from srl_jax.config import ConfigError, load_config
+from tests.conftest import REPO
+
+DEFAULT = REPO / "configs" / "cartpole_ppo.yaml"
+
+
+def launch(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "srl_jax.launch", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_default_config_loads_with_typed_overrides() -> None:
+    config = load_config(DEFAULT, ["actors.count=3", "learner.ppo.learning_rate=1e-3",
+                                   "stop.target_return=null", "env.kwargs={max_episode_steps: 9}",
+                                   "network.hidden=[32, 16]", "inference.max_wait_ms=2"])
+    assert config.name == "cartpole_ppo"
+    assert config.actors.count == 3
+    assert config.learner.ppo.learning_rate == pytest.approx(1e-3)
+    assert config.stop.target_return is None
+    assert config.env.kwargs == {"max_episode_steps": 9}
+    assert config.network.hidden == [32, 16]
+    assert isinstance(config.inference.max_wait_ms, float)
+
+
+@pytest.mark.parametrize("override, key", [
+    ("actors.cont=3", "'actors.cont' (did you mean 'actors.count'?)"),
+    ("actors.count=two", "'actors.count' must be an integer"),
+    ("actors.count=0", "'actors.count' must be at least 1"),
+    ("actors.splits=3", "'actors.splits' (3) must divide 'actors.envs' (16)"),
+    ("env.id=CartPol-v1", "'env.id': unknown gymnasium environment 'CartPol-v1'"),
+    ("learner.batch_envs=12", "'learner.batch_envs' (12) must be a multiple"),
+    ("learner.ppo.minibatches=7", "'learner.ppo.minibatches' (7) must divide"),
+    ("inference.max_batch=4", "'inference.max_batch' (4) must hold one split"),
+    ("network.hidden=64", "'network.hidden' must be a list"),
+    ("learner.ppo.normalize_advantages=maybe", "'learner.ppo.normalize_advantages' must be true"),
+])
+def test_validation_names_the_key(override: str, key: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        load_config(DEFAULT, [override])
+    assert key in str(error.value)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["cartpole_ppo", "--set", "actors.cont=3"], "unknown key 'actors.cont'"),
+    (["cartpole_ppo", "--set", "learner.ppo.gamma=high"], "'learner.ppo.gamma' must be a number"),
+    (["cartpole_ppo", "--set", "env.id=NoSuchEnv-v0"], "unknown gymnasium environment"),
+    (["cartpole_ppo", "--set", "actors.count=-1"], "'actors.count' must be at least 1"),
+    (["cartpole_ppo", "--set", "env.id=Pendulum-v1"], "Box action space"),
+    (["no_such_experiment"], "unknown experiment 'no_such_experiment'"),
+    (["cartpole_ppo", "--backend", "ray"], "'--backend'"),
+])
+def test_bad_config_exits_2_with_one_line(tmp_path: Path, args: list[str], fragment: str) -> None:
+    result = launch(*args, "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("srl_jax.launch: config error:")
+    assert fragment in lines[0]
+    assert result.stdout == ""
+    assert not (tmp_path / "run").exists(), "nothing may start before validation passes"
+
+
+def test_config_file_path_and_yaml_errors(tmp_path: Path) -> None:
+    good = tmp_path / "mine.yaml"
+    good.write_text("actors:\n  count: 1\nstop:\n  env_frames: 10\n")
+    assert load_config(good).name == "mine"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("actors: [1, 2\n")
+    result = launch(str(bad), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "is not valid YAML" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_used_run_dir_is_refused(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text("{}\n")
+    result = launch("cartpole_ppo", "--run-dir", str(run_dir), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "already holds files" in result.stderr

@@ -1,0 +1,228 @@
+"""The inference server as a real process: batching across actors, new parameters, bad input."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+from actors.envs import env_spec
+from learners.networks import init_params, make_network
+from learners.param_codec import params_to_arrays
+from srl_jax import wire
+from srl_jax.config import ExperimentConfig
+from srl_jax.names import FileNameService
+from srl_jax.streams import RejectCounter, bind_registered, make_socket, receive, send
+from tests.conftest import Processes, make_config, wait_for, write_run_dir
+
+pytestmark = pytest.mark.slow
+
+START_TIMEOUT_S = 60.0
+REPLY_TIMEOUT_S = 10.0
+REPLY_KINDS = frozenset({"infer_reply"})
+CLIENT_ROWS = (3, 5, 7)
+
+
+class Server:
+    """One inference server process, the learner's PUB it listens to, and actor stand-ins."""
+
+    def __init__(self, tmp_path: Path, processes: Processes, stats: zmq.Socket) -> None:
+        self.run_dir = tmp_path / "run"  # where the stats_socket fixture registered itself
+        self.config = make_config(["inference.max_batch=64", "inference.max_wait_ms=20"])
+        write_run_dir(self.run_dir, self.config)
+        self.names = FileNameService(self.run_dir / "names")
+        self.context = zmq.Context.instance()
+        self.sockets: list[zmq.Socket] = []
+        self.pub = self.socket(zmq.PUB)
+        bind_registered(self.pub, self.names, "learner/params")
+        self.stats = stats
+        self.process = processes.worker("inference", 0, self.run_dir)
+        self.endpoint = self.names.lookup("inference/0", timeout_s=START_TIMEOUT_S)
+        self.rejects = RejectCounter()
+
+    def socket(self, kind: int) -> zmq.Socket:
+        socket = make_socket(self.context, kind)
+        self.sockets.append(socket)
+        return socket
+
+    def dealer(self) -> zmq.Socket:
+        dealer = self.socket(zmq.DEALER)
+        dealer.connect(self.endpoint)
+        return dealer
+
+    def reply(self, dealer: zmq.Socket, timeout_s: float = REPLY_TIMEOUT_S) -> wire.Message:
+        assert dealer.poll(timeout_s * 1000), f"no reply within {timeout_s}s ({self.log_tail()})"
+        received = receive(dealer, REPLY_KINDS, self.rejects)
+        assert received is not None and self.rejects.count == 0, "malformed reply"
+        return received[1]
+
+    def log_tail(self) -> str:
+        path = self.run_dir / "logs" / "inference-0.log"
+        text = path.read_text() if path.exists() else ""
+        return f"exit code {self.process.poll()}, log tail: {text[-1500:]}"
+
+    def latest_counters(self) -> dict[str, Any] | None:
+        """Counters of the newest heartbeat waiting on the stats stream, if any."""
+        counters = None
+        while self.stats.poll(0):
+            message = wire.decode(self.stats.recv_multipart(copy=False))
+            if message.kind == "stats" and message.meta.get("worker") == "inference-0":
+                counters = message.meta["counters"]
+        return counters
+
+    def close(self) -> None:
+        for socket in self.sockets:
+            socket.close()
+
+
+@pytest.fixture
+def server(tmp_path: Path, processes: Processes, stats_socket: zmq.Socket):
+    server = Server(tmp_path, processes, stats_socket)
+    yield server
+    server.close()
+
+
+def observations(rows: int, rng: np.random.Generator) -> np.ndarray:
+    return rng.uniform(-0.2, 0.2, size=(rows, 4)).astype(np.float32)
+
+
+def expected_outputs(config: ExperimentConfig, params: Any, obs: np.ndarray) -> tuple:
+    """Logits and value of `params` for `obs`, computed here, as the learner would."""
+    spec = env_spec(config.env)
+    network = make_network(config.network, spec.num_actions)
+    logits, value = network.apply(params, obs)
+    return np.asarray(jax.nn.log_softmax(logits)), np.asarray(value)
+
+
+def check_reply(reply: wire.Message, seq: int, obs: np.ndarray, version: int,
+                logp_table: np.ndarray | None = None, values: np.ndarray | None = None) -> None:
+    rows = obs.shape[0]
+    assert reply.kind == "infer_reply"
+    assert reply.meta["split"] == 0 and reply.meta["seq"] == seq
+    assert reply.meta["version"] == version
+    action, logp, value = (reply.arrays[k] for k in ("action", "logp", "value"))
+    assert action.dtype == np.int32 and action.shape == (rows,)
+    assert set(action.tolist()) <= {0, 1}
+    assert logp.shape == (rows,) and np.all(logp <= 0) and np.all(np.isfinite(logp))
+    assert value.shape == (rows,) and np.all(np.isfinite(value))
+    assert reply.meta["batch_rows"] >= rows
+    if logp_table is not None:
+        np.testing.assert_allclose(logp, logp_table[np.arange(rows), action], rtol=1e-4,
+                                   atol=1e-5)
+        np.testing.assert_allclose(value, values, rtol=1e-4, atol=1e-5)
+
+
+def test_batches_requests_of_several_actors_and_takes_newer_params(server: Server) -> None:
+    rng = np.random.default_rng(0)
+    spec = env_spec(server.config.env)
+    network = make_network(server.config.network, spec.num_actions)
+    params0 = init_params(network, spec.obs_shape, server.config.seed)
+    clients = [server.dealer() for _ in CLIENT_ROWS]
+
+    # Three actors ask at the same moment, a few rounds in a row.
+    batched = []
+    for seq in range(6):
+        sent = [observations(rows, rng) for rows in CLIENT_ROWS]
+        for client, obs in zip(clients, sent, strict=True):
+            send(client, "infer_request", {"split": 0, "seq": seq}, {"obs": obs})
+        timeout = START_TIMEOUT_S if seq == 0 else REPLY_TIMEOUT_S
+        for client, obs in zip(clients, sent, strict=True):
+            reply = server.reply(client, timeout)
+            check_reply(reply, seq, obs, 0, *expected_outputs(server.config, params0, obs))
+            assert reply.meta["batch_rows"] <= sum(CLIENT_ROWS)
+            batched.append(reply.meta["batch_rows"] > obs.shape[0])
+    assert any(batched), "no batch ever held the requests of more than one actor"
+
+    # The learner publishes version 5; the first messages may be lost (slow joiner).
+    params5 = init_params(network, spec.obs_shape, server.config.seed + 99)
+    obs = observations(4, rng)
+    deadline = time.monotonic() + 30
+    seq, reply = 100, None
+    while reply is None or reply.meta["version"] != 5:
+        assert time.monotonic() < deadline, "version 5 never reached the replies"
+        send(server.pub, "params", {"version": 5}, params_to_arrays(params5))
+        time.sleep(0.1)
+        seq += 1
+        send(clients[0], "infer_request", {"split": 0, "seq": seq}, {"obs": obs})
+        reply = server.reply(clients[0])
+        assert reply.meta["seq"] == seq
+        assert reply.meta["version"] in (0, 5)
+    check_reply(reply, seq, obs, 5, *expected_outputs(server.config, params5, obs))
+    _, values0 = expected_outputs(server.config, params0, obs)
+    assert not np.allclose(reply.arrays["value"], values0), "values still from version 0"
+
+    # An older version arriving later does not replace the newer one.
+    for _ in range(5):
+        send(server.pub, "params", {"version": 3}, params_to_arrays(params0))
+    time.sleep(0.5)
+    send(clients[1], "infer_request", {"split": 0, "seq": 1}, {"obs": obs})
+    check_reply(server.reply(clients[1]), 1, obs, 5,
+                *expected_outputs(server.config, params5, obs))
+    counters = wait_for(server.latest_counters, 10, "a heartbeat from the inference server")
+    assert counters["policy_version"] == 5
+    assert counters["param_updates"] == 1
+    assert server.process.poll() is None
+
+
+def bad_messages(rng: np.random.Generator) -> list[list[bytes]]:
+    """Malformed or unexpected requests, each of which must be counted and dropped."""
+    f4 = np.dtype("<f4").str
+
+    def header(**fields: Any) -> bytes:
+        return msgpack.packb({"k": "infer_request", "v": wire.WIRE_VERSION,
+                              "m": {"split": 0, "seq": 0}, "a": [], **fields})
+
+    def request(obs: np.ndarray) -> list:
+        return wire.encode("infer_request", {"split": 0, "seq": 0}, {"obs": obs})
+
+    return [
+        [b"\xc1" + rng.bytes(63)],  # not msgpack
+        [rng.bytes(32), rng.bytes(16)],
+        [header(v=wire.WIRE_VERSION + 1)],  # wrong version
+        [msgpack.packb(["infer_request", 1])],  # header not a map
+        [header(a=[["obs", f4, [2, 4]]])],  # array declared, frame missing
+        [header(a=[["obs", f4, [2, 4]]]), rng.bytes(31)],  # buffer of the wrong size
+        [header(a=[["obs", "|O", [2, 4]]]), rng.bytes(64)],  # object dtype
+        wire.encode("params", {"version": 9}, {"obs": observations(2, rng)}),  # wrong kind
+        request(np.zeros((3, 5), np.float32)),  # obs of the wrong shape
+        request(np.zeros((12,), np.float32)),  # obs without a batch axis
+        request(np.zeros((0, 4), np.float32)),  # no rows
+        wire.encode("infer_request", {"split": 0, "seq": 0}, {"x": observations(2, rng)}),
+    ]
+
+
+def test_malformed_requests_are_counted_and_dropped(server: Server) -> None:
+    rng = np.random.default_rng(1)
+    good = server.dealer()
+    obs = observations(6, rng)
+    send(good, "infer_request", {"split": 0, "seq": 1}, {"obs": obs})
+    check_reply(server.reply(good, START_TIMEOUT_S), 1, obs, 0)
+    before = wait_for(server.latest_counters, 10, "a first heartbeat")["wire_rejected"]
+
+    bad = server.dealer()
+    messages = bad_messages(rng)
+    for frames in messages:
+        bad.send_multipart(frames)
+    # A good request right behind them, from both the good and the bad client.
+    for seq, client in enumerate((good, bad), start=2):
+        send(client, "infer_request", {"split": 0, "seq": seq}, {"obs": obs})
+        check_reply(server.reply(client), seq, obs, 0)
+    assert not bad.poll(200), "a malformed request got a reply"
+    assert server.process.poll() is None, server.log_tail()
+
+    def rejected_all() -> bool:
+        counters = server.latest_counters()
+        return counters is not None and counters["wire_rejected"] - before >= len(messages)
+
+    wait_for(rejected_all, 10, f"wire_rejected to grow by {len(messages)}")
+    assert server.process.poll() is None
+
+    # A worker told to stop (SIGTERM, by pid) exits cleanly.
+    server.process.terminate()
+    assert server.process.wait(timeout=10) == 0

@@ -1,0 +1,210 @@
+"""PPO's pure functions: GAE and the clipped loss by hand, the jitted update on a real network."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from learners.networks import init_params, make_network
+from learners.ppo import Batch, gae, init_train_state, make_optimizer, make_update, ppo_loss
+from srl_jax.config import NetworkConfig, PPOConfig
+
+
+def test_gae_hand_computed_with_termination_and_truncation():
+    # gamma = 0.9, lambda = 0.8, so gamma * lambda = 0.72. Columns are two envs.
+    rewards = np.array([[1.0, 1.0], [2.0, 1.0], [1.0, 1.0]], np.float32)
+    values = np.array([[0.5, 1.0], [1.0, 2.0], [2.0, 3.0], [4.0, 5.0]], np.float32)
+    # env 0 terminates at t=1; env 1 is truncated at t=0 (its final obs is worth 10).
+    terminated = np.array([[False, False], [True, False], [False, False]])
+    truncated = np.array([[False, True], [False, False], [False, False]])
+    # Only truncated steps read trunc_values: the 99s must be ignored.
+    trunc_values = np.array([[99.0, 10.0], [99.0, 99.0], [99.0, 99.0]], np.float32)
+
+    # env 0:
+    #   t=2: delta = 1 + 0.9 * 4.0 - 2.0 = 2.6                 adv = 2.6
+    #   t=1: terminal, no bootstrap: delta = 2 - 1.0 = 1.0     adv = 1.0 (recursion cut)
+    #   t=0: delta = 1 + 0.9 * 1.0 - 0.5 = 1.4                 adv = 1.4 + 0.72 * 1.0 = 2.12
+    # env 1:
+    #   t=2: delta = 1 + 0.9 * 5.0 - 3.0 = 2.5                 adv = 2.5
+    #   t=1: delta = 1 + 0.9 * 3.0 - 2.0 = 1.7                 adv = 1.7 + 0.72 * 2.5 = 3.5
+    #   t=0: truncated, bootstraps from trunc_values, not values[1]:
+    #        delta = 1 + 0.9 * 10.0 - 1.0 = 9.0                adv = 9.0 (recursion cut)
+    expected_adv = np.array([[2.12, 9.0], [1.0, 3.5], [2.6, 2.5]])
+    # returns = advantages + values[:-1]
+    expected_ret = np.array([[2.62, 10.0], [2.0, 5.5], [4.6, 5.5]])
+
+    advantages, returns = gae(jnp.asarray(rewards), jnp.asarray(values), jnp.asarray(terminated),
+                              jnp.asarray(truncated), jnp.asarray(trunc_values), 0.9, 0.8)
+    assert advantages.shape == returns.shape == (3, 2)
+    np.testing.assert_allclose(np.asarray(advantages), expected_adv, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(returns), expected_ret, rtol=1e-6, atol=1e-6)
+
+
+def test_gae_lambda_one_is_discounted_return_minus_value():
+    # No episode end, lambda = 1: advantage = sum_k gamma^k r_{t+k} + gamma^(T-t) V_T - V_t.
+    rewards = np.array([[1.0], [0.0], [2.0]], np.float32)
+    values = np.array([[0.0], [1.0], [0.0], [3.0]], np.float32)
+    flags = np.zeros((3, 1), bool)
+    # t=2: 2 + 0.5 * 3 - 0 = 3.5;  t=1: 0 + 0.5 * 2 + 0.25 * 3 - 1 = 0.75;
+    # t=0: 1 + 0 + 0.25 * 2 + 0.125 * 3 - 0 = 1.875
+    advantages, returns = gae(rewards, values, flags, flags, np.zeros((3, 1), np.float32),
+                              0.5, 1.0)
+    np.testing.assert_allclose(np.asarray(advantages)[:, 0], [1.875, 0.75, 3.5], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(returns)[:, 0], [1.875, 1.75, 3.5], rtol=1e-6)
+
+
+# A tiny batch of three samples over two actions, all taking action 0.
+LN3 = np.log(3.0)
+LOGITS = np.array([[0.0, 0.0], [LN3, 0.0], [0.0, LN3]], np.float32)  # p(0) = 0.5, 0.75, 0.25
+VALUES = np.array([0.5, 1.0, 2.0], np.float32)
+ACTIONS = np.array([0, 0, 0], np.int32)
+OLD_LOGP = np.log(np.array([0.5, 0.5, 0.5], np.float32))  # ratios 1.0, 1.5, 0.5
+ADVANTAGES = np.array([1.0, 2.0, -1.0], np.float32)
+RETURNS = np.array([1.0, 1.0, 0.0], np.float32)
+OBS = np.zeros((3, 4), np.float32)
+
+
+def stub_apply(params, obs):
+    """The 'network' returns the given logits and values: the test is about the loss math."""
+    return params["logits"], params["values"]
+
+
+def run_loss(config: PPOConfig, params=None):
+    params = params or {"logits": jnp.asarray(LOGITS), "values": jnp.asarray(VALUES)}
+    return ppo_loss(params, stub_apply, OBS, ACTIONS, OLD_LOGP, ADVANTAGES, RETURNS, config)
+
+
+def check(info: dict, key: str, expected: float) -> None:
+    np.testing.assert_allclose(float(info[key]), expected, rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+def test_ppo_loss_hand_computed_without_normalization():
+    config = PPOConfig(clip_coef=0.2, vf_coef=0.5, ent_coef=0.01, normalize_advantages=False)
+    loss, info = run_loss(config)
+    # Per sample max(-A * r, -A * clip(r, 0.8, 1.2)):
+    #   s0: A=1,  r=1.0:                          -1.0
+    #   s1: A=2,  r=1.5: max(-3.0, -2.4)        = -2.4   (clipped)
+    #   s2: A=-1, r=0.5: max(0.5, 0.8)          =  0.8   (clipped)
+    pg_loss = (-1.0 - 2.4 + 0.8) / 3
+    # 0.5 * mean((V - R)^2) = 0.5 * (0.25 + 0 + 4) / 3
+    value_loss = 0.5 * 4.25 / 3
+    # entropy: ln 2 for (0.5, 0.5); -(0.75 ln 0.75 + 0.25 ln 0.25) twice
+    h = -(0.75 * np.log(0.75) + 0.25 * np.log(0.25))
+    entropy = (np.log(2.0) + 2 * h) / 3
+    check(info, "pg_loss", pg_loss)  # -0.8667
+    check(info, "value_loss", value_loss)  # 0.7083
+    check(info, "entropy", entropy)  # 0.6059
+    check(info, "loss", pg_loss + 0.5 * value_loss - 0.01 * entropy)
+    assert float(loss) == pytest.approx(float(info["loss"]))
+    check(info, "clip_frac", 2 / 3)  # |r - 1| > 0.2 for s1 and s2
+    # mean((r - 1) - ln r) = (0 + (0.5 - ln 1.5) + (-0.5 + ln 2)) / 3
+    check(info, "approx_kl", (0.5 - np.log(1.5) - 0.5 + np.log(2.0)) / 3)
+
+
+def test_ppo_loss_hand_computed_with_normalization():
+    config = PPOConfig(clip_coef=0.2, vf_coef=0.5, ent_coef=0.01, normalize_advantages=True)
+    loss, info = run_loss(config)
+    # A = (1, 2, -1): mean 2/3, deviations (1/3, 4/3, -5/3), population variance
+    # (1 + 16 + 25) / 27 = 14/9, std = sqrt(14)/3, so A_hat = (1, 4, -5) / sqrt(14).
+    s = np.sqrt(14.0)
+    #   s0: r=1:                     -1/s
+    #   s1: A>0, r=1.5 clipped:      -1.2 * 4/s
+    #   s2: A<0, r=0.5 clipped:       0.8 * 5/s
+    pg_loss = (-1.0 - 4.8 + 4.0) / s / 3  # = -0.6 / sqrt(14) = -0.1604
+    check(info, "pg_loss", pg_loss)
+    check(info, "value_loss", 0.5 * 4.25 / 3)  # normalization does not touch the value loss
+    check(info, "clip_frac", 2 / 3)
+    h = -(0.75 * np.log(0.75) + 0.25 * np.log(0.25))
+    check(info, "loss", pg_loss + 0.5 * 0.5 * 4.25 / 3 - 0.01 * (np.log(2.0) + 2 * h) / 3)
+    assert float(loss) == pytest.approx(float(info["loss"]))
+
+
+def test_ppo_loss_gradient_stops_at_the_clip():
+    config = PPOConfig(clip_coef=0.2, vf_coef=0.5, ent_coef=0.0, normalize_advantages=False)
+    params = {"logits": jnp.asarray(LOGITS), "values": jnp.asarray(VALUES)}
+    grads, _ = jax.grad(lambda p: run_loss(config, p), has_aux=True)(params)
+    # Samples 1 and 2 are clipped in the pessimistic direction: no policy gradient.
+    # Sample 0: d(-A r / 3)/d logits = -(1/3) * r * (onehot(0) - p) = -(1/3) * (0.5, -0.5).
+    np.testing.assert_allclose(np.asarray(grads["logits"]),
+                               [[-1 / 6, 1 / 6], [0.0, 0.0], [0.0, 0.0]], atol=1e-6)
+    # V - R = (-0.5, 0, 2); d(0.5 * 0.5 * mean((V - R)^2))/dV = 0.5 * (V - R) / 3
+    np.testing.assert_allclose(np.asarray(grads["values"]), [-0.5 / 6, 0.0, 2.0 / 6], atol=1e-6)
+
+
+T, B, OBS_SHAPE, ACTIONS_N = 8, 4, (4,), 2
+PPO = PPOConfig(learning_rate=1e-3, epochs=2, minibatches=4)
+
+
+def random_batch(seed: int = 0) -> Batch:
+    rng = np.random.default_rng(seed)
+    terminated = rng.random((T, B)) < 0.1
+    truncated = (rng.random((T, B)) < 0.1) & ~terminated
+    return Batch(
+        obs=rng.normal(size=(T + 1, B, *OBS_SHAPE)).astype(np.float32),
+        actions=rng.integers(0, ACTIONS_N, (T, B)).astype(np.int32),
+        logp=np.full((T, B), np.log(0.5), np.float32),
+        values=rng.normal(size=(T + 1, B)).astype(np.float32),
+        rewards=np.ones((T, B), np.float32),
+        terminated=terminated,
+        truncated=truncated,
+        trunc_values=rng.normal(size=(T, B)).astype(np.float32),
+    )
+
+
+def fresh_state(config: PPOConfig = PPO):
+    network = make_network(NetworkConfig(hidden=[16, 16]), ACTIONS_N)
+    optimizer = make_optimizer(config)
+    params = init_params(network, OBS_SHAPE, seed=3)
+    return network, optimizer, init_train_state(params, optimizer, seed=3)
+
+
+def test_make_update_trains_a_real_network_deterministically():
+    network, optimizer, state = fresh_state()
+    before = jax.tree.map(np.array, state.params)  # host copies: the state is donated
+    update = make_update(network.apply, optimizer, PPO)
+    batch = random_batch()
+
+    state1, metrics = update(state, batch)
+    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    for key in ("loss", "pg_loss", "value_loss", "entropy", "approx_kl", "clip_frac",
+                "advantage_mean", "return_mean"):
+        assert key in metrics and np.isfinite(metrics[key]), key
+    assert int(state1.version) == 1
+    after = jax.tree.map(np.array, state1.params)
+    assert jax.tree.structure(after) == jax.tree.structure(before)
+    changed = [not np.array_equal(a, b)
+               for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(before), strict=True)]
+    assert all(changed), "every parameter leaf should move after an update"
+    # The advantages reported are those of GAE over the batch with the config's gamma/lambda.
+    advantages, returns = gae(batch.rewards, batch.values, batch.terminated, batch.truncated,
+                              batch.trunc_values, PPO.gamma, PPO.gae_lambda)
+    assert metrics["advantage_mean"] == pytest.approx(float(advantages.mean()), rel=1e-5)
+    assert metrics["return_mean"] == pytest.approx(float(returns.mean()), rel=1e-5)
+
+    state2, _ = update(state1, batch)
+    assert int(state2.version) == 2
+
+    # Same inputs, same result: a fresh state from the same seed gives bit-identical params.
+    _, _, again = fresh_state()
+    again1, metrics_again = update(again, batch)
+    for a, b in zip(jax.tree.leaves(jax.device_get(again1.params)), jax.tree.leaves(after),
+                    strict=True):
+        np.testing.assert_array_equal(np.asarray(a), b)
+    assert float(metrics_again["loss"]) == metrics["loss"]
+
+
+def test_make_update_reduces_the_value_loss_on_a_fixed_batch():
+    config = dataclasses.replace(PPO, learning_rate=3e-3)
+    network, optimizer, state = fresh_state(config)
+    update = make_update(network.apply, optimizer, config)
+    batch = random_batch(1)
+    losses = []
+    for _ in range(15):
+        state, metrics = update(state, batch)
+        losses.append(float(metrics["value_loss"]))
+    assert int(state.version) == 15
+    assert losses[-1] < 0.5 * losses[0], losses

@@ -1,0 +1,111 @@
+"""End to end: real launcher, controller and worker processes on loopback."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Processes, pid_alive, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def read_status(run_dir: Path) -> dict | None:
+    try:
+        return json.loads((run_dir / "status.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def worker(status: dict | None, name: str) -> dict | None:
+    return next((w for w in (status or {}).get("workers", []) if w["name"] == name), None)
+
+
+def all_running(run_dir: Path) -> bool:
+    status = read_status(run_dir)
+    return bool(status) and all(w["state"] == "running" for w in status["workers"])
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def launch(processes: Processes, tmp_path: Path, *overrides: str) -> tuple:
+    run_dir = tmp_path / "run"
+    args = [sys.executable, "-m", "srl_jax.launch", "cartpole_ppo", "--run-dir", str(run_dir)]
+    for override in overrides:
+        args += ["--set", override]
+    process = processes.start(args, log=tmp_path / "launch.log")
+    return process, run_dir
+
+
+def test_solves_cartpole(processes: Processes, tmp_path: Path) -> None:
+    process, run_dir = launch(processes, tmp_path, "stop.wall_time_s=240")
+    assert process.wait(timeout=300) == 0, (tmp_path / "launch.log").read_text()
+    rows = read_metrics(run_dir)
+    assert max(r.get("episode_return_mean", 0) for r in rows) >= 475
+    assert all(a["env_frames"] <= b["env_frames"] for a, b in itertools.pairwise(rows))
+    final = read_status(run_dir)
+    assert final["state"] == "finished" and "reached the target" in final["stop_reason"]
+    kinds = sorted(w["kind"] for w in final["workers"])
+    assert kinds == ["actor", "actor", "inference", "learner"]
+    assert len({w["pid"] for w in final["workers"]} | {final["controller_pid"]}) == 5
+    assert "policy_lag_mean" in rows[-1] or any("policy_lag_mean" in r for r in rows)
+
+
+def test_killed_actor_is_restarted_and_run_finishes(processes: Processes, tmp_path: Path) -> None:
+    process, run_dir = launch(processes, tmp_path, "stop.target_return=null",
+                              "stop.env_frames=60000", "runtime.restart_backoff_s=0.2")
+    wait_for(lambda: all_running(run_dir), 90, "all workers running")
+    victim = worker(read_status(run_dir), "actor-0")["pid"]
+    time.sleep(1.0)
+    Processes.kill(victim)
+    restarted = wait_for(
+        lambda: (w := worker(read_status(run_dir), "actor-0")) and w["restarts"] == 1
+        and w["state"] == "running" and w["pid"] != victim and w, 60, "actor-0 restarted")
+    assert pid_alive(restarted["pid"])
+    assert process.wait(timeout=120) == 0, (tmp_path / "launch.log").read_text()
+    rows = read_metrics(run_dir)
+    assert rows[-1]["system/restarts"] == 1
+    assert rows[-1]["env_frames"] >= 60000
+    assert all(a["env_frames"] <= b["env_frames"] for a, b in itertools.pairwise(rows))
+    assert worker(read_status(run_dir), "actor-0")["restarts"] == 1
+
+
+def test_ctrl_c_stops_everything(processes: Processes, tmp_path: Path) -> None:
+    process, run_dir = launch(processes, tmp_path, "stop.wall_time_s=300")
+    wait_for(lambda: all_running(run_dir), 90, "all workers running")
+    pids = [w["pid"] for w in read_status(run_dir)["workers"]]
+    started = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=15) == 130
+    wait_for(lambda: not any(pid_alive(p) for p in pids), 5, "every worker gone")
+    assert time.monotonic() - started < 10
+    status = read_status(run_dir)
+    assert status["state"] == "interrupted" and "interrupted" in status["stop_reason"]
+    assert all(w["state"] == "stopped" for w in status["workers"])
+
+
+def test_workers_exit_when_the_controller_is_killed(processes: Processes,
+                                                    tmp_path: Path) -> None:
+    process, run_dir = launch(processes, tmp_path, "stop.wall_time_s=300")
+    wait_for(lambda: all_running(run_dir), 90, "all workers running")
+    pids = [w["pid"] for w in read_status(run_dir)["workers"]]
+    process.kill()
+    process.wait()
+    wait_for(lambda: not any(pid_alive(p) for p in pids), 15, "orphaned workers to exit")
+
+
+def test_config_error_leaves_no_run(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "srl_jax.launch", "cartpole_ppo", "--set",
+                             "actors.envs=15", "--run-dir", str(tmp_path / "run")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "'actors.splits' (2) must divide 'actors.envs' (15)" in result.stderr

@@ -1,0 +1,108 @@
+"""The learner's sample queue: staleness cap, drop-oldest bound, batch assembly."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from learners.sample_queue import SampleQueue
+
+T = 3
+
+
+def chunk(tag: int, versions: int | list[int], n: int = 2) -> dict[str, np.ndarray]:
+    """A [T(+1), n] chunk whose arrays carry `tag` so batches can be traced back to it."""
+    v = np.broadcast_to(np.asarray(versions, np.int32).reshape(-1, 1), (T, n)).copy()
+    return {
+        "obs": np.full((T + 1, n, 4), tag, np.float32),
+        "actions": np.full((T, n), tag, np.int32),
+        "values": np.full((T + 1, n), tag, np.float32),
+        "rewards": np.full((T, n), tag, np.float32),
+        "terminated": np.zeros((T, n), bool),
+        "versions": v,
+    }
+
+
+def tags(batch: dict[str, np.ndarray]) -> list[int]:
+    """The chunk tags of a batch's env columns, in column order."""
+    return batch["actions"][0].tolist()
+
+
+def test_put_drops_chunks_older_than_the_cap():
+    queue = SampleQueue(capacity=10, batch_envs=4, staleness_cap=2)
+    queue.put(chunk(1, 8), version=10)  # 10 - 8 = 2: at the cap, kept
+    queue.put(chunk(2, 7), version=10)  # 10 - 7 = 3 > 2: dropped
+    queue.put(chunk(3, [7, 9, 10]), version=10)  # the oldest step decides: dropped
+    queue.put(chunk(4, [9, 10, 10]), version=10)
+    assert queue.dropped_stale == 2
+    assert queue.dropped_full == 0
+    assert len(queue) == 2
+    batch = queue.take_batch(version=10)
+    assert tags(batch) == [1, 1, 4, 4]
+    assert len(queue) == 0
+
+
+def test_chunks_that_go_stale_while_waiting_are_dropped_at_take():
+    queue = SampleQueue(capacity=10, batch_envs=4, staleness_cap=1)
+    queue.put(chunk(1, 0), version=0)
+    queue.put(chunk(2, 1), version=1)
+    queue.put(chunk(3, 2), version=2)
+    assert queue.dropped_stale == 0 and len(queue) == 3
+    # At version 3, chunk 1 (3 - 0 = 3) and chunk 2 (3 - 1 = 2) exceed the cap of 1.
+    assert queue.take_batch(version=3) is None  # chunk 3 alone is 2 columns, not 4
+    assert queue.dropped_stale == 2
+    assert len(queue) == 1
+    queue.put(chunk(4, 3), version=3)
+    batch = queue.take_batch(version=3)
+    assert tags(batch) == [3, 3, 4, 4]
+    assert queue.dropped_stale == 2
+
+
+def test_capacity_overflow_drops_the_oldest():
+    queue = SampleQueue(capacity=3, batch_envs=4, staleness_cap=100)
+    for tag in range(1, 6):
+        queue.put(chunk(tag, 0), version=0)
+    assert len(queue) == 3
+    assert queue.dropped_full == 2
+    assert queue.dropped_stale == 0
+    batch = queue.take_batch(version=0)
+    assert tags(batch) == [3, 3, 4, 4]  # 1 and 2 were dropped, FIFO order kept
+    assert len(queue) == 1
+    # The column count stays right after drops: one chunk of 2 is not a batch of 4.
+    assert queue.take_batch(version=0) is None
+    queue.put(chunk(6, 0), version=0)
+    assert tags(queue.take_batch(version=0)) == [5, 5, 6, 6]
+
+
+def test_take_batch_concatenates_exactly_batch_envs_columns():
+    queue = SampleQueue(capacity=10, batch_envs=6, staleness_cap=4)
+    assert queue.take_batch(version=0) is None
+    queue.put(chunk(1, 0), version=0)
+    queue.put(chunk(2, 0), version=0)
+    assert queue.take_batch(version=0) is None  # 4 of 6 columns
+    assert len(queue) == 2  # nothing is consumed by a failed take
+    queue.put(chunk(3, [0, 1, 1]), version=1)
+    queue.put(chunk(4, 1), version=1)
+    batch = queue.take_batch(version=1)
+    assert batch is not None
+    assert set(batch) == {"obs", "actions", "values", "rewards", "terminated", "versions"}
+    assert batch["obs"].shape == (T + 1, 6, 4)
+    assert batch["values"].shape == (T + 1, 6)
+    for key in ("actions", "rewards", "terminated", "versions"):
+        assert batch[key].shape == (T, 6), key
+    assert batch["obs"].dtype == np.float32 and batch["actions"].dtype == np.int32
+    assert batch["terminated"].dtype == bool and batch["versions"].dtype == np.int32
+    assert tags(batch) == [1, 1, 2, 2, 3, 3]
+    np.testing.assert_array_equal(batch["obs"][:, :, 0], np.tile([1, 1, 2, 2, 3, 3], (T + 1, 1)))
+    np.testing.assert_array_equal(batch["versions"][:, 4], [0, 1, 1])
+    assert len(queue) == 1
+    assert queue.take_batch(version=1) is None
+
+
+def test_chunks_of_different_widths_fill_the_batch():
+    queue = SampleQueue(capacity=10, batch_envs=4, staleness_cap=4)
+    queue.put(chunk(1, 0, n=1), version=0)
+    queue.put(chunk(2, 0, n=3), version=0)
+    queue.put(chunk(3, 0, n=1), version=0)
+    batch = queue.take_batch(version=0)
+    assert tags(batch) == [1, 2, 2, 2]
+    assert len(queue) == 1
