@@ -15,7 +15,7 @@ import numpy as np
 import zmq
 
 from actors.env_ring import ChunkBuilder, EnvSplit, StepResult
-from actors.envs import env_seed, make_env
+from actors.envs import env_seed, env_spec, make_env
 from srl_jax.config import ExperimentConfig
 from srl_jax.names import NameService
 from srl_jax.streams import make_socket, receive, send
@@ -63,6 +63,7 @@ class ActorWorker(Worker):
     def setup(self) -> None:
         cfg = self.config.actors
         per_split = cfg.envs // cfg.splits
+        self.num_actions = env_spec(self.config.env).num_actions
         self.splits = []
         for s in range(cfg.splits):
             ids = range(s * per_split, (s + 1) * per_split)
@@ -141,8 +142,15 @@ class ActorWorker(Worker):
             self.rejects.reject(ValueError(f"reply shapes {action.shape} for {rows} rows"))
             return
         n = len(state.split)
-        chunk = state.chunk.on_policy(action[:n], logp[:n], value[:n],
-                                      int(meta.get("version", 0)), value[n:])
+        version = meta.get("version")
+        if type(version) is not int:
+            self.rejects.reject(ValueError(f"reply with version {version!r}"))
+            return
+        if action.dtype.kind not in "iu" or not (
+                (action >= 0) & (action < self.num_actions)).all():
+            self.rejects.reject(ValueError("reply with actions outside the action space"))
+            return
+        chunk = state.chunk.on_policy(action[:n], logp[:n], value[:n], version, value[n:])
         if chunk is not None:
             self._send_chunk(chunk)
         start = time.perf_counter()

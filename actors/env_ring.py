@@ -76,7 +76,7 @@ class EnvSplit:
                 truncated[i] = trunc and not term
                 if truncated[i]:
                     truncated_envs.append(i)
-                    final_obs.append(obs)
+                    final_obs.append(np.array(obs, copy=True))  # reset may reuse the buffer
                 returns.append(float(self.returns[i]))
                 lengths.append(int(self.lengths[i]))
                 self.returns[i] = 0.0

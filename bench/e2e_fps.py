@@ -277,6 +277,18 @@ def raw_env_rates(env: dict[str, Any], num_envs: int, total_s: float,
 # ------------------------------------------------------------------ output
 
 
+def busy_warning() -> str | None:
+    """A warning when the machine is already busy (figures would come out low), else None."""
+    if not hasattr(os, "getloadavg"):
+        return None
+    load = os.getloadavg()[0]
+    if load < 0.5 * nproc():
+        return None
+    message = f"WARNING: 1-min load average was {load:.1f} at start: the machine was busy"
+    print(message, flush=True)
+    return message
+
+
 def nproc() -> int:
     """CPUs this process may run on, as `nproc` counts them."""
     if hasattr(os, "sched_getaffinity"):
@@ -308,6 +320,7 @@ def print_table(results: list[RunResult]) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    load_at_start = busy_warning()
     workdir = Path(tempfile.mkdtemp(prefix="srl_e2e_fps_"))
     results: list[RunResult] = []
     failures = 0
@@ -354,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"median e2e fps {e2e:,.0f} | raw env steps/s {raw_median:,.0f} | "
               f"ratio {e2e / raw_median:.2f} | start-up {startup:.1f}s")
         print(f"machine: nproc {nproc()} ({platform.processor() or platform.machine()}); "
-              f"figures are medians of {len(results)} run(s) and {len(raw)} raw measurements")
+              f"figures are medians of {len(results)} run(s) and {len(raw)} raw measurements"
+              + (f"; {load_at_start}" if load_at_start else ""))
         if args.keep:
             print(f"run directories kept in {workdir}")
         return 1 if failures else 0

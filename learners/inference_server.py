@@ -30,6 +30,7 @@ from srl_jax.worker import Worker
 REQUEST_KINDS = frozenset({"infer_request"})
 PARAM_KINDS = frozenset({"params"})
 POLL_MS = 100
+FIRST_PARAMS_WAIT_S = 3.0
 
 
 def padded_sizes(min_size: int, max_batch: int) -> list[int]:
@@ -72,7 +73,9 @@ class InferenceServer(Worker):
         self.params = init_params(network, spec.obs_shape, self.config.seed)
         self.template = jax.tree.map(np.asarray, self.params)
         self.act = make_act(network.apply)
-        self.key = jax.random.key(self.config.seed + 1000 + self.index)
+        # Action sampling needs speed, not cryptographic quality: the counter-free
+        # RBG generator costs a fraction of threefry per call on CPU.
+        self.key = jax.random.key(self.config.seed + 1000 + self.index, impl="unsafe_rbg")
         self.sizes = padded_sizes(self.config.inference.min_padded_batch,
                                   self.config.inference.max_batch)
         self._warm_up()
@@ -82,9 +85,24 @@ class InferenceServer(Worker):
         self.param_sub.setsockopt(zmq.SUBSCRIBE, b"")
         self.param_sub.setsockopt(zmq.RCVHWM, 4)
         self.param_sub.connect(self.lookup("learner/params"))
+        self._await_first_params()
         self.poller = zmq.Poller()
         self.poller.register(self.router, zmq.POLLIN)
         self.poller.register(self.param_sub, zmq.POLLIN)
+
+    def _await_first_params(self) -> None:
+        """Take the learner's current parameters before serving, if they come soon.
+
+        A server restarted mid-run would otherwise act with version 0 until the
+        next republish, and its samples would all be dropped as stale.
+        """
+        deadline = time.monotonic() + FIRST_PARAMS_WAIT_S
+        while self.version == 0 and time.monotonic() < deadline and not self.stopping:
+            if self.param_sub.poll(POLL_MS):
+                self._take_newest_params()
+                if self.param_updates:
+                    return
+            self.heartbeat()
 
     def _warm_up(self) -> None:
         """Compile the policy for every padded size before taking requests."""
@@ -101,10 +119,11 @@ class InferenceServer(Worker):
 
     def _take_newest_params(self) -> None:
         newest = None
+        oldest_wanted = self.version + 1 if self.param_updates else self.version
         while (received := receive(self.param_sub, PARAM_KINDS, self.rejects)) is not None:
             message = received[1]
             version = message.meta.get("version")
-            if isinstance(version, int) and version > self.version and (
+            if type(version) is int and version >= oldest_wanted and (
                     newest is None or version > newest.meta["version"]):
                 newest = message
         if newest is None:

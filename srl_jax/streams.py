@@ -22,6 +22,7 @@ from srl_jax.wire import Message, WireError, decode, encode
 log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
+MAX_LOGGED_REASONS = 64
 
 
 def bind_registered(socket: zmq.Socket, names: NameService, key: str) -> str:
@@ -53,7 +54,7 @@ class RejectCounter:
     def reject(self, error: Exception) -> None:
         self.count += 1
         reason = str(error).split(":")[0]
-        if reason not in self._seen:
+        if reason not in self._seen and len(self._seen) < MAX_LOGGED_REASONS:
             self._seen.add(reason)
             log.warning("dropped a malformed message (%s); further ones are only counted", error)
 

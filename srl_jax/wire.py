@@ -24,6 +24,7 @@ Message kinds (the whole protocol):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,7 +64,7 @@ def encode(kind: str, meta: dict[str, Any] | None = None,
         raise WireError(f"unknown message kind {kind!r}")
     specs, buffers = [], []
     for name, array in (arrays or {}).items():
-        array = np.ascontiguousarray(array)
+        array = np.array(array, copy=None, order="C")
         if array.dtype.str not in ALLOWED_DTYPES:
             raise WireError(f"array {name!r} has dtype {array.dtype} that the wire does not carry")
         specs.append([name, array.dtype.str, list(array.shape)])
@@ -109,9 +110,10 @@ def decode(frames: Sequence[Any], expected: frozenset[str] | None = None,
     if not isinstance(header, dict):
         raise WireError("header is not a map")
     kind, version = header.get("k"), header.get("v")
-    if version != WIRE_VERSION:
+    if type(version) is not int or version != WIRE_VERSION:
         raise WireError(f"wire version {version!r}, expected {WIRE_VERSION}")
-    if kind not in KINDS or (expected is not None and kind not in expected):
+    if not isinstance(kind, str) or kind not in KINDS or (
+            expected is not None and kind not in expected):
         raise WireError(f"unexpected message kind {kind!r}")
     meta, specs = header.get("m", {}), header.get("a", [])
     if not isinstance(meta, dict) or not isinstance(specs, list):
@@ -122,7 +124,7 @@ def decode(frames: Sequence[Any], expected: frozenset[str] | None = None,
     total = 0
     for spec, frame in zip(specs, frames[1:], strict=True):
         name, dtype, shape = _check_spec(spec, max_bytes)
-        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        count = math.prod(shape)
         nbytes = count * dtype.itemsize
         total += nbytes
         if total > max_bytes:

@@ -93,7 +93,7 @@ def observations(rows: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def expected_outputs(config: ExperimentConfig, params: Any, obs: np.ndarray) -> tuple:
-    """Logits and value of `params` for `obs`, computed here, as the learner would."""
+    """Log-probabilities [n, actions] and values [n] of `params` for `obs`, computed here."""
     spec = env_spec(config.env)
     network = make_network(config.network, spec.num_actions)
     logits, value = network.apply(params, obs)
@@ -118,14 +118,10 @@ def check_reply(reply: wire.Message, seq: int, obs: np.ndarray, version: int,
         np.testing.assert_allclose(value, values, rtol=1e-4, atol=1e-5)
 
 
-def test_batches_requests_of_several_actors_and_takes_newer_params(server: Server) -> None:
-    rng = np.random.default_rng(0)
-    spec = env_spec(server.config.env)
-    network = make_network(server.config.network, spec.num_actions)
-    params0 = init_params(network, spec.obs_shape, server.config.seed)
+def serves_batches_across_actors(server: Server, params0: Any,
+                                 rng: np.random.Generator) -> None:
+    """Three actors ask at the same moment, a few rounds in a row; version 0 answers."""
     clients = [server.dealer() for _ in CLIENT_ROWS]
-
-    # Three actors ask at the same moment, a few rounds in a row.
     batched = []
     for seq in range(6):
         sent = [observations(rows, rng) for rows in CLIENT_ROWS]
@@ -138,36 +134,6 @@ def test_batches_requests_of_several_actors_and_takes_newer_params(server: Serve
             assert reply.meta["batch_rows"] <= sum(CLIENT_ROWS)
             batched.append(reply.meta["batch_rows"] > obs.shape[0])
     assert any(batched), "no batch ever held the requests of more than one actor"
-
-    # The learner publishes version 5; the first messages may be lost (slow joiner).
-    params5 = init_params(network, spec.obs_shape, server.config.seed + 99)
-    obs = observations(4, rng)
-    deadline = time.monotonic() + 30
-    seq, reply = 100, None
-    while reply is None or reply.meta["version"] != 5:
-        assert time.monotonic() < deadline, "version 5 never reached the replies"
-        send(server.pub, "params", {"version": 5}, params_to_arrays(params5))
-        time.sleep(0.1)
-        seq += 1
-        send(clients[0], "infer_request", {"split": 0, "seq": seq}, {"obs": obs})
-        reply = server.reply(clients[0])
-        assert reply.meta["seq"] == seq
-        assert reply.meta["version"] in (0, 5)
-    check_reply(reply, seq, obs, 5, *expected_outputs(server.config, params5, obs))
-    _, values0 = expected_outputs(server.config, params0, obs)
-    assert not np.allclose(reply.arrays["value"], values0), "values still from version 0"
-
-    # An older version arriving later does not replace the newer one.
-    for _ in range(5):
-        send(server.pub, "params", {"version": 3}, params_to_arrays(params0))
-    time.sleep(0.5)
-    send(clients[1], "infer_request", {"split": 0, "seq": 1}, {"obs": obs})
-    check_reply(server.reply(clients[1]), 1, obs, 5,
-                *expected_outputs(server.config, params5, obs))
-    counters = wait_for(server.latest_counters, 10, "a heartbeat from the inference server")
-    assert counters["policy_version"] == 5
-    assert counters["param_updates"] == 1
-    assert server.process.poll() is None
 
 
 def bad_messages(rng: np.random.Generator) -> list[list[bytes]]:
@@ -197,20 +163,15 @@ def bad_messages(rng: np.random.Generator) -> list[list[bytes]]:
     ]
 
 
-def test_malformed_requests_are_counted_and_dropped(server: Server) -> None:
-    rng = np.random.default_rng(1)
-    good = server.dealer()
+def drops_and_counts_malformed_requests(server: Server, rng: np.random.Generator) -> None:
+    """Garbage from one client is counted and dropped; everyone is still served."""
+    good, bad = server.dealer(), server.dealer()
     obs = observations(6, rng)
-    send(good, "infer_request", {"split": 0, "seq": 1}, {"obs": obs})
-    check_reply(server.reply(good, START_TIMEOUT_S), 1, obs, 0)
-    before = wait_for(server.latest_counters, 10, "a first heartbeat")["wire_rejected"]
-
-    bad = server.dealer()
+    before = wait_for(server.latest_counters, 10, "a heartbeat")["wire_rejected"]
     messages = bad_messages(rng)
     for frames in messages:
         bad.send_multipart(frames)
-    # A good request right behind them, from both the good and the bad client.
-    for seq, client in enumerate((good, bad), start=2):
+    for seq, client in enumerate((good, bad), start=1):  # good requests right behind them
         send(client, "infer_request", {"split": 0, "seq": seq}, {"obs": obs})
         check_reply(server.reply(client), seq, obs, 0)
     assert not bad.poll(200), "a malformed request got a reply"
@@ -221,8 +182,54 @@ def test_malformed_requests_are_counted_and_dropped(server: Server) -> None:
         return counters is not None and counters["wire_rejected"] - before >= len(messages)
 
     wait_for(rejected_all, 10, f"wire_rejected to grow by {len(messages)}")
-    assert server.process.poll() is None
+
+
+def takes_newer_params(server: Server, params0: Any, params5: Any,
+                       rng: np.random.Generator) -> None:
+    """The learner publishes version 5; the first messages may be lost (slow joiner)."""
+    client = server.dealer()
+    obs = observations(4, rng)
+    deadline = time.monotonic() + 30
+    seq, reply = 0, None
+    while reply is None or reply.meta["version"] != 5:
+        assert time.monotonic() < deadline, "version 5 never reached the replies"
+        send(server.pub, "params", {"version": 5}, params_to_arrays(params5))
+        time.sleep(0.1)
+        seq += 1
+        send(client, "infer_request", {"split": 0, "seq": seq}, {"obs": obs})
+        reply = server.reply(client)
+        assert reply.meta["seq"] == seq
+        assert reply.meta["version"] in (0, 5)
+    check_reply(reply, seq, obs, 5, *expected_outputs(server.config, params5, obs))
+    _, values0 = expected_outputs(server.config, params0, obs)
+    assert not np.allclose(reply.arrays["value"], values0), "values still from version 0"
+
+    # An older version arriving later does not replace the newer one.
+    for _ in range(5):
+        send(server.pub, "params", {"version": 3}, params_to_arrays(params0))
+    time.sleep(0.5)
+    send(client, "infer_request", {"split": 0, "seq": seq + 1}, {"obs": obs})
+    check_reply(server.reply(client), seq + 1, obs, 5,
+                *expected_outputs(server.config, params5, obs))
+    server.latest_counters()  # skip heartbeats sent before the last reply
+    counters = wait_for(server.latest_counters, 10, "a heartbeat from the inference server")
+    assert counters["policy_version"] == 5
+    assert counters["param_updates"] == 1
+
+
+def test_inference_server_batches_survives_garbage_and_takes_params(server: Server) -> None:
+    """One server process through its life (one start-up keeps the file fast)."""
+    rng = np.random.default_rng(0)
+    spec = env_spec(server.config.env)
+    network = make_network(server.config.network, spec.num_actions)
+    params0 = init_params(network, spec.obs_shape, server.config.seed)
+    params5 = init_params(network, spec.obs_shape, server.config.seed + 99)
+
+    serves_batches_across_actors(server, params0, rng)
+    drops_and_counts_malformed_requests(server, rng)
+    takes_newer_params(server, params0, params5, rng)
+    assert server.process.poll() is None, server.log_tail()
 
     # A worker told to stop (SIGTERM, by pid) exits cleanly.
     server.process.terminate()
-    assert server.process.wait(timeout=10) == 0
+    assert server.process.wait(timeout=10) == 0, server.log_tail()
