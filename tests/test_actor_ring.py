@@ -361,3 +361,47 @@ def test_actor_process_streams_consistent_chunks(tmp_path, processes, stats_sock
     assert counters["chunks_sent"] >= SPLITS * CHUNKS_PER_SPLIT
     assert counters["infer_timeouts"] == 0
     assert returns and all(1 <= r <= LIMIT for r in returns)
+
+
+class BadThenGoodReplies(FakeInferenceAndLearner):
+    """Answers the first requests with malformed replies, then properly."""
+
+    BAD = [
+        lambda r: (dict(r["meta"], version=None), r["arrays"]),
+        lambda r: (r["meta"], dict(r["arrays"], action=np.full_like(r["arrays"]["action"], 7))),
+        lambda r: (r["meta"], dict(r["arrays"], value=r["arrays"]["value"][:1])),
+        lambda r: (dict(r["meta"], split=99), r["arrays"]),
+    ]
+
+    def answer(self, routing, message) -> None:
+        if self.replies >= len(self.BAD):
+            return super().answer(routing, message)
+        obs, meta = message.arrays["obs"], message.meta
+        good = {"meta": {"split": meta["split"], "seq": meta["seq"], "version": 0},
+                "arrays": {"action": policy(obs), "value": value_fn(obs),
+                           "logp": np.full(len(obs), -0.5, np.float32)}}
+        bad_meta, bad_arrays = self.BAD[self.replies](good)
+        self.replies += 1
+        send(self.router, "infer_reply", bad_meta, bad_arrays, routing=routing)
+
+
+def test_actor_survives_malformed_replies(tmp_path, processes, stats_socket):
+    run_dir = write_run_dir(tmp_path / "run", make_config([
+        "actors.count=1", f"actors.envs={N_ENVS}", f"actors.splits={SPLITS}",
+        f"actors.trajectory_length={T}", "actors.inference_timeout_s=0.3",
+        "inference.count=1", "runtime.stats_interval_s=0.1",
+    ]))
+    fake = BadThenGoodReplies(run_dir)
+    try:
+        actor = processes.worker("actor", 0, run_dir)
+        fake.serve(lambda: len(fake.chunks) >= SPLITS or actor.poll() is not None, timeout=60)
+        assert actor.poll() is None, (run_dir / "logs" / "actor-0.log").read_text()
+    finally:
+        fake.close()
+    rejected = 0
+    deadline = time.monotonic() + 10
+    while rejected < len(BadThenGoodReplies.BAD) and time.monotonic() < deadline:
+        if stats_socket.poll(100):
+            got = receive(stats_socket, frozenset({"stats"}), RejectCounter())
+            rejected = max(rejected, got[1].meta["counters"]["wire_rejected"])
+    assert rejected == len(BadThenGoodReplies.BAD)
