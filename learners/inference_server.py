@@ -19,6 +19,7 @@ import numpy as np
 import zmq
 
 from actors.envs import env_spec
+from learners.jax_runtime import configure_jax
 from learners.networks import init_params, make_network
 from learners.param_codec import arrays_to_params
 from learners.policy import make_act
@@ -67,6 +68,7 @@ class InferenceServer(Worker):
         self.version = 0
 
     def setup(self) -> None:
+        configure_jax(self.config.runtime)
         spec = env_spec(self.config.env)
         self.obs_shape, self.obs_dtype = spec.obs_shape, spec.obs_dtype
         network = make_network(self.config.network, spec.num_actions)

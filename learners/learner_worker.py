@@ -17,6 +17,7 @@ import numpy as np
 import zmq
 
 from actors.envs import env_spec
+from learners.jax_runtime import configure_jax
 from learners.networks import init_params, make_network
 from learners.param_codec import params_to_arrays
 from learners.ppo import Batch, init_train_state, make_optimizer, make_update
@@ -72,6 +73,11 @@ class LearnerWorker(Worker):
         self._last_publish = 0.0
 
     def setup(self) -> None:
+        configure_jax(self.config.runtime)
+        self.pull = make_socket(self.zmq, zmq.PULL, hwm=self.config.learner.sample_queue)
+        bind_registered(self.pull, self.names, "learner/samples")
+        self.pub = make_socket(self.zmq, zmq.PUB, hwm=4)
+        bind_registered(self.pub, self.names, "learner/params")
         spec = env_spec(self.config.env)
         self.layout = chunk_layout(self.config, spec.obs_shape, spec.obs_dtype)
         network = make_network(self.config.network, spec.num_actions)
@@ -82,10 +88,6 @@ class LearnerWorker(Worker):
         example = to_batch(self._example_batch())
         self.update = make_update(network.apply, optimizer, ppo).lower(
             self.state, example).compile()
-        self.pull = make_socket(self.zmq, zmq.PULL, hwm=self.config.learner.sample_queue)
-        bind_registered(self.pull, self.names, "learner/samples")
-        self.pub = make_socket(self.zmq, zmq.PUB, hwm=4)
-        bind_registered(self.pub, self.names, "learner/params")
         self._publish()
 
     def _example_batch(self) -> dict[str, np.ndarray]:

@@ -133,6 +133,8 @@ class RuntimeConfig:
     """Delay before the first restart; doubles with each restart of the same worker."""
     stop_grace_s: float = 5.0
     """Seconds workers get to exit after SIGTERM before SIGKILL."""
+    compilation_cache_dir: str = "~/.cache/srl_jax/jax"
+    """JAX's persistent compilation cache: later runs skip compiling ('' disables it)."""
 
 
 @dataclass

@@ -60,23 +60,26 @@ def test_solves_cartpole(processes: Processes, tmp_path: Path) -> None:
     assert "policy_lag_mean" in rows[-1] or any("policy_lag_mean" in r for r in rows)
 
 
-def test_killed_actor_is_restarted_and_run_finishes(processes: Processes, tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["actor-0", "inference-0"])
+def test_killed_worker_is_restarted_and_run_finishes(processes: Processes, tmp_path: Path,
+                                                     name: str) -> None:
     process, run_dir = launch(processes, tmp_path, "stop.target_return=null",
-                              "stop.env_frames=60000", "runtime.restart_backoff_s=0.2")
+                              "stop.env_frames=60000", "runtime.restart_backoff_s=0.2",
+                              "actors.inference_timeout_s=1")
     wait_for(lambda: all_running(run_dir), 90, "all workers running")
-    victim = worker(read_status(run_dir), "actor-0")["pid"]
+    victim = worker(read_status(run_dir), name)["pid"]
     time.sleep(1.0)
     Processes.kill(victim)
     restarted = wait_for(
-        lambda: (w := worker(read_status(run_dir), "actor-0")) and w["restarts"] == 1
-        and w["state"] == "running" and w["pid"] != victim and w, 60, "actor-0 restarted")
+        lambda: (w := worker(read_status(run_dir), name)) and w["restarts"] == 1
+        and w["state"] == "running" and w["pid"] != victim and w, 60, f"{name} restarted")
     assert pid_alive(restarted["pid"])
     assert process.wait(timeout=120) == 0, (tmp_path / "launch.log").read_text()
     rows = read_metrics(run_dir)
     assert rows[-1]["system/restarts"] == 1
     assert rows[-1]["env_frames"] >= 60000
     assert all(a["env_frames"] <= b["env_frames"] for a, b in itertools.pairwise(rows))
-    assert worker(read_status(run_dir), "actor-0")["restarts"] == 1
+    assert worker(read_status(run_dir), name)["restarts"] == 1
 
 
 def test_ctrl_c_stops_everything(processes: Processes, tmp_path: Path) -> None:
