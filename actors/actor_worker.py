@@ -39,7 +39,6 @@ class _SplitState:
         self.retry_at = 0.0
         self.delivered = False
         self.request_obs = split.obs
-        self.n_truncated = 0
 
 
 class ActorWorker(Worker):
@@ -86,7 +85,6 @@ class ActorWorker(Worker):
         if final_obs is not None and len(final_obs):
             obs = np.concatenate([obs, final_obs.astype(obs.dtype, copy=False)])
         state.request_obs = obs
-        state.n_truncated = 0 if final_obs is None else len(final_obs)
         self._send_request(state)
 
     def _send_request(self, state: _SplitState) -> None:
