@@ -93,8 +93,9 @@ class Controller:
             self.writer.close()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-        self.progress.finish(f"{'done' if self.exit_code == 0 else 'failed'}: {self.stop_reason} "
-                             f"(run directory: {self.run_dir})")
+        ok = self.exit_code == EXIT_OK
+        self.progress.finish(f"{'done' if ok else 'failed'}: {self.stop_reason} "
+                             f"(run directory: {self.run_dir})", ok)
         return self.exit_code
 
     def _start(self, record: WorkerRecord) -> None:

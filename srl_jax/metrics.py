@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, TextIO
@@ -180,8 +181,11 @@ class ProgressDisplay:
             self.stream.write(line + "\n")
         self.stream.flush()
 
-    def finish(self, message: str) -> None:
+    def finish(self, message: str, ok: bool = True) -> None:
+        """End the live line; the closing message goes to stderr when the run failed."""
         if self.tty and self.enabled:
             self.stream.write("\n")
-        self.stream.write(message + "\n")
-        self.stream.flush()
+            self.stream.flush()
+        out = self.stream if ok else sys.stderr
+        out.write(message + "\n")
+        out.flush()

@@ -64,12 +64,13 @@ class Processes:
     def __init__(self) -> None:
         self.started: list[subprocess.Popen] = []
 
-    def start(self, args: list[str], log: Path | None = None, **kwargs: Any) -> subprocess.Popen:
-        out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115
-        process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, **kwargs)
-        if log:
-            out.close()
+    def start(self, args: list[str], log: Path | None = None,
+              stderr_to: Path | None = None) -> subprocess.Popen:
+        """Start a process; stdout (and stderr, unless `stderr_to`) goes to `log`."""
+        with open(log or os.devnull, "ab") as out, open(stderr_to or os.devnull, "ab") as err:
+            process = subprocess.Popen(args, stdout=out,
+                                       stderr=err if stderr_to else subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL)
         self.started.append(process)
         return process
 

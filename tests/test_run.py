@@ -112,3 +112,20 @@ def test_config_error_leaves_no_run(tmp_path: Path) -> None:
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "'actors.splits' (2) must divide 'actors.envs' (15)" in result.stderr
+
+
+def test_learner_death_ends_the_run_with_a_reason(processes: Processes, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    process = processes.start(
+        [sys.executable, "-m", "srl_jax.launch", "cartpole_ppo", "--run-dir", str(run_dir),
+         "--quiet", "--set", "stop.wall_time_s=300"], stderr_to=tmp_path / "stderr.log")
+    wait_for(lambda: all_running(run_dir), 90, "all workers running")
+    status = read_status(run_dir)
+    Processes.kill(worker(status, "learner-0")["pid"])
+    assert process.wait(timeout=30) == 1
+    lines = (tmp_path / "stderr.log").read_text().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("failed: learner-0 exited with code -9")
+    assert "learner-0.log" in lines[0]
+    final = read_status(run_dir)
+    assert final["state"] == "failed"
+    assert not any(pid_alive(w["pid"]) for w in final["workers"])
