@@ -15,7 +15,7 @@ import numpy as np
 import zmq
 
 from actors.env_ring import ChunkBuilder, EnvSplit, StepResult
-from actors.envs import env_seed, env_spec, make_env
+from actors.envs import EnvSpec, env_seed, env_spec, make_env
 from srl_jax.config import ExperimentConfig
 from srl_jax.names import NameService
 from srl_jax.streams import make_socket, receive, send
@@ -30,10 +30,10 @@ NO_SERVER_RETRY_S = 0.1
 class _SplitState:
     """One split's environments, chunk and outstanding request."""
 
-    def __init__(self, index: int, split: EnvSplit, length: int) -> None:
+    def __init__(self, index: int, split: EnvSplit, length: int, spec: EnvSpec) -> None:
         self.index = index
         self.split = split
-        self.chunk = ChunkBuilder(length, split.obs)
+        self.chunk = ChunkBuilder(length, split.obs, spec.action_shape, spec.action_dtype)
         self.seq = 0
         self.sent_at = 0.0
         self.retry_at = 0.0
@@ -62,13 +62,16 @@ class ActorWorker(Worker):
     def setup(self) -> None:
         cfg = self.config.actors
         per_split = cfg.envs // cfg.splits
-        self.num_actions = env_spec(self.config.env).num_actions
+        self.spec = env_spec(self.config.env)
+        self.action_low = np.asarray(self.spec.action_low, np.float32)
+        self.action_high = np.asarray(self.spec.action_high, np.float32)
         self.splits = []
         for s in range(cfg.splits):
             ids = range(s * per_split, (s + 1) * per_split)
             envs = [make_env(self.config.env) for _ in ids]
             seeds = [env_seed(self.config.seed, self.index, k) for k in ids]
-            self.splits.append(_SplitState(s, EnvSplit(envs, seeds), cfg.trajectory_length))
+            self.splits.append(_SplitState(s, EnvSplit(envs, seeds), cfg.trajectory_length,
+                                           self.spec))
         self.inference = make_socket(self.zmq, zmq.DEALER)
         self.inference.setsockopt(zmq.IMMEDIATE, 1)
         for i in range(self.config.inference.count):
@@ -136,7 +139,8 @@ class ActorWorker(Worker):
         except KeyError as error:
             self.rejects.reject(ValueError(f"reply without array {error}"))
             return
-        if not (action.shape == logp.shape == value.shape == (rows,)):
+        if not (logp.shape == value.shape == (rows,)
+                and action.shape == (rows, *self.spec.action_shape)):
             self.rejects.reject(ValueError(f"reply shapes {action.shape} for {rows} rows"))
             return
         n = len(state.split)
@@ -144,19 +148,30 @@ class ActorWorker(Worker):
         if type(version) is not int:
             self.rejects.reject(ValueError(f"reply with version {version!r}"))
             return
-        if action.dtype.kind not in "iu" or not (
-                (action >= 0) & (action < self.num_actions)).all():
+        if not self._valid_actions(action):
             self.rejects.reject(ValueError("reply with actions outside the action space"))
             return
         chunk = state.chunk.on_policy(action[:n], logp[:n], value[:n], version, value[n:])
         if chunk is not None:
             self._send_chunk(chunk)
         start = time.perf_counter()
-        result = state.split.step(action[:n])
+        result = state.split.step(self._env_actions(action[:n]))
         self.time_env += time.perf_counter() - start
         self._account(result, n)
         state.chunk.on_step(result)
         self._request(state, result.final_obs)
+
+    def _valid_actions(self, action: np.ndarray) -> bool:
+        if self.spec.continuous:
+            return action.dtype == np.float32 and bool(np.isfinite(action).all())
+        return action.dtype.kind in "iu" and bool(
+            ((action >= 0) & (action < self.spec.action_dim)).all())
+
+    def _env_actions(self, action: np.ndarray) -> list:
+        """What the envs receive: ints, or vectors clipped to the action space."""
+        if self.spec.continuous:
+            return list(np.clip(action, self.action_low, self.action_high))
+        return action.tolist()
 
     def _account(self, result: StepResult, n: int) -> None:
         self.env_frames += n

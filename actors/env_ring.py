@@ -11,7 +11,7 @@ A `ChunkBuilder` fills one split's chunk of T steps:
 | array          | shape          | meaning                                          |
 | -------------- | -------------- | ------------------------------------------------ |
 | `obs`          | [T+1, n, ...]  | observation each step acted on, plus the next    |
-| `actions`      | [T, n]         | action taken                                     |
+| `actions`      | [T, n, ...]    | action sampled (int32, or float32 vectors)       |
 | `logp`         | [T, n]         | its log-probability under the acting policy      |
 | `values`       | [T+1, n]       | acting policy's value of `obs` (last: bootstrap) |
 | `rewards`      | [T, n]         | reward received                                  |
@@ -59,14 +59,15 @@ class EnvSplit:
     def __len__(self) -> int:
         return len(self.envs)
 
-    def step(self, actions: np.ndarray) -> StepResult:
+    def step(self, actions: list) -> StepResult:
+        """Step every env with its action (Python ints, or float arrays for Box spaces)."""
         n = len(self.envs)
         rewards = np.zeros(n, np.float32)
         terminated = np.zeros(n, bool)
         truncated = np.zeros(n, bool)
         next_obs = np.empty_like(self.obs)
         truncated_envs, final_obs, returns, lengths = [], [], [], []
-        for i, (env, action) in enumerate(zip(self.envs, actions.tolist(), strict=True)):
+        for i, (env, action) in enumerate(zip(self.envs, actions, strict=True)):
             obs, reward, term, trunc, _ = env.step(action)
             rewards[i] = reward
             self.returns[i] += reward
@@ -97,9 +98,11 @@ class EnvSplit:
 class ChunkBuilder:
     """Fills [T+1, n] trajectory chunks for one split, one step at a time."""
 
-    def __init__(self, length: int, first_obs: np.ndarray) -> None:
+    def __init__(self, length: int, first_obs: np.ndarray, action_shape: tuple[int, ...] = (),
+                 action_dtype: type | np.dtype = np.int32) -> None:
         self.length = length
         self.n = first_obs.shape[0]
+        self.action_shape, self.action_dtype = action_shape, action_dtype
         self._pending_truncated = np.empty(0, np.int64)
         self._new_chunk(first_obs)
 
@@ -108,7 +111,7 @@ class ChunkBuilder:
         self.t = 0
         self.arrays = {
             "obs": np.empty((T + 1, *first_obs.shape), first_obs.dtype),
-            "actions": np.zeros((T, n), np.int32),
+            "actions": np.zeros((T, n, *self.action_shape), self.action_dtype),
             "logp": np.zeros((T, n), np.float32),
             "values": np.zeros((T + 1, n), np.float32),
             "rewards": np.zeros((T, n), np.float32),

@@ -12,11 +12,24 @@ from srl_jax.config import ConfigError, EnvConfig
 
 @dataclass(frozen=True)
 class EnvSpec:
-    """What the learner and inference servers need to know about an environment."""
+    """What every worker needs to know about an environment's spaces."""
 
     obs_shape: tuple[int, ...]
     obs_dtype: np.dtype
-    num_actions: int
+    action_dim: int
+    """Number of discrete actions, or the size of a continuous action vector."""
+    continuous: bool
+    action_low: tuple[float, ...] = ()
+    action_high: tuple[float, ...] = ()
+
+    @property
+    def action_shape(self) -> tuple[int, ...]:
+        """Shape of one action as actors send it: () for discrete, (dim,) for continuous."""
+        return (self.action_dim,) if self.continuous else ()
+
+    @property
+    def action_dtype(self) -> np.dtype:
+        return np.dtype(np.float32 if self.continuous else np.int32)
 
 
 def make_env(config: EnvConfig) -> gym.Env:
@@ -33,17 +46,22 @@ def env_spec(config: EnvConfig) -> EnvSpec:
         obs_space, action_space = env.observation_space, env.action_space
     finally:
         env.close()
-    if not isinstance(action_space, gym.spaces.Discrete):
-        raise ConfigError(
-            f"'env.id': '{config.id}' has a {type(action_space).__name__} action space; "
-            "only Discrete actions are supported so far"
-        )
     if not isinstance(obs_space, gym.spaces.Box):
         raise ConfigError(
             f"'env.id': '{config.id}' has a {type(obs_space).__name__} observation space; "
             "only Box observations are supported so far"
         )
-    return EnvSpec(tuple(obs_space.shape), np.dtype(obs_space.dtype), int(action_space.n))
+    obs = (tuple(obs_space.shape), np.dtype(obs_space.dtype))
+    if isinstance(action_space, gym.spaces.Discrete):
+        return EnvSpec(*obs, int(action_space.n), continuous=False)
+    if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
+        return EnvSpec(*obs, int(action_space.shape[0]), continuous=True,
+                       action_low=tuple(float(x) for x in action_space.low),
+                       action_high=tuple(float(x) for x in action_space.high))
+    raise ConfigError(
+        f"'env.id': '{config.id}' has a {action_space} action space; supported are Discrete "
+        "and one-dimensional Box"
+    )
 
 
 def env_seed(seed: int, actor_index: int, env_index: int) -> int:

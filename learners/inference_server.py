@@ -20,7 +20,7 @@ import zmq
 
 from actors.envs import env_spec
 from learners.jax_runtime import configure_jax
-from learners.networks import init_params, make_network
+from learners.networks import init_policy_params, make_policy
 from learners.param_codec import arrays_to_params
 from learners.policy import make_act
 from srl_jax.config import ExperimentConfig
@@ -71,10 +71,10 @@ class InferenceServer(Worker):
         configure_jax(self.config.runtime)
         spec = env_spec(self.config.env)
         self.obs_shape, self.obs_dtype = spec.obs_shape, spec.obs_dtype
-        network = make_network(self.config.network, spec.num_actions)
-        self.params = init_params(network, spec.obs_shape, self.config.seed)
+        policy, network = make_policy(self.config, spec)
+        self.params = init_policy_params(network, spec.obs_shape, self.config.seed)
         self.template = jax.tree.map(np.asarray, self.params)
-        self.act = make_act(network.apply)
+        self.act = make_act(policy)
         # Action sampling needs speed, not cryptographic quality: the counter-free
         # RBG generator costs a fraction of threefry per call on CPU.
         self.key = jax.random.key(self.config.seed + 1000 + self.index, impl="unsafe_rbg")

@@ -2,26 +2,31 @@
 
 Chunks arrive on the sample stream, are checked against the shapes this run
 expects, and wait in a bounded `SampleQueue` that enforces the staleness cap.
-Each batch of B env columns goes through one jitted update; the new
-parameters are published with the next version number, and re-sent every
-`learner.republish_interval_s` so that servers that (re)joined late catch up.
+Each batch of B env columns is put onto the learner's device mesh (split on
+the env axis) while the previous update still runs, and goes through one
+compiled update of the configured algorithm. The new parameters are published
+with the next version number, and re-sent every `learner.republish_interval_s`
+so that servers that (re)joined late catch up.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
 import zmq
 
-from actors.envs import env_spec
+from actors.envs import EnvSpec, env_spec
+from learners.algorithms import algorithm
 from learners.jax_runtime import configure_jax
-from learners.networks import init_params, make_network
+from learners.mesh import compile_update, make_learner_mesh, put_batch, replicated
+from learners.networks import init_policy_params, make_policy
 from learners.param_codec import params_to_arrays
-from learners.ppo import Batch, init_train_state, make_optimizer, make_update
 from learners.sample_queue import SampleQueue
+from learners.train_state import Batch, init_train_state
 from srl_jax.config import ExperimentConfig
 from srl_jax.names import NameService
 from srl_jax.streams import bind_registered, make_socket, receive, send
@@ -32,15 +37,15 @@ POLL_MS = 50
 MAX_DRAIN = 256
 
 
-def chunk_layout(config: ExperimentConfig, obs_shape: tuple[int, ...],
-                 obs_dtype: np.dtype) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+def chunk_layout(config: ExperimentConfig,
+                 spec: EnvSpec) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     """Shape and dtype of every array of one actor chunk (see actors/env_ring.py)."""
     T = config.actors.trajectory_length
     n = config.actors.envs // config.actors.splits
     step = ((T, n), np.dtype(np.float32))
     return {
-        "obs": ((T + 1, n, *obs_shape), np.dtype(obs_dtype)),
-        "actions": ((T, n), np.dtype(np.int32)),
+        "obs": ((T + 1, n, *spec.obs_shape), np.dtype(spec.obs_dtype)),
+        "actions": ((T, n, *spec.action_shape), spec.action_dtype),
         "logp": step, "values": ((T + 1, n), np.dtype(np.float32)), "rewards": step,
         "terminated": ((T, n), np.dtype(bool)), "truncated": ((T, n), np.dtype(bool)),
         "trunc_values": step, "versions": ((T, n), np.dtype(np.int32)),
@@ -68,9 +73,11 @@ class LearnerWorker(Worker):
         self.lag_sum = 0.0
         self.lag_count = 0
         self.time_update = 0.0
+        self.time_put = 0.0
         self.time_publish = 0.0
         self.train_metrics: dict[str, float] = {}
         self._last_publish = 0.0
+        self._next: tuple[Any, np.ndarray] | None = None
 
     def setup(self) -> None:
         configure_jax(self.config.runtime)
@@ -79,15 +86,19 @@ class LearnerWorker(Worker):
         self.pub = make_socket(self.zmq, zmq.PUB, hwm=4)
         bind_registered(self.pub, self.names, "learner/params")
         spec = env_spec(self.config.env)
-        self.layout = chunk_layout(self.config, spec.obs_shape, spec.obs_dtype)
-        network = make_network(self.config.network, spec.num_actions)
-        ppo = self.config.learner.ppo
-        optimizer = make_optimizer(ppo)
-        self.state = init_train_state(init_params(network, spec.obs_shape, self.config.seed),
-                                      optimizer, self.config.seed)
-        example = to_batch(self._example_batch())
-        self.update = make_update(network.apply, optimizer, ppo).lower(
-            self.state, example).compile()
+        self.layout = chunk_layout(self.config, spec)
+        policy, network = make_policy(self.config, spec)
+        algo = algorithm(self.config.learner.algorithm)
+        optimizer = algo.make_optimizer(self.config)
+        self.mesh = make_learner_mesh(self.config.learner.devices, self.config.learner.batch_envs)
+        state = init_train_state(init_policy_params(network, spec.obs_shape, self.config.seed),
+                                 optimizer, self.config.seed)
+        self.state = jax.device_put(state, replicated(self.mesh))
+        example = put_batch(to_batch(self._example_batch()), self.mesh)
+        self.update = compile_update(algo.make_update(policy, optimizer, self.config),
+                                     self.mesh, self.state, example)
+        self.log.info("%s on %d device(s): %s", self.config.learner.algorithm,
+                      self.mesh.size, [str(d) for d in self.mesh.devices.flat])
         self._publish()
 
     def _example_batch(self) -> dict[str, np.ndarray]:
@@ -108,29 +119,43 @@ class LearnerWorker(Worker):
         return True
 
     def run_once(self) -> None:
-        if self.pull.poll(POLL_MS):
+        if self.pull.poll(0 if self._next is not None else POLL_MS):
             for _ in range(MAX_DRAIN):
                 received = receive(self.pull, SAMPLE_KINDS, self.rejects)
                 if received is None:
                     break
                 if self._valid_chunk(received[1].arrays):
                     self.queue.put(received[1].arrays, self.version)
-        batch = self.queue.take_batch(self.version)
-        if batch is not None:
-            self._train(batch)
+        if self._next is None:
+            self._next = self._prefetch()
+        if self._next is not None:
+            self._train()
         elif time.monotonic() - self._last_publish > self.config.learner.republish_interval_s:
             self._publish()
 
-    def _train(self, batch: dict[str, np.ndarray]) -> None:
-        lag = self.version - batch["versions"]
+    def _prefetch(self) -> tuple[Any, np.ndarray] | None:
+        """The next batch, already on its way to the devices, with its versions."""
+        batch = self.queue.take_batch(self.version)
+        if batch is None:
+            return None
+        start = time.perf_counter()
+        on_mesh = put_batch(to_batch(batch), self.mesh)
+        self.time_put += time.perf_counter() - start
+        self.frames_consumed += batch["rewards"].size
+        return on_mesh, batch["versions"]
+
+    def _train(self) -> None:
+        batch, versions = self._next
+        lag = self.version - versions
         self.lag_sum += float(lag.sum())
         self.lag_count += lag.size
-        self.frames_consumed += batch["actions"].size
         start = time.perf_counter()
-        self.state, metrics = self.update(self.state, to_batch(batch))
-        self.train_metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        self.state, metrics = self.update(self.state, batch)
+        self._next = self._prefetch()  # overlaps the transfer with the running update
+        metrics = jax.device_get(metrics)
         self.time_update += time.perf_counter() - start
-        self.version = int(self.state.version)
+        self.train_metrics = {k: float(v) for k, v in metrics.items()}
+        self.version += 1
         self._publish()
 
     def _publish(self) -> None:
@@ -151,7 +176,7 @@ class LearnerWorker(Worker):
             "samples_dropped_full": self.queue.dropped_full,
             "queue_chunks": len(self.queue), "lag_sum": self.lag_sum,
             "lag_count": self.lag_count, "time_update": self.time_update,
-            "time_publish": self.time_publish,
+            "time_put": self.time_put, "time_publish": self.time_publish,
             **{f"train/{k}": v for k, v in self.train_metrics.items()},
         }
 

@@ -1,17 +1,27 @@
-"""Networks (flax linen): the actor-critic MLP and its construction from the config."""
+"""Networks (flax linen): the actor-critic MLP, and the policy the workers share.
+
+A policy's parameters are one pytree: the network's weights under "net" and
+the running observation statistics under "obs_mean", "obs_var", "obs_count".
+They travel together to the inference servers (and into checkpoints), so the
+servers normalize observations exactly as the learner does.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from srl_jax.config import NetworkConfig
+from actors.envs import EnvSpec
+from learners.distributions import Distribution, distribution
+from srl_jax.config import ExperimentConfig
 
 ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu}
+OBS_CLIP = 10.0
 
 
 class MLP(nn.Module):
@@ -31,24 +41,67 @@ class MLP(nn.Module):
 
 
 class ActorCritic(nn.Module):
-    """Separate policy and value MLPs, as in cleanrl's PPO: (logits, value)."""
+    """Separate policy and value MLPs, as in cleanrl's PPO: (policy output, value).
 
-    num_actions: int
+    The policy output is logits for discrete actions, or means and a
+    state-independent log-std side by side for continuous ones.
+    """
+
+    action_dim: int
+    continuous: bool = False
     hidden: Sequence[int] = (64, 64)
     activation: str = "tanh"
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
         x = obs.reshape(obs.shape[0], -1).astype(jnp.float32)
-        logits = MLP(self.hidden, self.num_actions, 0.01, self.activation, name="actor")(x)
+        out = MLP(self.hidden, self.action_dim, 0.01, self.activation, name="actor")(x)
+        if self.continuous:
+            log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
+            out = jnp.concatenate([out, jnp.broadcast_to(log_std, out.shape)], -1)
         value = MLP(self.hidden, 1, 1.0, self.activation, name="critic")(x)
-        return logits, value[:, 0]
+        return out, value[:, 0]
 
 
-def make_network(config: NetworkConfig, num_actions: int) -> ActorCritic:
-    return ActorCritic(num_actions, tuple(config.hidden), config.activation)
+class Policy(NamedTuple):
+    """What algorithms and acting need: apply (with normalization) and the distribution."""
+
+    apply: Callable[[Any, jax.Array], tuple[jax.Array, jax.Array]]
+    dist: Distribution
+    normalize_obs: bool
 
 
-def init_params(network: ActorCritic, obs_shape: tuple[int, ...], seed: int) -> dict:
+def make_policy(config: ExperimentConfig, spec: EnvSpec) -> tuple[Policy, ActorCritic]:
+    network = ActorCritic(spec.action_dim, spec.continuous, tuple(config.network.hidden),
+                          config.network.activation)
+    normalize = config.learner.normalize_obs
+
+    def apply(params: Any, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        x = obs.astype(jnp.float32)
+        if normalize:
+            x = jnp.clip((x - params["obs_mean"]) * jax.lax.rsqrt(params["obs_var"] + 1e-8),
+                         -OBS_CLIP, OBS_CLIP)
+        return network.apply(params["net"], x)
+
+    return Policy(apply, distribution(spec.continuous), normalize), network
+
+
+def init_policy_params(network: ActorCritic, obs_shape: tuple[int, ...], seed: int) -> dict:
     """Parameters from the seed alone, so every worker can build version 0 itself."""
-    return network.init(jax.random.key(seed), jnp.zeros((1, *obs_shape), jnp.float32))
+    net = network.init(jax.random.key(seed), jnp.zeros((1, *obs_shape), jnp.float32))
+    return {"net": net, "obs_mean": jnp.zeros(obs_shape, jnp.float32),
+            "obs_var": jnp.ones(obs_shape, jnp.float32),
+            "obs_count": jnp.zeros((), jnp.float32)}
+
+
+def update_obs_stats(params: dict, obs: jax.Array) -> dict:
+    """Merge a batch's observation moments into the running ones (Chan et al.)."""
+    x = obs.reshape(-1, *params["obs_mean"].shape).astype(jnp.float32)
+    count = jnp.asarray(x.shape[0], jnp.float32)
+    mean, var = x.mean(0), x.var(0)
+    total = params["obs_count"] + count
+    delta = mean - params["obs_mean"]
+    new_mean = params["obs_mean"] + delta * count / total
+    m2 = (params["obs_var"] * params["obs_count"] + var * count
+          + jnp.square(delta) * params["obs_count"] * count / total)
+    return {**params, "obs_mean": new_mean, "obs_var": m2 / total, "obs_count": total}

@@ -1,41 +1,25 @@
-"""PPO as pure functions: GAE, the clipped loss, and one jitted update over a batch.
+"""PPO as pure functions: GAE, the clipped loss, and one update over a batch.
 
 A batch is one [T+1, B] block of trajectory chunks (see actors/env_ring.py for
 the fields). The update computes advantages with the acting policy's values,
-then runs `epochs` passes of `minibatches` clipped-objective steps, all inside
-one `jax.jit`. Nothing here knows about processes or sockets.
+then runs `epochs` passes of `minibatches` clipped-objective steps as nested
+scans; the learner jits it over its device mesh. Nothing here knows about
+processes or sockets.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from srl_jax.config import PPOConfig
-
-
-class Batch(NamedTuple):
-    obs: jax.Array  # [T+1, B, ...]
-    actions: jax.Array  # [T, B]
-    logp: jax.Array  # [T, B]
-    values: jax.Array  # [T+1, B]
-    rewards: jax.Array  # [T, B]
-    terminated: jax.Array  # [T, B]
-    truncated: jax.Array  # [T, B]
-    trunc_values: jax.Array  # [T, B]
-
-
-class TrainState(NamedTuple):
-    """Everything the learner trains and saves: one pytree."""
-
-    params: Any
-    opt_state: Any
-    key: jax.Array
-    version: jax.Array  # int32 scalar: number of updates so far
+from learners.distributions import Distribution
+from learners.networks import Policy
+from learners.train_state import Batch, TrainState, prepare
+from srl_jax.config import ExperimentConfig, PPOConfig
 
 
 def gae(rewards: jax.Array, values: jax.Array, terminated: jax.Array, truncated: jax.Array,
@@ -60,19 +44,13 @@ def gae(rewards: jax.Array, values: jax.Array, terminated: jax.Array, truncated:
     return advantages, advantages + values[:-1]
 
 
-def categorical_logp_entropy(logits: jax.Array, actions: jax.Array) -> tuple[jax.Array, jax.Array]:
-    log_probs = jax.nn.log_softmax(logits)
-    logp = jnp.take_along_axis(log_probs, actions[..., None].astype(jnp.int32), -1)[..., 0]
-    entropy = -jnp.sum(jnp.exp(log_probs) * log_probs, -1)
-    return logp, entropy
-
-
-def ppo_loss(params: Any, apply_fn: Callable, obs: jax.Array, actions: jax.Array,
-             old_logp: jax.Array, advantages: jax.Array, returns: jax.Array,
+def ppo_loss(params: Any, apply_fn: Callable, dist: Distribution, obs: jax.Array,
+             actions: jax.Array, old_logp: jax.Array, old_values: jax.Array,
+             advantages: jax.Array, returns: jax.Array,
              config: PPOConfig) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Clipped surrogate + value loss - entropy bonus over flat [N] samples."""
-    logits, values = apply_fn(params, obs)
-    logp, entropy = categorical_logp_entropy(logits, actions)
+    out, values = apply_fn(params, obs)
+    logp, entropy = dist.log_prob(out, actions), dist.entropy(out)
     log_ratio = logp - old_logp
     ratio = jnp.exp(log_ratio)
     if config.normalize_advantages:
@@ -81,7 +59,11 @@ def ppo_loss(params: Any, apply_fn: Callable, obs: jax.Array, actions: jax.Array
         -advantages * ratio,
         -advantages * jnp.clip(ratio, 1.0 - config.clip_coef, 1.0 + config.clip_coef),
     ).mean()
-    value_loss = 0.5 * jnp.square(values - returns).mean()
+    value_error = jnp.square(values - returns)
+    if config.clip_value_loss:
+        clipped = old_values + jnp.clip(values - old_values, -config.clip_coef, config.clip_coef)
+        value_error = jnp.maximum(value_error, jnp.square(clipped - returns))
+    value_loss = 0.5 * value_error.mean()
     entropy_mean = entropy.mean()
     loss = pg_loss + config.vf_coef * value_loss - config.ent_coef * entropy_mean
     info = {
@@ -92,53 +74,84 @@ def ppo_loss(params: Any, apply_fn: Callable, obs: jax.Array, actions: jax.Array
     return loss, info
 
 
-def make_optimizer(config: PPOConfig) -> optax.GradientTransformation:
-    return optax.chain(optax.clip_by_global_norm(config.max_grad_norm),
-                       optax.adam(config.learning_rate, eps=1e-5))
+def total_updates(config: ExperimentConfig) -> int:
+    """Updates in the whole run (for annealing): env frames / samples per update."""
+    per_update = config.learner.batch_envs * config.actors.trajectory_length
+    return max(1, config.stop.env_frames // per_update)
 
 
-def init_train_state(params: Any, optimizer: optax.GradientTransformation,
-                     seed: int) -> TrainState:
-    return TrainState(params, optimizer.init(params), jax.random.key(seed + 1),
-                      jnp.zeros((), jnp.int32))
+def make_optimizer(config: ExperimentConfig) -> optax.GradientTransformation:
+    ppo = config.learner.ppo
+    learning_rate: float | optax.Schedule = ppo.learning_rate
+    if ppo.anneal_lr:
+        steps = total_updates(config) * ppo.epochs * ppo.minibatches
+        learning_rate = optax.linear_schedule(ppo.learning_rate, 0.0, steps)
+    return optax.chain(optax.clip_by_global_norm(ppo.max_grad_norm),
+                       optax.adam(learning_rate, eps=1e-5))
 
 
-def make_update(apply_fn: Callable, optimizer: optax.GradientTransformation,
-                config: PPOConfig) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
-    """The jitted PPO update: (state, batch) -> (state, metrics)."""
+def make_update(policy: Policy, optimizer: optax.GradientTransformation,
+                config: ExperimentConfig) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
+    """The PPO update: (state, batch) -> (state, metrics); pure, for the learner to jit."""
+    ppo = config.learner.ppo
+    reward_scale = config.learner.reward_scale
 
     def update(state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+        params, batch = prepare(state.params, batch, policy, reward_scale)
         advantages, returns = gae(batch.rewards, batch.values, batch.terminated,
-                                  batch.truncated, batch.trunc_values,
-                                  config.gamma, config.gae_lambda)
-        T, B = batch.actions.shape
+                                  batch.truncated, batch.trunc_values, ppo.gamma, ppo.gae_lambda)
+        T, B = batch.rewards.shape
         n = T * B
         flat = {
             "obs": batch.obs[:-1].reshape(n, *batch.obs.shape[2:]),
-            "actions": batch.actions.reshape(n), "logp": batch.logp.reshape(n),
+            "actions": batch.actions.reshape(n, *batch.actions.shape[2:]),
+            "logp": batch.logp.reshape(n), "values": batch.values[:-1].reshape(n),
             "advantages": advantages.reshape(n), "returns": returns.reshape(n),
         }
-        grad_fn = jax.grad(ppo_loss, has_aux=True)
+
+        def loss_of_net(net: Any, mb: dict) -> tuple[jax.Array, dict]:
+            return ppo_loss({**params, "net": net}, policy.apply, policy.dist, mb["obs"],
+                            mb["actions"], mb["logp"], mb["values"], mb["advantages"],
+                            mb["returns"], ppo)
+
+        grad_fn = jax.grad(loss_of_net, has_aux=True)
 
         def minibatch_step(carry: tuple, mb: dict) -> tuple:
-            params, opt_state = carry
-            grads, info = grad_fn(params, apply_fn, mb["obs"], mb["actions"], mb["logp"],
-                                  mb["advantages"], mb["returns"], config)
-            updates, opt_state = optimizer.update(grads, opt_state, params)
-            return (optax.apply_updates(params, updates), opt_state), info
+            net, opt_state, stopped = carry
+
+            def step(_: None) -> tuple:
+                grads, info = grad_fn(net, mb)
+                updates, new_opt_state = optimizer.update(grads, opt_state, net)
+                return optax.apply_updates(net, updates), new_opt_state, info
+
+            def skip(_: None) -> tuple:
+                info = jax.tree.map(jnp.zeros_like, jax.eval_shape(grad_fn, net, mb)[1])
+                return net, opt_state, info
+
+            net, opt_state, info = jax.lax.cond(stopped, skip, step, None)
+            return (net, opt_state, stopped), (info, ~stopped)
 
         def epoch(carry: tuple, key: jax.Array) -> tuple:
             order = jax.random.permutation(key, n)
             shuffled = jax.tree.map(
-                lambda x: x[order].reshape(config.minibatches, -1, *x.shape[1:]), flat)
-            return jax.lax.scan(minibatch_step, carry, shuffled)
+                lambda x: x[order].reshape(ppo.minibatches, -1, *x.shape[1:]), flat)
+            (net, opt_state, stopped), (infos, ran) = jax.lax.scan(minibatch_step, carry,
+                                                                   shuffled)
+            if ppo.target_kl is not None:
+                kl = jnp.sum(infos["approx_kl"] * ran) / jnp.maximum(ran.sum(), 1)
+                stopped = stopped | (kl > ppo.target_kl)
+            return (net, opt_state, stopped), (infos, ran)
 
         key, epoch_key = jax.random.split(state.key)
-        (params, opt_state), infos = jax.lax.scan(
-            epoch, (state.params, state.opt_state), jax.random.split(epoch_key, config.epochs))
-        metrics = jax.tree.map(jnp.mean, infos)
+        (net, opt_state, _), (infos, ran) = jax.lax.scan(
+            epoch, (params["net"], state.opt_state, jnp.zeros((), bool)),
+            jax.random.split(epoch_key, ppo.epochs))
+        steps = jnp.maximum(ran.sum(), 1)
+        metrics = jax.tree.map(lambda x: jnp.sum(x * ran) / steps, infos)
+        metrics["epochs_run"] = ran.sum() / ppo.minibatches
         metrics["advantage_mean"] = advantages.mean()
         metrics["return_mean"] = returns.mean()
-        return TrainState(params, opt_state, key, state.version + 1), metrics
+        new_state = TrainState({**params, "net": net}, opt_state, key, state.version + 1)
+        return new_state, metrics
 
-    return jax.jit(update, donate_argnums=0)
+    return update

@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+ALGORITHMS = ("ppo", "impala")
+
 
 class ConfigError(ValueError):
     """A config that cannot run; the message is one line naming the key."""
@@ -47,6 +49,8 @@ class ActorConfig:
     """When the learner cannot keep up: 'block' the actor, or 'drop' the chunk (counted)."""
     send_queue: int = 4
     """Chunks an actor may have in flight on the sample stream (ZMQ high-water mark)."""
+    inline_inference: bool = False
+    """Run the policy inside the actor on CPU from the latest parameters, no servers."""
 
 
 @dataclass
@@ -83,6 +87,34 @@ class PPOConfig:
     """Global gradient-norm clip."""
     normalize_advantages: bool = True
     """Normalize advantages per minibatch."""
+    clip_value_loss: bool = True
+    """Clip the value update around the acting policy's value, as cleanrl does."""
+    anneal_lr: bool = False
+    """Decay the step size linearly to 0 over the run (needs stop.env_frames)."""
+    target_kl: float | None = None
+    """Stop an update's remaining epochs once an epoch's approximate KL exceeds this."""
+
+
+@dataclass
+class ImpalaConfig:
+    learning_rate: float = 6e-4
+    """Adam step size."""
+    gamma: float = 0.99
+    """Discount factor."""
+    vf_coef: float = 0.5
+    """Weight of the value loss."""
+    ent_coef: float = 0.01
+    """Weight of the entropy bonus."""
+    rho_bar: float = 1.0
+    """Truncation of importance weights in the V-trace targets."""
+    c_bar: float = 1.0
+    """Truncation of the trace-cutting coefficients."""
+    pg_rho_bar: float = 1.0
+    """Truncation of importance weights in the policy-gradient advantages."""
+    max_grad_norm: float = 40.0
+    """Global gradient-norm clip."""
+    minibatches: int = 1
+    """SGD steps per batch (one pass, split on the env axis)."""
 
 
 @dataclass
@@ -97,8 +129,16 @@ class LearnerConfig:
     """Chunks the learner holds before dropping the oldest (counted)."""
     republish_interval_s: float = 1.0
     """Parameters are re-sent at least this often so late joiners catch up."""
+    devices: int = 0
+    """Local devices the learner trains on, data-parallel (0: all of them)."""
+    normalize_obs: bool = False
+    """Normalize observations with running statistics that travel with the parameters."""
+    reward_scale: float = 1.0
+    """Rewards are multiplied by this before the update."""
     ppo: PPOConfig = field(default_factory=PPOConfig)
     """PPO hyperparameters (used when algorithm is 'ppo')."""
+    impala: ImpalaConfig = field(default_factory=ImpalaConfig)
+    """IMPALA / V-trace hyperparameters (used when algorithm is 'impala')."""
 
 
 @dataclass
@@ -326,7 +366,11 @@ def validate(config: ExperimentConfig) -> None:
         f"'actors.send_policy' must be 'block' or 'drop', got '{actors.send_policy}'",
     )
     _require(actors.send_queue >= 1, "'actors.send_queue' must be at least 1")
-    _require(inference.count >= 1, f"'inference.count' must be at least 1, got {inference.count}")
+    _require(
+        inference.count >= 1 or actors.inline_inference,
+        f"'inference.count' must be at least 1 (or actors.inline_inference true), "
+        f"got {inference.count}",
+    )
     _require(inference.max_wait_ms >= 0, "'inference.max_wait_ms' must not be negative")
     _require(inference.min_padded_batch >= 1, "'inference.min_padded_batch' must be at least 1")
     split_size = actors.envs // actors.splits
@@ -335,7 +379,10 @@ def validate(config: ExperimentConfig) -> None:
         f"'inference.max_batch' ({inference.max_batch}) must hold one split of "
         f"{split_size} envs (actors.envs / actors.splits)",
     )
-    _require(learner.algorithm == "ppo", f"'learner.algorithm': unknown '{learner.algorithm}'")
+    _require(learner.algorithm in ALGORITHMS,
+             f"'learner.algorithm': unknown '{learner.algorithm}' (known: {', '.join(ALGORITHMS)})")
+    _require(learner.devices >= 0, "'learner.devices' must not be negative")
+    _require(learner.reward_scale > 0, "'learner.reward_scale' must be positive")
     _require(learner.batch_envs >= 1, "'learner.batch_envs' must be at least 1")
     _require(
         learner.batch_envs % split_size == 0,
@@ -350,6 +397,16 @@ def validate(config: ExperimentConfig) -> None:
     )
     ppo = learner.ppo
     samples = learner.batch_envs * actors.trajectory_length
+    _require(
+        not (learner.algorithm == "ppo" and ppo.anneal_lr and config.stop.env_frames == 0),
+        "'learner.ppo.anneal_lr' needs 'stop.env_frames' to know the length of the run",
+    )
+    impala = learner.impala
+    _require(
+        impala.minibatches >= 1 and learner.batch_envs % impala.minibatches == 0,
+        f"'learner.impala.minibatches' ({impala.minibatches}) must divide "
+        f"'learner.batch_envs' ({learner.batch_envs})",
+    )
     _require(ppo.minibatches >= 1, "'learner.ppo.minibatches' must be at least 1")
     _require(ppo.epochs >= 1, "'learner.ppo.epochs' must be at least 1")
     _require(

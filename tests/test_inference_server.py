@@ -13,7 +13,7 @@ import pytest
 import zmq
 
 from actors.envs import env_spec
-from learners.networks import init_params, make_network
+from learners.networks import init_policy_params, make_policy
 from learners.param_codec import params_to_arrays
 from srl_jax import wire
 from srl_jax.config import ExperimentConfig
@@ -94,9 +94,8 @@ def observations(rows: int, rng: np.random.Generator) -> np.ndarray:
 
 def expected_outputs(config: ExperimentConfig, params: Any, obs: np.ndarray) -> tuple:
     """Log-probabilities [n, actions] and values [n] of `params` for `obs`, computed here."""
-    spec = env_spec(config.env)
-    network = make_network(config.network, spec.num_actions)
-    logits, value = network.apply(params, obs)
+    policy, _ = make_policy(config, env_spec(config.env))
+    logits, value = policy.apply(params, obs)
     return np.asarray(jax.nn.log_softmax(logits)), np.asarray(value)
 
 
@@ -221,9 +220,9 @@ def test_inference_server_batches_survives_garbage_and_takes_params(server: Serv
     """One server process through its life (one start-up keeps the file fast)."""
     rng = np.random.default_rng(0)
     spec = env_spec(server.config.env)
-    network = make_network(server.config.network, spec.num_actions)
-    params0 = init_params(network, spec.obs_shape, server.config.seed)
-    params5 = init_params(network, spec.obs_shape, server.config.seed + 99)
+    _, network = make_policy(server.config, spec)
+    params0 = init_policy_params(network, spec.obs_shape, server.config.seed)
+    params5 = init_policy_params(network, spec.obs_shape, server.config.seed + 99)
 
     serves_batches_across_actors(server, params0, rng)
     drops_and_counts_malformed_requests(server, rng)

@@ -9,9 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from learners.networks import init_params, make_network
-from learners.ppo import Batch, gae, init_train_state, make_optimizer, make_update, ppo_loss
-from srl_jax.config import NetworkConfig, PPOConfig
+from learners.distributions import CATEGORICAL
+from learners.networks import ActorCritic, Policy, init_policy_params
+from learners.ppo import gae, make_optimizer, make_update, ppo_loss
+from learners.train_state import Batch, init_train_state
+from srl_jax.config import ExperimentConfig, LearnerConfig, NetworkConfig, PPOConfig
 
 
 def test_gae_hand_computed_with_termination_and_truncation():
@@ -75,7 +77,8 @@ def stub_apply(params, obs):
 
 def run_loss(config: PPOConfig, params=None):
     params = params or {"logits": jnp.asarray(LOGITS), "values": jnp.asarray(VALUES)}
-    return ppo_loss(params, stub_apply, OBS, ACTIONS, OLD_LOGP, ADVANTAGES, RETURNS, config)
+    return ppo_loss(params, stub_apply, CATEGORICAL, OBS, ACTIONS, OLD_LOGP, VALUES, ADVANTAGES,
+                    RETURNS, config)
 
 
 def check(info: dict, key: str, expected: float) -> None:
@@ -155,17 +158,23 @@ def random_batch(seed: int = 0) -> Batch:
     )
 
 
+def experiment(config: PPOConfig) -> ExperimentConfig:
+    return ExperimentConfig(network=NetworkConfig(hidden=[16, 16]),
+                            learner=LearnerConfig(ppo=config))
+
+
 def fresh_state(config: PPOConfig = PPO):
-    network = make_network(NetworkConfig(hidden=[16, 16]), ACTIONS_N)
-    optimizer = make_optimizer(config)
-    params = init_params(network, OBS_SHAPE, seed=3)
-    return network, optimizer, init_train_state(params, optimizer, seed=3)
+    network = ActorCritic(ACTIONS_N, hidden=(16, 16))
+    policy = Policy(lambda p, obs: network.apply(p["net"], obs), CATEGORICAL, False)
+    optimizer = make_optimizer(experiment(config))
+    params = init_policy_params(network, OBS_SHAPE, seed=3)
+    return policy, optimizer, init_train_state(params, optimizer, seed=3)
 
 
 def test_make_update_trains_a_real_network_deterministically():
-    network, optimizer, state = fresh_state()
-    before = jax.tree.map(np.array, state.params)  # host copies: the state is donated
-    update = make_update(network.apply, optimizer, PPO)
+    policy, optimizer, state = fresh_state()
+    before = jax.tree.map(np.array, state.params["net"])  # host copies: the state is donated
+    update = jax.jit(make_update(policy, optimizer, experiment(PPO)), donate_argnums=0)
     batch = random_batch()
 
     state1, metrics = update(state, batch)
@@ -174,7 +183,7 @@ def test_make_update_trains_a_real_network_deterministically():
                 "advantage_mean", "return_mean"):
         assert key in metrics and np.isfinite(metrics[key]), key
     assert int(state1.version) == 1
-    after = jax.tree.map(np.array, state1.params)
+    after = jax.tree.map(np.array, state1.params["net"])
     assert jax.tree.structure(after) == jax.tree.structure(before)
     changed = [not np.array_equal(a, b)
                for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(before), strict=True)]
@@ -191,16 +200,16 @@ def test_make_update_trains_a_real_network_deterministically():
     # Same inputs, same result: a fresh state from the same seed gives bit-identical params.
     _, _, again = fresh_state()
     again1, metrics_again = update(again, batch)
-    for a, b in zip(jax.tree.leaves(jax.device_get(again1.params)), jax.tree.leaves(after),
+    for a, b in zip(jax.tree.leaves(jax.device_get(again1.params["net"])), jax.tree.leaves(after),
                     strict=True):
         np.testing.assert_array_equal(np.asarray(a), b)
     assert float(metrics_again["loss"]) == metrics["loss"]
 
 
 def test_make_update_reduces_the_value_loss_on_a_fixed_batch():
-    config = dataclasses.replace(PPO, learning_rate=3e-3)
-    network, optimizer, state = fresh_state(config)
-    update = make_update(network.apply, optimizer, config)
+    config = dataclasses.replace(PPO, learning_rate=3e-3, clip_value_loss=False)
+    policy, optimizer, state = fresh_state(config)
+    update = jax.jit(make_update(policy, optimizer, experiment(config)), donate_argnums=0)
     batch = random_batch(1)
     losses = []
     for _ in range(15):
@@ -208,3 +217,51 @@ def test_make_update_reduces_the_value_loss_on_a_fixed_batch():
         losses.append(float(metrics["value_loss"]))
     assert int(state.version) == 15
     assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_value_clipping_takes_the_larger_error():
+    # Values 0.5, 1.0, 2.0 against old values 0, 1, 3 and returns 1, 1, 0, clip 0.2:
+    #   unclipped errors (v - R)^2: 0.25, 0, 4
+    #   clipped values old + clip(v - old, +-0.2): 0.2, 1.0, 2.8 -> errors 0.64, 0, 7.84
+    #   max: 0.64, 0, 7.84 -> value_loss = 0.5 * mean = 0.5 * 8.48 / 3
+    config = PPOConfig(clip_coef=0.2, clip_value_loss=True, normalize_advantages=False)
+    old_values = np.array([0.0, 1.0, 3.0], np.float32)
+    params = {"logits": jnp.asarray(LOGITS), "values": jnp.asarray(VALUES)}
+    _, info = ppo_loss(params, stub_apply, CATEGORICAL, OBS, ACTIONS, OLD_LOGP, old_values,
+                       ADVANTAGES, RETURNS, config)
+    check(info, "value_loss", 0.5 * 8.48 / 3)
+    unclipped = dataclasses.replace(config, clip_value_loss=False)
+    _, info = ppo_loss(params, stub_apply, CATEGORICAL, OBS, ACTIONS, OLD_LOGP, old_values,
+                       ADVANTAGES, RETURNS, unclipped)
+    check(info, "value_loss", 0.5 * 4.25 / 3)
+
+
+def test_target_kl_stops_the_remaining_epochs():
+    eager = dataclasses.replace(PPO, learning_rate=1e-2, epochs=8)
+    policy, optimizer, state = fresh_state(eager)
+    _, metrics = jax.jit(make_update(policy, optimizer, experiment(eager)))(state, random_batch())
+    assert float(metrics["epochs_run"]) == 8
+    strict = dataclasses.replace(eager, target_kl=1e-6)
+    policy, optimizer, state = fresh_state(strict)
+    new_state, metrics = jax.jit(make_update(policy, optimizer, experiment(strict)))(
+        state, random_batch())
+    assert float(metrics["epochs_run"]) == 1, "the first epoch's KL exceeds the target"
+    assert int(new_state.version) == 1
+
+
+def test_annealing_decays_the_step_size_to_zero():
+    config = ExperimentConfig(learner=LearnerConfig(
+        batch_envs=4, ppo=PPOConfig(learning_rate=1e-3, anneal_lr=True, epochs=1, minibatches=1)))
+    config.actors.trajectory_length = 8
+    config.stop.env_frames = 4 * 8 * 10  # 10 updates in the whole run
+    optimizer = make_optimizer(config)
+    params = {"w": jnp.ones(3)}
+    opt_state = optimizer.init(params)
+    grads = {"w": jnp.ones(3)}
+    steps = []
+    for _ in range(11):
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        steps.append(float(jnp.abs(updates["w"][0])))
+    assert steps[0] == pytest.approx(1e-3, rel=1e-3)
+    assert steps[5] == pytest.approx(0.5e-3, rel=1e-2)
+    assert steps[10] == 0.0

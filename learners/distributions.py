@@ -1,0 +1,71 @@
+"""Action distributions as pure functions over the policy head's output.
+
+The network's policy output is read by a `Distribution`: logits [N, A] for a
+categorical policy; for a Gaussian one, means and log-stds side by side
+[N, 2A]. Continuous actions are sampled unbounded; actors clip them to the
+action space, which is part of the environment, so the log-probability of the
+sampled action is the one every algorithm needs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+
+class Distribution(NamedTuple):
+    sample: Callable[[jax.Array, jax.Array], jax.Array]
+    """(key, policy output [N, ...]) -> actions [N, ...]."""
+    log_prob: Callable[[jax.Array, jax.Array], jax.Array]
+    """(policy output, actions) -> log-probabilities [N]."""
+    entropy: Callable[[jax.Array], jax.Array]
+    """policy output -> entropies [N]."""
+
+
+def _categorical_sample(key: jax.Array, logits: jax.Array) -> jax.Array:
+    return jax.random.categorical(key, logits).astype(jnp.int32)
+
+
+def _categorical_log_prob(logits: jax.Array, actions: jax.Array) -> jax.Array:
+    log_probs = jax.nn.log_softmax(logits)
+    return jnp.take_along_axis(log_probs, actions[..., None].astype(jnp.int32), -1)[..., 0]
+
+
+def _categorical_entropy(logits: jax.Array) -> jax.Array:
+    log_probs = jax.nn.log_softmax(logits)
+    return -jnp.sum(jnp.exp(log_probs) * log_probs, -1)
+
+
+CATEGORICAL = Distribution(_categorical_sample, _categorical_log_prob, _categorical_entropy)
+
+
+def _split(out: jax.Array) -> tuple[jax.Array, jax.Array]:
+    mean, log_std = jnp.split(out, 2, axis=-1)
+    return mean, log_std
+
+
+def _gaussian_sample(key: jax.Array, out: jax.Array) -> jax.Array:
+    mean, log_std = _split(out)
+    return mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape, mean.dtype)
+
+
+def _gaussian_log_prob(out: jax.Array, actions: jax.Array) -> jax.Array:
+    mean, log_std = _split(out)
+    z = (actions - mean) * jnp.exp(-log_std)
+    return jnp.sum(-0.5 * z * z - log_std - 0.5 * math.log(2 * math.pi), -1)
+
+
+def _gaussian_entropy(out: jax.Array) -> jax.Array:
+    _, log_std = _split(out)
+    return jnp.sum(log_std + 0.5 * (1.0 + math.log(2 * math.pi)), -1)
+
+
+GAUSSIAN = Distribution(_gaussian_sample, _gaussian_log_prob, _gaussian_entropy)
+
+
+def distribution(continuous: bool) -> Distribution:
+    return GAUSSIAN if continuous else CATEGORICAL

@@ -1,0 +1,66 @@
+"""The learner's device mesh: parameters replicated, batches sharded on the env axis.
+
+The same code runs on 1 CPU, 8 GPUs or a TPU pod slice: one `jax.jit` with
+shardings over a one-axis `Mesh` named "data", and the compiler inserts the
+gradient all-reduce.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+DATA = "data"
+
+
+class MeshError(ValueError):
+    """The mesh cannot be built as configured; the message names the key."""
+
+
+def make_learner_mesh(devices: int, batch_envs: int) -> Mesh:
+    """A data-parallel mesh over `devices` devices (0: all), on every process's devices."""
+    local = jax.local_devices()
+    count = devices or len(local)
+    if count > len(local):
+        raise MeshError(f"'learner.devices' is {count} but this process has {len(local)} "
+                        f"device(s): {local}")
+    chosen = [d for p in range(jax.process_count())
+              for d in [x for x in jax.devices() if x.process_index == p][:count]]
+    total = len(chosen)
+    if batch_envs % total:
+        raise MeshError(f"'learner.batch_envs' ({batch_envs}) must divide evenly over the "
+                        f"{total} learner devices")
+    return jax.make_mesh((total,), (DATA,), axis_types=(AxisType.Auto,), devices=chosen)
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """[T(+1), B, ...] arrays split on B, the env axis."""
+    return NamedSharding(mesh, P(None, DATA))
+
+
+def compile_update(update: Callable, mesh: Mesh, state: Any, example_batch: Any) -> Callable:
+    """Compile the update once for this mesh; the state is donated and stays replicated."""
+    jitted = jax.jit(update, in_shardings=(replicated(mesh), batch_sharding(mesh)),
+                     out_shardings=(replicated(mesh), replicated(mesh)), donate_argnums=0)
+    return jitted.lower(state, example_batch).compile()
+
+
+def put_batch(batch: Any, mesh: Mesh) -> Any:
+    """Host arrays onto the mesh, each device getting its slice of the env axis.
+
+    With several processes each one passes only its local columns; the global
+    batch is their concatenation.
+    """
+    sharding = batch_sharding(mesh)
+    if jax.process_count() == 1:
+        return jax.device_put(batch, sharding)
+    return jax.tree.map(
+        lambda x: jax.make_array_from_process_local_data(sharding, x), batch)
