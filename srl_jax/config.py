@@ -382,6 +382,11 @@ def validate(config: ExperimentConfig) -> None:
     _require(learner.algorithm in ALGORITHMS,
              f"'learner.algorithm': unknown '{learner.algorithm}' (known: {', '.join(ALGORITHMS)})")
     _require(learner.devices >= 0, "'learner.devices' must not be negative")
+    _require(
+        learner.devices == 0 or learner.batch_envs % learner.devices == 0,
+        f"'learner.batch_envs' ({learner.batch_envs}) must divide evenly over "
+        f"'learner.devices' ({learner.devices})",
+    )
     _require(learner.reward_scale > 0, "'learner.reward_scale' must be positive")
     _require(learner.batch_envs >= 1, "'learner.batch_envs' must be at least 1")
     _require(

@@ -41,6 +41,9 @@ def test_default_config_loads_with_typed_overrides() -> None:
     ("learner.batch_envs=12", "'learner.batch_envs' (12) must be a multiple"),
     ("learner.ppo.minibatches=7", "'learner.ppo.minibatches' (7) must divide"),
     ("inference.max_batch=4", "'inference.max_batch' (4) must hold one split"),
+    ("learner.devices=3", "'learner.batch_envs' (32) must divide evenly over 'learner.devices'"),
+    ("learner.algorithm=dqn", "'learner.algorithm': unknown 'dqn'"),
+    ("learner.ppo.anneal_lr=true", "'learner.ppo.anneal_lr' needs 'stop.env_frames'"),
     ("network.hidden=64", "'network.hidden' must be a list"),
     ("learner.ppo.normalize_advantages=maybe", "'learner.ppo.normalize_advantages' must be true"),
 ])

@@ -1,0 +1,498 @@
+"""Learner update throughput: samples per second through the compiled update.
+
+What it measures
+----------------
+For each case, one (network, device count) pair, it builds the update exactly
+as the learner worker does (`learners/learner_worker.py`): the algorithm's
+optimizer and `make_update`, `make_learner_mesh(devices, B)`, the train state
+put replicated on the mesh, `compile_update` on an example batch shaped by
+`chunk_layout`, and batches turned into the update's input by `to_batch` and
+`put_batch`. It then feeds it random host batches the way the learner does:
+the update is dispatched, the *next* batch is put onto the mesh while it runs
+(prefetch), then the metrics are fetched, which waits for the update.
+
+Cases:
+
+- ``mlp``: the default experiment (``configs/cartpole_ppo.yaml``): the
+  actor-critic MLP from `learners/networks.py`, obs float32 [4], 2 discrete
+  actions, PPO with its settings (T=32, B=32, 4 epochs x 4 minibatches).
+- ``cnn``: a Nature-CNN (Mnih et al. 2015; defined below, `NatureCNN`) on
+  84x84x4 uint8 frames with 6 discrete actions, through the same PPO update.
+  Its batch and epochs default smaller (T=32, B=16, 1 epoch x 4 minibatches)
+  so that a case runs in tens of seconds on 2 CPU cores; the table says what
+  was used.
+
+Each runs on 1 device and on 4 devices. The 4-device case uses forced host CPU
+devices (``--xla_force_host_platform_device_count``), which must be set before
+JAX is imported, so the parent runs every case in a fresh subprocess of this
+script (``--case NAME --devices N``) and collects the one JSON line each child
+prints. On a machine with 2 cores, 4 forced devices share the same 2 cores: the
+figure shows the cost of the sharded program (collectives, the all-gather of
+the shuffle) rather than a speed-up.
+
+Per case, after ``--warmup`` updates, ``--repeats`` times:
+
+1. **pipelined**: ``--updates`` updates fed as above, each with a new host
+   batch (to_batch + put_batch included). ``samples/s`` is ``T*B`` / (wall time
+   per update); ``ms/upd`` is the wall time per update. Per update the time is
+   split into ``put`` (to_batch + put_batch of the next batch, on the learner's
+   thread), ``dispatch`` and ``wait`` (blocked until the metrics are back):
+   ``outside = 1 - (dispatch + wait) / total`` is the share of wall time the
+   loop spends outside the compiled update, i.e. putting batches.
+2. **bare**: the same number of updates on one batch already on the mesh, no
+   puts: the compiled update alone. ``feed = 1 - bare / pipelined`` is what
+   feeding new batches costs in throughput (it can be ~0 when the put fully
+   overlaps the update, and on a small CPU machine the put and the update
+   compete for the same cores).
+
+Figures are medians over the repeats. ``cpu`` is the child's CPU time over its
+wall time in the timed loops (2.0 = both cores of a 2-core machine busy): far
+below nproc while the machine's load average is high means other processes
+took cores and the figures are low.
+
+Why
+---
+The learner must keep up with the actors: with samples/s of the update known,
+``actors * envs`` frames per second that one learner can consume follows, and
+``outside`` / ``feed`` tell whether the host->device feed or the update itself
+is the limit. The 1- vs 4-device figures check that the data-parallel mesh
+path costs little when it cannot gain (on CPU) and show its scaling where it
+can (on real devices).
+
+Run from the repository root::
+
+    .venv/bin/python bench/learner.py            # all 4 cases
+    .venv/bin/python bench/learner.py --quick    # smoke run, a few seconds a case
+    .venv/bin/python bench/learner.py --cases cnn --devices 1 --cnn-batch-envs 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import jax
+
+    from learners.networks import Policy
+    from srl_jax.config import ExperimentConfig
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+DEFAULT_EXPERIMENT = REPO_ROOT / "configs" / "cartpole_ppo.yaml"
+CASES = ("mlp", "cnn")
+CNN_OBS_SHAPE = (84, 84, 4)
+RESULT_PREFIX = "BENCH_RESULT "
+"""A child's result line on stdout: this prefix, then one JSON object."""
+CASE_TIMEOUT_S = 1800.0
+
+
+# --------------------------------------------------------------------------- the CNN
+
+
+def make_cnn_policy(action_dim: int) -> tuple[Policy, Any]:
+    """A Nature-CNN actor-critic with the `learners.networks.Policy` interface.
+
+    Defined here (not in `learners/`) so the benchmark does not depend on which
+    CNN the learner ships: the shapes are the classic DQN/PPO-Atari ones.
+    """
+    import flax.linen as nn
+    import jax.numpy as jnp
+
+    from learners.distributions import distribution
+    from learners.networks import Policy
+
+    class NatureCNN(nn.Module):
+        """conv 32 8x8/4, conv 64 4x4/2, conv 64 3x3/1, dense 512; logits and value heads."""
+
+        action_dim: int
+
+        @nn.compact
+        def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+            init = nn.initializers.orthogonal(np.sqrt(2))
+            x = obs.astype(jnp.float32) * (1.0 / 255.0)
+            x = nn.relu(nn.Conv(32, (8, 8), (4, 4), padding="VALID", kernel_init=init)(x))
+            x = nn.relu(nn.Conv(64, (4, 4), (2, 2), padding="VALID", kernel_init=init)(x))
+            x = nn.relu(nn.Conv(64, (3, 3), (1, 1), padding="VALID", kernel_init=init)(x))
+            x = nn.relu(nn.Dense(512, kernel_init=init)(x.reshape(x.shape[0], -1)))
+            logits = nn.Dense(self.action_dim,
+                              kernel_init=nn.initializers.orthogonal(0.01))(x)
+            value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0))(x)
+            return logits, value[:, 0]
+
+    network = NatureCNN(action_dim)
+
+    def apply(params: Any, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        # uint8 frames are scaled inside the network; no running normalization.
+        return network.apply(params["net"], obs)
+
+    return Policy(apply, distribution(False), False), network
+
+
+# --------------------------------------------------------------------------- one case
+
+
+def case_config(case: str, args: argparse.Namespace) -> ExperimentConfig:
+    """The default experiment's config, with the CNN case's smaller batch and epochs."""
+    from srl_jax.config import load_config
+
+    overrides: list[str] = []
+    if case == "cnn":
+        B = args.cnn_batch_envs
+        # One chunk per actor split of B envs, so the config validates with any B.
+        overrides += [f"learner.batch_envs={B}", f"actors.envs={B}", "actors.splits=1",
+                      f"inference.max_batch={max(B, 32)}",
+                      f"learner.ppo.epochs={args.cnn_epochs}",
+                      f"learner.ppo.minibatches={args.cnn_minibatches}"]
+    return load_config(args.experiment, overrides)
+
+
+def random_host_batch(layout: dict[str, tuple[tuple[int, ...], np.dtype]], B: int,
+                      action_dim: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Random arrays of one [T+1, B] batch as the learner's queue hands it over."""
+    out: dict[str, np.ndarray] = {}
+    for name, (chunk_shape, dtype) in layout.items():
+        shape = (chunk_shape[0], B, *chunk_shape[2:])
+        if name == "obs" and dtype == np.uint8:
+            out[name] = rng.integers(0, 256, shape, dtype=np.uint8)
+        elif name == "actions" and np.issubdtype(dtype, np.integer):
+            out[name] = rng.integers(0, action_dim, shape).astype(dtype)
+        elif name == "logp":
+            out[name] = (np.log(1.0 / action_dim) + 0.1 * rng.standard_normal(shape)).astype(dtype)
+        elif name == "terminated":
+            out[name] = rng.random(shape) < 0.02
+        elif name == "truncated":
+            out[name] = rng.random(shape) < 0.005
+        elif name == "versions":
+            out[name] = np.zeros(shape, dtype)
+        else:
+            out[name] = rng.standard_normal(shape).astype(dtype)
+    return out
+
+
+def cpu_seconds() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+def run_case(case: str, devices: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Build the learner's update for `case` on `devices` devices and time it."""
+    import jax
+
+    from actors.envs import EnvSpec, env_spec
+    from learners.algorithms import algorithm
+    from learners.learner_worker import chunk_layout, to_batch
+    from learners.mesh import compile_update, make_learner_mesh, put_batch, replicated
+    from learners.networks import init_policy_params, make_policy
+    from learners.train_state import init_train_state
+
+    config = case_config(case, args)
+    if case == "mlp":
+        spec = env_spec(config.env)
+        policy, network = make_policy(config, spec)
+    else:
+        spec = EnvSpec(CNN_OBS_SHAPE, np.dtype(np.uint8), args.cnn_actions, continuous=False)
+        policy, network = make_cnn_policy(spec.action_dim)
+    T, B = config.actors.trajectory_length, config.learner.batch_envs
+    algo = algorithm(config.learner.algorithm)
+    optimizer = algo.make_optimizer(config)
+    mesh = make_learner_mesh(devices, B)
+    params = init_policy_params(network, spec.obs_shape, config.seed)
+    n_params = sum(x.size for x in jax.tree.leaves(params["net"]))
+    state = jax.device_put(init_train_state(params, optimizer, config.seed), replicated(mesh))
+    layout = chunk_layout(config, spec)
+    rng = np.random.default_rng(config.seed)
+    pool = [random_host_batch(layout, B, spec.action_dim, rng) for _ in range(args.pool)]
+
+    def put(arrays: dict[str, np.ndarray]) -> Any:
+        return put_batch(to_batch(arrays), mesh)
+
+    start = time.perf_counter()
+    update: Callable = compile_update(algo.make_update(policy, optimizer, config), mesh,
+                                      state, put(pool[0]))
+    compile_s = time.perf_counter() - start
+
+    for i in range(args.warmup):
+        state, metrics = update(state, put(pool[i % len(pool)]))
+        jax.device_get(metrics)
+
+    repeats: list[dict[str, float]] = []
+    for _ in range(args.repeats):
+        # Pipelined, as LearnerWorker._train: dispatch, put the next batch, fetch metrics.
+        put_s = dispatch_s = wait_s = 0.0
+        cpu0, wall0 = cpu_seconds(), time.perf_counter()
+        t = time.perf_counter()
+        following = put(pool[0])
+        put_s += time.perf_counter() - t
+        loop0 = time.perf_counter()
+        for i in range(args.updates):
+            batch = following
+            t0 = time.perf_counter()
+            state, metrics = update(state, batch)
+            t1 = time.perf_counter()
+            following = put(pool[(i + 1) % len(pool)])
+            t2 = time.perf_counter()
+            jax.device_get(metrics)
+            t3 = time.perf_counter()
+            dispatch_s += t1 - t0
+            put_s += t2 - t1
+            wait_s += t3 - t2
+        loop_s = time.perf_counter() - loop0
+        # Bare: the compiled update alone on a batch already on the mesh.
+        bare0 = time.perf_counter()
+        for _ in range(args.updates):
+            state, metrics = update(state, batch)
+            jax.device_get(metrics)
+        bare_s = time.perf_counter() - bare0
+        cpu_util = (cpu_seconds() - cpu0) / (time.perf_counter() - wall0)
+        per_update = loop_s / args.updates
+        repeats.append({
+            "samples_per_s": T * B / per_update,
+            "ms_per_update": 1e3 * per_update,
+            "put_ms": 1e3 * put_s / args.updates,
+            "dispatch_ms": 1e3 * dispatch_s / args.updates,
+            "wait_ms": 1e3 * wait_s / args.updates,
+            "outside": 1.0 - (dispatch_s + wait_s) / loop_s,
+            "bare_ms": 1e3 * bare_s / args.updates,
+            "feed": 1.0 - bare_s / loop_s,
+            "cpu": cpu_util,
+        })
+
+    ppo = config.learner.ppo
+    first = jax.devices()[0]
+    result: dict[str, Any] = {
+        "case": case, "devices": mesh.size, "T": T, "B": B,
+        "epochs": ppo.epochs, "minibatches": ppo.minibatches,
+        "obs": f"{np.dtype(spec.obs_dtype).name}{list(spec.obs_shape)}",
+        "actions": spec.action_dim, "params": int(n_params),
+        "updates": args.updates, "repeats": args.repeats, "compile_s": compile_s,
+        "platform": first.platform, "device_kind": first.device_kind,
+        "jax_devices": len(jax.devices()), "jax": jax.__version__,
+        "samples_per_s_all": [r["samples_per_s"] for r in repeats],
+    }
+    for key in repeats[0]:
+        result[key] = statistics.median(r[key] for r in repeats)
+    return result
+
+
+def child_main(args: argparse.Namespace) -> int:
+    """Run one case in this (fresh) process and print its result line."""
+    result = run_case(args.case, args.devices, args)
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+    return 0
+
+
+# --------------------------------------------------------------------------- parent
+
+
+def child_env(devices: int, platform_name: str | None) -> dict[str, str]:
+    """The environment of a case's subprocess: forced host devices when more than one."""
+    env = dict(os.environ)
+    flags = [f for f in env.get("XLA_FLAGS", "").split()
+             if not f.startswith("--xla_force_host_platform_device_count")]
+    if devices > 1:
+        flags.append(f"--xla_force_host_platform_device_count={devices}")
+        platform_name = platform_name or "cpu"
+    if flags:
+        env["XLA_FLAGS"] = " ".join(flags)
+    if platform_name:
+        env["JAX_PLATFORMS"] = platform_name
+    return env
+
+
+def updates_for(case: str, args: argparse.Namespace) -> int:
+    """Timed updates per repeat: --updates, else enough for the case to last a few seconds."""
+    if args.updates is not None:
+        return args.updates
+    if case == "mlp":
+        return 10 if args.quick else 50
+    return 3 if args.quick else 8
+
+
+def child_args(case: str, devices: int, args: argparse.Namespace) -> list[str]:
+    return [sys.executable, str(Path(__file__).resolve()), "--case", case,
+            "--devices", str(devices), "--experiment", str(args.experiment),
+            "--updates", str(updates_for(case, args)), "--repeats", str(args.repeats),
+            "--warmup", str(args.warmup), "--pool", str(args.pool),
+            "--cnn-batch-envs", str(args.cnn_batch_envs), "--cnn-epochs", str(args.cnn_epochs),
+            "--cnn-minibatches", str(args.cnn_minibatches),
+            "--cnn-actions", str(args.cnn_actions)]
+
+
+def run_child(case: str, devices: int, args: argparse.Namespace) -> dict[str, Any] | str:
+    """A case's result from a fresh subprocess, or a one-line reason it failed."""
+    try:
+        done = subprocess.run(child_args(case, devices, args),
+                              env=child_env(devices, args.platform), cwd=REPO_ROOT,
+                              capture_output=True, text=True,
+                              timeout=CASE_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        return f"timed out after {CASE_TIMEOUT_S:.0f}s"
+    for line in reversed(done.stdout.splitlines()):
+        if line.startswith(RESULT_PREFIX):
+            return json.loads(line[len(RESULT_PREFIX):])
+    lines = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()
+    return f"exit code {done.returncode}: {lines[-1]}"
+
+
+COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("case", "case", "{}"), ("dev", "devices", "{}"), ("TxB", "", ""),
+    ("ep x mb", "", ""), ("samples/s", "samples_per_s", "{:,.0f}"),
+    ("ms/upd", "ms_per_update", "{:.1f}"), ("put ms", "put_ms", "{:.2f}"),
+    ("wait ms", "wait_ms", "{:.1f}"), ("outside", "outside", "{:.1%}"),
+    ("bare ms", "bare_ms", "{:.1f}"), ("feed", "feed", "{:+.1%}"), ("cpu", "cpu", "{:.2f}"),
+    ("compile s", "compile_s", "{:.1f}"),
+)
+
+
+def table_row(result: dict[str, Any]) -> list[str]:
+    row = []
+    for header, key, fmt in COLUMNS:
+        if header == "TxB":
+            row.append(f"{result['T']}x{result['B']}")
+        elif header == "ep x mb":
+            row.append(f"{result['epochs']}x{result['minibatches']}")
+        else:
+            row.append(fmt.format(result[key]))
+    return row
+
+
+def print_table(rows: list[list[str]]) -> None:
+    headers = [c[0] for c in COLUMNS]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    print("  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True)))
+    for row in rows:
+        print("  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)))
+
+
+def summary_line(results: dict[tuple[str, int], dict[str, Any]]) -> str:
+    parts = []
+    for case in CASES:
+        found = sorted((d, r) for (c, d), r in results.items() if c == case)
+        if not found:
+            continue
+        text = " / ".join(f"{r['samples_per_s']:,.0f} ({d} dev)" for d, r in found)
+        if len(found) > 1:
+            text += f", x{found[-1][1]['samples_per_s'] / found[0][1]['samples_per_s']:.2f}"
+        parts.append(f"{case} {text}")
+    return "learner samples/s (median): " + " | ".join(parts)
+
+
+def parent_main(args: argparse.Namespace) -> int:
+    nproc = os.cpu_count() or 0
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else nproc
+    load_before = os.getloadavg()
+    print(f"machine: nproc {nproc} (usable {usable}), {platform.machine()}, "
+          f"{platform.processor() or platform.system()}, python {platform.python_version()}; "
+          f"load average {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}")
+    print(f"settings: warmup {args.warmup}, {args.repeats} repeat(s) of "
+          f"{'/'.join(str(updates_for(c, args)) for c in args.cases)} update(s) "
+          f"({'/'.join(args.cases)}), pool of {args.pool} host batches; "
+          f"mlp = {args.experiment.name}; "
+          f"cnn = NatureCNN uint8{list(CNN_OBS_SHAPE)} {args.cnn_actions} actions, "
+          f"B={args.cnn_batch_envs}, {args.cnn_epochs} epoch(s) x {args.cnn_minibatches} "
+          f"minibatches{' (--quick)' if args.quick else ''}", flush=True)
+    results: dict[tuple[str, int], dict[str, Any]] = {}
+    failures = 0
+    for case in args.cases:
+        for devices in args.devices_list:
+            start = time.perf_counter()
+            result = run_child(case, devices, args)
+            took = time.perf_counter() - start
+            load = os.getloadavg()[0]
+            if isinstance(result, str):
+                failures += 1
+                print(f"  {case} on {devices} device(s): FAILED, {result}", flush=True)
+                continue
+            results[case, devices] = result
+            per_repeat = ", ".join(f"{x:,.0f}" for x in result["samples_per_s_all"])
+            print(f"  {case} on {devices} {result['platform']} device(s) "
+                  f"({result['device_kind']}, {result['params']:,} params, "
+                  f"obs {result['obs']}): {took:.0f}s, samples/s per repeat [{per_repeat}], "
+                  f"load {load:.2f}", flush=True)
+    if results:
+        print()
+        print_table([table_row(r) for r in results.values()])
+        print()
+        print(summary_line(results))
+    load_after = os.getloadavg()
+    first = next(iter(results.values()), None)
+    jax_text = f"jax {first['jax']}" if first else "jax ?"
+    print(f"machine: nproc {nproc}, {jax_text}, jax.devices() of the 1-device case: "
+          + ", ".join(sorted({f"{r['jax_devices']} x {r['platform']} ({r['device_kind']})"
+                              for (_, d), r in results.items() if d == 1}) or ["n/a"])
+          + f"; load average {load_before[0]:.2f} before, {load_after[0]:.2f} after")
+    return 1 if failures else 0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Learner update throughput (samples/s) for the CartPole MLP and a "
+                    "Nature-CNN, on 1 and 4 devices (4: forced host CPU devices).")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: 1 warm-up, 2 repeats of 10 (mlp) / 3 (cnn) updates, "
+                             "CNN with B=8 and 2 minibatches")
+    parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
+    parser.add_argument("--devices-list", nargs="+", type=int, default=[1, 4],
+                        metavar="N", help="device counts to run each case on (default 1 4)")
+    parser.add_argument("--updates", type=int, default=None,
+                        help="timed updates per repeat (default: mlp 50, cnn 8; "
+                             "--quick: 10 and 3)")
+    parser.add_argument("--repeats", type=int, default=None, help="repeats (default 3)")
+    parser.add_argument("--warmup", type=int, default=None, help="warm-up updates (default 2)")
+    parser.add_argument("--pool", type=int, default=4,
+                        help="distinct random host batches cycled through")
+    parser.add_argument("--experiment", type=Path, default=DEFAULT_EXPERIMENT,
+                        help="config file of the MLP case (and base of the CNN case)")
+    parser.add_argument("--cnn-batch-envs", type=int, default=None,
+                        help="B of the CNN case (default 16; 8 with --quick)")
+    parser.add_argument("--cnn-epochs", type=int, default=1)
+    parser.add_argument("--cnn-minibatches", type=int, default=None,
+                        help="default 4; 2 with --quick")
+    parser.add_argument("--cnn-actions", type=int, default=6)
+    parser.add_argument("--platform", default=None,
+                        help="JAX_PLATFORMS for the children (cases with more than one "
+                             "device default to cpu)")
+    parser.add_argument("--case", choices=CASES, help=argparse.SUPPRESS)
+    parser.add_argument("--devices", type=int, default=1, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    quick = args.quick
+    if args.case and args.updates is None:
+        args.updates = updates_for(args.case, args)
+    if args.repeats is None:
+        args.repeats = 2 if quick else 3
+    if args.warmup is None:
+        args.warmup = 1 if quick else 2
+    if args.cnn_batch_envs is None:
+        args.cnn_batch_envs = 8 if quick else 16
+    if args.cnn_minibatches is None:
+        args.cnn_minibatches = 2 if quick else 4
+    updates = 1 if args.updates is None else args.updates
+    if min(updates, args.repeats, args.pool) < 1 or args.warmup < 0:
+        parser.error("--updates, --repeats and --pool must be at least 1, --warmup at least 0")
+    args.experiment = args.experiment.resolve()
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.case:
+        return child_main(args)
+    return parent_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""IMPALA as pure functions: V-trace, the actor-critic loss, and one update over a batch.
+
+Espeholt et al. 2018, "IMPALA: Scalable Distributed Deep-RL with Importance
+Weighted Actor-Learner Architectures". Actors act with a policy that may be
+several versions behind the learner; V-trace corrects for that lag with
+truncated importance weights. A batch is one [T+1, B] block of trajectory
+chunks (see actors/env_ring.py for the fields). The update evaluates the
+*current* network on every observation, computes V-trace targets and
+policy-gradient advantages from those values, and takes `minibatches` SGD
+steps in one pass, splitting the batch on the env axis. The learner jits it
+over its device mesh. Nothing here knows about processes or sockets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from learners.distributions import Distribution
+from learners.networks import Policy
+from learners.train_state import Batch, TrainState, prepare
+from srl_jax.config import ExperimentConfig, ImpalaConfig
+
+
+class VTrace(NamedTuple):
+    vs: jax.Array
+    """V-trace value targets v_t, [T, B]."""
+    pg_advantages: jax.Array
+    """min(pg_rho_bar, rho_t) * (r_t + discount_t * v_{t+1} - V(x_t)), [T, B]."""
+    rhos: jax.Array
+    """Untruncated importance weights pi(a_t|x_t) / mu(a_t|x_t), [T, B]."""
+
+
+def vtrace(behaviour_logp: jax.Array, target_logp: jax.Array, rewards: jax.Array,
+           values: jax.Array, next_values: jax.Array, discounts: jax.Array,
+           continues: jax.Array, rho_bar: float, c_bar: float, pg_rho_bar: float) -> VTrace:
+    """V-trace targets and policy-gradient advantages over [T, B] arrays.
+
+    `values[t]` is V(x_t) and `next_values[t]` the value of the state step t
+    led to; `discounts[t]` is gamma, or 0 where that state is terminal; and
+    `continues[t]` is 0 where the next row of the chunk does not follow step t
+    (a new episode starts), 1 otherwise. With delta_t = rho_t (r_t +
+    discount_t next_value_t - V(x_t)), the targets obey the paper's recursion
+
+        v_t - V(x_t) = delta_t + discount_t c_t continues_t (v_{t+1} - V(x_{t+1}))
+
+    from v_T = next_values[T-1] at the end of the chunk. Where continues_t is
+    0 the trace is cut, and the target of the next state is `next_values[t]`
+    itself: there is no data beyond it to correct it with.
+    """
+    log_rhos = target_logp - behaviour_logp
+    rhos = jnp.exp(log_rhos)
+    clipped_rhos = jnp.minimum(rho_bar, rhos)
+    cs = jnp.minimum(c_bar, rhos)
+    deltas = clipped_rhos * (rewards + discounts * next_values - values)
+    trace = discounts * cs * continues
+
+    def backward(acc: jax.Array, step: tuple[jax.Array, jax.Array]) -> tuple:
+        delta, decay = step
+        acc = delta + decay * acc
+        return acc, acc
+
+    _, corrections = jax.lax.scan(backward, jnp.zeros_like(deltas[0]), (deltas, trace),
+                                  reverse=True)
+    vs = values + corrections
+    # The target of the state after step t: v_{t+1} inside the episode, next_values[t]
+    # (unrolled no further) at the end of the chunk and where the trace was cut.
+    following = jnp.concatenate([vs[1:], next_values[-1:]], axis=0)
+    next_vs = jnp.where(continues > 0, following, next_values)
+    pg_advantages = jnp.minimum(pg_rho_bar, rhos) * (rewards + discounts * next_vs - values)
+    return VTrace(vs, pg_advantages, rhos)
+
+
+def episode_vtrace(behaviour_logp: jax.Array, target_logp: jax.Array, rewards: jax.Array,
+                   values: jax.Array, terminated: jax.Array, truncated: jax.Array,
+                   trunc_values: jax.Array, gamma: float, rho_bar: float, c_bar: float,
+                   pg_rho_bar: float) -> VTrace:
+    """V-trace over a chunk of [T, B] steps whose episodes may end inside it.
+
+    `values` [T+1, B] are the learner's current estimates of obs[0..T]. Inside
+    a chunk, the row after an episode's last step is the first of the next
+    episode (the actor resets the env at once), so:
+
+    - a *terminated* step has discount 0: no value after it, and since the
+      trace is scaled by the discount it is also cut there;
+    - a *truncated* step (time limit) bootstraps from `trunc_values`, the
+      value of its final observation (the acting policy's estimate: the
+      learner never sees that observation), not from values[t+1], and cuts
+      the trace: v_{t+1} belongs to another episode.
+
+    Without episode ends this is the paper's V-trace, bootstrapped from
+    values[T].
+    """
+    next_values = jnp.where(truncated > 0, trunc_values, values[1:])
+    discounts = gamma * (1.0 - terminated)
+    continues = 1.0 - jnp.maximum(terminated, truncated)
+    return vtrace(behaviour_logp, target_logp, rewards, values[:-1], next_values, discounts,
+                  continues, rho_bar, c_bar, pg_rho_bar)
+
+
+def impala_loss(params: Any, apply_fn: Callable, dist: Distribution, batch: Batch,
+                config: ImpalaConfig) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Policy gradient with V-trace advantages + value loss - entropy bonus, on [T+1, B]."""
+    T, B = batch.rewards.shape
+    obs = batch.obs.reshape((T + 1) * B, *batch.obs.shape[2:])
+    out, values = apply_fn(params, obs)
+    values = values.reshape(T + 1, B)
+    out = out[:T * B]  # the policy at the bootstrap observation is not needed
+    actions = batch.actions.reshape(T * B, *batch.actions.shape[2:])
+    logp = dist.log_prob(out, actions).reshape(T, B)
+    entropy = dist.entropy(out).mean()
+
+    targets = episode_vtrace(batch.logp, jax.lax.stop_gradient(logp), batch.rewards,
+                             jax.lax.stop_gradient(values), batch.terminated, batch.truncated,
+                             batch.trunc_values, config.gamma, config.rho_bar, config.c_bar,
+                             config.pg_rho_bar)
+    pg_loss = -(logp * targets.pg_advantages).mean()
+    value_loss = 0.5 * jnp.square(targets.vs - values[:-1]).mean()
+    loss = pg_loss + config.vf_coef * value_loss - config.ent_coef * entropy
+    log_rhos = jnp.log(targets.rhos)
+    info = {
+        "loss": loss, "pg_loss": pg_loss, "value_loss": value_loss, "entropy": entropy,
+        "rho_mean": targets.rhos.mean(),
+        "rho_clip_frac": (targets.rhos > config.rho_bar).mean(),
+        "approx_kl": (-log_rhos).mean(),  # KL(behaviour || current), sampled by the actor
+        "advantage_mean": targets.pg_advantages.mean(),
+        "vs_mean": targets.vs.mean(),
+        "value_mean": values[:-1].mean(),
+    }
+    return loss, info
+
+
+def make_optimizer(config: ExperimentConfig) -> optax.GradientTransformation:
+    impala = config.learner.impala
+    return optax.chain(optax.clip_by_global_norm(impala.max_grad_norm),
+                       optax.adam(impala.learning_rate, eps=1e-5))
+
+
+def split_envs(batch: Batch, minibatches: int) -> Batch:
+    """[T(+1), B, ...] -> [M, T(+1), B/M, ...]; minibatch m holds columns m, m+M, m+2M, ...
+
+    Strided, not contiguous, so that every minibatch draws columns from every
+    device when B is sharded over the learner's mesh.
+    """
+    def split(x: jax.Array) -> jax.Array:
+        x = x.reshape(x.shape[0], x.shape[1] // minibatches, minibatches, *x.shape[2:])
+        return jnp.moveaxis(x, 2, 0)
+
+    return jax.tree.map(split, batch)
+
+
+def make_update(policy: Policy, optimizer: optax.GradientTransformation,
+                config: ExperimentConfig) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
+    """The IMPALA update: (state, batch) -> (state, metrics); pure, for the learner to jit."""
+    impala = config.learner.impala
+    reward_scale = config.learner.reward_scale
+
+    def update(state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+        params, batch = prepare(state.params, batch, policy, reward_scale)
+
+        def loss_of_net(net: Any, mb: Batch) -> tuple[jax.Array, dict]:
+            return impala_loss({**params, "net": net}, policy.apply, policy.dist, mb, impala)
+
+        grad_fn = jax.grad(loss_of_net, has_aux=True)
+
+        def minibatch_step(carry: tuple, mb: Batch) -> tuple:
+            net, opt_state = carry
+            grads, info = grad_fn(net, mb)
+            updates, opt_state = optimizer.update(grads, opt_state, net)
+            info["grad_norm"] = optax.global_norm(grads)
+            return (optax.apply_updates(net, updates), opt_state), info
+
+        (net, opt_state), infos = jax.lax.scan(
+            minibatch_step, (params["net"], state.opt_state),
+            split_envs(batch, impala.minibatches))
+        metrics = jax.tree.map(jnp.mean, infos)
+        new_state = TrainState({**params, "net": net}, opt_state, state.key, state.version + 1)
+        return new_state, metrics
+
+    return update

@@ -1,0 +1,65 @@
+"""Run by test_mesh.py in a fresh process with 4 forced CPU devices (XLA_FLAGS): one update
+on 1 device and on 4 devices from the same state and batch; prints the largest difference."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import jax
+import numpy as np
+
+from actors.envs import env_spec
+from learners.algorithms import algorithm
+from learners.learner_worker import chunk_layout, to_batch
+from learners.mesh import compile_update, make_learner_mesh, put_batch, replicated
+from learners.networks import init_policy_params, make_policy
+from learners.train_state import init_train_state
+from tests.conftest import make_config
+
+
+def one_update(devices: int, algo_name: str, overrides: list[str]) -> tuple[dict, list]:
+    config = make_config([f"learner.algorithm={algo_name}", *overrides])
+    spec = env_spec(config.env)
+    policy, network = make_policy(config, spec)
+    algo = algorithm(algo_name)
+    optimizer = algo.make_optimizer(config)
+    mesh = make_learner_mesh(devices, config.learner.batch_envs)
+    state = jax.device_put(init_train_state(
+        init_policy_params(network, spec.obs_shape, config.seed), optimizer, config.seed),
+        replicated(mesh))
+    rng = np.random.default_rng(0)
+    B = config.learner.batch_envs
+    arrays = {}
+    for name, (shape, dtype) in chunk_layout(config, spec).items():
+        full = (shape[0], B, *shape[2:])
+        if dtype == np.bool_:
+            arrays[name] = rng.random(full) < 0.05
+        elif name == "actions":
+            arrays[name] = rng.integers(0, spec.action_dim, full).astype(dtype)
+        elif name == "logp":
+            arrays[name] = np.full(full, np.log(0.5), dtype)
+        else:
+            arrays[name] = rng.normal(size=full).astype(dtype)
+    arrays["truncated"] &= ~arrays["terminated"]
+    batch = put_batch(to_batch(arrays), mesh)
+    shard_shapes = sorted({tuple(s.data.shape) for s in batch.obs.addressable_shards})
+    update = compile_update(algo.make_update(policy, optimizer, config), mesh, state, batch)
+    new_state, _ = update(state, batch)
+    return jax.device_get(new_state.params), shard_shapes
+
+
+def main() -> None:
+    algo_name = sys.argv[1]
+    overrides = sys.argv[2:]
+    one, shards1 = one_update(1, algo_name, overrides)
+    four, shards4 = one_update(4, algo_name, overrides)
+    diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+               for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(four), strict=True))
+    scale = max(float(np.max(np.abs(np.asarray(a)))) for a in jax.tree.leaves(one))
+    print(json.dumps({"devices": len(jax.devices()), "max_abs_diff": diff, "scale": scale,
+                      "shards_1": shards1, "shards_4": shards4}))
+
+
+if __name__ == "__main__":
+    main()
