@@ -4,12 +4,15 @@ The ring's S splits take turns: each has at most one inference request in
 flight, and while it waits the actor steps whichever split has its answer.
 Finished chunks go to the learner on the sample stream; a request unanswered
 for `actors.inference_timeout_s` is sent again, to any live inference server.
+With `actors.inline_inference` the actor runs the policy itself instead
+(actors/inline_policy.py) and never talks to a server.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import zmq
@@ -20,6 +23,9 @@ from srl_jax.config import ExperimentConfig
 from srl_jax.names import NameService
 from srl_jax.streams import make_socket, receive, send
 from srl_jax.worker import Worker
+
+if TYPE_CHECKING:
+    from actors.inline_policy import InlinePolicy
 
 REPLY_KINDS = frozenset({"infer_reply"})
 POLL_MS = 100
@@ -56,6 +62,7 @@ class ActorWorker(Worker):
         self.time_wait = 0.0
         self.time_send = 0.0
         self._next_no_server_log = 0.0
+        self.inline: InlinePolicy | None = None
         self._returns: list[float] = []
         self._lengths: list[int] = []
 
@@ -72,14 +79,19 @@ class ActorWorker(Worker):
             seeds = [env_seed(self.config.seed, self.index, k) for k in ids]
             self.splits.append(_SplitState(s, EnvSplit(envs, seeds), cfg.trajectory_length,
                                            self.spec))
-        self.inference = make_socket(self.zmq, zmq.DEALER)
-        self.inference.setsockopt(zmq.IMMEDIATE, 1)
-        for i in range(self.config.inference.count):
-            self.inference.connect(self.lookup(f"inference/{i}"))
         self.samples = make_socket(self.zmq, zmq.PUSH, hwm=cfg.send_queue)
         self.samples.connect(self.lookup("learner/samples"))
-        self.poller = zmq.Poller()
-        self.poller.register(self.inference, zmq.POLLIN)
+        if cfg.inline_inference:
+            from actors.inline_policy import InlinePolicy  # imports JAX
+
+            self.inline = InlinePolicy(self, self.spec)
+        else:
+            self.inference = make_socket(self.zmq, zmq.DEALER)
+            self.inference.setsockopt(zmq.IMMEDIATE, 1)
+            for i in range(self.config.inference.count):
+                self.inference.connect(self.lookup(f"inference/{i}"))
+            self.poller = zmq.Poller()
+            self.poller.register(self.inference, zmq.POLLIN)
         for state in self.splits:
             self._request(state)
 
@@ -88,7 +100,10 @@ class ActorWorker(Worker):
         if final_obs is not None and len(final_obs):
             obs = np.concatenate([obs, final_obs.astype(obs.dtype, copy=False)])
         state.request_obs = obs
-        self._send_request(state)
+        if self.inline is None:
+            self._send_request(state)
+        else:
+            state.seq += 1
 
     def _send_request(self, state: _SplitState) -> None:
         """Send the split's request; with no server connected, try again shortly."""
@@ -107,6 +122,9 @@ class ActorWorker(Worker):
                 self.log.info("waiting for an inference server to connect")
 
     def run_once(self) -> None:
+        if self.inline is not None:
+            self._run_inline()
+            return
         start = time.perf_counter()
         events = dict(self.poller.poll(POLL_MS))
         self.time_wait += time.perf_counter() - start
@@ -114,6 +132,14 @@ class ActorWorker(Worker):
             while (received := receive(self.inference, REPLY_KINDS, self.rejects)) is not None:
                 self._on_reply(received[1].meta, received[1].arrays)
         self._resend_overdue()
+
+    def _run_inline(self) -> None:
+        """Act for every split in turn with the policy in this process."""
+        for state in self.splits:
+            start = time.perf_counter()
+            meta, arrays = self.inline.act(state.request_obs)
+            self.time_wait += time.perf_counter() - start
+            self._on_reply({**meta, "split": state.index, "seq": state.seq}, arrays)
 
     def _resend_overdue(self) -> None:
         now = time.monotonic()
@@ -228,3 +254,5 @@ class ActorWorker(Worker):
         for name in ("inference", "samples"):
             if hasattr(self, name):
                 getattr(self, name).close()
+        if self.inline is not None:
+            self.inline.close()

@@ -171,7 +171,7 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation,
             net, opt_state = carry
             grads, info = grad_fn(net, mb)
             updates, opt_state = optimizer.update(grads, opt_state, net)
-            info["grad_norm"] = optax.global_norm(grads)
+            info["grad_norm"] = optax.tree.norm(grads)
             return (optax.apply_updates(net, updates), opt_state), info
 
         (net, opt_state), infos = jax.lax.scan(

@@ -62,7 +62,8 @@ class Controller:
         self.metrics = MetricsAggregator()
         self.rejects = RejectCounter()
         self.workers = [WorkerRecord("learner", 0)]
-        self.workers += [WorkerRecord("inference", i) for i in range(config.inference.count)]
+        servers = 0 if config.actors.inline_inference else config.inference.count
+        self.workers += [WorkerRecord("inference", i) for i in range(servers)]
         self.workers += [WorkerRecord("actor", i) for i in range(config.actors.count)]
         self.stop_reason: str | None = None
         self.exit_code = EXIT_OK

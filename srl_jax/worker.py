@@ -100,6 +100,11 @@ class Worker:
                     raise TimeoutError(f"no endpoint registered under '{key}' after "
                                        f"{LOOKUP_TIMEOUT_S:.0f}s") from None
 
+    def keep_alive(self) -> bool:
+        """For long waits: heartbeat, and say whether to keep waiting."""
+        self.heartbeat()
+        return not self._stop
+
     def request_stop(self, *_: Any) -> None:
         self._stop = True
 

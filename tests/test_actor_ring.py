@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import itertools
 import signal
+import subprocess
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -405,3 +407,12 @@ def test_actor_survives_malformed_replies(tmp_path, processes, stats_socket):
             got = receive(stats_socket, frozenset({"stats"}), RejectCounter())
             rejected = max(rejected, got[1].meta["counters"]["wire_rejected"])
     assert rejected == len(BadThenGoodReplies.BAD)
+
+
+def test_remote_mode_actor_never_imports_jax():
+    code = ("import sys, actors.actor_worker, actors.env_ring, actors.envs\n"
+            "print(sorted(m for m in sys.modules if m == 'jax' or m.startswith('jax.')))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

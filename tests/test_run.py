@@ -46,8 +46,10 @@ def launch(processes: Processes, tmp_path: Path, *overrides: str) -> tuple:
     return process, run_dir
 
 
-def test_solves_cartpole(processes: Processes, tmp_path: Path) -> None:
-    process, run_dir = launch(processes, tmp_path, "stop.wall_time_s=240")
+@pytest.mark.parametrize("inline", [False, True], ids=["remote-inference", "inline-inference"])
+def test_solves_cartpole(processes: Processes, tmp_path: Path, inline: bool) -> None:
+    process, run_dir = launch(processes, tmp_path, "stop.wall_time_s=240",
+                              f"actors.inline_inference={str(inline).lower()}")
     assert process.wait(timeout=300) == 0, (tmp_path / "launch.log").read_text()
     rows = read_metrics(run_dir)
     assert max(r.get("episode_return_mean", 0) for r in rows) >= 475
@@ -55,8 +57,9 @@ def test_solves_cartpole(processes: Processes, tmp_path: Path) -> None:
     final = read_status(run_dir)
     assert final["state"] == "finished" and "reached the target" in final["stop_reason"]
     kinds = sorted(w["kind"] for w in final["workers"])
-    assert kinds == ["actor", "actor", "inference", "learner"]
-    assert len({w["pid"] for w in final["workers"]} | {final["controller_pid"]}) == 5
+    servers = [] if inline else ["inference"]
+    assert kinds == ["actor", "actor", *servers, "learner"]
+    assert len({w["pid"] for w in final["workers"]} | {final["controller_pid"]}) == len(kinds) + 1
     assert "policy_lag_mean" in rows[-1] or any("policy_lag_mean" in r for r in rows)
 
 

@@ -38,22 +38,22 @@ def reference_vtrace(behaviour_logp, target_logp, rewards, values, terminated, t
     ratios = np.exp(target_logp - behaviour_logp)
     vs = np.zeros((T, B))
     adv = np.zeros((T, B))
+    def next_value(t, b):
+        if terminated[t, b]:
+            return 0.0
+        if truncated[t, b]:
+            return trunc_values[t, b]
+        return values[t + 1, b]
+
+    def delta(t, b):
+        rho = min(rho_bar, ratios[t, b])
+        return rho * (rewards[t, b] + gamma * next_value(t, b) - values[t, b])
+
     for b in range(B):
-        def next_value(t):
-            if terminated[t, b]:
-                return 0.0
-            if truncated[t, b]:
-                return trunc_values[t, b]
-            return values[t + 1, b]
-
-        def delta(t):
-            rho = min(rho_bar, ratios[t, b])
-            return rho * (rewards[t, b] + gamma * next_value(t) - values[t, b])
-
         for s in range(T):
             total, weight, t = 0.0, 1.0, s
             while True:
-                total += weight * delta(t)
+                total += weight * delta(t, b)
                 if terminated[t, b] or truncated[t, b] or t == T - 1:
                     break
                 weight *= gamma * min(c_bar, ratios[t, b])
@@ -116,7 +116,7 @@ def random_chunk(seed: int, T: int = 12, B: int = 5, end_prob: float = 0.15):
 
 
 def run_vtrace(chunk: dict, gamma: float, rho_bar: float, c_bar: float, pg_rho_bar: float):
-    out = jax.jit(episode_vtrace, static_argnums=(7, 8, 9, 10))(
+    out = jax.jit(episode_vtrace)(
         chunk["behaviour_logp"], chunk["target_logp"], chunk["rewards"], chunk["values"],
         chunk["terminated"].astype(np.float32), chunk["truncated"].astype(np.float32),
         chunk["trunc_values"], gamma, rho_bar, c_bar, pg_rho_bar)
@@ -140,7 +140,7 @@ def test_vtrace_matches_the_reference_with_episode_ends(seed):
 
 
 def test_vtrace_without_episode_ends_matches_the_reference():
-    chunk = random_chunk(7, T=20, B=3, end_prob=0.0)
+    chunk = random_chunk(7, T=20, end_prob=0.0)
     chunk["terminated"][:] = False
     chunk["truncated"][:] = False
     vs, adv, _ = run_vtrace(chunk, 0.97, 1.0, 0.9, 1.2)
@@ -330,15 +330,16 @@ def test_one_minibatch_update_is_the_loss_gradient_step():
 
 
 def test_make_update_reduces_the_value_loss_on_a_fixed_batch():
-    config = dataclasses.replace(IMPALA, learning_rate=3e-3, minibatches=1)
+    # A short horizon, so that the bootstrapped targets do not run away from the values.
+    config = dataclasses.replace(IMPALA, learning_rate=3e-3, minibatches=1, gamma=0.5)
     policy, optimizer, state = fresh_state(config)
     update = jax.jit(make_update(policy, optimizer, experiment(config)), donate_argnums=0)
     batch = random_batch(1)
     losses = []
-    for _ in range(15):
+    for _ in range(30):
         state, metrics = update(state, batch)
         losses.append(float(metrics["value_loss"]))
-    assert int(state.version) == 15
+    assert int(state.version) == 30
     assert losses[-1] < 0.5 * losses[0], losses
 
 

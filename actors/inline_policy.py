@@ -1,0 +1,52 @@
+"""Inline inference (SRL's INLINE stream): the actor runs the policy itself, on CPU.
+
+For small networks a round trip to an inference server costs more than the
+forward pass. This module is imported only when `actors.inline_inference` is
+true, so actors in the normal (remote) mode never import JAX.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import zmq
+
+from actors.envs import EnvSpec
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before JAX is imported: actors act on CPU
+
+from learners.jax_runtime import configure_jax
+from learners.param_stream import ParamSubscriber
+from learners.policy import PolicyRunner
+from srl_jax.streams import make_socket
+from srl_jax.worker import Worker
+
+FIRST_PARAMS_WAIT_S = 3.0
+
+
+class InlinePolicy:
+    """The latest published policy, evaluated in the actor's own process."""
+
+    def __init__(self, worker: Worker, spec: EnvSpec) -> None:
+        config = worker.config
+        configure_jax(config.runtime)
+        split = config.actors.envs // config.actors.splits
+        self.runner = PolicyRunner(config, spec, config.seed + 2000 + worker.index,
+                                   min_size=split, max_size=split)
+        self.runner.warm_up()
+        socket = make_socket(worker.zmq, zmq.SUB)
+        socket.setsockopt(zmq.SUBSCRIBE, b"")
+        socket.setsockopt(zmq.RCVHWM, 4)
+        socket.connect(worker.lookup("learner/params"))
+        self.params = ParamSubscriber(socket, self.runner, worker.rejects)
+        self.params.await_first(FIRST_PARAMS_WAIT_S, worker.keep_alive)
+
+    def act(self, obs: np.ndarray) -> tuple[dict, dict[str, np.ndarray]]:
+        """A reply as an inference server would send it: (meta, arrays)."""
+        self.params.poll()
+        action, logp, value, _ = self.runner(obs)
+        return {"version": self.runner.version}, {"action": action, "logp": logp, "value": value}
+
+    def close(self) -> None:
+        self.params.socket.close()

@@ -1,0 +1,50 @@
+"""The receiving end of the parameter stream: keep the newest version, drop the rest."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import zmq
+
+from learners.policy import PolicyRunner
+from srl_jax.streams import RejectCounter, receive
+
+PARAM_KINDS = frozenset({"params"})
+POLL_MS = 100
+
+
+class ParamSubscriber:
+    """Feeds a `PolicyRunner` from a SUB socket connected to the learner."""
+
+    def __init__(self, socket: zmq.Socket, runner: PolicyRunner, rejects: RejectCounter) -> None:
+        self.socket = socket
+        self.runner = runner
+        self.rejects = rejects
+
+    def poll(self) -> None:
+        """Take the newest waiting parameters, if newer than the runner's."""
+        newest = None
+        while (received := receive(self.socket, PARAM_KINDS, self.rejects)) is not None:
+            version = received[1].meta.get("version")
+            if type(version) is int and self.runner.wants(version) and (
+                    newest is None or version > newest.meta["version"]):
+                newest = received[1]
+        if newest is None:
+            return
+        try:
+            self.runner.set_params(newest.arrays, newest.meta["version"])
+        except ValueError as error:
+            self.rejects.reject(error)
+
+    def await_first(self, timeout_s: float, keep_alive: Callable[[], bool]) -> None:
+        """Wait up to `timeout_s` for the learner's current parameters.
+
+        A worker restarted mid-run would otherwise act with version 0 until the
+        next republish, and its samples would all be dropped as stale.
+        `keep_alive` heartbeats and returns False when the worker should stop.
+        """
+        deadline = time.monotonic() + timeout_s
+        while self.runner.updates == 0 and time.monotonic() < deadline and keep_alive():
+            if self.socket.poll(POLL_MS):
+                self.poll()
