@@ -80,7 +80,8 @@ class ActorWorker(Worker):
             self.splits.append(_SplitState(s, EnvSplit(envs, seeds), cfg.trajectory_length,
                                            self.spec))
         self.samples = make_socket(self.zmq, zmq.PUSH, hwm=cfg.send_queue)
-        self.samples.connect(self.lookup("learner/samples"))
+        for i in range(self.config.learner.processes):  # chunks are spread over them
+            self.samples.connect(self.lookup(f"learner/samples/{i}"))
         if cfg.inline_inference:
             from actors.inline_policy import InlinePolicy  # imports JAX
 

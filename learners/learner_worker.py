@@ -12,6 +12,7 @@ so that servers that (re)joined late catch up.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +22,17 @@ import zmq
 
 from actors.envs import EnvSpec, env_spec
 from learners.algorithms import algorithm
+from learners.distributed import (
+    COORDINATOR_KEY,
+    free_loopback_address,
+    initialize,
+    process_layout,
+    shutdown,
+)
 from learners.jax_runtime import configure_jax
 from learners.mesh import compile_update, make_learner_mesh, put_batch, replicated
 from learners.networks import init_policy_params, make_policy
-from learners.param_codec import params_to_arrays
+from learners.param_codec import host_value, params_to_arrays
 from learners.sample_queue import SampleQueue
 from learners.train_state import Batch, init_train_state
 from srl_jax.config import ExperimentConfig
@@ -67,7 +75,9 @@ class LearnerWorker(Worker):
                  names: NameService) -> None:
         super().__init__(config, index, run_dir, names)
         cfg = config.learner
-        self.queue = SampleQueue(cfg.sample_queue, cfg.batch_envs, cfg.staleness_cap)
+        self.layout_procs = process_layout(config, index)
+        self.local_envs = cfg.batch_envs // self.layout_procs.count
+        self.queue = SampleQueue(cfg.sample_queue, self.local_envs, cfg.staleness_cap)
         self.version = 0
         self.frames_consumed = 0
         self.lag_sum = 0.0
@@ -81,19 +91,25 @@ class LearnerWorker(Worker):
 
     def setup(self) -> None:
         configure_jax(self.config.runtime)
+        self._join_processes()
         self.pull = make_socket(self.zmq, zmq.PULL, hwm=self.config.learner.sample_queue)
-        bind_registered(self.pull, self.names, "learner/samples")
-        self.pub = make_socket(self.zmq, zmq.PUB, hwm=4)
-        bind_registered(self.pub, self.names, "learner/params")
+        bind_registered(self.pull, self.names, f"learner/samples/{self.index}")
+        self.pub = None
+        if self.layout_procs.is_chief:
+            self.pub = make_socket(self.zmq, zmq.PUB, hwm=4)
+            bind_registered(self.pub, self.names, "learner/params")
         spec = env_spec(self.config.env)
         self.layout = chunk_layout(self.config, spec)
         policy, network = make_policy(self.config, spec)
         algo = algorithm(self.config.learner.algorithm)
         optimizer = algo.make_optimizer(self.config)
         self.mesh = make_learner_mesh(self.config.learner.devices, self.config.learner.batch_envs)
-        state = init_train_state(init_policy_params(network, spec.obs_shape, self.config.seed),
-                                 optimizer, self.config.seed)
-        self.state = jax.device_put(state, replicated(self.mesh))
+        seed = self.config.seed
+        # Built inside jit so that every process makes its replica of the same state.
+        self.state = jax.jit(
+            lambda: init_train_state(init_policy_params(network, spec.obs_shape, seed),
+                                     optimizer, seed),
+            out_shardings=replicated(self.mesh))()
         example = put_batch(to_batch(self._example_batch()), self.mesh)
         self.update = compile_update(algo.make_update(policy, optimizer, self.config),
                                      self.mesh, self.state, example)
@@ -101,8 +117,23 @@ class LearnerWorker(Worker):
                       self.mesh.size, [str(d) for d in self.mesh.devices.flat])
         self._publish()
 
+    def _join_processes(self) -> None:
+        """Start jax.distributed with the other learner processes, if there are any."""
+        layout = self.layout_procs
+        if layout.count > 1 and not layout.coordinator:
+            if layout.is_chief:
+                address = free_loopback_address()
+                self.names.register(COORDINATOR_KEY, address)
+            else:
+                address = self.lookup(COORDINATOR_KEY)
+            layout = self.layout_procs = replace(layout, coordinator=address)
+        initialize(layout)
+        if layout.count > 1:
+            self.log.info("JAX process %d of %d (coordinator %s)", layout.index, layout.count,
+                          layout.coordinator)
+
     def _example_batch(self) -> dict[str, np.ndarray]:
-        B = self.config.learner.batch_envs
+        B = self.local_envs
         return {name: np.zeros((shape[0], B, *shape[2:]), dtype)
                 for name, (shape, dtype) in self.layout.items()}
 
@@ -152,13 +183,15 @@ class LearnerWorker(Worker):
         start = time.perf_counter()
         self.state, metrics = self.update(self.state, batch)
         self._next = self._prefetch()  # overlaps the transfer with the running update
-        metrics = jax.device_get(metrics)
+        metrics = {k: host_value(v) for k, v in metrics.items()}
         self.time_update += time.perf_counter() - start
         self.train_metrics = {k: float(v) for k, v in metrics.items()}
         self.version += 1
         self._publish()
 
     def _publish(self) -> None:
+        if self.pub is None:
+            return  # only process 0 publishes
         start = time.perf_counter()
         arrays = params_to_arrays(self.state.params)
         try:
@@ -182,5 +215,6 @@ class LearnerWorker(Worker):
 
     def close(self) -> None:
         for name in ("pull", "pub"):
-            if hasattr(self, name):
+            if getattr(self, name, None) is not None:
                 getattr(self, name).close()
+        shutdown(self.layout_procs)

@@ -17,10 +17,17 @@ def leaf_name(path: tuple) -> str:
     return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
 
 
+def host_value(x: Any) -> np.ndarray:
+    """A replicated array on the host; with several JAX processes, from a local copy."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        x = x.addressable_data(0)
+    return np.asarray(x)
+
+
 def params_to_arrays(params: Any) -> dict[str, np.ndarray]:
     """Named host arrays of every leaf, in tree order."""
     leaves = jax.tree_util.tree_flatten_with_path(params)[0]
-    return {leaf_name(path): np.asarray(leaf) for path, leaf in leaves}
+    return {leaf_name(path): host_value(leaf) for path, leaf in leaves}
 
 
 def arrays_to_params(arrays: dict[str, np.ndarray], template: Any) -> Any:

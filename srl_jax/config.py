@@ -130,7 +130,11 @@ class LearnerConfig:
     republish_interval_s: float = 1.0
     """Parameters are re-sent at least this often so late joiners catch up."""
     devices: int = 0
-    """Local devices the learner trains on, data-parallel (0: all of them)."""
+    """Devices per learner process to train on, data-parallel (0: all local ones)."""
+    processes: int = 1
+    """Learner processes (one per host) joined by jax.distributed; B is split among them."""
+    coordinator_address: str = ""
+    """host:port of learner process 0's jax.distributed coordinator ('' : pick one)."""
     normalize_obs: bool = False
     """Normalize observations with running statistics that travel with the parameters."""
     reward_scale: float = 1.0
@@ -389,14 +393,16 @@ def validate(config: ExperimentConfig) -> None:
     )
     _require(learner.reward_scale > 0, "'learner.reward_scale' must be positive")
     _require(learner.batch_envs >= 1, "'learner.batch_envs' must be at least 1")
+    _require(learner.processes >= 1, "'learner.processes' must be at least 1")
     _require(
-        learner.batch_envs % split_size == 0,
+        learner.batch_envs % (split_size * learner.processes) == 0,
         f"'learner.batch_envs' ({learner.batch_envs}) must be a multiple of the split size "
-        f"{split_size} (actors.envs / actors.splits): actors send one chunk per split",
+        f"{split_size} (actors.envs / actors.splits: actors send one chunk per split) "
+        f"times 'learner.processes' ({learner.processes})",
     )
     _require(learner.staleness_cap >= 0, "'learner.staleness_cap' must not be negative")
     _require(
-        learner.sample_queue * split_size >= learner.batch_envs,
+        learner.sample_queue * split_size * learner.processes >= learner.batch_envs,
         f"'learner.sample_queue' ({learner.sample_queue}) chunks cannot hold one batch of "
         f"{learner.batch_envs} envs",
     )

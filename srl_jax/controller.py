@@ -61,7 +61,7 @@ class Controller:
         self.progress = progress or ProgressDisplay(sys.stdout, enabled=False)
         self.metrics = MetricsAggregator()
         self.rejects = RejectCounter()
-        self.workers = [WorkerRecord("learner", 0)]
+        self.workers = [WorkerRecord("learner", i) for i in range(config.learner.processes)]
         servers = 0 if config.actors.inline_inference else config.inference.count
         self.workers += [WorkerRecord("inference", i) for i in range(servers)]
         self.workers += [WorkerRecord("actor", i) for i in range(config.actors.count)]

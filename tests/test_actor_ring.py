@@ -218,7 +218,7 @@ class FakeInferenceAndLearner:
         self.router = make_socket(context, zmq.ROUTER)
         bind_registered(self.router, names, "inference/0")
         self.pull = make_socket(context, zmq.PULL)
-        bind_registered(self.pull, names, "learner/samples")
+        bind_registered(self.pull, names, "learner/samples/0")
         self.rejects = RejectCounter()
         self.replies = 0
         self.requests: dict[int, list[dict]] = defaultdict(list)  # per split, in order

@@ -258,7 +258,7 @@ class FakeServer:
         self.router = make_socket(context, zmq.ROUTER)
         bind_registered(self.router, names, "inference/0")
         self.pull = make_socket(context, zmq.PULL)
-        bind_registered(self.pull, names, "learner/samples")
+        bind_registered(self.pull, names, "learner/samples/0")
         self.actions, self.bad = actions, list(bad)
         self.rejects = RejectCounter()
         self.replies = 0

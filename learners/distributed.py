@@ -1,0 +1,76 @@
+"""Multi-process learners: one learner process per host, joined by jax.distributed.
+
+With `learner.processes` > 1 the controller starts that many learner workers;
+worker i is JAX process i. Each binds its own sample stream (actors spread
+their chunks over all of them), fills its local B / processes env columns,
+and the global batch is assembled with `jax.make_array_from_process_local_data`.
+The update then runs over the devices of every process; only process 0
+publishes parameters.
+
+Where the coordinator is, how many processes there are and which one this is
+come from the config (`learner.coordinator_address`, `learner.processes`, the
+worker index), or from the environment (SRL_JAX_COORDINATOR_ADDRESS,
+SRL_JAX_NUM_PROCESSES, SRL_JAX_PROCESS_ID), which wins. With no address given,
+process 0 picks a free loopback port and registers it in the name service.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+import jax
+
+from srl_jax.config import ExperimentConfig
+from srl_jax.streams import LOOPBACK
+
+ENV_COORDINATOR = "SRL_JAX_COORDINATOR_ADDRESS"
+ENV_PROCESSES = "SRL_JAX_NUM_PROCESSES"
+ENV_PROCESS_ID = "SRL_JAX_PROCESS_ID"
+COORDINATOR_KEY = "learner/coordinator"
+
+
+@dataclass(frozen=True)
+class ProcessLayout:
+    coordinator: str
+    """host:port of process 0's coordinator service ('' until known)."""
+    count: int
+    index: int
+
+    @property
+    def is_chief(self) -> bool:
+        return self.index == 0
+
+
+def process_layout(config: ExperimentConfig, worker_index: int,
+                   environ: dict[str, str] | None = None) -> ProcessLayout:
+    env = os.environ if environ is None else environ
+    return ProcessLayout(
+        coordinator=env.get(ENV_COORDINATOR, config.learner.coordinator_address),
+        count=int(env.get(ENV_PROCESSES, config.learner.processes)),
+        index=int(env.get(ENV_PROCESS_ID, worker_index)),
+    )
+
+
+def free_loopback_address() -> str:
+    with socket.socket() as probe:
+        probe.bind((LOOPBACK, 0))
+        return f"{LOOPBACK}:{probe.getsockname()[1]}"
+
+
+def initialize(layout: ProcessLayout) -> None:
+    """Join the other learner processes (a no-op for a single process)."""
+    if layout.count == 1:
+        return
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        coordinator_address=layout.coordinator, num_processes=layout.count,
+        process_id=layout.index,
+        coordinator_bind_address=layout.coordinator if layout.is_chief else None)
+
+
+def shutdown(layout: ProcessLayout) -> None:
+    """Leave together: process 0 hosts the coordinator, so it must not go first."""
+    if layout.count > 1 and jax.distributed.is_initialized():
+        jax.distributed.shutdown()

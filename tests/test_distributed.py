@@ -1,0 +1,42 @@
+"""Two learner processes joined by jax.distributed (CPU collectives), end to end."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from learners.distributed import process_layout
+from tests.conftest import Processes, make_config
+
+pytestmark = pytest.mark.slow
+
+
+def test_layout_comes_from_config_or_environment() -> None:
+    config = make_config(["learner.processes=2", "learner.coordinator_address=10.0.0.1:1234"])
+    layout = process_layout(config, 1, environ={})
+    assert (layout.coordinator, layout.count, layout.index) == ("10.0.0.1:1234", 2, 1)
+    assert not layout.is_chief
+    env = {"SRL_JAX_COORDINATOR_ADDRESS": "h:9", "SRL_JAX_NUM_PROCESSES": "4",
+           "SRL_JAX_PROCESS_ID": "3"}
+    layout = process_layout(config, 1, environ=env)
+    assert (layout.coordinator, layout.count, layout.index) == ("h:9", 4, 3)
+
+
+def test_two_learner_processes_solve_cartpole(processes: Processes, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    process = processes.start(
+        [sys.executable, "-m", "srl_jax.launch", "cartpole_ppo", "--run-dir", str(run_dir),
+         "--quiet", "--set", "learner.processes=2", "--set", "stop.wall_time_s=240"],
+        log=tmp_path / "launch.log")
+    assert process.wait(timeout=300) == 0, (tmp_path / "launch.log").read_text()
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert max(r.get("episode_return_mean", 0) for r in rows) >= 475
+    logs = {i: (run_dir / "logs" / f"learner-{i}.log").read_text() for i in (0, 1)}
+    assert "JAX process 0 of 2" in logs[0] and "JAX process 1 of 2" in logs[1]
+    assert "on 2 device(s)" in logs[0], "the mesh spans both processes' devices"
+    status = json.loads((run_dir / "status.json").read_text())
+    learners = [w for w in status["workers"] if w["kind"] == "learner"]
+    assert [w["exit_code"] for w in learners] == [0, 0], "both leave cleanly"
