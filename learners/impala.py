@@ -121,12 +121,11 @@ def impala_loss(params: Any, apply_fn: Callable, dist: Distribution, batch: Batc
     pg_loss = -(logp * targets.pg_advantages).mean()
     value_loss = 0.5 * jnp.square(targets.vs - values[:-1]).mean()
     loss = pg_loss + config.vf_coef * value_loss - config.ent_coef * entropy
-    log_rhos = jnp.log(targets.rhos)
     info = {
         "loss": loss, "pg_loss": pg_loss, "value_loss": value_loss, "entropy": entropy,
         "rho_mean": targets.rhos.mean(),
         "rho_clip_frac": (targets.rhos > config.rho_bar).mean(),
-        "approx_kl": (-log_rhos).mean(),  # KL(behaviour || current), sampled by the actor
+        "approx_kl": (batch.logp - logp).mean(),  # KL(behaviour || current), actor's samples
         "advantage_mean": targets.pg_advantages.mean(),
         "vs_mean": targets.vs.mean(),
         "value_mean": values[:-1].mean(),

@@ -418,6 +418,11 @@ def validate(config: ExperimentConfig) -> None:
         f"'learner.impala.minibatches' ({impala.minibatches}) must divide "
         f"'learner.batch_envs' ({learner.batch_envs})",
     )
+    _require(0 < impala.gamma <= 1, "'learner.impala.gamma' must be in (0, 1]")
+    _require(impala.learning_rate > 0, "'learner.impala.learning_rate' must be positive")
+    _require(impala.max_grad_norm > 0, "'learner.impala.max_grad_norm' must be positive")
+    for key in ("rho_bar", "c_bar", "pg_rho_bar"):
+        _require(getattr(impala, key) > 0, f"'learner.impala.{key}' must be positive")
     _require(ppo.minibatches >= 1, "'learner.ppo.minibatches' must be at least 1")
     _require(ppo.epochs >= 1, "'learner.ppo.epochs' must be at least 1")
     _require(

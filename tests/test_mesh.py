@@ -27,6 +27,7 @@ def run_check(algo: str, *overrides: str) -> dict:
 @pytest.mark.parametrize("algo, overrides", [
     ("ppo", []),
     ("ppo", ["learner.normalize_obs=true", "learner.ppo.target_kl=0.01"]),
+    ("impala", ["learner.normalize_obs=true", "learner.impala.minibatches=4"]),
 ])
 def test_four_devices_match_one(algo: str, overrides: list[str]) -> None:
     out = run_check(algo, *overrides)
