@@ -37,19 +37,24 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def launch(processes: Processes, tmp_path: Path, *overrides: str) -> tuple:
+def launch(processes: Processes, tmp_path: Path, *overrides: str,
+           experiment: str = "cartpole_ppo") -> tuple:
     run_dir = tmp_path / "run"
-    args = [sys.executable, "-m", "srl_jax.launch", "cartpole_ppo", "--run-dir", str(run_dir)]
+    args = [sys.executable, "-m", "srl_jax.launch", experiment, "--run-dir", str(run_dir)]
     for override in overrides:
         args += ["--set", override]
     process = processes.start(args, log=tmp_path / "launch.log")
     return process, run_dir
 
 
-@pytest.mark.parametrize("inline", [False, True], ids=["remote-inference", "inline-inference"])
-def test_solves_cartpole(processes: Processes, tmp_path: Path, inline: bool) -> None:
+@pytest.mark.parametrize("experiment, inline", [
+    ("cartpole_ppo", False), ("cartpole_ppo", True), ("cartpole_impala", False),
+], ids=["ppo", "ppo-inline-inference", "impala-async"])
+def test_solves_cartpole(processes: Processes, tmp_path: Path, experiment: str,
+                         inline: bool) -> None:
     process, run_dir = launch(processes, tmp_path, "stop.wall_time_s=240",
-                              f"actors.inline_inference={str(inline).lower()}")
+                              f"actors.inline_inference={str(inline).lower()}",
+                              experiment=experiment)
     assert process.wait(timeout=300) == 0, (tmp_path / "launch.log").read_text()
     rows = read_metrics(run_dir)
     assert max(r.get("episode_return_mean", 0) for r in rows) >= 475
