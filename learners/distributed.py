@@ -21,6 +21,8 @@ import socket
 from dataclasses import dataclass
 
 import jax
+import numpy as np
+from jax.experimental import multihost_utils
 
 from srl_jax.config import ExperimentConfig
 from srl_jax.streams import LOOPBACK
@@ -68,6 +70,17 @@ def initialize(layout: ProcessLayout) -> None:
         coordinator_address=layout.coordinator, num_processes=layout.count,
         process_id=layout.index,
         coordinator_bind_address=layout.coordinator if layout.is_chief else None)
+
+
+def agree(ready: bool, stopping: bool) -> tuple[bool, bool]:
+    """(every process has a batch, some process is stopping), agreed by all processes.
+
+    The update is a collective: a process may enter it only when all will, and
+    may leave the loop only when all do, or the others would wait forever.
+    """
+    flags = multihost_utils.process_allgather(np.array([ready, stopping], np.int32))
+    flags = np.asarray(flags).reshape(-1, 2)
+    return bool(flags[:, 0].all()), bool(flags[:, 1].any())
 
 
 def shutdown(layout: ProcessLayout) -> None:

@@ -11,6 +11,7 @@ so that servers that (re)joined late catch up.
 
 from __future__ import annotations
 
+import signal
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -24,6 +25,7 @@ from actors.envs import EnvSpec, env_spec
 from learners.algorithms import algorithm
 from learners.distributed import (
     COORDINATOR_KEY,
+    agree,
     free_loopback_address,
     initialize,
     process_layout,
@@ -88,6 +90,7 @@ class LearnerWorker(Worker):
         self.train_metrics: dict[str, float] = {}
         self._last_publish = 0.0
         self._next: tuple[Any, np.ndarray] | None = None
+        self._stop_requested = False
 
     def setup(self) -> None:
         configure_jax(self.config.runtime)
@@ -129,6 +132,8 @@ class LearnerWorker(Worker):
             layout = self.layout_procs = replace(layout, coordinator=address)
         initialize(layout)
         if layout.count > 1:
+            # jax.distributed installs a preemption notifier on SIGTERM; ours must win.
+            signal.signal(signal.SIGTERM, self.request_stop)
             self.log.info("JAX process %d of %d (coordinator %s)", layout.index, layout.count,
                           layout.coordinator)
 
@@ -159,10 +164,23 @@ class LearnerWorker(Worker):
                     self.queue.put(received[1].arrays, self.version)
         if self._next is None:
             self._next = self._prefetch()
-        if self._next is not None:
+        ready = self._next is not None
+        if self.layout_procs.count > 1:
+            ready, stop = agree(ready, self._stop_requested)
+            if stop:
+                super().request_stop()
+                return
+        if ready:
             self._train()
         elif time.monotonic() - self._last_publish > self.config.learner.republish_interval_s:
             self._publish()
+
+    def request_stop(self, *args: Any) -> None:
+        """With several learner processes, stop together (see `agree`), never alone."""
+        if self.layout_procs.count > 1 and hasattr(self, "update"):
+            self._stop_requested = True
+        else:
+            super().request_stop(*args)
 
     def _prefetch(self) -> tuple[Any, np.ndarray] | None:
         """The next batch, already on its way to the devices, with its versions."""
