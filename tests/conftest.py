@@ -64,13 +64,14 @@ class Processes:
     def __init__(self) -> None:
         self.started: list[subprocess.Popen] = []
 
-    def start(self, args: list[str], log: Path | None = None,
-              stderr_to: Path | None = None) -> subprocess.Popen:
+    def start(self, args: list[str], log: Path | None = None, stderr_to: Path | None = None,
+              env: dict[str, str] | None = None) -> subprocess.Popen:
         """Start a process; stdout (and stderr, unless `stderr_to`) goes to `log`."""
         with open(log or os.devnull, "ab") as out, open(stderr_to or os.devnull, "ab") as err:
             process = subprocess.Popen(args, stdout=out,
                                        stderr=err if stderr_to else subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL)
+                                       stdin=subprocess.DEVNULL,
+                                       env=None if env is None else {**os.environ, **env})
         self.started.append(process)
         return process
 

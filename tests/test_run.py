@@ -38,12 +38,12 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 def launch(processes: Processes, tmp_path: Path, *overrides: str,
-           experiment: str = "cartpole_ppo") -> tuple:
+           experiment: str = "cartpole_ppo", env: dict[str, str] | None = None) -> tuple:
     run_dir = tmp_path / "run"
     args = [sys.executable, "-m", "srl_jax.launch", experiment, "--run-dir", str(run_dir)]
     for override in overrides:
         args += ["--set", override]
-    process = processes.start(args, log=tmp_path / "launch.log")
+    process = processes.start(args, log=tmp_path / "launch.log", env=env)
     return process, run_dir
 
 
@@ -66,6 +66,15 @@ def test_solves_cartpole(processes: Processes, tmp_path: Path, experiment: str,
     assert kinds == ["actor", "actor", *servers, "learner"]
     assert len({w["pid"] for w in final["workers"]} | {final["controller_pid"]}) == len(kinds) + 1
     assert "policy_lag_mean" in rows[-1] or any("policy_lag_mean" in r for r in rows)
+
+
+def test_learner_on_four_devices_solves_cartpole(processes: Processes, tmp_path: Path) -> None:
+    process, run_dir = launch(processes, tmp_path, "stop.wall_time_s=240", "learner.devices=4",
+                              env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
+    assert process.wait(timeout=300) == 0, (tmp_path / "launch.log").read_text()
+    rows = read_metrics(run_dir)
+    assert max(r.get("episode_return_mean", 0) for r in rows) >= 475
+    assert "ppo on 4 device(s)" in (run_dir / "logs" / "learner-0.log").read_text()
 
 
 @pytest.mark.parametrize("name", ["actor-0", "inference-0"])
