@@ -10,19 +10,15 @@ from __future__ import annotations
 import os
 
 import numpy as np
-import zmq
 
 from actors.envs import EnvSpec
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before JAX is imported: actors act on CPU
 
 from learners.jax_runtime import configure_jax
-from learners.param_stream import ParamSubscriber
+from learners.param_stream import subscribe
 from learners.policy import PolicyRunner
-from srl_jax.streams import make_socket
 from srl_jax.worker import Worker
-
-FIRST_PARAMS_WAIT_S = 3.0
 
 
 class InlinePolicy:
@@ -35,12 +31,7 @@ class InlinePolicy:
         self.runner = PolicyRunner(config, spec, config.seed + 2000 + worker.index,
                                    min_size=split, max_size=split)
         self.runner.warm_up()
-        socket = make_socket(worker.zmq, zmq.SUB)
-        socket.setsockopt(zmq.SUBSCRIBE, b"")
-        socket.setsockopt(zmq.RCVHWM, 4)
-        socket.connect(worker.lookup("learner/params"))
-        self.params = ParamSubscriber(socket, self.runner, worker.rejects)
-        self.params.await_first(FIRST_PARAMS_WAIT_S, worker.keep_alive)
+        self.params = subscribe(worker, self.runner)
 
     def act(self, obs: np.ndarray) -> tuple[dict, dict[str, np.ndarray]]:
         """A reply as an inference server would send it: (meta, arrays)."""

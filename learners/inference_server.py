@@ -5,8 +5,8 @@ waiting or `inference.max_wait_ms` has passed since the first one, padded to
 the next of a few fixed sizes (powers of two), and run through one jitted
 policy call. Each reply carries action, log-probability, value and the
 parameter version that produced them. Parameters arrive on the parameter
-stream; the newest version wins. Until the first arrives (it waits up to
-FIRST_PARAMS_WAIT_S for it), the server acts with version 0, which it builds
+stream; the newest version wins. Until the first arrives (it waits a few
+seconds for it), the server acts with version 0, which it builds
 from the seed exactly as the learner does.
 """
 
@@ -20,7 +20,7 @@ import zmq
 
 from actors.envs import env_spec
 from learners.jax_runtime import configure_jax
-from learners.param_stream import ParamSubscriber
+from learners.param_stream import subscribe
 from learners.policy import PolicyRunner
 from srl_jax.config import ExperimentConfig
 from srl_jax.names import NameService
@@ -29,7 +29,6 @@ from srl_jax.worker import Worker
 
 REQUEST_KINDS = frozenset({"infer_request"})
 POLL_MS = 100
-FIRST_PARAMS_WAIT_S = 3.0
 
 
 class InferenceServer(Worker):
@@ -55,15 +54,10 @@ class InferenceServer(Worker):
         self.runner.warm_up()
         self.router = make_socket(self.zmq, zmq.ROUTER)
         bind_registered(self.router, self.names, f"inference/{self.index}")
-        param_sub = make_socket(self.zmq, zmq.SUB)
-        param_sub.setsockopt(zmq.SUBSCRIBE, b"")
-        param_sub.setsockopt(zmq.RCVHWM, 4)
-        param_sub.connect(self.lookup("learner/params"))
-        self.params = ParamSubscriber(param_sub, self.runner, self.rejects)
-        self.params.await_first(FIRST_PARAMS_WAIT_S, self.keep_alive)
+        self.params = subscribe(self, self.runner)
         self.poller = zmq.Poller()
         self.poller.register(self.router, zmq.POLLIN)
-        self.poller.register(param_sub, zmq.POLLIN)
+        self.poller.register(self.params.socket, zmq.POLLIN)
 
     def run_once(self) -> None:
         events = dict(self.poller.poll(POLL_MS))

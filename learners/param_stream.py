@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import zmq
 
 from learners.policy import PolicyRunner
-from srl_jax.streams import RejectCounter, receive
+from srl_jax.streams import RejectCounter, make_socket, receive
+
+if TYPE_CHECKING:
+    from srl_jax.worker import Worker
 
 PARAM_KINDS = frozenset({"params"})
 POLL_MS = 100
+FIRST_PARAMS_WAIT_S = 3.0
 
 
 class ParamSubscriber:
@@ -48,3 +53,15 @@ class ParamSubscriber:
         while self.runner.updates == 0 and time.monotonic() < deadline and keep_alive():
             if self.socket.poll(POLL_MS):
                 self.poll()
+
+
+def subscribe(worker: Worker, runner: PolicyRunner) -> ParamSubscriber:
+    """Connect `worker` to the learner's parameters and take the current ones if they
+    come within FIRST_PARAMS_WAIT_S."""
+    socket = make_socket(worker.zmq, zmq.SUB)
+    socket.setsockopt(zmq.SUBSCRIBE, b"")
+    socket.setsockopt(zmq.RCVHWM, 4)
+    socket.connect(worker.lookup("learner/params"))
+    subscriber = ParamSubscriber(socket, runner, worker.rejects)
+    subscriber.await_first(FIRST_PARAMS_WAIT_S, worker.keep_alive)
+    return subscriber

@@ -18,12 +18,11 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
-import zmq
 
 from actors.env_ring import ChunkBuilder, EnvSplit, StepResult
-from srl_jax.names import FileNameService
-from srl_jax.streams import RejectCounter, bind_registered, make_socket, receive, send
+from srl_jax.streams import RejectCounter, receive, send
 from tests.conftest import make_config, write_run_dir
+from tests.fakes import FakeServerAndLearner
 
 # --------------------------------------------------------------------------- EnvSplit
 
@@ -211,38 +210,10 @@ def policy(obs: np.ndarray) -> np.ndarray:
     return action
 
 
-class FakeInferenceAndLearner:
+class FakeInferenceAndLearner(FakeServerAndLearner):
     def __init__(self, run_dir: Path) -> None:
-        names = FileNameService(run_dir / "names")
-        context = zmq.Context.instance()
-        self.router = make_socket(context, zmq.ROUTER)
-        bind_registered(self.router, names, "inference/0")
-        self.pull = make_socket(context, zmq.PULL)
-        bind_registered(self.pull, names, "learner/samples/0")
-        self.rejects = RejectCounter()
-        self.replies = 0
+        super().__init__(run_dir)
         self.requests: dict[int, list[dict]] = defaultdict(list)  # per split, in order
-        self.chunks: list[dict[str, np.ndarray]] = []
-        self.chunk_meta: list[dict] = []
-
-    def serve(self, until, timeout: float) -> None:
-        poller = zmq.Poller()
-        poller.register(self.router, zmq.POLLIN)
-        poller.register(self.pull, zmq.POLLIN)
-        deadline = time.monotonic() + timeout
-        while not until():
-            assert time.monotonic() < deadline, (
-                f"timed out: {self.replies} replies, {len(self.chunks)} chunks")
-            events = dict(poller.poll(100))
-            if self.router in events:
-                while (got := receive(self.router, frozenset({"infer_request"}),
-                                      self.rejects, envelope=1)) is not None:
-                    self.answer(*got)
-            if self.pull in events:
-                while (got := receive(self.pull, frozenset({"samples"}),
-                                      self.rejects)) is not None:
-                    self.chunks.append({k: v.copy() for k, v in got[1].arrays.items()})
-                    self.chunk_meta.append(dict(got[1].meta))
 
     def answer(self, routing, message) -> None:
         obs = message.arrays["obs"].copy()
@@ -256,11 +227,6 @@ class FakeInferenceAndLearner:
         send(self.router, "infer_reply",
              {"split": meta["split"], "seq": meta["seq"], "version": version},
              reply, routing=routing)
-
-    def close(self) -> None:
-        self.router.close()
-        self.pull.close()
-
 
 def test_actor_process_streams_consistent_chunks(tmp_path, processes, stats_socket):
     run_dir = write_run_dir(tmp_path / "run", make_config([

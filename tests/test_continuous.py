@@ -22,7 +22,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import zmq
 
 from actors.envs import env_seed, env_spec
 from learners.distributions import CATEGORICAL, GAUSSIAN, distribution
@@ -30,9 +29,9 @@ from learners.networks import OBS_CLIP, init_policy_params, make_policy, update_
 from learners.ppo import make_optimizer, make_update
 from learners.train_state import Batch, init_train_state, prepare
 from srl_jax.config import EnvConfig, load_config
-from srl_jax.names import FileNameService
-from srl_jax.streams import RejectCounter, bind_registered, make_socket, receive, send
+from srl_jax.streams import RejectCounter, receive, send
 from tests.conftest import REPO, make_config, write_run_dir
+from tests.fakes import FakeServerAndLearner
 
 LOG_2PI = math.log(2 * math.pi)
 
@@ -270,7 +269,7 @@ def value_fn(obs: np.ndarray) -> np.ndarray:
     return (obs[:, 0] * np.float32(10) + np.float32(100)).astype(np.float32)
 
 
-class FakeServer:
+class FakeServer(FakeServerAndLearner):
     """Plays the inference server and the learner; `actions(obs)` answers requests.
 
     The first `len(bad)` requests are answered twice: first with a reply spoiled by
@@ -278,34 +277,8 @@ class FakeServer:
     """
 
     def __init__(self, run_dir: Path, actions, bad=()) -> None:
-        names = FileNameService(run_dir / "names")
-        context = zmq.Context.instance()
-        self.router = make_socket(context, zmq.ROUTER)
-        bind_registered(self.router, names, "inference/0")
-        self.pull = make_socket(context, zmq.PULL)
-        bind_registered(self.pull, names, "learner/samples/0")
+        super().__init__(run_dir)
         self.actions, self.bad = actions, list(bad)
-        self.rejects = RejectCounter()
-        self.replies = 0
-        self.chunks: list[dict[str, np.ndarray]] = []
-
-    def serve(self, until, timeout: float) -> None:
-        poller = zmq.Poller()
-        poller.register(self.router, zmq.POLLIN)
-        poller.register(self.pull, zmq.POLLIN)
-        deadline = time.monotonic() + timeout
-        while not until():
-            assert time.monotonic() < deadline, (
-                f"timed out: {self.replies} replies, {len(self.chunks)} chunks")
-            events = dict(poller.poll(100))
-            if self.router in events:
-                while (got := receive(self.router, frozenset({"infer_request"}),
-                                      self.rejects, envelope=1)) is not None:
-                    self.answer(*got)
-            if self.pull in events:
-                while (got := receive(self.pull, frozenset({"samples"}),
-                                      self.rejects)) is not None:
-                    self.chunks.append({k: v.copy() for k, v in got[1].arrays.items()})
 
     def answer(self, routing, message) -> None:
         obs, meta = message.arrays["obs"], message.meta
@@ -317,10 +290,6 @@ class FakeServer:
                  routing=routing)
         self.replies += 1
         send(self.router, "infer_reply", reply_meta, reply, routing=routing)
-
-    def close(self) -> None:
-        self.router.close()
-        self.pull.close()
 
 
 def run_actor(tmp_path: Path, processes, fake_factory, overrides: list[str],
