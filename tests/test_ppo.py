@@ -14,7 +14,7 @@ from learners.networks import ActorCritic, Policy, init_policy_params
 from learners.ppo import gae, make_optimizer, make_update, ppo_loss
 from learners.train_state import Batch, init_train_state
 from srl_jax.config import ExperimentConfig, LearnerConfig, NetworkConfig, PPOConfig
-from tests.update_checks import check_update_trains_and_repeats
+from tests.update_checks import check_update_trains_and_repeats, check_value_loss_halves
 
 
 def test_gae_hand_computed_with_termination_and_truncation():
@@ -190,13 +190,7 @@ def test_make_update_reduces_the_value_loss_on_a_fixed_batch():
     config = dataclasses.replace(PPO, learning_rate=3e-3, clip_value_loss=False)
     policy, optimizer, state = fresh_state(config)
     update = jax.jit(make_update(policy, optimizer, experiment(config)), donate_argnums=0)
-    batch = random_batch(1)
-    losses = []
-    for _ in range(15):
-        state, metrics = update(state, batch)
-        losses.append(float(metrics["value_loss"]))
-    assert int(state.version) == 15
-    assert losses[-1] < 0.5 * losses[0], losses
+    check_value_loss_halves(update, state, random_batch(1), steps=15)
 
 
 def test_value_clipping_takes_the_larger_error():

@@ -16,7 +16,7 @@ from learners.networks import ActorCritic, Policy, init_policy_params
 from learners.ppo import gae
 from learners.train_state import Batch, init_train_state
 from srl_jax.config import ExperimentConfig, ImpalaConfig, LearnerConfig, NetworkConfig
-from tests.update_checks import check_update_trains_and_repeats
+from tests.update_checks import check_update_trains_and_repeats, check_value_loss_halves
 
 
 def reference_vtrace(behaviour_logp, target_logp, rewards, values, terminated, truncated,
@@ -311,13 +311,7 @@ def test_make_update_reduces_the_value_loss_on_a_fixed_batch():
     config = dataclasses.replace(IMPALA, learning_rate=3e-3, minibatches=1, gamma=0.5)
     policy, optimizer, state = fresh_state(config)
     update = jax.jit(make_update(policy, optimizer, experiment(config)), donate_argnums=0)
-    batch = random_batch(1)
-    losses = []
-    for _ in range(30):
-        state, metrics = update(state, batch)
-        losses.append(float(metrics["value_loss"]))
-    assert int(state.version) == 30
-    assert losses[-1] < 0.5 * losses[0], losses
+    check_value_loss_halves(update, state, random_batch(1), steps=30)
 
 
 def test_update_compiles_for_the_learner_mesh():

@@ -38,3 +38,13 @@ def check_update_trains_and_repeats(update: Callable, fresh_state: Callable[[], 
         np.testing.assert_array_equal(np.asarray(a), b)
     assert float(metrics_again["loss"]) == metrics["loss"]
     return metrics
+
+
+def check_value_loss_halves(update: Callable, state: Any, batch: Any, steps: int) -> None:
+    """Repeated updates on one fixed batch at least halve the value loss."""
+    losses = []
+    for _ in range(steps):
+        state, metrics = update(state, batch)
+        losses.append(float(metrics["value_loss"]))
+    assert int(state.version) == steps
+    assert losses[-1] < 0.5 * losses[0], losses
