@@ -10,11 +10,14 @@ import numpy as np
 import pytest
 
 from learners.distributions import CATEGORICAL
-from learners.networks import ActorCritic, Policy, init_policy_params
 from learners.ppo import gae, make_optimizer, make_update, ppo_loss
-from learners.train_state import Batch, init_train_state
 from srl_jax.config import ExperimentConfig, LearnerConfig, NetworkConfig, PPOConfig
-from tests.update_checks import check_update_trains_and_repeats, check_value_loss_halves
+from tests.update_checks import (
+    check_update_trains_and_repeats,
+    check_value_loss_halves,
+    random_batch,
+    small_policy_state,
+)
 
 
 def test_gae_hand_computed_with_termination_and_truncation():
@@ -139,24 +142,7 @@ def test_ppo_loss_gradient_stops_at_the_clip():
     np.testing.assert_allclose(np.asarray(grads["values"]), [-0.5 / 6, 0.0, 2.0 / 6], atol=1e-6)
 
 
-T, B, OBS_SHAPE, ACTIONS_N = 8, 4, (4,), 2
 PPO = PPOConfig(learning_rate=1e-3, epochs=2, minibatches=4)
-
-
-def random_batch(seed: int = 0) -> Batch:
-    rng = np.random.default_rng(seed)
-    terminated = rng.random((T, B)) < 0.1
-    truncated = (rng.random((T, B)) < 0.1) & ~terminated
-    return Batch(
-        obs=rng.normal(size=(T + 1, B, *OBS_SHAPE)).astype(np.float32),
-        actions=rng.integers(0, ACTIONS_N, (T, B)).astype(np.int32),
-        logp=np.full((T, B), np.log(0.5), np.float32),
-        values=rng.normal(size=(T + 1, B)).astype(np.float32),
-        rewards=np.ones((T, B), np.float32),
-        terminated=terminated,
-        truncated=truncated,
-        trunc_values=rng.normal(size=(T, B)).astype(np.float32),
-    )
 
 
 def experiment(config: PPOConfig) -> ExperimentConfig:
@@ -165,11 +151,9 @@ def experiment(config: PPOConfig) -> ExperimentConfig:
 
 
 def fresh_state(config: PPOConfig = PPO):
-    network = ActorCritic(ACTIONS_N, hidden=(16, 16))
-    policy = Policy(lambda p, obs: network.apply(p["net"], obs), CATEGORICAL, False)
     optimizer = make_optimizer(experiment(config))
-    params = init_policy_params(network, OBS_SHAPE, seed=3)
-    return policy, optimizer, init_train_state(params, optimizer, seed=3)
+    policy, state = small_policy_state(optimizer)
+    return policy, optimizer, state
 
 
 def test_make_update_trains_a_real_network_deterministically():

@@ -12,11 +12,16 @@ import pytest
 from learners.distributions import CATEGORICAL
 from learners.impala import episode_vtrace, impala_loss, make_optimizer, make_update
 from learners.mesh import compile_update, make_learner_mesh, put_batch, replicated
-from learners.networks import ActorCritic, Policy, init_policy_params
 from learners.ppo import gae
-from learners.train_state import Batch, init_train_state
+from learners.train_state import Batch
 from srl_jax.config import ExperimentConfig, ImpalaConfig, LearnerConfig, NetworkConfig
-from tests.update_checks import check_update_trains_and_repeats, check_value_loss_halves
+from tests.update_checks import (
+    B,
+    check_update_trains_and_repeats,
+    check_value_loss_halves,
+    random_batch,
+    small_policy_state,
+)
 
 
 def reference_vtrace(behaviour_logp, target_logp, rewards, values, terminated, truncated,
@@ -251,24 +256,7 @@ def test_impala_loss_gradients():
     assert float(info["rho_mean"]) == pytest.approx(np.exp(logp - batch.logp).mean(), rel=1e-5)
 
 
-T, B, OBS_SHAPE, ACTIONS_N = 8, 4, (4,), 2
 IMPALA = ImpalaConfig(learning_rate=1e-3, minibatches=2)
-
-
-def random_batch(seed: int = 0) -> Batch:
-    rng = np.random.default_rng(seed)
-    terminated = rng.random((T, B)) < 0.1
-    truncated = (rng.random((T, B)) < 0.1) & ~terminated
-    return Batch(
-        obs=rng.normal(size=(T + 1, B, *OBS_SHAPE)).astype(np.float32),
-        actions=rng.integers(0, ACTIONS_N, (T, B)).astype(np.int32),
-        logp=np.full((T, B), np.log(0.5), np.float32),
-        values=rng.normal(size=(T + 1, B)).astype(np.float32),
-        rewards=np.ones((T, B), np.float32),
-        terminated=terminated.astype(np.float32),
-        truncated=truncated.astype(np.float32),
-        trunc_values=rng.normal(size=(T, B)).astype(np.float32),
-    )
 
 
 def experiment(config: ImpalaConfig) -> ExperimentConfig:
@@ -278,11 +266,9 @@ def experiment(config: ImpalaConfig) -> ExperimentConfig:
 
 
 def fresh_state(config: ImpalaConfig = IMPALA):
-    network = ActorCritic(ACTIONS_N, hidden=(16, 16))
-    policy = Policy(lambda p, obs: network.apply(p["net"], obs), CATEGORICAL, False)
     optimizer = make_optimizer(experiment(config))
-    params = init_policy_params(network, OBS_SHAPE, seed=3)
-    return policy, optimizer, init_train_state(params, optimizer, seed=3)
+    policy, state = small_policy_state(optimizer)
+    return policy, optimizer, state
 
 
 METRICS = ("loss", "pg_loss", "value_loss", "entropy", "rho_mean", "rho_clip_frac", "approx_kl",

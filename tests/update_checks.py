@@ -7,6 +7,38 @@ from typing import Any
 
 import jax
 import numpy as np
+import optax
+
+from learners.distributions import CATEGORICAL
+from learners.networks import ActorCritic, Policy, init_policy_params
+from learners.train_state import Batch, TrainState, init_train_state
+
+T, B, OBS_SHAPE, ACTIONS_N = 8, 4, (4,), 2
+
+
+def random_batch(seed: int = 0) -> Batch:
+    """A [T+1, B] CartPole-shaped batch with some terminations and truncations."""
+    rng = np.random.default_rng(seed)
+    terminated = rng.random((T, B)) < 0.1
+    truncated = (rng.random((T, B)) < 0.1) & ~terminated
+    return Batch(
+        obs=rng.normal(size=(T + 1, B, *OBS_SHAPE)).astype(np.float32),
+        actions=rng.integers(0, ACTIONS_N, (T, B)).astype(np.int32),
+        logp=np.full((T, B), np.log(0.5), np.float32),
+        values=rng.normal(size=(T + 1, B)).astype(np.float32),
+        rewards=np.ones((T, B), np.float32),
+        terminated=terminated.astype(np.float32),
+        truncated=truncated.astype(np.float32),
+        trunc_values=rng.normal(size=(T, B)).astype(np.float32),
+    )
+
+
+def small_policy_state(optimizer: optax.GradientTransformation) -> tuple[Policy, TrainState]:
+    """A small real categorical actor-critic and its train state, from a fixed seed."""
+    network = ActorCritic(ACTIONS_N, hidden=(16, 16))
+    policy = Policy(lambda p, obs: network.apply(p["net"], obs), CATEGORICAL, False)
+    params = init_policy_params(network, OBS_SHAPE, seed=3)
+    return policy, init_train_state(params, optimizer, seed=3)
 
 
 def check_update_trains_and_repeats(update: Callable, fresh_state: Callable[[], tuple],
