@@ -77,8 +77,8 @@ class LearnerWorker(Worker):
                  names: NameService) -> None:
         super().__init__(config, index, run_dir, names)
         cfg = config.learner
-        self.layout_procs = process_layout(config, index)
-        self.local_envs = cfg.batch_envs // self.layout_procs.count
+        self.processes = process_layout(config, index)
+        self.local_envs = cfg.batch_envs // self.processes.count
         self.queue = SampleQueue(cfg.sample_queue, self.local_envs, cfg.staleness_cap)
         self.version = 0
         self.frames_consumed = 0
@@ -98,7 +98,7 @@ class LearnerWorker(Worker):
         self.pull = make_socket(self.zmq, zmq.PULL, hwm=self.config.learner.sample_queue)
         bind_registered(self.pull, self.names, f"learner/samples/{self.index}")
         self.pub = None
-        if self.layout_procs.is_chief:
+        if self.processes.is_chief:
             self.pub = make_socket(self.zmq, zmq.PUB, hwm=4)
             bind_registered(self.pub, self.names, "learner/params")
         spec = env_spec(self.config.env)
@@ -122,14 +122,14 @@ class LearnerWorker(Worker):
 
     def _join_processes(self) -> None:
         """Start jax.distributed with the other learner processes, if there are any."""
-        layout = self.layout_procs
+        layout = self.processes
         if layout.count > 1 and not layout.coordinator:
             if layout.is_chief:
                 address = free_loopback_address()
                 self.names.register(COORDINATOR_KEY, address)
             else:
                 address = self.lookup(COORDINATOR_KEY)
-            layout = self.layout_procs = replace(layout, coordinator=address)
+            layout = self.processes = replace(layout, coordinator=address)
         initialize(layout)
         if layout.count > 1:
             # jax.distributed installs a preemption notifier on SIGTERM; ours must win.
@@ -165,7 +165,7 @@ class LearnerWorker(Worker):
         if self._next is None:
             self._next = self._prefetch()
         ready = self._next is not None
-        if self.layout_procs.count > 1:
+        if self.processes.count > 1:
             ready, stop = agree(ready, self._stop_requested)
             if stop:
                 super().request_stop()
@@ -177,7 +177,7 @@ class LearnerWorker(Worker):
 
     def request_stop(self, *args: Any) -> None:
         """With several learner processes, stop together (see `agree`), never alone."""
-        if self.layout_procs.count > 1 and hasattr(self, "update"):
+        if self.processes.count > 1 and hasattr(self, "update"):
             self._stop_requested = True
         else:
             super().request_stop(*args)
@@ -235,4 +235,4 @@ class LearnerWorker(Worker):
         for name in ("pull", "pub"):
             if getattr(self, name, None) is not None:
                 getattr(self, name).close()
-        shutdown(self.layout_procs)
+        shutdown(self.processes)
