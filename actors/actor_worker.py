@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 REPLY_KINDS = frozenset({"infer_reply"})
 POLL_MS = 100
 SEND_WAIT_LOG_S = 5.0
-NO_SERVER_RETRY_S = 0.1
 
 
 class _SplitState:
@@ -115,9 +114,9 @@ class ActorWorker(Worker):
                  {"obs": state.request_obs}, flags=zmq.NOBLOCK)
             state.delivered = True
             state.retry_at = state.sent_at + self.config.actors.inference_timeout_s
-        except zmq.Again:
+        except zmq.Again:  # no server connected yet: try again on the next turn of the loop
             state.delivered = False
-            state.retry_at = state.sent_at + NO_SERVER_RETRY_S
+            state.retry_at = state.sent_at
             if state.sent_at >= self._next_no_server_log:
                 self._next_no_server_log = state.sent_at + SEND_WAIT_LOG_S
                 self.log.info("waiting for an inference server to connect")

@@ -228,6 +228,12 @@ class FakeInferenceAndLearner(FakeServerAndLearner):
              {"split": meta["split"], "seq": meta["seq"], "version": version},
              reply, routing=routing)
 
+def all_splits_chunked(fake: FakeInferenceAndLearner) -> bool:
+    """Enough chunks, and every split has answered requests for its share of them."""
+    return len(fake.chunks) >= SPLITS * CHUNKS_PER_SPLIT and len(fake.requests) == SPLITS and all(
+        len(requests) > CHUNKS_PER_SPLIT * T for requests in fake.requests.values())
+
+
 def test_actor_process_streams_consistent_chunks(tmp_path, processes, stats_socket):
     run_dir = write_run_dir(tmp_path / "run", make_config([
         "actors.count=1", f"actors.envs={N_ENVS}", f"actors.splits={SPLITS}",
@@ -237,8 +243,7 @@ def test_actor_process_streams_consistent_chunks(tmp_path, processes, stats_sock
     fake = FakeInferenceAndLearner(run_dir)
     try:
         actor = processes.worker("actor", 0, run_dir)
-        fake.serve(lambda: len(fake.chunks) >= SPLITS * CHUNKS_PER_SPLIT or
-                   actor.poll() is not None, timeout=30)
+        fake.serve(lambda: all_splits_chunked(fake) or actor.poll() is not None, timeout=30)
         assert actor.poll() is None, (run_dir / "logs" / "actor-0.log").read_text()
         actor.send_signal(signal.SIGTERM)
         assert actor.wait(timeout=15) == 0
