@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 REPLY_KINDS = frozenset({"infer_reply"})
 POLL_MS = 100
 SEND_WAIT_LOG_S = 5.0
+MAX_SENT_RETURNS = 256
+"""Episode returns a chunk carries to the learner (which ranks checkpoints by them)."""
 
 
 class _SplitState:
@@ -63,6 +65,7 @@ class ActorWorker(Worker):
         self._next_no_server_log = 0.0
         self.inline: InlinePolicy | None = None
         self._returns: list[float] = []
+        self._unsent_returns: list[float] = []
         self._lengths: list[int] = []
 
     def setup(self) -> None:
@@ -204,10 +207,12 @@ class ActorWorker(Worker):
         self.episodes += len(result.episode_returns)
         self._returns.extend(result.episode_returns)
         self._lengths.extend(result.episode_lengths)
+        self._unsent_returns.extend(result.episode_returns)
 
     def _send_chunk(self, chunk: dict[str, np.ndarray]) -> None:
         start = time.perf_counter()
-        meta = {"actor": self.index}
+        meta = {"actor": self.index, "episode_returns": self._unsent_returns[-MAX_SENT_RETURNS:]}
+        self._unsent_returns = []
         try:
             send(self.samples, "samples", meta, chunk, flags=zmq.NOBLOCK)
             self.chunks_sent += 1

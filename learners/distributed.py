@@ -16,9 +16,11 @@ process 0 picks a free loopback port and registers it in the name service.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from dataclasses import dataclass
+from typing import Any
 
 import jax
 import numpy as np
@@ -30,7 +32,6 @@ from srl_jax.streams import LOOPBACK
 ENV_COORDINATOR = "SRL_JAX_COORDINATOR_ADDRESS"
 ENV_PROCESSES = "SRL_JAX_NUM_PROCESSES"
 ENV_PROCESS_ID = "SRL_JAX_PROCESS_ID"
-COORDINATOR_KEY = "learner/coordinator"
 
 
 @dataclass(frozen=True)
@@ -72,15 +73,31 @@ def initialize(layout: ProcessLayout) -> None:
         coordinator_bind_address=layout.coordinator if layout.is_chief else None)
 
 
-def agree(ready: bool, stopping: bool) -> tuple[bool, bool]:
-    """(every process has a batch, some process is stopping), agreed by all processes.
+def agree(ready: bool, stopping: bool, save_due: bool) -> tuple[bool, bool, bool]:
+    """(every process has a batch, some process is stopping, some process wants a
+    checkpoint), agreed by all processes.
 
-    The update is a collective: a process may enter it only when all will, and
-    may leave the loop only when all do, or the others would wait forever.
+    The update and the checkpoint save are collectives: a process may enter
+    one only when all will, and may leave the loop only when all do, or the
+    others would wait forever.
     """
-    flags = multihost_utils.process_allgather(np.array([ready, stopping], np.int32))
-    flags = np.asarray(flags).reshape(-1, 2)
-    return bool(flags[:, 0].all()), bool(flags[:, 1].any())
+    flags = multihost_utils.process_allgather(np.array([ready, stopping, save_due], np.int32))
+    flags = np.asarray(flags).reshape(-1, 3)
+    return bool(flags[:, 0].all()), bool(flags[:, 1].any()), bool(flags[:, 2].any())
+
+
+def gather_json(value: Any, max_bytes: int = 4096) -> list[Any]:
+    """Every process's `value` (small and JSON-able), in process order.
+
+    Sent as bytes: JAX without x64 would squeeze large counters into 32 bits.
+    """
+    data = json.dumps(value).encode()
+    if len(data) > max_bytes:
+        raise ValueError(f"{len(data)} bytes of JSON is more than gather_json's {max_bytes}")
+    buffer = np.zeros(max_bytes, np.uint8)
+    buffer[:len(data)] = np.frombuffer(data, np.uint8)
+    rows = np.asarray(multihost_utils.process_allgather(buffer)).reshape(-1, max_bytes)
+    return [json.loads(bytes(row).rstrip(b"\0")) for row in rows]
 
 
 def shutdown(layout: ProcessLayout) -> None:

@@ -7,12 +7,20 @@ the env axis) while the previous update still runs, and goes through one
 compiled update of the configured algorithm. The new parameters are published
 with the next version number, and re-sent every `learner.republish_interval_s`
 so that servers that (re)joined late catch up.
+
+The learner checkpoints its train state and counters (see
+`srl_jax.checkpoint`) every `checkpoint.interval_s` and/or
+`checkpoint.every_updates`, and once more when told to stop. At start it
+restores the newest complete checkpoint of its run directory, if there is one:
+that is how a killed learner recovers and how `--resume` continues a run.
 """
 
 from __future__ import annotations
 
+import math
 import signal
 import time
+from collections import deque
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -24,9 +32,9 @@ import zmq
 from actors.envs import EnvSpec, env_spec
 from learners.algorithms import algorithm
 from learners.distributed import (
-    COORDINATOR_KEY,
     agree,
     free_loopback_address,
+    gather_json,
     initialize,
     process_layout,
     shutdown,
@@ -37,14 +45,20 @@ from learners.networks import init_policy_params, make_policy
 from learners.param_codec import host_value, params_to_arrays
 from learners.sample_queue import SampleQueue
 from learners.train_state import Batch, init_train_state
-from srl_jax.config import ExperimentConfig
-from srl_jax.names import NameService
+from srl_jax.checkpoint import Checkpointer
+from srl_jax.config import ExperimentConfig, config_to_dict
+from srl_jax.names import COORDINATOR_KEY, NameService
 from srl_jax.streams import bind_registered, make_socket, receive, send
 from srl_jax.worker import Worker
 
 SAMPLE_KINDS = frozenset({"samples"})
 POLL_MS = 50
 MAX_DRAIN = 256
+RETURN_WINDOW = 100
+"""Training returns averaged to rank checkpoints for `checkpoint.keep_best`."""
+CARRIED = ("frames_consumed", "frames_received", "episodes_received", "lag_sum", "lag_count",
+           "samples_dropped_stale", "samples_dropped_full")
+"""Counters that belong to the run, not the process: checkpointed and restored."""
 
 
 def chunk_layout(config: ExperimentConfig,
@@ -82,8 +96,19 @@ class LearnerWorker(Worker):
         self.queue = SampleQueue(cfg.sample_queue, self.local_envs, cfg.staleness_cap)
         self.version = 0
         self.frames_consumed = 0
+        self.frames_received = 0
+        self.episodes_received = 0
+        self.recent_returns: deque[float] = deque(maxlen=RETURN_WINDOW)
         self.lag_sum = 0.0
         self.lag_count = 0
+        self.checkpointer: Checkpointer | None = None
+        self.saved_step: int | None = None
+        self.checkpoints_saved = 0
+        self.restored_step: int | None = None
+        self.time_checkpoint = 0.0
+        self._last_save = time.monotonic()
+        # Start time in ms: a restarted learner's parameters win over its predecessor's.
+        self.incarnation = time.time_ns() // 1_000_000
         self.time_update = 0.0
         self.time_put = 0.0
         self.time_publish = 0.0
@@ -113,6 +138,7 @@ class LearnerWorker(Worker):
             lambda: init_train_state(init_policy_params(network, spec.obs_shape, seed),
                                      optimizer, seed),
             out_shardings=replicated(self.mesh))()
+        self._restore()
         example = put_batch(to_batch(self._example_batch()), self.mesh)
         self.update = compile_update(algo.make_update(policy, optimizer, self.config),
                                      self.mesh, self.state, example)
@@ -137,6 +163,85 @@ class LearnerWorker(Worker):
             self.log.info("JAX process %d of %d (coordinator %s)", layout.index, layout.count,
                           layout.coordinator)
 
+    def _restore(self) -> None:
+        """Continue from the newest complete checkpoint of this run, if there is one."""
+        ckpt = self.config.checkpoint
+        if not ckpt.enabled:
+            return
+        self.checkpointer = Checkpointer(self.run_dir, ckpt.keep, ckpt.keep_best,
+                                         ckpt.async_save)
+        restored = self.checkpointer.restore(self.state)
+        if restored is None:
+            return
+        self.state = restored.state
+        self.version = self.saved_step = self.restored_step = restored.step
+        saved = restored.meta["processes"]
+        if len(saved) == self.processes.count:
+            counters = saved[self.processes.index]
+        else:  # a different learner process count: process 0 carries the run's totals
+            counters = {key: sum(c.get(key, 0) for c in saved) if self.processes.is_chief
+                        else 0 for key in CARRIED}
+        for key in CARRIED:
+            value = counters.get(key, 0)
+            if key.startswith("samples_dropped_"):
+                setattr(self.queue, key[len("samples_"):], int(value))
+            else:
+                setattr(self, key, type(getattr(self, key))(value))
+        self.recent_returns.extend(restored.meta.get("recent_returns", []))
+        self.log.info("restored checkpoint step %d (saved %s)", restored.step,
+                      time.strftime("%Y-%m-%d %H:%M:%S",
+                                    time.localtime(restored.meta["saved_at"])))
+
+    def _carried(self) -> dict[str, float]:
+        return {"frames_consumed": self.frames_consumed, "frames_received": self.frames_received,
+                "episodes_received": self.episodes_received, "lag_sum": self.lag_sum,
+                "lag_count": self.lag_count, "samples_dropped_stale": self.queue.dropped_stale,
+                "samples_dropped_full": self.queue.dropped_full}
+
+    def _save_due(self) -> bool:
+        ckpt = self.config.checkpoint
+        if self.checkpointer is None or self.version == (self.saved_step or 0):
+            return False
+        by_time = ckpt.interval_s > 0 and time.monotonic() - self._last_save >= ckpt.interval_s
+        by_updates = ckpt.every_updates > 0 and \
+            self.version - (self.saved_step or 0) >= ckpt.every_updates
+        return by_time or by_updates
+
+    def _save(self) -> None:
+        """Checkpoint the state as of now (every learner process takes part)."""
+        if self.checkpointer is None or self.version == self.saved_step:
+            return
+        per_process = [self._carried()]
+        if self.processes.count > 1:
+            per_process = gather_json(per_process[0])
+        returns = list(self.recent_returns)
+        meta = {
+            "version": self.version, "saved_at": time.time(), "processes": per_process,
+            "recent_returns": returns, "config": config_to_dict(self.config),
+            **({"episode_return_mean": float(np.mean(returns))} if returns else {}),
+        }
+        stall = self.checkpointer.save(self.version, self.state, meta)
+        self.time_checkpoint += stall
+        self.saved_step, self._last_save = self.version, time.monotonic()
+        self.checkpoints_saved += 1
+        self.log.info("checkpoint step %d started (training held up %.3fs)", self.version, stall)
+
+    def finish(self) -> None:
+        """A final checkpoint on a clean stop, waited for."""
+        if self.checkpointer is not None:
+            self._save()
+            start = time.perf_counter()
+            self.checkpointer.wait()
+            self.log.info("final checkpoint step %d written (waited %.2fs)", self.version,
+                          time.perf_counter() - start)
+
+    def _take_episode_returns(self, meta: dict[str, Any]) -> None:
+        returns = meta.get("episode_returns", [])
+        if isinstance(returns, list) and all(
+                isinstance(r, int | float) and math.isfinite(r) for r in returns):
+            self.recent_returns.extend(float(r) for r in returns)
+            self.episodes_received += len(returns)
+
     def _example_batch(self) -> dict[str, np.ndarray]:
         B = self.local_envs
         return {name: np.zeros((shape[0], B, *shape[2:]), dtype)
@@ -160,16 +265,21 @@ class LearnerWorker(Worker):
                 received = receive(self.pull, SAMPLE_KINDS, self.rejects)
                 if received is None:
                     break
-                if self._valid_chunk(received[1].arrays):
-                    self.queue.put(received[1].arrays, self.version)
+                message = received[1]
+                if self._valid_chunk(message.arrays):
+                    self.frames_received += message.arrays["rewards"].size
+                    self._take_episode_returns(message.meta)
+                    self.queue.put(message.arrays, self.version)
         if self._next is None:
             self._next = self._prefetch()
-        ready = self._next is not None
+        ready, save = self._next is not None, self._save_due()
         if self.processes.count > 1:
-            ready, stop = agree(ready, self._stop_requested)
+            ready, stop, save = agree(ready, self._stop_requested, save)
             if stop:
                 super().request_stop()
                 return
+        if save:
+            self._save()
         if ready:
             self._train()
         elif time.monotonic() - self._last_publish > self.config.learner.republish_interval_s:
@@ -213,7 +323,8 @@ class LearnerWorker(Worker):
         start = time.perf_counter()
         arrays = params_to_arrays(self.state.params)
         try:
-            send(self.pub, "params", {"version": self.version}, arrays, flags=zmq.NOBLOCK)
+            send(self.pub, "params", {"version": self.version, "incarnation": self.incarnation},
+                 arrays, flags=zmq.NOBLOCK)
         except zmq.Again:
             self.log.debug("parameter stream full; version %d not sent", self.version)
         self._last_publish = time.monotonic()
@@ -222,11 +333,10 @@ class LearnerWorker(Worker):
     def counters(self) -> dict[str, float]:
         return {
             "learner_steps": self.version, "policy_version": self.version,
-            "frames_consumed": self.frames_consumed,
-            "samples_dropped_stale": self.queue.dropped_stale,
-            "samples_dropped_full": self.queue.dropped_full,
-            "queue_chunks": len(self.queue), "lag_sum": self.lag_sum,
-            "lag_count": self.lag_count, "time_update": self.time_update,
+            **self._carried(), "queue_chunks": len(self.queue),
+            "checkpoints_saved": self.checkpoints_saved,
+            "checkpoint_step": self.saved_step if self.saved_step is not None else -1,
+            "time_checkpoint": self.time_checkpoint, "time_update": self.time_update,
             "time_put": self.time_put, "time_publish": self.time_publish,
             **{f"train/{k}": v for k, v in self.train_metrics.items()},
         }
@@ -235,4 +345,6 @@ class LearnerWorker(Worker):
         for name in ("pull", "pub"):
             if getattr(self, name, None) is not None:
                 getattr(self, name).close()
+        if self.checkpointer is not None:
+            self.checkpointer.close()
         shutdown(self.processes)

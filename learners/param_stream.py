@@ -29,16 +29,21 @@ class ParamSubscriber:
 
     def poll(self) -> None:
         """Take the newest waiting parameters, if newer than the runner's."""
-        newest = None
+        newest, newest_order = None, None
         while (received := receive(self.socket, PARAM_KINDS, self.rejects)) is not None:
-            version = received[1].meta.get("version")
-            if type(version) is int and self.runner.wants(version) and (
-                    newest is None or version > newest.meta["version"]):
-                newest = received[1]
+            meta = received[1].meta
+            version, incarnation = meta.get("version"), meta.get("incarnation", 0)
+            if type(version) is not int or type(incarnation) is not int:
+                self.rejects.reject(ValueError("params without an integer version/incarnation"))
+                continue
+            order = (incarnation, version)
+            if self.runner.wants(version, incarnation) and (
+                    newest_order is None or order > newest_order):
+                newest, newest_order = received[1], order
         if newest is None:
             return
         try:
-            self.runner.set_params(newest.arrays, newest.meta["version"])
+            self.runner.set_params(newest.arrays, newest_order[1], newest_order[0])
         except ValueError as error:
             self.rejects.reject(error)
 

@@ -59,6 +59,7 @@ class PolicyRunner:
         self.params = init_policy_params(network, spec.obs_shape, config.seed)
         self.template = jax.tree.map(np.asarray, self.params)
         self.version = 0
+        self.incarnation = -1
         self.updates = 0
         self.calls = 0
         self._act = make_act(policy)
@@ -72,14 +73,21 @@ class PolicyRunner:
         for size in self.sizes:
             self(np.zeros((size, *self.spec.obs_shape), self.spec.obs_dtype))
 
-    def set_params(self, arrays: dict[str, np.ndarray], version: int) -> None:
+    def set_params(self, arrays: dict[str, np.ndarray], version: int,
+                   incarnation: int = 0) -> None:
         """Take published parameters; ValueError if they do not fit this policy."""
         self.params = jax.device_put(arrays_to_params(arrays, self.template))
-        self.version = version
+        self.version, self.incarnation = version, incarnation
         self.updates += 1
 
-    def wants(self, version: int) -> bool:
-        """Whether parameters of `version` are newer than what we act with."""
+    def wants(self, version: int, incarnation: int = 0) -> bool:
+        """Whether parameters of `version` are newer than what we act with.
+
+        A learner restarted from a checkpoint is a new incarnation: its versions
+        win even when they are lower than those of the learner that died.
+        """
+        if incarnation != self.incarnation:
+            return incarnation > self.incarnation
         return version > self.version or (self.updates == 0 and version == self.version)
 
     def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:

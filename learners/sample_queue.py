@@ -26,7 +26,10 @@ class SampleQueue:
         return len(self._chunks)
 
     def _is_stale(self, chunk: dict[str, np.ndarray], version: int) -> bool:
-        return version - int(chunk["versions"].min()) > self.staleness_cap
+        """Too old, or acted by versions a learner restored from a checkpoint never made."""
+        versions = chunk["versions"]
+        return version - int(versions.min()) > self.staleness_cap or \
+            int(versions.max()) > version
 
     def put(self, chunk: dict[str, np.ndarray], version: int) -> None:
         """Add a chunk unless it is already stale; drop the oldest when full."""

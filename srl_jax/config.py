@@ -164,6 +164,24 @@ class StopConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    enabled: bool = True
+    """Write orbax checkpoints of the learner to `<run_dir>/checkpoints/`."""
+    interval_s: float = 30.0
+    """Seconds between checkpoints (0: not by time)."""
+    every_updates: int = 0
+    """Also checkpoint every this many learner updates (0: not by updates)."""
+    keep: int = 3
+    """Newest checkpoints kept; older ones are deleted."""
+    keep_best: bool = True
+    """Also keep the checkpoint with the best training return, under `checkpoints/best/`."""
+    async_save: bool = True
+    """Write in a background thread; the learner only waits for the copy off the devices."""
+    final_save_timeout_s: float = 120.0
+    """On stop, how long the controller waits for the learner's final checkpoint."""
+
+
+@dataclass
 class RuntimeConfig:
     log_interval_s: float = 1.0
     """Seconds between rows of metrics.jsonl (and status.json rewrites)."""
@@ -199,6 +217,8 @@ class ExperimentConfig:
     """Actor-critic network."""
     stop: StopConfig = field(default_factory=StopConfig)
     """Stop condition; the first limit reached ends the run."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Learner checkpoints: how often, how many kept."""
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     """Heartbeats, restarts, logging."""
 
@@ -446,6 +466,12 @@ def validate(config: ExperimentConfig) -> None:
         stop.env_frames > 0 or stop.wall_time_s > 0 or stop.target_return is not None,
         "'stop' needs at least one of env_frames, wall_time_s or target_return",
     )
+    checkpoint = config.checkpoint
+    _require(checkpoint.interval_s >= 0, "'checkpoint.interval_s' must not be negative")
+    _require(checkpoint.every_updates >= 0, "'checkpoint.every_updates' must not be negative")
+    _require(checkpoint.keep >= 1, f"'checkpoint.keep' must be at least 1, got {checkpoint.keep}")
+    _require(checkpoint.final_save_timeout_s > 0,
+             "'checkpoint.final_save_timeout_s' must be positive")
     runtime = config.runtime
     _require(runtime.log_interval_s > 0, "'runtime.log_interval_s' must be positive")
     _require(runtime.stats_interval_s > 0, "'runtime.stats_interval_s' must be positive")

@@ -4,7 +4,11 @@ It binds the stats stream, starts every worker through a launch backend, and
 then loops: take heartbeats, restart what died or went silent (bounded retries
 with backoff), write a metrics row and `status.json` every log interval, and
 stop everything at the stop condition, on SIGINT/SIGTERM, or when a worker
-fails for good.
+fails for good. A learner that dies is restarted too when checkpoints are on:
+it restores the newest checkpoint, while actors and inference servers carry
+on with the parameters they have. On stop the learner gets time to write a
+final checkpoint, and a last metrics row records where the run ended, which
+is where a `--resume` continues.
 """
 
 from __future__ import annotations
@@ -24,13 +28,13 @@ import zmq
 from srl_jax.backends import LaunchBackend, WorkerHandle
 from srl_jax.config import ExperimentConfig
 from srl_jax.metrics import MetricsAggregator, MetricsWriter, ProgressDisplay
+from srl_jax.names import COORDINATOR_KEY
 from srl_jax.streams import RejectCounter, bind_registered, make_socket, receive
 
 log = logging.getLogger("controller")
 
 STATS_KINDS = frozenset({"stats"})
 LOOP_S = 0.05
-RESTARTABLE = frozenset({"actor", "inference"})
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 
 
@@ -44,6 +48,8 @@ class WorkerRecord:
     started_at: float = 0.0
     last_heartbeat: float | None = None
     last_heartbeat_wall: float | None = None
+    reported: bool = False
+    """Whether this process has sent counters yet (heartbeats during setup carry none)."""
     restart_at: float | None = None
     exit_code: int | None = None
 
@@ -54,12 +60,23 @@ class WorkerRecord:
 
 class Controller:
     def __init__(self, config: ExperimentConfig, run_dir: Path, backend: LaunchBackend,
-                 progress: ProgressDisplay | None = None) -> None:
+                 progress: ProgressDisplay | None = None,
+                 resume_row: dict[str, Any] | None = None, resumed: bool = False) -> None:
+        """`resume_row`: the last metrics row kept by a resume; counters go on from it."""
         self.config = config
         self.run_dir = Path(run_dir)
         self.backend = backend
         self.progress = progress or ProgressDisplay(sys.stdout, enabled=False)
-        self.metrics = MetricsAggregator()
+        last = resume_row or {}
+        self.time_base = float(last.get("time", 0.0))
+        self.metrics = MetricsAggregator(env_frames_base=last.get("env_frames", 0),
+                                         time_base=self.time_base,
+                                         restarts=last.get("system/restarts", 0))
+        self.resumes = int(last.get("system/resumes", 0)) + int(resumed)
+        if resume_row:  # shown until the restored learner reports its own
+            self.metrics.observe("learner-0", "learner", {
+                key: last[key] for key in ("learner_steps", "policy_version",
+                                           "samples_dropped_stale") if key in last}, {})
         self.rejects = RejectCounter()
         self.workers = [WorkerRecord("learner", i) for i in range(config.learner.processes)]
         servers = 0 if config.actors.inline_inference else config.inference.count
@@ -103,6 +120,7 @@ class Controller:
         record.handle = self.backend.start(record.kind, record.index)
         record.state, record.started_at = "starting", time.monotonic()
         record.last_heartbeat = record.restart_at = record.exit_code = None
+        record.reported = False
         log.info("started %s (pid %d)", record.name, record.handle.pid)
 
     def _loop(self) -> None:
@@ -126,9 +144,13 @@ class Controller:
                     or not isinstance(counters, dict):
                 continue  # a late heartbeat from a replaced process, or garbage
             record.last_heartbeat, record.last_heartbeat_wall = time.monotonic(), time.time()
-            if record.state == "starting" and meta.get("phase") == "running":
+            if meta.get("phase") == "setup":
+                continue  # alive, but its counters are not restored yet
+            if record.state == "starting":
                 record.state = "running"
-            self.metrics.observe(record.name, record.kind, counters, arrays)
+            self.metrics.observe(record.name, record.kind, counters, arrays,
+                                 first=not record.reported)
+            record.reported = True
 
     def _watch_workers(self) -> None:
         now = time.monotonic()
@@ -150,11 +172,17 @@ class Controller:
                 log.warning("no heartbeat from %s for %.0fs; killing it", record.name, now - last)
                 self.backend.send_signal(record.handle, signal.SIGKILL)
 
+    def _restartable(self, record: WorkerRecord) -> bool:
+        """Actors and servers always; the learner when it has checkpoints to come back from."""
+        return record.kind != "learner" or self.config.checkpoint.enabled
+
     def _on_exit(self, record: WorkerRecord, code: int, what: str) -> None:
         record.exit_code = code
         self.metrics.retire(record.name)
         log_path = self.run_dir / "logs" / f"{record.name}.log"
-        if record.kind not in RESTARTABLE:
+        if record.kind == "learner" and self.config.learner.processes > 1:
+            self._stop_learner_group()
+        if not self._restartable(record):
             record.state = "failed"
             self._finish(f"{record.name} {what}; see {log_path}", EXIT_FAILED)
             return
@@ -166,16 +194,36 @@ class Controller:
         delay = self.config.runtime.restart_backoff_s * 2 ** record.restarts
         record.restarts += 1
         self.metrics.restarts += 1
+        self.metrics.learner_restarts += record.kind == "learner"
         record.state, record.restart_at = "restarting", time.monotonic() + delay
         log.warning("%s %s; restart %d in %.1fs", record.name, what, record.restarts, delay)
         self._write_status()
 
-    def _write_row(self) -> None:
-        row = self.metrics.row(time.monotonic() - self.started)
+    def _stop_learner_group(self) -> None:
+        """Learner processes share one jax.distributed job: one gone means all restart.
+
+        The others are killed (their collectives would wait forever) and come back
+        through `_on_exit` like the first; the stale coordinator address goes.
+        """
+        self.backend.name_service().unregister(COORDINATOR_KEY)
+        for other in self.workers:
+            if other.kind == "learner" and other.handle is not None and \
+                    other.state in ("starting", "running") and \
+                    self.backend.exit_code(other.handle) is None:
+                log.warning("%s leaves with the learner group", other.name)
+                self.backend.send_signal(other.handle, signal.SIGKILL)
+
+    def _elapsed(self) -> float:
+        return self.time_base + time.monotonic() - self.started
+
+    def _write_row(self, check_stop: bool = True) -> None:
+        row = self.metrics.row(self._elapsed())
+        row["system/resumes"] = self.resumes
         self.writer.write(row)
         self.progress.show(row)
         self._write_status()
-        self._check_stop(row)
+        if check_stop:
+            self._check_stop(row)
 
     def _check_stop(self, row: dict[str, Any]) -> None:
         stop = self.config.stop
@@ -195,7 +243,7 @@ class Controller:
         status = {
             "experiment": self.config.name, "run_dir": str(self.run_dir), "state": state,
             "stop_reason": self.stop_reason, "controller_pid": os.getpid(),
-            "started": self.started_wall, "updated": time.time(),
+            "started": self.started_wall, "updated": time.time(), "resumes": self.resumes,
             "workers": [{
                 "name": r.name, "kind": r.kind, "index": r.index,
                 "pid": r.handle.pid if r.handle else None,
@@ -209,22 +257,33 @@ class Controller:
         tmp.write_text(json.dumps(status, indent=1))
         tmp.replace(path)
 
+    def _grace_s(self, record: WorkerRecord) -> float:
+        """How long a worker may take to exit after SIGTERM (the learner saves first)."""
+        grace = self.config.runtime.stop_grace_s
+        if record.kind == "learner" and self.config.checkpoint.enabled:
+            grace += self.config.checkpoint.final_save_timeout_s
+        return grace
+
     def _shutdown(self) -> None:
-        """SIGTERM every live worker, wait for the grace period, then SIGKILL."""
+        """SIGTERM every live worker, wait for its grace period, then SIGKILL.
+
+        A last metrics row then records the final counters, as of the learner's
+        final checkpoint.
+        """
         if self.stop_reason is None:
             self._finish("controller error", EXIT_FAILED)
         live = [r for r in self.workers if r.handle and self.backend.exit_code(r.handle) is None]
         for record in live:
             self.backend.send_signal(record.handle, signal.SIGTERM)
-        deadline = time.monotonic() + self.config.runtime.stop_grace_s
-        while time.monotonic() < deadline and any(
-                self.backend.exit_code(r.handle) is None for r in live):
+        started = time.monotonic()
+        while any(self.backend.exit_code(r.handle) is None
+                  and time.monotonic() - started < self._grace_s(r) for r in live):
             self._take_heartbeats()
             time.sleep(LOOP_S)
         for record in live:
             if self.backend.exit_code(record.handle) is None:
                 log.warning("%s did not stop in %.0fs; killing it", record.name,
-                            self.config.runtime.stop_grace_s)
+                            self._grace_s(record))
                 self.backend.send_signal(record.handle, signal.SIGKILL)
                 while self.backend.exit_code(record.handle) is None:
                     time.sleep(LOOP_S)
@@ -232,5 +291,6 @@ class Controller:
                 record.state = "stopped"
                 record.exit_code = self.backend.exit_code(record.handle)
         self._take_heartbeats()
+        self._write_row(check_stop=False)
         final = {EXIT_OK: "finished", EXIT_INTERRUPTED: "interrupted"}
         self._write_status(final.get(self.exit_code, "failed"))

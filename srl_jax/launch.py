@@ -5,22 +5,39 @@ overrides, validates everything before a worker starts (exit code 2 and one
 line on a bad config), makes the run directory, writes the resolved config and
 hands over to the controller. Exit code 0 when the run reached its stop
 condition; non-zero with a one-line reason otherwise.
+
+`--resume` continues the newest run of the experiment that has a checkpoint
+(or the one given with `--run-dir`) from its newest complete checkpoint, with
+the run's own resolved config plus any `--set` overrides (actor and server
+counts, stop limits, ... may change; what the checkpoint's shapes depend on
+may not).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import shutil
 import sys
 import time
 from pathlib import Path
 
 import yaml
 
-from srl_jax.config import ConfigError, config_to_dict, load_config, resolve_experiment_path
+from srl_jax.config import (
+    ConfigError,
+    ExperimentConfig,
+    config_to_dict,
+    load_config,
+    resolve_experiment_path,
+)
+from srl_jax.run_dir import checkpoint_steps, latest_resumable_run, trim_metrics
 
 EXIT_CONFIG = 2
 REPO_ROOT = Path(__file__).resolve().parent.parent
+RUNS_ROOT = Path("runs")
+FIXED_ON_RESUME = ("env", "network", "learner.algorithm", "learner.normalize_obs")
+"""Config keys the checkpointed state depends on; a resume may not change them."""
 
 
 def config_dirs() -> list[Path]:
@@ -44,30 +61,65 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _get(values: dict, dotted: str) -> object:
+    for part in dotted.split("."):
+        values = values[part]
+    return values
+
+
+def prepare_resume(args: argparse.Namespace, experiment: ExperimentConfig) -> tuple:
+    """The run to continue, its config with the overrides, and its checkpoint step."""
+    run_dir = args.run_dir or latest_resumable_run(RUNS_ROOT, experiment.name)
+    if run_dir is None:
+        raise ConfigError(f"'--resume': no run of '{experiment.name}' with a checkpoint under "
+                          f"{RUNS_ROOT / experiment.name}")
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"'--run-dir': {run_dir} is not an srl_jax run directory (no "
+                          "config.yaml)")
+    steps = checkpoint_steps(run_dir)
+    if not steps:
+        raise ConfigError(f"'--resume': {run_dir} holds no complete checkpoint to resume from")
+    config = load_config(run_dir / "config.yaml", args.overrides)
+    if config.name != experiment.name:
+        raise ConfigError(f"'--run-dir': {run_dir} is a run of '{config.name}', not of "
+                          f"'{experiment.name}'")
+    saved, wanted = (yaml.safe_load((run_dir / "config.yaml").read_text()),
+                     config_to_dict(config))
+    for key in FIXED_ON_RESUME:
+        if _get(saved, key) != _get(wanted, key):
+            raise ConfigError(f"'{key}' cannot change on resume: the checkpoint was trained "
+                              f"with {_get(saved, key)!r}")
+    return config, run_dir, steps[-1]
+
+
 def prepare_run(args: argparse.Namespace) -> tuple:
-    """Everything that can fail on bad input, before any process starts."""
+    """Everything that can fail on bad input, before any process starts.
+
+    Returns (config, run directory, checkpoint step to resume from or None).
+    """
     from actors.envs import env_spec
 
     if args.backend != "local":
         raise ConfigError(f"'--backend': '{args.backend}' is not available; this version has "
                           "'local'")
-    if args.resume:
-        raise ConfigError("'--resume': resuming needs checkpoints, which this version does "
-                          "not write yet")
     path = resolve_experiment_path(args.experiment, config_dirs())
-    config = load_config(path, args.overrides)
+    config = load_config(path, [] if args.resume else args.overrides)
+    if args.resume:
+        config, run_dir, step = prepare_resume(args, config)
+        env_spec(config.env)
+        return config, run_dir, step
     env_spec(config.env)
-    run_dir = args.run_dir or Path("runs") / config.name / time.strftime("%Y%m%d-%H%M%S")
+    run_dir = args.run_dir or RUNS_ROOT / config.name / time.strftime("%Y%m%d-%H%M%S")
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ConfigError(f"'--run-dir': {run_dir} already holds files; pick an empty or new "
-                          "directory")
-    return config, run_dir
+                          "directory (or add --resume to continue it)")
+    return config, run_dir, None
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        config, run_dir = prepare_run(args)
+        config, run_dir, resume_step = prepare_run(args)
     except ConfigError as error:
         print(f"srl_jax.launch: config error: {error}", file=sys.stderr)
         return EXIT_CONFIG
@@ -75,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     from srl_jax.controller import Controller
     from srl_jax.metrics import ProgressDisplay
 
+    resume_row = None
+    if resume_step is not None:
+        resume_row = trim_metrics(run_dir, resume_step)
+        shutil.rmtree(run_dir / "names", ignore_errors=True)  # the old run's endpoints
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
     logging.basicConfig(
@@ -82,8 +138,13 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s controller %(levelname)s %(name)s: %(message)s")
     backend = make_backend(args.backend, run_dir)
     progress = ProgressDisplay(sys.stdout, enabled=not args.quiet)
-    print(f"srl_jax: {config.name} -> {run_dir}", flush=True)
-    return Controller(config, run_dir, backend, progress).run()
+    if resume_step is None:
+        print(f"srl_jax: {config.name} -> {run_dir}", flush=True)
+    else:
+        print(f"srl_jax: {config.name} resumes from checkpoint step {resume_step} -> {run_dir}",
+              flush=True)
+    return Controller(config, run_dir, backend, progress, resume_row=resume_row,
+                      resumed=resume_step is not None).run()
 
 
 if __name__ == "__main__":

@@ -18,39 +18,71 @@ from typing import Any, TextIO
 
 import numpy as np
 
-GAUGES = frozenset({"policy_version", "queue_chunks"})
+GAUGES = frozenset({"policy_version", "learner_steps", "queue_chunks", "checkpoint_step"})
+CARRIED = frozenset({"frames_consumed", "frames_received", "episodes_received", "lag_sum",
+                     "lag_count", "samples_dropped_stale", "samples_dropped_full"})
+"""Learner counters that belong to the run: checkpointed, and restored by a new learner."""
 
 
-def _is_gauge(key: str) -> bool:
-    return key in GAUGES or key.startswith("train/")
+def _is_held(key: str) -> bool:
+    """Kept as last seen when a worker dies, until its successor reports anew."""
+    return key in GAUGES or key in CARRIED or key.startswith("train/")
 
 
 class MetricsAggregator:
-    def __init__(self) -> None:
+    """Totals and windowed rates over every worker's latest heartbeat.
+
+    A resumed run passes where its metrics stopped (`env_frames_base`,
+    `time_base`, `restarts`), so totals continue instead of starting at zero.
+    """
+
+    def __init__(self, env_frames_base: float = 0.0, time_base: float = 0.0,
+                 restarts: int = 0) -> None:
+        self.env_frames_base = env_frames_base
         self.live: dict[str, dict[str, float]] = {}
         self.kinds: dict[str, str] = {}
         self.retired: dict[str, float] = defaultdict(float)
         self._returns: list[np.ndarray] = []
         self._lengths: list[np.ndarray] = []
-        self._previous: dict[str, float] = {}
-        self._previous_time = 0.0
-        self.restarts = 0
+        self._previous: dict[str, float] = {"env_frames": env_frames_base}
+        self._previous_time = time_base
+        self.restarts = restarts
+        self.learner_restarts = 0
 
     def observe(self, worker: str, kind: str, counters: dict[str, Any],
-                arrays: dict[str, np.ndarray]) -> None:
-        """Take one heartbeat."""
+                arrays: dict[str, np.ndarray], first: bool = False) -> None:
+        """Take one heartbeat; `first` marks a new process's first report.
+
+        A new learner brings the run counters it restored from a checkpoint;
+        the jump is history, not this window's work, so rates skip it.
+        """
+        carried = [key for key in CARRIED if key in counters] if first else []
+        before = {key: self.total(kind, key) for key in carried}
         self.live[worker] = {k: float(v) for k, v in counters.items()
                              if isinstance(v, int | float) and math.isfinite(v)}
         self.kinds[worker] = kind
+        for key in carried:
+            window_key = f"{kind}:{key}"
+            self._previous[window_key] = self._previous.get(window_key, 0.0) + \
+                self.total(kind, key) - before[key]
         if "episode_return" in arrays and "episode_length" in arrays:
             self._returns.append(np.asarray(arrays["episode_return"], np.float64))
             self._lengths.append(np.asarray(arrays["episode_length"], np.float64))
 
     def retire(self, worker: str) -> None:
-        """A worker died: keep its cumulative counters in the totals."""
-        for key, value in self.live.pop(worker, {}).items():
-            if not _is_gauge(key):
+        """A worker died: keep its cumulative counters in the totals.
+
+        Gauges and run counters stay as last seen until the successor's first
+        heartbeat replaces them, so rows never drop to zero in between.
+        """
+        held = {}
+        for key, value in self.live.get(worker, {}).items():
+            if _is_held(key):
+                held[key] = value
+            else:
                 self.retired[f"{self.kinds[worker]}:{key}"] += value
+        if worker in self.live:
+            self.live[worker] = held
 
     def total(self, kind: str, key: str) -> float:
         live = sum(c.get(key, 0.0) for w, c in self.live.items() if self.kinds[w] == kind)
@@ -63,16 +95,15 @@ class MetricsAggregator:
     def row(self, elapsed: float) -> dict[str, Any]:
         """One metrics row over the window since the previous row."""
         totals = {
-            "env_frames": self.total("actor", "env_frames"),
-            "lag_sum": self.total("learner", "lag_sum"),
-            "lag_count": self.total("learner", "lag_count"),
+            "env_frames": self.env_frames_base + self.total("actor", "env_frames"),
             **{f"actor:{k}": self.total("actor", k) for k in (
                 "time_env", "time_wait", "time_send", "chunks_sent", "chunks_dropped",
                 "infer_timeouts")},
             **{f"inference:{k}": self.total("inference", k) for k in (
                 "requests", "rows", "batches", "padded_rows", "time_compute")},
             **{f"learner:{k}": self.total("learner", k) for k in (
-                "frames_consumed", "time_update", "time_publish")},
+                "frames_consumed", "lag_sum", "lag_count", "time_update", "time_publish",
+                "time_checkpoint")},
         }
         delta = {k: v - self._previous.get(k, 0.0) for k, v in totals.items()}
         window = max(elapsed - self._previous_time, 1e-9)
@@ -80,6 +111,7 @@ class MetricsAggregator:
         actors = max(1, sum(1 for k in self.kinds.values() if k == "actor"))
         servers = max(1, sum(1 for k in self.kinds.values() if k == "inference"))
         version = self.gauge("learner", "policy_version") or 0
+        checkpoint_step = self.gauge("learner", "checkpoint_step")
         row: dict[str, Any] = {
             "time": round(elapsed, 3),
             "env_frames": int(totals["env_frames"]),
@@ -95,8 +127,9 @@ class MetricsAggregator:
                 row["episode_return_mean"] = round(float(returns.mean()), 3)
                 row["episode_length_mean"] = round(float(lengths.mean()), 3)
                 row["episodes"] = len(returns)
-        if delta["lag_count"] > 0:
-            row["policy_lag_mean"] = round(delta["lag_sum"] / delta["lag_count"], 3)
+        if delta["learner:lag_count"] > 0:
+            row["policy_lag_mean"] = round(delta["learner:lag_sum"] / delta["learner:lag_count"],
+                                           3)
         actor_time = window * actors
         for part in ("env", "wait", "send"):
             row[f"actor/time_{part}_frac"] = round(delta[f"actor:time_{part}"] / actor_time, 4)
@@ -115,12 +148,16 @@ class MetricsAggregator:
         row["learner/time_update_frac"] = round(delta["learner:time_update"] / window, 4)
         row["learner/samples_dropped_full"] = int(self.total("learner", "samples_dropped_full"))
         row["learner/queue_chunks"] = int(self.gauge("learner", "queue_chunks") or 0)
+        if checkpoint_step is not None and checkpoint_step >= 0:
+            row["learner/checkpoint_step"] = int(checkpoint_step)
+        row["learner/time_checkpoint_frac"] = round(delta["learner:time_checkpoint"] / window, 4)
         for worker, counters in self.live.items():
             if self.kinds[worker] == "learner":
                 for key, value in counters.items():
                     if key.startswith("train/"):
                         row[f"learner/{key[len('train/'):]}"] = round(value, 6)
         row["system/restarts"] = self.restarts
+        row["system/learner_restarts"] = self.learner_restarts
         row["system/wire_rejected"] = int(sum(
             self.total(kind, "wire_rejected") for kind in set(self.kinds.values())))
         return row

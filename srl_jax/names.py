@@ -16,6 +16,9 @@ from typing import Protocol
 
 log = logging.getLogger(__name__)
 
+COORDINATOR_KEY = "learner/coordinator"
+"""Where learner process 0's jax.distributed coordinator listens (several learner processes)."""
+
 
 class NameService(Protocol):
     def register(self, key: str, endpoint: str) -> None:
@@ -26,6 +29,9 @@ class NameService(Protocol):
 
     def get(self, key: str) -> str | None:
         """The endpoint under `key` now, or None."""
+
+    def unregister(self, key: str) -> None:
+        """Forget `key` (its owner is gone and will register anew)."""
 
 
 class FileNameService:
@@ -43,6 +49,9 @@ class FileNameService:
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(endpoint)
         tmp.replace(path)
+
+    def unregister(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
 
     def get(self, key: str) -> str | None:
         try:

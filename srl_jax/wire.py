@@ -20,6 +20,11 @@ Message kinds (the whole protocol):
 | `samples`       | actor -> learner              | one trajectory chunk, see actors.chunks |
 | `params`        | learner -> inference servers  | one array per parameter leaf            |
 | `stats`         | any worker -> controller      | episode_return, episode_length          |
+
+Metadata worth knowing: `samples` carries `actor` and `episode_returns` (the
+returns of episodes finished since that actor's previous chunk); `params`
+carries `version` and `incarnation` (the learner's start time in ms, so that
+a learner restored from a checkpoint wins over the one that died).
 """
 
 from __future__ import annotations

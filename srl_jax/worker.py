@@ -79,6 +79,9 @@ class Worker:
         """Arrays sent with a heartbeat (e.g. episodes finished since the last one)."""
         return {}
 
+    def finish(self) -> None:
+        """After a clean stop, before the last heartbeat (e.g. a final checkpoint)."""
+
     def close(self) -> None:
         """Release what `setup` took."""
 
@@ -146,6 +149,8 @@ class Worker:
             while not self._stop:
                 self.run_once()
                 self.heartbeat()
+            self._phase = "finishing"
+            self.finish()
             self.heartbeat(force=True)
         except WorkerStopped as stopped:
             self.log.info("%s", stopped)

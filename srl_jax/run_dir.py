@@ -1,0 +1,84 @@
+"""The run directory's layout, read without JAX: runs, checkpoints, metrics rows.
+
+The controller and the launcher use this to find what to resume; the learner
+writes checkpoints through `srl_jax.checkpoint` (orbax). A checkpoint step is
+complete when its directory carries its plain step number: orbax writes into a
+temporary directory and renames it only once every file is on disk, so a save
+torn by a kill never looks like a step here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+CHECKPOINTS = "checkpoints"
+BEST = "best"
+METRICS = "metrics.jsonl"
+DISCARDED_METRICS = "metrics.discarded.jsonl"
+
+
+def checkpoint_root(run_dir: Path, best: bool = False) -> Path:
+    root = Path(run_dir) / CHECKPOINTS
+    return root / BEST if best else root
+
+
+def checkpoint_steps(run_dir: Path, best: bool = False) -> list[int]:
+    """Steps of the complete checkpoints, oldest first."""
+    root = checkpoint_root(run_dir, best)
+    if not root.is_dir():
+        return []
+    return sorted(int(p.name) for p in root.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def checkpoint_meta(run_dir: Path, step: int, best: bool = False) -> dict[str, Any]:
+    """The JSON the learner saved beside its state (counters, config, save time)."""
+    return json.loads((checkpoint_root(run_dir, best) / str(step) / "meta" / "metadata")
+                      .read_text())
+
+
+def latest_resumable_run(runs_root: Path, experiment: str) -> Path | None:
+    """The newest run of `experiment` under `runs_root` that holds a complete checkpoint."""
+    parent = Path(runs_root) / experiment
+    if not parent.is_dir():
+        return None
+    runs = sorted((p for p in parent.iterdir() if p.is_dir()), key=lambda p: p.name,
+                  reverse=True)
+    return next((run for run in runs if checkpoint_steps(run)), None)
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """Rows of metrics.jsonl; a line torn by a kill mid-write is skipped."""
+    path = Path(run_dir) / METRICS
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def trim_metrics(run_dir: Path, learner_steps: int) -> dict[str, Any] | None:
+    """Keep the rows up to a checkpoint's learner step; return the last one kept.
+
+    Rows written after the checkpoint describe training the resume throws away;
+    they move to metrics.discarded.jsonl, so metrics.jsonl never goes back and
+    nothing is lost.
+    """
+    rows = read_metrics(run_dir)
+    cut = len(rows)
+    while cut and rows[cut - 1].get("learner_steps", 0) > learner_steps:
+        cut -= 1
+    kept, dropped = rows[:cut], rows[cut:]
+    if dropped:
+        with open(Path(run_dir) / DISCARDED_METRICS, "a") as out:
+            out.writelines(json.dumps(row) + "\n" for row in dropped)
+    path = Path(run_dir) / METRICS
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(row) + "\n" for row in kept))
+    tmp.replace(path)
+    return kept[-1] if kept else None
