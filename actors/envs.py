@@ -32,8 +32,9 @@ class EnvSpec:
         return np.dtype(np.float32 if self.continuous else np.int32)
 
 
-def make_env(config: EnvConfig) -> gym.Env:
-    return gym.make(config.id, **config.kwargs)
+def make_env(config: EnvConfig, render_mode: str | None = None) -> gym.Env:
+    kwargs = dict(config.kwargs, render_mode=render_mode) if render_mode else config.kwargs
+    return gym.make(config.id, **kwargs)
 
 
 def env_spec(config: EnvConfig) -> EnvSpec:

@@ -24,6 +24,8 @@ class Distribution(NamedTuple):
     """(policy output, actions) -> log-probabilities [N]."""
     entropy: Callable[[jax.Array], jax.Array]
     """policy output -> entropies [N]."""
+    mode: Callable[[jax.Array], jax.Array]
+    """policy output -> the most likely actions [N, ...] (for deterministic evaluation)."""
 
 
 def _categorical_sample(key: jax.Array, logits: jax.Array) -> jax.Array:
@@ -40,7 +42,12 @@ def _categorical_entropy(logits: jax.Array) -> jax.Array:
     return -jnp.sum(jnp.exp(log_probs) * log_probs, -1)
 
 
-CATEGORICAL = Distribution(_categorical_sample, _categorical_log_prob, _categorical_entropy)
+def _categorical_mode(logits: jax.Array) -> jax.Array:
+    return jnp.argmax(logits, -1).astype(jnp.int32)
+
+
+CATEGORICAL = Distribution(_categorical_sample, _categorical_log_prob, _categorical_entropy,
+                           _categorical_mode)
 
 
 def _split(out: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -64,7 +71,11 @@ def _gaussian_entropy(out: jax.Array) -> jax.Array:
     return jnp.sum(log_std + 0.5 * (1.0 + math.log(2 * math.pi)), -1)
 
 
-GAUSSIAN = Distribution(_gaussian_sample, _gaussian_log_prob, _gaussian_entropy)
+def _gaussian_mode(out: jax.Array) -> jax.Array:
+    return _split(out)[0]
+
+
+GAUSSIAN = Distribution(_gaussian_sample, _gaussian_log_prob, _gaussian_entropy, _gaussian_mode)
 
 
 def distribution(continuous: bool) -> Distribution:

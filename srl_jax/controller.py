@@ -100,7 +100,7 @@ class Controller:
         context = zmq.Context.instance()
         self.stats = make_socket(context, zmq.PULL, hwm=10_000)
         bind_registered(self.stats, self.backend.name_service(), "controller/stats")
-        self.writer = MetricsWriter(self.run_dir / "metrics.jsonl")
+        self.writer = MetricsWriter(self.run_dir)
         try:
             for record in self.workers:
                 self._start(record)

@@ -163,18 +163,35 @@ class MetricsAggregator:
         return row
 
 
-class MetricsWriter:
-    """Appends rows to metrics.jsonl, flushed per row so a reader never waits."""
+def tensorboard_tag(key: str) -> str | None:
+    """The TensorBoard name of a metrics key: grouped keys keep their group, the
+    contract keys go under `train/`; `time` is the event's wall time instead."""
+    if key == "time":
+        return None
+    return key if "/" in key else f"train/{key}"
 
-    def __init__(self, path: Path) -> None:
-        self._file = open(path, "a")  # noqa: SIM115 - held for the run
+
+class MetricsWriter:
+    """Appends rows to metrics.jsonl (flushed per row so a reader never waits) and
+    to TensorBoard event files in the run directory, with env frames as the step."""
+
+    def __init__(self, run_dir: Path) -> None:
+        from tensorboardX import SummaryWriter
+
+        self._file = open(Path(run_dir) / "metrics.jsonl", "a")  # noqa: SIM115 - held for the run
+        self._events = SummaryWriter(str(run_dir), flush_secs=5)
 
     def write(self, row: dict[str, Any]) -> None:
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
+        for key, value in row.items():
+            tag = tensorboard_tag(key)
+            if tag is not None and isinstance(value, int | float):
+                self._events.add_scalar(tag, value, global_step=row["env_frames"])
 
     def close(self) -> None:
         self._file.close()
+        self._events.close()
 
 
 def _si(value: float) -> str:

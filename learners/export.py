@@ -1,0 +1,86 @@
+"""A trained policy out of a run directory, in one call, for notebooks and scripts.
+
+    policy = load_policy("runs/cartpole_ppo/20261202-120000")
+    action = policy.act(observation)
+
+The policy is rebuilt from the config saved in the checkpoint and takes the
+checkpoint's parameters (with their observation statistics). It acts on one
+observation or a batch, deterministically (the most likely action) by default.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from actors.envs import EnvSpec, env_spec
+from learners.algorithms import algorithm
+from learners.networks import Policy, init_policy_params, make_policy
+from learners.train_state import init_train_state
+from srl_jax.checkpoint import Checkpointer
+from srl_jax.config import ExperimentConfig, config_from_dict
+from srl_jax.run_dir import checkpoint_meta, checkpoint_steps
+
+
+class TrainedPolicy:
+    """Acts with the parameters of one checkpoint."""
+
+    def __init__(self, config: ExperimentConfig, spec: EnvSpec, policy: Policy, params: Any,
+                 step: int, seed: int = 0) -> None:
+        self.config, self.spec, self.params, self.step = config, spec, params, step
+        self._key = jax.random.key(seed)
+        self._calls = 0
+
+        def act(params: Any, obs: jax.Array, key: jax.Array, deterministic: bool) -> jax.Array:
+            out, _ = policy.apply(params, obs)
+            if deterministic:
+                return policy.dist.mode(out)
+            return policy.dist.sample(key, out)
+
+        self._act = jax.jit(act, static_argnums=3)
+
+    def act_batch(self, obs: np.ndarray, deterministic: bool = True) -> np.ndarray:
+        """Actions for a batch of observations [N, ...], clipped to the action space."""
+        self._calls += 1
+        key = jax.random.fold_in(self._key, self._calls)
+        batch = np.asarray(obs, self.spec.obs_dtype)
+        actions = np.asarray(self._act(self.params, batch, key, deterministic))
+        if self.spec.continuous:
+            actions = np.clip(actions, self.spec.action_low, self.spec.action_high)
+        return actions
+
+    def act(self, obs: np.ndarray, deterministic: bool = True) -> Any:
+        """The action for one observation, as the environment takes it."""
+        action = self.act_batch(np.asarray(obs)[None], deterministic)[0]
+        return action if self.spec.continuous else int(action)
+
+
+def load_policy(run_dir: str | Path, step: int | None = None, best: bool = False,
+                seed: int = 0) -> TrainedPolicy:
+    """The policy of a run's newest checkpoint (or `step`, or the best by training return).
+
+    FileNotFoundError names the directory when there is nothing to load.
+    """
+    run_dir = Path(run_dir)
+    steps = checkpoint_steps(run_dir, best)
+    if not steps:
+        what = "best checkpoint" if best else "complete checkpoint"
+        raise FileNotFoundError(f"{run_dir} holds no {what} (looked in {run_dir}/checkpoints)")
+    if step is not None and step not in steps:
+        raise FileNotFoundError(f"{run_dir} has no checkpoint step {step} (it has {steps})")
+    step = steps[-1] if step is None else step
+    config = config_from_dict(checkpoint_meta(run_dir, step, best)["config"])
+    spec = env_spec(config.env)
+    policy, network = make_policy(config, spec)
+    optimizer = algorithm(config.learner.algorithm).make_optimizer(config)
+    like = init_train_state(init_policy_params(network, spec.obs_shape, config.seed), optimizer,
+                            config.seed)
+    checkpointer = Checkpointer(run_dir, keep=config.checkpoint.keep, keep_best=best)
+    try:
+        restored = checkpointer.restore(like, step=step, best=best)
+    finally:
+        checkpointer.close()
+    return TrainedPolicy(config, spec, policy, restored.state.params, step, seed)
