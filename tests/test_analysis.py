@@ -12,7 +12,6 @@ from typing import Any
 import nbclient
 import nbformat
 import numpy as np
-import pandas as pd
 import pytest
 import yaml
 
