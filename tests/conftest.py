@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -90,6 +91,36 @@ class Processes:
             if process.poll() is None:
                 process.send_signal(signal.SIGKILL)
                 process.wait()
+
+
+def read_status(run_dir: Path) -> dict | None:
+    try:
+        return json.loads((run_dir / "status.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def worker(status: dict | None, name: str) -> dict | None:
+    return next((w for w in (status or {}).get("workers", []) if w["name"] == name), None)
+
+
+def all_running(run_dir: Path) -> bool:
+    status = read_status(run_dir)
+    return bool(status) and all(w["state"] == "running" for w in status["workers"])
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def launch(processes: Processes, tmp_path: Path, *overrides: str,
+           experiment: str = "cartpole_ppo", env: dict[str, str] | None = None) -> tuple:
+    run_dir = tmp_path / "run"
+    args = [sys.executable, "-m", "srl_jax.launch", experiment, "--run-dir", str(run_dir)]
+    for override in overrides:
+        args += ["--set", override]
+    process = processes.start(args, log=tmp_path / "launch.log", env=env)
+    return process, run_dir
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import json
 import signal
 import subprocess
 import sys
@@ -12,39 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Processes, pid_alive, wait_for
+from tests.conftest import (
+    Processes,
+    all_running,
+    launch,
+    pid_alive,
+    read_metrics,
+    read_status,
+    wait_for,
+    worker,
+)
 
 pytestmark = pytest.mark.slow
-
-
-def read_status(run_dir: Path) -> dict | None:
-    try:
-        return json.loads((run_dir / "status.json").read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-
-
-def worker(status: dict | None, name: str) -> dict | None:
-    return next((w for w in (status or {}).get("workers", []) if w["name"] == name), None)
-
-
-def all_running(run_dir: Path) -> bool:
-    status = read_status(run_dir)
-    return bool(status) and all(w["state"] == "running" for w in status["workers"])
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def launch(processes: Processes, tmp_path: Path, *overrides: str,
-           experiment: str = "cartpole_ppo", env: dict[str, str] | None = None) -> tuple:
-    run_dir = tmp_path / "run"
-    args = [sys.executable, "-m", "srl_jax.launch", experiment, "--run-dir", str(run_dir)]
-    for override in overrides:
-        args += ["--set", override]
-    process = processes.start(args, log=tmp_path / "launch.log", env=env)
-    return process, run_dir
 
 
 @pytest.mark.parametrize("experiment, inline", [

@@ -1,0 +1,132 @@
+"""Checkpoints on disk: exact round trips, retention, torn saves, and the run-directory
+helpers a resume relies on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from learners.train_state import TrainState
+from srl_jax.checkpoint import Checkpointer
+from srl_jax.run_dir import (
+    DISCARDED_METRICS,
+    checkpoint_meta,
+    checkpoint_steps,
+    latest_resumable_run,
+    read_metrics,
+    trim_metrics,
+)
+from tests.update_checks import small_policy_state
+
+
+def trained_state(shift: float = 0.0) -> TrainState:
+    """A train state with non-trivial optimizer moments, obs statistics and RNG key."""
+    optimizer = optax.chain(optax.clip_by_global_norm(0.5), optax.adam(1e-3))
+    _, state = small_policy_state(optimizer)
+    params = state.params
+    grads = jax.tree.map(lambda x: np.full(x.shape, 0.1 + shift, x.dtype), params["net"])
+    updates, opt_state = optimizer.update(grads, state.opt_state, params["net"])
+    params = {**params, "net": optax.apply_updates(params["net"], updates),
+              "obs_mean": params["obs_mean"] + 1.5 + shift, "obs_count": params["obs_count"] + 7}
+    key = jax.random.split(state.key)[int(shift > 0)]
+    return state._replace(params=params, opt_state=opt_state, key=key, version=jnp.int32(3))
+
+
+def assert_same_tree(a: object, b: object) -> None:
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            assert jax.random.key_impl(x) == jax.random.key_impl(y)
+            x, y = jax.random.key_data(x), jax.random.key_data(y)
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+        assert np.asarray(x).dtype == np.asarray(y).dtype
+
+
+def test_round_trip_is_exact_and_keeps_types(tmp_path: Path) -> None:
+    state = trained_state()
+    meta = {"version": 3, "processes": [{"frames_consumed": 123}], "config": {"seed": 0}}
+    checkpointer = Checkpointer(tmp_path, keep=2)
+    assert checkpointer.save(3, state, meta) >= 0
+    checkpointer.close()
+    like = trained_state(shift=1.0)  # same shapes, other values
+    restored = Checkpointer(tmp_path).restore(like)
+    assert restored.step == 3 and restored.meta == meta
+    assert_same_tree(restored.state, state)
+    assert isinstance(restored.state, TrainState)
+    assert isinstance(restored.state.opt_state, tuple)  # not a list, as a bare restore gives
+    assert type(restored.state.opt_state[1][0]) is type(state.opt_state[1][0])
+    assert checkpoint_meta(tmp_path, 3) == meta
+
+
+def test_keeps_the_newest_and_the_best(tmp_path: Path) -> None:
+    state = trained_state()
+    checkpointer = Checkpointer(tmp_path, keep=2)
+    for step, score in [(1, 10.0), (2, 30.0), (3, 20.0), (4, None), (5, 25.0)]:
+        meta = {"version": step} | ({"episode_return_mean": score} if score is not None else {})
+        checkpointer.save(step, state._replace(version=jnp.int32(step)), meta)
+    assert checkpointer.save(5, state, {"version": 5}) == 0.0  # already saved: nothing to do
+    checkpointer.close()
+    assert checkpoint_steps(tmp_path) == [4, 5]
+    assert checkpoint_steps(tmp_path, best=True) == [2]
+    reopened = Checkpointer(tmp_path, keep=2)
+    assert reopened.best_return == 30.0
+    assert int(reopened.restore(state, best=True).state.version) == 2
+    reopened.close()
+
+
+def test_a_torn_save_is_never_loaded_and_is_cleaned_up(tmp_path: Path) -> None:
+    state = trained_state()
+    checkpointer = Checkpointer(tmp_path)
+    checkpointer.save(3, state, {"version": 3})
+    checkpointer.close()
+    torn = tmp_path / "checkpoints" / "9.orbax-checkpoint-tmp"
+    (torn / "state").mkdir(parents=True)
+    (torn / "state" / "partial").write_bytes(b"\0" * 100)
+    assert checkpoint_steps(tmp_path) == [3]
+    reopened = Checkpointer(tmp_path)
+    assert reopened.latest_step() == 3
+    assert reopened.restore(state).step == 3
+    assert not torn.exists()
+    reopened.close()
+
+
+def test_restore_without_checkpoints_is_none(tmp_path: Path) -> None:
+    checkpointer = Checkpointer(tmp_path)
+    assert checkpointer.restore(trained_state()) is None
+    checkpointer.close()
+
+
+def write_rows(run_dir: Path, steps: list[int], torn: bool = False) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"time": float(i), "env_frames": 100 * i, "learner_steps": s})
+             for i, s in enumerate(steps)]
+    text = "\n".join(lines) + "\n" + ('{"time": 99, "env_fr' if torn else "")
+    (run_dir / "metrics.jsonl").write_text(text)
+
+
+def test_trim_metrics_keeps_rows_up_to_the_checkpoint(tmp_path: Path) -> None:
+    write_rows(tmp_path, [0, 1, 2, 3, 4, 5], torn=True)
+    last = trim_metrics(tmp_path, learner_steps=3)
+    assert last == {"time": 3.0, "env_frames": 300, "learner_steps": 3}
+    assert [r["learner_steps"] for r in read_metrics(tmp_path)] == [0, 1, 2, 3]
+    discarded = [json.loads(x) for x in (tmp_path / DISCARDED_METRICS).read_text().splitlines()]
+    assert [r["learner_steps"] for r in discarded] == [4, 5]
+    assert trim_metrics(tmp_path, learner_steps=3) == last  # idempotent
+
+
+def test_latest_resumable_run_skips_runs_without_checkpoints(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    for name, step in [("20260101-000000", None), ("20260102-000000", 4),
+                       ("20260103-000000", None)]:
+        run = root / "exp" / name
+        run.mkdir(parents=True)
+        if step is not None:
+            (run / "checkpoints" / str(step)).mkdir(parents=True)
+            (run / "checkpoints" / f"{step + 1}.orbax-checkpoint-tmp").mkdir()
+    assert latest_resumable_run(root, "exp") == root / "exp" / "20260102-000000"
+    assert latest_resumable_run(root, "other") is None

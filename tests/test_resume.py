@@ -1,0 +1,216 @@
+"""Checkpoints end to end: stop and resume, a killed learner, evaluation of a trained run.
+
+Real launcher, controller, workers and orbax checkpoints on loopback.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zmq
+
+from learners.export import load_policy
+from learners.param_codec import params_to_arrays
+from srl_jax.names import FileNameService
+from srl_jax.run_dir import checkpoint_root, checkpoint_steps
+from srl_jax.streams import RejectCounter, make_socket, receive
+from tests.conftest import (
+    Processes,
+    all_running,
+    launch,
+    pid_alive,
+    read_metrics,
+    read_status,
+    wait_for,
+    worker,
+)
+
+pytestmark = pytest.mark.slow
+
+N = 30_000
+"""Frames before the stop; the resumed run goes on to 2N."""
+
+
+def launch_args(run_dir: Path, *overrides: str, resume: bool = False) -> list[str]:
+    args = [sys.executable, "-m", "srl_jax.launch", "cartpole_ppo", "--run-dir", str(run_dir),
+            "--quiet", *(["--resume"] if resume else [])]
+    for override in overrides:
+        args += ["--set", override]
+    return args
+
+
+def assert_continuous(rows: list[dict]) -> None:
+    """No counter goes back and no row repeats."""
+    for a, b in itertools.pairwise(rows):
+        assert a["time"] < b["time"], (a, b)
+        assert a["env_frames"] <= b["env_frames"], (a, b)
+        assert a["learner_steps"] <= b["learner_steps"], (a, b)
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A CartPole run on its way to 2N frames, stopped with SIGTERM after N."""
+    group = Processes()
+    tmp = tmp_path_factory.mktemp("stopped")
+    run_dir = tmp / "run"
+    process = group.start(launch_args(run_dir, "stop.target_return=null",
+                                      f"stop.env_frames={2 * N}", "checkpoint.interval_s=3"),
+                          log=tmp / "launch.log")
+    wait_for(lambda: (rows := read_metrics(run_dir) if (run_dir / "metrics.jsonl").exists()
+                      else []) and rows[-1]["env_frames"] >= N, 120, f"{N} env frames")
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=90) == 130, (tmp / "launch.log").read_text()
+    yield run_dir
+    group.stop_all()
+
+
+def copy_run(run_dir: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    shutil.rmtree(copy / "names")  # so any endpoint that appears is the resumed run's
+    return copy
+
+
+def first_params(run_dir: Path) -> dict:
+    """The first parameter message the resumed learner publishes (subscribed before it
+    publishes: the endpoint is registered before the learner restores and compiles)."""
+    endpoint = FileNameService(run_dir / "names").lookup("learner/params", timeout_s=120)
+    socket = make_socket(zmq.Context.instance(), zmq.SUB)
+    socket.setsockopt(zmq.SUBSCRIBE, b"")
+    socket.connect(endpoint)
+    try:
+        assert socket.poll(120_000), "no parameters published"
+        received = receive(socket, frozenset({"params"}), RejectCounter())
+        assert received is not None
+        return {"meta": received[1].meta,
+                "arrays": {k: np.array(v) for k, v in received[1].arrays.items()}}
+    finally:
+        socket.close(linger=0)
+
+
+def test_sigterm_writes_a_final_checkpoint_and_resume_continues(
+        stopped_run: Path, processes: Processes, tmp_path: Path) -> None:
+    run_dir = copy_run(stopped_run, tmp_path)
+    before = read_metrics(run_dir)
+    last = before[-1]
+    step = checkpoint_steps(run_dir)[-1]
+    assert last["env_frames"] >= N
+    assert step == last["learner_steps"] == last["policy_version"] > 0, \
+        "the final checkpoint holds the last update"
+    assert read_status(run_dir)["state"] == "interrupted"
+    saved = params_to_arrays(load_policy(run_dir, step=step).params)
+
+    process = processes.start(launch_args(run_dir, resume=True), log=tmp_path / "resume.log")
+    published = first_params(run_dir)
+    assert published["meta"]["version"] == step
+    assert published["arrays"].keys() == saved.keys()
+    for name, value in saved.items():
+        np.testing.assert_array_equal(published["arrays"][name], value, err_msg=name)
+    assert process.wait(timeout=180) == 0, (tmp_path / "resume.log").read_text()
+
+    rows = read_metrics(run_dir)
+    assert rows[:len(before)] == before, "rows written before the stop stay as they were"
+    assert_continuous(rows)
+    resumed = rows[len(before):]
+    assert resumed[0]["env_frames"] >= last["env_frames"]
+    assert resumed[0]["learner_steps"] >= step
+    assert max(r["learner_steps"] for r in resumed) > step
+    assert rows[-1]["env_frames"] >= 2 * N and rows[-1]["system/resumes"] == 1
+    status = read_status(run_dir)
+    assert status["state"] == "finished" and status["resumes"] == 1
+    log = (run_dir / "logs" / "learner-0.log").read_text()
+    assert f"restored checkpoint step {step} " in log
+    assert f"resumes from checkpoint step {step}" in (tmp_path / "resume.log").read_text()
+
+
+def test_resume_with_more_actors_and_a_new_stop(stopped_run: Path, processes: Processes,
+                                                 tmp_path: Path) -> None:
+    run_dir = copy_run(stopped_run, tmp_path)
+    before = read_metrics(run_dir)
+    process = processes.start(launch_args(run_dir, "actors.count=3",
+                                          f"stop.env_frames={3 * N}", resume=True),
+                              log=tmp_path / "resume.log")
+    assert process.wait(timeout=180) == 0, (tmp_path / "resume.log").read_text()
+    rows = read_metrics(run_dir)
+    assert_continuous(rows)
+    assert rows[-1]["env_frames"] >= 3 * N > before[-1]["env_frames"]
+    status = read_status(run_dir)
+    assert sorted(w["name"] for w in status["workers"] if w["kind"] == "actor") == \
+        ["actor-0", "actor-1", "actor-2"]
+    assert all(w["restarts"] == 0 for w in status["workers"])
+
+
+def torn_saves(run_dir: Path) -> list[Path]:
+    return sorted(checkpoint_root(run_dir).glob("*.orbax-checkpoint-tmp*"))
+
+
+@pytest.mark.parametrize("when", ["mid-run", "during-save"])
+def test_killed_learner_recovers_from_the_newest_complete_checkpoint(
+        processes: Processes, tmp_path: Path, when: str) -> None:
+    saving = ["checkpoint.every_updates=1", "checkpoint.interval_s=0"] \
+        if when == "during-save" else ["checkpoint.interval_s=1"]
+    process, run_dir = launch(processes, tmp_path, "stop.target_return=null",
+                              "stop.env_frames=100000", "runtime.restart_backoff_s=0.5",
+                              "runtime.max_restarts=5", *saving)
+    wait_for(lambda: all_running(run_dir) and len(checkpoint_steps(run_dir)) >= 2, 120,
+             "a running learner with checkpoints")
+    victim = worker(read_status(run_dir), "learner-0")["pid"]
+    if when == "during-save":
+        # Saves run back to back; strike while one is only a temporary directory.
+        wait_for(lambda: torn_saves(run_dir), 60, "a save in progress")
+    Processes.kill(victim)
+    wait_for(lambda: not pid_alive(victim), 10, "the learner gone")
+    complete = checkpoint_steps(run_dir)[-1]
+    if when == "during-save":
+        torn = torn_saves(run_dir)
+        assert torn and int(torn[0].name.split(".")[0]) > complete, \
+            "the kill should leave a torn save newer than the newest complete one"
+    restarted = wait_for(
+        lambda: (w := worker(read_status(run_dir), "learner-0")) and w["restarts"] == 1
+        and w["state"] == "running" and w["pid"] != victim and w, 120, "learner restarted")
+    assert pid_alive(restarted["pid"])
+    assert process.wait(timeout=180) == 0, (tmp_path / "launch.log").read_text()
+    log = (run_dir / "logs" / "learner-0.log").read_text()
+    assert f"restored checkpoint step {complete} " in log
+    assert not torn_saves(run_dir), "the restarted learner cleans up and its last save completes"
+    rows = read_metrics(run_dir)
+    assert rows[-1]["env_frames"] >= 100_000
+    assert rows[-1]["system/learner_restarts"] == 1
+    assert all(a["env_frames"] <= b["env_frames"] for a, b in itertools.pairwise(rows))
+    assert worker(read_status(run_dir), "learner-0")["restarts"] == 1
+
+
+def test_a_trained_policy_evaluates_above_475(processes: Processes, tmp_path: Path) -> None:
+    process, run_dir = launch(processes, tmp_path, "stop.target_return=495",
+                              "stop.wall_time_s=240")
+    assert process.wait(timeout=300) == 0, (tmp_path / "launch.log").read_text()
+    video = tmp_path / "episode.mp4"
+    result = subprocess.run(
+        [sys.executable, "-m", "srl_jax.evaluate", str(run_dir), "--episodes", "10",
+         "--video", str(video)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    mean = float(re.search(r"mean return ([\d.]+)", result.stdout).group(1))
+    assert mean >= 475, result.stdout
+    assert len(re.findall(r"^episode \d+/10", result.stdout, re.M)) == 10
+    assert video.stat().st_size > 10_000
+    policy = load_policy(run_dir)
+    action = policy.act(np.zeros(4, np.float32))
+    assert action in (0, 1) and isinstance(action, int)
+
+
+def test_evaluate_without_checkpoints_is_one_line(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "srl_jax.evaluate", str(tmp_path)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"srl_jax.evaluate: {tmp_path} holds no complete checkpoint (looked in "
+        f"{tmp_path}/checkpoints)"]
