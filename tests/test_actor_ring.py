@@ -250,7 +250,14 @@ def test_actor_process_streams_consistent_chunks(tmp_path, processes, stats_sock
     finally:
         fake.close()
     assert fake.rejects.count == 0
-    assert all(meta == {"actor": 0} for meta in fake.chunk_meta)
+    assert all(meta.keys() == {"actor", "episode_returns"} and meta["actor"] == 0
+               for meta in fake.chunk_meta)
+    # Each chunk carries the returns of episodes finished since the previous one: CartPole
+    # pays 1 per step, so a return is an episode length, at most LIMIT.
+    returns = [r for meta in fake.chunk_meta for r in meta["episode_returns"]]
+    ends = sum(int((c["terminated"] | c["truncated"]).sum()) for c in fake.chunks)
+    assert returns and all(r == int(r) and 1 <= r <= LIMIT for r in returns)
+    assert ends - N_ENVS <= len(returns) <= ends + N_ENVS
 
     # Requests: seq counts up by one per request of a split (the first may come with a
     # later seq: a request sent before the actor's socket connects is sent again).

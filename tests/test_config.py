@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from srl_jax.config import ConfigError, load_config
-from tests.conftest import REPO
+from tests.conftest import REPO, make_config, write_run_dir
 
 DEFAULT = REPO / "configs" / "cartpole_ppo.yaml"
 
@@ -91,3 +91,35 @@ def test_a_used_run_dir_is_refused(tmp_path: Path) -> None:
     result = launch("cartpole_ppo", "--run-dir", str(run_dir), cwd=tmp_path)
     assert result.returncode == 2
     assert "already holds files" in result.stderr
+
+
+def resume_error(tmp_path: Path, *args: str) -> str:
+    result = launch(*args, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("srl_jax.launch: config error:"), lines
+    return lines[0]
+
+
+def test_resume_errors_are_one_line(tmp_path: Path) -> None:
+    assert "no run of 'cartpole_ppo' with a checkpoint under runs/cartpole_ppo" in \
+        resume_error(tmp_path, "cartpole_ppo", "--resume")
+    other = tmp_path / "other"
+    other.mkdir()
+    assert "is not an srl_jax run directory" in \
+        resume_error(tmp_path, "cartpole_ppo", "--resume", "--run-dir", str(other))
+    run = write_run_dir(tmp_path / "run", make_config())
+    assert "holds no complete checkpoint" in \
+        resume_error(tmp_path, "cartpole_ppo", "--resume", "--run-dir", str(run))
+    (run / "checkpoints" / "5.orbax-checkpoint-tmp").mkdir(parents=True)
+    assert "holds no complete checkpoint" in \
+        resume_error(tmp_path, "cartpole_ppo", "--resume", "--run-dir", str(run))
+    (run / "checkpoints" / "4").mkdir()
+    assert "'network' cannot change on resume" in resume_error(
+        tmp_path, "cartpole_ppo", "--resume", "--run-dir", str(run), "--set",
+        "network.hidden=[32]")
+    assert "is a run of 'cartpole_ppo', not of 'cartpole_impala'" in \
+        resume_error(tmp_path, "cartpole_impala", "--resume", "--run-dir", str(run))
+    assert "'actors.count' must be at least 1" in resume_error(
+        tmp_path, "cartpole_ppo", "--resume", "--run-dir", str(run), "--set", "actors.count=0")
+    assert not (run / "metrics.jsonl").exists() and not (run / "status.json").exists()

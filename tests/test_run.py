@@ -109,11 +109,13 @@ def test_config_error_leaves_no_run(tmp_path: Path) -> None:
     assert "'actors.splits' (2) must divide 'actors.envs' (15)" in result.stderr
 
 
-def test_learner_death_ends_the_run_with_a_reason(processes: Processes, tmp_path: Path) -> None:
+def test_without_checkpoints_learner_death_ends_the_run_with_a_reason(
+        processes: Processes, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     process = processes.start(
         [sys.executable, "-m", "srl_jax.launch", "cartpole_ppo", "--run-dir", str(run_dir),
-         "--quiet", "--set", "stop.wall_time_s=300"], stderr_to=tmp_path / "stderr.log")
+         "--quiet", "--set", "stop.wall_time_s=300", "--set", "checkpoint.enabled=false"],
+        stderr_to=tmp_path / "stderr.log")
     wait_for(lambda: all_running(run_dir), 90, "all workers running")
     status = read_status(run_dir)
     Processes.kill(worker(status, "learner-0")["pid"])

@@ -1,0 +1,93 @@
+"""Metrics rows across worker restarts and resumes, and the TensorBoard copy of them."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+from tensorboardX.proto import event_pb2
+
+from srl_jax.metrics import MetricsAggregator, MetricsWriter, tensorboard_tag
+
+NO_ARRAYS: dict[str, np.ndarray] = {}
+
+
+def learner(version: int, frames: int, lag_sum: float, lag_count: int) -> dict[str, float]:
+    return {"policy_version": version, "learner_steps": version, "frames_consumed": frames,
+            "lag_sum": lag_sum, "lag_count": lag_count, "samples_dropped_stale": 2}
+
+
+def test_a_restored_learner_neither_resets_rows_nor_spikes_rates() -> None:
+    metrics = MetricsAggregator()
+    metrics.observe("actor-0", "actor", {"env_frames": 1000}, NO_ARRAYS, first=True)
+    metrics.observe("learner-0", "learner", learner(10, 1000, 5.0, 10), NO_ARRAYS, first=True)
+    metrics.row(1.0)
+    metrics.observe("learner-0", "learner", learner(20, 2000, 10.0, 20), NO_ARRAYS)
+    assert metrics.row(2.0)["learner/samples_per_s"] == 1000.0
+    metrics.retire("learner-0")  # dies after version 20; its last checkpoint was 15
+    while_down = metrics.row(3.0)
+    assert while_down["learner_steps"] == 20 and while_down["samples_dropped_stale"] == 2
+    assert while_down["learner/samples_per_s"] == 0.0
+    metrics.observe("learner-0", "learner", learner(15, 1500, 7.0, 15), NO_ARRAYS, first=True)
+    back = metrics.row(4.0)
+    assert back["learner_steps"] == 15
+    assert back["learner/samples_per_s"] == 0.0 and "policy_lag_mean" not in back
+    metrics.observe("learner-0", "learner", learner(16, 1600, 7.0 + 3.0, 15 + 2), NO_ARRAYS)
+    after = metrics.row(5.0)
+    assert after["learner/samples_per_s"] == 100.0 and after["policy_lag_mean"] == 1.5
+    assert after["system/learner_restarts"] == 0  # counted by the controller, not here
+
+
+def test_a_dead_actor_keeps_its_frames_in_the_totals() -> None:
+    metrics = MetricsAggregator()
+    metrics.observe("actor-0", "actor", {"env_frames": 700}, NO_ARRAYS, first=True)
+    assert metrics.row(1.0)["env_frames"] == 700
+    metrics.retire("actor-0")
+    metrics.observe("actor-0", "actor", {"env_frames": 50}, NO_ARRAYS, first=True)
+    row = metrics.row(2.0)
+    assert row["env_frames"] == 750 and row["fps"] == 50.0
+
+
+def test_a_resumed_run_continues_frames_and_time() -> None:
+    metrics = MetricsAggregator(env_frames_base=10_000, time_base=20.0, restarts=2)
+    metrics.observe("actor-0", "actor", {"env_frames": 500}, NO_ARRAYS, first=True)
+    row = metrics.row(22.0)
+    assert row["time"] == 22.0 and row["env_frames"] == 10_500
+    assert row["fps"] == 250.0 and row["system/restarts"] == 2
+
+
+def read_events(directory: Path) -> list[event_pb2.Event]:
+    """Records of a TensorBoard event file: length, its CRC, the Event, its CRC."""
+    (path,) = directory.glob("events.out.tfevents.*")
+    data, events, offset = path.read_bytes(), [], 0
+    while offset < len(data):
+        (length,) = struct.unpack_from("<Q", data, offset)
+        event = event_pb2.Event()
+        event.ParseFromString(data[offset + 12:offset + 12 + length])
+        events.append(event)
+        offset += 12 + length + 4
+    return events
+
+
+def test_rows_go_to_metrics_jsonl_and_tensorboard(tmp_path: Path) -> None:
+    writer = MetricsWriter(tmp_path)
+    rows = [{"time": 1.0, "env_frames": 100, "fps": 100.0, "episode_return_mean": 20.5,
+             "actor/time_env_frac": 0.25, "learner/loss": 1.5},
+            {"time": 2.0, "env_frames": 300, "fps": 200.0, "actor/time_env_frac": 0.5,
+             "learner/loss": 0.5}]
+    for row in rows:
+        writer.write(row)
+    writer.close()
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == rows
+    scalars = {(v.tag, e.step): v.simple_value for e in read_events(tmp_path)
+               for v in e.summary.value}
+    assert scalars == {
+        ("train/env_frames", 100): 100, ("train/fps", 100): 100.0,
+        ("train/episode_return_mean", 100): 20.5, ("actor/time_env_frac", 100): 0.25,
+        ("learner/loss", 100): 1.5, ("train/env_frames", 300): 300, ("train/fps", 300): 200.0,
+        ("actor/time_env_frac", 300): 0.5, ("learner/loss", 300): 0.5}
+    assert tensorboard_tag("time") is None and tensorboard_tag("system/restarts") == \
+        "system/restarts"
