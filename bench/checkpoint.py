@@ -98,11 +98,14 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, float]:
         run_async, run_sync = Path(root) / "async", Path(root) / "sync"
         saver = Checkpointer(run_async, keep=2, keep_best=False)
         sync_saver = Checkpointer(run_sync, keep=2, keep_best=False, async_save=False)
-        for step in range(1, args.repeats + 1):
+        for repeat in range(args.repeats):
+            step = 2 * repeat + 1
             state, alone = timed_update(update, state, batch)
-            start = time.perf_counter()
             stall = saver.save(step, state, {"version": step})
             state, while_saving = timed_update(update, state, batch)
+            saver.wait()
+            start = time.perf_counter()
+            saver.save(step + 1, state, {"version": step + 1})
             saver.wait()
             samples["write_ms"].append((time.perf_counter() - start) * 1e3)
             samples["stall_ms"].append(stall * 1e3)
@@ -112,7 +115,7 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, float]:
             start = time.perf_counter()
             jax.block_until_ready(saver.restore(state).state)
             samples["restore_ms"].append((time.perf_counter() - start) * 1e3)
-        disk = directory_bytes(run_async / "checkpoints" / str(args.repeats))
+        disk = directory_bytes(run_async / "checkpoints" / str(2 * args.repeats))
         saver.close()
         sync_saver.close()
     return {"case": case, "params": n_params, "state_MB": state_bytes / 1e6,

@@ -11,13 +11,19 @@ devices, and a background thread writes them. Orbax writes into a temporary
 directory and renames it when complete, so a kill during a save leaves no
 step behind (and the next manager deletes the leftovers). Restores go through
 an abstract target built from a live state, so optax's tuples come back as
-tuples and arrays land with the live state's shardings. The checkpoint with
-the best training return so far is also kept, under `checkpoints/best/`.
+tuples and arrays land with the live state's shardings.
+
+The checkpoint with the best training return so far is also kept, under
+`checkpoints/best/<step>/`: once its save is complete, its files are
+hard-linked there (orbax never rewrites a finished step), which costs the
+learner nothing like a second save.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +32,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from srl_jax.run_dir import checkpoint_root
+from srl_jax.run_dir import checkpoint_meta, checkpoint_root, checkpoint_steps
 
 
 @dataclass(frozen=True)
@@ -65,13 +71,14 @@ class Checkpointer:
     def __init__(self, run_dir: Path, keep: int = 3, keep_best: bool = True,
                  async_save: bool = True) -> None:
         self.run_dir = Path(run_dir)
+        self.async_save = async_save
         self._latest = _manager(checkpoint_root(run_dir), keep, async_save)
-        self._best = _manager(checkpoint_root(run_dir, best=True), 1, async_save) \
-            if keep_best else None
+        self.keep_best = keep_best
         self.best_return = -float("inf")
-        if self._best is not None and (step := self._best.latest_step()) is not None:
-            meta = self._best.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-            self.best_return = meta["meta"].get("episode_return_mean", self.best_return)
+        self._pending_best: int | None = None
+        if keep_best and (best := checkpoint_steps(run_dir, best=True)):
+            meta = checkpoint_meta(run_dir, best[-1], best=True)
+            self.best_return = meta.get("episode_return_mean", self.best_return)
 
     def latest_step(self) -> int | None:
         return self._latest.latest_step()
@@ -83,38 +90,60 @@ class Checkpointer:
         the new best checkpoint.
         """
         start = time.perf_counter()
+        if self._pending_best is not None:
+            # orbax would wait for the previous save here anyway; link it before
+            # `keep` can delete it.
+            self._latest.wait_until_finished()
+            self._promote_best()
         if step == self._latest.latest_step():
             return 0.0
         args = ocp.args.Composite(state=ocp.args.StandardSave(_to_saveable(state)),
                                   meta=ocp.args.JsonSave(meta))
         self._latest.save(step, args=args)
         score = meta.get("episode_return_mean")
-        if self._best is not None and score is not None and score > self.best_return:
-            self.best_return = score
-            self._best.save(step, args=args)
+        if self.keep_best and score is not None and score > self.best_return:
+            self.best_return, self._pending_best = score, step
         return time.perf_counter() - start
+
+    def _promote_best(self) -> None:
+        """Link the pending best step into `best/` (its save is complete)."""
+        if self._pending_best is None or jax.process_index() != 0:
+            return
+        source = checkpoint_root(self.run_dir) / str(self._pending_best)
+        root = checkpoint_root(self.run_dir, best=True)
+        root.mkdir(exist_ok=True)
+        linking = root / f"{self._pending_best}.linking"
+        shutil.rmtree(linking, ignore_errors=True)
+        shutil.copytree(source, linking, copy_function=os.link)
+        linking.rename(root / str(self._pending_best))
+        for old in checkpoint_steps(self.run_dir, best=True):
+            if old != self._pending_best:
+                shutil.rmtree(root / str(old))
+        self._pending_best = None
 
     def restore(self, like: Any, step: int | None = None, best: bool = False) -> Restored | None:
         """The newest (or given) checkpoint shaped like the live state `like`; None if none."""
-        manager = self._best if best else self._latest
-        if manager is None:
-            return None
-        step = manager.latest_step() if step is None else step
+        steps = checkpoint_steps(self.run_dir, best)
+        step = (steps[-1] if steps else None) if step is None else step
         if step is None:
             return None
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _to_saveable(like))
-        restored = manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+        args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
+                                  meta=ocp.args.JsonRestore())
+        if best:
+            with ocp.CheckpointManager(checkpoint_root(self.run_dir, best=True).resolve(),
+                                       options=ocp.CheckpointManagerOptions(read_only=True)) \
+                    as manager:
+                restored = manager.restore(step, args=args)
+        else:
+            restored = self._latest.restore(step, args=args)
         return Restored(step, _from_saveable(restored["state"], like), dict(restored["meta"]))
 
     def wait(self) -> None:
-        """Block until every save in flight is on disk."""
+        """Block until every save in flight is on disk (and the best one linked)."""
         self._latest.wait_until_finished()
-        if self._best is not None:
-            self._best.wait_until_finished()
+        self._promote_best()
 
     def close(self) -> None:
         self.wait()
         self._latest.close()
-        if self._best is not None:
-            self._best.close()
