@@ -41,13 +41,12 @@ import jax
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from learner import CNN_OBS_SHAPE, case_config, make_cnn_policy, random_host_batch
+from learner import case_config, case_policy, random_host_batch
 
-from actors.envs import EnvSpec, env_spec
 from learners.algorithms import algorithm
 from learners.learner_worker import chunk_layout, to_batch
 from learners.mesh import compile_update, make_learner_mesh, put_batch, replicated
-from learners.networks import init_policy_params, make_policy
+from learners.networks import init_policy_params
 from learners.train_state import init_train_state
 from srl_jax.checkpoint import Checkpointer
 
@@ -57,12 +56,7 @@ DEFAULT_EXPERIMENT = Path(__file__).resolve().parent.parent / "configs" / "cartp
 def build(case: str, args: argparse.Namespace) -> tuple[Any, Any, Any]:
     """(train state on the mesh, compiled update, a batch on the mesh) as the learner has."""
     config = case_config(case, args)
-    if case == "mlp":
-        spec = env_spec(config.env)
-        policy, network = make_policy(config, spec)
-    else:
-        spec = EnvSpec(CNN_OBS_SHAPE, np.dtype(np.uint8), args.cnn_actions, continuous=False)
-        policy, network = make_cnn_policy(spec.action_dim)
+    spec, policy, network = case_policy(case, config, args)
     algo = algorithm(config.learner.algorithm)
     optimizer = algo.make_optimizer(config)
     mesh = make_learner_mesh(1, config.learner.batch_envs)

@@ -176,6 +176,18 @@ def case_config(case: str, args: argparse.Namespace) -> ExperimentConfig:
     return load_config(args.experiment, overrides)
 
 
+def case_policy(case: str, config: ExperimentConfig, args: argparse.Namespace) -> tuple:
+    """(env spec, policy, network) of a case: the experiment's MLP or the Nature-CNN."""
+    from actors.envs import EnvSpec, env_spec
+    from learners.networks import make_policy
+
+    if case == "mlp":
+        spec = env_spec(config.env)
+        return (spec, *make_policy(config, spec))
+    spec = EnvSpec(CNN_OBS_SHAPE, np.dtype(np.uint8), args.cnn_actions, continuous=False)
+    return (spec, *make_cnn_policy(spec.action_dim))
+
+
 def random_host_batch(layout: dict[str, tuple[tuple[int, ...], np.dtype]], B: int,
                       action_dim: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Random arrays of one [T+1, B] batch as the learner's queue hands it over."""
@@ -208,20 +220,14 @@ def run_case(case: str, devices: int, args: argparse.Namespace) -> dict[str, Any
     """Build the learner's update for `case` on `devices` devices and time it."""
     import jax
 
-    from actors.envs import EnvSpec, env_spec
     from learners.algorithms import algorithm
     from learners.learner_worker import chunk_layout, to_batch
     from learners.mesh import compile_update, make_learner_mesh, put_batch, replicated
-    from learners.networks import init_policy_params, make_policy
+    from learners.networks import init_policy_params
     from learners.train_state import init_train_state
 
     config = case_config(case, args)
-    if case == "mlp":
-        spec = env_spec(config.env)
-        policy, network = make_policy(config, spec)
-    else:
-        spec = EnvSpec(CNN_OBS_SHAPE, np.dtype(np.uint8), args.cnn_actions, continuous=False)
-        policy, network = make_cnn_policy(spec.action_dim)
+    spec, policy, network = case_policy(case, config, args)
     T, B = config.actors.trajectory_length, config.learner.batch_envs
     algo = algorithm(config.learner.algorithm)
     optimizer = algo.make_optimizer(config)

@@ -47,6 +47,7 @@ from learners.sample_queue import SampleQueue
 from learners.train_state import Batch, init_train_state
 from srl_jax.checkpoint import Checkpointer
 from srl_jax.config import ExperimentConfig, config_to_dict
+from srl_jax.metrics import CARRIED
 from srl_jax.names import COORDINATOR_KEY, NameService
 from srl_jax.streams import bind_registered, make_socket, receive, send
 from srl_jax.worker import Worker
@@ -56,9 +57,6 @@ POLL_MS = 50
 MAX_DRAIN = 256
 RETURN_WINDOW = 100
 """Training returns averaged to rank checkpoints for `checkpoint.keep_best`."""
-CARRIED = ("frames_consumed", "frames_received", "episodes_received", "lag_sum", "lag_count",
-           "samples_dropped_stale", "samples_dropped_full")
-"""Counters that belong to the run, not the process: checkpointed and restored."""
 
 
 def chunk_layout(config: ExperimentConfig,
@@ -104,7 +102,6 @@ class LearnerWorker(Worker):
         self.checkpointer: Checkpointer | None = None
         self.saved_step: int | None = None
         self.checkpoints_saved = 0
-        self.restored_step: int | None = None
         self.time_checkpoint = 0.0
         self._last_save = time.monotonic()
         # Start time in ms: a restarted learner's parameters win over its predecessor's.
@@ -174,25 +171,27 @@ class LearnerWorker(Worker):
         if restored is None:
             return
         self.state = restored.state
-        self.version = self.saved_step = self.restored_step = restored.step
+        self.version = self.saved_step = restored.step
         saved = restored.meta["processes"]
         if len(saved) == self.processes.count:
             counters = saved[self.processes.index]
         else:  # a different learner process count: process 0 carries the run's totals
             counters = {key: sum(c.get(key, 0) for c in saved) if self.processes.is_chief
                         else 0 for key in CARRIED}
-        for key in CARRIED:
-            value = counters.get(key, 0)
-            if key.startswith("samples_dropped_"):
-                setattr(self.queue, key[len("samples_"):], int(value))
-            else:
-                setattr(self, key, type(getattr(self, key))(value))
+        self.frames_consumed = int(counters["frames_consumed"])
+        self.frames_received = int(counters["frames_received"])
+        self.episodes_received = int(counters["episodes_received"])
+        self.lag_sum, self.lag_count = float(counters["lag_sum"]), int(counters["lag_count"])
+        self.queue.dropped_stale = int(counters["samples_dropped_stale"])
+        self.queue.dropped_full = int(counters["samples_dropped_full"])
         self.recent_returns.extend(restored.meta.get("recent_returns", []))
         self.log.info("restored checkpoint step %d (saved %s)", restored.step,
                       time.strftime("%Y-%m-%d %H:%M:%S",
                                     time.localtime(restored.meta["saved_at"])))
 
     def _carried(self) -> dict[str, float]:
+        """The counters in `srl_jax.metrics.CARRIED`: they belong to the run and are
+        checkpointed with the state."""
         return {"frames_consumed": self.frames_consumed, "frames_received": self.frames_received,
                 "episodes_received": self.episodes_received, "lag_sum": self.lag_sum,
                 "lag_count": self.lag_count, "samples_dropped_stale": self.queue.dropped_stale,
@@ -236,11 +235,15 @@ class LearnerWorker(Worker):
                           time.perf_counter() - start)
 
     def _take_episode_returns(self, meta: dict[str, Any]) -> None:
+        """Training returns from a chunk's metadata (they rank checkpoints for `best`)."""
         returns = meta.get("episode_returns", [])
-        if isinstance(returns, list) and all(
+        if not isinstance(returns, list) or not all(
                 isinstance(r, int | float) and math.isfinite(r) for r in returns):
-            self.recent_returns.extend(float(r) for r in returns)
-            self.episodes_received += len(returns)
+            self.rejects.reject(ValueError("samples metadata 'episode_returns' is not a list "
+                                           "of finite numbers"))
+            return
+        self.recent_returns.extend(float(r) for r in returns)
+        self.episodes_received += len(returns)
 
     def _example_batch(self) -> dict[str, np.ndarray]:
         B = self.local_envs
