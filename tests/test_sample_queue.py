@@ -106,3 +106,12 @@ def test_chunks_of_different_widths_fill_the_batch():
     batch = queue.take_batch(version=0)
     assert tags(batch) == [1, 2, 2, 2]
     assert len(queue) == 1
+
+
+def test_chunks_acted_by_versions_a_restored_learner_never_made_are_dropped():
+    # The learner died at version 12 and came back from its checkpoint at 10.
+    queue = SampleQueue(capacity=10, batch_envs=2, staleness_cap=4)
+    queue.put(chunk(1, [10, 11, 12]), version=10)
+    queue.put(chunk(2, [9, 10, 10]), version=10)
+    assert queue.dropped_stale == 1
+    assert tags(queue.take_batch(version=10)) == [2, 2]
