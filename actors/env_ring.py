@@ -68,7 +68,7 @@ class EnvSplit:
         next_obs = np.empty_like(self.obs)
         truncated_envs, final_obs, returns, lengths = [], [], [], []
         for i, (env, action) in enumerate(zip(self.envs, actions, strict=True)):
-            obs, reward, term, trunc, _ = env.step(action)
+            obs, reward, term, trunc, info = env.step(action)
             rewards[i] = reward
             self.returns[i] += reward
             self.lengths[i] += 1
@@ -78,10 +78,11 @@ class EnvSplit:
                 if truncated[i]:
                     truncated_envs.append(i)
                     final_obs.append(np.array(obs, copy=True))  # reset may reuse the buffer
-                returns.append(float(self.returns[i]))
-                lengths.append(int(self.lengths[i]))
-                self.returns[i] = 0.0
-                self.lengths[i] = 0
+                if info.get("game_over", True):  # a lost life (EpisodicLife) is not the end
+                    returns.append(float(self.returns[i]))
+                    lengths.append(int(self.lengths[i]))
+                    self.returns[i] = 0.0
+                    self.lengths[i] = 0
                 obs, _ = env.reset()
             next_obs[i] = obs
         self.obs = next_obs

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
+from actors.atari import is_atari, make_atari
 from srl_jax.config import ConfigError, EnvConfig
 
 
@@ -33,6 +34,9 @@ class EnvSpec:
 
 
 def make_env(config: EnvConfig, render_mode: str | None = None) -> gym.Env:
+    """A gymnasium environment, or an Atari game with its preprocessing (actors/atari.py)."""
+    if is_atari(config.id):
+        return make_atari(config, render_mode)
     kwargs = dict(config.kwargs, render_mode=render_mode) if render_mode else config.kwargs
     return gym.make(config.id, **kwargs)
 
@@ -41,6 +45,8 @@ def env_spec(config: EnvConfig) -> EnvSpec:
     """Spaces of `config`'s environment; ConfigError if this version cannot run it."""
     try:
         env = make_env(config)
+    except ConfigError:
+        raise
     except Exception as error:  # gymnasium raises many kinds for bad kwargs
         raise ConfigError(f"'env.kwargs': cannot make '{config.id}': {error}") from None
     try:
@@ -63,6 +69,15 @@ def env_spec(config: EnvConfig) -> EnvSpec:
         f"'env.id': '{config.id}' has a {action_space} action space; supported are Discrete "
         "and one-dimensional Box"
     )
+
+
+def check_network(kind: str, spec: EnvSpec, env_id: str) -> None:
+    """ConfigError if network `kind` cannot take `env_id`'s spaces (checked before launch)."""
+    if kind == "nature_cnn" and (len(spec.obs_shape) != 3 or spec.continuous):
+        actions = "continuous" if spec.continuous else "discrete"
+        raise ConfigError(f"'network.kind': 'nature_cnn' needs image observations [H, W, C] and "
+                          f"discrete actions; '{env_id}' has observations {list(spec.obs_shape)} "
+                          f"and {actions} actions")
 
 
 def env_seed(seed: int, actor_index: int, env_index: int) -> int:

@@ -156,10 +156,10 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation,
                 config: ExperimentConfig) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
     """The IMPALA update: (state, batch) -> (state, metrics); pure, for the learner to jit."""
     impala = config.learner.impala
-    reward_scale = config.learner.reward_scale
+    reward_scale, reward_clip = config.learner.reward_scale, config.learner.reward_clip
 
     def update(state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
-        params, batch = prepare(state.params, batch, policy, reward_scale)
+        params, batch = prepare(state.params, batch, policy, reward_scale, reward_clip)
 
         def loss_of_net(net: Any, mb: Batch) -> tuple[jax.Array, dict]:
             return impala_loss({**params, "net": net}, policy.apply, policy.dist, mb, impala)

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from actors.envs import EnvSpec
+from actors.envs import EnvSpec, check_network
 from learners.distributions import Distribution, distribution
 from srl_jax.config import ExperimentConfig
 
@@ -63,6 +63,28 @@ class ActorCritic(nn.Module):
         return out, value[:, 0]
 
 
+class NatureCNN(nn.Module):
+    """The Nature-DQN torso (Mnih et al. 2015) shared by policy and value, as in
+    cleanrl's PPO-Atari: conv 32 8x8/4, conv 64 4x4/2, conv 64 3x3/1, dense 512.
+
+    Takes uint8 frames [N, H, W, C] and scales them to [0, 1] itself.
+    """
+
+    action_dim: int
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        init = nn.initializers.orthogonal(np.sqrt(2))
+        x = obs.astype(jnp.float32) * (1.0 / 255.0)
+        x = nn.relu(nn.Conv(32, (8, 8), (4, 4), padding="VALID", kernel_init=init)(x))
+        x = nn.relu(nn.Conv(64, (4, 4), (2, 2), padding="VALID", kernel_init=init)(x))
+        x = nn.relu(nn.Conv(64, (3, 3), (1, 1), padding="VALID", kernel_init=init)(x))
+        x = nn.relu(nn.Dense(512, kernel_init=init)(x.reshape(x.shape[0], -1)))
+        logits = nn.Dense(self.action_dim, kernel_init=nn.initializers.orthogonal(0.01))(x)
+        value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0))(x)
+        return logits, value[:, 0]
+
+
 class Policy(NamedTuple):
     """What algorithms and acting need: apply (with normalization) and the distribution."""
 
@@ -71,9 +93,17 @@ class Policy(NamedTuple):
     normalize_obs: bool
 
 
-def make_policy(config: ExperimentConfig, spec: EnvSpec) -> tuple[Policy, ActorCritic]:
-    network = ActorCritic(spec.action_dim, spec.continuous, tuple(config.network.hidden),
-                          config.network.activation)
+def make_network(config: ExperimentConfig, spec: EnvSpec) -> nn.Module:
+    """The network `network.kind` names; ConfigError if it cannot take these spaces."""
+    check_network(config.network.kind, spec, config.env.id)
+    if config.network.kind == "nature_cnn":
+        return NatureCNN(spec.action_dim)
+    return ActorCritic(spec.action_dim, spec.continuous, tuple(config.network.hidden),
+                       config.network.activation)
+
+
+def make_policy(config: ExperimentConfig, spec: EnvSpec) -> tuple[Policy, nn.Module]:
+    network = make_network(config, spec)
     normalize = config.learner.normalize_obs
 
     def apply(params: Any, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -86,7 +116,7 @@ def make_policy(config: ExperimentConfig, spec: EnvSpec) -> tuple[Policy, ActorC
     return Policy(apply, distribution(spec.continuous), normalize), network
 
 
-def init_policy_params(network: ActorCritic, obs_shape: tuple[int, ...], seed: int) -> dict:
+def init_policy_params(network: nn.Module, obs_shape: tuple[int, ...], seed: int) -> dict:
     """Parameters from the seed alone, so every worker can build version 0 itself."""
     net = network.init(jax.random.key(seed), jnp.zeros((1, *obs_shape), jnp.float32))
     return {"net": net, "obs_mean": jnp.zeros(obs_shape, jnp.float32),

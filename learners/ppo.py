@@ -94,10 +94,10 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation,
                 config: ExperimentConfig) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
     """The PPO update: (state, batch) -> (state, metrics); pure, for the learner to jit."""
     ppo = config.learner.ppo
-    reward_scale = config.learner.reward_scale
+    reward_scale, reward_clip = config.learner.reward_scale, config.learner.reward_clip
 
     def update(state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
-        params, batch = prepare(state.params, batch, policy, reward_scale)
+        params, batch = prepare(state.params, batch, policy, reward_scale, reward_clip)
         advantages, returns = gae(batch.rewards, batch.values, batch.terminated,
                                   batch.truncated, batch.trunc_values, ppo.gamma, ppo.gae_lambda)
         T, B = batch.rewards.shape

@@ -43,10 +43,18 @@ def init_train_state(params: Any, optimizer: optax.GradientTransformation,
                       jnp.zeros((), jnp.int32))
 
 
-def prepare(params: Any, batch: Batch, policy: Policy, reward_scale: float) -> tuple[Any, Batch]:
-    """Fold the batch into the observation statistics and scale its rewards."""
+def prepare(params: Any, batch: Batch, policy: Policy, reward_scale: float,
+            reward_clip: float) -> tuple[Any, Batch]:
+    """Fold the batch into the observation statistics; scale, then clip, its rewards.
+
+    Clipping happens here, not in the env, so the returns actors report stay
+    the raw game score.
+    """
     if policy.normalize_obs:
         params = update_obs_stats(params, batch.obs[:-1])
+    rewards = batch.rewards
     if reward_scale != 1.0:
-        batch = batch._replace(rewards=batch.rewards * reward_scale)
-    return params, batch
+        rewards = rewards * reward_scale
+    if reward_clip > 0:
+        rewards = jnp.clip(rewards, -reward_clip, reward_clip)
+    return params, batch._replace(rewards=rewards)

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 ALGORITHMS = ("ppo", "impala")
+NETWORKS = ("mlp", "nature_cnn")
 
 
 class ConfigError(ValueError):
@@ -26,11 +27,29 @@ class ConfigError(ValueError):
 
 
 @dataclass
+class AtariConfig:
+    noop_max: int = 30
+    """Up to this many no-op actions after a reset (random starts)."""
+    frame_skip: int = 4
+    """Each action is repeated this many frames; the max of the last two is observed."""
+    frame_stack: int = 4
+    """Observations stack this many preprocessed frames (the last axis)."""
+    sticky_actions: float = 0.25
+    """Probability that the previous action repeats (ALE v5 default; 0 for v4-style)."""
+    episodic_life: bool = False
+    """A lost life ends the episode for learning (the game goes on; scores stay whole)."""
+    full_action_space: bool = False
+    """All 18 actions instead of the game's minimal set."""
+
+
+@dataclass
 class EnvConfig:
     id: str = "CartPole-v1"
-    """A registered gymnasium environment id."""
+    """A registered gymnasium environment id, or an Atari game as 'ALE/<Game>-v5'."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments passed to `gymnasium.make`."""
+    atari: AtariConfig = field(default_factory=AtariConfig)
+    """Atari preprocessing (used for 'ALE/...' ids)."""
 
 
 @dataclass
@@ -139,6 +158,8 @@ class LearnerConfig:
     """Normalize observations with running statistics that travel with the parameters."""
     reward_scale: float = 1.0
     """Rewards are multiplied by this before the update."""
+    reward_clip: float = 0.0
+    """Rewards are clipped to [-c, c] before the update (0: no clipping; Atari: 1)."""
     ppo: PPOConfig = field(default_factory=PPOConfig)
     """PPO hyperparameters (used when algorithm is 'ppo')."""
     impala: ImpalaConfig = field(default_factory=ImpalaConfig)
@@ -147,6 +168,8 @@ class LearnerConfig:
 
 @dataclass
 class NetworkConfig:
+    kind: str = "mlp"
+    """'mlp' (separate actor and critic MLPs) or 'nature_cnn' (image observations)."""
     hidden: list[int] = field(default_factory=lambda: [64, 64])
     """Hidden layer widths of the actor and the critic MLPs."""
     activation: str = "tanh"
@@ -371,10 +394,22 @@ def validate(config: ExperimentConfig) -> None:
     """Reject configs that cannot run; each message names the offending key."""
     import gymnasium
 
+    if config.env.id.startswith("ALE/"):
+        try:
+            import ale_py
+        except ImportError:
+            raise ConfigError(f"'env.id': '{config.env.id}' needs the Atari extra: "
+                              "pip install 'srl-jax[atari]'") from None
+        gymnasium.register_envs(ale_py)
     if config.env.id not in gymnasium.envs.registry:
         close = difflib.get_close_matches(config.env.id, list(gymnasium.envs.registry), n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         raise ConfigError(f"'env.id': unknown gymnasium environment '{config.env.id}'{hint}")
+    atari = config.env.atari
+    _require(atari.noop_max >= 0, "'env.atari.noop_max' must not be negative")
+    _require(atari.frame_skip >= 1, "'env.atari.frame_skip' must be at least 1")
+    _require(atari.frame_stack >= 1, "'env.atari.frame_stack' must be at least 1")
+    _require(0 <= atari.sticky_actions <= 1, "'env.atari.sticky_actions' must be in [0, 1]")
     actors, inference, learner = config.actors, config.inference, config.learner
     _require(actors.count >= 1, f"'actors.count' must be at least 1, got {actors.count}")
     _require(actors.envs >= 1, f"'actors.envs' must be at least 1, got {actors.envs}")
@@ -412,6 +447,7 @@ def validate(config: ExperimentConfig) -> None:
         f"'learner.devices' ({learner.devices})",
     )
     _require(learner.reward_scale > 0, "'learner.reward_scale' must be positive")
+    _require(learner.reward_clip >= 0, "'learner.reward_clip' must not be negative")
     _require(learner.batch_envs >= 1, "'learner.batch_envs' must be at least 1")
     _require(learner.processes >= 1, "'learner.processes' must be at least 1")
     _require(
@@ -453,6 +489,11 @@ def validate(config: ExperimentConfig) -> None:
     _require(0 < ppo.gamma <= 1, "'learner.ppo.gamma' must be in (0, 1]")
     _require(0 <= ppo.gae_lambda <= 1, "'learner.ppo.gae_lambda' must be in [0, 1]")
     _require(ppo.learning_rate > 0, "'learner.ppo.learning_rate' must be positive")
+    _require(config.network.kind in NETWORKS,
+             f"'network.kind': unknown '{config.network.kind}' (known: {', '.join(NETWORKS)})")
+    _require(not (config.network.kind == "nature_cnn" and learner.normalize_obs),
+             "'learner.normalize_obs' is for vector observations; 'nature_cnn' scales pixels "
+             "itself")
     _require(len(config.network.hidden) >= 1, "'network.hidden' needs at least one layer")
     _require(all(h >= 1 for h in config.network.hidden), "'network.hidden' widths must be >= 1")
     _require(

@@ -97,7 +97,7 @@ def prepare_run(args: argparse.Namespace) -> tuple:
 
     Returns (config, run directory, checkpoint step to resume from or None).
     """
-    from actors.envs import env_spec
+    from actors.envs import check_network, env_spec
 
     if args.backend != "local":
         raise ConfigError(f"'--backend': '{args.backend}' is not available; this version has "
@@ -106,14 +106,14 @@ def prepare_run(args: argparse.Namespace) -> tuple:
     config = load_config(path, [] if args.resume else args.overrides)
     if args.resume:
         config, run_dir, step = prepare_resume(args, config)
-        env_spec(config.env)
-        return config, run_dir, step
-    env_spec(config.env)
-    run_dir = args.run_dir or RUNS_ROOT / config.name / time.strftime("%Y%m%d-%H%M%S")
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise ConfigError(f"'--run-dir': {run_dir} already holds files; pick an empty or new "
-                          "directory (or add --resume to continue it)")
-    return config, run_dir, None
+    else:
+        run_dir, step = args.run_dir or RUNS_ROOT / config.name / time.strftime(
+            "%Y%m%d-%H%M%S"), None
+        if run_dir.exists() and any(run_dir.iterdir()):
+            raise ConfigError(f"'--run-dir': {run_dir} already holds files; pick an empty or "
+                              "new directory (or add --resume to continue it)")
+    check_network(config.network.kind, env_spec(config.env), config.env.id)
+    return config, run_dir, step
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -207,7 +207,7 @@ def test_prepare_folds_the_acted_observations_and_scales_rewards():
         spec = env_spec(config.env)
         policy, network = make_policy(config, spec)
         params = init_policy_params(network, spec.obs_shape, 0)
-        new_params, scaled = prepare(params, batch, policy, 0.1)
+        new_params, scaled = prepare(params, batch, policy, 0.1, 0.0)
         np.testing.assert_allclose(scaled.rewards, np.asarray(batch.rewards) * 0.1, rtol=1e-6)
         np.testing.assert_array_equal(scaled.obs, batch.obs)
         if normalize:  # the T acted-on observations, not the bootstrap one
@@ -218,8 +218,11 @@ def test_prepare_folds_the_acted_observations_and_scales_rewards():
         else:
             assert float(new_params["obs_count"]) == 0
             np.testing.assert_array_equal(new_params["obs_var"], 1.0)
-    _, same = prepare(params, batch, policy, 1.0)
+    _, same = prepare(params, batch, policy, 1.0, 0.0)
     np.testing.assert_array_equal(same.rewards, batch.rewards)
+    _, clipped = prepare(params, batch, policy, 2.0, 1.0)  # scaled first, then clipped
+    np.testing.assert_allclose(clipped.rewards, np.clip(np.asarray(batch.rewards) * 2, -1, 1))
+    assert float(np.abs(np.asarray(batch.rewards) * 2).max()) > 1, "the clip must bite"
 
 
 def test_ppo_update_trains_a_gaussian_policy_with_normalization():
