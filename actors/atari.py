@@ -86,14 +86,20 @@ def _channels_last(env: gym.Env) -> gym.Env:
         gym.spaces.Box(0, 255, shape, np.uint8))
 
 
-def make_atari(config: EnvConfig, render_mode: str | None = None) -> gym.Env:
-    """An ALE game with the preprocessing of `config.atari` (see the module docstring)."""
+def register_atari(env_id: str) -> None:
+    """Register the ALE games with gymnasium (quietly); ConfigError without the extra."""
     try:
         import ale_py
     except ImportError:
-        raise ConfigError(f"'env.id': '{config.id}' needs the Atari extra: "
+        raise ConfigError(f"'env.id': '{env_id}' needs the Atari extra: "
                           "pip install 'srl-jax[atari]'") from None
+    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
     gym.register_envs(ale_py)
+
+
+def make_atari(config: EnvConfig, render_mode: str | None = None) -> gym.Env:
+    """An ALE game with the preprocessing of `config.atari` (see the module docstring)."""
+    register_atari(config.id)
     atari = config.atari
     env = gym.make(config.id, frameskip=1, repeat_action_probability=atari.sticky_actions,
                    full_action_space=atari.full_action_space, render_mode=render_mode,

@@ -394,13 +394,10 @@ def validate(config: ExperimentConfig) -> None:
     """Reject configs that cannot run; each message names the offending key."""
     import gymnasium
 
-    if config.env.id.startswith("ALE/"):
-        try:
-            import ale_py
-        except ImportError:
-            raise ConfigError(f"'env.id': '{config.env.id}' needs the Atari extra: "
-                              "pip install 'srl-jax[atari]'") from None
-        gymnasium.register_envs(ale_py)
+    from actors.atari import is_atari, register_atari
+
+    if is_atari(config.env.id):
+        register_atari(config.env.id)
     if config.env.id not in gymnasium.envs.registry:
         close = difflib.get_close_matches(config.env.id, list(gymnasium.envs.registry), n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""

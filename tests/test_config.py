@@ -61,6 +61,10 @@ def test_validation_names_the_key(override: str, key: str) -> None:
     (["cartpole_ppo", "--set", "env.id=FrozenLake-v1"], "Discrete observation space"),
     (["no_such_experiment"], "unknown experiment 'no_such_experiment'"),
     (["cartpole_ppo", "--backend", "ray"], "'--backend'"),
+    (["cartpole_ppo", "--set", "network.kind=nature_cnn"],
+     "'network.kind': 'nature_cnn' needs image observations [H, W, C] and discrete actions; "
+     "'CartPole-v1' has observations [4]"),
+    (["cartpole_ppo", "--set", "network.kind=resnet"], "'network.kind': unknown 'resnet'"),
 ])
 def test_bad_config_exits_2_with_one_line(tmp_path: Path, args: list[str], fragment: str) -> None:
     result = launch(*args, "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
