@@ -38,7 +38,18 @@ def make_env(config: EnvConfig, render_mode: str | None = None) -> gym.Env:
     if is_atari(config.id):
         return make_atari(config, render_mode)
     kwargs = dict(config.kwargs, render_mode=render_mode) if render_mode else config.kwargs
-    return gym.make(config.id, **kwargs)
+    env = gym.make(config.id, **kwargs)
+    space = env.observation_space
+    if isinstance(space, gym.spaces.Box) and space.dtype == np.float64:
+        # MuJoCo and others observe float64; the networks compute in float32, and
+        # float32 halves the bytes on the wire.
+        limit = np.finfo(np.float32).max
+        bounds = [np.where(np.isinf(b), b, np.clip(b, -limit, limit)).astype(np.float32)
+                  for b in (space.low, space.high)]
+        env = gym.wrappers.TransformObservation(
+            env, lambda obs: np.asarray(obs, np.float32),
+            gym.spaces.Box(*bounds, space.shape, np.float32))
+    return env
 
 
 def env_spec(config: EnvConfig) -> EnvSpec:

@@ -479,3 +479,26 @@ def test_pendulum_ppo_runs_end_to_end(processes, tmp_path):
     trained = [r for r in rows if "learner/loss" in r]
     assert all(math.isfinite(r["learner/loss"]) and math.isfinite(r["learner/entropy"])
                for r in trained)
+
+
+@pytest.mark.slow
+def test_halfcheetah_ppo_streams_float32_observations_end_to_end(processes, tmp_path):
+    config = load_config(REPO / "configs" / "halfcheetah_ppo.yaml")
+    spec = env_spec(config.env)
+    assert spec.obs_shape == (17,) and spec.obs_dtype == np.float32, "MuJoCo's float64, cast"
+    assert spec.continuous and spec.action_dim == 6
+    run_dir = tmp_path / "run"
+    args = [sys.executable, "-m", "srl_jax.launch", "halfcheetah_ppo", "--run-dir",
+            str(run_dir)]
+    for override in ("actors.count=1", "actors.envs=2", "actors.splits=1",
+                     "actors.trajectory_length=32", "inference.max_batch=2",
+                     "learner.batch_envs=2", "learner.sample_queue=2", "learner.ppo.epochs=1",
+                     "learner.ppo.minibatches=2",
+                     "stop.env_frames=3000"):
+        args += ["--set", override]
+    process = processes.start(args, log=tmp_path / "launch.log")
+    assert process.wait(timeout=90) == 0, (tmp_path / "launch.log").read_text()
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["env_frames"] >= 3000 and rows[-1]["learner_steps"] >= 1
+    assert rows[-1]["system/wire_rejected"] == 0
+    assert any(r.get("inference/batch_rows_mean", 0) > 0 for r in rows)
