@@ -10,6 +10,7 @@ observation or a batch, deterministically (the most likely action) by default.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,25 @@ class TrainedPolicy:
         """The action for one observation, as the environment takes it."""
         action = self.act_batch(np.asarray(obs)[None], deterministic)[0]
         return action if self.spec.continuous else int(action)
+
+
+def play_episode(policy: TrainedPolicy, env: Any, seed: int | None, deterministic: bool = True,
+                 frames: list[np.ndarray] | None = None,
+                 on_step: Callable[[], bool] | None = None) -> tuple[float, int]:
+    """One episode: (return, length). Appends rendered frames to `frames` if given;
+    `on_step` is called after every step and may end the episode early by returning False."""
+    obs, _ = env.reset(seed=seed)
+    total, length, done = 0.0, 0, False
+    while not done:
+        if frames is not None:
+            frames.append(env.render())
+        obs, reward, terminated, truncated, _ = env.step(policy.act(obs, deterministic))
+        total += float(reward)
+        length += 1
+        done = terminated or truncated or (on_step is not None and not on_step())
+    if frames is not None:
+        frames.append(env.render())
+    return total, length
 
 
 def load_policy(run_dir: str | Path, step: int | None = None, best: bool = False,

@@ -187,6 +187,14 @@ class StopConfig:
 
 
 @dataclass
+class EvaluationConfig:
+    every_updates: int = 0
+    """Evaluate the latest parameters every this many learner updates (0: no evaluator)."""
+    episodes: int = 5
+    """Deterministic episodes per evaluation; `eval_return_mean` is their mean."""
+
+
+@dataclass
 class CheckpointConfig:
     enabled: bool = True
     """Write orbax checkpoints of the learner to `<run_dir>/checkpoints/`."""
@@ -242,6 +250,8 @@ class ExperimentConfig:
     """Stop condition; the first limit reached ends the run."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     """Learner checkpoints: how often, how many kept."""
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    """An evaluator worker playing deterministic episodes with the latest parameters."""
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     """Heartbeats, restarts, logging."""
 
@@ -504,6 +514,9 @@ def validate(config: ExperimentConfig) -> None:
         stop.env_frames > 0 or stop.wall_time_s > 0 or stop.target_return is not None,
         "'stop' needs at least one of env_frames, wall_time_s or target_return",
     )
+    _require(config.evaluation.every_updates >= 0,
+             "'evaluation.every_updates' must not be negative")
+    _require(config.evaluation.episodes >= 1, "'evaluation.episodes' must be at least 1")
     checkpoint = config.checkpoint
     _require(checkpoint.interval_s >= 0, "'checkpoint.interval_s' must not be negative")
     _require(checkpoint.every_updates >= 0, "'checkpoint.every_updates' must not be negative")

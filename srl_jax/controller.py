@@ -82,6 +82,8 @@ class Controller:
         servers = 0 if config.actors.inline_inference else config.inference.count
         self.workers += [WorkerRecord("inference", i) for i in range(servers)]
         self.workers += [WorkerRecord("actor", i) for i in range(config.actors.count)]
+        if config.evaluation.every_updates:
+            self.workers.append(WorkerRecord("evaluator", 0))
         self.stop_reason: str | None = None
         self.exit_code = EXIT_OK
         self.started = time.monotonic()

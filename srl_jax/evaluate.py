@@ -36,23 +36,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def play(policy: object, env: object, seed: int, deterministic: bool,
-         frames: list[np.ndarray] | None = None) -> tuple[float, int]:
-    """One episode; (return, length). Appends rendered frames to `frames` if given."""
-    obs, _ = env.reset(seed=seed)
-    total, length, done = 0.0, 0, False
-    while not done:
-        if frames is not None:
-            frames.append(env.render())
-        obs, reward, terminated, truncated, _ = env.step(policy.act(obs, deterministic))
-        total += float(reward)
-        length += 1
-        done = terminated or truncated
-    if frames is not None:
-        frames.append(env.render())
-    return total, length
-
-
 def write_video(path: Path, frames: list[np.ndarray]) -> None:
     try:
         import imageio.v2 as imageio
@@ -69,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         print("srl_jax.evaluate: '--episodes' must be at least 1", file=sys.stderr)
         return EXIT_USAGE
     from actors.envs import make_env
-    from learners.export import load_policy
+    from learners.export import load_policy, play_episode
 
     try:
         policy = load_policy(args.run_dir, step=args.step, best=args.best, seed=args.seed)
@@ -86,8 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     returns, lengths = [], []
     print(f"{policy.config.env.id}: checkpoint step {policy.step} of {args.run_dir}", flush=True)
     for episode in range(args.episodes):
-        episode_return, length = play(policy, env, args.seed + episode, not args.stochastic,
-                                      frames if episode == 0 else None)
+        episode_return, length = play_episode(policy, env, args.seed + episode,
+                                              not args.stochastic,
+                                              frames if episode == 0 else None)
         returns.append(episode_return)
         lengths.append(length)
         print(f"episode {episode + 1}/{args.episodes}: return {episode_return:.1f}, "

@@ -18,7 +18,8 @@ from typing import Any, TextIO
 
 import numpy as np
 
-GAUGES = frozenset({"policy_version", "learner_steps", "queue_chunks", "checkpoint_step"})
+GAUGES = frozenset({"policy_version", "learner_steps", "queue_chunks", "checkpoint_step",
+                    "eval_version"})
 CARRIED = frozenset({"frames_consumed", "frames_received", "episodes_received", "lag_sum",
                      "lag_count", "samples_dropped_stale", "samples_dropped_full"})
 """Learner counters that belong to the run: checkpointed, and restored by a new learner."""
@@ -44,6 +45,7 @@ class MetricsAggregator:
         self.retired: dict[str, float] = defaultdict(float)
         self._returns: list[np.ndarray] = []
         self._lengths: list[np.ndarray] = []
+        self._eval_returns: list[np.ndarray] = []
         self._previous: dict[str, float] = {"env_frames": env_frames_base}
         self._previous_time = time_base
         self.restarts = restarts
@@ -68,6 +70,8 @@ class MetricsAggregator:
         if "episode_return" in arrays and "episode_length" in arrays:
             self._returns.append(np.asarray(arrays["episode_return"], np.float64))
             self._lengths.append(np.asarray(arrays["episode_length"], np.float64))
+        if "eval_return" in arrays:
+            self._eval_returns.append(np.asarray(arrays["eval_return"], np.float64))
 
     def retire(self, worker: str) -> None:
         """A worker died: keep its cumulative counters in the totals.
@@ -127,6 +131,11 @@ class MetricsAggregator:
                 row["episode_return_mean"] = round(float(returns.mean()), 3)
                 row["episode_length_mean"] = round(float(lengths.mean()), 3)
                 row["episodes"] = len(returns)
+        evaluated = np.concatenate(self._eval_returns) if self._eval_returns else np.empty(0)
+        self._eval_returns = []
+        if len(evaluated):  # deterministic episodes of the evaluator, apart from training
+            row["eval_return_mean"] = round(float(evaluated.mean()), 3)
+            row["eval_policy_version"] = int(self.gauge("evaluator", "eval_version") or 0)
         if delta["learner:lag_count"] > 0:
             row["policy_lag_mean"] = round(delta["learner:lag_sum"] / delta["learner:lag_count"],
                                            3)

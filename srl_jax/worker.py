@@ -35,6 +35,7 @@ WORKER_CLASSES = {
     "actor": "actors.actor_worker:ActorWorker",
     "inference": "learners.inference_server:InferenceServer",
     "learner": "learners.learner_worker:LearnerWorker",
+    "evaluator": "learners.evaluator:EvaluatorWorker",
 }
 LOOKUP_TIMEOUT_S = 120.0
 

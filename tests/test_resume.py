@@ -191,8 +191,16 @@ def test_killed_learner_recovers_from_the_newest_complete_checkpoint(
 
 def test_a_trained_policy_evaluates_above_475(processes: Processes, tmp_path: Path) -> None:
     process, run_dir = launch(processes, tmp_path, "stop.target_return=495",
-                              "stop.wall_time_s=240")
+                              "stop.wall_time_s=240", "evaluation.every_updates=15",
+                              "evaluation.episodes=2")
     assert process.wait(timeout=300) == 0, (tmp_path / "launch.log").read_text()
+    # The evaluator worker: deterministic episodes every 15 versions, apart from training.
+    evaluated = [r for r in read_metrics(run_dir) if "eval_return_mean" in r]
+    assert evaluated and all(0 < r["eval_return_mean"] <= 500 for r in evaluated)
+    versions = [r["eval_policy_version"] for r in evaluated]
+    assert versions == sorted(versions) and all(
+        b - a >= 15 for a, b in itertools.pairwise(versions))
+    assert worker(read_status(run_dir), "evaluator-0")["restarts"] == 0
     video = tmp_path / "episode.mp4"
     result = subprocess.run(
         [sys.executable, "-m", "srl_jax.evaluate", str(run_dir), "--episodes", "10",
