@@ -16,7 +16,7 @@ Cases:
 - ``mlp``: the default experiment (``configs/cartpole_ppo.yaml``): the
   actor-critic MLP from `learners/networks.py`, obs float32 [4], 2 discrete
   actions, PPO with its settings (T=32, B=32, 4 epochs x 4 minibatches).
-- ``cnn``: a Nature-CNN (Mnih et al. 2015; defined below, `make_cnn_policy`)
+- ``cnn``: the learner's Nature-CNN (Mnih et al. 2015; `network.kind: nature_cnn`)
   on 84x84x4 uint8 frames with 6 discrete actions, through the same PPO
   update. Its batch and epochs default smaller (T=32, B=8, 1 epoch x 2
   minibatches of 128) so that the four cases finish in minutes on 2 CPU
@@ -94,9 +94,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    import jax
-
-    from learners.networks import Policy
     from srl_jax.config import ExperimentConfig
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -116,48 +113,6 @@ TIMING_DEFAULTS: dict[tuple[str, bool], tuple[int, int, int]] = {
 """(case, --quick) -> (updates per repeat, repeats, warm-up updates) unless given."""
 
 
-# --------------------------------------------------------------------------- the CNN
-
-
-def make_cnn_policy(action_dim: int) -> tuple[Policy, Any]:
-    """A Nature-CNN actor-critic with the `learners.networks.Policy` interface.
-
-    Defined here (not in `learners/`) so the benchmark does not depend on which
-    CNN the learner ships: the shapes are the classic DQN/PPO-Atari ones.
-    """
-    import flax.linen as nn
-    import jax.numpy as jnp
-
-    from learners.distributions import distribution
-    from learners.networks import Policy
-
-    class NatureCNN(nn.Module):
-        """conv 32 8x8/4, conv 64 4x4/2, conv 64 3x3/1, dense 512; logits and value heads."""
-
-        action_dim: int
-
-        @nn.compact
-        def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
-            init = nn.initializers.orthogonal(np.sqrt(2))
-            x = obs.astype(jnp.float32) * (1.0 / 255.0)
-            x = nn.relu(nn.Conv(32, (8, 8), (4, 4), padding="VALID", kernel_init=init)(x))
-            x = nn.relu(nn.Conv(64, (4, 4), (2, 2), padding="VALID", kernel_init=init)(x))
-            x = nn.relu(nn.Conv(64, (3, 3), (1, 1), padding="VALID", kernel_init=init)(x))
-            x = nn.relu(nn.Dense(512, kernel_init=init)(x.reshape(x.shape[0], -1)))
-            logits = nn.Dense(self.action_dim,
-                              kernel_init=nn.initializers.orthogonal(0.01))(x)
-            value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0))(x)
-            return logits, value[:, 0]
-
-    network = NatureCNN(action_dim)
-
-    def apply(params: Any, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
-        # uint8 frames are scaled inside the network; no running normalization.
-        return network.apply(params["net"], obs)
-
-    return Policy(apply, distribution(False), False), network
-
-
 # --------------------------------------------------------------------------- one case
 
 
@@ -169,7 +124,8 @@ def case_config(case: str, args: argparse.Namespace) -> ExperimentConfig:
     if case == "cnn":
         B = args.cnn_batch_envs
         # One chunk per actor split of B envs, so the config validates with any B.
-        overrides += [f"learner.batch_envs={B}", f"actors.envs={B}", "actors.splits=1",
+        overrides += ["network.kind=nature_cnn",
+                      f"learner.batch_envs={B}", f"actors.envs={B}", "actors.splits=1",
                       f"inference.max_batch={max(B, 32)}",
                       f"learner.ppo.epochs={args.cnn_epochs}",
                       f"learner.ppo.minibatches={args.cnn_minibatches}"]
@@ -185,7 +141,7 @@ def case_policy(case: str, config: ExperimentConfig, args: argparse.Namespace) -
         spec = env_spec(config.env)
         return (spec, *make_policy(config, spec))
     spec = EnvSpec(CNN_OBS_SHAPE, np.dtype(np.uint8), args.cnn_actions, continuous=False)
-    return (spec, *make_cnn_policy(spec.action_dim))
+    return (spec, *make_policy(config, spec))
 
 
 def random_host_batch(layout: dict[str, tuple[tuple[int, ...], np.dtype]], B: int,

@@ -71,7 +71,6 @@ class Checkpointer:
     def __init__(self, run_dir: Path, keep: int = 3, keep_best: bool = True,
                  async_save: bool = True) -> None:
         self.run_dir = Path(run_dir)
-        self.async_save = async_save
         self._latest = _manager(checkpoint_root(run_dir), keep, async_save)
         self.keep_best = keep_best
         self.best_return = -float("inf")
