@@ -18,6 +18,7 @@ import numpy as np
 import zmq
 
 from actors.env_ring import ChunkBuilder, EnvSplit, StepResult
+from actors.envpool_split import EnvPoolSplit
 from actors.envs import EnvSpec, env_seed, env_spec, make_env
 from srl_jax.config import ExperimentConfig
 from srl_jax.names import NameService
@@ -37,7 +38,8 @@ MAX_SENT_RETURNS = 256
 class _SplitState:
     """One split's environments, chunk and outstanding request."""
 
-    def __init__(self, index: int, split: EnvSplit, length: int, spec: EnvSpec) -> None:
+    def __init__(self, index: int, split: EnvSplit | EnvPoolSplit, length: int,
+                 spec: EnvSpec) -> None:
         self.index = index
         self.split = split
         self.chunk = ChunkBuilder(length, split.obs, spec.action_shape, spec.action_dtype)
@@ -77,10 +79,12 @@ class ActorWorker(Worker):
         self.splits = []
         for s in range(cfg.splits):
             ids = range(s * per_split, (s + 1) * per_split)
-            envs = [make_env(self.config.env) for _ in ids]
             seeds = [env_seed(self.config.seed, self.index, k) for k in ids]
-            self.splits.append(_SplitState(s, EnvSplit(envs, seeds), cfg.trajectory_length,
-                                           self.spec))
+            if self.config.env.backend == "envpool":  # one C++ batch (seeds seeds[0] + i)
+                split = EnvPoolSplit(self.config.env, per_split, seeds[0])
+            else:
+                split = EnvSplit([make_env(self.config.env) for _ in ids], seeds)
+            self.splits.append(_SplitState(s, split, cfg.trajectory_length, self.spec))
         self.samples = make_socket(self.zmq, zmq.PUSH, hwm=cfg.send_queue)
         for i in range(self.config.learner.processes):  # chunks are spread over them
             self.samples.connect(self.lookup(f"learner/samples/{i}"))

@@ -71,15 +71,21 @@ def env_spec(config: EnvConfig) -> EnvSpec:
         )
     obs = (tuple(obs_space.shape), np.dtype(obs_space.dtype))
     if isinstance(action_space, gym.spaces.Discrete):
-        return EnvSpec(*obs, int(action_space.n), continuous=False)
-    if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
-        return EnvSpec(*obs, int(action_space.shape[0]), continuous=True,
+        spec = EnvSpec(*obs, int(action_space.n), continuous=False)
+    elif isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
+        spec = EnvSpec(*obs, int(action_space.shape[0]), continuous=True,
                        action_low=tuple(float(x) for x in action_space.low),
                        action_high=tuple(float(x) for x in action_space.high))
-    raise ConfigError(
-        f"'env.id': '{config.id}' has a {action_space} action space; supported are Discrete "
-        "and one-dimensional Box"
-    )
+    else:
+        raise ConfigError(
+            f"'env.id': '{config.id}' has a {action_space} action space; supported are "
+            "Discrete and one-dimensional Box"
+        )
+    if config.backend == "envpool":
+        from actors.envpool_split import check_envpool
+
+        check_envpool(config, spec)
+    return spec
 
 
 def check_network(kind: str, spec: EnvSpec, env_id: str) -> None:

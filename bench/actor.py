@@ -42,11 +42,12 @@ def pair_overrides(envs: int, splits: int) -> list[str]:
             "checkpoint.enabled=false"]
 
 
-def measure(experiment: str, envs: int, splits: int, seconds: float) -> dict[str, float]:
+def measure(experiment: str, envs: int, splits: int, seconds: float,
+            extra: list[str]) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as root:
         run_dir = Path(root) / "run"
         args = argparse.Namespace(experiment=experiment, seconds=seconds,
-                                  overrides=pair_overrides(envs, splits))
+                                  overrides=pair_overrides(envs, splits) + extra)
         code = run_experiment(args, run_dir, Path(root) / "launch.log")
         if code != 0:
             raise BenchError(f"{experiment} K={envs} S={splits}: launcher exited {code}: "
@@ -60,14 +61,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", nargs="+", choices=sorted(GRIDS), default=sorted(GRIDS))
     parser.add_argument("--seconds", type=float, default=20.0,
                         help="wall time of each run, start-up included (default: 20)")
+    parser.add_argument("--pairs", nargs="+", metavar="K,S",
+                        help="only these (envs, splits) pairs, e.g. 64,2 16,2")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY=VALUE", help="extra override for every run, e.g. "
+                        "env.backend=envpool; repeatable")
     args = parser.parse_args(argv)
     print(f"{'case':9} {'K':>3} {'S':>2} {'fps/actor':>10} {'env':>5} {'wait':>5} {'send':>5} "
           f"{'batch':>6}", flush=True)
     for case in args.cases:
         experiment, grid = GRIDS[case]
+        if args.pairs:
+            grid = [tuple(int(x) for x in pair.split(",")) for pair in args.pairs]
         for envs, splits in grid:
             try:
-                f = measure(experiment, envs, splits, args.seconds)
+                f = measure(experiment, envs, splits, args.seconds, args.overrides)
             except BenchError as error:
                 print(f"{case:9} {envs:>3} {splits:>2} failed: {error}", flush=True)
                 continue

@@ -20,6 +20,7 @@ import yaml
 
 ALGORITHMS = ("ppo", "impala")
 NETWORKS = ("mlp", "nature_cnn")
+ENV_BACKENDS = ("gymnasium", "envpool")
 
 
 class ConfigError(ValueError):
@@ -50,6 +51,8 @@ class EnvConfig:
     """Keyword arguments passed to `gymnasium.make`."""
     atari: AtariConfig = field(default_factory=AtariConfig)
     """Atari preprocessing (used for 'ALE/...' ids)."""
+    backend: str = "gymnasium"
+    """How actors step a split: 'gymnasium' (one env object each) or 'envpool' (one C++ batch)."""
 
 
 @dataclass
@@ -412,6 +415,8 @@ def validate(config: ExperimentConfig) -> None:
         close = difflib.get_close_matches(config.env.id, list(gymnasium.envs.registry), n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         raise ConfigError(f"'env.id': unknown gymnasium environment '{config.env.id}'{hint}")
+    _require(config.env.backend in ENV_BACKENDS,
+             f"'env.backend': unknown '{config.env.backend}' (known: {', '.join(ENV_BACKENDS)})")
     atari = config.env.atari
     _require(atari.noop_max >= 0, "'env.atari.noop_max' must not be negative")
     _require(atari.frame_skip >= 1, "'env.atari.frame_skip' must be at least 1")

@@ -1,0 +1,126 @@
+"""EnvPool: a split stepped as one C++ batch, with the interface and chunks of `EnvSplit`.
+
+With `env.backend: envpool` each actor split is one `envpool.make(...)` pool of
+n environments (extra `[envpool]`). Ids map as 'ALE/Pong-v5' -> 'Pong-v5'
+(EnvPool's own Atari, with the options of `env.atari`: no-op starts, frame
+skip with max-pool, 84x84 grayscale, frame stack, episodic life, sticky
+actions, FIRE reset; rewards unclipped), the rest by name ('CartPole-v1',
+'HalfCheetah-v5'). Observations get the gymnasium stack's layout: image stacks
+channels last, float64 as float32, so the chunks are exactly those of the
+gymnasium ring; `check_envpool` refuses a task whose spaces differ.
+
+EnvPool resets a finished env on that env's *next* step. The ring needs the
+new episode's first observation at once (see `actors/env_ring.py`), so the
+finished envs are stepped once more on their own (`env_id`), which is that
+reset. With episodic life, EnvPool's `info["terminated"]` marks the real game
+over, and only then is an episode counted, so returns are whole-game scores.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from actors.atari import ATARI_PREFIX, is_atari
+from actors.env_ring import StepResult
+from actors.envs import EnvSpec
+from srl_jax.config import ConfigError, EnvConfig
+
+
+def envpool_task(env_id: str) -> str:
+    return env_id[len(ATARI_PREFIX):] if is_atari(env_id) else env_id
+
+
+def make_pool(config: EnvConfig, num_envs: int, seed: int) -> Any:
+    """An EnvPool of `num_envs` envs of `config` (gymnasium API, synchronous)."""
+    try:
+        import envpool
+    except ImportError:
+        raise ConfigError("'env.backend': 'envpool' needs the EnvPool extra: "
+                          "pip install 'srl-jax[envpool]'") from None
+    task = envpool_task(config.id)
+    if task not in envpool.list_all_envs():
+        raise ConfigError(f"'env.backend': EnvPool has no task '{task}' (for env.id "
+                          f"'{config.id}')")
+    kwargs = dict(config.kwargs)
+    if is_atari(config.id):
+        atari = config.atari
+        kwargs.update(noop_max=atari.noop_max, frame_skip=atari.frame_skip,
+                      stack_num=atari.frame_stack, episodic_life=atari.episodic_life,
+                      repeat_action_probability=atari.sticky_actions,
+                      full_action_space=atari.full_action_space, reward_clip=False,
+                      img_height=84, img_width=84, gray_scale=True, use_fire_reset=True)
+    # One thread: an actor is one process stepping one split at a time; parallelism comes
+    # from many actors, and a pool of threads per split only fights them for cores.
+    return envpool.make(task, env_type="gymnasium", num_envs=num_envs, seed=seed,
+                        num_threads=1, **kwargs)
+
+
+def to_ring_layout(obs: np.ndarray) -> np.ndarray:
+    """EnvPool's [N, C, H, W] frame stacks as [N, H, W, C]; float64 as float32."""
+    if obs.ndim == 4:
+        return np.ascontiguousarray(np.moveaxis(obs, 1, -1))
+    return obs.astype(np.float32) if obs.dtype == np.float64 else obs
+
+
+def check_envpool(config: EnvConfig, spec: EnvSpec) -> None:
+    """ConfigError unless EnvPool's version of the env has the gymnasium stack's spaces."""
+    pool = make_pool(config, 1, 0)
+    obs, _ = pool.reset()
+    obs = to_ring_layout(obs)
+    actions = pool.action_space
+    pool.close()
+    dim = actions.shape[0] if spec.continuous else int(getattr(actions, "n", -1))
+    if obs.shape[1:] != spec.obs_shape or obs.dtype != spec.obs_dtype or dim != spec.action_dim:
+        raise ConfigError(f"'env.backend': EnvPool's '{envpool_task(config.id)}' observes "
+                          f"{obs.dtype}{list(obs.shape[1:])} with {dim} actions, where the "
+                          f"gymnasium env has {spec.obs_dtype}{list(spec.obs_shape)} with "
+                          f"{spec.action_dim}")
+
+
+class EnvPoolSplit:
+    """One split as one EnvPool batch (see the module docstring)."""
+
+    def __init__(self, config: EnvConfig, num_envs: int, seed: int) -> None:
+        # EnvPool takes int32 seeds and seeds its env i with seed + i.
+        self.pool = make_pool(config, num_envs, seed % (2**31 - num_envs))
+        self.n = num_envs
+        self.all_envs = np.arange(num_envs, dtype=np.int32)
+        self.episodic_life = is_atari(config.id) and config.atari.episodic_life
+        obs, info = self.pool.reset()
+        self.obs = to_ring_layout(obs)[np.argsort(info["env_id"])]
+        self.returns = np.zeros(num_envs, np.float64)
+        self.lengths = np.zeros(num_envs, np.int64)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def step(self, actions: list) -> StepResult:
+        obs, rewards, terminated, truncated, info = self.pool.step(np.asarray(actions),
+                                                                   self.all_envs)
+        order = np.argsort(info["env_id"])
+        obs, rewards = to_ring_layout(obs)[order], np.asarray(rewards, np.float32)[order]
+        terminated, truncated = terminated[order], truncated[order] & ~terminated[order]
+        game_over = (info["terminated"][order].astype(bool) | truncated) if self.episodic_life \
+            else terminated | truncated
+        self.returns += rewards
+        self.lengths += 1
+        truncated_envs = np.flatnonzero(truncated)
+        final_obs = obs[truncated_envs].copy()
+        finished = np.flatnonzero(game_over)
+        returns = [float(r) for r in self.returns[finished]]
+        lengths = [int(n) for n in self.lengths[finished]]
+        self.returns[finished], self.lengths[finished] = 0.0, 0
+        done = np.flatnonzero(terminated | truncated)
+        if len(done):  # EnvPool's reset of a finished env is that env's next step
+            zero = np.zeros((len(done), *np.asarray(actions).shape[1:]),
+                            np.asarray(actions).dtype)
+            reset_obs, *_, reset_info = self.pool.step(zero, done.astype(np.int32))
+            obs[reset_info["env_id"]] = to_ring_layout(reset_obs)
+        self.obs = obs
+        return StepResult(rewards, terminated, truncated, obs, truncated_envs.astype(np.int64),
+                          final_obs, returns, lengths)
+
+    def close(self) -> None:
+        self.pool.close()

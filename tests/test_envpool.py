@@ -1,0 +1,105 @@
+"""EnvPool as the actor's env backend: the same StepResult and chunks as the gymnasium
+ring, whole-game returns with episodic life, and a CartPole run that learns with it."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from actors.env_ring import ChunkBuilder
+from actors.envpool_split import EnvPoolSplit, check_envpool, envpool_task
+from actors.envs import env_spec
+from learners.learner_worker import chunk_layout
+from srl_jax.config import ConfigError, EnvConfig
+from tests.conftest import Processes, launch, make_config, read_metrics
+
+N = 4
+
+
+def test_task_names_follow_gymnasium_ids() -> None:
+    assert envpool_task("ALE/Pong-v5") == "Pong-v5"
+    assert envpool_task("HalfCheetah-v5") == "HalfCheetah-v5"
+
+
+def test_cartpole_split_resets_at_once_and_keeps_truncated_final_obs() -> None:
+    config = EnvConfig(id="CartPole-v1", kwargs={"max_episode_steps": 20}, backend="envpool")
+    spec = env_spec(config)
+    split = EnvPoolSplit(config, N, seed=2**32 - 1)  # as env_seed may give: beyond int32
+    assert split.obs.shape == (N, *spec.obs_shape) and split.obs.dtype == spec.obs_dtype
+    chunk = ChunkBuilder(8, split.obs)
+    chunks = []
+    rng = np.random.default_rng(0)
+    ends = truncations = 0
+    trunc_values = np.empty(0, np.float32)
+    for _ in range(120):
+        action = rng.integers(2, size=N).astype(np.int32)
+        finished = chunk.on_policy(action, np.zeros(N, np.float32), np.zeros(N, np.float32), 0,
+                                   trunc_values)
+        chunks += [finished] if finished is not None else []
+        result = split.step(list(action))
+        chunk.on_step(result)
+        trunc_values = np.zeros(len(result.truncated_envs), np.float32)
+        done = result.terminated | result.truncated
+        # A finished env's next observation is already the new episode's first: CartPole
+        # starts within +-0.05 on every coordinate.
+        assert np.all(np.abs(result.next_obs[done]) <= 0.05)
+        assert not (result.terminated & result.truncated).any()
+        assert list(result.truncated_envs) == list(np.flatnonzero(result.truncated))
+        assert result.final_obs.shape == (int(result.truncated.sum()), *spec.obs_shape)
+        assert result.episode_returns == [float(n) for n in result.episode_lengths]
+        assert len(result.episode_returns) == int(done.sum())
+        assert all(n <= 20 for n in result.episode_lengths)
+        ends += int(done.sum())
+        truncations += int(result.truncated.sum())
+    assert ends > 0 and truncations > 0
+    # The chunks of the gymnasium ring, field for field.
+    layout = chunk_layout(make_config(["actors.envs=4", "actors.splits=1",
+                                       "actors.trajectory_length=8", "learner.batch_envs=4"]),
+                          spec)
+    assert chunks and all({k: (v.shape, v.dtype) for k, v in c.items()} == layout
+                          for c in chunks)
+    split.close()
+
+
+def test_breakout_counts_whole_games_with_episodic_life() -> None:
+    config = EnvConfig(id="ALE/Breakout-v5", backend="envpool")
+    config.atari = dataclasses.replace(config.atari, episodic_life=True, sticky_actions=0.0)
+    spec = env_spec(config)
+    assert spec.obs_shape == (84, 84, 4) and spec.obs_dtype == np.uint8
+    split = EnvPoolSplit(config, 1, seed=7)
+    rng = np.random.default_rng(1)
+    raw, life_ends, games = 0.0, 0, []
+    for _ in itertools.count():
+        result = split.step([int(rng.integers(spec.action_dim))])
+        assert result.next_obs.shape == (1, 84, 84, 4)
+        raw += float(result.rewards[0])
+        if result.terminated[0] and not result.episode_returns:
+            life_ends += 1
+        if result.episode_returns:
+            games = result.episode_returns
+            break
+    assert life_ends == 4 and games == [raw]
+    split.close()
+
+
+def test_spaces_that_differ_from_the_gymnasium_env_are_refused() -> None:
+    config = EnvConfig(id="CartPole-v1", backend="envpool")
+    wrong = dataclasses.replace(env_spec(config), obs_shape=(5,))
+    with pytest.raises(ConfigError, match=r"'env.backend': EnvPool's 'CartPole-v1' observes "
+                                          r"float32\[4\] with 2 actions, where the gymnasium "
+                                          r"env has float32\[5\] with 2"):
+        check_envpool(config, wrong)
+
+
+@pytest.mark.slow
+def test_cartpole_learns_with_the_envpool_backend(processes: Processes, tmp_path: Path) -> None:
+    process, run_dir = launch(processes, tmp_path, "env.backend=envpool",
+                              "stop.wall_time_s=240")
+    assert process.wait(timeout=300) == 0, (tmp_path / "launch.log").read_text()
+    rows = read_metrics(run_dir)
+    assert max(r.get("episode_return_mean", 0) for r in rows) >= 475
+    assert rows[-1]["system/wire_rejected"] == 0
