@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import yaml
 
+from srl_jax.run_dir import read_metrics
+
 try:
     import pandas as pd
 except ImportError as error:  # pragma: no cover - depends on the environment
@@ -72,24 +74,6 @@ def flatten_config(config: Mapping[str, Any], prefix: str = CONFIG_PREFIX) -> di
     return flat
 
 
-def _read_metrics(path: Path) -> list[dict[str, Any]]:
-    """Rows of metrics.jsonl; a torn last line (a run killed mid-write) is skipped."""
-    if not path.exists():
-        return []
-    lines = path.read_text().splitlines()
-    rows = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as error:
-            if number == len(lines):
-                break
-            raise ValueError(f"{path}:{number}: not a JSON object ({error.msg})") from error
-    return rows
-
-
 def _read_status(run_dir: Path) -> dict[str, Any]:
     try:
         status = json.loads((run_dir / "status.json").read_text())
@@ -121,7 +105,7 @@ def load_run(run_dir: str | Path) -> pd.DataFrame:
         else None,
         **flatten_config(config),
     }
-    frame = pd.DataFrame(_read_metrics(run_dir / "metrics.jsonl"))
+    frame = pd.DataFrame(read_metrics(run_dir))
     for column in ("time", "env_frames", "fps", RETURN):
         if column not in frame:
             frame[column] = np.nan

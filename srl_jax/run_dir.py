@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from srl_jax.config import ConfigError
+
 CHECKPOINTS = "checkpoints"
 BEST = "best"
 METRICS = "metrics.jsonl"
@@ -49,16 +51,22 @@ def latest_resumable_run(runs_root: Path, experiment: str) -> Path | None:
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """Rows of metrics.jsonl; a line torn by a kill mid-write is skipped."""
+    """Rows of metrics.jsonl. A torn last line (a run killed mid-write) is skipped; a
+    bad line anywhere else is damage, and a ValueError names it."""
     path = Path(run_dir) / METRICS
     if not path.exists():
         return []
+    lines = path.read_text().splitlines()
     rows = []
-    for line in path.read_text().splitlines():
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
         try:
             rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
+        except json.JSONDecodeError as error:
+            if number == len(lines):
+                break
+            raise ValueError(f"{path}:{number}: not a JSON object ({error.msg})") from error
     return rows
 
 
@@ -69,7 +77,10 @@ def trim_metrics(run_dir: Path, learner_steps: int) -> dict[str, Any] | None:
     they move to metrics.discarded.jsonl, so metrics.jsonl never goes back and
     nothing is lost.
     """
-    rows = read_metrics(run_dir)
+    try:
+        rows = read_metrics(run_dir)
+    except ValueError as error:
+        raise ConfigError(f"'--resume': {error}") from None
     cut = len(rows)
     while cut and rows[cut - 1].get("learner_steps", 0) > learner_steps:
         cut -= 1

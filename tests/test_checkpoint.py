@@ -10,9 +10,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from learners.train_state import TrainState
 from srl_jax.checkpoint import Checkpointer
+from srl_jax.config import ConfigError
 from srl_jax.run_dir import (
     DISCARDED_METRICS,
     checkpoint_meta,
@@ -130,3 +132,12 @@ def test_latest_resumable_run_skips_runs_without_checkpoints(tmp_path: Path) -> 
             (run / "checkpoints" / f"{step + 1}.orbax-checkpoint-tmp").mkdir()
     assert latest_resumable_run(root, "exp") == root / "exp" / "20260102-000000"
     assert latest_resumable_run(root, "other") is None
+
+
+def test_damaged_metrics_are_a_resume_error_not_a_silent_cut(tmp_path: Path) -> None:
+    write_rows(tmp_path, [0, 1, 2])
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    lines[1] = lines[1][:10]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError, match=r"'--resume': .*metrics.jsonl:2: not a JSON object"):
+        trim_metrics(tmp_path, learner_steps=2)
