@@ -7,6 +7,11 @@ parameters every `evaluation.every_updates` versions, plays
 action, and reports their returns; the metrics show them as
 `eval_return_mean` (and `eval_policy_version`), apart from the training
 returns. It runs the policy itself on CPU; it does not slow the actors.
+
+The parameters of its best evaluation so far are saved under
+`checkpoints/evaluated/` (what `load_policy(..., best=True)` and
+`srl_jax.evaluate --best` take), and `stop.target_eval_return` can end the run
+on an evaluation.
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ from learners.jax_runtime import configure_jax
 from learners.networks import make_policy
 from learners.param_stream import POLL_MS, subscribe
 from learners.policy import PolicyRunner
+from srl_jax.checkpoint import save_params
+from srl_jax.config import config_to_dict
+from srl_jax.run_dir import evaluated_root, step_meta, steps_in
 from srl_jax.worker import Worker
 
 EVALUATOR_ACTOR_INDEX = 1_000_000
@@ -37,6 +45,7 @@ class EvaluatorWorker(Worker):
         self.evaluations = 0
         self.episodes = 0
         self.eval_version = -1
+        self.best_return = -float("inf")
         self._returns: list[float] = []
 
     def setup(self) -> None:
@@ -47,6 +56,9 @@ class EvaluatorWorker(Worker):
         self.policy = TrainedPolicy(self.config, spec, policy, self.runner.params, step=0)
         self.env = make_env(self.config.env)
         self.subscriber = subscribe(self, self.runner)
+        if saved := steps_in(evaluated_root(self.run_dir)):  # a restarted evaluator
+            self.best_return = step_meta(evaluated_root(self.run_dir), saved[-1])[
+                "eval_return_mean"]
 
     def run_once(self) -> None:
         if self.subscriber.socket.poll(POLL_MS):
@@ -66,12 +78,18 @@ class EvaluatorWorker(Worker):
                 return  # a cut episode is no evaluation
             returns.append(episode_return)
             self.episodes += 1
+        mean = float(np.mean(returns))
+        if mean > self.best_return:
+            self.best_return = mean
+            save_params(evaluated_root(self.run_dir), version, self.policy.params, {
+                "version": version, "eval_return_mean": mean, "episodes": len(returns),
+                "config": config_to_dict(self.config)})
         self._returns.extend(returns)
         self.evaluations += 1
         self.eval_version = version
         self.next_version = version + cfg.every_updates
-        self.log.info("version %d: return %.1f over %d deterministic episodes", version,
-                      float(np.mean(returns)), len(returns))
+        self.log.info("version %d: return %.1f over %d deterministic episodes", version, mean,
+                      len(returns))
 
     def counters(self) -> dict[str, float]:
         return {"evaluations": self.evaluations, "eval_episodes": self.episodes,

@@ -21,9 +21,15 @@ from actors.envs import EnvSpec, env_spec
 from learners.algorithms import algorithm
 from learners.networks import Policy, init_policy_params, make_policy
 from learners.train_state import init_train_state
-from srl_jax.checkpoint import Checkpointer
+from srl_jax.checkpoint import Checkpointer, restore_params
 from srl_jax.config import ExperimentConfig, config_from_dict
-from srl_jax.run_dir import checkpoint_meta, checkpoint_steps
+from srl_jax.run_dir import (
+    checkpoint_meta,
+    checkpoint_steps,
+    evaluated_root,
+    step_meta,
+    steps_in,
+)
 
 
 class TrainedPolicy:
@@ -80,11 +86,15 @@ def play_episode(policy: TrainedPolicy, env: Any, seed: int | None, deterministi
 
 def load_policy(run_dir: str | Path, step: int | None = None, best: bool = False,
                 seed: int = 0) -> TrainedPolicy:
-    """The policy of a run's newest checkpoint (or `step`, or the best by training return).
+    """The policy of a run's newest checkpoint, or of `step`, or the best one.
 
+    Best is the evaluator's best evaluation when the run had an evaluator
+    (`evaluation.every_updates`), else the best training return.
     FileNotFoundError names the directory when there is nothing to load.
     """
     run_dir = Path(run_dir)
+    if best and (evaluated := steps_in(evaluated_root(run_dir))):
+        return _load_evaluated(run_dir, evaluated[-1], seed)
     steps = checkpoint_steps(run_dir, best)
     if not steps:
         what = "best checkpoint" if best else "complete checkpoint"
@@ -104,3 +114,12 @@ def load_policy(run_dir: str | Path, step: int | None = None, best: bool = False
     finally:
         checkpointer.close()
     return TrainedPolicy(config, spec, policy, restored.state.params, step, seed)
+
+
+def _load_evaluated(run_dir: Path, step: int, seed: int) -> TrainedPolicy:
+    config = config_from_dict(step_meta(evaluated_root(run_dir), step)["config"])
+    spec = env_spec(config.env)
+    policy, network = make_policy(config, spec)
+    like = init_policy_params(network, spec.obs_shape, config.seed)
+    restored = restore_params(evaluated_root(run_dir), step, like)
+    return TrainedPolicy(config, spec, policy, restored.state, step, seed)

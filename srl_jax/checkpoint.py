@@ -146,3 +146,25 @@ class Checkpointer:
     def close(self) -> None:
         self.wait()
         self._latest.close()
+
+
+def save_params(directory: Path, step: int, params: Any, meta: dict[str, Any]) -> None:
+    """Save policy parameters alone, as the only step under `directory` (synchronously).
+
+    The evaluator keeps the parameters of its best evaluation this way.
+    """
+    options = ocp.CheckpointManagerOptions(max_to_keep=1, create=True)
+    with ocp.CheckpointManager(Path(directory).resolve(), options=options) as manager:
+        manager.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(params),
+                                                   meta=ocp.args.JsonSave(meta)))
+        manager.wait_until_finished()
+
+
+def restore_params(directory: Path, step: int, like: Any) -> Restored:
+    """Parameters saved by `save_params`, shaped like `like`."""
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+    options = ocp.CheckpointManagerOptions(read_only=True)
+    with ocp.CheckpointManager(Path(directory).resolve(), options=options) as manager:
+        restored = manager.restore(step, args=ocp.args.Composite(
+            params=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+    return Restored(step, restored["params"], dict(restored["meta"]))

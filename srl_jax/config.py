@@ -187,6 +187,8 @@ class StopConfig:
     """Stop after this many seconds (0: no limit)."""
     target_return: float | None = None
     """Stop once `episode_return_mean` of a metrics window reaches this."""
+    target_eval_return: float | None = None
+    """Stop once an evaluation's `eval_return_mean` reaches this (needs the evaluator)."""
 
 
 @dataclass
@@ -516,9 +518,13 @@ def validate(config: ExperimentConfig) -> None:
     _require(stop.env_frames >= 0, "'stop.env_frames' must not be negative")
     _require(stop.wall_time_s >= 0, "'stop.wall_time_s' must not be negative")
     _require(
-        stop.env_frames > 0 or stop.wall_time_s > 0 or stop.target_return is not None,
-        "'stop' needs at least one of env_frames, wall_time_s or target_return",
+        stop.env_frames > 0 or stop.wall_time_s > 0 or stop.target_return is not None
+        or stop.target_eval_return is not None,
+        "'stop' needs at least one of env_frames, wall_time_s, target_return or "
+        "target_eval_return",
     )
+    _require(stop.target_eval_return is None or config.evaluation.every_updates > 0,
+             "'stop.target_eval_return' needs the evaluator: set 'evaluation.every_updates'")
     _require(config.evaluation.every_updates >= 0,
              "'evaluation.every_updates' must not be negative")
     _require(config.evaluation.episodes >= 1, "'evaluation.episodes' must be at least 1")

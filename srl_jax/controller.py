@@ -234,6 +234,12 @@ class Controller:
             self._finish(f"episode_return_mean {row['episode_return_mean']:.1f} reached the "
                          f"target {stop.target_return:g} at {row['env_frames']} frames, "
                          f"{row['time']:.1f}s", EXIT_OK)
+        elif stop.target_eval_return is not None and row.get(
+                "eval_return_mean", -float("inf")) >= stop.target_eval_return:
+            self._finish(f"eval_return_mean {row['eval_return_mean']:.1f} of version "
+                         f"{row['eval_policy_version']} reached the target "
+                         f"{stop.target_eval_return:g} at {row['env_frames']} frames, "
+                         f"{row['time']:.1f}s", EXIT_OK)
         elif stop.env_frames and row["env_frames"] >= stop.env_frames:
             self._finish(f"{row['env_frames']} env frames reached the limit {stop.env_frames}",
                          EXIT_OK)

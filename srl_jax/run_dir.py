@@ -17,6 +17,7 @@ from srl_jax.config import ConfigError
 
 CHECKPOINTS = "checkpoints"
 BEST = "best"
+EVALUATED = "evaluated"
 METRICS = "metrics.jsonl"
 DISCARDED_METRICS = "metrics.discarded.jsonl"
 
@@ -26,9 +27,18 @@ def checkpoint_root(run_dir: Path, best: bool = False) -> Path:
     return root / BEST if best else root
 
 
+def evaluated_root(run_dir: Path) -> Path:
+    """Where the evaluator keeps the parameters of its best evaluation."""
+    return Path(run_dir) / CHECKPOINTS / EVALUATED
+
+
 def checkpoint_steps(run_dir: Path, best: bool = False) -> list[int]:
     """Steps of the complete checkpoints, oldest first."""
-    root = checkpoint_root(run_dir, best)
+    return steps_in(checkpoint_root(run_dir, best))
+
+
+def steps_in(root: Path) -> list[int]:
+    """Complete orbax steps under `root`, oldest first."""
     if not root.is_dir():
         return []
     return sorted(int(p.name) for p in root.iterdir() if p.is_dir() and p.name.isdigit())
@@ -36,8 +46,12 @@ def checkpoint_steps(run_dir: Path, best: bool = False) -> list[int]:
 
 def checkpoint_meta(run_dir: Path, step: int, best: bool = False) -> dict[str, Any]:
     """The JSON the learner saved beside its state (counters, config, save time)."""
-    return json.loads((checkpoint_root(run_dir, best) / str(step) / "meta" / "metadata")
-                      .read_text())
+    return step_meta(checkpoint_root(run_dir, best), step)
+
+
+def step_meta(root: Path, step: int) -> dict[str, Any]:
+    """The `meta` item (JSON) of step `step` under `root`."""
+    return json.loads((root / str(step) / "meta" / "metadata").read_text())
 
 
 def latest_resumable_run(runs_root: Path, experiment: str) -> Path | None:

@@ -21,7 +21,7 @@ import zmq
 from learners.export import load_policy
 from learners.param_codec import params_to_arrays
 from srl_jax.names import FileNameService
-from srl_jax.run_dir import checkpoint_root, checkpoint_steps
+from srl_jax.run_dir import checkpoint_root, checkpoint_steps, evaluated_root, steps_in
 from srl_jax.streams import RejectCounter, make_socket, receive
 from tests.conftest import (
     Processes,
@@ -190,20 +190,24 @@ def test_killed_learner_recovers_from_the_newest_complete_checkpoint(
 
 
 def test_a_trained_policy_evaluates_above_475(processes: Processes, tmp_path: Path) -> None:
-    process, run_dir = launch(processes, tmp_path, "stop.target_return=495",
-                              "stop.wall_time_s=240", "evaluation.every_updates=15",
-                              "evaluation.episodes=2")
+    process, run_dir = launch(processes, tmp_path, "stop.target_return=null",
+                              "stop.target_eval_return=500", "stop.wall_time_s=240",
+                              "evaluation.every_updates=5", "evaluation.episodes=5")
     assert process.wait(timeout=300) == 0, (tmp_path / "launch.log").read_text()
-    # The evaluator worker: deterministic episodes every 15 versions, apart from training.
+    # The evaluator worker: deterministic episodes every 5 versions, apart from training.
     evaluated = [r for r in read_metrics(run_dir) if "eval_return_mean" in r]
     assert evaluated and all(0 < r["eval_return_mean"] <= 500 for r in evaluated)
     versions = [r["eval_policy_version"] for r in evaluated]
     assert versions == sorted(versions) and all(
-        b - a >= 15 for a, b in itertools.pairwise(versions))
-    assert worker(read_status(run_dir), "evaluator-0")["restarts"] == 0
+        b - a >= 5 for a, b in itertools.pairwise(versions))
+    assert evaluated[-1]["eval_return_mean"] == 500
+    status = read_status(run_dir)
+    assert "eval_return_mean 500.0" in status["stop_reason"]
+    assert worker(status, "evaluator-0")["restarts"] == 0
+    assert steps_in(evaluated_root(run_dir)) == [evaluated[-1]["eval_policy_version"]]
     video = tmp_path / "episode.mp4"
     result = subprocess.run(
-        [sys.executable, "-m", "srl_jax.evaluate", str(run_dir), "--episodes", "10",
+        [sys.executable, "-m", "srl_jax.evaluate", str(run_dir), "--best", "--episodes", "10",
          "--video", str(video)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     mean = float(re.search(r"mean return ([\d.]+)", result.stdout).group(1))
