@@ -46,6 +46,8 @@ def test_default_config_loads_with_typed_overrides() -> None:
     ("learner.ppo.anneal_lr=true", "'learner.ppo.anneal_lr' needs 'stop.env_frames'"),
     ("network.hidden=64", "'network.hidden' must be a list"),
     ("learner.ppo.normalize_advantages=maybe", "'learner.ppo.normalize_advantages' must be true"),
+    ("stop.target_eval_return=400", "'stop.target_eval_return' needs the evaluator"),
+    ("env.backend=vector", "'env.backend': unknown 'vector'"),
 ])
 def test_validation_names_the_key(override: str, key: str) -> None:
     with pytest.raises(ConfigError) as error:
