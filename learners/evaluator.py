@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
 import numpy as np
 
 from actors.envs import env_seed, env_spec, make_env
@@ -68,7 +67,7 @@ class EvaluatorWorker(Worker):
 
     def _evaluate(self, version: int) -> None:
         cfg = self.config.evaluation
-        self.policy.params = jax.device_get(self.runner.params)
+        self.policy.params = self.runner.params  # stays on the device, a snapshot of `version`
         returns = []
         for episode in range(cfg.episodes):  # the same starts every time: comparable figures
             seed = env_seed(self.config.seed, EVALUATOR_ACTOR_INDEX, episode)

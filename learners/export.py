@@ -102,9 +102,7 @@ def load_policy(run_dir: str | Path, step: int | None = None, best: bool = False
     if step is not None and step not in steps:
         raise FileNotFoundError(f"{run_dir} has no checkpoint step {step} (it has {steps})")
     step = steps[-1] if step is None else step
-    config = config_from_dict(checkpoint_meta(run_dir, step, best)["config"])
-    spec = env_spec(config.env)
-    policy, network = make_policy(config, spec)
+    config, spec, policy, network = _rebuild(checkpoint_meta(run_dir, step, best))
     optimizer = algorithm(config.learner.algorithm).make_optimizer(config)
     like = init_train_state(init_policy_params(network, spec.obs_shape, config.seed), optimizer,
                             config.seed)
@@ -116,10 +114,15 @@ def load_policy(run_dir: str | Path, step: int | None = None, best: bool = False
     return TrainedPolicy(config, spec, policy, restored.state.params, step, seed)
 
 
-def _load_evaluated(run_dir: Path, step: int, seed: int) -> TrainedPolicy:
-    config = config_from_dict(step_meta(evaluated_root(run_dir), step)["config"])
+def _rebuild(meta: dict[str, Any]) -> tuple:
+    """(config, env spec, policy, network) from the config a checkpoint was saved with."""
+    config = config_from_dict(meta["config"])
     spec = env_spec(config.env)
-    policy, network = make_policy(config, spec)
+    return (config, spec, *make_policy(config, spec))
+
+
+def _load_evaluated(run_dir: Path, step: int, seed: int) -> TrainedPolicy:
+    config, spec, policy, network = _rebuild(step_meta(evaluated_root(run_dir), step))
     like = init_policy_params(network, spec.obs_shape, config.seed)
     restored = restore_params(evaluated_root(run_dir), step, like)
     return TrainedPolicy(config, spec, policy, restored.state, step, seed)

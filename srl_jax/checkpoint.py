@@ -129,13 +129,8 @@ class Checkpointer:
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _to_saveable(like))
         args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
                                   meta=ocp.args.JsonRestore())
-        if best:
-            with ocp.CheckpointManager(checkpoint_root(self.run_dir, best=True).resolve(),
-                                       options=ocp.CheckpointManagerOptions(read_only=True)) \
-                    as manager:
-                restored = manager.restore(step, args=args)
-        else:
-            restored = self._latest.restore(step, args=args)
+        restored = _read(checkpoint_root(self.run_dir, best=True), step, args) if best \
+            else self._latest.restore(step, args=args)
         return Restored(step, _from_saveable(restored["state"], like), dict(restored["meta"]))
 
     def wait(self) -> None:
@@ -146,6 +141,13 @@ class Checkpointer:
     def close(self) -> None:
         self.wait()
         self._latest.close()
+
+
+def _read(directory: Path, step: int, args: ocp.args.Composite) -> Any:
+    """Restore one step from a directory no manager of ours writes to."""
+    options = ocp.CheckpointManagerOptions(read_only=True)
+    with ocp.CheckpointManager(Path(directory).resolve(), options=options) as manager:
+        return manager.restore(step, args=args)
 
 
 def save_params(directory: Path, step: int, params: Any, meta: dict[str, Any]) -> None:
@@ -163,8 +165,6 @@ def save_params(directory: Path, step: int, params: Any, meta: dict[str, Any]) -
 def restore_params(directory: Path, step: int, like: Any) -> Restored:
     """Parameters saved by `save_params`, shaped like `like`."""
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
-    options = ocp.CheckpointManagerOptions(read_only=True)
-    with ocp.CheckpointManager(Path(directory).resolve(), options=options) as manager:
-        restored = manager.restore(step, args=ocp.args.Composite(
-            params=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+    restored = _read(directory, step, ocp.args.Composite(
+        params=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
     return Restored(step, restored["params"], dict(restored["meta"]))
