@@ -4,6 +4,9 @@ The ring's S splits take turns: each has at most one inference request in
 flight, and while it waits the actor steps whichever split has its answer.
 Finished chunks go to the learner on the sample stream; a request unanswered
 for `actors.inference_timeout_s` is sent again, to any live inference server.
+In a multi-agent env each policy has its own servers and learner: a split asks
+every policy for its agents' actions, steps once all have answered, and sends
+each policy the chunk of its own agents.
 With `actors.inline_inference` the actor runs the policy itself instead
 (actors/inline_policy.py) and never talks to a server.
 """
@@ -17,11 +20,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import zmq
 
-from actors.env_ring import ChunkBuilder, EnvSplit, StepResult
+from actors.env_ring import ChunkBuilder, EnvSplit, OnePolicy, RingStep
 from actors.envpool_split import EnvPoolSplit
-from actors.envs import EnvSpec, env_seed, env_spec, make_env
-from srl_jax.config import ExperimentConfig
-from srl_jax.names import NameService
+from actors.envs import EnvSpec, env_seed, env_spec, make_env, policy_names
+from actors.multi_agent import MultiAgentSplit
+from srl_jax.config import DEFAULT_POLICY, ExperimentConfig, is_pettingzoo
+from srl_jax.metrics import POLICY_RETURN
+from srl_jax.names import NameService, policy_key
 from srl_jax.streams import make_socket, receive, send
 from srl_jax.worker import Worker
 
@@ -35,27 +40,39 @@ MAX_SENT_RETURNS = 256
 """Episode returns a chunk carries to the learner (which ranks checkpoints by them)."""
 
 
-class _SplitState:
-    """One split's environments, chunk and outstanding request."""
+class _Part:
+    """One policy's share of a split: its columns' chunk and outstanding request."""
 
-    def __init__(self, index: int, split: EnvSplit | EnvPoolSplit, length: int,
-                 spec: EnvSpec) -> None:
-        self.index = index
-        self.split = split
-        self.chunk = ChunkBuilder(length, split.obs, spec.action_shape, spec.action_dtype)
+    def __init__(self, obs: np.ndarray, length: int, spec: EnvSpec) -> None:
+        self.spec = spec
+        self.chunk = ChunkBuilder(length, obs, spec.action_shape, spec.action_dtype)
         self.seq = 0
         self.sent_at = 0.0
         self.retry_at = 0.0
         self.delivered = False
-        self.request_obs = split.obs
+        self.request_obs = obs
+        self.answer: tuple[np.ndarray, np.ndarray, np.ndarray, int] | None = None
+        """The policy's reply (action, logp, value, version), held until every
+        policy of the split has answered."""
+
+
+class _SplitState:
+    """One split's environments and, per policy, its chunk and request."""
+
+    def __init__(self, index: int, split: OnePolicy | MultiAgentSplit, length: int,
+                 specs: list[EnvSpec]) -> None:
+        self.index = index
+        self.split = split
+        self.parts = [_Part(obs, length, spec)
+                      for obs, spec in zip(split.obs, specs, strict=True)]
 
 
 class ActorWorker(Worker):
     kind = "actor"
 
     def __init__(self, config: ExperimentConfig, index: int, run_dir: Path,
-                 names: NameService) -> None:
-        super().__init__(config, index, run_dir, names)
+                 names: NameService, policy: str = DEFAULT_POLICY) -> None:
+        super().__init__(config, index, run_dir, names, policy)
         self.env_frames = 0
         self.episodes = 0
         self.chunks_sent = 0
@@ -67,66 +84,86 @@ class ActorWorker(Worker):
         self._next_no_server_log = 0.0
         self.inline: InlinePolicy | None = None
         self._returns: list[float] = []
-        self._unsent_returns: list[float] = []
         self._lengths: list[int] = []
+        self.multi_agent = is_pettingzoo(config.env.id)
+        self.policies: list[str] = []
+        self._policy_returns: list[list[float]] = []
 
     def setup(self) -> None:
-        cfg = self.config.actors
+        cfg, env = self.config.actors, self.config.env
         per_split = cfg.envs // cfg.splits
-        self.spec = env_spec(self.config.env)
-        self.action_low = np.asarray(self.spec.action_low, np.float32)
-        self.action_high = np.asarray(self.spec.action_high, np.float32)
+        self.policies = policy_names(env)
+        self.specs = specs = [env_spec(env, policy) for policy in self.policies]
+        self.action_bounds = [(np.asarray(spec.action_low, np.float32),
+                               np.asarray(spec.action_high, np.float32)) for spec in specs]
+        self._unsent_returns: list[list[float]] = [[] for _ in self.policies]
+        self._policy_returns: list[list[float]] = [[] for _ in self.policies]
         self.splits = []
         for s in range(cfg.splits):
-            ids = range(s * per_split, (s + 1) * per_split)
-            seeds = [env_seed(self.config.seed, self.index, k) for k in ids]
-            if self.config.env.backend == "envpool":  # one C++ batch (seeds seeds[0] + i)
-                split = EnvPoolSplit(self.config.env, per_split, seeds[0])
-            else:
-                split = EnvSplit([make_env(self.config.env) for _ in ids], seeds)
-            self.splits.append(_SplitState(s, split, cfg.trajectory_length, self.spec))
-        self.samples = make_socket(self.zmq, zmq.PUSH, hwm=cfg.send_queue)
-        for i in range(self.config.learner.processes):  # chunks are spread over them
-            self.samples.connect(self.lookup(f"learner/samples/{i}"))
+            seeds = [env_seed(self.config.seed, self.index, k)
+                     for k in range(s * per_split, (s + 1) * per_split)]
+            self.splits.append(_SplitState(s, self._make_split(per_split, seeds),
+                                           cfg.trajectory_length, specs))
+        self.samples = []
+        for policy in self.policies:
+            socket = make_socket(self.zmq, zmq.PUSH, hwm=cfg.send_queue)
+            for i in range(self.config.learner.processes):  # chunks are spread over them
+                socket.connect(self.lookup(policy_key(policy, f"learner/samples/{i}")))
+            self.samples.append(socket)
         if cfg.inline_inference:
             from actors.inline_policy import InlinePolicy  # imports JAX
 
-            self.inline = InlinePolicy(self, self.spec)
+            self.inline = InlinePolicy(self, specs[0])
         else:
-            self.inference = make_socket(self.zmq, zmq.DEALER)
-            self.inference.setsockopt(zmq.IMMEDIATE, 1)
-            for i in range(self.config.inference.count):
-                self.inference.connect(self.lookup(f"inference/{i}"))
             self.poller = zmq.Poller()
-            self.poller.register(self.inference, zmq.POLLIN)
+            self.inference = []
+            for policy in self.policies:
+                socket = make_socket(self.zmq, zmq.DEALER)
+                socket.setsockopt(zmq.IMMEDIATE, 1)
+                for i in range(self.config.inference.count):
+                    socket.connect(self.lookup(policy_key(policy, f"inference/{i}")))
+                self.poller.register(socket, zmq.POLLIN)
+                self.inference.append(socket)
         for state in self.splits:
-            self._request(state)
+            for p in range(len(self.policies)):
+                self._request(state, p)
 
-    def _request(self, state: _SplitState, final_obs: np.ndarray | None = None) -> None:
-        obs = state.split.obs
+    def _make_split(self, count: int, seeds: list[int]) -> OnePolicy | MultiAgentSplit:
+        env = self.config.env
+        if self.multi_agent:
+            return MultiAgentSplit(env, count, seeds)
+        if env.backend == "envpool":  # one C++ batch (seeds seeds[0] + i)
+            return OnePolicy(EnvPoolSplit(env, count, seeds[0]))
+        return OnePolicy(EnvSplit([make_env(env) for _ in seeds], seeds))
+
+    def _request(self, state: _SplitState, p: int, final_obs: np.ndarray | None = None) -> None:
+        part = state.parts[p]
+        obs = state.split.obs[p]
         if final_obs is not None and len(final_obs):
             obs = np.concatenate([obs, final_obs.astype(obs.dtype, copy=False)])
-        state.request_obs = obs
+        part.request_obs = obs
         if self.inline is None:
-            self._send_request(state)
+            self._send_request(state, p)
         else:
-            state.seq += 1
+            part.seq += 1
 
-    def _send_request(self, state: _SplitState) -> None:
-        """Send the split's request; with no server connected, try again shortly."""
-        state.seq += 1
-        state.sent_at = time.monotonic()
+    def _send_request(self, state: _SplitState, p: int) -> None:
+        """Send the request of policy `p`'s part; with no server connected, try again shortly."""
+        part = state.parts[p]
+        part.seq += 1
+        part.sent_at = time.monotonic()
         try:
-            send(self.inference, "infer_request", {"split": state.index, "seq": state.seq},
-                 {"obs": state.request_obs}, flags=zmq.NOBLOCK)
-            state.delivered = True
-            state.retry_at = state.sent_at + self.config.actors.inference_timeout_s
+            send(self.inference[p], "infer_request", {"split": state.index, "seq": part.seq},
+                 {"obs": part.request_obs}, flags=zmq.NOBLOCK)
+            part.delivered = True
+            part.retry_at = part.sent_at + self.config.actors.inference_timeout_s
         except zmq.Again:  # no server connected yet: try again on the next turn of the loop
-            state.delivered = False
-            state.retry_at = state.sent_at
-            if state.sent_at >= self._next_no_server_log:
-                self._next_no_server_log = state.sent_at + SEND_WAIT_LOG_S
-                self.log.info("waiting for an inference server to connect")
+            part.delivered = False
+            part.retry_at = part.sent_at
+            if part.sent_at >= self._next_no_server_log:
+                self._next_no_server_log = part.sent_at + SEND_WAIT_LOG_S
+                self.log.info("waiting for an inference server of policy '%s' to connect",
+                              self.policies[p])
 
     def run_once(self) -> None:
         if self.inline is not None:
@@ -135,104 +172,129 @@ class ActorWorker(Worker):
         start = time.perf_counter()
         events = dict(self.poller.poll(POLL_MS))
         self.time_wait += time.perf_counter() - start
-        if self.inference in events:
-            while (received := receive(self.inference, REPLY_KINDS, self.rejects)) is not None:
-                self._on_reply(received[1].meta, received[1].arrays)
+        for p, socket in enumerate(self.inference):
+            if socket in events:
+                while (received := receive(socket, REPLY_KINDS, self.rejects)) is not None:
+                    self._on_reply(p, received[1].meta, received[1].arrays)
         self._resend_overdue()
 
     def _run_inline(self) -> None:
         """Act for every split in turn with the policy in this process."""
         for state in self.splits:
+            part = state.parts[0]
             start = time.perf_counter()
-            meta, arrays = self.inline.act(state.request_obs)
+            meta, arrays = self.inline.act(part.request_obs)
             self.time_wait += time.perf_counter() - start
-            self._on_reply({**meta, "split": state.index, "seq": state.seq}, arrays)
+            self._on_reply(0, {**meta, "split": state.index, "seq": part.seq}, arrays)
 
     def _resend_overdue(self) -> None:
         now = time.monotonic()
         for state in self.splits:
-            if now >= state.retry_at:
-                if state.delivered:
-                    self.infer_timeouts += 1
-                    self.log.warning("split %d: no inference reply for %.1fs; sending again",
-                                     state.index, now - state.sent_at)
-                self._send_request(state)
+            for p, part in enumerate(state.parts):
+                if part.answer is None and now >= part.retry_at:
+                    if part.delivered:
+                        self.infer_timeouts += 1
+                        self.log.warning("split %d: no reply from policy '%s' for %.1fs; "
+                                         "sending again", state.index, self.policies[p],
+                                         now - part.sent_at)
+                    self._send_request(state, p)
 
-    def _on_reply(self, meta: dict, arrays: dict[str, np.ndarray]) -> None:
+    def _on_reply(self, p: int, meta: dict, arrays: dict[str, np.ndarray]) -> None:
+        """Check policy `p`'s reply; once every policy of the split has answered, step it."""
         split, seq = meta.get("split"), meta.get("seq")
         if not isinstance(split, int) or not 0 <= split < len(self.splits):
             self.rejects.reject(ValueError(f"reply for unknown split {split!r}"))
             return
         state = self.splits[split]
-        if seq != state.seq:
+        part = state.parts[p]
+        if seq != part.seq or part.answer is not None:
             return  # the answer to a request we already sent again
-        rows = len(state.request_obs)
+        rows = len(part.request_obs)
         try:
             action, logp, value = (arrays[k] for k in ("action", "logp", "value"))
         except KeyError as error:
             self.rejects.reject(ValueError(f"reply without array {error}"))
             return
         if not (logp.shape == value.shape == (rows,)
-                and action.shape == (rows, *self.spec.action_shape)):
+                and action.shape == (rows, *part.spec.action_shape)):
             self.rejects.reject(ValueError(f"reply shapes {action.shape} for {rows} rows"))
             return
-        n = len(state.split)
         version = meta.get("version")
         if type(version) is not int:
             self.rejects.reject(ValueError(f"reply with version {version!r}"))
             return
-        if not self._valid_actions(action):
+        if not self._valid_actions(action, part.spec):
             self.rejects.reject(ValueError("reply with actions outside the action space"))
             return
-        chunk = state.chunk.on_policy(action[:n], logp[:n], value[:n], version, value[n:])
-        if chunk is not None:
-            self._send_chunk(chunk)
-        start = time.perf_counter()
-        result = state.split.step(self._env_actions(action[:n]))
-        self.time_env += time.perf_counter() - start
-        self._account(result, n)
-        state.chunk.on_step(result)
-        self._request(state, result.final_obs)
+        part.answer = (action, logp, value, version)
+        if all(other.answer is not None for other in state.parts):
+            self._advance(state)
 
-    def _valid_actions(self, action: np.ndarray) -> bool:
-        if self.spec.continuous:
+    def _advance(self, state: _SplitState) -> None:
+        """Record every policy's answer, step the split, and ask for the next actions."""
+        env_actions = []
+        for p, part in enumerate(state.parts):
+            action, logp, value, version = part.answer
+            n = len(state.split.obs[p])
+            chunk = part.chunk.on_policy(action[:n], logp[:n], value[:n], version, value[n:])
+            if chunk is not None:
+                self._send_chunk(p, chunk)
+            env_actions.append(self._env_actions(action[:n], p))
+        start = time.perf_counter()
+        step = state.split.step(env_actions)
+        self.time_env += time.perf_counter() - start
+        self._account(step, len(state.split))
+        for p, (part, result) in enumerate(zip(state.parts, step.results, strict=True)):
+            part.chunk.on_step(result)
+            part.answer = None
+            self._request(state, p, result.final_obs)
+
+    @staticmethod
+    def _valid_actions(action: np.ndarray, spec: EnvSpec) -> bool:
+        if spec.continuous:
             return action.dtype == np.float32 and bool(np.isfinite(action).all())
         return action.dtype.kind in "iu" and bool(
-            ((action >= 0) & (action < self.spec.action_dim)).all())
+            ((action >= 0) & (action < spec.action_dim)).all())
 
-    def _env_actions(self, action: np.ndarray) -> list:
+    def _env_actions(self, action: np.ndarray, p: int) -> list:
         """What the envs receive: ints, or vectors clipped to the action space."""
-        if self.spec.continuous:
-            return list(np.clip(action, self.action_low, self.action_high))
+        if self.specs[p].continuous:
+            return list(np.clip(action, *self.action_bounds[p]))
         return action.tolist()
 
-    def _account(self, result: StepResult, n: int) -> None:
-        self.env_frames += n
-        self.episodes += len(result.episode_returns)
-        self._returns.extend(result.episode_returns)
-        self._lengths.extend(result.episode_lengths)
-        self._unsent_returns.extend(result.episode_returns)
+    def _account(self, step: RingStep, envs: int) -> None:
+        self.env_frames += envs
+        self.episodes += len(step.episode_returns)
+        self._returns.extend(step.episode_returns)
+        self._lengths.extend(step.episode_lengths)
+        for p, result in enumerate(step.results):
+            self._unsent_returns[p].extend(result.episode_returns)
+            if self.multi_agent:
+                self._policy_returns[p].extend(result.episode_returns)
 
-    def _send_chunk(self, chunk: dict[str, np.ndarray]) -> None:
+    def _send_chunk(self, p: int, chunk: dict[str, np.ndarray]) -> None:
+        """Send a chunk to policy `p`'s learner, with that policy's recent returns."""
         start = time.perf_counter()
-        meta = {"actor": self.index, "episode_returns": self._unsent_returns[-MAX_SENT_RETURNS:]}
-        self._unsent_returns = []
+        meta = {"actor": self.index,
+                "episode_returns": self._unsent_returns[p][-MAX_SENT_RETURNS:]}
+        self._unsent_returns[p] = []
         try:
-            send(self.samples, "samples", meta, chunk, flags=zmq.NOBLOCK)
+            send(self.samples[p], "samples", meta, chunk, flags=zmq.NOBLOCK)
             self.chunks_sent += 1
         except zmq.Again:
             if self.config.actors.send_policy == "drop":
                 self.chunks_dropped += 1
             else:
-                self._send_blocking(meta, chunk, start)
+                self._send_blocking(self.samples[p], meta, chunk, start)
         self.time_send += time.perf_counter() - start
 
-    def _send_blocking(self, meta: dict, chunk: dict[str, np.ndarray], start: float) -> None:
+    def _send_blocking(self, socket: zmq.Socket, meta: dict, chunk: dict[str, np.ndarray],
+                       start: float) -> None:
         next_log = start + SEND_WAIT_LOG_S
         while not self.stopping:
-            if self.samples.poll(POLL_MS, zmq.POLLOUT):
+            if socket.poll(POLL_MS, zmq.POLLOUT):
                 try:
-                    send(self.samples, "samples", meta, chunk, flags=zmq.NOBLOCK)
+                    send(socket, "samples", meta, chunk, flags=zmq.NOBLOCK)
                     self.chunks_sent += 1
                     return
                 except zmq.Again:
@@ -255,13 +317,17 @@ class ActorWorker(Worker):
         arrays = {"episode_return": np.asarray(self._returns, np.float32),
                   "episode_length": np.asarray(self._lengths, np.int32)}
         self._returns, self._lengths = [], []
+        if self.multi_agent:
+            for policy, returns in zip(self.policies, self._policy_returns, strict=True):
+                arrays[POLICY_RETURN + policy] = np.asarray(returns, np.float32)
+                returns.clear()
         return arrays
 
     def close(self) -> None:
         for state in getattr(self, "splits", []):
             state.split.close()
         for name in ("inference", "samples"):
-            if hasattr(self, name):
-                getattr(self, name).close()
+            for socket in getattr(self, name, []):
+                socket.close()
         if self.inline is not None:
             self.inline.close()

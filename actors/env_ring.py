@@ -21,7 +21,8 @@ A `ChunkBuilder` fills one split's chunk of T steps:
 | `versions`     | [T, n]         | parameter version of the acting policy           |
 
 Consecutive chunks overlap by one observation: the last of one is the first of
-the next.
+the next. In a multi-agent env (actors/multi_agent.py) every agent is a column
+of its policy's chunk, so `n` is envs times that policy's agents.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from dataclasses import dataclass, field
 
 import gymnasium as gym
 import numpy as np
+
+from srl_jax.config import DEFAULT_POLICY
 
 
 @dataclass
@@ -44,6 +47,19 @@ class StepResult:
     """Their final observations, one row each, to be valued for bootstrapping."""
     episode_returns: list[float] = field(default_factory=list)
     episode_lengths: list[int] = field(default_factory=list)
+
+
+@dataclass
+class RingStep:
+    """One step of a split, cut per policy (a single-agent split has one policy)."""
+
+    results: list[StepResult]
+    """Per policy, in the split's policy order: its columns' rewards, flags and
+    observations; its `episode_returns` are those of single agents."""
+    episode_returns: list[float]
+    """Returns of the episodes that ended, summed over all agents (the team return)."""
+    episode_lengths: list[int]
+    """Their lengths in environment steps."""
 
 
 class EnvSplit:
@@ -94,6 +110,28 @@ class EnvSplit:
     def close(self) -> None:
         for env in self.envs:
             env.close()
+
+
+class OnePolicy:
+    """A single-agent split (EnvSplit or EnvPoolSplit) seen as a ring split of one policy."""
+
+    def __init__(self, split: EnvSplit) -> None:
+        self.split = split
+        self.policies = [DEFAULT_POLICY]
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    @property
+    def obs(self) -> list[np.ndarray]:
+        return [self.split.obs]
+
+    def step(self, actions: list[list]) -> RingStep:
+        result = self.split.step(actions[0])
+        return RingStep([result], result.episode_returns, result.episode_lengths)
+
+    def close(self) -> None:
+        self.split.close()
 
 
 class ChunkBuilder:

@@ -8,7 +8,13 @@ import gymnasium as gym
 import numpy as np
 
 from actors.atari import is_atari, make_atari
-from srl_jax.config import ConfigError, EnvConfig
+from srl_jax.config import (
+    DEFAULT_POLICY,
+    ConfigError,
+    EnvConfig,
+    ExperimentConfig,
+    is_pettingzoo,
+)
 
 
 @dataclass(frozen=True)
@@ -22,6 +28,8 @@ class EnvSpec:
     continuous: bool
     action_low: tuple[float, ...] = ()
     action_high: tuple[float, ...] = ()
+    agents: int = 1
+    """Agents of one environment this policy acts for: chunk columns per env."""
 
     @property
     def action_shape(self) -> tuple[int, ...]:
@@ -31,6 +39,15 @@ class EnvSpec:
     @property
     def action_dtype(self) -> np.dtype:
         return np.dtype(np.float32 if self.continuous else np.int32)
+
+
+def policy_names(config: EnvConfig) -> list[str]:
+    """The policies that act in `config`'s environment, in the order actors serve them."""
+    if is_pettingzoo(config.id):
+        from actors.multi_agent import multi_agent_specs
+
+        return list(multi_agent_specs(config))
+    return [DEFAULT_POLICY]
 
 
 def make_env(config: EnvConfig, render_mode: str | None = None) -> gym.Env:
@@ -52,8 +69,13 @@ def make_env(config: EnvConfig, render_mode: str | None = None) -> gym.Env:
     return env
 
 
-def env_spec(config: EnvConfig) -> EnvSpec:
-    """Spaces of `config`'s environment; ConfigError if this version cannot run it."""
+def env_spec(config: EnvConfig, policy: str = DEFAULT_POLICY) -> EnvSpec:
+    """Spaces of `config`'s environment as `policy` sees them; ConfigError if this
+    version cannot run it. A single-agent environment has one policy, the default."""
+    if is_pettingzoo(config.id):
+        from actors.multi_agent import multi_agent_specs
+
+        return multi_agent_specs(config)[policy]
     try:
         env = make_env(config)
     except ConfigError:
@@ -64,9 +86,19 @@ def env_spec(config: EnvConfig) -> EnvSpec:
         obs_space, action_space = env.observation_space, env.action_space
     finally:
         env.close()
+    spec = spec_from_spaces(obs_space, action_space, config.id)
+    if config.backend == "envpool":
+        from actors.envpool_split import check_envpool
+
+        check_envpool(config, spec)
+    return spec
+
+
+def spec_from_spaces(obs_space: gym.Space, action_space: gym.Space, env_id: str) -> EnvSpec:
+    """The EnvSpec of a pair of spaces; ConfigError for spaces the networks cannot take."""
     if not isinstance(obs_space, gym.spaces.Box):
         raise ConfigError(
-            f"'env.id': '{config.id}' has a {type(obs_space).__name__} observation space; "
+            f"'env.id': '{env_id}' has a {type(obs_space).__name__} observation space; "
             "only Box observations are supported so far"
         )
     obs = (tuple(obs_space.shape), np.dtype(obs_space.dtype))
@@ -78,13 +110,9 @@ def env_spec(config: EnvConfig) -> EnvSpec:
                        action_high=tuple(float(x) for x in action_space.high))
     else:
         raise ConfigError(
-            f"'env.id': '{config.id}' has a {action_space} action space; supported are "
+            f"'env.id': '{env_id}' has a {action_space} action space; supported are "
             "Discrete and one-dimensional Box"
         )
-    if config.backend == "envpool":
-        from actors.envpool_split import check_envpool
-
-        check_envpool(config, spec)
     return spec
 
 
@@ -95,6 +123,28 @@ def check_network(kind: str, spec: EnvSpec, env_id: str) -> None:
         raise ConfigError(f"'network.kind': 'nature_cnn' needs image observations [H, W, C] and "
                           f"discrete actions; '{env_id}' has observations {list(spec.obs_shape)} "
                           f"and {actions} actions")
+
+
+def check_policies(config: ExperimentConfig) -> None:
+    """ConfigError if a policy's spaces or chunks do not fit the network, the learner's
+    batch or the servers' batch (checked before launch)."""
+    split_envs = config.actors.envs // config.actors.splits
+    for policy in policy_names(config.env):
+        spec = env_spec(config.env, policy)
+        check_network(config.network.kind, spec, config.env.id)
+        columns = split_envs * spec.agents  # single-agent layouts: config.validate checks
+        step = columns * config.learner.processes
+        if config.learner.batch_envs % step:
+            raise ConfigError(
+                f"'learner.batch_envs' ({config.learner.batch_envs}) must be a multiple of "
+                f"{step}: policy '{policy}' sends chunks of {columns} columns ({split_envs} "
+                f"envs x {spec.agents} agents) to each of {config.learner.processes} learner "
+                "process(es)")
+        if config.inference.max_batch < columns:
+            raise ConfigError(
+                f"'inference.max_batch' ({config.inference.max_batch}) must hold the {columns} "
+                f"columns of one split for policy '{policy}' ({split_envs} envs x "
+                f"{spec.agents} agents)")
 
 
 def env_seed(seed: int, actor_index: int, env_index: int) -> int:

@@ -22,8 +22,8 @@ from actors.envs import env_spec
 from learners.jax_runtime import configure_jax
 from learners.param_stream import subscribe
 from learners.policy import PolicyRunner
-from srl_jax.config import ExperimentConfig
-from srl_jax.names import NameService
+from srl_jax.config import DEFAULT_POLICY, ExperimentConfig
+from srl_jax.names import NameService, policy_key
 from srl_jax.streams import bind_registered, make_socket, receive, send
 from srl_jax.worker import Worker
 
@@ -35,8 +35,8 @@ class InferenceServer(Worker):
     kind = "inference"
 
     def __init__(self, config: ExperimentConfig, index: int, run_dir: Path,
-                 names: NameService) -> None:
-        super().__init__(config, index, run_dir, names)
+                 names: NameService, policy: str = DEFAULT_POLICY) -> None:
+        super().__init__(config, index, run_dir, names, policy)
         self.requests = 0
         self.rows = 0
         self.batches = 0
@@ -46,14 +46,14 @@ class InferenceServer(Worker):
 
     def setup(self) -> None:
         configure_jax(self.config.runtime)
-        spec = env_spec(self.config.env)
+        spec = env_spec(self.config.env, self.policy)
         self.obs_shape, self.obs_dtype = spec.obs_shape, spec.obs_dtype
         cfg = self.config.inference
         self.runner = PolicyRunner(self.config, spec, self.config.seed + 1000 + self.index,
                                    cfg.min_padded_batch, cfg.max_batch)
         self.runner.warm_up()
         self.router = make_socket(self.zmq, zmq.ROUTER)
-        bind_registered(self.router, self.names, f"inference/{self.index}")
+        bind_registered(self.router, self.names, policy_key(self.policy, f"inference/{self.index}"))
         self.params = subscribe(self, self.runner)
         self.poller = zmq.Poller()
         self.poller.register(self.router, zmq.POLLIN)

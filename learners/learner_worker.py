@@ -46,9 +46,9 @@ from learners.param_codec import host_value, params_to_arrays
 from learners.sample_queue import SampleQueue
 from learners.train_state import Batch, init_train_state
 from srl_jax.checkpoint import Checkpointer
-from srl_jax.config import ExperimentConfig, config_to_dict
+from srl_jax.config import DEFAULT_POLICY, ExperimentConfig, config_to_dict
 from srl_jax.metrics import CARRIED
-from srl_jax.names import COORDINATOR_KEY, NameService
+from srl_jax.names import COORDINATOR_KEY, NameService, policy_key
 from srl_jax.streams import bind_registered, make_socket, receive, send
 from srl_jax.worker import Worker
 
@@ -63,7 +63,7 @@ def chunk_layout(config: ExperimentConfig,
                  spec: EnvSpec) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     """Shape and dtype of every array of one actor chunk (see actors/env_ring.py)."""
     T = config.actors.trajectory_length
-    n = config.actors.envs // config.actors.splits
+    n = config.actors.envs // config.actors.splits * spec.agents
     step = ((T, n), np.dtype(np.float32))
     return {
         "obs": ((T + 1, n, *spec.obs_shape), np.dtype(spec.obs_dtype)),
@@ -86,8 +86,8 @@ class LearnerWorker(Worker):
     kind = "learner"
 
     def __init__(self, config: ExperimentConfig, index: int, run_dir: Path,
-                 names: NameService) -> None:
-        super().__init__(config, index, run_dir, names)
+                 names: NameService, policy: str = DEFAULT_POLICY) -> None:
+        super().__init__(config, index, run_dir, names, policy)
         cfg = config.learner
         self.processes = process_layout(config, index)
         self.local_envs = cfg.batch_envs // self.processes.count
@@ -118,12 +118,13 @@ class LearnerWorker(Worker):
         configure_jax(self.config.runtime)
         self._join_processes()
         self.pull = make_socket(self.zmq, zmq.PULL, hwm=self.config.learner.sample_queue)
-        bind_registered(self.pull, self.names, f"learner/samples/{self.index}")
+        bind_registered(self.pull, self.names,
+                        policy_key(self.policy, f"learner/samples/{self.index}"))
         self.pub = None
         if self.processes.is_chief:
             self.pub = make_socket(self.zmq, zmq.PUB, hwm=4)
-            bind_registered(self.pub, self.names, "learner/params")
-        spec = env_spec(self.config.env)
+            bind_registered(self.pub, self.names, policy_key(self.policy, "learner/params"))
+        spec = env_spec(self.config.env, self.policy)
         self.layout = chunk_layout(self.config, spec)
         policy, network = make_policy(self.config, spec)
         algo = algorithm(self.config.learner.algorithm)
@@ -149,9 +150,9 @@ class LearnerWorker(Worker):
         if layout.count > 1 and not layout.coordinator:
             if layout.is_chief:
                 address = free_loopback_address()
-                self.names.register(COORDINATOR_KEY, address)
+                self.names.register(policy_key(self.policy, COORDINATOR_KEY), address)
             else:
-                address = self.lookup(COORDINATOR_KEY)
+                address = self.lookup(policy_key(self.policy, COORDINATOR_KEY))
             layout = self.processes = replace(layout, coordinator=address)
         initialize(layout)
         if layout.count > 1:
@@ -166,7 +167,7 @@ class LearnerWorker(Worker):
         if not ckpt.enabled:
             return
         self.checkpointer = Checkpointer(self.run_dir, ckpt.keep, ckpt.keep_best,
-                                         ckpt.async_save)
+                                         ckpt.async_save, self.policy)
         restored = self.checkpointer.restore(self.state)
         if restored is None:
             return

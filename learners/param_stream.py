@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import zmq
 
 from learners.policy import PolicyRunner
+from srl_jax.names import policy_key
 from srl_jax.streams import RejectCounter, make_socket, receive
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ def subscribe(worker: Worker, runner: PolicyRunner) -> ParamSubscriber:
     socket = make_socket(worker.zmq, zmq.SUB)
     socket.setsockopt(zmq.SUBSCRIBE, b"")
     socket.setsockopt(zmq.RCVHWM, 4)
-    socket.connect(worker.lookup("learner/params"))
+    socket.connect(worker.lookup(policy_key(worker.policy, "learner/params")))
     subscriber = ParamSubscriber(socket, runner, worker.rejects)
     subscriber.await_first(FIRST_PARAMS_WAIT_S, worker.keep_alive)
     return subscriber

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from srl_jax.names import FileNameService, NameService
+from srl_jax.config import DEFAULT_POLICY
+from srl_jax.names import FileNameService, NameService, worker_name
 
 
 @dataclass
@@ -27,14 +28,15 @@ class WorkerHandle:
     pid: int
     host: str
     process: subprocess.Popen
+    policy: str = DEFAULT_POLICY
 
 
 class LaunchBackend(Protocol):
     def name_service(self) -> NameService:
         """Where workers of this backend register and find endpoints."""
 
-    def start(self, kind: str, index: int) -> WorkerHandle:
-        """Start one worker; returns at once."""
+    def start(self, kind: str, index: int, policy: str = DEFAULT_POLICY) -> WorkerHandle:
+        """Start one worker (of `policy`: learners and inference servers); returns at once."""
 
     def exit_code(self, handle: WorkerHandle) -> int | None:
         """The worker's exit code, or None while it runs."""
@@ -54,17 +56,17 @@ class LocalBackend:
     def name_service(self) -> NameService:
         return self._names
 
-    def start(self, kind: str, index: int) -> WorkerHandle:
-        log_path = self.run_dir / "logs" / f"{kind}-{index}.log"
+    def start(self, kind: str, index: int, policy: str = DEFAULT_POLICY) -> WorkerHandle:
+        log_path = self.run_dir / "logs" / f"{worker_name(kind, index, policy)}.log"
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         with open(log_path, "ab") as log_file:
             process = subprocess.Popen(
                 [sys.executable, "-m", "srl_jax.worker", kind, str(index),
-                 "--run-dir", str(self.run_dir)],
+                 "--run-dir", str(self.run_dir), "--policy", policy],
                 stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
                 env=env, start_new_session=True,
             )
-        return WorkerHandle(kind, index, process.pid, socket.gethostname(), process)
+        return WorkerHandle(kind, index, process.pid, socket.gethostname(), process, policy)
 
     def exit_code(self, handle: WorkerHandle) -> int | None:
         return handle.process.poll()

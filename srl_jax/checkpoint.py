@@ -32,6 +32,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from srl_jax.config import DEFAULT_POLICY
 from srl_jax.run_dir import checkpoint_meta, checkpoint_root, checkpoint_steps
 
 
@@ -69,14 +70,16 @@ class Checkpointer:
     """Saves and restores one learner's state; the newest `keep` plus the best."""
 
     def __init__(self, run_dir: Path, keep: int = 3, keep_best: bool = True,
-                 async_save: bool = True) -> None:
+                 async_save: bool = True, policy: str = DEFAULT_POLICY) -> None:
+        """`policy`: whose learner this is (each policy of a run has its own checkpoints)."""
         self.run_dir = Path(run_dir)
-        self._latest = _manager(checkpoint_root(run_dir), keep, async_save)
+        self.policy = policy
+        self._latest = _manager(checkpoint_root(run_dir, policy=policy), keep, async_save)
         self.keep_best = keep_best
         self.best_return = -float("inf")
         self._pending_best: int | None = None
-        if keep_best and (best := checkpoint_steps(run_dir, best=True)):
-            meta = checkpoint_meta(run_dir, best[-1], best=True)
+        if keep_best and (best := checkpoint_steps(run_dir, best=True, policy=policy)):
+            meta = checkpoint_meta(run_dir, best[-1], best=True, policy=policy)
             self.best_return = meta.get("episode_return_mean", self.best_return)
 
     def latest_step(self) -> int | None:
@@ -108,28 +111,28 @@ class Checkpointer:
         """Link the pending best step into `best/` (its save is complete)."""
         if self._pending_best is None or jax.process_index() != 0:
             return
-        source = checkpoint_root(self.run_dir) / str(self._pending_best)
-        root = checkpoint_root(self.run_dir, best=True)
+        source = checkpoint_root(self.run_dir, policy=self.policy) / str(self._pending_best)
+        root = checkpoint_root(self.run_dir, best=True, policy=self.policy)
         root.mkdir(exist_ok=True)
         linking = root / f"{self._pending_best}.linking"
         shutil.rmtree(linking, ignore_errors=True)
         shutil.copytree(source, linking, copy_function=os.link)
         linking.rename(root / str(self._pending_best))
-        for old in checkpoint_steps(self.run_dir, best=True):
+        for old in checkpoint_steps(self.run_dir, best=True, policy=self.policy):
             if old != self._pending_best:
                 shutil.rmtree(root / str(old))
         self._pending_best = None
 
     def restore(self, like: Any, step: int | None = None, best: bool = False) -> Restored | None:
         """The newest (or given) checkpoint shaped like the live state `like`; None if none."""
-        steps = checkpoint_steps(self.run_dir, best)
+        steps = checkpoint_steps(self.run_dir, best, self.policy)
         step = (steps[-1] if steps else None) if step is None else step
         if step is None:
             return None
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _to_saveable(like))
         args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
                                   meta=ocp.args.JsonRestore())
-        restored = _read(checkpoint_root(self.run_dir, best=True), step, args) if best \
+        restored = _read(checkpoint_root(self.run_dir, True, self.policy), step, args) if best \
             else self._latest.restore(step, args=args)
         return Restored(step, _from_saveable(restored["state"], like), dict(restored["meta"]))
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -21,6 +22,16 @@ import yaml
 ALGORITHMS = ("ppo", "impala")
 NETWORKS = ("mlp", "nature_cnn")
 ENV_BACKENDS = ("gymnasium", "envpool")
+DEFAULT_POLICY = "default"
+PETTINGZOO_PREFIX = "pettingzoo:"
+POLICY_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+RESERVED_POLICY_NAMES = ("best", "evaluated")
+"""Directories of `checkpoints/` that a policy's own checkpoints would collide with."""
+
+
+def is_pettingzoo(env_id: str) -> bool:
+    """Whether `env_id` names a PettingZoo parallel environment ('pettingzoo:<module>')."""
+    return env_id.startswith(PETTINGZOO_PREFIX)
 
 
 class ConfigError(ValueError):
@@ -46,13 +57,21 @@ class AtariConfig:
 @dataclass
 class EnvConfig:
     id: str = "CartPole-v1"
-    """A registered gymnasium environment id, or an Atari game as 'ALE/<Game>-v5'."""
+    """A registered gymnasium environment id, an Atari game as 'ALE/<Game>-v5', or a
+    PettingZoo parallel environment as 'pettingzoo:<module>' (a module with `parallel_env`)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments passed to `gymnasium.make`."""
+    """Keyword arguments passed to `gymnasium.make` (or to PettingZoo's `parallel_env`)."""
     atari: AtariConfig = field(default_factory=AtariConfig)
     """Atari preprocessing (used for 'ALE/...' ids)."""
     backend: str = "gymnasium"
     """How actors step a split: 'gymnasium' (one env object each) or 'envpool' (one C++ batch)."""
+    policies: dict[str, list[str]] = field(default_factory=dict)
+    """Multi-agent envs: policy name -> patterns (fnmatch) of the agents it acts for; an
+    agent goes to the first policy that matches it. Each policy has its own learner and
+    inference servers. Empty: one policy, 'default', shared by every agent."""
+    agent_id: bool = True
+    """Multi-agent envs: append a one-hot of the agent's place among its policy's agents
+    to its observations, so that a shared policy can tell its agents apart."""
 
 
 @dataclass
@@ -405,6 +424,25 @@ def _require(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def _validate_multi_agent(config: ExperimentConfig) -> None:
+    from actors.multi_agent import check_pettingzoo_id
+
+    check_pettingzoo_id(config.env.id)
+    for name, patterns in config.env.policies.items():
+        _require(bool(POLICY_NAME.fullmatch(str(name))) and name not in RESERVED_POLICY_NAMES,
+                 f"'env.policies': policy name '{name}' must start with a letter, hold only "
+                 f"letters, digits or _, and not be {' or '.join(RESERVED_POLICY_NAMES)}")
+        _require(isinstance(patterns, list) and bool(patterns)
+                 and all(isinstance(p, str) for p in patterns),
+                 f"'env.policies.{name}' must be a list of agent name patterns")
+    _require(config.env.backend == "gymnasium",
+             "'env.backend': PettingZoo environments step with 'gymnasium'")
+    _require(not config.actors.inline_inference,
+             "'actors.inline_inference' is for single-agent environments")
+    _require(config.evaluation.every_updates == 0,
+             "'evaluation.every_updates': the evaluator plays single-agent environments only")
+
+
 def validate(config: ExperimentConfig) -> None:
     """Reject configs that cannot run; each message names the offending key."""
     import gymnasium
@@ -413,7 +451,12 @@ def validate(config: ExperimentConfig) -> None:
 
     if is_atari(config.env.id):
         register_atari(config.env.id)
-    if config.env.id not in gymnasium.envs.registry:
+    if is_pettingzoo(config.env.id):
+        _validate_multi_agent(config)
+    else:
+        _require(not config.env.policies,
+                 "'env.policies' is for multi-agent (PettingZoo 'pettingzoo:...') environments")
+    if not is_pettingzoo(config.env.id) and config.env.id not in gymnasium.envs.registry:
         close = difflib.get_close_matches(config.env.id, list(gymnasium.envs.registry), n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         raise ConfigError(f"'env.id': unknown gymnasium environment '{config.env.id}'{hint}")

@@ -25,10 +25,11 @@ from typing import Any
 
 import zmq
 
+from actors.envs import policy_names
 from srl_jax.backends import LaunchBackend, WorkerHandle
-from srl_jax.config import ExperimentConfig
+from srl_jax.config import DEFAULT_POLICY, ExperimentConfig
 from srl_jax.metrics import MetricsAggregator, MetricsWriter, ProgressDisplay
-from srl_jax.names import COORDINATOR_KEY
+from srl_jax.names import COORDINATOR_KEY, policy_key, worker_name
 from srl_jax.streams import RejectCounter, bind_registered, make_socket, receive
 
 log = logging.getLogger("controller")
@@ -42,6 +43,7 @@ EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 class WorkerRecord:
     kind: str
     index: int
+    policy: str = DEFAULT_POLICY
     handle: WorkerHandle | None = None
     state: str = "starting"
     restarts: int = 0
@@ -55,7 +57,7 @@ class WorkerRecord:
 
     @property
     def name(self) -> str:
-        return f"{self.kind}-{self.index}"
+        return worker_name(self.kind, self.index, self.policy)
 
 
 class Controller:
@@ -78,9 +80,12 @@ class Controller:
                 key: last[key] for key in ("learner_steps", "policy_version",
                                            "samples_dropped_stale") if key in last}, {})
         self.rejects = RejectCounter()
-        self.workers = [WorkerRecord("learner", i) for i in range(config.learner.processes)]
         servers = 0 if config.actors.inline_inference else config.inference.count
-        self.workers += [WorkerRecord("inference", i) for i in range(servers)]
+        self.workers = []
+        for policy in policy_names(config.env):  # each policy its own learner and servers
+            self.workers += [WorkerRecord("learner", i, policy)
+                             for i in range(config.learner.processes)]
+            self.workers += [WorkerRecord("inference", i, policy) for i in range(servers)]
         self.workers += [WorkerRecord("actor", i) for i in range(config.actors.count)]
         if config.evaluation.every_updates:
             self.workers.append(WorkerRecord("evaluator", 0))
@@ -119,7 +124,7 @@ class Controller:
         return self.exit_code
 
     def _start(self, record: WorkerRecord) -> None:
-        record.handle = self.backend.start(record.kind, record.index)
+        record.handle = self.backend.start(record.kind, record.index, record.policy)
         record.state, record.started_at = "starting", time.monotonic()
         record.last_heartbeat = record.restart_at = record.exit_code = None
         record.reported = False
@@ -151,7 +156,7 @@ class Controller:
             if record.state == "starting":
                 record.state = "running"
             self.metrics.observe(record.name, record.kind, counters, arrays,
-                                 first=not record.reported)
+                                 first=not record.reported, policy=record.policy)
             record.reported = True
 
     def _watch_workers(self) -> None:
@@ -183,7 +188,7 @@ class Controller:
         self.metrics.retire(record.name)
         log_path = self.run_dir / "logs" / f"{record.name}.log"
         if record.kind == "learner" and self.config.learner.processes > 1:
-            self._stop_learner_group()
+            self._stop_learner_group(record.policy)
         if not self._restartable(record):
             record.state = "failed"
             self._finish(f"{record.name} {what}; see {log_path}", EXIT_FAILED)
@@ -201,17 +206,18 @@ class Controller:
         log.warning("%s %s; restart %d in %.1fs", record.name, what, record.restarts, delay)
         self._write_status()
 
-    def _stop_learner_group(self) -> None:
-        """Learner processes share one jax.distributed job: one gone means all restart.
+    def _stop_learner_group(self, policy: str) -> None:
+        """A policy's learner processes share one jax.distributed job: one gone means
+        all restart.
 
         The others are killed (their collectives would wait forever) and come back
         through `_on_exit` like the first; the stale coordinator address goes.
         """
-        self.backend.name_service().unregister(COORDINATOR_KEY)
+        self.backend.name_service().unregister(policy_key(policy, COORDINATOR_KEY))
         for other in self.workers:
-            if other.kind == "learner" and other.handle is not None and \
-                    other.state in ("starting", "running") and \
-                    self.backend.exit_code(other.handle) is None:
+            if other.kind == "learner" and other.policy == policy \
+                    and other.handle is not None and other.state in ("starting", "running") \
+                    and self.backend.exit_code(other.handle) is None:
                 log.warning("%s leaves with the learner group", other.name)
                 self.backend.send_signal(other.handle, signal.SIGKILL)
 
@@ -253,7 +259,7 @@ class Controller:
             "stop_reason": self.stop_reason, "controller_pid": os.getpid(),
             "started": self.started_wall, "updated": time.time(), "resumes": self.resumes,
             "workers": [{
-                "name": r.name, "kind": r.kind, "index": r.index,
+                "name": r.name, "kind": r.kind, "index": r.index, "policy": r.policy,
                 "pid": r.handle.pid if r.handle else None,
                 "host": r.handle.host if r.handle else None, "state": r.state,
                 "restarts": r.restarts, "last_heartbeat": r.last_heartbeat_wall,

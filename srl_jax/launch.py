@@ -97,7 +97,7 @@ def prepare_run(args: argparse.Namespace) -> tuple:
 
     Returns (config, run directory, checkpoint step to resume from or None).
     """
-    from actors.envs import check_network, env_spec
+    from actors.envs import check_policies
 
     if args.backend != "local":
         raise ConfigError(f"'--backend': '{args.backend}' is not available; this version has "
@@ -112,7 +112,7 @@ def prepare_run(args: argparse.Namespace) -> tuple:
         if run_dir.exists() and any(run_dir.iterdir()):
             raise ConfigError(f"'--run-dir': {run_dir} already holds files; pick an empty or "
                               "new directory (or add --resume to continue it)")
-    check_network(config.network.kind, env_spec(config.env), config.env.id)
+    check_policies(config)
     return config, run_dir, step
 
 

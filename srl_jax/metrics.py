@@ -4,7 +4,9 @@ Workers send cumulative counters; the aggregator keeps the latest per worker,
 adds the last counters of workers that were restarted (so totals never go
 back), and turns differences between rows into rates and time fractions.
 Row keys named in DESIGN.md never change; extra keys are grouped by prefix
-(`actor/`, `inference/`, `learner/`, `system/`).
+(`actor/`, `inference/`, `learner/`, `policy/`, `system/`). In a multi-agent run
+`episode_return_mean` is the team return (all agents' rewards summed) and
+`policy/<name>/episode_return_mean` the mean return of one of that policy's agents.
 """
 
 from __future__ import annotations
@@ -18,11 +20,15 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from srl_jax.config import DEFAULT_POLICY
+
 GAUGES = frozenset({"policy_version", "learner_steps", "queue_chunks", "checkpoint_step",
                     "eval_version"})
 CARRIED = frozenset({"frames_consumed", "frames_received", "episodes_received", "lag_sum",
                      "lag_count", "samples_dropped_stale", "samples_dropped_full"})
 """Learner counters that belong to the run: checkpointed, and restored by a new learner."""
+POLICY_RETURN = "policy_return/"
+"""Heartbeat arrays `policy_return/<policy>`: single agents' episode returns, per policy."""
 
 
 def _is_held(key: str) -> bool:
@@ -42,6 +48,8 @@ class MetricsAggregator:
         self.env_frames_base = env_frames_base
         self.live: dict[str, dict[str, float]] = {}
         self.kinds: dict[str, str] = {}
+        self.policies: dict[str, str] = {}
+        self._policy_returns: dict[str, list[np.ndarray]] = defaultdict(list)
         self.retired: dict[str, float] = defaultdict(float)
         self._returns: list[np.ndarray] = []
         self._lengths: list[np.ndarray] = []
@@ -52,7 +60,8 @@ class MetricsAggregator:
         self.learner_restarts = 0
 
     def observe(self, worker: str, kind: str, counters: dict[str, Any],
-                arrays: dict[str, np.ndarray], first: bool = False) -> None:
+                arrays: dict[str, np.ndarray], first: bool = False,
+                policy: str = DEFAULT_POLICY) -> None:
         """Take one heartbeat; `first` marks a new process's first report.
 
         A new learner brings the run counters it restored from a checkpoint;
@@ -63,6 +72,7 @@ class MetricsAggregator:
         self.live[worker] = {k: float(v) for k, v in counters.items()
                              if isinstance(v, int | float) and math.isfinite(v)}
         self.kinds[worker] = kind
+        self.policies[worker] = policy
         for key in carried:
             window_key = f"{kind}:{key}"
             self._previous[window_key] = self._previous.get(window_key, 0.0) + \
@@ -70,6 +80,10 @@ class MetricsAggregator:
         if "episode_return" in arrays and "episode_length" in arrays:
             self._returns.append(np.asarray(arrays["episode_return"], np.float64))
             self._lengths.append(np.asarray(arrays["episode_length"], np.float64))
+        for name, values in arrays.items():
+            if name.startswith(POLICY_RETURN):  # a multi-agent actor's per-agent returns
+                self._policy_returns[name[len(POLICY_RETURN):]].append(
+                    np.asarray(values, np.float64))
         if "eval_return" in arrays:
             self._eval_returns.append(np.asarray(arrays["eval_return"], np.float64))
 
@@ -92,8 +106,10 @@ class MetricsAggregator:
         live = sum(c.get(key, 0.0) for w, c in self.live.items() if self.kinds[w] == kind)
         return live + self.retired.get(f"{kind}:{key}", 0.0)
 
-    def gauge(self, kind: str, key: str) -> float | None:
-        values = [c[key] for w, c in self.live.items() if self.kinds[w] == kind and key in c]
+    def gauge(self, kind: str, key: str, policy: str | None = None) -> float | None:
+        """The largest current value of `key` over `kind`'s workers (of `policy`)."""
+        values = [c[key] for w, c in self.live.items() if self.kinds[w] == kind and key in c
+                  and policy in (None, self.policies[w])]
         return max(values) if values else None
 
     def row(self, elapsed: float) -> dict[str, Any]:
@@ -162,14 +178,32 @@ class MetricsAggregator:
         row["learner/time_checkpoint_frac"] = round(delta["learner:time_checkpoint"] / window, 4)
         for worker, counters in self.live.items():
             if self.kinds[worker] == "learner":
+                policy = self.policies[worker]
+                prefix = "learner" if policy == DEFAULT_POLICY else f"learner/{policy}"
                 for key, value in counters.items():
                     if key.startswith("train/"):
-                        row[f"learner/{key[len('train/'):]}"] = round(value, 6)
+                        row[f"{prefix}/{key[len('train/'):]}"] = round(value, 6)
+        self._policy_rows(row)
         row["system/restarts"] = self.restarts
         row["system/learner_restarts"] = self.learner_restarts
         row["system/wire_rejected"] = int(sum(
             self.total(kind, "wire_rejected") for kind in set(self.kinds.values())))
         return row
+
+
+    def _policy_rows(self, row: dict[str, Any]) -> None:
+        """`policy/<name>/...`: each policy's version, and its agents' mean return."""
+        learners = {self.policies[w] for w, kind in self.kinds.items() if kind == "learner"}
+        if learners != {DEFAULT_POLICY}:
+            for policy in sorted(learners):
+                version = self.gauge("learner", "policy_version", policy)
+                if version is not None:
+                    row[f"policy/{policy}/policy_version"] = int(version)
+        for policy, chunks in sorted(self._policy_returns.items()):
+            returns = np.concatenate(chunks)
+            if len(returns):
+                row[f"policy/{policy}/episode_return_mean"] = round(float(returns.mean()), 3)
+        self._policy_returns.clear()
 
 
 def tensorboard_tag(key: str) -> str | None:

@@ -14,10 +14,25 @@ import time
 from pathlib import Path
 from typing import Protocol
 
+from srl_jax.config import DEFAULT_POLICY
+
 log = logging.getLogger(__name__)
 
 COORDINATOR_KEY = "learner/coordinator"
 """Where learner process 0's jax.distributed coordinator listens (several learner processes)."""
+
+
+def policy_key(policy: str, key: str) -> str:
+    """`key` in `policy`'s namespace: each policy has its own learner and servers.
+
+    The default policy (the only one of a single-agent run) keeps the plain key.
+    """
+    return key if policy == DEFAULT_POLICY else f"{policy}/{key}"
+
+
+def worker_name(kind: str, index: int, policy: str = DEFAULT_POLICY) -> str:
+    """A worker's name in logs, status.json and metrics: `learner-0`, `learner-red-0`."""
+    return f"{kind}-{index}" if policy == DEFAULT_POLICY else f"{kind}-{policy}-{index}"
 
 
 class NameService(Protocol):

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from srl_jax.config import ConfigError
+from srl_jax.config import DEFAULT_POLICY, ConfigError
 
 CHECKPOINTS = "checkpoints"
 BEST = "best"
@@ -22,8 +22,11 @@ METRICS = "metrics.jsonl"
 DISCARDED_METRICS = "metrics.discarded.jsonl"
 
 
-def checkpoint_root(run_dir: Path, best: bool = False) -> Path:
+def checkpoint_root(run_dir: Path, best: bool = False, policy: str = DEFAULT_POLICY) -> Path:
+    """`checkpoints/`, or `checkpoints/<policy>/` for each policy of a multi-policy run."""
     root = Path(run_dir) / CHECKPOINTS
+    if policy != DEFAULT_POLICY:
+        root = root / policy
     return root / BEST if best else root
 
 
@@ -32,9 +35,10 @@ def evaluated_root(run_dir: Path) -> Path:
     return Path(run_dir) / CHECKPOINTS / EVALUATED
 
 
-def checkpoint_steps(run_dir: Path, best: bool = False) -> list[int]:
+def checkpoint_steps(run_dir: Path, best: bool = False,
+                     policy: str = DEFAULT_POLICY) -> list[int]:
     """Steps of the complete checkpoints, oldest first."""
-    return steps_in(checkpoint_root(run_dir, best))
+    return steps_in(checkpoint_root(run_dir, best, policy))
 
 
 def steps_in(root: Path) -> list[int]:
@@ -44,9 +48,10 @@ def steps_in(root: Path) -> list[int]:
     return sorted(int(p.name) for p in root.iterdir() if p.is_dir() and p.name.isdigit())
 
 
-def checkpoint_meta(run_dir: Path, step: int, best: bool = False) -> dict[str, Any]:
+def checkpoint_meta(run_dir: Path, step: int, best: bool = False,
+                    policy: str = DEFAULT_POLICY) -> dict[str, Any]:
     """The JSON the learner saved beside its state (counters, config, save time)."""
-    return step_meta(checkpoint_root(run_dir, best), step)
+    return step_meta(checkpoint_root(run_dir, best, policy), step)
 
 
 def step_meta(root: Path, step: int) -> dict[str, Any]:

@@ -6,7 +6,7 @@ heartbeat carrying those counters to the controller every
 `runtime.stats_interval_s`, stops on SIGTERM/SIGINT, and stops by itself when
 its controller is gone, so a killed controller leaves no workers behind.
 
-Run one with `python -m srl_jax.worker KIND INDEX --run-dir DIR`; the
+Run one with `python -m srl_jax.worker KIND INDEX --run-dir DIR [--policy P]`; the
 controller does this for you.
 """
 
@@ -27,8 +27,8 @@ import numpy as np
 import yaml
 import zmq
 
-from srl_jax.config import ExperimentConfig, config_from_dict
-from srl_jax.names import FileNameService, NameService
+from srl_jax.config import DEFAULT_POLICY, ExperimentConfig, config_from_dict
+from srl_jax.names import FileNameService, NameService, worker_name
 from srl_jax.streams import RejectCounter, make_socket, send
 
 WORKER_CLASSES = {
@@ -50,12 +50,14 @@ class Worker:
     kind: ClassVar[str] = "worker"
 
     def __init__(self, config: ExperimentConfig, index: int, run_dir: Path,
-                 names: NameService) -> None:
+                 names: NameService, policy: str = DEFAULT_POLICY) -> None:
+        """`policy`: the policy a learner, inference server or evaluator serves."""
         self.config = config
         self.index = index
+        self.policy = policy
         self.run_dir = Path(run_dir)
         self.names = names
-        self.name = f"{self.kind}-{index}"
+        self.name = worker_name(self.kind, index, policy)
         self.log = logging.getLogger(self.name)
         self.zmq = zmq.Context.instance()
         self.rejects = RejectCounter()
@@ -128,7 +130,8 @@ class Worker:
         if self._stats_socket is None:
             return
         counters = {"wire_rejected": self.rejects.count, **self.counters()}
-        meta = {"worker": self.name, "kind": self.kind, "index": self.index, "pid": os.getpid(),
+        meta = {"worker": self.name, "kind": self.kind, "index": self.index,
+                "policy": self.policy, "pid": os.getpid(),
                 "host": pysocket.gethostname(), "phase": self._phase, "counters": counters}
         try:
             send(self._stats_socket, "stats", meta, self.stats_arrays(), flags=zmq.NOBLOCK)
@@ -177,14 +180,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("kind", choices=sorted(WORKER_CLASSES))
     parser.add_argument("index", type=int)
     parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument("--policy", default=DEFAULT_POLICY,
+                        help="the policy a learner or inference server serves")
     args = parser.parse_args(argv)
+    name = worker_name(args.kind, args.index, args.policy)
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr,
-        format=f"%(asctime)s {args.kind}-{args.index} %(levelname)s %(name)s: %(message)s",
+        format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s",
     )
     config = read_run_config(args.run_dir)
     names = FileNameService(args.run_dir / "names")
-    worker = load_worker_class(args.kind)(config, args.index, args.run_dir, names)
+    worker = load_worker_class(args.kind)(config, args.index, args.run_dir, names, args.policy)
     return worker.run()
 
 

@@ -1,0 +1,301 @@
+"""PettingZoo parallel environments in the env ring: agents mapped to policies, one column per agent
+
+A multi-agent environment is named 'pettingzoo:<module>', a module with a
+`parallel_env` function (e.g. 'pettingzoo:mpe2.simple_spread_v3'). Its agents
+are mapped to policies by `env.policies` (fnmatch patterns; an agent goes to
+the first policy that matches it; none given: one 'default' policy for all).
+
+A `MultiAgentSplit` of `count` environments gives each policy one batch of
+columns, env-major: column `env_index * n_agents + position`, where `position`
+is the agent's place among its policy's agents (in `possible_agents` order).
+Each policy's columns step like an `EnvSplit`'s envs (actors/env_ring.py), so
+the same `ChunkBuilder` fills them. With `env.agent_id`, a policy shared by
+several agents sees a one-hot of `position` appended to every observation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import importlib
+from collections.abc import Iterable
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from actors.env_ring import RingStep, StepResult
+from actors.envs import EnvSpec, spec_from_spaces
+from srl_jax.config import DEFAULT_POLICY, PETTINGZOO_PREFIX, ConfigError, EnvConfig
+
+INSTALL_HINT = "pip install -e '.[multiagent]'"
+_PACKAGES = ("pettingzoo", "mpe2")
+"""Top-level packages the multi-agent extra installs."""
+
+
+def _module_name(env_id: str) -> str:
+    return env_id.removeprefix(PETTINGZOO_PREFIX)
+
+
+def _import(env_id: str) -> ModuleType:
+    name = _module_name(env_id)
+    if not name:
+        raise ConfigError(f"'env.id': '{env_id}' names no module; write 'pettingzoo:<module>' "
+                          "(e.g. 'pettingzoo:mpe2.simple_spread_v3')")
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        missing = error.name or ""
+        if missing in _PACKAGES:
+            raise ConfigError(f"'env.id': '{env_id}' needs '{missing}', which is not installed: "
+                              f"{INSTALL_HINT}") from None
+        if missing == name or name.startswith(missing + "."):
+            raise ConfigError(f"'env.id': no module '{name}' for '{env_id}'") from None
+        raise ConfigError(f"'env.id': cannot import '{name}': its dependency '{missing}' is "
+                          f"not installed: {INSTALL_HINT}") from None
+    except Exception as error:  # an import can fail in any way
+        raise ConfigError(f"'env.id': cannot import '{name}': {_one_line(error)}") from None
+    if not callable(getattr(module, "parallel_env", None)):
+        raise ConfigError(f"'env.id': module '{name}' has no 'parallel_env' "
+                          "(a PettingZoo parallel environment)")
+    return module
+
+
+def _one_line(error: Exception) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def check_pettingzoo_id(env_id: str) -> None:
+    """ConfigError unless `env_id` ('pettingzoo:<module>') names an importable module
+    with a `parallel_env`."""
+    _import(env_id)
+
+
+def make_parallel_env(config: EnvConfig) -> Any:
+    """A new PettingZoo parallel environment: `<module>.parallel_env(**config.kwargs)`."""
+    module = _import(config.id)
+    try:
+        return module.parallel_env(**config.kwargs)
+    except ConfigError:
+        raise
+    except Exception as error:  # environments raise many kinds for bad kwargs
+        raise ConfigError(f"'env.kwargs': cannot make '{config.id}': {_one_line(error)}") from None
+
+
+def agent_policies(config: EnvConfig, agents: list[str]) -> dict[str, list[str]]:
+    """Policy name -> its agents (in `agents` order): each agent goes to the first
+    policy with a matching pattern; no policies configured: one default policy."""
+    if not config.policies:
+        return {DEFAULT_POLICY: list(agents)}
+    listed = ", ".join(agents)
+    mapping: dict[str, list[str]] = {name: [] for name in config.policies}
+    for agent in agents:
+        policy = next((name for name, patterns in config.policies.items()
+                       if any(fnmatch.fnmatchcase(agent, p) for p in patterns)), None)
+        if policy is None:
+            raise ConfigError(f"'env.policies': agent '{agent}' of '{config.id}' matches no "
+                              f"policy (agents: {listed})")
+        mapping[policy].append(agent)
+    for name, patterns in config.policies.items():
+        if mapping[name]:
+            continue
+        if any(fnmatch.fnmatchcase(a, p) for a in agents for p in patterns):
+            raise ConfigError(f"'env.policies': policy '{name}' gets no agent of '{config.id}': "
+                              f"earlier policies take all it matches (agents: {listed})")
+        raise ConfigError(f"'env.policies': policy '{name}' matches no agent of '{config.id}' "
+                          f"(agents: {listed})")
+    return mapping
+
+
+def multi_agent_specs(config: EnvConfig) -> dict[str, EnvSpec]:
+    """Policy name -> the EnvSpec its agents observe and act in, in policy order.
+
+    `agents` is the number of the policy's agents in one env (its columns per
+    env). Float64 observations are reported (and delivered) as float32; with
+    `config.agent_id`, a policy of n > 1 agents observes n more entries (the
+    one-hot). Cached per (id, kwargs, policies, agent_id): making an env can be slow.
+    """
+    key = (config.id, _freeze(config.kwargs), _freeze(config.policies), config.agent_id)
+    try:
+        specs = _SPECS.get(key)
+    except TypeError:  # unhashable kwargs: no caching
+        return _specs(config)
+    if specs is None:
+        specs = _SPECS[key] = _specs(config)
+    return dict(specs)
+
+
+_SPECS: dict[tuple, dict[str, EnvSpec]] = {}
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, dict):
+        return tuple((k, _freeze(v)) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return tuple(_freeze(v) for v in value)
+    return type(value), value  # 1 and True hash alike but may make different envs
+
+
+def _specs(config: EnvConfig) -> dict[str, EnvSpec]:
+    env = make_parallel_env(config)
+    try:
+        mapping = agent_policies(config, list(env.possible_agents))
+        specs = {}
+        for policy, agents in mapping.items():
+            first = agents[0]
+            obs_space, action_space = env.observation_space(first), env.action_space(first)
+            for other in agents[1:]:
+                if (env.observation_space(other) != obs_space
+                        or env.action_space(other) != action_space):
+                    raise ConfigError(f"'env.policies': agents '{first}' and '{other}' of "
+                                      f"policy '{policy}' have different spaces")
+            spec = spec_from_spaces(obs_space, action_space, config.id)
+            if spec.obs_dtype == np.float64:
+                spec = dataclasses.replace(spec, obs_dtype=np.dtype(np.float32))
+            if config.agent_id and len(agents) > 1:
+                if len(spec.obs_shape) != 1:
+                    raise ConfigError(f"'env.agent_id' needs vector observations; '{config.id}' "
+                                      f"observes {list(spec.obs_shape)}: set env.agent_id: false")
+                spec = dataclasses.replace(spec, obs_shape=(spec.obs_shape[0] + len(agents),))
+            specs[policy] = dataclasses.replace(spec, agents=len(agents))
+        return specs
+    finally:
+        env.close()
+
+
+class MultiAgentSplit:
+    """`count` PettingZoo parallel environments stepped together, cut into one batch of
+    columns per policy (the multi-agent counterpart of `EnvSplit`).
+
+    Each policy's `StepResult` means what an `EnvSplit`'s does, per column:
+    rewards, terminated / truncated (truncated only when not terminated), the
+    next observations, and for truncated columns their final observations
+    (`truncated_envs` holds column indices). An environment's episode ends when
+    all its agents are done (`env.agents` is empty): its columns' next
+    observations are then the first of a new episode while the step's rewards
+    and flags still belong to the old one; each policy's `episode_returns` /
+    `episode_lengths` get one entry per agent of that policy in that env (its
+    return, and the env steps it acted), and the `RingStep`'s get the team
+    return (summed over all agents) and the episode's length in env steps.
+
+    An agent that is done while others still play, or that is not (yet) among
+    `env.agents`, observes zeros (plus its agent id), gets reward 0 and
+    terminated=True on every step until its env resets; its action is not sent
+    to the environment.
+    """
+
+    def __init__(self, config: EnvConfig, count: int, seeds: list[int]) -> None:
+        specs = multi_agent_specs(config)
+        self.envs = [make_parallel_env(config) for _ in range(count)]
+        self.agents = agent_policies(config, list(self.envs[0].possible_agents))
+        """Policy name -> its agents, in column order within one env."""
+        self.policies = list(specs)
+        self._sizes = [len(self.agents[p]) for p in self.policies]
+        self._columns = [{agent: (p, i * self._sizes[p] + k)
+                          for p, name in enumerate(self.policies)
+                          for k, agent in enumerate(self.agents[name])} for i in range(count)]
+        """Per env: agent -> (policy index, column)."""
+        id_dims = [n if config.agent_id and n > 1 else 0 for n in self._sizes]
+        self._raw = [slice(0, -ids) if ids else slice(None) for ids in id_dims]
+        """Per policy: the part of a row the environment's observation fills."""
+        self._blank = []
+        """Per policy: observations of dead agents (zeros, plus each column's agent id)."""
+        for p, name in enumerate(self.policies):
+            spec, n, ids = specs[name], self._sizes[p], id_dims[p]
+            blank = np.zeros((count * n, *spec.obs_shape), spec.obs_dtype)
+            if ids:
+                blank[:, -ids:] = np.tile(np.eye(n, dtype=spec.obs_dtype), (count, 1))
+            self._blank.append(blank)
+        self._returns = [np.zeros(count * n, np.float64) for n in self._sizes]
+        self._lengths = [np.zeros(count * n, np.int64) for n in self._sizes]
+        self._env_lengths = np.zeros(count, np.int64)
+        self.obs = [blank.copy() for blank in self._blank]
+        """Per policy: the observations the next actions answer, [count * n_agents, ...]."""
+        for i, (env, seed) in enumerate(zip(self.envs, seeds, strict=True)):
+            first, _ = env.reset(seed=seed)
+            self._put(self.obs, i, first, first)
+
+    def __len__(self) -> int:
+        return len(self.envs)
+
+    def _put(self, obs: list[np.ndarray], env_index: int, agents: Iterable[str],
+             observed: dict) -> None:
+        """Write `agents`' observations into their rows, leaving the agent ids in place."""
+        columns = self._columns[env_index]
+        for agent in agents:
+            p, c = columns[agent]
+            obs[p][c, self._raw[p]] = observed[agent]
+
+    def step(self, actions: list[list]) -> RingStep:
+        """Step every env: `actions[p]` holds one action per column of policy p
+        (Python ints, or float32 vectors for Box spaces)."""
+        count = len(self.envs)
+        rewards = [np.zeros(count * n, np.float32) for n in self._sizes]
+        terminated = [np.zeros(count * n, bool) for n in self._sizes]
+        truncated = [np.zeros(count * n, bool) for n in self._sizes]
+        acted = [np.zeros(count * n, bool) for n in self._sizes]
+        next_obs = [blank.copy() for blank in self._blank]
+        truncated_cols: list[list[int]] = [[] for _ in self._sizes]
+        final_obs: list[list[np.ndarray]] = [[] for _ in self._sizes]
+        finished = []
+        for i, env in enumerate(self.envs):
+            columns = self._columns[i]
+            sent = {}
+            for agent in env.agents:
+                p, c = columns[agent]
+                sent[agent] = actions[p][c]
+                acted[p][c] = True
+            obs, reward, term, trunc, _ = env.step(sent)
+            remaining = env.agents
+            for agent in sent:
+                p, c = columns[agent]
+                rewards[p][c] = reward.get(agent, 0.0)
+                cut, ended = trunc.get(agent, False), term.get(agent, False)
+                if not (cut or ended) and agent not in remaining:
+                    ended = True  # left play without a flag: nothing to bootstrap
+                if ended:
+                    terminated[p][c] = True
+                elif cut:
+                    truncated[p][c] = True
+                    truncated_cols[p].append(c)
+                    row = self._blank[p][c].copy()
+                    row[self._raw[p]] = obs[agent]
+                    final_obs[p].append(row)
+            if remaining:
+                self._put(next_obs, i, remaining, obs)
+            else:
+                finished.append(i)
+                first, _ = env.reset()
+                self._put(next_obs, i, first, first)
+        self._env_lengths += 1
+        for p in range(len(self._sizes)):
+            terminated[p] |= ~acted[p]  # done earlier, or not yet in play
+            self._returns[p] += rewards[p]
+            self._lengths[p] += acted[p]
+        self.obs = next_obs
+        results = []
+        for p, n in enumerate(self._sizes):
+            returns, lengths = [], []
+            for i in finished:
+                cols = slice(i * n, (i + 1) * n)
+                returns += self._returns[p][cols].tolist()
+                lengths += self._lengths[p][cols].tolist()
+            final = (np.stack(final_obs[p]) if final_obs[p]
+                     else np.empty((0, *next_obs[p].shape[1:]), next_obs[p].dtype))
+            results.append(StepResult(rewards[p], terminated[p], truncated[p], next_obs[p],
+                                      np.asarray(truncated_cols[p], np.int64), final,
+                                      returns, lengths))
+        team_returns, team_lengths = [], []
+        for i in finished:
+            team_returns.append(sum(float(self._returns[p][i * n:(i + 1) * n].sum())
+                                    for p, n in enumerate(self._sizes)))
+            team_lengths.append(int(self._env_lengths[i]))
+            self._env_lengths[i] = 0
+            for p, n in enumerate(self._sizes):
+                self._returns[p][i * n:(i + 1) * n] = 0.0
+                self._lengths[p][i * n:(i + 1) * n] = 0
+        return RingStep(results, team_returns, team_lengths)
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()

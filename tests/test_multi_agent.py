@@ -1,0 +1,110 @@
+"""Multi-agent runs: agents mapped to policies, each policy with its own learner and
+inference server, per-policy chunks, checkpoints and metrics, end to end on MPE.
+
+The environment side (columns, agent ids, rewards, resets) is tested in
+tests/test_multi_agent_env.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from actors.envs import env_spec, policy_names
+from learners.learner_worker import chunk_layout
+from srl_jax.config import load_config
+from srl_jax.metrics import POLICY_RETURN, MetricsAggregator
+from srl_jax.run_dir import checkpoint_steps
+from tests.conftest import REPO, read_status
+
+SPREAD = REPO / "configs" / "mpe_spread_ppo.yaml"
+TWO_POLICIES = "env.policies={first: [agent_0], others: ['agent_*']}"
+SMALL = ("actors.count=1", "actors.envs=4", "actors.splits=2", "inference.max_batch=8",
+         "learner.ppo.epochs=1", "checkpoint.every_updates=2")
+
+
+def test_policies_get_their_agents_columns_in_the_chunk_layout():
+    shared = load_config(SPREAD)
+    assert policy_names(shared.env) == ["default"]
+    spec = env_spec(shared.env)
+    assert spec.agents == 3 and spec.obs_shape == (21,), "18 observed + a 3-way agent id"
+    assert chunk_layout(shared, spec)["obs"][0] == (26, 24, 21), "8 envs x 3 agents a split"
+
+    split = load_config(SPREAD, [TWO_POLICIES])
+    assert policy_names(split.env) == ["first", "others"]
+    first, others = env_spec(split.env, "first"), env_spec(split.env, "others")
+    assert (first.agents, first.obs_shape) == (1, (18,)), "one agent: no id to append"
+    assert (others.agents, others.obs_shape) == (2, (20,))
+    assert chunk_layout(split, first)["actions"][0] == (25, 8)
+    assert chunk_layout(split, others)["actions"][0] == (25, 16)
+
+
+def test_metrics_report_each_policy_and_the_team():
+    metrics = MetricsAggregator()
+    metrics.observe("learner-first-0", "learner", {"policy_version": 7, "train/loss": 0.5}, {},
+                    policy="first")
+    metrics.observe("learner-others-0", "learner", {"policy_version": 3, "train/loss": 0.25},
+                    {}, policy="others")
+    metrics.observe("actor-0", "actor", {"env_frames": 100}, {
+        "episode_return": np.array([-60.0, -90.0]), "episode_length": np.array([25, 25]),
+        POLICY_RETURN + "first": np.array([-20.0, -30.0]),
+        POLICY_RETURN + "others": np.array([-20.0, -20.0, -30.0, -30.0])})
+    row = metrics.row(1.0)
+    assert row["episode_return_mean"] == -75.0, "the team return"
+    assert row["policy/first/episode_return_mean"] == -25.0
+    assert row["policy/others/episode_return_mean"] == -25.0
+    assert row["policy/first/policy_version"] == 7
+    assert row["policy/others/policy_version"] == 3
+    assert row["policy_version"] == 7, "the contract key: the furthest policy"
+    assert row["learner/first/loss"] == 0.5 and row["learner/others/loss"] == 0.25
+    assert "policy/first/episode_return_mean" not in metrics.row(2.0), "a window's episodes"
+
+
+def _run(processes, tmp_path, *overrides: str, frames: int) -> tuple:
+    run_dir = tmp_path / "run"
+    args = [sys.executable, "-m", "srl_jax.launch", "mpe_spread_ppo", "--run-dir",
+            str(run_dir), "--quiet"]
+    for override in (*SMALL, f"stop.env_frames={frames}", *overrides):
+        args += ["--set", override]
+    process = processes.start(args, log=tmp_path / "launch.log")
+    assert process.wait(timeout=120) == 0, (tmp_path / "launch.log").read_text()
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return run_dir, rows
+
+
+@pytest.mark.slow
+def test_shared_policy_streams_every_agent_through_remote_inference(processes, tmp_path):
+    run_dir, rows = _run(processes, tmp_path, "learner.batch_envs=12", frames=1500)
+    last = rows[-1]
+    assert last["env_frames"] >= 1500 and last["learner_steps"] >= 2
+    assert last["system/wire_rejected"] == 0
+    assert any(r.get("inference/batch_rows_mean", 0) >= 6 for r in rows), "6 agents a split"
+    team = [r["episode_return_mean"] for r in rows if "episode_return_mean" in r]
+    agent = [r["policy/default/episode_return_mean"] for r in rows
+             if "policy/default/episode_return_mean" in r]
+    assert team and agent and all(t < 0 for t in team)
+    assert [w["name"] for w in read_status(run_dir)["workers"]] == [
+        "learner-0", "inference-0", "actor-0"]
+    assert checkpoint_steps(run_dir), "the default policy checkpoints where it always did"
+
+
+@pytest.mark.slow
+def test_each_policy_has_its_own_learner_server_and_checkpoints(processes, tmp_path):
+    run_dir, rows = _run(processes, tmp_path, TWO_POLICIES, "learner.batch_envs=8",
+                         frames=1500)
+    last = rows[-1]
+    assert last["system/wire_rejected"] == 0
+    assert last["policy/first/policy_version"] >= 2 and last["policy/others/policy_version"] >= 2
+    assert any("policy/first/episode_return_mean" in r for r in rows)
+    assert any("policy/others/episode_return_mean" in r for r in rows)
+    workers = {w["name"]: w for w in read_status(run_dir)["workers"]}
+    assert set(workers) == {"learner-first-0", "inference-first-0", "learner-others-0",
+                            "inference-others-0", "actor-0"}
+    assert workers["learner-others-0"]["policy"] == "others"
+    for policy in ("first", "others"):
+        assert checkpoint_steps(run_dir, policy=policy), f"{policy} has its own checkpoints"
+        assert (run_dir / "logs" / f"learner-{policy}-0.log").exists()
+    assert not checkpoint_steps(run_dir), "no policy is the default one"
