@@ -22,9 +22,10 @@ from learners.algorithms import algorithm
 from learners.networks import Policy, init_policy_params, make_policy
 from learners.train_state import init_train_state
 from srl_jax.checkpoint import Checkpointer, restore_params
-from srl_jax.config import ExperimentConfig, config_from_dict
+from srl_jax.config import DEFAULT_POLICY, ExperimentConfig, config_from_dict
 from srl_jax.run_dir import (
     checkpoint_meta,
+    checkpoint_root,
     checkpoint_steps,
     evaluated_root,
     step_meta,
@@ -85,39 +86,42 @@ def play_episode(policy: TrainedPolicy, env: Any, seed: int | None, deterministi
 
 
 def load_policy(run_dir: str | Path, step: int | None = None, best: bool = False,
-                seed: int = 0) -> TrainedPolicy:
+                seed: int = 0, policy: str = DEFAULT_POLICY) -> TrainedPolicy:
     """The policy of a run's newest checkpoint, or of `step`, or the best one.
 
     Best is the evaluator's best evaluation when the run had an evaluator
-    (`evaluation.every_updates`), else the best training return.
+    (`evaluation.every_updates`), else the best training return. In a run with
+    several policies, `policy` names the one to load (its agents' observations).
     FileNotFoundError names the directory when there is nothing to load.
     """
     run_dir = Path(run_dir)
-    if best and (evaluated := steps_in(evaluated_root(run_dir))):
+    if best and policy == DEFAULT_POLICY and (evaluated := steps_in(evaluated_root(run_dir))):
         return _load_evaluated(run_dir, evaluated[-1], seed)
-    steps = checkpoint_steps(run_dir, best)
+    steps = checkpoint_steps(run_dir, best, policy)
     if not steps:
         what = "best checkpoint" if best else "complete checkpoint"
-        raise FileNotFoundError(f"{run_dir} holds no {what} (looked in {run_dir}/checkpoints)")
+        raise FileNotFoundError(f"{run_dir} holds no {what} (looked in "
+                                f"{checkpoint_root(run_dir, policy=policy)})")
     if step is not None and step not in steps:
         raise FileNotFoundError(f"{run_dir} has no checkpoint step {step} (it has {steps})")
     step = steps[-1] if step is None else step
-    config, spec, policy, network = _rebuild(checkpoint_meta(run_dir, step, best))
+    config, spec, act, network = _rebuild(checkpoint_meta(run_dir, step, best, policy), policy)
     optimizer = algorithm(config.learner.algorithm).make_optimizer(config)
     like = init_train_state(init_policy_params(network, spec.obs_shape, config.seed), optimizer,
                             config.seed)
-    checkpointer = Checkpointer(run_dir, keep=config.checkpoint.keep, keep_best=best)
+    checkpointer = Checkpointer(run_dir, keep=config.checkpoint.keep, keep_best=best,
+                                policy=policy)
     try:
         restored = checkpointer.restore(like, step=step, best=best)
     finally:
         checkpointer.close()
-    return TrainedPolicy(config, spec, policy, restored.state.params, step, seed)
+    return TrainedPolicy(config, spec, act, restored.state.params, step, seed)
 
 
-def _rebuild(meta: dict[str, Any]) -> tuple:
+def _rebuild(meta: dict[str, Any], policy: str = DEFAULT_POLICY) -> tuple:
     """(config, env spec, policy, network) from the config a checkpoint was saved with."""
     config = config_from_dict(meta["config"])
-    spec = env_spec(config.env)
+    spec = env_spec(config.env, policy)
     return (config, spec, *make_policy(config, spec))
 
 

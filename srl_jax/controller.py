@@ -30,6 +30,7 @@ from srl_jax.backends import LaunchBackend, WorkerHandle
 from srl_jax.config import DEFAULT_POLICY, ExperimentConfig
 from srl_jax.metrics import MetricsAggregator, MetricsWriter, ProgressDisplay
 from srl_jax.names import COORDINATOR_KEY, policy_key, worker_name
+from srl_jax.run_dir import policy_version
 from srl_jax.streams import RejectCounter, bind_registered, make_socket, receive
 
 log = logging.getLogger("controller")
@@ -75,10 +76,13 @@ class Controller:
                                          time_base=self.time_base,
                                          restarts=last.get("system/restarts", 0))
         self.resumes = int(last.get("system/resumes", 0)) + int(resumed)
-        if resume_row:  # shown until the restored learner reports its own
-            self.metrics.observe("learner-0", "learner", {
-                key: last[key] for key in ("learner_steps", "policy_version",
-                                           "samples_dropped_stale") if key in last}, {})
+        if resume_row:  # shown until the restored learners report their own
+            for policy in policy_names(config.env):
+                version = policy_version(last, policy)
+                self.metrics.observe(worker_name("learner", 0, policy), "learner", {
+                    "learner_steps": version, "policy_version": version,
+                    "samples_dropped_stale": last.get("samples_dropped_stale", 0)}, {},
+                    policy=policy)
         self.rejects = RejectCounter()
         servers = 0 if config.actors.inline_inference else config.inference.count
         self.workers = []

@@ -15,6 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
+from srl_jax.config import is_pettingzoo
+from srl_jax.worker import read_run_config
+
 EXIT_USAGE = 2
 VIDEO_FPS = 30
 
@@ -54,6 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     from actors.envs import make_env
     from learners.export import load_policy, play_episode
 
+    config = args.run_dir / "config.yaml"
+    if config.is_file() and is_pettingzoo(env_id := read_run_config(args.run_dir).env.id):
+        print(f"srl_jax.evaluate: '{env_id}' is a multi-agent environment; this command plays "
+              "single-agent ones (learners.export.load_policy(run_dir, policy=NAME) loads a "
+              "policy of it)", file=sys.stderr)
+        return EXIT_USAGE
     try:
         policy = load_policy(args.run_dir, step=args.step, best=args.best, seed=args.seed)
     except FileNotFoundError as error:

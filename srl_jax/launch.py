@@ -25,6 +25,7 @@ from pathlib import Path
 import yaml
 
 from srl_jax.config import (
+    DEFAULT_POLICY,
     ConfigError,
     ExperimentConfig,
     config_to_dict,
@@ -68,7 +69,10 @@ def _get(values: dict, dotted: str) -> object:
 
 
 def prepare_resume(args: argparse.Namespace, experiment: ExperimentConfig) -> tuple:
-    """The run to continue, its config with the overrides, and its checkpoint step."""
+    """The run to continue, its config with the overrides, and each policy's checkpoint
+    step to resume from."""
+    from actors.envs import policy_names
+
     run_dir = args.run_dir or latest_resumable_run(RUNS_ROOT, experiment.name)
     if run_dir is None:
         raise ConfigError(f"'--resume': no run of '{experiment.name}' with a checkpoint under "
@@ -76,10 +80,15 @@ def prepare_resume(args: argparse.Namespace, experiment: ExperimentConfig) -> tu
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"'--run-dir': {run_dir} is not an srl_jax run directory (no "
                           "config.yaml)")
-    steps = checkpoint_steps(run_dir)
-    if not steps:
-        raise ConfigError(f"'--resume': {run_dir} holds no complete checkpoint to resume from")
     config = load_config(run_dir / "config.yaml", args.overrides)
+    steps = {}
+    for policy in policy_names(config.env):
+        saved = checkpoint_steps(run_dir, policy=policy)
+        if not saved:
+            whose = "" if policy == DEFAULT_POLICY else f" of policy '{policy}'"
+            raise ConfigError(f"'--resume': {run_dir} holds no complete checkpoint{whose} to "
+                              "resume from")
+        steps[policy] = saved[-1]
     if config.name != experiment.name:
         raise ConfigError(f"'--run-dir': {run_dir} is a run of '{config.name}', not of "
                           f"'{experiment.name}'")
@@ -89,13 +98,13 @@ def prepare_resume(args: argparse.Namespace, experiment: ExperimentConfig) -> tu
         if _get(saved, key) != _get(wanted, key):
             raise ConfigError(f"'{key}' cannot change on resume: the checkpoint was trained "
                               f"with {_get(saved, key)!r}")
-    return config, run_dir, steps[-1]
+    return config, run_dir, steps
 
 
 def prepare_run(args: argparse.Namespace) -> tuple:
     """Everything that can fail on bad input, before any process starts.
 
-    Returns (config, run directory, checkpoint step to resume from or None).
+    Returns (config, run directory, policy -> checkpoint step to resume from, or None).
     """
     from actors.envs import check_policies
 
@@ -105,21 +114,21 @@ def prepare_run(args: argparse.Namespace) -> tuple:
     path = resolve_experiment_path(args.experiment, config_dirs())
     config = load_config(path, [] if args.resume else args.overrides)
     if args.resume:
-        config, run_dir, step = prepare_resume(args, config)
+        config, run_dir, steps = prepare_resume(args, config)
     else:
-        run_dir, step = args.run_dir or RUNS_ROOT / config.name / time.strftime(
+        run_dir, steps = args.run_dir or RUNS_ROOT / config.name / time.strftime(
             "%Y%m%d-%H%M%S"), None
         if run_dir.exists() and any(run_dir.iterdir()):
             raise ConfigError(f"'--run-dir': {run_dir} already holds files; pick an empty or "
                               "new directory (or add --resume to continue it)")
     check_policies(config)
-    return config, run_dir, step
+    return config, run_dir, steps
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        config, run_dir, resume_step = prepare_run(args)
+        config, run_dir, resume_steps = prepare_run(args)
     except ConfigError as error:
         print(f"srl_jax.launch: config error: {error}", file=sys.stderr)
         return EXIT_CONFIG
@@ -128,8 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     from srl_jax.metrics import ProgressDisplay
 
     resume_row = None
-    if resume_step is not None:
-        resume_row = trim_metrics(run_dir, resume_step)
+    if resume_steps is not None:
+        resume_row = trim_metrics(run_dir, resume_steps)
         shutil.rmtree(run_dir / "names", ignore_errors=True)  # the old run's endpoints
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
@@ -138,13 +147,15 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s controller %(levelname)s %(name)s: %(message)s")
     backend = make_backend(args.backend, run_dir)
     progress = ProgressDisplay(sys.stdout, enabled=not args.quiet)
-    if resume_step is None:
+    if resume_steps is None:
         print(f"srl_jax: {config.name} -> {run_dir}", flush=True)
     else:
-        print(f"srl_jax: {config.name} resumes from checkpoint step {resume_step} -> {run_dir}",
+        where = ", ".join(f"step {step}" if policy == DEFAULT_POLICY else f"{policy} {step}"
+                          for policy, step in resume_steps.items())
+        print(f"srl_jax: {config.name} resumes from checkpoint {where} -> {run_dir}",
               flush=True)
     return Controller(config, run_dir, backend, progress, resume_row=resume_row,
-                      resumed=resume_step is not None).run()
+                      resumed=resume_steps is not None).run()
 
 
 if __name__ == "__main__":

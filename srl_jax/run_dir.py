@@ -66,7 +66,16 @@ def latest_resumable_run(runs_root: Path, experiment: str) -> Path | None:
         return None
     runs = sorted((p for p in parent.iterdir() if p.is_dir()), key=lambda p: p.name,
                   reverse=True)
-    return next((run for run in runs if checkpoint_steps(run)), None)
+    return next((run for run in runs if _has_checkpoint(run)), None)
+
+
+def _has_checkpoint(run_dir: Path) -> bool:
+    """A complete checkpoint of the default policy, or of any policy of a multi-policy run."""
+    root = checkpoint_root(run_dir)
+    if steps_in(root):
+        return True
+    return root.is_dir() and any(steps_in(sub) for sub in root.iterdir() if sub.is_dir()
+                                 and sub.name not in (BEST, EVALUATED))
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -89,10 +98,16 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def trim_metrics(run_dir: Path, learner_steps: int) -> dict[str, Any] | None:
-    """Keep the rows up to a checkpoint's learner step; return the last one kept.
+def policy_version(row: dict[str, Any], policy: str) -> int:
+    """`policy`'s version in a metrics row (the default policy's is `learner_steps`)."""
+    key = "learner_steps" if policy == DEFAULT_POLICY else f"policy/{policy}/policy_version"
+    return row.get(key, 0)
 
-    Rows written after the checkpoint describe training the resume throws away;
+
+def trim_metrics(run_dir: Path, steps: dict[str, int]) -> dict[str, Any] | None:
+    """Keep the rows up to the checkpoints' steps (policy -> step); return the last one kept.
+
+    Rows written after a checkpoint describe training the resume throws away;
     they move to metrics.discarded.jsonl, so metrics.jsonl never goes back and
     nothing is lost.
     """
@@ -101,7 +116,8 @@ def trim_metrics(run_dir: Path, learner_steps: int) -> dict[str, Any] | None:
     except ValueError as error:
         raise ConfigError(f"'--resume': {error}") from None
     cut = len(rows)
-    while cut and rows[cut - 1].get("learner_steps", 0) > learner_steps:
+    while cut and any(policy_version(rows[cut - 1], policy) > step
+                      for policy, step in steps.items()):
         cut -= 1
     kept, dropped = rows[:cut], rows[cut:]
     if dropped:

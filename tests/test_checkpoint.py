@@ -113,12 +113,22 @@ def write_rows(run_dir: Path, steps: list[int], torn: bool = False) -> None:
 
 def test_trim_metrics_keeps_rows_up_to_the_checkpoint(tmp_path: Path) -> None:
     write_rows(tmp_path, [0, 1, 2, 3, 4, 5], torn=True)
-    last = trim_metrics(tmp_path, learner_steps=3)
+    last = trim_metrics(tmp_path, {"default": 3})
     assert last == {"time": 3.0, "env_frames": 300, "learner_steps": 3}
     assert [r["learner_steps"] for r in read_metrics(tmp_path)] == [0, 1, 2, 3]
     discarded = [json.loads(x) for x in (tmp_path / DISCARDED_METRICS).read_text().splitlines()]
     assert [r["learner_steps"] for r in discarded] == [4, 5]
-    assert trim_metrics(tmp_path, learner_steps=3) == last  # idempotent
+    assert trim_metrics(tmp_path, {"default": 3}) == last  # idempotent
+
+
+def test_trim_metrics_cuts_where_any_policy_went_past_its_checkpoint(tmp_path: Path) -> None:
+    versions = [(0, 0), (2, 1), (4, 3), (5, 5), (7, 6)]  # (red, blue) per row
+    rows = [{"time": float(i), "learner_steps": max(v), "policy/red/policy_version": v[0],
+             "policy/blue/policy_version": v[1]} for i, v in enumerate(versions)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    last = trim_metrics(tmp_path, {"red": 5, "blue": 3})
+    assert last["time"] == 2.0, "the row after is past blue's checkpoint step 3"
+    assert len(read_metrics(tmp_path)) == 3
 
 
 def test_latest_resumable_run_skips_runs_without_checkpoints(tmp_path: Path) -> None:
@@ -132,6 +142,12 @@ def test_latest_resumable_run_skips_runs_without_checkpoints(tmp_path: Path) -> 
             (run / "checkpoints" / f"{step + 1}.orbax-checkpoint-tmp").mkdir()
     assert latest_resumable_run(root, "exp") == root / "exp" / "20260102-000000"
     assert latest_resumable_run(root, "other") is None
+    multi = root / "exp" / "20260104-000000" / "checkpoints"
+    (multi / "best" / "3").mkdir(parents=True)
+    assert latest_resumable_run(root, "exp") == root / "exp" / "20260102-000000", \
+        "a best link alone is no policy's checkpoint"
+    (multi / "red" / "3").mkdir(parents=True)
+    assert latest_resumable_run(root, "exp") == multi.parent, "a policy's own checkpoint"
 
 
 def test_damaged_metrics_are_a_resume_error_not_a_silent_cut(tmp_path: Path) -> None:
@@ -140,4 +156,4 @@ def test_damaged_metrics_are_a_resume_error_not_a_silent_cut(tmp_path: Path) -> 
     lines[1] = lines[1][:10]
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     with pytest.raises(ConfigError, match=r"'--resume': .*metrics.jsonl:2: not a JSON object"):
-        trim_metrics(tmp_path, learner_steps=2)
+        trim_metrics(tmp_path, {"default": 2})

@@ -8,12 +8,14 @@ tests/test_multi_agent_env.py.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 
 import numpy as np
 import pytest
 
 from actors.envs import env_spec, policy_names
+from learners.export import load_policy
 from learners.learner_worker import chunk_layout
 from srl_jax.config import load_config
 from srl_jax.metrics import POLICY_RETURN, MetricsAggregator
@@ -63,11 +65,11 @@ def test_metrics_report_each_policy_and_the_team():
     assert "policy/first/episode_return_mean" not in metrics.row(2.0), "a window's episodes"
 
 
-def _run(processes, tmp_path, *overrides: str, frames: int) -> tuple:
+def _run(processes, tmp_path, *overrides: str, frames: int, resume: bool = False) -> tuple:
     run_dir = tmp_path / "run"
     args = [sys.executable, "-m", "srl_jax.launch", "mpe_spread_ppo", "--run-dir",
-            str(run_dir), "--quiet"]
-    for override in (*SMALL, f"stop.env_frames={frames}", *overrides):
+            str(run_dir), "--quiet", *(["--resume"] if resume else [])]
+    for override in (*([] if resume else SMALL), f"stop.env_frames={frames}", *overrides):
         args += ["--set", override]
     process = processes.start(args, log=tmp_path / "launch.log")
     assert process.wait(timeout=120) == 0, (tmp_path / "launch.log").read_text()
@@ -92,7 +94,7 @@ def test_shared_policy_streams_every_agent_through_remote_inference(processes, t
 
 
 @pytest.mark.slow
-def test_each_policy_has_its_own_learner_server_and_checkpoints(processes, tmp_path):
+def test_each_policy_has_its_own_learner_server_checkpoints_and_resume(processes, tmp_path):
     run_dir, rows = _run(processes, tmp_path, TWO_POLICIES, "learner.batch_envs=8",
                          frames=1500)
     last = rows[-1]
@@ -108,3 +110,26 @@ def test_each_policy_has_its_own_learner_server_and_checkpoints(processes, tmp_p
         assert checkpoint_steps(run_dir, policy=policy), f"{policy} has its own checkpoints"
         assert (run_dir / "logs" / f"learner-{policy}-0.log").exists()
     assert not checkpoint_steps(run_dir), "no policy is the default one"
+
+    steps = {p: checkpoint_steps(run_dir, policy=p)[-1] for p in ("first", "others")}
+    _, resumed = _run(processes, tmp_path, frames=3000, resume=True)
+    assert f"resumes from checkpoint first {steps['first']}, others {steps['others']}" in \
+        (tmp_path / "launch.log").read_text()
+    for policy in ("first", "others"):
+        log = (run_dir / "logs" / f"learner-{policy}-0.log").read_text()
+        assert f"restored checkpoint step {steps[policy]}" in log
+    assert resumed[-1]["system/resumes"] == 1 and resumed[-1]["env_frames"] >= 3000
+    kept = resumed[:len(resumed) - sum(r.get("system/resumes") == 1 for r in resumed)]
+    assert all(r["policy/first/policy_version"] <= steps["first"] for r in kept
+               if "policy/first/policy_version" in r), "rows past a checkpoint were trimmed"
+    versions = [r.get("policy/others/policy_version", 0) for r in resumed]
+    assert max(versions) > steps["others"], "the resumed learner trained on"
+
+    others = load_policy(run_dir, policy="others")
+    assert others.spec.obs_shape == (20,) and others.step >= steps["others"]
+    actions = others.act_batch(np.zeros((3, 20), np.float32))
+    assert actions.shape == (3,) and ((actions >= 0) & (actions < 5)).all()
+    evaluate = subprocess.run([sys.executable, "-m", "srl_jax.evaluate", str(run_dir)],
+                              capture_output=True, text=True, timeout=60)
+    assert evaluate.returncode == 2
+    assert "is a multi-agent environment" in evaluate.stderr
