@@ -93,17 +93,17 @@ class ActorWorker(Worker):
         cfg, env = self.config.actors, self.config.env
         per_split = cfg.envs // cfg.splits
         self.policies = policy_names(env)
-        self.specs = specs = [env_spec(env, policy) for policy in self.policies]
+        self.specs = [env_spec(env, policy) for policy in self.policies]
         self.action_bounds = [(np.asarray(spec.action_low, np.float32),
-                               np.asarray(spec.action_high, np.float32)) for spec in specs]
+                               np.asarray(spec.action_high, np.float32)) for spec in self.specs]
         self._unsent_returns: list[list[float]] = [[] for _ in self.policies]
-        self._policy_returns: list[list[float]] = [[] for _ in self.policies]
+        self._policy_returns = [[] for _ in self.policies]
         self.splits = []
         for s in range(cfg.splits):
             seeds = [env_seed(self.config.seed, self.index, k)
                      for k in range(s * per_split, (s + 1) * per_split)]
             self.splits.append(_SplitState(s, self._make_split(per_split, seeds),
-                                           cfg.trajectory_length, specs))
+                                           cfg.trajectory_length, self.specs))
         self.samples = []
         for policy in self.policies:
             socket = make_socket(self.zmq, zmq.PUSH, hwm=cfg.send_queue)
@@ -113,7 +113,7 @@ class ActorWorker(Worker):
         if cfg.inline_inference:
             from actors.inline_policy import InlinePolicy  # imports JAX
 
-            self.inline = InlinePolicy(self, specs[0])
+            self.inline = InlinePolicy(self, self.specs[0])
         else:
             self.poller = zmq.Poller()
             self.inference = []

@@ -52,7 +52,7 @@ class EvaluatorWorker(Worker):
         spec = env_spec(self.config.env)
         self.runner = PolicyRunner(self.config, spec, self.config.seed, 1, 1)
         policy, _ = make_policy(self.config, spec)
-        self.policy = TrainedPolicy(self.config, spec, policy, self.runner.params, step=0)
+        self.trained = TrainedPolicy(self.config, spec, policy, self.runner.params, step=0)
         self.env = make_env(self.config.env)
         self.subscriber = subscribe(self, self.runner)
         if saved := steps_in(evaluated_root(self.run_dir)):  # a restarted evaluator
@@ -67,11 +67,11 @@ class EvaluatorWorker(Worker):
 
     def _evaluate(self, version: int) -> None:
         cfg = self.config.evaluation
-        self.policy.params = self.runner.params  # stays on the device, a snapshot of `version`
+        self.trained.params = self.runner.params  # stays on the device, a snapshot of `version`
         returns = []
         for episode in range(cfg.episodes):  # the same starts every time: comparable figures
             seed = env_seed(self.config.seed, EVALUATOR_ACTOR_INDEX, episode)
-            episode_return, _ = play_episode(self.policy, self.env, seed, deterministic=True,
+            episode_return, _ = play_episode(self.trained, self.env, seed, deterministic=True,
                                              on_step=self.keep_alive)
             if self.stopping:
                 return  # a cut episode is no evaluation
@@ -80,7 +80,7 @@ class EvaluatorWorker(Worker):
         mean = float(np.mean(returns))
         if mean > self.best_return:
             self.best_return = mean
-            save_params(evaluated_root(self.run_dir), version, self.policy.params, {
+            save_params(evaluated_root(self.run_dir), version, self.trained.params, {
                 "version": version, "eval_return_mean": mean, "episodes": len(returns),
                 "config": config_to_dict(self.config)})
         self._returns.extend(returns)

@@ -54,15 +54,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.episodes < 1:
         print("srl_jax.evaluate: '--episodes' must be at least 1", file=sys.stderr)
         return EXIT_USAGE
-    from actors.envs import make_env
-    from learners.export import load_policy, play_episode
-
     config = args.run_dir / "config.yaml"
     if config.is_file() and is_pettingzoo(env_id := read_run_config(args.run_dir).env.id):
         print(f"srl_jax.evaluate: '{env_id}' is a multi-agent environment; this command plays "
               "single-agent ones (learners.export.load_policy(run_dir, policy=NAME) loads a "
               "policy of it)", file=sys.stderr)
         return EXIT_USAGE
+    from actors.envs import make_env
+    from learners.export import load_policy, play_episode
+
     try:
         policy = load_policy(args.run_dir, step=args.step, best=args.best, seed=args.seed)
     except FileNotFoundError as error:

@@ -9,24 +9,28 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from srl_jax.names import FileNameService
+from srl_jax.config import DEFAULT_POLICY
+from srl_jax.names import FileNameService, policy_key
 from srl_jax.streams import RejectCounter, bind_registered, make_socket, receive
 from srl_jax.wire import Message
 
 
 class FakeServerAndLearner:
-    """A ROUTER under `inference/0` and a PULL under `learner/samples/0`.
+    """A ROUTER under `inference/0` and a PULL under `learner/samples/0` (of `policy`).
 
     Subclasses decide how to `answer` each request; chunks are collected.
     """
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, policy: str = DEFAULT_POLICY) -> None:
         names = FileNameService(run_dir / "names")
         context = zmq.Context.instance()
         self.router = make_socket(context, zmq.ROUTER)
-        bind_registered(self.router, names, "inference/0")
+        bind_registered(self.router, names, policy_key(policy, "inference/0"))
         self.pull = make_socket(context, zmq.PULL)
-        bind_registered(self.pull, names, "learner/samples/0")
+        bind_registered(self.pull, names, policy_key(policy, "learner/samples/0"))
+        self.poller = zmq.Poller()
+        self.poller.register(self.router, zmq.POLLIN)
+        self.poller.register(self.pull, zmq.POLLIN)
         self.rejects = RejectCounter()
         self.replies = 0
         self.chunks: list[dict[str, np.ndarray]] = []
@@ -37,23 +41,24 @@ class FakeServerAndLearner:
 
     def serve(self, until: Callable[[], bool], timeout: float) -> None:
         """Answer requests and collect chunks until `until()` or fail after `timeout`."""
-        poller = zmq.Poller()
-        poller.register(self.router, zmq.POLLIN)
-        poller.register(self.pull, zmq.POLLIN)
         deadline = time.monotonic() + timeout
         while not until():
             assert time.monotonic() < deadline, (
                 f"timed out: {self.replies} replies, {len(self.chunks)} chunks")
-            events = dict(poller.poll(100))
-            if self.router in events:
-                while (got := receive(self.router, frozenset({"infer_request"}),
-                                      self.rejects, envelope=1)) is not None:
-                    self.answer(*got)
-            if self.pull in events:
-                while (got := receive(self.pull, frozenset({"samples"}),
-                                      self.rejects)) is not None:
-                    self.chunks.append({k: v.copy() for k, v in got[1].arrays.items()})
-                    self.chunk_meta.append(dict(got[1].meta))
+            self.serve_once()
+
+    def serve_once(self, poll_ms: int = 100) -> None:
+        """Answer the requests and collect the chunks that arrive within `poll_ms`."""
+        events = dict(self.poller.poll(poll_ms))
+        if self.router in events:
+            while (got := receive(self.router, frozenset({"infer_request"}),
+                                  self.rejects, envelope=1)) is not None:
+                self.answer(*got)
+        if self.pull in events:
+            while (got := receive(self.pull, frozenset({"samples"}),
+                                  self.rejects)) is not None:
+                self.chunks.append({k: v.copy() for k, v in got[1].arrays.items()})
+                self.chunk_meta.append(dict(got[1].meta))
 
     def close(self) -> None:
         self.router.close()

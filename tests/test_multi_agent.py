@@ -8,24 +8,49 @@ tests/test_multi_agent_env.py.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 
-from actors.envs import env_spec, policy_names
+from actors.envs import check_policies, env_spec, policy_names
 from learners.export import load_policy
 from learners.learner_worker import chunk_layout
-from srl_jax.config import load_config
+from srl_jax.config import ConfigError, load_config
 from srl_jax.metrics import POLICY_RETURN, MetricsAggregator
 from srl_jax.run_dir import checkpoint_steps
-from tests.conftest import REPO, read_status
+from srl_jax.streams import send
+from tests.conftest import REPO, read_status, write_run_dir
+from tests.fakes import FakeServerAndLearner
 
 SPREAD = REPO / "configs" / "mpe_spread_ppo.yaml"
 TWO_POLICIES = "env.policies={first: [agent_0], others: ['agent_*']}"
 SMALL = ("actors.count=1", "actors.envs=4", "actors.splits=2", "inference.max_batch=8",
          "learner.ppo.epochs=1", "checkpoint.every_updates=2")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("env.id=pettingzoo:mpe2.no_such_game", "'env.id': no module 'mpe2.no_such_game'"),
+    ("env.policies={red: [adversary_*]}",
+     "'env.policies': agent 'agent_0' of 'pettingzoo:mpe2.simple_spread_v3' matches no policy"),
+    ("env.policies={2nd: ['*']}", "'env.policies': policy name '2nd' must start with a letter"),
+    ("env.policies={best: ['*']}", "not be best or evaluated"),
+    ("env.policies={red: agent_0}", "'env.policies.red' must be a list of agent name patterns"),
+    ("inference.max_batch=16",
+     "'inference.max_batch' (16) must hold the 24 columns of one split for policy 'default'"),
+    ("evaluation.every_updates=5",
+     "'evaluation.every_updates': the evaluator plays single-agent environments only"),
+    ("env.backend=envpool", "'env.backend': PettingZoo environments step with 'gymnasium'"),
+    ("env.kwargs.N=two", "'env.kwargs': cannot make"),
+])
+def test_multi_agent_config_errors_name_the_key(override, message):
+    """What the launcher checks before anything starts (the exit code: tests/test_config.py)."""
+    with pytest.raises(ConfigError) as error:
+        check_policies(load_config(SPREAD, [override]))
+    assert message in str(error.value)
 
 
 def test_policies_get_their_agents_columns_in_the_chunk_layout():
@@ -133,3 +158,58 @@ def test_each_policy_has_its_own_learner_server_checkpoints_and_resume(processes
                               capture_output=True, text=True, timeout=60)
     assert evaluate.returncode == 2
     assert "is a multi-agent environment" in evaluate.stderr
+
+
+class ConstantPolicy(FakeServerAndLearner):
+    """Answers every request with action `column % 5` at version 0."""
+
+    def __init__(self, run_dir, policy: str) -> None:
+        super().__init__(run_dir, policy)
+        self.requests: list[np.ndarray] = []
+
+    def answer(self, routing, message) -> None:
+        obs = message.arrays["obs"].copy()
+        self.requests.append(obs)
+        self.replies += 1
+        rows = len(obs)
+        send(self.router, "infer_reply",
+             {"split": message.meta["split"], "seq": message.meta["seq"], "version": 0},
+             {"action": (np.arange(rows) % 5).astype(np.int32),
+              "logp": np.full(rows, -1.0, np.float32), "value": np.zeros(rows, np.float32)},
+             routing=routing)
+
+
+def test_an_actor_steps_once_every_policy_answered_and_sends_each_its_agents(
+        tmp_path, processes, stats_socket):
+    T = 5
+    config = load_config(SPREAD, [TWO_POLICIES, "actors.count=1", "actors.envs=2",
+                                  "actors.splits=1", f"actors.trajectory_length={T}",
+                                  "actors.inference_timeout_s=60", "learner.batch_envs=8"])
+    run_dir = write_run_dir(tmp_path / "run", config)
+    first, others = ConstantPolicy(run_dir, "first"), ConstantPolicy(run_dir, "others")
+    try:
+        actor = processes.worker("actor", 0, run_dir)
+        first.serve(lambda: first.replies >= 1 or actor.poll() is not None, timeout=60)
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:  # 'others' keeps the split waiting
+            first.serve_once(poll_ms=50)
+        assert first.replies == 1, "no step, so no new request, before every policy answered"
+        while len(first.chunks) < 2 or len(others.chunks) < 2:
+            assert actor.poll() is None, (run_dir / "logs" / "actor-0.log").read_text()
+            first.serve_once(poll_ms=20)
+            others.serve_once(poll_ms=20)
+        actor.send_signal(signal.SIGTERM)
+        assert actor.wait(timeout=15) == 0
+    finally:
+        first.close()
+        others.close()
+    assert first.rejects.count == others.rejects.count == 0
+    assert abs(len(first.requests) - len(others.requests)) <= 1, "the policies act in lockstep"
+    for fake, columns, width in ((first, 2, 18), (others, 4, 20)):
+        chunk = fake.chunks[0]
+        assert chunk["obs"].shape == (T + 1, columns, width)
+        np.testing.assert_array_equal(chunk["actions"], np.tile(np.arange(columns) % 5, (T, 1)))
+        np.testing.assert_array_equal(chunk["obs"][0], fake.requests[0][:columns])
+    ids = others.chunks[0]["obs"][:, :, -2:]
+    np.testing.assert_array_equal(ids, np.tile(np.eye(2), (T + 1, 2, 1)),
+                                  "agent_1 and agent_2 of each env, told apart")

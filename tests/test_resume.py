@@ -194,16 +194,23 @@ def test_a_trained_policy_evaluates_above_475(processes: Processes, tmp_path: Pa
                               "stop.target_eval_return=500", "stop.wall_time_s=240",
                               "evaluation.every_updates=5", "evaluation.episodes=5")
     assert process.wait(timeout=300) == 0, (tmp_path / "launch.log").read_text()
+    rows = read_metrics(run_dir)  # the default experiment, through remote inference
+    assert all(a["env_frames"] <= b["env_frames"] for a, b in itertools.pairwise(rows))
+    assert any("policy_lag_mean" in r for r in rows)
+    final = read_status(run_dir)
+    assert final["state"] == "finished"
+    assert sorted(w["kind"] for w in final["workers"]) == [
+        "actor", "actor", "evaluator", "inference", "learner"]
+    assert len({w["pid"] for w in final["workers"]} | {final["controller_pid"]}) == 6
     # The evaluator worker: deterministic episodes every 5 versions, apart from training.
-    evaluated = [r for r in read_metrics(run_dir) if "eval_return_mean" in r]
+    evaluated = [r for r in rows if "eval_return_mean" in r]
     assert evaluated and all(0 < r["eval_return_mean"] <= 500 for r in evaluated)
     versions = [r["eval_policy_version"] for r in evaluated]
     assert versions == sorted(versions) and all(
         b - a >= 5 for a, b in itertools.pairwise(versions))
     assert evaluated[-1]["eval_return_mean"] == 500
-    status = read_status(run_dir)
-    assert "eval_return_mean 500.0" in status["stop_reason"]
-    assert worker(status, "evaluator-0")["restarts"] == 0
+    assert "eval_return_mean 500.0" in final["stop_reason"]
+    assert worker(final, "evaluator-0")["restarts"] == 0
     assert steps_in(evaluated_root(run_dir)) == [evaluated[-1]["eval_policy_version"]]
     video = tmp_path / "episode.mp4"
     result = subprocess.run(

@@ -26,10 +26,11 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("experiment, inline", [
-    ("cartpole_ppo", False), ("cartpole_ppo", True), ("cartpole_impala", False),
-], ids=["ppo", "ppo-inline-inference", "impala-async"])
+    ("cartpole_ppo", True), ("cartpole_impala", False),
+], ids=["ppo-inline-inference", "impala-async"])
 def test_solves_cartpole(processes: Processes, tmp_path: Path, experiment: str,
                          inline: bool) -> None:
+    """The default experiment, remote inference: tests/test_resume.py (with an evaluator)."""
     process, run_dir = launch(processes, tmp_path, "stop.wall_time_s=240",
                               f"actors.inline_inference={str(inline).lower()}",
                               experiment=experiment)
