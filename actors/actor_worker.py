@@ -48,6 +48,7 @@ class _Part:
         self.chunk = ChunkBuilder(length, obs, spec.action_shape, spec.action_dtype)
         self.seq = 0
         self.sent_at = 0.0
+        self.sent_wall = 0.0
         self.retry_at = 0.0
         self.delivered = False
         self.request_obs = obs
@@ -88,6 +89,8 @@ class ActorWorker(Worker):
         self.multi_agent = is_pettingzoo(config.env.id)
         self.policies: list[str] = []
         self._policy_returns: list[list[float]] = []
+        self._blocked: tuple[str, float] | None = None
+        """The sample stream this actor is blocked on (stream full), and since when."""
 
     def setup(self) -> None:
         cfg, env = self.config.actors, self.config.env
@@ -151,7 +154,7 @@ class ActorWorker(Worker):
         """Send the request of policy `p`'s part; with no server connected, try again shortly."""
         part = state.parts[p]
         part.seq += 1
-        part.sent_at = time.monotonic()
+        part.sent_at, part.sent_wall = time.monotonic(), time.time()
         try:
             send(self.inference[p], "infer_request", {"split": state.index, "seq": part.seq},
                  {"obs": part.request_obs}, flags=zmq.NOBLOCK)
@@ -285,25 +288,42 @@ class ActorWorker(Worker):
             if self.config.actors.send_policy == "drop":
                 self.chunks_dropped += 1
             else:
-                self._send_blocking(self.samples[p], meta, chunk, start)
+                self._send_blocking(p, meta, chunk, start)
         self.time_send += time.perf_counter() - start
 
-    def _send_blocking(self, socket: zmq.Socket, meta: dict, chunk: dict[str, np.ndarray],
+    def _send_blocking(self, p: int, meta: dict, chunk: dict[str, np.ndarray],
                        start: float) -> None:
-        next_log = start + SEND_WAIT_LOG_S
-        while not self.stopping:
-            if socket.poll(POLL_MS, zmq.POLLOUT):
-                try:
-                    send(socket, "samples", meta, chunk, flags=zmq.NOBLOCK)
-                    self.chunks_sent += 1
-                    return
-                except zmq.Again:
-                    continue
-            self.heartbeat()
-            if time.perf_counter() > next_log:
-                self.log.info("waiting %.0fs on the learner: sample stream full",
-                              time.perf_counter() - start)
-                next_log += SEND_WAIT_LOG_S
+        """Send to policy `p`'s learner, waiting (and heartbeating) while its stream is full."""
+        socket, next_log = self.samples[p], start + SEND_WAIT_LOG_S
+        self._blocked = (f"the sample stream of policy '{self.policies[p]}' (full: the learner "
+                         "is behind)", time.time())
+        try:
+            while not self.stopping:
+                if socket.poll(POLL_MS, zmq.POLLOUT):
+                    try:
+                        send(socket, "samples", meta, chunk, flags=zmq.NOBLOCK)
+                        self.chunks_sent += 1
+                        return
+                    except zmq.Again:
+                        continue
+                self.heartbeat()
+                if time.perf_counter() > next_log:
+                    self.log.info("waiting %.0fs on the learner: sample stream full",
+                                  time.perf_counter() - start)
+                    next_log += SEND_WAIT_LOG_S
+        finally:
+            self._blocked = None
+
+    def waiting(self) -> tuple[str, float] | None:
+        """A blocked send, else the oldest unanswered inference request."""
+        if self._blocked is not None or self.inline is not None:
+            return self._blocked
+        pending = [(part.sent_wall, p) for state in getattr(self, "splits", [])
+                   for p, part in enumerate(state.parts) if part.answer is None and part.seq]
+        if not pending:
+            return super().waiting()
+        since, p = min(pending)
+        return f"an inference reply of policy '{self.policies[p]}'", since
 
     def counters(self) -> dict[str, float]:
         return {

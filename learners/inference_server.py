@@ -43,6 +43,7 @@ class InferenceServer(Worker):
         self.padded_rows = 0
         self.time_compute = 0.0
         self.runner: PolicyRunner | None = None
+        self._last_batch_wall = time.time()
 
     def setup(self) -> None:
         configure_jax(self.config.runtime)
@@ -97,6 +98,7 @@ class InferenceServer(Worker):
     def _serve(self) -> None:
         """Answer one batch of waiting requests."""
         if pending := self._gather():
+            self._last_batch_wall = time.time()
             batch = np.concatenate([obs for _, _, obs in pending])
             rows = batch.shape[0]
             start = time.perf_counter()
@@ -115,6 +117,12 @@ class InferenceServer(Worker):
                 send(self.router, "infer_reply", reply_meta,
                      {"action": action[part], "logp": logp[part], "value": value[part]},
                      routing=routing)
+
+    def waiting(self) -> tuple[str, float] | None:
+        """Requests from actors (the time since the last batch it served)."""
+        if hasattr(self, "router"):
+            return "requests from actors", self._last_batch_wall
+        return super().waiting()
 
     def counters(self) -> dict[str, float]:
         return {

@@ -113,6 +113,7 @@ class LearnerWorker(Worker):
         self._last_publish = 0.0
         self._next: tuple[Any, np.ndarray] | None = None
         self._stop_requested = False
+        self._last_batch_wall = time.time()
 
     def setup(self) -> None:
         configure_jax(self.config.runtime)
@@ -309,6 +310,7 @@ class LearnerWorker(Worker):
 
     def _train(self) -> None:
         batch, versions = self._next
+        self._last_batch_wall = time.time()
         lag = self.version - versions
         self.lag_sum += float(lag.sum())
         self.lag_count += lag.size
@@ -333,6 +335,13 @@ class LearnerWorker(Worker):
             self.log.debug("parameter stream full; version %d not sent", self.version)
         self._last_publish = time.monotonic()
         self.time_publish += time.perf_counter() - start
+
+    def waiting(self) -> tuple[str, float] | None:
+        """Samples, while the queue holds less than a batch."""
+        if self._next is None and hasattr(self, "update"):
+            return (f"samples on {policy_key(self.policy, f'learner/samples/{self.index}')} "
+                    f"({len(self.queue)} chunks queued)", self._last_batch_wall)
+        return super().waiting()
 
     def counters(self) -> dict[str, float]:
         return {

@@ -248,6 +248,12 @@ class RuntimeConfig:
     """Restarts allowed per worker before the run fails."""
     restart_backoff_s: float = 1.0
     """Delay before the first restart; doubles with each restart of the same worker."""
+    max_message_mb: float = 256.0
+    """Largest message frame (one array) a worker or the controller accepts; a peer that
+    sends a larger one is disconnected before anything is allocated."""
+    stall_timeout_s: float = 60.0
+    """With no new env frames and no learner step for this long, the controller logs
+    who waits on what, again every as long while it lasts (0: never)."""
     stop_grace_s: float = 5.0
     """Seconds workers get to exit after SIGTERM before SIGKILL."""
     compilation_cache_dir: str = "~/.cache/srl_jax/jax"
@@ -581,3 +587,5 @@ def validate(config: ExperimentConfig) -> None:
     _require(runtime.log_interval_s > 0, "'runtime.log_interval_s' must be positive")
     _require(runtime.stats_interval_s > 0, "'runtime.stats_interval_s' must be positive")
     _require(runtime.max_restarts >= 0, "'runtime.max_restarts' must not be negative")
+    _require(runtime.max_message_mb > 0, "'runtime.max_message_mb' must be positive")
+    _require(runtime.stall_timeout_s >= 0, "'runtime.stall_timeout_s' must not be negative")

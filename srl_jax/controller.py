@@ -31,7 +31,13 @@ from srl_jax.config import DEFAULT_POLICY, ExperimentConfig
 from srl_jax.metrics import MetricsAggregator, MetricsWriter, ProgressDisplay
 from srl_jax.names import COORDINATOR_KEY, policy_key, worker_name
 from srl_jax.run_dir import policy_version
-from srl_jax.streams import RejectCounter, bind_registered, make_socket, receive
+from srl_jax.streams import (
+    RejectCounter,
+    bind_registered,
+    limit_message_size,
+    make_socket,
+    receive,
+)
 
 log = logging.getLogger("controller")
 
@@ -53,12 +59,22 @@ class WorkerRecord:
     last_heartbeat_wall: float | None = None
     reported: bool = False
     """Whether this process has sent counters yet (heartbeats during setup carry none)."""
+    waiting: tuple[str, float] | None = None
+    """What its last heartbeat said it waits on, and since when (wall time)."""
     restart_at: float | None = None
     exit_code: int | None = None
 
     @property
     def name(self) -> str:
         return worker_name(self.kind, self.index, self.policy)
+
+
+def _waiting(value: Any) -> tuple[str, float] | None:
+    """A heartbeat's `waiting` field, [what, since], if it is one."""
+    if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) \
+            and isinstance(value[1], int | float) and not isinstance(value[1], bool):
+        return value[0], float(value[1])
+    return None
 
 
 class Controller:
@@ -96,6 +112,8 @@ class Controller:
         self.stop_reason: str | None = None
         self.exit_code = EXIT_OK
         self.started = time.monotonic()
+        self._progress: tuple[int, int] | None = None
+        self._progress_at = self._next_stall_log = self.started
         self.started_wall = time.time()
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
@@ -109,6 +127,7 @@ class Controller:
         """Run until the stop condition; returns the process exit code."""
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         context = zmq.Context.instance()
+        limit_message_size(context, self.config.runtime.max_message_mb)
         self.stats = make_socket(context, zmq.PULL, hwm=10_000)
         bind_registered(self.stats, self.backend.name_service(), "controller/stats")
         self.writer = MetricsWriter(self.run_dir)
@@ -155,6 +174,7 @@ class Controller:
                     or not isinstance(counters, dict):
                 continue  # a late heartbeat from a replaced process, or garbage
             record.last_heartbeat, record.last_heartbeat_wall = time.monotonic(), time.time()
+            record.waiting = _waiting(meta.get("waiting"))
             if meta.get("phase") == "setup":
                 continue  # alive, but its counters are not restored yet
             if record.state == "starting":
@@ -233,9 +253,40 @@ class Controller:
         row["system/resumes"] = self.resumes
         self.writer.write(row)
         self.progress.show(row)
+        self._watch_progress(row)
         self._write_status()
         if check_stop:
             self._check_stop(row)
+
+    def _stalled_for(self) -> float:
+        return time.monotonic() - self._progress_at
+
+    def _watch_progress(self, row: dict[str, Any]) -> None:
+        """With no new frames and no learner step for `runtime.stall_timeout_s`, say who
+        waits on what (again every as long while it lasts)."""
+        progress = (row["env_frames"], row["learner_steps"])
+        now = time.monotonic()
+        if progress != self._progress:
+            self._progress, self._progress_at = progress, now
+            return
+        timeout = self.config.runtime.stall_timeout_s
+        if timeout and self._stalled_for() >= timeout and now >= self._next_stall_log:
+            self._next_stall_log = now + timeout
+            log.warning("no progress for %.0fs (env frames %d, learner steps %d): %s",
+                        self._stalled_for(), *progress, "; ".join(
+                            self._describe(r) for r in self.workers))
+
+    @staticmethod
+    def _describe(record: WorkerRecord) -> str:
+        """`actor-0 (running, heartbeat 0.4s ago) waits 61s on an inference reply ...`."""
+        now = time.time()
+        seen = "no heartbeat yet" if record.last_heartbeat_wall is None else \
+            f"heartbeat {now - record.last_heartbeat_wall:.1f}s ago"
+        text = f"{record.name} ({record.state}, {seen})"
+        if record.waiting is not None:
+            what, since = record.waiting
+            text += f" waits {now - since:.0f}s on {what}"
+        return text
 
     def _check_stop(self, row: dict[str, Any]) -> None:
         stop = self.config.stop
@@ -262,12 +313,15 @@ class Controller:
             "experiment": self.config.name, "run_dir": str(self.run_dir), "state": state,
             "stop_reason": self.stop_reason, "controller_pid": os.getpid(),
             "started": self.started_wall, "updated": time.time(), "resumes": self.resumes,
+            "stalled_for": round(self._stalled_for(), 1),
             "workers": [{
                 "name": r.name, "kind": r.kind, "index": r.index, "policy": r.policy,
                 "pid": r.handle.pid if r.handle else None,
                 "host": r.handle.host if r.handle else None, "state": r.state,
                 "restarts": r.restarts, "last_heartbeat": r.last_heartbeat_wall,
                 "exit_code": r.exit_code,
+                "waiting_on": r.waiting[0] if r.waiting else None,
+                "waiting_since": r.waiting[1] if r.waiting else None,
             } for r in self.workers],
         }
         path = self.run_dir / "status.json"

@@ -90,6 +90,12 @@ def send(socket: zmq.Socket, kind: str, meta: dict[str, Any] | None = None,
     socket.send_multipart([*(routing or []), *frames], flags=flags, copy=False)
 
 
+def limit_message_size(context: zmq.Context, max_mb: float) -> None:
+    """Sockets `context` makes from now on drop a peer that sends a frame above `max_mb`
+    (ZMQ checks the declared size before it allocates)."""
+    context.setsockopt(zmq.MAXMSGSIZE, int(max_mb * 2**20))
+
+
 def make_socket(context: zmq.Context, kind: int, hwm: int | None = None) -> zmq.Socket:
     """A socket that does not linger on close, with optional send/receive bounds."""
     socket = context.socket(kind)

@@ -139,5 +139,8 @@ def decode(frames: Sequence[Any], expected: frozenset[str] | None = None,
             raise WireError(f"array {name!r}: {len(view)} bytes for shape {shape} of {dtype}")
         if name in arrays:
             raise WireError(f"array {name!r} appears twice")
-        arrays[name] = np.frombuffer(view, dtype=dtype, count=count).reshape(shape)
+        try:  # a zero-size shape can still have dims whose product numpy refuses
+            arrays[name] = np.frombuffer(view, dtype=dtype, count=count).reshape(shape)
+        except ValueError as error:
+            raise WireError(f"array {name!r}: shape {shape}: {error}") from None
     return Message(kind=kind, meta=meta, arrays=arrays)

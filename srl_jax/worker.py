@@ -13,6 +13,7 @@ controller does this for you.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib
 import logging
 import os
@@ -29,7 +30,7 @@ import zmq
 
 from srl_jax.config import DEFAULT_POLICY, ExperimentConfig, config_from_dict
 from srl_jax.names import FileNameService, NameService, worker_name
-from srl_jax.streams import RejectCounter, make_socket, send
+from srl_jax.streams import RejectCounter, limit_message_size, make_socket, send
 
 WORKER_CLASSES = {
     "actor": "actors.actor_worker:ActorWorker",
@@ -38,6 +39,8 @@ WORKER_CLASSES = {
     "evaluator": "learners.evaluator:EvaluatorWorker",
 }
 LOOKUP_TIMEOUT_S = 120.0
+STACKS_SIGNAL = signal.SIGUSR1
+"""A worker that gets it writes every thread's Python stack to its log."""
 
 
 class WorkerStopped(Exception):
@@ -60,12 +63,14 @@ class Worker:
         self.name = worker_name(self.kind, index, policy)
         self.log = logging.getLogger(self.name)
         self.zmq = zmq.Context.instance()
+        limit_message_size(self.zmq, config.runtime.max_message_mb)
         self.rejects = RejectCounter()
         self._stop = False
         self._parent = os.getppid()
         self._last_stats = 0.0
         self._stats_socket: zmq.Socket | None = None
         self._phase = "setup"
+        self._lookup_wait: tuple[str, float] | None = None
 
     def setup(self) -> None:
         """Bind and connect sockets, build environments or programs."""
@@ -82,6 +87,14 @@ class Worker:
         """Arrays sent with a heartbeat (e.g. episodes finished since the last one)."""
         return {}
 
+    def waiting(self) -> tuple[str, float] | None:
+        """What this worker waits on (a stream or a key) and since when (wall time).
+
+        Heartbeats carry it, so that the controller of a run that makes no
+        progress, and `python -m srl_jax.status`, can say who waits on what.
+        """
+        return self._lookup_wait
+
     def finish(self) -> None:
         """After a clean stop, before the last heartbeat (e.g. a final checkpoint)."""
 
@@ -95,9 +108,12 @@ class Worker:
         as the worker is told to stop or its controller is gone.
         """
         deadline = time.monotonic() + LOOKUP_TIMEOUT_S
+        self._lookup_wait = (f"the name service key '{key}'", time.time())
         while True:
             try:
-                return self.names.lookup(key, timeout_s=1.0)
+                endpoint = self.names.lookup(key, timeout_s=1.0)
+                self._lookup_wait = None
+                return endpoint
             except TimeoutError:
                 self.heartbeat()
                 if self._stop:
@@ -132,7 +148,8 @@ class Worker:
         counters = {"wire_rejected": self.rejects.count, **self.counters()}
         meta = {"worker": self.name, "kind": self.kind, "index": self.index,
                 "policy": self.policy, "pid": os.getpid(),
-                "host": pysocket.gethostname(), "phase": self._phase, "counters": counters}
+                "host": pysocket.gethostname(), "phase": self._phase, "counters": counters,
+                "waiting": list(waiting) if (waiting := self.waiting()) else None}
         try:
             send(self._stats_socket, "stats", meta, self.stats_arrays(), flags=zmq.NOBLOCK)
         except zmq.Again:
@@ -142,6 +159,7 @@ class Worker:
         """The lifecycle: connect to the controller, setup, loop, close."""
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
+        faulthandler.register(STACKS_SIGNAL, all_threads=True)  # into the log: srl_jax.status
         self._stats_socket = make_socket(self.zmq, zmq.PUSH, hwm=64)
         self._stats_socket.connect(self.names.lookup("controller/stats", LOOKUP_TIMEOUT_S))
         self.heartbeat(force=True)

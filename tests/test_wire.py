@@ -11,7 +11,11 @@ import pytest
 import zmq
 
 from srl_jax import streams, wire
+from srl_jax.names import FileNameService
+from srl_jax.streams import make_socket
 from srl_jax.wire import WireError, decode, encode
+from srl_jax.worker import Worker
+from tests.conftest import make_config
 
 DTYPES = sorted(wire.ALLOWED_DTYPES)
 TIMEOUT_MS = 5000
@@ -326,3 +330,26 @@ def test_router_receive_counts_message_without_header() -> None:
     finally:
         dealer.close()
         router.close()
+
+
+def test_a_worker_drops_a_peer_that_sends_a_frame_above_the_limit(tmp_path) -> None:
+    """`runtime.max_message_mb`: ZMQ refuses the frame before allocating it."""
+    config = make_config(["runtime.max_message_mb=0.001"])  # 1,048 bytes
+    worker = Worker(config, 0, tmp_path, FileNameService(tmp_path / "names"))
+    try:
+        pull = make_socket(worker.zmq, zmq.PULL)
+        port = pull.bind_to_random_port("tcp://127.0.0.1")
+        pushes = [make_socket(zmq.Context(), zmq.PUSH) for _ in range(2)]
+        for push in pushes:
+            push.connect(f"tcp://127.0.0.1:{port}")
+        pushes[0].send_multipart([b"a" * 1000, b"b" * 1000])  # each frame below the limit
+        pushes[0].send(b"x" * 4000)
+        pushes[1].send(b"ok")
+        received = []
+        while pull.poll(500):
+            received.append([len(frame) for frame in pull.recv_multipart()])
+        assert sorted(received) == [[2], [1000, 1000]], "the oversized frame never arrives"
+        for socket in (pull, *pushes):
+            socket.close()
+    finally:
+        worker.zmq.setsockopt(zmq.MAXMSGSIZE, -1)  # the shared context's default again
