@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
 import re
 import types
 import typing
@@ -462,10 +463,18 @@ def validate(config: ExperimentConfig) -> None:
     else:
         _require(not config.env.policies,
                  "'env.policies' is for multi-agent (PettingZoo 'pettingzoo:...') environments")
-    if not is_pettingzoo(config.env.id) and config.env.id not in gymnasium.envs.registry:
-        close = difflib.get_close_matches(config.env.id, list(gymnasium.envs.registry), n=1)
+    env_id = config.env.id
+    if not is_pettingzoo(env_id) and ":" in env_id:  # gymnasium's "module:EnvId"
+        module, _, env_id = env_id.partition(":")
+        try:
+            importlib.import_module(module)  # registers the environment
+        except Exception as error:
+            raise ConfigError(f"'env.id': cannot import '{module}' for '{config.env.id}': "
+                              f"{error}") from None
+    if not is_pettingzoo(env_id) and env_id not in gymnasium.envs.registry:
+        close = difflib.get_close_matches(env_id, list(gymnasium.envs.registry), n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise ConfigError(f"'env.id': unknown gymnasium environment '{config.env.id}'{hint}")
+        raise ConfigError(f"'env.id': unknown gymnasium environment '{env_id}'{hint}")
     _require(config.env.backend in ENV_BACKENDS,
              f"'env.backend': unknown '{config.env.backend}' (known: {', '.join(ENV_BACKENDS)})")
     atari = config.env.atari

@@ -1,0 +1,123 @@
+"""Failure injection: workers that raise inside their loop, keep failing, or freeze.
+
+The faults are real: an environment that raises in the actor's loop (the way a
+buggy or crashing env does), and SIGSTOP. Each run must recover and reach its
+stop condition, or, past the retry budget, end with one line, a non-zero exit
+and a final checkpoint. Kills of every worker kind are in tests/test_run.py and
+tests/test_resume.py; a stopped server that comes back in tests/test_status.py.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+
+from srl_jax.run_dir import checkpoint_steps
+from tests.conftest import (
+    REPO,
+    Processes,
+    all_running,
+    launch,
+    read_metrics,
+    read_status,
+    wait_for,
+    worker,
+)
+
+pytestmark = pytest.mark.slow
+
+FAULTY_ID = "FaultyCartPole-v1"
+SMALL = ("actors.envs=4", "actors.splits=2", "learner.batch_envs=8",
+         "stop.target_return=null", "runtime.restart_backoff_s=0.2")
+
+
+class FaultyCartPole(gym.Wrapper):
+    """CartPole that raises on step `after` while the file `fault` exists ('once': the
+    file goes with the first fault, so the restarted actor runs on)."""
+
+    def __init__(self, fault: str, after: int, once: bool = True) -> None:
+        super().__init__(gym.make("CartPole-v1"))
+        self.fault, self.after, self.once, self.steps = Path(fault), after, once, 0
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps >= self.after and self.fault.exists():
+            if self.once:
+                self.fault.unlink(missing_ok=True)
+            raise RuntimeError(f"injected fault at step {self.steps}")
+        return super().step(action)
+
+
+if FAULTY_ID not in gym.envs.registry:
+    gym.register(FAULTY_ID, entry_point=FaultyCartPole)
+
+
+@pytest.fixture
+def repo_importable(monkeypatch):
+    """Workers import this module (for the faulty env) from the repository root."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
+
+
+def faulty(fault: Path, after: int, once: bool) -> list[str]:
+    return [f"env.id={__name__}:{FAULTY_ID}",
+            f"env.kwargs={{fault: '{fault}', after: {after}, once: {str(once).lower()}}}"]
+
+
+def test_an_actor_that_raises_is_restarted_and_the_run_finishes(
+        processes: Processes, tmp_path: Path, repo_importable) -> None:
+    fault = tmp_path / "fault"
+    fault.touch()
+    process, run_dir = launch(processes, tmp_path, *SMALL, *faulty(fault, 300, once=True),
+                              "stop.env_frames=12000")
+    assert process.wait(timeout=120) == 0, (tmp_path / "launch.log").read_text()
+    assert not fault.exists(), "the fault fired"
+    final = read_status(run_dir)
+    assert final["state"] == "finished"
+    actors = [w for w in final["workers"] if w["kind"] == "actor"]
+    assert sorted(w["restarts"] for w in actors) == [0, 1]
+    failed = next(w for w in actors if w["restarts"] == 1)
+    log = (run_dir / "logs" / f"{failed['name']}.log").read_text()
+    assert "RuntimeError: injected fault at step 300" in log
+    rows = read_metrics(run_dir)
+    assert rows[-1]["system/restarts"] == 1 and rows[-1]["env_frames"] >= 12000
+
+
+def test_a_worker_that_keeps_failing_ends_the_run_with_one_line_and_a_checkpoint(
+        processes: Processes, tmp_path: Path, repo_importable) -> None:
+    fault = tmp_path / "fault"
+    fault.touch()
+    process, run_dir = launch(processes, tmp_path, *SMALL, *faulty(fault, 150, once=False),
+                              "runtime.max_restarts=2", "stop.env_frames=1000000",
+                              "checkpoint.every_updates=1")
+    assert process.wait(timeout=120) == 1, (tmp_path / "launch.log").read_text()
+    last = (tmp_path / "launch.log").read_text().strip().splitlines()[-1]
+    assert re.fullmatch(r"failed: actor-\d exited with code 1 after 2 restarts; see "
+                        rf"{re.escape(str(run_dir))}/logs/actor-\d\.log \(run directory: "
+                        rf"{re.escape(str(run_dir))}\)", last), last
+    final = read_status(run_dir)
+    assert final["state"] == "failed"
+    assert any(w["state"] == "failed" and w["restarts"] == 2 for w in final["workers"])
+    learner = worker(final, "learner-0")
+    assert learner["state"] == "stopped" and learner["exit_code"] == 0, "stopped, not killed"
+    assert checkpoint_steps(run_dir), "the learner's final checkpoint"
+
+
+def test_a_frozen_actor_is_killed_at_the_heartbeat_timeout_and_replaced(
+        processes: Processes, tmp_path: Path) -> None:
+    process, run_dir = launch(processes, tmp_path, *SMALL, "stop.env_frames=30000",
+                              "runtime.heartbeat_timeout_s=8", "actors.inference_timeout_s=1")
+    wait_for(lambda: all_running(run_dir) and read_metrics(run_dir)[-1]["env_frames"] > 0, 90,
+             "a running run")
+    frozen = worker(read_status(run_dir), "actor-0")["pid"]
+    os.kill(frozen, signal.SIGSTOP)
+    assert process.wait(timeout=120) == 0, (tmp_path / "launch.log").read_text()
+    log = (run_dir / "logs" / "controller.log").read_text()
+    assert re.search(r"no heartbeat from actor-0 for \d+s; killing it", log)
+    actor = worker(read_status(run_dir), "actor-0")
+    assert actor["restarts"] == 1 and actor["pid"] != frozen
