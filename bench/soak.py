@@ -1,0 +1,147 @@
+"""Soak: run an experiment for a long time and watch every process's memory and files.
+
+    python bench/soak.py                    # cartpole_ppo for 30 minutes
+    python bench/soak.py --minutes 2        # the short version CI runs
+
+It starts `python -m srl_jax.launch` (the target return is switched off, so the
+run trains for the whole time), samples each worker's resident memory (RSS) and
+open file descriptors every few seconds from /proc, and prints, per worker, the
+figures at the end of the warm-up and at the end with their growth. It exits 1
+if any process grows by more than `--max-growth` (5%) after warm-up, or if the
+run itself fails. Linux only (/proc).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+FD_SLACK = 4
+"""Open files may move by a few (a log rotation, a socket reconnecting) without a leak."""
+
+
+@dataclass
+class Track:
+    """One worker's samples: (seconds since start, RSS in MiB, open fds), and its pids."""
+
+    samples: list[tuple[float, float, int]] = field(default_factory=list)
+    pids: set[int] = field(default_factory=set)
+
+
+def rss_mib(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    return None
+
+
+def open_fds(pid: int) -> int | None:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+
+
+def sample(run_dir: Path, tracks: dict[str, Track], elapsed: float) -> None:
+    try:
+        status = json.loads((run_dir / "status.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return
+    pids = {"controller": status["controller_pid"]}
+    pids.update({w["name"]: w["pid"] for w in status["workers"] if w.get("pid")})
+    for name, pid in pids.items():
+        rss, fds = rss_mib(pid), open_fds(pid)
+        if rss is not None and fds is not None:
+            track = tracks.setdefault(name, Track())
+            track.samples.append((elapsed, rss, fds))
+            track.pids.add(pid)
+
+
+def growth(track: Track, warmup_s: float) -> tuple[float, float, int, int] | None:
+    """(RSS after warm-up, RSS at the end, fds after warm-up, fds at the end)."""
+    after = [s for s in track.samples if s[0] >= warmup_s]
+    if len(after) < 2:
+        return None
+    return after[0][1], after[-1][1], after[0][2], after[-1][2]
+
+
+def report(tracks: dict[str, Track], warmup_s: float, max_growth: float) -> list[str]:
+    """Print the table; return the processes that grew too much."""
+    print(f"{'process':<14}{'RSS start':>11}{'RSS warm':>10}{'RSS end':>10}{'growth':>9}"
+          f"{'fds warm':>10}{'fds end':>9}  pids")
+    grown = []
+    for name, track in tracks.items():
+        figures = growth(track, warmup_s)
+        if figures is None:
+            print(f"{name:<14}  (too few samples after warm-up)")
+            continue
+        warm_rss, end_rss, warm_fds, end_fds = figures
+        rate = end_rss / warm_rss - 1
+        restarted = " (restarted)" if len(track.pids) > 1 else ""
+        print(f"{name:<14}{track.samples[0][1]:>9.1f}M{warm_rss:>9.1f}M{end_rss:>9.1f}M"
+              f"{rate:>+8.1%}{warm_fds:>10}{end_fds:>9}  {len(track.pids)}{restarted}")
+        if rate > max_growth or end_fds > warm_fds + FD_SLACK:
+            grown.append(name)
+    return grown
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--experiment", default="cartpole_ppo")
+    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--warmup-minutes", type=float, default=None,
+                        help="ignored for growth (default: a fifth of the run, at most 5)")
+    parser.add_argument("--every", type=float, default=5.0, help="seconds between samples")
+    parser.add_argument("--max-growth", type=float, default=0.05,
+                        help="largest RSS growth after warm-up, as a fraction (0.05)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY=VALUE", help="extra config override; repeatable")
+    args = parser.parse_args(argv)
+    duration = args.minutes * 60
+    warmup = 60 * (args.warmup_minutes if args.warmup_minutes is not None
+                   else min(args.minutes / 5, 5.0))
+    run_dir = Path(tempfile.mkdtemp(prefix="srl_jax_soak_")) / "run"
+    command = [sys.executable, "-m", "srl_jax.launch", args.experiment, "--run-dir",
+               str(run_dir), "--quiet", "--set", "stop.target_return=null",
+               "--set", f"stop.wall_time_s={duration:g}"]
+    for override in args.overrides:
+        command += ["--set", override]
+    print(f"soak: {args.experiment} for {args.minutes:g} min (warm-up {warmup / 60:.1f} min), "
+          f"sampling every {args.every:g}s; run directory {run_dir}", flush=True)
+    tracks: dict[str, Track] = {}
+    start = time.monotonic()
+    with open(run_dir.parent / "launch.log", "w") as log:
+        process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            while process.poll() is None:
+                sample(run_dir, tracks, time.monotonic() - start)
+                time.sleep(args.every)
+        finally:
+            if process.poll() is None:
+                process.terminate()
+                process.wait(timeout=180)
+    grown = report(tracks, warmup, args.max_growth)
+    if process.returncode != 0:
+        print(f"soak: the run failed (exit {process.returncode}); see "
+              f"{run_dir.parent / 'launch.log'}")
+        return 1
+    if grown:
+        print(f"soak: grew more than {args.max_growth:.0%} after warm-up: {', '.join(grown)}")
+        return 1
+    print(f"soak: no process grew more than {args.max_growth:.0%} after warm-up")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,21 @@
+"""The 2-minute soak (bench/soak.py): no process's memory or open files grow after warm-up."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+
+@pytest.mark.slow
+def test_two_minute_soak_keeps_memory_and_files_flat():
+    result = subprocess.run([sys.executable, str(REPO / "bench" / "soak.py"), "--minutes", "2",
+                             "--every", "2"], capture_output=True, text=True, timeout=280)
+    assert result.returncode == 0, result.stdout + result.stderr
+    table = result.stdout.splitlines()
+    for name in ("controller", "learner-0", "inference-0", "actor-0", "actor-1"):
+        assert any(line.startswith(name) for line in table), result.stdout
+    assert "no process grew more than 5% after warm-up" in result.stdout
