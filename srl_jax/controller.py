@@ -150,7 +150,7 @@ class Controller:
         record.handle = self.backend.start(record.kind, record.index, record.policy)
         record.state, record.started_at = "starting", time.monotonic()
         record.last_heartbeat = record.restart_at = record.exit_code = None
-        record.reported = False
+        record.reported, record.waiting = False, None
         log.info("started %s (pid %d)", record.name, record.handle.pid)
 
     def _loop(self) -> None:

@@ -29,6 +29,7 @@ import yaml
 import zmq
 
 from srl_jax.config import DEFAULT_POLICY, ExperimentConfig, config_from_dict
+from srl_jax.faults import FaultPlan
 from srl_jax.names import FileNameService, NameService, worker_name
 from srl_jax.streams import RejectCounter, limit_message_size, make_socket, send
 
@@ -168,9 +169,11 @@ class Worker:
             self._phase = "running"
             self.log.info("running")
             self.heartbeat(force=True)
+            fault = FaultPlan(self.name)
             while not self._stop:
                 self.run_once()
                 self.heartbeat()
+                fault.check()
             self._phase = "finishing"
             self.finish()
             self.heartbeat(force=True)

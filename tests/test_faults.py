@@ -1,7 +1,8 @@
 """Failure injection: workers that raise inside their loop, keep failing, or freeze.
 
 The faults are real: an environment that raises in the actor's loop (the way a
-buggy or crashing env does), and SIGSTOP. Each run must recover and reach its
+buggy or crashing env does), any worker raising from its loop (srl_jax/faults.py),
+and SIGSTOP. Each run must recover and reach its
 stop condition, or, past the retry budget, end with one line, a non-zero exit
 and a final checkpoint. Kills of every worker kind are in tests/test_run.py and
 tests/test_resume.py; a stopped server that comes back in tests/test_status.py.
@@ -17,6 +18,7 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 
+from srl_jax.faults import FAULTS_ENV
 from srl_jax.run_dir import checkpoint_steps
 from tests.conftest import (
     REPO,
@@ -121,3 +123,26 @@ def test_a_frozen_actor_is_killed_at_the_heartbeat_timeout_and_replaced(
     assert re.search(r"no heartbeat from actor-0 for \d+s; killing it", log)
     actor = worker(read_status(run_dir), "actor-0")
     assert actor["restarts"] == 1 and actor["pid"] != frozen
+
+
+@pytest.mark.parametrize("name", ["actor-1", "inference-0", "learner-0"])
+def test_a_worker_that_raises_in_its_loop_is_restarted_and_loses_nothing_saved(
+        processes: Processes, tmp_path: Path, name: str) -> None:
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    (faults / name).write_text("4")
+    process, run_dir = launch(processes, tmp_path, *SMALL, "stop.env_frames=20000",
+                              "checkpoint.every_updates=5", env={FAULTS_ENV: str(faults)})
+    assert process.wait(timeout=120) == 0, (tmp_path / "launch.log").read_text()
+    assert not (faults / name).exists(), "the fault fired"
+    final = read_status(run_dir)
+    assert final["state"] == "finished"
+    assert {w["name"]: w["restarts"] for w in final["workers"] if w["restarts"]} == {name: 1}
+    assert "srl_jax.faults.InjectedFault: injected by" in \
+        (run_dir / "logs" / f"{name}.log").read_text()
+    if name == "learner-0":
+        log = (run_dir / "logs" / "learner-0.log").read_text()
+        restored = int(re.search(r"restored checkpoint step (\d+)", log).group(1))
+        assert restored >= 5, "the successor went on from the checkpoint, not from scratch"
+    rows = read_metrics(run_dir)
+    assert rows[-1]["env_frames"] >= 20000 and rows[-1]["system/restarts"] == 1
