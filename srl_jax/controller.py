@@ -77,6 +77,19 @@ def _waiting(value: Any) -> tuple[str, float] | None:
     return None
 
 
+def _heartbeat_problem(counters: dict, arrays: dict[str, Any]) -> str | None:
+    """Why the metrics cannot take a heartbeat's counters and arrays, or None."""
+    if not all(isinstance(key, str) for key in counters):
+        return "counter names must be strings"
+    if any(array.ndim != 1 for array in arrays.values()):
+        return "heartbeat arrays must be one-dimensional"
+    returns, lengths = arrays.get("episode_return"), arrays.get("episode_length")
+    if (returns is None) != (lengths is None) or (
+            returns is not None and len(returns) != len(lengths)):
+        return "episode_return and episode_length must come together, of one length"
+    return None
+
+
 class Controller:
     def __init__(self, config: ExperimentConfig, run_dir: Path, backend: LaunchBackend,
                  progress: ProgressDisplay | None = None,
@@ -168,11 +181,14 @@ class Controller:
         by_name = {r.name: r for r in self.workers}
         while (received := receive(self.stats, STATS_KINDS, self.rejects)) is not None:
             meta, arrays = received[1].meta, received[1].arrays
-            record = by_name.get(meta.get("worker"))
-            counters = meta.get("counters")
+            worker, counters = meta.get("worker"), meta.get("counters")
+            record = by_name.get(worker) if isinstance(worker, str) else None
             if record is None or record.handle is None or meta.get("pid") != record.handle.pid \
                     or not isinstance(counters, dict):
                 continue  # a late heartbeat from a replaced process, or garbage
+            if problem := _heartbeat_problem(counters, arrays):
+                self.rejects.reject(ValueError(f"heartbeat of {record.name}: {problem}"))
+                continue
             record.last_heartbeat, record.last_heartbeat_wall = time.monotonic(), time.time()
             record.waiting = _waiting(meta.get("waiting"))
             if meta.get("phase") == "setup":
@@ -251,6 +267,7 @@ class Controller:
     def _write_row(self, check_stop: bool = True) -> None:
         row = self.metrics.row(self._elapsed())
         row["system/resumes"] = self.resumes
+        row["system/wire_rejected"] = row.get("system/wire_rejected", 0) + self.rejects.count
         self.writer.write(row)
         self.progress.show(row)
         self._watch_progress(row)

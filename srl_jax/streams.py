@@ -23,6 +23,8 @@ log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
 MAX_LOGGED_REASONS = 64
+MAX_SKIPPED = 1024
+"""Malformed messages one `receive` call drops before it returns None."""
 
 
 def bind_registered(socket: zmq.Socket, names: NameService, key: str) -> str:
@@ -61,25 +63,28 @@ class RejectCounter:
 
 def receive(socket: zmq.Socket, expected: frozenset[str], rejects: RejectCounter,
             envelope: int = 0, max_bytes: int = 1 << 30) -> tuple[list[bytes], Message] | None:
-    """Receive one multipart message without blocking.
+    """Receive one well-formed multipart message without blocking.
 
-    Returns (routing frames, message), or None if nothing was waiting or the
-    message was malformed (then counted in `rejects`). `envelope` is the number
-    of routing frames a ROUTER socket prepends.
+    Returns (routing frames, message), or None if no well-formed message was
+    waiting. Malformed ones on the way are counted in `rejects` and skipped (at
+    most MAX_SKIPPED per call), so that a caller draining with
+    `while receive(...) is not None` is not stopped by the first bad message.
+    `envelope` is the number of routing frames a ROUTER socket prepends.
     """
-    try:
-        frames = socket.recv_multipart(flags=zmq.NOBLOCK, copy=False)
-    except zmq.Again:
-        return None
-    routing = [bytes(f.buffer) for f in frames[:envelope]]
-    if len(frames) <= envelope:
-        rejects.reject(WireError("message has no header frame"))
-        return None
-    try:
-        return routing, decode(frames[envelope:], expected=expected, max_bytes=max_bytes)
-    except WireError as error:
-        rejects.reject(error)
-        return None
+    for _ in range(MAX_SKIPPED):
+        try:
+            frames = socket.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return None
+        if len(frames) <= envelope:
+            rejects.reject(WireError("message has no header frame"))
+            continue
+        routing = [bytes(f.buffer) for f in frames[:envelope]]
+        try:
+            return routing, decode(frames[envelope:], expected=expected, max_bytes=max_bytes)
+        except WireError as error:
+            rejects.reject(error)
+    return None
 
 
 def send(socket: zmq.Socket, kind: str, meta: dict[str, Any] | None = None,
