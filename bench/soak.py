@@ -6,7 +6,8 @@
 It starts `python -m srl_jax.launch` (the target return is switched off, so the
 run trains for the whole time), samples each worker's resident memory (RSS) and
 open file descriptors every few seconds from /proc, and prints, per worker, the
-figures at the end of the warm-up and at the end with their growth. It exits 1
+figures at the end of the warm-up and at the end with their growth (every
+sample is kept in `soak.json` beside the run directory). It exits 1
 if any process grows by more than `--max-growth` (5%) after warm-up, or if the
 run itself fails. Linux only (/proc).
 """
@@ -54,9 +55,13 @@ def open_fds(pid: int) -> int | None:
 
 
 def sample(run_dir: Path, tracks: dict[str, Track], elapsed: float) -> None:
+    """One sample of every process, while the run runs (not while it shuts down: the
+    learner's final checkpoint and closing sockets would read as growth or shrinkage)."""
     try:
         status = json.loads((run_dir / "status.json").read_text())
     except (FileNotFoundError, json.JSONDecodeError):
+        return
+    if status.get("stop_reason") is not None:
         return
     pids = {"controller": status["controller_pid"]}
     pids.update({w["name"]: w["pid"] for w in status["workers"] if w.get("pid")})
@@ -131,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
             if process.poll() is None:
                 process.terminate()
                 process.wait(timeout=180)
+    samples = {name: track.samples for name, track in tracks.items()}
+    (run_dir.parent / "soak.json").write_text(json.dumps(samples))
     grown = report(tracks, warmup, args.max_growth)
     if process.returncode != 0:
         print(f"soak: the run failed (exit {process.returncode}); see "
