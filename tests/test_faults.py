@@ -110,19 +110,23 @@ def test_a_worker_that_keeps_failing_ends_the_run_with_one_line_and_a_checkpoint
     assert checkpoint_steps(run_dir), "the learner's final checkpoint"
 
 
-def test_a_frozen_actor_is_killed_at_the_heartbeat_timeout_and_replaced(
-        processes: Processes, tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["actor-0", "learner-0"])  # a server: tests/test_status.py
+def test_a_frozen_worker_is_killed_at_the_heartbeat_timeout_and_replaced(
+        processes: Processes, tmp_path: Path, name: str) -> None:
     process, run_dir = launch(processes, tmp_path, *SMALL, "stop.env_frames=30000",
-                              "runtime.heartbeat_timeout_s=8", "actors.inference_timeout_s=1")
-    wait_for(lambda: all_running(run_dir) and read_metrics(run_dir)[-1]["env_frames"] > 0, 90,
-             "a running run")
-    frozen = worker(read_status(run_dir), "actor-0")["pid"]
+                              "runtime.heartbeat_timeout_s=8", "actors.inference_timeout_s=1",
+                              "checkpoint.every_updates=5")
+    wait_for(lambda: all_running(run_dir) and read_metrics(run_dir)[-1]["learner_steps"] > 5,
+             90, "a run past its first checkpoint")
+    frozen = worker(read_status(run_dir), name)["pid"]
     os.kill(frozen, signal.SIGSTOP)
     assert process.wait(timeout=120) == 0, (tmp_path / "launch.log").read_text()
     log = (run_dir / "logs" / "controller.log").read_text()
-    assert re.search(r"no heartbeat from actor-0 for \d+s; killing it", log)
-    actor = worker(read_status(run_dir), "actor-0")
-    assert actor["restarts"] == 1 and actor["pid"] != frozen
+    assert re.search(rf"no heartbeat from {name} for \d+s; killing it", log)
+    replaced = worker(read_status(run_dir), name)
+    assert replaced["restarts"] == 1 and replaced["pid"] != frozen
+    if name == "learner-0":
+        assert "restored checkpoint step" in (run_dir / "logs" / "learner-0.log").read_text()
 
 
 @pytest.mark.parametrize("name", ["inference-0", "learner-0"])  # an actor: its env raises
