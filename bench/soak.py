@@ -130,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         try:
             while process.poll() is None:
-                sample(run_dir, tracks, time.monotonic() - start)
+                elapsed = time.monotonic() - start
+                if elapsed < duration:  # the run starts later, so this ends before its stop
+                    sample(run_dir, tracks, elapsed)
                 time.sleep(args.every)
         finally:
             if process.poll() is None:
