@@ -119,8 +119,8 @@ class LearnerWorker(Worker):
         configure_jax(self.config.runtime)
         self._join_processes()
         self.pull = make_socket(self.zmq, zmq.PULL, hwm=self.config.learner.sample_queue)
-        bind_registered(self.pull, self.names,
-                        policy_key(self.policy, f"learner/samples/{self.index}"))
+        self.samples_key = policy_key(self.policy, f"learner/samples/{self.index}")
+        bind_registered(self.pull, self.names, self.samples_key)
         self.pub = None
         if self.processes.is_chief:
             self.pub = make_socket(self.zmq, zmq.PUB, hwm=4)
@@ -339,8 +339,8 @@ class LearnerWorker(Worker):
     def waiting(self) -> tuple[str, float] | None:
         """Samples, while the queue holds less than a batch."""
         if self._next is None and hasattr(self, "update"):
-            return (f"samples on {policy_key(self.policy, f'learner/samples/{self.index}')} "
-                    f"({len(self.queue)} chunks queued)", self._last_batch_wall)
+            return (f"samples on {self.samples_key} ({len(self.queue)} chunks queued)",
+                    self._last_batch_wall)
         return super().waiting()
 
     def counters(self) -> dict[str, float]:
