@@ -2,9 +2,9 @@
 
 The faults are real: an environment that raises in the actor's loop (the way a
 buggy or crashing env does), any worker raising from its loop (srl_jax/faults.py),
-and SIGSTOP. Each run must recover and reach its
-stop condition, or, past the retry budget, end with one line, a non-zero exit
-and a final checkpoint. Kills of every worker kind are in tests/test_run.py and
+and SIGSTOP. Each run must recover and train on (to its stop condition, or for a
+frozen worker until Ctrl-C), or, past the retry budget, end with one line, a
+non-zero exit and a final checkpoint. Kills of every worker kind are in tests/test_run.py and
 tests/test_resume.py; a stopped server that comes back in tests/test_status.py.
 """
 
@@ -113,18 +113,29 @@ def test_a_worker_that_keeps_failing_ends_the_run_with_one_line_and_a_checkpoint
 @pytest.mark.parametrize("name", ["actor-0", "learner-0"])  # a server: tests/test_status.py
 def test_a_frozen_worker_is_killed_at_the_heartbeat_timeout_and_replaced(
         processes: Processes, tmp_path: Path, name: str) -> None:
-    process, run_dir = launch(processes, tmp_path, *SMALL, "stop.env_frames=30000",
+    """No frame limit: the actors outrun a frozen learner, so a limit could end the run
+    before the successor starts. The run goes on until the successor has trained."""
+    process, run_dir = launch(processes, tmp_path, *SMALL, "stop.wall_time_s=600",
                               "runtime.heartbeat_timeout_s=8", "actors.inference_timeout_s=1",
                               "checkpoint.every_updates=5")
     wait_for(lambda: all_running(run_dir) and read_metrics(run_dir)[-1]["learner_steps"] > 5,
              90, "a run past its first checkpoint")
     frozen = worker(read_status(run_dir), name)["pid"]
     os.kill(frozen, signal.SIGSTOP)
-    assert process.wait(timeout=120) == 0, (tmp_path / "launch.log").read_text()
+    frozen_at = read_metrics(run_dir)[-1]
+
+    def replaced_and_working() -> bool:
+        replaced, last = worker(read_status(run_dir), name), read_metrics(run_dir)[-1]
+        return replaced["pid"] != frozen and replaced["state"] == "running" \
+            and last["learner_steps"] > frozen_at["learner_steps"] + 5 \
+            and last["env_frames"] > frozen_at["env_frames"]
+
+    wait_for(replaced_and_working, 120, f"a successor of {name} that trains")
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=30) == 130, (tmp_path / "launch.log").read_text()
     log = (run_dir / "logs" / "controller.log").read_text()
     assert re.search(rf"no heartbeat from {name} for \d+s; killing it", log)
-    replaced = worker(read_status(run_dir), name)
-    assert replaced["restarts"] == 1 and replaced["pid"] != frozen
+    assert worker(read_status(run_dir), name)["restarts"] == 1
     if name == "learner-0":
         assert "restored checkpoint step" in (run_dir / "logs" / "learner-0.log").read_text()
 
