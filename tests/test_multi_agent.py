@@ -29,7 +29,9 @@ from tests.fakes import FakeServerAndLearner
 SPREAD = REPO / "configs" / "mpe_spread_ppo.yaml"
 TWO_POLICIES = "env.policies={first: [agent_0], others: ['agent_*']}"
 SMALL = ("actors.count=1", "actors.envs=4", "actors.splits=2", "inference.max_batch=8",
-         "learner.ppo.epochs=1", "checkpoint.every_updates=2")
+         "learner.ppo.epochs=1", "checkpoint.every_updates=2", "learner.sample_queue=8")
+"""A short sample queue: the actor waits for the learner after about 1,000 frames, so
+a run of 1,500 frames has trained even where the learner was slow to compile."""
 
 
 @pytest.mark.parametrize("override, message", [
