@@ -59,6 +59,9 @@ from typing import Any
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import nproc
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_EXPERIMENT = "cartpole_ppo"
 STOP_GRACE_S = 20.0
@@ -241,13 +244,13 @@ def raw_env_rates(env: dict[str, Any], num_envs: int, total_s: float,
 
     try:
         from actors.envs import make_env
-        from srl_jax.config import EnvConfig
+        from srl_jax.config import config_from_dict
     except ImportError:  # not installed: run from a checkout
         sys.path.insert(0, str(REPO_ROOT))
         from actors.envs import make_env
-        from srl_jax.config import EnvConfig
+        from srl_jax.config import config_from_dict
 
-    config = EnvConfig(id=env["id"], kwargs=dict(env.get("kwargs") or {}))
+    config = config_from_dict({"env": env}).env  # all of it: Atari preprocessing included
     envs = [make_env(config) for _ in range(num_envs)]
     try:
         for i, e in enumerate(envs):
@@ -287,13 +290,6 @@ def busy_warning() -> str | None:
     message = f"WARNING: 1-min load average was {load:.1f} at start: the machine was busy"
     print(message, flush=True)
     return message
-
-
-def nproc() -> int:
-    """CPUs this process may run on, as `nproc` counts them."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def _fmt(value: float, spec: str) -> str:

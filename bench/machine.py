@@ -1,0 +1,64 @@
+"""The machine a benchmark ran on, for its results file: figures from two machines
+are not comparable, so every results JSON says which one it came from."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+PACKAGES = ("jax", "jaxlib", "flax", "optax", "pyzmq", "numpy", "gymnasium", "msgpack")
+
+
+def nproc() -> int:
+    """CPUs this process may run on, as `nproc` counts them."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def describe() -> dict[str, Any]:
+    """Cores, CPU model, memory, OS, Python and the versions of the packages that set speed."""
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    memory_gib = None
+    try:
+        pages, page_size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+        memory_gib = round(pages * page_size / 2**30, 1)
+    except (ValueError, OSError):
+        pass
+    return {
+        "cores": nproc(), "cpu": cpu_model(), "memory_gib": memory_gib,
+        "os": f"{platform.system()} {platform.release()}", "arch": platform.machine(),
+        "python": platform.python_version(), "packages": versions,
+        "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+    }
+
+
+def write_results(name: str, results: dict[str, Any], directory: Path = RESULTS_DIR) -> Path:
+    """`<directory>/<name>.json` with the machine and the date beside the figures."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.json"
+    document = {"benchmark": name, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                "machine": describe(), **results}
+    path.write_text(json.dumps(document, indent=2) + "\n")
+    return path
