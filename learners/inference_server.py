@@ -12,6 +12,7 @@ from the seed exactly as the learner does.
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -80,8 +81,10 @@ class InferenceServer(Worker):
                         return pending
                     continue
                 deadline = deadline or time.perf_counter() + cfg.max_wait_ms / 1000
-                remaining = deadline - time.perf_counter()
-                if remaining <= 0 or self.router.poll(remaining * 1000) == 0:
+                remaining_ms = (deadline - time.perf_counter()) * 1000
+                # zmq polls in whole milliseconds and truncates: round up, or a wait
+                # under 1 ms (the default max_wait_ms) would never wait at all.
+                if remaining_ms <= 0 or self.router.poll(math.ceil(remaining_ms)) == 0:
                     break
                 continue
             routing, message = received

@@ -101,8 +101,10 @@ class InferenceConfig:
     """Number of inference server processes."""
     max_batch: int = 64
     """Largest number of observations one forward pass serves."""
-    max_wait_ms: float = 1.0
-    """After the first request of a batch, wait at most this long for more."""
+    max_wait_ms: float = 0.0
+    """After the first request of a batch, wait at most this long for more (zmq polls
+    in whole milliseconds, so a fraction of one rounds up). 0: serve what has arrived;
+    on CPU with cheap envs waiting cost throughput (bench/README.md, e2e_fps.py)."""
     min_padded_batch: int = 8
     """Smallest padded batch; padded sizes are powers of two from here to max_batch."""
 
