@@ -64,7 +64,28 @@ def cartpole(result: dict[str, Any]) -> list[str]:
         [peer, _spread(ratios[f"fps_ratio_vs_{peer}"], ".2f"),
          _spread(ratios[f"time_to_475_ratio_vs_{peer}"], ".2f")]
         for peer in ("sample_factory", "cleanrl_ppo")])
-    return [*lines, "", _machine(result)]
+    return [*lines, "", *cartpole_goals(result), "", _machine(result)]
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "not met"
+
+
+def cartpole_goals(result: dict[str, Any]) -> list[str]:
+    """The project's goals for this case, and whether the medians reach them."""
+    fps_sf = result.get("fps_ratio_vs_sample_factory")
+    time_sf = result.get("time_to_475_ratio_vs_sample_factory")
+    time_clean = result.get("time_to_475_ratio_vs_cleanrl_ppo")
+    lines = ["Goals (medians of the round-by-round ratios):", ""]
+    if fps_sf is not None:
+        lines.append(f"- at least 3x Sample Factory's frames/s: {fps_sf:.2f}x, {_met(fps_sf >= 3)}")
+    if time_sf is not None:
+        lines.append(f"- at most 1/3 of Sample Factory's time to 475: {time_sf:.2f}, "
+                     f"{_met(time_sf <= 1 / 3)}")
+    if time_clean is not None:
+        lines.append(f"- a shorter time to 475 than the single-process baseline: "
+                     f"{time_clean:.2f}, {_met(time_clean < 1)}")
+    return lines
 
 
 def sampling(result: dict[str, Any]) -> list[str]:
@@ -79,7 +100,9 @@ def sampling(result: dict[str, Any]) -> list[str]:
     lines += _table(["system", "env frames/s", "/ raw stepping"], rows)
     lines += ["", f"Sampling efficiency (srl_jax / raw stepping): "
               f"{_num(result['sampling_efficiency'], '.2f')}; srl_jax / Sample Factory: "
-              f"{_spread(result['ratios']['fps_ratio_vs_sample_factory'], '.2f')}.",
+              f"{_spread(result['ratios']['fps_ratio_vs_sample_factory'], '.2f')}. "
+              f"Goal: an efficiency of at least 0.8, "
+              f"{_met((result['sampling_efficiency'] or 0) >= 0.8)}.",
               "", _machine(result)]
     return lines
 
@@ -96,8 +119,47 @@ def pong(result: dict[str, Any]) -> list[str]:
     return [*lines, "", _machine(result)]
 
 
+def scale(result: dict[str, Any]) -> list[str]:
+    """The scaling simulation: overheads, throughput against actors, and what they imply."""
+    rows = [[str(p["actors"]), str(p["servers"]), f"{p['fps']:,.0f}",
+             f"{p['inference_requests_per_s']:,.0f}", f"{p['rows_per_batch']:.1f}",
+             f"{p['request_latency_ms']:.2f}", f"{p['stream_samples_per_s']:,.0f}",
+             f"{p['server_cpu_us_per_request']:.0f}", f"{p['cpu_total_frac']:.2f}"]
+            for p in result["sweep"]]
+    lines = ["**Scaling simulation** (`bench/scale.py`): actor processes stepping a null env "
+             f"(16 envs each) against 1-2 inference servers and one learner, "
+             f"{result['wall_s']:.0f} s in all:", ""]
+    lines += _table(["actors", "servers", "env frames/s", "requests/s", "rows/batch",
+                     "latency ms", "samples/s", "server CPU us/request", "CPU used"], rows)
+    best = {servers: s["best_actors"] for servers, s in result["saturation"].items()}
+    request, sample = result["per_request_overhead_us"], result["per_sample_overhead_us"]
+    per_core = result["server_core_requests_per_s"]
+    actor_us = 1e6 / result["actor_core_frames_per_s"]
+    atari_us = 500.0
+    steps = 1000 * 1e6 / (atari_us + actor_us)
+    requests = steps / 16
+    peaks = ", ".join(f"{a} actors with {s} server(s)" for s, a in best.items())
+    lines += ["", f"Throughput stops growing at {peaks} on this machine (its cores are "
+              "full). Runtime overhead measured over real sockets "
+              f"with the runtime's own code: **{request:.0f} us of server CPU per inference "
+              f"request** (16 rows; {result['per_request_overhead_us_per_row']:.1f} us a row) "
+              f"and **{sample:.2f} us of learner CPU per sample** of a CartPole-sized chunk.",
+              "",
+              f"What that implies for a 1,000-core run: one server core answers about "
+              f"{per_core:,.0f} requests/s before any policy compute, and an actor core spends "
+              f"about {actor_us:.0f} us of runtime per env step. With an Atari-class env step of "
+              f"{atari_us:.0f} us, 1,000 actor cores make about {steps / 1e6:.1f}M steps/s and "
+              f"{requests:,.0f} requests/s at 16 rows each: about {requests / per_core:.0f} "
+              f"server cores of runtime work, plus the policy compute on the accelerators. "
+              f"One learner takes in about {result['learner_intake_samples_per_s'] / 1e6:.1f}M "
+              "small samples/s, so its update, not the intake, bounds it; Atari frames cost "
+              "far more per sample (see bench/README.md).", "", _machine(result)]
+    return lines
+
+
 SECTIONS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "compare_cartpole": cartpole, "compare_sampling": sampling, "compare_pong": pong,
+    "scale": scale,
 }
 
 

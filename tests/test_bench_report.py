@@ -1,0 +1,29 @@
+"""The README's performance tables are what the benchmarks' results files say."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import REPO
+
+
+def test_readme_performance_tables_match_the_results_files() -> None:
+    check = subprocess.run([sys.executable, str(REPO / "bench" / "report.py"), "--check"],
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stderr
+
+
+def test_every_results_file_names_its_machine_and_the_fps_ratio_is_there() -> None:
+    results = {path.stem: json.loads(path.read_text())
+               for path in (REPO / "bench" / "results").glob("*.json")}
+    assert {"compare_cartpole", "compare_sampling", "scale"} <= set(results)
+    for name, result in results.items():
+        assert result["machine"]["cores"] >= 1 and result["machine"]["cpu"], name
+    cartpole = results["compare_cartpole"]
+    assert any("fps" in key and "ratio" in key and isinstance(value, float)
+               for key, value in cartpole.items())
+    assert cartpole["fps_ratio_vs_sample_factory"] > 0
+    assert results["scale"]["per_request_overhead_us"] > 0
+    assert results["scale"]["per_sample_overhead_us"] > 0
