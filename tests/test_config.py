@@ -36,7 +36,7 @@ def test_default_config_loads_with_typed_overrides() -> None:
     ("actors.cont=3", "'actors.cont' (did you mean 'actors.count'?)"),
     ("actors.count=two", "'actors.count' must be an integer"),
     ("actors.count=0", "'actors.count' must be at least 1"),
-    ("actors.splits=3", "'actors.splits' (3) must divide 'actors.envs' (16)"),
+    ("actors.splits=3", "'actors.splits' (3) must divide 'actors.envs' (64)"),
     ("env.id=CartPol-v1", "'env.id': unknown gymnasium environment 'CartPol-v1'"),
     ("learner.batch_envs=12", "'learner.batch_envs' (12) must be a multiple"),
     ("learner.ppo.minibatches=7", "'learner.ppo.minibatches' (7) must divide"),
