@@ -29,7 +29,9 @@ def test_two_learner_processes_solve_cartpole(processes: Processes, tmp_path: Pa
     run_dir = tmp_path / "run"
     process = processes.start(
         [sys.executable, "-m", "srl_jax.launch", "cartpole_ppo", "--run-dir", str(run_dir),
-         "--quiet", "--set", "learner.processes=2", "--set", "stop.wall_time_s=240"],
+         "--quiet", "--set", "learner.processes=2", "--set", "stop.wall_time_s=240",
+         # 16-env chunks, so the learner batch of 32 splits over the 2 processes.
+         "--set", "actors.splits=4"],
         log=tmp_path / "launch.log")
     assert process.wait(timeout=300) == 0, (tmp_path / "launch.log").read_text()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -57,10 +57,12 @@ def test_learner_on_four_devices_solves_cartpole(processes: Processes, tmp_path:
 
 
 @pytest.mark.parametrize("name", ["actor-0", "inference-0"])
-def test_killed_worker_is_restarted_and_run_finishes(processes: Processes, tmp_path: Path,
-                                                     name: str) -> None:
+def test_killed_worker_is_restarted_and_the_run_goes_on(processes: Processes, tmp_path: Path,
+                                                        name: str) -> None:
+    """No frame limit: the surviving actor could reach one before the successor starts.
+    The run goes on until the successor has served frames, then stops on Ctrl-C."""
     process, run_dir = launch(processes, tmp_path, "stop.target_return=null",
-                              "stop.env_frames=60000", "runtime.restart_backoff_s=0.2",
+                              "stop.wall_time_s=600", "runtime.restart_backoff_s=0.2",
                               "actors.inference_timeout_s=1")
     wait_for(lambda: all_running(run_dir), 90, "all workers running")
     victim = worker(read_status(run_dir), name)["pid"]
@@ -69,11 +71,15 @@ def test_killed_worker_is_restarted_and_run_finishes(processes: Processes, tmp_p
     restarted = wait_for(
         lambda: (w := worker(read_status(run_dir), name)) and w["restarts"] == 1
         and w["state"] == "running" and w["pid"] != victim and w, 60, f"{name} restarted")
+    at_restart = read_metrics(run_dir)[-1]
+    wait_for(lambda: read_metrics(run_dir)[-1]["env_frames"] > at_restart["env_frames"] + 20000
+             and read_metrics(run_dir)[-1]["learner_steps"] > at_restart["learner_steps"],
+             60, "frames and updates after the restart")
     assert pid_alive(restarted["pid"])
-    assert process.wait(timeout=120) == 0, (tmp_path / "launch.log").read_text()
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=60) == 130, (tmp_path / "launch.log").read_text()
     rows = read_metrics(run_dir)
     assert rows[-1]["system/restarts"] == 1
-    assert rows[-1]["env_frames"] >= 60000
     assert all(a["env_frames"] <= b["env_frames"] for a, b in itertools.pairwise(rows))
     assert worker(read_status(run_dir), name)["restarts"] == 1
 
