@@ -111,7 +111,8 @@ class ActorWorker(Worker):
         for policy in self.policies:
             socket = make_socket(self.zmq, zmq.PUSH, hwm=cfg.send_queue)
             for i in range(self.config.learner.processes):  # chunks are spread over them
-                socket.connect(self.lookup(policy_key(policy, f"learner/samples/{i}")))
+                self.transport.connect(
+                    socket, self.lookup(policy_key(policy, f"learner/samples/{i}")))
             self.samples.append(socket)
         if cfg.inline_inference:
             from actors.inline_policy import InlinePolicy  # imports JAX
@@ -121,10 +122,11 @@ class ActorWorker(Worker):
             self.poller = zmq.Poller()
             self.inference = []
             for policy in self.policies:
-                socket = make_socket(self.zmq, zmq.DEALER)
+                socket = make_socket(self.zmq, zmq.DEALER, hwm=self.config.inference.request_queue)
                 socket.setsockopt(zmq.IMMEDIATE, 1)
                 for i in range(self.config.inference.count):
-                    socket.connect(self.lookup(policy_key(policy, f"inference/{i}")))
+                    self.transport.connect(
+                        socket, self.lookup(policy_key(policy, f"inference/{i}")))
                 self.poller.register(socket, zmq.POLLIN)
                 self.inference.append(socket)
         for state in self.splits:

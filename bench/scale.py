@@ -88,7 +88,7 @@ if str(REPO_ROOT) not in sys.path:
 from actors.env_ring import ChunkBuilder, StepResult
 from srl_jax.config import DEFAULT_POLICY
 from srl_jax.names import FileNameService, policy_key
-from srl_jax.streams import RejectCounter, bind_registered, make_socket, receive, send
+from srl_jax.streams import RejectCounter, make_socket, receive, send
 
 DEFAULT_EXPERIMENT = "cartpole_ppo"
 NULL_ENV = "bench.null_env:NullEnv-v0"
@@ -236,7 +236,8 @@ def _serve_requests(conn: Connection, case: dict[str, Any], root: Path) -> None:
     server.obs_shape, server.obs_dtype = tuple(case["obs_shape"]), np.dtype(case["obs_dtype"])
     server.runner = _StubPolicy()
     server.router = make_socket(server.zmq, zmq.ROUTER)
-    endpoint = bind_registered(server.router, names, policy_key(DEFAULT_POLICY, "inference/0"))
+    endpoint = server.transport.bind(server.router, names,
+                                     policy_key(DEFAULT_POLICY, "inference/0"))
     control = _Control(conn, server.counters)
     server.params = control
     server.poller = zmq.Poller()
@@ -268,8 +269,8 @@ def _take_samples(conn: Connection, case: dict[str, Any], root: Path) -> None:
     config = _micro_config(case)
     learner = LearnerWorker(config, 0, root, names)
     learner.pull = make_socket(learner.zmq, zmq.PULL, hwm=config.learner.sample_queue)
-    endpoint = bind_registered(learner.pull, names,
-                               policy_key(DEFAULT_POLICY, "learner/samples/0"))
+    endpoint = learner.transport.bind(learner.pull, names,
+                                      policy_key(DEFAULT_POLICY, "learner/samples/0"))
     spec = EnvSpec(tuple(case["obs_shape"]), np.dtype(case["obs_dtype"]), 2, continuous=False)
     learner.layout = chunk_layout(config, spec)
     learner.mesh = make_learner_mesh(1, config.learner.batch_envs)

@@ -27,7 +27,6 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from srl_jax.config import ExperimentConfig
-from srl_jax.streams import LOOPBACK
 
 ENV_COORDINATOR = "SRL_JAX_COORDINATOR_ADDRESS"
 ENV_PROCESSES = "SRL_JAX_NUM_PROCESSES"
@@ -56,10 +55,11 @@ def process_layout(config: ExperimentConfig, worker_index: int,
     )
 
 
-def free_loopback_address() -> str:
+def free_address(host: str) -> str:
+    """host:port with a port free on `host` now, for the jax.distributed coordinator."""
     with socket.socket() as probe:
-        probe.bind((LOOPBACK, 0))
-        return f"{LOOPBACK}:{probe.getsockname()[1]}"
+        probe.bind((host, 0))
+        return f"{host}:{probe.getsockname()[1]}"
 
 
 def initialize(layout: ProcessLayout) -> None:

@@ -25,7 +25,7 @@ from learners.param_stream import subscribe
 from learners.policy import PolicyRunner
 from srl_jax.config import DEFAULT_POLICY, ExperimentConfig
 from srl_jax.names import NameService, policy_key
-from srl_jax.streams import bind_registered, make_socket, receive, send
+from srl_jax.streams import make_socket, receive, send
 from srl_jax.worker import Worker
 
 REQUEST_KINDS = frozenset({"infer_request"})
@@ -54,8 +54,9 @@ class InferenceServer(Worker):
         self.runner = PolicyRunner(self.config, spec, self.config.seed + 1000 + self.index,
                                    cfg.min_padded_batch, cfg.max_batch)
         self.runner.warm_up()
-        self.router = make_socket(self.zmq, zmq.ROUTER)
-        bind_registered(self.router, self.names, policy_key(self.policy, f"inference/{self.index}"))
+        self.router = make_socket(self.zmq, zmq.ROUTER, hwm=self.config.inference.request_queue)
+        self.transport.bind(self.router, self.names,
+                            policy_key(self.policy, f"inference/{self.index}"))
         self.params = subscribe(self, self.runner)
         self.poller = zmq.Poller()
         self.poller.register(self.router, zmq.POLLIN)

@@ -33,7 +33,7 @@ from actors.envs import EnvSpec, env_spec
 from learners.algorithms import algorithm
 from learners.distributed import (
     agree,
-    free_loopback_address,
+    free_address,
     gather_json,
     initialize,
     process_layout,
@@ -49,7 +49,7 @@ from srl_jax.checkpoint import Checkpointer
 from srl_jax.config import DEFAULT_POLICY, ExperimentConfig, config_to_dict
 from srl_jax.metrics import CARRIED
 from srl_jax.names import COORDINATOR_KEY, NameService, policy_key
-from srl_jax.streams import bind_registered, make_socket, receive, send
+from srl_jax.streams import make_socket, receive, send
 from srl_jax.worker import Worker
 
 SAMPLE_KINDS = frozenset({"samples"})
@@ -120,11 +120,11 @@ class LearnerWorker(Worker):
         self._join_processes()
         self.pull = make_socket(self.zmq, zmq.PULL, hwm=self.config.learner.sample_queue)
         self.samples_key = policy_key(self.policy, f"learner/samples/{self.index}")
-        bind_registered(self.pull, self.names, self.samples_key)
+        self.transport.bind(self.pull, self.names, self.samples_key)
         self.pub = None
         if self.processes.is_chief:
-            self.pub = make_socket(self.zmq, zmq.PUB, hwm=4)
-            bind_registered(self.pub, self.names, policy_key(self.policy, "learner/params"))
+            self.pub = make_socket(self.zmq, zmq.PUB, hwm=self.config.learner.param_queue)
+            self.transport.bind(self.pub, self.names, policy_key(self.policy, "learner/params"))
         spec = env_spec(self.config.env, self.policy)
         self.layout = chunk_layout(self.config, spec)
         policy, network = make_policy(self.config, spec)
@@ -150,8 +150,9 @@ class LearnerWorker(Worker):
         layout = self.processes
         if layout.count > 1 and not layout.coordinator:
             if layout.is_chief:
-                address = free_loopback_address()
+                address = free_address(self.transport.advertise_host)
                 self.names.register(policy_key(self.policy, COORDINATOR_KEY), address)
+                self.transport.note_port(COORDINATOR_KEY, address)  # gRPC: no CURVE
             else:
                 address = self.lookup(policy_key(self.policy, COORDINATOR_KEY))
             layout = self.processes = replace(layout, coordinator=address)

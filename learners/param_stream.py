@@ -64,10 +64,9 @@ class ParamSubscriber:
 def subscribe(worker: Worker, runner: PolicyRunner) -> ParamSubscriber:
     """Connect `worker` to the learner's parameters and take the current ones if they
     come within FIRST_PARAMS_WAIT_S."""
-    socket = make_socket(worker.zmq, zmq.SUB)
+    socket = make_socket(worker.zmq, zmq.SUB, hwm=worker.config.learner.param_queue)
     socket.setsockopt(zmq.SUBSCRIBE, b"")
-    socket.setsockopt(zmq.RCVHWM, 4)
-    socket.connect(worker.lookup(policy_key(worker.policy, "learner/params")))
+    worker.transport.connect(socket, worker.lookup(policy_key(worker.policy, "learner/params")))
     subscriber = ParamSubscriber(socket, runner, worker.rejects)
     subscriber.await_first(FIRST_PARAMS_WAIT_S, worker.keep_alive)
     return subscriber

@@ -1,9 +1,10 @@
 """Launch backends: how the controller starts, watches and stops worker processes.
 
-The controller only needs the small `LaunchBackend` interface; the local
+The controller only needs the small `LaunchBackend` interface. The local
 backend runs each worker as its own Python process on this machine
 (`python -m srl_jax.worker`, a fresh interpreter: nothing is forked from a
-process that imported JAX). A cluster backend implements the same interface.
+process that imported JAX); the Ray backend (srl_jax/ray_backend.py) has Ray
+place a host for each worker on a node, which runs the same command there.
 """
 
 from __future__ import annotations
@@ -15,10 +16,14 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
-from srl_jax.config import DEFAULT_POLICY
+from srl_jax.config import DEFAULT_POLICY, ExperimentConfig
 from srl_jax.names import FileNameService, NameService, worker_name
+
+
+class BackendError(RuntimeError):
+    """The backend cannot start a worker (e.g. no node has the resources it asks for)."""
 
 
 @dataclass
@@ -27,7 +32,8 @@ class WorkerHandle:
     index: int
     pid: int
     host: str
-    process: subprocess.Popen
+    ref: Any
+    """The backend's hold on the process: a Popen, or a Ray host actor and its exit."""
     policy: str = DEFAULT_POLICY
 
 
@@ -35,14 +41,53 @@ class LaunchBackend(Protocol):
     def name_service(self) -> NameService:
         """Where workers of this backend register and find endpoints."""
 
-    def start(self, kind: str, index: int, policy: str = DEFAULT_POLICY) -> WorkerHandle:
-        """Start one worker (of `policy`: learners and inference servers); returns at once."""
+    def bind_host(self) -> str | None:
+        """The address the controller binds, where the backend decides (None: the config's)."""
+
+    def start(self, kind: str, index: int, policy: str = DEFAULT_POLICY,
+              env: dict[str, str] | None = None) -> WorkerHandle:
+        """Start one worker (of `policy`: learners and inference servers) with `env` added
+        to its environment; returns once the process exists."""
 
     def exit_code(self, handle: WorkerHandle) -> int | None:
         """The worker's exit code, or None while it runs."""
 
     def send_signal(self, handle: WorkerHandle, sig: int) -> None:
         """Deliver `sig` to the worker (ignored if it is gone)."""
+
+    def close(self) -> None:
+        """Release what the backend holds (after every worker has exited)."""
+
+
+def worker_plan(config: ExperimentConfig) -> list[tuple[str, int, str]]:
+    """Every worker of the run as (kind, index, policy): each policy its own learner
+    processes and inference servers, shared actors, and an evaluator if asked for."""
+    from actors.envs import policy_names
+
+    servers = 0 if config.actors.inline_inference else config.inference.count
+    plan = []
+    for policy in policy_names(config.env):
+        plan += [("learner", i, policy) for i in range(config.learner.processes)]
+        plan += [("inference", i, policy) for i in range(servers)]
+    plan += [("actor", i, DEFAULT_POLICY) for i in range(config.actors.count)]
+    if config.evaluation.every_updates:
+        plan.append(("evaluator", 0, DEFAULT_POLICY))
+    return plan
+
+
+def worker_args(kind: str, index: int, run_dir: Path, policy: str) -> list[str]:
+    """The worker's command line after the interpreter."""
+    return ["-m", "srl_jax.worker", kind, str(index), "--run-dir", str(run_dir),
+            "--policy", policy]
+
+
+def spawn_worker(args: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen:
+    """Start `python args...` in its own session, appending its output to `log_path`."""
+    with open(log_path, "ab") as log_file:
+        return subprocess.Popen(
+            [sys.executable, *args], stdin=subprocess.DEVNULL, stdout=log_file,
+            stderr=subprocess.STDOUT, env={**env, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True)
 
 
 class LocalBackend:
@@ -56,29 +101,37 @@ class LocalBackend:
     def name_service(self) -> NameService:
         return self._names
 
-    def start(self, kind: str, index: int, policy: str = DEFAULT_POLICY) -> WorkerHandle:
+    def bind_host(self) -> str | None:
+        return None
+
+    def start(self, kind: str, index: int, policy: str = DEFAULT_POLICY,
+              env: dict[str, str] | None = None) -> WorkerHandle:
         log_path = self.run_dir / "logs" / f"{worker_name(kind, index, policy)}.log"
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        with open(log_path, "ab") as log_file:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "srl_jax.worker", kind, str(index),
-                 "--run-dir", str(self.run_dir), "--policy", policy],
-                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                env=env, start_new_session=True,
-            )
+        process = spawn_worker(worker_args(kind, index, self.run_dir, policy),
+                               {**os.environ, **(env or {})}, log_path)
         return WorkerHandle(kind, index, process.pid, socket.gethostname(), process, policy)
 
     def exit_code(self, handle: WorkerHandle) -> int | None:
-        return handle.process.poll()
+        return handle.ref.poll()
 
     def send_signal(self, handle: WorkerHandle, sig: int) -> None:
-        if handle.process.poll() is None:
+        if handle.ref.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(handle.pid, sig)
 
+    def close(self) -> None:
+        """Nothing held: every worker process has been waited for."""
 
-def make_backend(name: str, run_dir: Path) -> LaunchBackend:
+
+BACKENDS = ("local", "ray")
+
+
+def make_backend(name: str, run_dir: Path, config: ExperimentConfig,
+                 ray_address: str | None = None) -> LaunchBackend:
     if name == "local":
         return LocalBackend(run_dir)
-    raise ValueError(f"unknown backend '{name}'")
+    if name == "ray":
+        from srl_jax.ray_backend import RayBackend  # imports ray
 
+        return RayBackend(run_dir, config, ray_address)
+    raise ValueError(f"unknown backend '{name}'")

@@ -107,6 +107,10 @@ class InferenceConfig:
     on CPU with cheap envs waiting cost throughput (bench/README.md, e2e_fps.py)."""
     min_padded_batch: int = 8
     """Smallest padded batch; padded sizes are powers of two from here to max_batch."""
+    request_queue: int = 64
+    """Requests queued per connection on the inference stream, each way (ZMQ high-water
+    mark). An actor has at most `actors.splits` in flight; past the bound its send fails
+    and it tries again, a server's reply to a full actor is dropped and sent again later."""
 
 
 @dataclass
@@ -173,6 +177,9 @@ class LearnerConfig:
     """Chunks the learner holds before dropping the oldest (counted)."""
     republish_interval_s: float = 1.0
     """Parameters are re-sent at least this often so late joiners catch up."""
+    param_queue: int = 4
+    """Parameter messages queued per inference server, each way (ZMQ high-water mark);
+    past it the oldest are not sent: only the newest version matters."""
     devices: int = 0
     """Devices per learner process to train on, data-parallel (0: all local ones)."""
     processes: int = 1
@@ -240,11 +247,45 @@ class CheckpointConfig:
 
 
 @dataclass
+class TransportConfig:
+    bind_host: str = "127.0.0.1"
+    """Interface every socket binds (a launch backend may give each worker its node's)."""
+    advertise_host: str = ""
+    """Address peers dial ('': the bind address, or this host's address for 0.0.0.0)."""
+    curve: bool | None = None
+    """ZMQ CURVE authentication and encryption. null: on unless bound to loopback;
+    true (on): always; false (off): never, so a network port is open to whoever reaches
+    it (only on a network you trust)."""
+
+
+def _one_cpu() -> dict[str, float]:
+    return {"CPU": 1.0}
+
+
+@dataclass
+class RayConfig:
+    address: str = ""
+    """The Ray cluster `--backend ray` joins ('': start a local Ray instance, sized to
+    hold every worker); `--ray-address` overrides."""
+    actor: dict[str, float] = field(default_factory=_one_cpu)
+    """Ray resources each actor asks for: CPU, GPU, TPU or a node type's custom
+    resource ({CPU: 1, actor_node: 1}). Likewise for the kinds below."""
+    learner: dict[str, float] = field(default_factory=_one_cpu)
+    inference: dict[str, float] = field(default_factory=_one_cpu)
+    evaluator: dict[str, float] = field(default_factory=_one_cpu)
+    placement_timeout_s: float = 120.0
+    """A worker Ray cannot place this long (no node has its resources) fails the run."""
+
+
+@dataclass
 class RuntimeConfig:
     log_interval_s: float = 1.0
     """Seconds between rows of metrics.jsonl (and status.json rewrites)."""
     stats_interval_s: float = 0.5
     """Seconds between a worker's heartbeats (which carry its counters)."""
+    stats_queue: int = 64
+    """Heartbeats queued per worker, each way (ZMQ high-water mark); a worker whose
+    controller is behind skips heartbeats (each carries running totals) rather than grow."""
     heartbeat_timeout_s: float = 60.0
     """A worker silent this long is killed and restarted (start-up gets twice as long)."""
     max_restarts: int = 3
@@ -287,6 +328,10 @@ class ExperimentConfig:
     """An evaluator worker playing deterministic episodes with the latest parameters."""
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     """Heartbeats, restarts, logging."""
+    transport: TransportConfig = field(default_factory=TransportConfig)
+    """Where sockets bind and whether they authenticate."""
+    ray: RayConfig = field(default_factory=RayConfig)
+    """Placement on a Ray cluster (`--backend ray`)."""
 
 
 def _type_name(tp: Any) -> str:
@@ -321,7 +366,10 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"'{key}' must be a mapping, got {value!r}")
-        return dict(value)
+        value_type = typing.get_args(tp)[1]
+        if value_type is Any:
+            return dict(value)
+        return {k: _convert(v, value_type, f"{key}.{k}") for k, v in value.items()}
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -597,6 +645,16 @@ def validate(config: ExperimentConfig) -> None:
     runtime = config.runtime
     _require(runtime.log_interval_s > 0, "'runtime.log_interval_s' must be positive")
     _require(runtime.stats_interval_s > 0, "'runtime.stats_interval_s' must be positive")
+    for key, bound in (("inference.request_queue", config.inference.request_queue),
+                       ("learner.param_queue", config.learner.param_queue),
+                       ("runtime.stats_queue", runtime.stats_queue)):
+        _require(bound >= 1, f"'{key}' must be at least 1")
     _require(runtime.max_restarts >= 0, "'runtime.max_restarts' must not be negative")
     _require(runtime.max_message_mb > 0, "'runtime.max_message_mb' must be positive")
     _require(runtime.stall_timeout_s >= 0, "'runtime.stall_timeout_s' must not be negative")
+    _require(bool(config.transport.bind_host), "'transport.bind_host' must not be empty")
+    for kind in ("actor", "learner", "inference", "evaluator"):
+        resources = getattr(config.ray, kind)
+        _require(all(amount >= 0 for amount in resources.values()),
+                 f"'ray.{kind}': resource amounts must not be negative")
+    _require(config.ray.placement_timeout_s > 0, "'ray.placement_timeout_s' must be positive")

@@ -19,29 +19,31 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import zmq
 
 from actors.envs import policy_names
-from srl_jax.backends import LaunchBackend, WorkerHandle
+from srl_jax.backends import BackendError, LaunchBackend, WorkerHandle, worker_plan
 from srl_jax.config import DEFAULT_POLICY, ExperimentConfig
 from srl_jax.metrics import MetricsAggregator, MetricsWriter, ProgressDisplay
 from srl_jax.names import COORDINATOR_KEY, policy_key, worker_name
 from srl_jax.run_dir import policy_version
 from srl_jax.streams import (
     RejectCounter,
-    bind_registered,
     limit_message_size,
     make_socket,
     receive,
 )
+from srl_jax.transport import KEYS_ENV, CurveKeys, Transport
 
 log = logging.getLogger("controller")
 
 STATS_KINDS = frozenset({"stats"})
+MAX_PORTS = 64
+PORT_FIELDS = {"key": str, "endpoint": str, "bind": str, "authenticated": bool}
 LOOP_S = 0.05
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 
@@ -63,6 +65,8 @@ class WorkerRecord:
     """What its last heartbeat said it waits on, and since when (wall time)."""
     restart_at: float | None = None
     exit_code: int | None = None
+    ports: list[dict[str, Any]] = field(default_factory=list)
+    """The ports its process listens on, as its heartbeats list them."""
 
     @property
     def name(self) -> str:
@@ -74,6 +78,15 @@ def _waiting(value: Any) -> tuple[str, float] | None:
     if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) \
             and isinstance(value[1], int | float) and not isinstance(value[1], bool):
         return value[0], float(value[1])
+    return None
+
+
+def _ports(value: Any) -> list[dict[str, Any]] | None:
+    """A heartbeat's `ports` field, if it is a list of ports (see transport.Port)."""
+    if isinstance(value, list) and len(value) <= MAX_PORTS and all(
+            isinstance(port, dict) and port.keys() == PORT_FIELDS.keys()
+            and all(type(port[k]) is t for k, t in PORT_FIELDS.items()) for port in value):
+        return value
     return None
 
 
@@ -93,9 +106,12 @@ def _heartbeat_problem(counters: dict, arrays: dict[str, Any]) -> str | None:
 class Controller:
     def __init__(self, config: ExperimentConfig, run_dir: Path, backend: LaunchBackend,
                  progress: ProgressDisplay | None = None,
-                 resume_row: dict[str, Any] | None = None, resumed: bool = False) -> None:
-        """`resume_row`: the last metrics row kept by a resume; counters go on from it."""
+                 resume_row: dict[str, Any] | None = None, resumed: bool = False,
+                 keys: CurveKeys | None = None) -> None:
+        """`resume_row`: the last metrics row kept by a resume; counters go on from it.
+        `keys`: the run's CURVE keys (the backend hands workers the same), None: off."""
         self.config = config
+        self.keys = keys
         self.run_dir = Path(run_dir)
         self.backend = backend
         self.progress = progress or ProgressDisplay(sys.stdout, enabled=False)
@@ -113,15 +129,8 @@ class Controller:
                     "samples_dropped_stale": last.get("samples_dropped_stale", 0)}, {},
                     policy=policy)
         self.rejects = RejectCounter()
-        servers = 0 if config.actors.inline_inference else config.inference.count
-        self.workers = []
-        for policy in policy_names(config.env):  # each policy its own learner and servers
-            self.workers += [WorkerRecord("learner", i, policy)
-                             for i in range(config.learner.processes)]
-            self.workers += [WorkerRecord("inference", i, policy) for i in range(servers)]
-        self.workers += [WorkerRecord("actor", i) for i in range(config.actors.count)]
-        if config.evaluation.every_updates:
-            self.workers.append(WorkerRecord("evaluator", 0))
+        self.workers = [WorkerRecord(kind, index, policy)
+                        for kind, index, policy in worker_plan(config)]
         self.stop_reason: str | None = None
         self.exit_code = EXIT_OK
         self.started = time.monotonic()
@@ -141,16 +150,23 @@ class Controller:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         context = zmq.Context.instance()
         limit_message_size(context, self.config.runtime.max_message_mb)
-        self.stats = make_socket(context, zmq.PULL, hwm=10_000)
-        bind_registered(self.stats, self.backend.name_service(), "controller/stats")
+        transport = self.config.transport
+        self.transport = Transport(context, self.backend.bind_host() or transport.bind_host,
+                                   transport.advertise_host, self.keys)
+        self.stats = make_socket(context, zmq.PULL, hwm=self.config.runtime.stats_queue)
+        self.transport.bind(self.stats, self.backend.name_service(), "controller/stats")
         self.writer = MetricsWriter(self.run_dir)
         try:
             for record in self.workers:
                 self._start(record)
             self._loop()
+        except BackendError as error:
+            self._finish(str(error), EXIT_FAILED)
         finally:
             self._shutdown()
             self.stats.close()
+            self.transport.close()
+            self.backend.close()
             self.writer.close()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -160,10 +176,11 @@ class Controller:
         return self.exit_code
 
     def _start(self, record: WorkerRecord) -> None:
-        record.handle = self.backend.start(record.kind, record.index, record.policy)
+        env = {KEYS_ENV: self.keys.to_env()} if self.keys else {}
+        record.handle = self.backend.start(record.kind, record.index, record.policy, env)
         record.state, record.started_at = "starting", time.monotonic()
         record.last_heartbeat = record.restart_at = record.exit_code = None
-        record.reported, record.waiting = False, None
+        record.reported, record.waiting, record.ports = False, None, []
         log.info("started %s (pid %d)", record.name, record.handle.pid)
 
     def _loop(self) -> None:
@@ -191,6 +208,7 @@ class Controller:
                 continue
             record.last_heartbeat, record.last_heartbeat_wall = time.monotonic(), time.time()
             record.waiting = _waiting(meta.get("waiting"))
+            record.ports = _ports(meta.get("ports")) or record.ports
             if meta.get("phase") == "setup":
                 continue  # alive, but its counters are not restored yet
             if record.state == "starting":
@@ -268,6 +286,7 @@ class Controller:
         row = self.metrics.row(self._elapsed())
         row["system/resumes"] = self.resumes
         row["system/wire_rejected"] = row.get("system/wire_rejected", 0) + self.rejects.count
+        row["system/auth_refused"] = row.get("system/auth_refused", 0) + self.transport.refused
         self.writer.write(row)
         self.progress.show(row)
         self._watch_progress(row)
@@ -331,6 +350,7 @@ class Controller:
             "stop_reason": self.stop_reason, "controller_pid": os.getpid(),
             "started": self.started_wall, "updated": time.time(), "resumes": self.resumes,
             "stalled_for": round(self._stalled_for(), 1),
+            "ports": self.transport.port_list(),
             "workers": [{
                 "name": r.name, "kind": r.kind, "index": r.index, "policy": r.policy,
                 "pid": r.handle.pid if r.handle else None,
@@ -339,6 +359,7 @@ class Controller:
                 "exit_code": r.exit_code,
                 "waiting_on": r.waiting[0] if r.waiting else None,
                 "waiting_since": r.waiting[1] if r.waiting else None,
+                "ports": r.ports,
             } for r in self.workers],
         }
         path = self.run_dir / "status.json"

@@ -16,6 +16,7 @@ may not).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import shutil
 import sys
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import yaml
 
+from srl_jax.backends import BACKENDS
 from srl_jax.config import (
     DEFAULT_POLICY,
     ConfigError,
@@ -56,7 +58,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         metavar="KEY=VALUE", help="override a config value, e.g. actors.count=4")
     parser.add_argument("--run-dir", type=Path, help="run directory "
                         "(default: runs/<experiment>/<timestamp>)")
-    parser.add_argument("--backend", default="local", help="launch backend (default: local)")
+    parser.add_argument("--backend", default="local", choices=BACKENDS,
+                        help="launch backend (default: local)")
+    parser.add_argument("--ray-address", help="with --backend ray: the cluster to join "
+                        "(default: ray.address, else a local Ray instance)")
     parser.add_argument("--resume", action="store_true", help="continue an earlier run")
     parser.add_argument("--quiet", action="store_true", help="no live progress line")
     return parser.parse_args(argv)
@@ -108,9 +113,10 @@ def prepare_run(args: argparse.Namespace) -> tuple:
     """
     from actors.envs import check_policies
 
-    if args.backend != "local":
-        raise ConfigError(f"'--backend': '{args.backend}' is not available; this version has "
-                          "'local'")
+    if args.backend == "ray" and importlib.util.find_spec("ray") is None:
+        raise ConfigError("'--backend ray' needs Ray: pip install 'srl-jax[ray]'")
+    if args.ray_address and args.backend != "ray":
+        raise ConfigError("'--ray-address' needs '--backend ray'")
     path = resolve_experiment_path(args.experiment, config_dirs())
     config = load_config(path, [] if args.resume else args.overrides)
     if args.resume:
@@ -135,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     from srl_jax.backends import make_backend
     from srl_jax.controller import Controller
     from srl_jax.metrics import ProgressDisplay
+    from srl_jax.transport import CurveKeys, curve_wanted
 
     resume_row = None
     if resume_steps is not None:
@@ -145,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, filename=run_dir / "logs" / "controller.log",
         format="%(asctime)s controller %(levelname)s %(name)s: %(message)s")
-    backend = make_backend(args.backend, run_dir)
+    backend = make_backend(args.backend, run_dir, config, args.ray_address)
+    bind_host = backend.bind_host() or config.transport.bind_host
+    keys = CurveKeys.generate() if curve_wanted(config.transport.curve, bind_host) else None
     progress = ProgressDisplay(sys.stdout, enabled=not args.quiet)
     if resume_steps is None:
         print(f"srl_jax: {config.name} -> {run_dir}", flush=True)
@@ -155,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"srl_jax: {config.name} resumes from checkpoint {where} -> {run_dir}",
               flush=True)
     return Controller(config, run_dir, backend, progress, resume_row=resume_row,
-                      resumed=resume_steps is not None).run()
+                      resumed=resume_steps is not None, keys=keys).run()
 
 
 if __name__ == "__main__":

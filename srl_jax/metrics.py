@@ -186,8 +186,9 @@ class MetricsAggregator:
         self._policy_rows(row)
         row["system/restarts"] = self.restarts
         row["system/learner_restarts"] = self.learner_restarts
-        row["system/wire_rejected"] = int(sum(
-            self.total(kind, "wire_rejected") for kind in set(self.kinds.values())))
+        for counter in ("wire_rejected", "auth_refused"):
+            row[f"system/{counter}"] = int(sum(
+                self.total(kind, counter) for kind in set(self.kinds.values())))
         return row
 
 

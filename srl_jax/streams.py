@@ -6,7 +6,7 @@
 - parameter stream: learner's PUB -> inference servers' SUB, newest version wins;
 - stats stream: every worker's PUSH -> controller's PULL (heartbeats + counters).
 
-The local backend binds loopback only.
+Where sockets bind, and CURVE off loopback: srl_jax/transport.py.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from typing import Any
 
 import zmq
 
-from srl_jax.names import NameService
 from srl_jax.wire import Message, WireError, decode, encode
 
 log = logging.getLogger(__name__)
@@ -25,25 +24,6 @@ LOOPBACK = "127.0.0.1"
 MAX_LOGGED_REASONS = 64
 MAX_SKIPPED = 1024
 """Malformed messages one `receive` call drops before it returns None."""
-
-
-def bind_registered(socket: zmq.Socket, names: NameService, key: str) -> str:
-    """Bind on loopback and register the endpoint under `key`.
-
-    A restarted worker binds the endpoint it had before, so peers that are
-    already connected reconnect by themselves.
-    """
-    previous = names.get(key)
-    if previous:
-        try:
-            socket.bind(previous)
-            return previous
-        except zmq.ZMQError:
-            log.info("previous endpoint %s for %s is taken; binding a new one", previous, key)
-    port = socket.bind_to_random_port(f"tcp://{LOOPBACK}")
-    endpoint = f"tcp://{LOOPBACK}:{port}"
-    names.register(key, endpoint)
-    return endpoint
 
 
 class RejectCounter:

@@ -32,6 +32,7 @@ from srl_jax.config import DEFAULT_POLICY, ExperimentConfig, config_from_dict
 from srl_jax.faults import FaultPlan
 from srl_jax.names import FileNameService, NameService, worker_name
 from srl_jax.streams import RejectCounter, limit_message_size, make_socket, send
+from srl_jax.transport import Transport
 
 WORKER_CLASSES = {
     "actor": "actors.actor_worker:ActorWorker",
@@ -66,6 +67,8 @@ class Worker:
         self.zmq = zmq.Context.instance()
         limit_message_size(self.zmq, config.runtime.max_message_mb)
         self.rejects = RejectCounter()
+        self.transport = Transport.for_process(self.zmq, config.transport.bind_host,
+                                               config.transport.advertise_host)
         self._stop = False
         self._parent = os.getppid()
         self._last_stats = 0.0
@@ -146,24 +149,33 @@ class Worker:
             self._stop = True
         if self._stats_socket is None:
             return
-        counters = {"wire_rejected": self.rejects.count, **self.counters()}
+        counters = {"wire_rejected": self.rejects.count, "auth_refused": self.transport.refused,
+                    **self.counters()}
         meta = {"worker": self.name, "kind": self.kind, "index": self.index,
                 "policy": self.policy, "pid": os.getpid(),
                 "host": pysocket.gethostname(), "phase": self._phase, "counters": counters,
+                "ports": self.transport.port_list(),
                 "waiting": list(waiting) if (waiting := self.waiting()) else None}
-        try:
+        try:  # poll first: a skipped heartbeat's episode returns wait for the next one
+            if not self._stats_socket.poll(0, zmq.POLLOUT):
+                raise zmq.Again
             send(self._stats_socket, "stats", meta, self.stats_arrays(), flags=zmq.NOBLOCK)
         except zmq.Again:
-            self.log.debug("stats stream full; heartbeat dropped")
+            self.log.debug("stats stream full; heartbeat skipped")
+
+    def connect_stats(self) -> None:
+        """Connect the heartbeat stream to the controller, bounded by `runtime.stats_queue`."""
+        self._stats_socket = make_socket(self.zmq, zmq.PUSH, hwm=self.config.runtime.stats_queue)
+        self.transport.connect(self._stats_socket,
+                               self.names.lookup("controller/stats", LOOKUP_TIMEOUT_S))
+        self.heartbeat(force=True)
 
     def run(self) -> int:
         """The lifecycle: connect to the controller, setup, loop, close."""
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
         faulthandler.register(STACKS_SIGNAL, all_threads=True)  # into the log: srl_jax.status
-        self._stats_socket = make_socket(self.zmq, zmq.PUSH, hwm=64)
-        self._stats_socket.connect(self.names.lookup("controller/stats", LOOKUP_TIMEOUT_S))
-        self.heartbeat(force=True)
+        self.connect_stats()
         try:
             self.setup()
             self._phase = "running"
@@ -182,6 +194,7 @@ class Worker:
         finally:
             self.close()
             self._stats_socket.close(linger=500)
+            self.transport.close()
         self.log.info("stopped")
         return 0
 

@@ -19,7 +19,8 @@ import zmq
 
 from srl_jax.config import ExperimentConfig, apply_overrides, config_from_dict, config_to_dict
 from srl_jax.names import FileNameService
-from srl_jax.streams import bind_registered, make_socket
+from srl_jax.streams import make_socket
+from srl_jax.transport import Transport
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -134,6 +135,7 @@ def processes() -> Iterator[Processes]:
 def stats_socket(tmp_path: Path) -> Iterator[zmq.Socket]:
     """Stands in for the controller: the stats stream workers report to."""
     socket = make_socket(zmq.Context.instance(), zmq.PULL)
-    bind_registered(socket, FileNameService(tmp_path / "run" / "names"), "controller/stats")
+    Transport(zmq.Context.instance()).bind(socket, FileNameService(tmp_path / "run" / "names"),
+                                           "controller/stats")
     yield socket
     socket.close()

@@ -11,7 +11,8 @@ import zmq
 
 from srl_jax.config import DEFAULT_POLICY
 from srl_jax.names import FileNameService, policy_key
-from srl_jax.streams import RejectCounter, bind_registered, make_socket, receive
+from srl_jax.streams import RejectCounter, make_socket, receive
+from srl_jax.transport import Transport
 from srl_jax.wire import Message
 
 
@@ -24,10 +25,11 @@ class FakeServerAndLearner:
     def __init__(self, run_dir: Path, policy: str = DEFAULT_POLICY) -> None:
         names = FileNameService(run_dir / "names")
         context = zmq.Context.instance()
+        loopback = Transport(context)
         self.router = make_socket(context, zmq.ROUTER)
-        bind_registered(self.router, names, policy_key(policy, "inference/0"))
+        loopback.bind(self.router, names, policy_key(policy, "inference/0"))
         self.pull = make_socket(context, zmq.PULL)
-        bind_registered(self.pull, names, policy_key(policy, "learner/samples/0"))
+        loopback.bind(self.pull, names, policy_key(policy, "learner/samples/0"))
         self.poller = zmq.Poller()
         self.poller.register(self.router, zmq.POLLIN)
         self.poller.register(self.pull, zmq.POLLIN)

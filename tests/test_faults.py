@@ -110,7 +110,7 @@ def test_a_worker_that_keeps_failing_ends_the_run_with_one_line_and_a_checkpoint
     assert checkpoint_steps(run_dir), "the learner's final checkpoint"
 
 
-@pytest.mark.parametrize("name", ["actor-0", "learner-0"])  # a server: tests/test_status.py
+@pytest.mark.parametrize("name", ["actor-0", "inference-0", "learner-0"])
 def test_a_frozen_worker_is_killed_at_the_heartbeat_timeout_and_replaced(
         processes: Processes, tmp_path: Path, name: str) -> None:
     """No frame limit: the actors outrun a frozen learner, so a limit could end the run
@@ -140,14 +140,17 @@ def test_a_frozen_worker_is_killed_at_the_heartbeat_timeout_and_replaced(
         assert "restored checkpoint step" in (run_dir / "logs" / "learner-0.log").read_text()
 
 
-@pytest.mark.parametrize("name", ["inference-0", "learner-0"])  # an actor: its env raises
-def test_a_worker_that_raises_in_its_loop_is_restarted_and_loses_nothing_saved(
+@pytest.mark.parametrize("name", ["inference-0", "learner-0", "evaluator-0"])  # an actor:
+def test_a_worker_that_raises_in_its_loop_is_restarted_and_loses_nothing_saved(  # its env
         processes: Processes, tmp_path: Path, name: str) -> None:
     faults = tmp_path / "faults"
     faults.mkdir()
     (faults / name).write_text("4")
+    evaluating = ["evaluation.every_updates=5", "evaluation.episodes=2"] \
+        if name == "evaluator-0" else []
     process, run_dir = launch(processes, tmp_path, *SMALL, "stop.env_frames=20000",
-                              "checkpoint.every_updates=5", env={FAULTS_ENV: str(faults)})
+                              "checkpoint.every_updates=5", *evaluating,
+                              env={FAULTS_ENV: str(faults)})
     assert process.wait(timeout=120) == 0, (tmp_path / "launch.log").read_text()
     assert not (faults / name).exists(), "the fault fired"
     final = read_status(run_dir)
@@ -160,4 +163,8 @@ def test_a_worker_that_raises_in_its_loop_is_restarted_and_loses_nothing_saved(
         restored = int(re.search(r"restored checkpoint step (\d+)", log).group(1))
         assert restored >= 5, "the successor went on from the checkpoint, not from scratch"
     rows = read_metrics(run_dir)
+    if name == "evaluator-0":
+        log = (run_dir / "logs" / "evaluator-0.log").read_text()
+        assert log.count(": running\n") == 2, "the successor started evaluating"
+        assert any("eval_return_mean" in r for r in rows)
     assert rows[-1]["env_frames"] >= 20000 and rows[-1]["system/restarts"] == 1

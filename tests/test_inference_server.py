@@ -18,7 +18,8 @@ from learners.param_codec import params_to_arrays
 from srl_jax import wire
 from srl_jax.config import ExperimentConfig
 from srl_jax.names import FileNameService
-from srl_jax.streams import RejectCounter, bind_registered, make_socket, receive, send
+from srl_jax.streams import RejectCounter, make_socket, receive, send
+from srl_jax.transport import Transport
 from tests.conftest import Processes, make_config, wait_for, write_run_dir
 
 pytestmark = pytest.mark.slow
@@ -40,7 +41,7 @@ class Server:
         self.context = zmq.Context.instance()
         self.sockets: list[zmq.Socket] = []
         self.pub = self.socket(zmq.PUB)
-        bind_registered(self.pub, self.names, "learner/params")
+        Transport(self.context).bind(self.pub, self.names, "learner/params")
         self.stats = stats
         self.process = processes.worker("inference", 0, self.run_dir)
         self.endpoint = self.names.lookup("inference/0", timeout_s=START_TIMEOUT_S)

@@ -1,0 +1,145 @@
+"""The Ray launch backend: Ray places each worker, ZMQ still carries the data.
+
+For every worker the controller asks Ray for a `WorkerHost` actor with the
+resources the config gives that kind (`ray.actor`, `ray.learner`, ...: CPUs,
+GPUs, TPUs, a node type's custom resource). The host starts the worker on its
+node as the local backend would (`python -m srl_jax.worker`, its own session,
+output appended to `<run_dir>/logs/<worker>.log`) and reports its exit. A
+worker that dies is started again by the controller's usual restart rule, on
+a new host that Ray places, wherever the resources are.
+
+Workers bind their node's address (unless `transport.bind_host` says
+otherwise), so CURVE is on by default. The run directory (names, logs,
+checkpoints) must be one path that every node sees, as on a shared filesystem,
+or one machine. Without `--ray-address` a local Ray instance is started with
+enough logical CPUs for every worker (they share the cores, as with the local
+backend) and shut down at the end; with one, the run joins that cluster and
+leaves it running.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from srl_jax.backends import (
+    BackendError,
+    WorkerHandle,
+    spawn_worker,
+    worker_args,
+    worker_plan,
+)
+from srl_jax.config import DEFAULT_POLICY, ExperimentConfig, TransportConfig
+from srl_jax.names import FileNameService, NameService, worker_name
+from srl_jax.transport import BIND_HOST_ENV
+
+log = logging.getLogger(__name__)
+
+FORWARDED_ENV_PREFIX = "SRL_JAX_"
+"""The driver's variables a worker on another node gets too (fault drills, hosts)."""
+
+
+class WorkerHost:
+    """One worker process on the node Ray placed this actor on."""
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen | None = None
+
+    def start(self, args: list[str], env: dict[str, str], log_path: str,
+              bind_node: bool) -> tuple[int, str]:
+        node = ray.util.get_node_ip_address()
+        env = {**os.environ, **env, **({BIND_HOST_ENV: node} if bind_node else {})}
+        self.process = spawn_worker(args, env, Path(log_path))
+        return self.process.pid, node
+
+    def wait(self) -> int:
+        return self.process.wait()
+
+    def signal(self, sig: int) -> None:
+        if self.process.poll() is None:
+            os.kill(self.process.pid, sig)
+
+
+def _placement(resources: dict[str, float]) -> dict[str, Any]:
+    """Ray actor options for a resource request ({CPU: 1, GPU: 1, node_a: 1})."""
+    custom = {k: v for k, v in resources.items() if k not in ("CPU", "GPU")}
+    return {"num_cpus": resources.get("CPU", 0.0), "num_gpus": resources.get("GPU", 0.0),
+            **({"resources": custom} if custom else {})}
+
+
+class RayBackend:
+    def __init__(self, run_dir: Path, config: ExperimentConfig,
+                 address: str | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        self.config = config
+        self._names = FileNameService(self.run_dir / "names")
+        address = address or config.ray.address
+        if address:
+            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+        else:
+            wanted = sum(getattr(config.ray, kind).get("CPU", 0.0)
+                         for kind, _, _ in worker_plan(config))
+            ray.init(num_cpus=max(os.cpu_count() or 1, int(wanted + 0.999)),
+                     include_dashboard=False, log_to_driver=False,
+                     logging_level=logging.WARNING)
+        self.node = ray.util.get_node_ip_address()
+        self._bind_nodes = config.transport.bind_host == TransportConfig.bind_host
+        self._host = ray.remote(max_concurrency=2, max_restarts=0)(WorkerHost)
+        self._live: dict[int, Any] = {}
+        log.info("Ray %s: %s", "cluster" if address else "local instance", ray.cluster_resources())
+
+    def name_service(self) -> NameService:
+        return self._names
+
+    def bind_host(self) -> str | None:
+        return self.node if self._bind_nodes else None
+
+    def start(self, kind: str, index: int, policy: str = DEFAULT_POLICY,
+              env: dict[str, str] | None = None) -> WorkerHandle:
+        name = worker_name(kind, index, policy)
+        resources = getattr(self.config.ray, kind)
+        host = self._host.options(**_placement(resources)).remote()
+        forwarded = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIX)}
+        started = host.start.remote(worker_args(kind, index, self.run_dir, policy),
+                                    {**forwarded, **(env or {})},
+                                    str(self.run_dir / "logs" / f"{name}.log"), self._bind_nodes)
+        timeout = self.config.ray.placement_timeout_s
+        try:
+            pid, node = ray.get(started, timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            ray.kill(host)
+            raise BackendError(f"Ray placed no {name} in {timeout:g}s: no node has "
+                               f"{resources} free (ray.{kind})") from None
+        handle = WorkerHandle(kind, index, pid, node, (host, host.wait.remote()), policy)
+        self._live[id(handle)] = host
+        return handle
+
+    def exit_code(self, handle: WorkerHandle) -> int | None:
+        host, exited = handle.ref
+        if not ray.wait([exited], timeout=0)[0]:
+            return None
+        try:
+            code = ray.get(exited)
+        except ray.exceptions.RayError:  # the host itself died: its worker stops by itself
+            code = -signal.SIGKILL
+        if self._live.pop(id(handle), None) is not None:
+            ray.kill(host)  # frees the resources for the successor
+        return code
+
+    def send_signal(self, handle: WorkerHandle, sig: int) -> None:
+        if id(handle) in self._live:
+            handle.ref[0].signal.remote(sig)
+
+    def close(self) -> None:
+        for host in self._live.values():
+            ray.kill(host)
+        self._live.clear()
+        ray.shutdown()
+

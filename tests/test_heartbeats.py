@@ -1,0 +1,61 @@
+"""The heartbeat stream is bounded: a controller that falls behind costs heartbeats, not
+worker memory, and the episode returns of skipped heartbeats arrive with a later one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import zmq
+
+from srl_jax.config import ExperimentConfig
+from srl_jax.names import FileNameService
+from srl_jax.streams import RejectCounter, make_socket, receive
+from srl_jax.worker import Worker
+
+QUEUE = 2
+
+
+class ReturnsWorker(Worker):
+    """A worker that finishes one episode (its return: a running number) per heartbeat."""
+
+    kind = "actor"
+
+    def __init__(self, config: ExperimentConfig, run_dir: Path) -> None:
+        super().__init__(config, 0, run_dir, FileNameService(run_dir / "names"))
+        self.unsent: list[float] = []
+
+    def stats_arrays(self) -> dict[str, np.ndarray]:
+        arrays = {"episode_return": np.asarray(self.unsent, np.float32)}
+        self.unsent = []
+        return arrays
+
+
+def test_a_controller_that_does_not_read_costs_heartbeats_not_returns(tmp_path: Path) -> None:
+    config = ExperimentConfig()
+    config.runtime.stats_queue = QUEUE
+    controller = make_socket(zmq.Context.instance(), zmq.PULL, hwm=QUEUE)
+    controller.bind("inproc://test-heartbeats")  # inproc: the bound is exactly both HWMs
+    FileNameService(tmp_path / "names").register("controller/stats", "inproc://test-heartbeats")
+    worker = ReturnsWorker(config, tmp_path)
+    try:
+        worker.connect_stats()
+        finished = 0
+        while not worker.unsent or len(worker.unsent) < 10:
+            finished += 1
+            worker.unsent.append(float(finished))
+            worker.heartbeat(force=True)
+            assert finished < 1000, "the stream never filled: it is not bounded"
+        assert len(worker.unsent) == 10, "returns of skipped heartbeats are kept"
+        received, rejects = [], RejectCounter()
+        while (message := receive(controller, frozenset({"stats"}), rejects)) is not None:
+            received.append(message[1])
+        assert len(received) <= 2 * QUEUE + 1, f"{len(received)} heartbeats were queued"
+        worker.heartbeat(force=True)
+        received.append(receive(controller, frozenset({"stats"}), rejects)[1])
+        returns = np.concatenate([m.arrays["episode_return"] for m in received])
+        np.testing.assert_array_equal(returns, np.arange(1, finished + 1, dtype=np.float32))
+        assert rejects.count == 0
+    finally:
+        worker._stats_socket.close(linger=0)
+        controller.close(linger=0)
