@@ -38,7 +38,6 @@ import contextlib
 import json
 import multiprocessing
 import os
-import shutil
 import signal
 import statistics
 import subprocess
@@ -55,7 +54,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sample_factory_peer
 from e2e_fps import REPO_ROOT, raw_env_rates, read_rows, stop_process
-from machine import nproc, write_results
+from machine import nproc, release_workdir, write_results
 
 TARGET_RETURN = 475.0
 POLL_S = 0.5
@@ -385,10 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     finally:
-        if args.keep:
-            print(f"run directories kept in {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
+        release_workdir(workdir, args.keep)
     return 0
 
 

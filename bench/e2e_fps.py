@@ -122,7 +122,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _raise_on_sigterm(signum: int, _frame: FrameType | None) -> None:
+def raise_on_sigterm(signum: int, _frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
 
 
@@ -139,7 +139,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _is_worker_of(pid: int, run_dir: Path) -> bool:
+def is_worker_of(pid: int, run_dir: Path) -> bool:
     """Whether `pid` is still an srl_jax worker of `run_dir` (guards against pid reuse)."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
@@ -155,7 +155,7 @@ def _leftover_workers(run_dir: Path) -> list[int]:
     except (OSError, ValueError):
         return []
     pids = [w.get("pid") for w in status.get("workers", [])]
-    return [p for p in pids if isinstance(p, int) and _alive(p) and _is_worker_of(p, run_dir)]
+    return [p for p in pids if isinstance(p, int) and _alive(p) and is_worker_of(p, run_dir)]
 
 
 def stop_process(process: subprocess.Popen[bytes], run_dir: Path) -> None:
@@ -315,7 +315,7 @@ def print_table(results: list[RunResult]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    signal.signal(signal.SIGTERM, raise_on_sigterm)
     load_at_start = busy_warning()
     workdir = Path(tempfile.mkdtemp(prefix="srl_e2e_fps_"))
     results: list[RunResult] = []

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import time
 from importlib import metadata
 from pathlib import Path
@@ -62,3 +63,11 @@ def write_results(name: str, results: dict[str, Any], directory: Path = RESULTS_
                 "machine": describe(), **results}
     path.write_text(json.dumps(document, indent=2) + "\n")
     return path
+
+
+def release_workdir(workdir: Path, keep: bool) -> None:
+    """Remove a harness's scratch run directories, or say where they were kept."""
+    if keep:
+        print(f"run directories kept in {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)

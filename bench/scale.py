@@ -56,7 +56,6 @@ import json
 import math
 import multiprocessing
 import os
-import shutil
 import signal
 import statistics
 import subprocess
@@ -75,13 +74,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_fps import (
     REPO_ROOT,
     BenchError,
-    _is_worker_of,
-    _raise_on_sigterm,
     busy_warning,
+    is_worker_of,
+    raise_on_sigterm,
     read_rows,
     stop_process,
 )
-from machine import nproc, write_results
+from machine import nproc, release_workdir, write_results
 
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
@@ -605,7 +604,7 @@ def wait_running(run_dir: Path, process: subprocess.Popen[bytes], tail: MetricsT
 
 def _signal_actors(pids: list[int], run_dir: Path, sig: int) -> None:
     for pid in pids:
-        if _is_worker_of(pid, run_dir):  # by pid, and only our own workers
+        if is_worker_of(pid, run_dir):  # by pid, and only our own workers
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
 
@@ -927,7 +926,7 @@ def run_sweep(args: argparse.Namespace, workdir: Path, deadline: float,
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    signal.signal(signal.SIGTERM, raise_on_sigterm)
     began = time.monotonic()
     load_warning = busy_warning()
     load_start = os.getloadavg()[0]
@@ -987,10 +986,7 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     finally:
-        if args.keep:
-            print(f"run directories kept in {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
+        release_workdir(workdir, args.keep)
 
 
 if __name__ == "__main__":

@@ -110,6 +110,13 @@ def all_running(run_dir: Path) -> bool:
     return bool(status) and all(w["state"] == "running" for w in status["workers"])
 
 
+def wait_restarted(run_dir: Path, name: str, victim: int, timeout: float) -> dict:
+    """Wait until worker `name` runs again under a new pid, restarted once; its record."""
+    return wait_for(
+        lambda: (w := worker(read_status(run_dir), name)) and w["restarts"] == 1
+        and w["state"] == "running" and w["pid"] != victim and w, timeout, f"{name} restarted")
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 

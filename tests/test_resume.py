@@ -31,6 +31,7 @@ from tests.conftest import (
     read_metrics,
     read_status,
     wait_for,
+    wait_restarted,
     worker,
 )
 
@@ -180,9 +181,7 @@ def test_killed_learner_recovers_from_the_newest_complete_checkpoint(
         torn = torn_saves(run_dir)
         assert torn and int(torn[0].name.split(".")[0]) > complete, \
             "the kill should leave a torn save newer than the newest complete one"
-    restarted = wait_for(
-        lambda: (w := worker(read_status(run_dir), "learner-0")) and w["restarts"] == 1
-        and w["state"] == "running" and w["pid"] != victim and w, 120, "learner restarted")
+    restarted = wait_restarted(run_dir, "learner-0", victim, 120)
     wait_for(lambda: read_metrics(run_dir)[-1]["learner_steps"] > complete + 5, 120,
              "updates after the restored step")
     assert pid_alive(restarted["pid"])

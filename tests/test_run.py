@@ -19,6 +19,7 @@ from tests.conftest import (
     read_metrics,
     read_status,
     wait_for,
+    wait_restarted,
     worker,
 )
 
@@ -68,9 +69,7 @@ def test_killed_worker_is_restarted_and_the_run_goes_on(processes: Processes, tm
     victim = worker(read_status(run_dir), name)["pid"]
     time.sleep(1.0)
     Processes.kill(victim)
-    restarted = wait_for(
-        lambda: (w := worker(read_status(run_dir), name)) and w["restarts"] == 1
-        and w["state"] == "running" and w["pid"] != victim and w, 60, f"{name} restarted")
+    restarted = wait_restarted(run_dir, name, victim, 60)
     at_restart = read_metrics(run_dir)[-1]
     wait_for(lambda: read_metrics(run_dir)[-1]["env_frames"] > at_restart["env_frames"] + 20000
              and read_metrics(run_dir)[-1]["learner_steps"] > at_restart["learner_steps"],

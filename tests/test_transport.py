@@ -122,7 +122,8 @@ def test_a_run_on_all_interfaces_authenticates_and_refuses_strangers(
     nothing of theirs reaches a worker, while the run trains to its target."""
     process, run_dir = launch(processes, tmp_path, "transport.bind_host=0.0.0.0",
                               "stop.wall_time_s=240")
-    names = FileNameService(run_dir / "names")
+    wait_for(lambda: (run_dir / "config.yaml").exists(), 60, "the run directory")
+    names = FileNameService(run_dir / "names")  # not before: the run directory must be new
     keys = ["controller/stats", "learner/samples/0", "learner/params", "inference/0"]
     endpoints = [names.lookup(key, timeout_s=120) for key in keys]
     outsiders = zmq.Context()
