@@ -1,0 +1,94 @@
+"""Training across hosts: three network namespaces stand in for three machines.
+
+Host 0 runs the Ray head, the controller, the learner and the inference
+server; host 1 a Ray worker node with the actors; host 2 a stranger without
+the run's keys. Custom resources (`host0`, `host1`) place the workers. Every
+port binds a host's own address, so CURVE is on, and the stranger's
+connections are refused and counted.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Processes, read_metrics, read_status, wait_for
+from tests.netns import Host, hosts
+
+pytestmark = pytest.mark.slow
+
+RAY_PORT = 6379
+RAY_ENV = {"RAY_AUTH_MODE": "token"}
+"""Token authentication between Ray nodes; the token file is this machine's."""
+STRANGER = """
+import sys, time, zmq
+context = zmq.Context()
+plain = context.socket(zmq.PUSH)
+plain.connect(sys.argv[1])
+plain.send_multipart([b"not a message"], flags=0)
+time.sleep(3)
+print("stranger done", flush=True)
+"""
+
+
+def ray_node(processes: Processes, host: Host, tmp_path: Path, head: Host) -> None:
+    ray = str(Path(sys.executable).parent / "ray")
+    where = (["--head", "--port", str(RAY_PORT), "--include-dashboard", "false"]
+             if host is head else ["--address", f"{head.address}:{RAY_PORT}"])
+    processes.start(host.command(
+        ray, "start", *where, "--node-ip-address", host.address, "--num-cpus", "4",
+        "--resources", json.dumps({host.namespace: 100}), "--disable-usage-stats", "--block"),
+        log=tmp_path / f"ray-{host.namespace}.log", env=RAY_ENV)
+
+
+def port_open(host: Host, port: int) -> bool:
+    probe = f"import socket; socket.create_connection(('{host.address}', {port}), timeout=1)"
+    return subprocess.run(host.command(sys.executable, "-c", probe),
+                          capture_output=True).returncode == 0
+
+
+def test_training_across_two_hosts_with_curve_refuses_a_stranger(
+        processes: Processes, tmp_path: Path) -> None:
+    with hosts(3) as (learner_host, actor_host, stranger_host):
+        ray_node(processes, learner_host, tmp_path, learner_host)
+        wait_for(lambda: port_open(learner_host, RAY_PORT), 60, "the Ray head")
+        ray_node(processes, actor_host, tmp_path, learner_host)
+        run_dir = tmp_path / "run"
+        args = [sys.executable, "-m", "srl_jax.launch", "cartpole_ppo", "--backend", "ray",
+                "--ray-address", f"{learner_host.address}:{RAY_PORT}", "--run-dir",
+                str(run_dir), "--quiet"]
+        for override in (f"ray.actor={{CPU: 1, {actor_host.namespace}: 1}}",
+                         f"ray.learner={{CPU: 1, {learner_host.namespace}: 1}}",
+                         f"ray.inference={{CPU: 1, {learner_host.namespace}: 1}}",
+                         "stop.wall_time_s=240"):
+            args += ["--set", override]
+        launch = processes.start(learner_host.command(*args), log=tmp_path / "launch.log",
+                                 env=RAY_ENV)
+        wait_for(lambda: (run_dir / "names" / "learner__samples__0").exists(), 180,
+                 "the learner's sample stream")
+        endpoint = (run_dir / "names" / "learner__samples__0").read_text().strip()
+        stranger = subprocess.run(stranger_host.command(sys.executable, "-c", STRANGER, endpoint),
+                                  capture_output=True, text=True, timeout=60)
+        assert "stranger done" in stranger.stdout, stranger.stderr
+        assert launch.wait(timeout=300) == 0, (tmp_path / "launch.log").read_text()
+
+    rows = read_metrics(run_dir)
+    assert max(r.get("episode_return_mean", 0) for r in rows) >= 475
+    assert rows[-1]["system/auth_refused"] >= 1, "the stranger was refused and counted"
+    assert rows[-1]["system/wire_rejected"] == 0, "nothing of the stranger's was read"
+    status = read_status(run_dir)
+    placed = {w["name"]: w["host"] for w in status["workers"]}
+    assert placed == {"learner-0": learner_host.address, "inference-0": learner_host.address,
+                      "actor-0": actor_host.address, "actor-1": actor_host.address}
+    ports = status["ports"] + [p for w in status["workers"] for p in w["ports"]]
+    assert len(ports) == 4
+    for port in ports:
+        assert port["authenticated"] and port["bind"].startswith(learner_host.address), port
+    fps = statistics.median(r["fps"] for r in rows if r["env_frames"] > 0)
+    print(f"across hosts with CURVE: median {fps:,.0f} env frames/s, "
+          f"{rows[-1]['time']:.1f}s to the target")
