@@ -111,8 +111,7 @@ class ActorWorker(Worker):
         for policy in self.policies:
             socket = make_socket(self.zmq, zmq.PUSH, hwm=cfg.send_queue)
             for i in range(self.config.learner.processes):  # chunks are spread over them
-                self.transport.connect(
-                    socket, self.lookup(policy_key(policy, f"learner/samples/{i}")))
+                self.connect_to(socket, policy_key(policy, f"learner/samples/{i}"))
             self.samples.append(socket)
         if cfg.inline_inference:
             from actors.inline_policy import InlinePolicy  # imports JAX
@@ -125,8 +124,7 @@ class ActorWorker(Worker):
                 socket = make_socket(self.zmq, zmq.DEALER, hwm=self.config.inference.request_queue)
                 socket.setsockopt(zmq.IMMEDIATE, 1)
                 for i in range(self.config.inference.count):
-                    self.transport.connect(
-                        socket, self.lookup(policy_key(policy, f"inference/{i}")))
+                    self.connect_to(socket, policy_key(policy, f"inference/{i}"))
                 self.poller.register(socket, zmq.POLLIN)
                 self.inference.append(socket)
         for state in self.splits:

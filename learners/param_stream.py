@@ -66,7 +66,7 @@ def subscribe(worker: Worker, runner: PolicyRunner) -> ParamSubscriber:
     come within FIRST_PARAMS_WAIT_S."""
     socket = make_socket(worker.zmq, zmq.SUB, hwm=worker.config.learner.param_queue)
     socket.setsockopt(zmq.SUBSCRIBE, b"")
-    worker.transport.connect(socket, worker.lookup(policy_key(worker.policy, "learner/params")))
+    worker.connect_to(socket, policy_key(worker.policy, "learner/params"))
     subscriber = ParamSubscriber(socket, runner, worker.rejects)
     subscriber.await_first(FIRST_PARAMS_WAIT_S, worker.keep_alive)
     return subscriber

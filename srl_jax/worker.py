@@ -13,6 +13,7 @@ controller does this for you.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import importlib
 import logging
@@ -70,6 +71,8 @@ class Worker:
         self.transport = Transport.for_process(self.zmq, config.transport.bind_host,
                                                config.transport.advertise_host)
         self._stop = False
+        self._followed: list[list[Any]] = []
+        """[socket, key, endpoint] of each connection that follows its key (`connect_to`)."""
         self._parent = os.getppid()
         self._last_stats = 0.0
         self._stats_socket: zmq.Socket | None = None
@@ -126,6 +129,24 @@ class Worker:
                     raise TimeoutError(f"no endpoint registered under '{key}' after "
                                        f"{LOOKUP_TIMEOUT_S:.0f}s") from None
 
+    def connect_to(self, socket: zmq.Socket, key: str) -> None:
+        """Connect `socket` to the endpoint under `key`, and follow the key: a peer
+        restarted on another port or host registers anew, and `socket` moves with it."""
+        endpoint = self.lookup(key)
+        self.transport.connect(socket, endpoint)
+        self._followed.append([socket, key, endpoint])
+
+    def _follow_endpoints(self) -> None:
+        for entry in self._followed:
+            socket, key, endpoint = entry
+            moved = self.names.get(key)
+            if moved and moved != endpoint:
+                with contextlib.suppress(zmq.ZMQError):
+                    socket.disconnect(endpoint)
+                self.transport.connect(socket, moved)
+                entry[2] = moved
+                self.log.info("'%s' moved from %s to %s; reconnected", key, endpoint, moved)
+
     def keep_alive(self) -> bool:
         """For long waits: heartbeat, and say whether to keep waiting."""
         self.heartbeat()
@@ -144,6 +165,7 @@ class Worker:
         if not force and now - self._last_stats < self.config.runtime.stats_interval_s:
             return
         self._last_stats = now
+        self._follow_endpoints()
         if os.getppid() != self._parent:
             self.log.warning("controller (pid %d) is gone; stopping", self._parent)
             self._stop = True

@@ -42,3 +42,6 @@ def test_two_learner_processes_solve_cartpole(processes: Processes, tmp_path: Pa
     status = json.loads((run_dir / "status.json").read_text())
     learners = [w for w in status["workers"] if w["kind"] == "learner"]
     assert [w["exit_code"] for w in learners] == [0, 0], "both leave cleanly"
+    coordinator = [p for p in learners[0]["ports"] if p["key"] == "learner/coordinator"]
+    assert len(coordinator) == 1 and coordinator[0]["authenticated"] is False, \
+        "status.json lists the jax.distributed port, unauthenticated as it is"

@@ -4,7 +4,8 @@ The faults are real: an environment that raises in the actor's loop (the way a
 buggy or crashing env does), any worker raising from its loop (srl_jax/faults.py),
 and SIGSTOP. Each run must recover and train on (to its stop condition, or for a
 frozen worker until Ctrl-C), or, past the retry budget, end with one line, a
-non-zero exit and a final checkpoint. Kills of every worker kind are in tests/test_run.py and
+non-zero exit and a final checkpoint. A server restarted on a new port is found again
+through the name service. Kills of every worker kind are in tests/test_run.py and
 tests/test_resume.py; a stopped server that comes back in tests/test_status.py.
 """
 
@@ -13,21 +14,25 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 from pathlib import Path
 
 import gymnasium as gym
 import pytest
 
 from srl_jax.faults import FAULTS_ENV
+from srl_jax.names import FileNameService
 from srl_jax.run_dir import checkpoint_steps
 from tests.conftest import (
     REPO,
     Processes,
     all_running,
     launch,
+    pid_alive,
     read_metrics,
     read_status,
     wait_for,
+    wait_restarted,
     worker,
 )
 
@@ -168,3 +173,31 @@ def test_a_worker_that_raises_in_its_loop_is_restarted_and_loses_nothing_saved( 
         assert log.count(": running\n") == 2, "the successor started evaluating"
         assert any("eval_return_mean" in r for r in rows)
     assert rows[-1]["env_frames"] >= 20000 and rows[-1]["system/restarts"] == 1
+
+
+def test_a_server_restarted_on_a_new_port_is_followed_by_its_clients(
+        processes: Processes, tmp_path: Path) -> None:
+    """As when Ray restarts a worker on another node: its endpoint changes, and the
+    actors, which looked it up once, must find it again through the name service."""
+    process, run_dir = launch(processes, tmp_path, "stop.target_return=null",
+                              "stop.wall_time_s=600", "runtime.restart_backoff_s=3",
+                              "actors.inference_timeout_s=1")
+    wait_for(lambda: all_running(run_dir), 90, "all workers running")
+    names = FileNameService(run_dir / "names")
+    old = names.get("inference/0")
+    host, port = old.removeprefix("tcp://").rsplit(":", 1)
+    victim = worker(read_status(run_dir), "inference-0")["pid"]
+    Processes.kill(victim)
+    wait_for(lambda: not pid_alive(victim), 10, "the server gone")
+    with socket.socket() as squatter:  # its port taken while it restarts
+        squatter.bind((host, int(port)))
+        squatter.listen()
+        wait_restarted(run_dir, "inference-0", victim, 60)
+        assert names.get("inference/0") != old, "the successor registered a new port"
+        at_restart = read_metrics(run_dir)[-1]
+        wait_for(lambda: read_metrics(run_dir)[-1]["env_frames"]
+                 > at_restart["env_frames"] + 20000, 60, "actors served by the successor")
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=60) == 130, (tmp_path / "launch.log").read_text()
+    for actor in ("actor-0", "actor-1"):
+        assert "'inference/0' moved from" in (run_dir / "logs" / f"{actor}.log").read_text()
