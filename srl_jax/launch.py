@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from srl_jax.backends import BACKENDS
+from srl_jax.backends import BACKENDS, BackendError
 from srl_jax.config import (
     DEFAULT_POLICY,
     ConfigError,
@@ -37,6 +37,7 @@ from srl_jax.config import (
 from srl_jax.run_dir import checkpoint_steps, latest_resumable_run, trim_metrics
 
 EXIT_CONFIG = 2
+EXIT_FAILED = 1
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RUNS_ROOT = Path("runs")
 FIXED_ON_RESUME = ("env", "network", "learner.algorithm", "learner.normalize_obs")
@@ -152,7 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, filename=run_dir / "logs" / "controller.log",
         format="%(asctime)s controller %(levelname)s %(name)s: %(message)s")
-    backend = make_backend(args.backend, run_dir, config, args.ray_address)
+    try:
+        backend = make_backend(args.backend, run_dir, config, args.ray_address)
+    except BackendError as error:
+        print(f"srl_jax.launch: {error}", file=sys.stderr)
+        return EXIT_FAILED
     bind_host = backend.bind_host() or config.transport.bind_host
     keys = CurveKeys.generate() if curve_wanted(config.transport.curve, bind_host) else None
     progress = ProgressDisplay(sys.stdout, enabled=not args.quiet)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,16 @@ class WorkerHost:
             os.kill(self.process.pid, sig)
 
 
+def check_reachable(address: str, timeout_s: float = 10.0) -> None:
+    """Fail in seconds with one line where nothing listens at `address` (host:port);
+    ray.init would wait minutes."""
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except (OSError, ValueError) as error:
+        raise BackendError(f"no Ray cluster at '{address}': {error}") from None
+
+
 def _placement(resources: dict[str, float]) -> dict[str, Any]:
     """Ray actor options for a resource request ({CPU: 1, GPU: 1, node_a: 1})."""
     custom = {k: v for k, v in resources.items() if k not in ("CPU", "GPU")}
@@ -82,6 +93,7 @@ class RayBackend:
         self._names = FileNameService(self.run_dir / "names")
         address = address or config.ray.address
         if address:
+            check_reachable(address)
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
         else:
             wanted = sum(getattr(config.ray, kind).get("CPU", 0.0)

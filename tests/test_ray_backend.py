@@ -111,3 +111,14 @@ def test_a_worker_ray_cannot_place_fails_the_run_with_one_line(
     assert last.startswith("failed: Ray placed no learner-0 in 5s: no node has "
                            "{'CPU': 1.0, 'GPU': 1.0} free (ray.learner)"), last
     assert read_status(run_dir)["state"] == "failed"
+
+
+def test_a_cluster_address_where_nothing_listens_is_one_line(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "srl_jax.launch", "cartpole_ppo", "--run-dir",
+         str(tmp_path / "run"), *RAY, "--ray-address", "127.0.0.1:1"],
+        capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert lines == ["srl_jax.launch: no Ray cluster at '127.0.0.1:1': "
+                     "[Errno 111] Connection refused"], result.stderr
