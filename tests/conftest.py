@@ -122,9 +122,13 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 def launch(processes: Processes, tmp_path: Path, *overrides: str,
-           experiment: str = "cartpole_ppo", env: dict[str, str] | None = None) -> tuple:
+           experiment: str = "cartpole_ppo", env: dict[str, str] | None = None,
+           options: tuple[str, ...] = ()) -> tuple:
+    """Start the launcher on `experiment` with `options` (e.g. --backend ray) and
+    `--set` overrides; (its process, the run directory)."""
     run_dir = tmp_path / "run"
-    args = [sys.executable, "-m", "srl_jax.launch", experiment, "--run-dir", str(run_dir)]
+    args = [sys.executable, "-m", "srl_jax.launch", experiment, "--run-dir", str(run_dir),
+            *options]
     for override in overrides:
         args += ["--set", override]
     process = processes.start(args, log=tmp_path / "launch.log", env=env)

@@ -18,6 +18,7 @@ import pytest
 from tests.conftest import (
     Processes,
     all_running,
+    launch,
     pid_alive,
     read_metrics,
     read_status,
@@ -48,13 +49,8 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
-def launch_ray(processes: Processes, tmp_path: Path, *overrides: str):
-    run_dir = tmp_path / "run"
-    args = [sys.executable, "-m", "srl_jax.launch", "cartpole_ppo", "--run-dir", str(run_dir),
-            *RAY]
-    for override in overrides:
-        args += ["--set", override]
-    return processes.start(args, log=tmp_path / "launch.log"), run_dir
+def launch_ray(processes: Processes, tmp_path: Path, *overrides: str) -> tuple:
+    return launch(processes, tmp_path, *overrides, options=RAY)
 
 
 def test_ray_solves_cartpole_like_the_local_backend_and_leaves_nothing(
