@@ -59,8 +59,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         metavar="KEY=VALUE", help="override a config value, e.g. actors.count=4")
     parser.add_argument("--run-dir", type=Path, help="run directory "
                         "(default: runs/<experiment>/<timestamp>)")
-    parser.add_argument("--backend", default="local", choices=BACKENDS,
-                        help="launch backend (default: local)")
+    parser.add_argument("--backend", default="local",
+                        help=f"launch backend: {', '.join(BACKENDS)} (default: local)")
     parser.add_argument("--ray-address", help="with --backend ray: the cluster to join "
                         "(default: ray.address, else a local Ray instance)")
     parser.add_argument("--resume", action="store_true", help="continue an earlier run")
@@ -114,6 +114,8 @@ def prepare_run(args: argparse.Namespace) -> tuple:
     """
     from actors.envs import check_policies
 
+    if args.backend not in BACKENDS:
+        raise ConfigError(f"'--backend': unknown '{args.backend}' ({', '.join(BACKENDS)})")
     if args.backend == "ray" and importlib.util.find_spec("ray") is None:
         raise ConfigError("'--backend ray' needs Ray: pip install 'srl-jax[ray]'")
     if args.ray_address and args.backend != "ray":

@@ -98,7 +98,8 @@ class RayBackend:
         else:
             wanted = sum(getattr(config.ray, kind).get("CPU", 0.0)
                          for kind, _, _ in worker_plan(config))
-            ray.init(num_cpus=max(os.cpu_count() or 1, int(wanted + 0.999)),
+            ray.init(address="local",  # a new instance, never one already on this machine
+                     num_cpus=max(os.cpu_count() or 1, int(wanted + 0.999)),
                      include_dashboard=False, log_to_driver=False,
                      logging_level=logging.WARNING)
         self.node = ray.util.get_node_ip_address()

@@ -65,7 +65,8 @@ def test_validation_names_the_key(override: str, key: str) -> None:
     (["cartpole_ppo", "--set", "actors.count=-1"], "'actors.count' must be at least 1"),
     (["cartpole_ppo", "--set", "env.id=FrozenLake-v1"], "Discrete observation space"),
     (["no_such_experiment"], "unknown experiment 'no_such_experiment'"),
-    (["cartpole_ppo", "--backend", "ray"], "'--backend'"),
+    (["cartpole_ppo", "--backend", "slurm"], "'--backend': unknown 'slurm' (local, ray)"),
+    (["cartpole_ppo", "--ray-address", "h:1"], "'--ray-address' needs '--backend ray'"),
     (["cartpole_ppo", "--set", "network.kind=nature_cnn"],
      "'network.kind': 'nature_cnn' needs image observations [H, W, C] and discrete actions; "
      "'CartPole-v1' has observations [4]"),
