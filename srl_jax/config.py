@@ -367,9 +367,9 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"'{key}' must be a mapping, got {value!r}")
         value_type = typing.get_args(tp)[1]
-        if value_type is Any:
-            return dict(value)
-        return {k: _convert(v, value_type, f"{key}.{k}") for k, v in value.items()}
+        if value_type in (bool, int, float, str):  # structured values: their section checks
+            return {k: _convert(v, value_type, f"{key}.{k}") for k, v in value.items()}
+        return dict(value)
     if tp is bool:
         if isinstance(value, bool):
             return value

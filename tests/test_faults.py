@@ -123,8 +123,8 @@ def test_a_frozen_worker_is_killed_at_the_heartbeat_timeout_and_replaced(
     process, run_dir = launch(processes, tmp_path, *SMALL, "stop.wall_time_s=600",
                               "runtime.heartbeat_timeout_s=8", "actors.inference_timeout_s=1",
                               "checkpoint.every_updates=5")
-    wait_for(lambda: all_running(run_dir) and read_metrics(run_dir)[-1]["learner_steps"] > 5,
-             90, "a run past its first checkpoint")
+    wait_for(lambda: all_running(run_dir) and read_metrics(run_dir)[-1]["learner_steps"] > 5
+             and checkpoint_steps(run_dir), 90, "a run past its first checkpoint")
     frozen = worker(read_status(run_dir), name)["pid"]
     os.kill(frozen, signal.SIGSTOP)
     frozen_at = read_metrics(run_dir)[-1]

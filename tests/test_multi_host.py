@@ -13,6 +13,7 @@ import json
 import statistics
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -52,8 +53,21 @@ def port_open(host: Host, port: int) -> bool:
                           capture_output=True).returncode == 0
 
 
+@pytest.fixture
+def ray_pointer() -> Iterator[None]:
+    """`ray start --head` points /tmp/ray/ray_current_cluster at its head, where later
+    `ray.init()` calls on this machine would look; put back what was there."""
+    pointer = Path("/tmp/ray/ray_current_cluster")
+    before = pointer.read_text() if pointer.exists() else None
+    yield
+    if before is None:
+        pointer.unlink(missing_ok=True)
+    else:
+        pointer.write_text(before)
+
+
 def test_training_across_two_hosts_with_curve_refuses_a_stranger(
-        processes: Processes, tmp_path: Path) -> None:
+        processes: Processes, tmp_path: Path, ray_pointer: None) -> None:
     with hosts(3) as (learner_host, actor_host, stranger_host):
         ray_node(processes, learner_host, tmp_path, learner_host)
         wait_for(lambda: port_open(learner_host, RAY_PORT), 60, "the Ray head")
