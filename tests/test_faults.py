@@ -145,17 +145,14 @@ def test_a_frozen_worker_is_killed_at_the_heartbeat_timeout_and_replaced(
         assert "restored checkpoint step" in (run_dir / "logs" / "learner-0.log").read_text()
 
 
-@pytest.mark.parametrize("name", ["inference-0", "learner-0", "evaluator-0"])  # an actor:
-def test_a_worker_that_raises_in_its_loop_is_restarted_and_loses_nothing_saved(  # its env
+@pytest.mark.parametrize("name", ["inference-0", "learner-0"])  # an actor: its env raises
+def test_a_worker_that_raises_in_its_loop_is_restarted_and_loses_nothing_saved(
         processes: Processes, tmp_path: Path, name: str) -> None:
     faults = tmp_path / "faults"
     faults.mkdir()
     (faults / name).write_text("4")
-    evaluating = ["evaluation.every_updates=5", "evaluation.episodes=2"] \
-        if name == "evaluator-0" else []
     process, run_dir = launch(processes, tmp_path, *SMALL, "stop.env_frames=20000",
-                              "checkpoint.every_updates=5", *evaluating,
-                              env={FAULTS_ENV: str(faults)})
+                              "checkpoint.every_updates=5", env={FAULTS_ENV: str(faults)})
     assert process.wait(timeout=120) == 0, (tmp_path / "launch.log").read_text()
     assert not (faults / name).exists(), "the fault fired"
     final = read_status(run_dir)
@@ -168,11 +165,34 @@ def test_a_worker_that_raises_in_its_loop_is_restarted_and_loses_nothing_saved( 
         restored = int(re.search(r"restored checkpoint step (\d+)", log).group(1))
         assert restored >= 5, "the successor went on from the checkpoint, not from scratch"
     rows = read_metrics(run_dir)
-    if name == "evaluator-0":
-        log = (run_dir / "logs" / "evaluator-0.log").read_text()
-        assert log.count(": running\n") == 2, "the successor started evaluating"
-        assert any("eval_return_mean" in r for r in rows)
     assert rows[-1]["env_frames"] >= 20000 and rows[-1]["system/restarts"] == 1
+
+
+def test_an_evaluator_that_raises_is_restarted_and_evaluates_again(
+        processes: Processes, tmp_path: Path) -> None:
+    """No frame limit: training does not wait for the evaluator, so a limit could end
+    the run before the successor evaluates."""
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    (faults / "evaluator-0").write_text("4")
+    process, run_dir = launch(processes, tmp_path, *SMALL, "stop.wall_time_s=600",
+                              "evaluation.every_updates=5", "evaluation.episodes=2",
+                              env={FAULTS_ENV: str(faults)})
+    log = run_dir / "logs" / "evaluator-0.log"
+    restarted = wait_for(lambda: (w := worker(read_status(run_dir), "evaluator-0"))
+                         and w["restarts"] == 1 and w["state"] == "running" and w, 120,
+                         "the evaluator restarted")
+    assert "srl_jax.faults.InjectedFault: injected by" in log.read_text()
+    evaluated = len([r for r in read_metrics(run_dir) if "eval_return_mean" in r])
+    wait_for(lambda: len([r for r in read_metrics(run_dir) if "eval_return_mean" in r])
+             > evaluated, 120, "an evaluation by the successor")
+    assert pid_alive(restarted["pid"])
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=60) == 130, (tmp_path / "launch.log").read_text()
+    assert log.read_text().count(": running\n") == 2, "both evaluators ran"
+    status = read_status(run_dir)
+    assert {w["name"]: w["restarts"] for w in status["workers"] if w["restarts"]} == \
+        {"evaluator-0": 1}
 
 
 def test_a_server_restarted_on_a_new_port_is_followed_by_its_clients(
