@@ -26,9 +26,11 @@ import math
 import shlex
 import subprocess
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from srl_jax.backends import worker_plan
 from srl_jax.config import ConfigError, ExperimentConfig, load_config, resolve_experiment_path
 from srl_jax.launch import EXIT_CONFIG, config_dirs
 
@@ -56,8 +58,8 @@ class Roles:
 
 
 def plan_roles(config: ExperimentConfig, inference_hosts: int, actor_hosts: int) -> Roles:
-    servers = 0 if config.actors.inline_inference else config.inference.count
-    actors = config.actors.count + (1 if config.evaluation.every_updates else 0)
+    kinds = Counter(kind for kind, _, _ in worker_plan(config))
+    servers, actors = kinds["inference"], kinds["actor"] + kinds["evaluator"]
     return Roles(config.learner.processes, inference_hosts, actor_hosts,
                  math.ceil(servers / max(inference_hosts or config.learner.processes, 1)),
                  math.ceil(actors / actor_hosts))

@@ -20,6 +20,7 @@ leaves it running.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import socket
@@ -99,7 +100,7 @@ class RayBackend:
             wanted = sum(getattr(config.ray, kind).get("CPU", 0.0)
                          for kind, _, _ in worker_plan(config))
             ray.init(address="local",  # a new instance, never one already on this machine
-                     num_cpus=max(os.cpu_count() or 1, int(wanted + 0.999)),
+                     num_cpus=max(os.cpu_count() or 1, math.ceil(wanted)),
                      include_dashboard=False, log_to_driver=False,
                      logging_level=logging.WARNING)
         self.node = ray.util.get_node_ip_address()
