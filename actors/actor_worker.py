@@ -24,7 +24,7 @@ from actors.env_ring import ChunkBuilder, EnvSplit, OnePolicy, RingStep
 from actors.envpool_split import EnvPoolSplit
 from actors.envs import EnvSpec, env_seed, env_spec, make_env, policy_names
 from actors.multi_agent import MultiAgentSplit
-from srl_jax.config import DEFAULT_POLICY, ExperimentConfig, is_pettingzoo
+from srl_jax.config import DEFAULT_POLICY, EnvConfig, ExperimentConfig, is_pettingzoo
 from srl_jax.metrics import POLICY_RETURN
 from srl_jax.names import NameService, policy_key
 from srl_jax.streams import make_socket, receive, send
@@ -38,6 +38,16 @@ POLL_MS = 100
 SEND_WAIT_LOG_S = 5.0
 MAX_SENT_RETURNS = 256
 """Episode returns a chunk carries to the learner (which ranks checkpoints by them)."""
+
+
+def make_split(env: EnvConfig, count: int, seeds: list[int]) -> OnePolicy | MultiAgentSplit:
+    """`count` environments of `env` that step together, seeded with `seeds`: the
+    split an actor's ring holds (also what bench/configs.py plays at random)."""
+    if is_pettingzoo(env.id):
+        return MultiAgentSplit(env, count, seeds)
+    if env.backend == "envpool":  # one C++ batch (seeds seeds[0] + i)
+        return OnePolicy(EnvPoolSplit(env, count, seeds[0]))
+    return OnePolicy(EnvSplit([make_env(env) for _ in seeds], seeds))
 
 
 class _Part:
@@ -105,7 +115,7 @@ class ActorWorker(Worker):
         for s in range(cfg.splits):
             seeds = [env_seed(self.config.seed, self.index, k)
                      for k in range(s * per_split, (s + 1) * per_split)]
-            self.splits.append(_SplitState(s, self._make_split(per_split, seeds),
+            self.splits.append(_SplitState(s, make_split(env, per_split, seeds),
                                            cfg.trajectory_length, self.specs))
         self.samples = []
         for policy in self.policies:
@@ -130,14 +140,6 @@ class ActorWorker(Worker):
         for state in self.splits:
             for p in range(len(self.policies)):
                 self._request(state, p)
-
-    def _make_split(self, count: int, seeds: list[int]) -> OnePolicy | MultiAgentSplit:
-        env = self.config.env
-        if self.multi_agent:
-            return MultiAgentSplit(env, count, seeds)
-        if env.backend == "envpool":  # one C++ batch (seeds seeds[0] + i)
-            return OnePolicy(EnvPoolSplit(env, count, seeds[0]))
-        return OnePolicy(EnvSplit([make_env(env) for _ in seeds], seeds))
 
     def _request(self, state: _SplitState, p: int, final_obs: np.ndarray | None = None) -> None:
         part = state.parts[p]

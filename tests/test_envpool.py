@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from actors.actor_worker import make_split
 from actors.env_ring import ChunkBuilder
 from actors.envpool_split import EnvPoolSplit, check_envpool, envpool_task
 from actors.envs import env_spec
@@ -93,6 +94,44 @@ def test_spaces_that_differ_from_the_gymnasium_env_are_refused() -> None:
                                           r"float32\[4\] with 2 actions, where the gymnasium "
                                           r"env has float32\[5\] with 2"):
         check_envpool(config, wrong)
+
+
+def _chunks(config: EnvConfig, steps: int, length: int) -> list[dict[str, np.ndarray]]:
+    """The chunks an actor's ring builds from a split of `config` under random actions."""
+    spec = env_spec(config)
+    split = make_split(config, N, [11 + k for k in range(N)])
+    builder = ChunkBuilder(length, split.obs[0], spec.action_shape, spec.action_dtype)
+    rng = np.random.default_rng(0)
+    chunks, trunc_values = [], np.empty(0, np.float32)
+    for _ in range(steps):
+        if spec.continuous:
+            action = rng.uniform(-1, 1, (N, spec.action_dim)).astype(np.float32)
+        else:
+            action = rng.integers(spec.action_dim, size=N).astype(np.int32)
+        finished = builder.on_policy(action, np.zeros(N, np.float32), np.zeros(N, np.float32),
+                                     0, trunc_values)
+        chunks += [dict(finished)] if finished is not None else []
+        step = split.step([list(action)])
+        builder.on_step(step.results[0])
+        trunc_values = np.zeros(len(step.results[0].truncated_envs), np.float32)
+    split.close()
+    return chunks
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "ALE/Pong-v5", "HalfCheetah-v5"])
+def test_envpool_and_gymnasium_rings_build_identical_chunks(env_id: str) -> None:
+    gymnasium = _chunks(EnvConfig(id=env_id), steps=24, length=10)
+    envpool = _chunks(EnvConfig(id=env_id, backend="envpool"), steps=24, length=10)
+    assert len(gymnasium) == len(envpool) == 2
+    for ours, theirs in zip(gymnasium, envpool, strict=True):
+        assert {k: (v.shape, v.dtype) for k, v in ours.items()} == \
+               {k: (v.shape, v.dtype) for k, v in theirs.items()}
+    if env_id.startswith("ALE/"):  # uint8 [T+1, n, 84, 84, 4], newest frame last in both
+        for chunks in (gymnasium, envpool):
+            obs = chunks[0]["obs"]
+            assert obs.shape == (11, N, 84, 84, 4) and obs.dtype == np.uint8
+            assert np.array_equal(obs[1:, ..., :3], obs[:-1, ..., 1:])
+            assert obs[-1, ..., 3].any()
 
 
 @pytest.mark.slow

@@ -1,0 +1,256 @@
+"""What each shipped config reaches, in what time, on this machine: the README's
+"Experiments" table.
+
+For every config in ``configs/`` (or those named) it
+
+1. runs ``python -m srl_jax.launch <config>`` as shipped ``--runs`` times, each
+   in a fresh run directory; a config with no wall-time limit, or one longer
+   than ``--max-minutes``, gets ``stop.wall_time_s`` = ``--max-minutes`` (the
+   Atari configs train for 50M frames, far past what a CPU does in minutes);
+2. reads each run's ``metrics.jsonl`` (``srl_jax.analysis``): the first return
+   (mean of the first 3 rows with one), the final return (mean of the last 10),
+   the best row, the time and frames at the end and to the config's
+   ``stop.target_return``, and why the run stopped;
+3. plays the same environment with uniform random actions through the split an
+   actor steps (``actors.actor_worker.make_split``), so episodes are counted as
+   in training: whole Atari games with their raw score, the team return of a
+   multi-agent env. That is the floor a config must rise above.
+
+Results merge into ``bench/results/configs.json`` one config at a time (each
+entry with its own date and machine), so configs can be measured separately;
+``bench/report.py`` writes the README table from that file. Run it alone on the
+machine: the figures are wall-clock times.
+
+    .venv/bin/python bench/configs.py                                   # all configs
+    .venv/bin/python bench/configs.py cartpole_ppo pendulum_ppo --runs 3
+    .venv/bin/python bench/configs.py atari_pong_impala --max-minutes 15
+
+Every process this script starts is stopped by its pid on Ctrl-C or error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from e2e_fps import REPO_ROOT, STOP_GRACE_S, BenchError, raise_on_sigterm, stop_process
+from machine import RESULTS_DIR, describe, release_workdir, write_results
+
+sys.path.insert(0, str(REPO_ROOT))
+import gymnasium as gym
+
+from actors.actor_worker import make_split
+from actors.atari import is_atari
+from actors.envs import EnvSpec, env_seed, env_spec, policy_names
+from srl_jax.analysis import RETURN, load_run, summarize
+from srl_jax.config import EnvConfig, ExperimentConfig, is_pettingzoo, load_config
+
+CONFIGS_DIR = REPO_ROOT / "configs"
+RESULTS_NAME = "configs"
+FIRST_ROWS = 3
+LAST_ROWS = 10
+RANDOM_ENVS = 8
+START_MARGIN_S = 300.0
+"""Allowed on top of a run's wall-time limit (start-up, final save, shutdown)."""
+
+
+# ----------------------------------------------------------------- training
+
+
+def shipped(name: str) -> ExperimentConfig:
+    return load_config(CONFIGS_DIR / f"{name}.yaml")
+
+
+def run_config(name: str, max_s: float, run_dir: Path) -> tuple[int, list[str]]:
+    """One run of config `name` as shipped, capped at `max_s`; (exit code, overrides)."""
+    stop = shipped(name).stop
+    overrides = []
+    if not stop.wall_time_s or stop.wall_time_s > max_s:
+        overrides = [f"stop.wall_time_s={max_s:g}"]
+    command = [sys.executable, "-m", "srl_jax.launch", name, "--run-dir", str(run_dir), "--quiet"]
+    for override in overrides:
+        command += ["--set", override]
+    limit = min(stop.wall_time_s or max_s, max_s) + START_MARGIN_S + STOP_GRACE_S
+    with (run_dir.parent / f"{run_dir.name}.log").open("wb") as log:
+        process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            return process.wait(timeout=limit), overrides
+        except subprocess.TimeoutExpired:
+            raise BenchError(f"{name}: did not finish within {limit:.0f}s") from None
+        finally:
+            stop_process(process, run_dir)
+
+
+def _number(value: Any) -> float | None:
+    missing = value is None or (isinstance(value, float) and math.isnan(value))
+    return None if missing else float(value)
+
+
+def run_figures(run_dir: Path) -> dict[str, Any]:
+    """The figures of one finished run (see the module docstring)."""
+    df = load_run(run_dir).sort_values("time", kind="stable")
+    returns = df[RETURN].dropna()
+    if returns.empty:
+        raise BenchError(f"{run_dir}: no episode returns were recorded")
+    summary = summarize(df, last=LAST_ROWS)
+    return {
+        "first_return": float(returns.head(FIRST_ROWS).mean()),
+        "final_return": summary["final"],
+        "max_return": summary["max"],
+        "time_s": summary["time"],
+        "env_frames": int(summary["env_frames"]),
+        "learner_steps": int(summary["learner_steps"]),
+        "fps_median": _number(summary["fps_median"]),
+        "target": _number(summary["target"]),
+        "time_to_target_s": _number(summary["time_to_target"]),
+        "frames_to_target": _number(summary["frames_to_target"]),
+        "stop_reason": summary["stop_reason"],
+        "restarts": summary["restarts"],
+    }
+
+
+def describe_config(config: ExperimentConfig) -> dict[str, str]:
+    """What a config trains and which extras it needs (bench/report.py puts it in the README)."""
+    env, learner = config.env, config.learner
+    what = f"{learner.algorithm.upper()}, {env.id.removeprefix('pettingzoo:')}"
+    if config.network.kind != "mlp":
+        what += f", {config.network.kind}"
+    extras = []
+    if is_atari(env.id):
+        extras.append("atari")
+    elif is_pettingzoo(env.id):
+        extras.append("multiagent")
+        specs = [env_spec(env, policy) for policy in policy_names(env)]
+        what += (f", {sum(spec.agents for spec in specs)} agents, {len(specs)} "
+                 f"polic{'y' if len(specs) == 1 else 'ies'}")
+    elif "mujoco" in str(gym.spec(env.id).entry_point):
+        extras.append("mujoco")
+    if env.backend == "envpool":
+        extras.append("envpool")
+    return {"what": what, "needs": ", ".join(f"[{e}]" for e in extras)}
+
+
+# ------------------------------------------------------------------- random
+
+
+def random_actions(spec: EnvSpec, rows: int, rng: np.random.Generator) -> list:
+    """One uniformly random action per row, in the form a split's `step` takes."""
+    if not spec.continuous:
+        return rng.integers(spec.action_dim, size=rows).tolist()
+    low, high = np.asarray(spec.action_low), np.asarray(spec.action_high)
+    return list(rng.uniform(low, high, size=(rows, spec.action_dim)).astype(np.float32))
+
+
+def random_returns(env: EnvConfig, episodes: int, max_s: float, seed: int = 0) -> list[float]:
+    """Returns of `episodes` episodes (fewer if `max_s` runs out) with random actions."""
+    specs = [env_spec(env, policy) for policy in policy_names(env)]
+    split = make_split(env, RANDOM_ENVS, [env_seed(seed, 0, k) for k in range(RANDOM_ENVS)])
+    rng = np.random.default_rng(seed)
+    returns: list[float] = []
+    deadline = time.monotonic() + max_s
+    try:
+        while len(returns) < episodes and time.monotonic() < deadline:
+            actions = [random_actions(spec, len(obs), rng)
+                       for spec, obs in zip(specs, split.obs, strict=True)]
+            returns += split.step(actions).episode_returns
+    finally:
+        split.close()
+    return returns[:episodes]
+
+
+# --------------------------------------------------------------------- main
+
+
+def measure(name: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """Train config `name` `args.runs` times and play it at random: its results entry."""
+    runs = []
+    overrides: list[str] = []
+    for index in range(args.runs):
+        run_dir = workdir / f"{name}-{index}"
+        started = time.monotonic()
+        code, overrides = run_config(name, args.max_minutes * 60, run_dir)
+        if code != 0:
+            raise BenchError(f"{name}: the run exited with {code} (log: {run_dir}.log)")
+        figures = run_figures(run_dir)
+        runs.append(figures)
+        print(f"{name} run {index}: return {figures['first_return']:.1f} -> "
+              f"{figures['final_return']:.1f} (best {figures['max_return']:.1f}) in "
+              f"{figures['time_s']:.0f}s, {figures['env_frames']:,} frames "
+              f"({figures['stop_reason']}; {time.monotonic() - started:.0f}s with start-up)",
+              flush=True)
+    returns = random_returns(shipped(name).env, args.random_episodes, args.random_seconds)
+    print(f"{name} random policy: {statistics.fmean(returns):.1f} over {len(returns)} episodes",
+          flush=True)
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "machine": describe(),
+        "overrides": overrides,
+        "runs": runs,
+        "random_return_mean": statistics.fmean(returns),
+        "random_episodes": len(returns),
+    }
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="bench/configs.py",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("configs", nargs="*", metavar="CONFIG",
+                        help="config names (default: every file in configs/)")
+    parser.add_argument("--runs", type=int, default=1, help="runs per config (default: 1)")
+    parser.add_argument("--max-minutes", type=float, default=15.0,
+                        help="wall-time cap of a run (default: 15)")
+    parser.add_argument("--random-episodes", type=int, default=20,
+                        help="episodes of the random policy (default: 20)")
+    parser.add_argument("--random-seconds", type=float, default=120.0,
+                        help="time cap of the random policy's episodes (default: 120)")
+    parser.add_argument("--keep", action="store_true", help="keep the run directories")
+    args = parser.parse_args(argv)
+    known = sorted(path.stem for path in CONFIGS_DIR.glob("*.yaml"))
+    args.configs = args.configs or known
+    for name in args.configs:
+        if name not in known:
+            parser.error(f"unknown config {name!r}; known: {', '.join(known)}")
+    if args.runs < 1 or args.max_minutes <= 0 or args.random_episodes < 1:
+        parser.error("--runs, --max-minutes and --random-episodes must be positive")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, raise_on_sigterm)
+    path = RESULTS_DIR / f"{RESULTS_NAME}.json"
+    entries = json.loads(path.read_text())["configs"] if path.exists() else {}
+    workdir = Path(tempfile.mkdtemp(prefix="srl_configs_"))
+    failed = False
+    try:
+        for name in args.configs:
+            try:
+                entries[name] = measure(name, args, workdir)
+            except BenchError as error:
+                print(f"{name}: {error}", flush=True)
+                failed = True
+                continue
+            path = write_results(RESULTS_NAME, {"configs": dict(sorted(entries.items()))})
+        print(f"results: {path}")
+        return 1 if failed else 0
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        release_workdir(workdir, args.keep)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
