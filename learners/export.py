@@ -6,28 +6,32 @@
 The policy is rebuilt from the config saved in the checkpoint and takes the
 checkpoint's parameters (with their observation statistics). It acts on one
 observation or a batch, deterministically (the most likely action) by default.
+A multi-agent run's policies load together with `load_team`, and
+`play_team_episode` plays them in their environment.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 
-from actors.envs import EnvSpec, env_spec
+from actors.envs import EnvSpec, env_spec, policy_names
+from actors.multi_agent import MultiAgentSplit
 from learners.algorithms import algorithm
 from learners.networks import Policy, init_policy_params, make_policy
 from learners.train_state import init_train_state
 from srl_jax.checkpoint import Checkpointer, restore_params
-from srl_jax.config import DEFAULT_POLICY, ExperimentConfig, config_from_dict
+from srl_jax.config import DEFAULT_POLICY, EnvConfig, ExperimentConfig, config_from_dict
 from srl_jax.run_dir import (
     checkpoint_meta,
     checkpoint_root,
     checkpoint_steps,
     evaluated_root,
+    read_run_config,
     step_meta,
     steps_in,
 )
@@ -85,6 +89,41 @@ def play_episode(policy: TrainedPolicy, env: Any, seed: int | None, deterministi
     return total, length
 
 
+def play_team_episode(policies: Sequence[TrainedPolicy], env: EnvConfig, seed: int,
+                      deterministic: bool = True, frames: list[np.ndarray] | None = None,
+                      on_step: Callable[[], bool] | None = None) -> tuple[float, int]:
+    """One episode of a multi-agent environment, each of `policies` (in `policy_names`
+    order) acting for its agents: (team return, length in env steps), the team
+    return summed over all agents as training reports it. Appends rendered frames to
+    `frames` if given (`env` must then render, e.g. kwargs render_mode='rgb_array')."""
+    split = MultiAgentSplit(env, 1, [seed])
+    total, length = 0.0, 0
+    try:
+        while True:
+            if frames is not None:
+                frames.append(split.envs[0].render())
+            actions = [policy.act_batch(obs, deterministic)
+                       for policy, obs in zip(policies, split.obs, strict=True)]
+            step = split.step([list(a) if p.spec.continuous else a.tolist()
+                               for p, a in zip(policies, actions, strict=True)])
+            total += sum(float(result.rewards.sum()) for result in step.results)
+            length += 1
+            if step.episode_returns or (on_step is not None and not on_step()):
+                return total, length
+    finally:
+        split.close()
+
+
+def load_team(run_dir: str | Path, step: int | None = None, best: bool = False,
+              seed: int = 0) -> dict[str, TrainedPolicy]:
+    """Every policy of a run by name, in `policy_names` order (`default` alone for a
+    single-agent run); the arguments mean what they do for `load_policy`."""
+    run_dir = Path(run_dir)
+    names = policy_names(read_run_config(run_dir).env) if (run_dir / "config.yaml").is_file() \
+        else [DEFAULT_POLICY]  # not a run directory: load_policy says what is missing
+    return {name: load_policy(run_dir, step, best, seed, policy=name) for name in names}
+
+
 def load_policy(run_dir: str | Path, step: int | None = None, best: bool = False,
                 seed: int = 0, policy: str = DEFAULT_POLICY) -> TrainedPolicy:
     """The policy of a run's newest checkpoint, or of `step`, or the best one.
@@ -95,8 +134,8 @@ def load_policy(run_dir: str | Path, step: int | None = None, best: bool = False
     FileNotFoundError names the directory when there is nothing to load.
     """
     run_dir = Path(run_dir)
-    if best and policy == DEFAULT_POLICY and (evaluated := steps_in(evaluated_root(run_dir))):
-        return _load_evaluated(run_dir, evaluated[-1], seed)
+    if best and (evaluated := steps_in(evaluated_root(run_dir, policy))):
+        return _load_evaluated(run_dir, evaluated[-1], seed, policy)
     steps = checkpoint_steps(run_dir, best, policy)
     if not steps:
         what = "best checkpoint" if best else "complete checkpoint"
@@ -125,8 +164,9 @@ def _rebuild(meta: dict[str, Any], policy: str = DEFAULT_POLICY) -> tuple:
     return (config, spec, *make_policy(config, spec))
 
 
-def _load_evaluated(run_dir: Path, step: int, seed: int) -> TrainedPolicy:
-    config, spec, policy, network = _rebuild(step_meta(evaluated_root(run_dir), step))
+def _load_evaluated(run_dir: Path, step: int, seed: int, name: str) -> TrainedPolicy:
+    root = evaluated_root(run_dir, name)
+    config, spec, policy, network = _rebuild(step_meta(root, step), name)
     like = init_policy_params(network, spec.obs_shape, config.seed)
-    restored = restore_params(evaluated_root(run_dir), step, like)
+    restored = restore_params(root, step, like)
     return TrainedPolicy(config, spec, policy, restored.state, step, seed)

@@ -61,12 +61,13 @@ class ParamSubscriber:
                 self.poll()
 
 
-def subscribe(worker: Worker, runner: PolicyRunner) -> ParamSubscriber:
-    """Connect `worker` to the learner's parameters and take the current ones if they
-    come within FIRST_PARAMS_WAIT_S."""
+def subscribe(worker: Worker, runner: PolicyRunner, policy: str | None = None
+              ) -> ParamSubscriber:
+    """Connect `worker` to the parameters of `policy`'s learner (default: the worker's
+    policy) and take the current ones if they come within FIRST_PARAMS_WAIT_S."""
     socket = make_socket(worker.zmq, zmq.SUB, hwm=worker.config.learner.param_queue)
     socket.setsockopt(zmq.SUBSCRIBE, b"")
-    worker.connect_to(socket, policy_key(worker.policy, "learner/params"))
+    worker.connect_to(socket, policy_key(policy or worker.policy, "learner/params"))
     subscriber = ParamSubscriber(socket, runner, worker.rejects)
     subscriber.await_first(FIRST_PARAMS_WAIT_S, worker.keep_alive)
     return subscriber

@@ -496,8 +496,6 @@ def _validate_multi_agent(config: ExperimentConfig) -> None:
              "'env.backend': PettingZoo environments step with 'gymnasium'")
     _require(not config.actors.inline_inference,
              "'actors.inline_inference' is for single-agent environments")
-    _require(config.evaluation.every_updates == 0,
-             "'evaluation.every_updates': the evaluator plays single-agent environments only")
 
 
 def validate(config: ExperimentConfig) -> None:

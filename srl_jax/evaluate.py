@@ -2,21 +2,28 @@
 
 Loads the newest checkpoint of a run directory (or `--step`, or `--best`),
 plays N episodes with the most likely action (or sampled ones with
-`--stochastic`) and prints the mean return. With `--video` it also writes an
-MP4 of the first episode, for environments that render rgb_array frames.
+`--stochastic`) and prints the mean return. A multi-agent run's policies play
+together, and the return is the team's. With `--video` it also writes an MP4
+of the first episode, for environments that render rgb_array frames.
 Exit code 2 with one line when there is nothing to evaluate.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
+import dataclasses
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from srl_jax.config import is_pettingzoo
-from srl_jax.worker import read_run_config
+
+if TYPE_CHECKING:
+    from learners.export import TrainedPolicy
 
 EXIT_USAGE = 2
 VIDEO_FPS = 30
@@ -49,46 +56,59 @@ def write_video(path: Path, frames: list[np.ndarray]) -> None:
     imageio.mimwrite(path, frames, fps=VIDEO_FPS, macro_block_size=1)
 
 
+def _make_player(team: list[TrainedPolicy], args: argparse.Namespace
+                 ) -> Callable[..., tuple[float, int]]:
+    """play(seed, frames) -> (return, length): one episode of the team's environment (the
+    team return of a multi-agent one); ValueError when the env cannot be made."""
+    from actors.envs import make_env
+    from actors.multi_agent import make_parallel_env
+    from learners.export import play_episode, play_team_episode
+
+    config, deterministic = team[0].config.env, not args.stochastic
+    render_mode = "rgb_array" if args.video else None
+    try:
+        if is_pettingzoo(config.id):
+            kwargs = dict(config.kwargs, render_mode=render_mode) if render_mode else config.kwargs
+            config = dataclasses.replace(config, kwargs=kwargs)
+            make_parallel_env(config).close()  # it can be made, renderer included
+            return lambda seed, frames: play_team_episode(team, config, seed, deterministic,
+                                                          frames)
+        env = make_env(config, render_mode=render_mode)
+    except Exception as error:  # a renderer (e.g. pygame) that is not installed
+        raise ValueError(f"cannot make '{config.id}'"
+                         f"{' with rgb_array rendering' if args.video else ''}: {error}") from None
+    atexit.register(env.close)
+    return lambda seed, frames: play_episode(team[0], env, seed, deterministic, frames)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.episodes < 1:
         print("srl_jax.evaluate: '--episodes' must be at least 1", file=sys.stderr)
         return EXIT_USAGE
-    config = args.run_dir / "config.yaml"
-    if config.is_file() and is_pettingzoo(env_id := read_run_config(args.run_dir).env.id):
-        print(f"srl_jax.evaluate: '{env_id}' is a multi-agent environment; this command plays "
-              "single-agent ones (learners.export.load_policy(run_dir, policy=NAME) loads a "
-              "policy of it)", file=sys.stderr)
-        return EXIT_USAGE
-    from actors.envs import make_env
-    from learners.export import load_policy, play_episode
+    from learners.export import load_team
 
     try:
-        policy = load_policy(args.run_dir, step=args.step, best=args.best, seed=args.seed)
-    except FileNotFoundError as error:
+        policies = load_team(args.run_dir, step=args.step, best=args.best, seed=args.seed)
+        team = list(policies.values())
+        play = _make_player(team, args)
+    except (FileNotFoundError, ValueError) as error:
         print(f"srl_jax.evaluate: {error}", file=sys.stderr)
         return EXIT_USAGE
-    try:
-        env = make_env(policy.config.env, render_mode="rgb_array" if args.video else None)
-    except Exception as error:  # a renderer (e.g. pygame) that is not installed
-        print(f"srl_jax.evaluate: cannot make '{policy.config.env.id}'"
-              f"{' with rgb_array rendering' if args.video else ''}: {error}", file=sys.stderr)
-        return EXIT_USAGE
+    steps = ", ".join(f"{name} {policy.step}" for name, policy in policies.items()) \
+        if len(policies) > 1 else str(team[0].step)
+    print(f"{team[0].config.env.id}: checkpoint step {steps} of {args.run_dir}", flush=True)
     frames: list[np.ndarray] | None = [] if args.video else None
     returns, lengths = [], []
-    print(f"{policy.config.env.id}: checkpoint step {policy.step} of {args.run_dir}", flush=True)
     for episode in range(args.episodes):
-        episode_return, length = play_episode(policy, env, args.seed + episode,
-                                              not args.stochastic,
-                                              frames if episode == 0 else None)
+        episode_return, length = play(args.seed + episode, frames if episode == 0 else None)
         returns.append(episode_return)
         lengths.append(length)
         print(f"episode {episode + 1}/{args.episodes}: return {episode_return:.1f}, "
               f"length {length}", flush=True)
-    env.close()
     if frames is not None:
         path = args.video if isinstance(args.video, Path) else \
-            args.run_dir / "videos" / f"step-{policy.step}.mp4"
+            args.run_dir / "videos" / f"step-{team[0].step}.mp4"
         write_video(path, frames)
         print(f"video of episode 1: {path}")
     print(f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f} over {args.episodes} "

@@ -13,13 +13,20 @@ import json
 from pathlib import Path
 from typing import Any
 
-from srl_jax.config import DEFAULT_POLICY, ConfigError
+import yaml
+
+from srl_jax.config import DEFAULT_POLICY, ConfigError, ExperimentConfig, config_from_dict
 
 CHECKPOINTS = "checkpoints"
 BEST = "best"
 EVALUATED = "evaluated"
 METRICS = "metrics.jsonl"
 DISCARDED_METRICS = "metrics.discarded.jsonl"
+
+
+def read_run_config(run_dir: Path) -> ExperimentConfig:
+    """The resolved config a run was started with."""
+    return config_from_dict(yaml.safe_load((Path(run_dir) / "config.yaml").read_text()))
 
 
 def checkpoint_root(run_dir: Path, best: bool = False, policy: str = DEFAULT_POLICY) -> Path:
@@ -30,9 +37,9 @@ def checkpoint_root(run_dir: Path, best: bool = False, policy: str = DEFAULT_POL
     return root / BEST if best else root
 
 
-def evaluated_root(run_dir: Path) -> Path:
-    """Where the evaluator keeps the parameters of its best evaluation."""
-    return Path(run_dir) / CHECKPOINTS / EVALUATED
+def evaluated_root(run_dir: Path, policy: str = DEFAULT_POLICY) -> Path:
+    """Where the evaluator keeps `policy`'s parameters of its best evaluation."""
+    return checkpoint_root(run_dir, policy=policy) / EVALUATED
 
 
 def checkpoint_steps(run_dir: Path, best: bool = False,

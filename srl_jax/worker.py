@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
-import yaml
 import zmq
 
-from srl_jax.config import DEFAULT_POLICY, ExperimentConfig, config_from_dict
+from srl_jax.config import DEFAULT_POLICY, ExperimentConfig
 from srl_jax.faults import FaultPlan
 from srl_jax.names import FileNameService, NameService, worker_name
+from srl_jax.run_dir import read_run_config
 from srl_jax.streams import RejectCounter, limit_message_size, make_socket, send
 from srl_jax.transport import Transport
 
@@ -225,10 +225,6 @@ def load_worker_class(kind: str) -> type[Worker]:
     """Import the worker class for `kind` (lazily, so actors never import JAX)."""
     module_name, class_name = WORKER_CLASSES[kind].split(":")
     return getattr(importlib.import_module(module_name), class_name)
-
-
-def read_run_config(run_dir: Path) -> ExperimentConfig:
-    return config_from_dict(yaml.safe_load((Path(run_dir) / "config.yaml").read_text()))
 
 
 def main(argv: list[str] | None = None) -> int:

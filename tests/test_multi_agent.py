@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 
 from actors.envs import check_policies, env_spec, policy_names
-from learners.export import load_policy
+from learners.export import load_policy, load_team
 from learners.learner_worker import chunk_layout
 from srl_jax.config import ConfigError, load_config
 from srl_jax.metrics import POLICY_RETURN, MetricsAggregator
-from srl_jax.run_dir import checkpoint_steps
+from srl_jax.run_dir import checkpoint_steps, evaluated_root, step_meta, steps_in
 from srl_jax.streams import send
 from tests.conftest import REPO, read_status, write_run_dir
 from tests.fakes import FakeServerAndLearner
@@ -43,8 +43,6 @@ a run of 1,500 frames has trained even where the learner was slow to compile."""
     ("env.policies={red: agent_0}", "'env.policies.red' must be a list of agent name patterns"),
     ("inference.max_batch=16",
      "'inference.max_batch' (16) must hold the 24 columns of one split for policy 'default'"),
-    ("evaluation.every_updates=5",
-     "'evaluation.every_updates': the evaluator plays single-agent environments only"),
     ("env.backend=envpool", "'env.backend': PettingZoo environments step with 'gymnasium'"),
     ("env.kwargs.N=two", "'env.kwargs': cannot make"),
 ])
@@ -156,10 +154,42 @@ def test_each_policy_has_its_own_learner_server_checkpoints_and_resume(processes
     assert others.spec.obs_shape == (20,) and others.step >= steps["others"]
     actions = others.act_batch(np.zeros((3, 20), np.float32))
     assert actions.shape == (3,) and ((actions >= 0) & (actions < 5)).all()
-    evaluate = subprocess.run([sys.executable, "-m", "srl_jax.evaluate", str(run_dir)],
-                              capture_output=True, text=True, timeout=60)
-    assert evaluate.returncode == 2
-    assert "is a multi-agent environment" in evaluate.stderr
+
+
+@pytest.mark.slow
+def test_the_evaluator_and_evaluate_play_every_policy_together(processes, tmp_path):
+    run_dir, rows = _run(processes, tmp_path, TWO_POLICIES, "learner.batch_envs=8",
+                         "evaluation.every_updates=2", "evaluation.episodes=3",
+                         "stop.target_eval_return=-1e9", frames=10**6)
+    assert "eval_return_mean" in read_status(run_dir)["stop_reason"]
+    evaluated = [r for r in rows if "eval_return_mean" in r]
+    assert evaluated and all(r["eval_return_mean"] < 0 for r in evaluated), "MPE team returns"
+    assert {w["name"] for w in read_status(run_dir)["workers"]} >= {"evaluator-0"}
+    saved = {}
+    for policy in ("first", "others"):
+        steps = steps_in(evaluated_root(run_dir, policy))
+        assert len(steps) == 1, f"{policy}'s parameters of the best evaluation"
+        meta = step_meta(evaluated_root(run_dir, policy), steps[0])
+        best = max(r["eval_return_mean"] for r in evaluated)
+        assert meta["eval_return_mean"] == pytest.approx(best, abs=1e-3), "rows are rounded"
+        saved[policy] = steps[0]
+    assert not steps_in(evaluated_root(run_dir)), "no policy is the default one"
+    team = load_team(run_dir, best=True)
+    assert list(team) == ["first", "others"]
+    assert {name: policy.step for name, policy in team.items()} == saved
+    assert (team["first"].spec.agents, team["others"].spec.agents) == (1, 2)
+
+    video = tmp_path / "team.mp4"
+    evaluate = subprocess.run([sys.executable, "-m", "srl_jax.evaluate", str(run_dir), "--best",
+                               "--episodes", "2", "--video", str(video)],
+                              capture_output=True, text=True, timeout=120)
+    assert evaluate.returncode == 0, evaluate.stderr
+    out = evaluate.stdout
+    assert (f"checkpoint step first {saved['first']}, others {saved['others']}" in out)
+    episodes = [line for line in out.splitlines() if line.startswith("episode ")]
+    assert len(episodes) == 2 and all("length 25" in line for line in episodes), out
+    assert float(out.split("mean return ")[1].split()[0]) < 0
+    assert video.stat().st_size > 0
 
 
 class ConstantPolicy(FakeServerAndLearner):
