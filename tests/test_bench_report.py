@@ -27,3 +27,12 @@ def test_every_results_file_names_its_machine_and_the_fps_ratio_is_there() -> No
     assert cartpole["fps_ratio_vs_sample_factory"] > 0
     assert results["scale"]["per_request_overhead_us"] > 0
     assert results["scale"]["per_sample_overhead_us"] > 0
+
+
+def test_every_shipped_config_has_measured_figures() -> None:
+    measured = json.loads((REPO / "bench" / "results" / "configs.json").read_text())["configs"]
+    shipped = {path.stem for path in (REPO / "configs").glob("*.yaml")}
+    assert set(measured) == shipped, "run bench/configs.py for the new config"
+    for name, entry in measured.items():
+        assert entry["runs"] and entry["random_episodes"] > 0, name
+        assert entry["machine"]["cores"] >= 1, name
