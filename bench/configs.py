@@ -37,7 +37,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -46,7 +45,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_fps import REPO_ROOT, STOP_GRACE_S, BenchError, raise_on_sigterm, stop_process
-from machine import RESULTS_DIR, describe, release_workdir, write_results
+from machine import RESULTS_DIR, describe, in_workdir, write_results
 
 sys.path.insert(0, str(REPO_ROOT))
 import gymnasium as gym
@@ -233,9 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, raise_on_sigterm)
     path = RESULTS_DIR / f"{RESULTS_NAME}.json"
     entries = json.loads(path.read_text())["configs"] if path.exists() else {}
-    workdir = Path(tempfile.mkdtemp(prefix="srl_configs_"))
-    failed = False
-    try:
+
+    def measure_all(workdir: Path) -> int:
+        failed = False
         for name in args.configs:
             try:
                 entries[name] = measure(name, args, workdir)
@@ -243,13 +242,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name}: {error}", flush=True)
                 failed = True
                 continue
-            path = write_results(RESULTS_NAME, {"configs": dict(sorted(entries.items()))})
-        print(f"results: {path}")
+            written = write_results(RESULTS_NAME, {"configs": dict(sorted(entries.items()))})
+            print(f"results: {written}", flush=True)
         return 1 if failed else 0
-    except KeyboardInterrupt:
-        return 130
-    finally:
-        release_workdir(workdir, args.keep)
+
+    return in_workdir("srl_configs_", args.keep, measure_all)
 
 
 if __name__ == "__main__":

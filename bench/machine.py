@@ -7,7 +7,9 @@ import json
 import os
 import platform
 import shutil
+import tempfile
 import time
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -63,6 +65,18 @@ def write_results(name: str, results: dict[str, Any], directory: Path = RESULTS_
                 "machine": describe(), **results}
     path.write_text(json.dumps(document, indent=2) + "\n")
     return path
+
+
+def in_workdir(prefix: str, keep: bool, body: Callable[[Path], int]) -> int:
+    """`body(workdir)` in a new scratch directory, released after (see `release_workdir`);
+    Ctrl-C returns 130 once the body's own cleanup has stopped its processes."""
+    workdir = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        return body(workdir)
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        release_workdir(workdir, keep)
 
 
 def release_workdir(workdir: Path, keep: bool) -> None:

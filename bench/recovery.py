@@ -22,14 +22,13 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_fps import REPO_ROOT, BenchError, raise_on_sigterm, read_rows, stop_process
-from machine import release_workdir, write_results
+from machine import in_workdir, write_results
 
 FAULTS = ("kill:actor-0", "kill:inference-0", "kill:learner-0", "stop:actor-0",
           "stop:inference-0", "stop:learner-0", "raise:actor-0", "raise:inference-0",
@@ -131,9 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         if fault.split(":")[0] not in ("kill", "stop", "raise") or ":" not in fault:
             parser.error(f"fault {fault!r}: expected kill|stop|raise:WORKER")
     signal.signal(signal.SIGTERM, raise_on_sigterm)
-    workdir = Path(tempfile.mkdtemp(prefix="srl_recovery_"))
-    results: dict[str, Any] = {}
-    try:
+
+    def measure_all(workdir: Path) -> int:
+        results: dict[str, Any] = {}
         print(f"{'fault':<20} {'running (s)':>12} {'throughput (s)':>15} {'fps before':>11}")
         for fault in args.faults:
             try:
@@ -149,10 +148,8 @@ def main(argv: list[str] | None = None) -> int:
                                           "faults": results})
         print(f"results: {path}")
         return 1 if any("error" in r for r in results.values()) else 0
-    except KeyboardInterrupt:
-        return 130
-    finally:
-        release_workdir(workdir, args.keep)
+
+    return in_workdir("srl_recovery_", args.keep, measure_all)
 
 
 if __name__ == "__main__":
