@@ -30,7 +30,8 @@ class InlinePolicy:
         split = config.actors.envs // config.actors.splits
         self.runner = PolicyRunner(config, spec, config.seed + 2000 + worker.index,
                                    min_size=split, max_size=split)
-        self.runner.warm_up()
+        with worker.busy("compiling the policy"):
+            self.runner.warm_up()
         self.params = subscribe(worker, self.runner)
 
     def act(self, obs: np.ndarray) -> tuple[dict, dict[str, np.ndarray]]:

@@ -53,7 +53,8 @@ class InferenceServer(Worker):
         cfg = self.config.inference
         self.runner = PolicyRunner(self.config, spec, self.config.seed + 1000 + self.index,
                                    cfg.min_padded_batch, cfg.max_batch)
-        self.runner.warm_up()
+        with self.busy("compiling the policy"):
+            self.runner.warm_up()
         self.router = make_socket(self.zmq, zmq.ROUTER, hwm=self.config.inference.request_queue)
         self.transport.bind(self.router, self.names,
                             policy_key(self.policy, f"inference/{self.index}"))

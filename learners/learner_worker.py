@@ -132,15 +132,16 @@ class LearnerWorker(Worker):
         optimizer = algo.make_optimizer(self.config)
         self.mesh = make_learner_mesh(self.config.learner.devices, self.config.learner.batch_envs)
         seed = self.config.seed
-        # Built inside jit so that every process makes its replica of the same state.
-        self.state = jax.jit(
-            lambda: init_train_state(init_policy_params(network, spec.obs_shape, seed),
-                                     optimizer, seed),
-            out_shardings=replicated(self.mesh))()
-        self._restore()
-        example = put_batch(to_batch(self._example_batch()), self.mesh)
-        self.update = compile_update(algo.make_update(policy, optimizer, self.config),
-                                     self.mesh, self.state, example)
+        with self.busy("building the train state and compiling the update"):
+            # Built inside jit so that every process makes its replica of the same state.
+            self.state = jax.jit(
+                lambda: init_train_state(init_policy_params(network, spec.obs_shape, seed),
+                                         optimizer, seed),
+                out_shardings=replicated(self.mesh))()
+            self._restore()
+            example = put_batch(to_batch(self._example_batch()), self.mesh)
+            self.update = compile_update(algo.make_update(policy, optimizer, self.config),
+                                         self.mesh, self.state, example)
         self.log.info("%s on %d device(s): %s", self.config.learner.algorithm,
                       self.mesh.size, [str(d) for d in self.mesh.devices.flat])
         self._publish()
@@ -316,9 +317,10 @@ class LearnerWorker(Worker):
         self.lag_sum += float(lag.sum())
         self.lag_count += lag.size
         start = time.perf_counter()
-        self.state, metrics = self.update(self.state, batch)
-        self._next = self._prefetch()  # overlaps the transfer with the running update
-        metrics = {k: host_value(v) for k, v in metrics.items()}
+        with self.busy("updating"):
+            self.state, metrics = self.update(self.state, batch)
+            self._next = self._prefetch()  # overlaps the transfer with the running update
+            metrics = {k: host_value(v) for k, v in metrics.items()}
         self.time_update += time.perf_counter() - start
         self.train_metrics = {k: float(v) for k, v in metrics.items()}
         self.version += 1

@@ -288,6 +288,10 @@ class RuntimeConfig:
     controller is behind skips heartbeats (each carries running totals) rather than grow."""
     heartbeat_timeout_s: float = 60.0
     """A worker silent this long is killed and restarted (start-up gets twice as long)."""
+    busy_timeout_s: float = 1800.0
+    """How long a worker blocked in slow device work (an XLA compile, a Nature-CNN
+    update on a CPU) keeps heartbeating from a helper thread; past it,
+    `heartbeat_timeout_s` applies again (0: never)."""
     max_restarts: int = 3
     """Restarts allowed per worker before the run fails."""
     restart_backoff_s: float = 1.0
@@ -650,6 +654,7 @@ def validate(config: ExperimentConfig) -> None:
     _require(runtime.max_restarts >= 0, "'runtime.max_restarts' must not be negative")
     _require(runtime.max_message_mb > 0, "'runtime.max_message_mb' must be positive")
     _require(runtime.stall_timeout_s >= 0, "'runtime.stall_timeout_s' must not be negative")
+    _require(runtime.busy_timeout_s >= 0, "'runtime.busy_timeout_s' must not be negative")
     _require(bool(config.transport.bind_host), "'transport.bind_host' must not be empty")
     for kind in ("actor", "learner", "inference", "evaluator"):
         resources = getattr(config.ray, kind)

@@ -21,7 +21,9 @@ import os
 import signal
 import socket as pysocket
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -78,6 +80,9 @@ class Worker:
         self._stats_socket: zmq.Socket | None = None
         self._phase = "setup"
         self._lookup_wait: tuple[str, float] | None = None
+        self._busy: tuple[str, float] | None = None
+        self._heartbeat_lock = threading.Lock()
+        """Held while a heartbeat is sent: `busy` sends them from a helper thread."""
 
     def setup(self) -> None:
         """Bind and connect sockets, build environments or programs."""
@@ -101,6 +106,36 @@ class Worker:
         progress, and `python -m srl_jax.status`, can say who waits on what.
         """
         return self._lookup_wait
+
+    @contextlib.contextmanager
+    def busy(self, what: str) -> Iterator[None]:
+        """Heartbeat from a helper thread while the body blocks in slow device work
+        (an XLA compile, a long update on a CPU), for up to `runtime.busy_timeout_s`.
+
+        Slow work is not a hang, so the controller must not kill it; a body that
+        outlasts the bound is left to `runtime.heartbeat_timeout_s` again, so a
+        worker stuck for good is still killed. Heartbeats say `what` it is busy
+        with. The body must not use the worker's sockets (JAX calls release the
+        GIL, so the helper thread runs while they block).
+        """
+        self._busy = (what, time.time())
+        done = threading.Event()
+        bound = self.config.runtime.busy_timeout_s
+        interval = self.config.runtime.stats_interval_s
+
+        def beat() -> None:
+            deadline = time.monotonic() + bound
+            while not done.wait(interval) and time.monotonic() < deadline:
+                self.heartbeat(follow=False)
+
+        helper = threading.Thread(target=beat, name=f"busy: {what}", daemon=True)
+        helper.start()
+        try:
+            yield
+        finally:
+            done.set()
+            helper.join()
+            self._busy = None
 
     def finish(self) -> None:
         """After a clean stop, before the last heartbeat (e.g. a final checkpoint)."""
@@ -159,13 +194,19 @@ class Worker:
     def stopping(self) -> bool:
         return self._stop
 
-    def heartbeat(self, force: bool = False) -> None:
-        """Send counters to the controller if a stats interval has passed."""
+    def heartbeat(self, force: bool = False, follow: bool = True) -> None:
+        """Send counters to the controller if a stats interval has passed (and, with
+        `follow`, reconnect to peers that moved)."""
+        with self._heartbeat_lock:
+            self._heartbeat(force, follow)
+
+    def _heartbeat(self, force: bool, follow: bool) -> None:
         now = time.monotonic()
         if not force and now - self._last_stats < self.config.runtime.stats_interval_s:
             return
         self._last_stats = now
-        self._follow_endpoints()
+        if follow:
+            self._follow_endpoints()
         if os.getppid() != self._parent:
             self.log.warning("controller (pid %d) is gone; stopping", self._parent)
             self._stop = True
@@ -177,7 +218,7 @@ class Worker:
                 "policy": self.policy, "pid": os.getpid(),
                 "host": pysocket.gethostname(), "phase": self._phase, "counters": counters,
                 "ports": self.transport.port_list(),
-                "waiting": list(waiting) if (waiting := self.waiting()) else None}
+                "waiting": list(waiting) if (waiting := self._busy or self.waiting()) else None}
         try:  # poll first: a skipped heartbeat's episode returns wait for the next one
             if not self._stats_socket.poll(0, zmq.POLLOUT):
                 raise zmq.Again

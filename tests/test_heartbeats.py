@@ -1,8 +1,10 @@
 """The heartbeat stream is bounded: a controller that falls behind costs heartbeats, not
-worker memory, and the episode returns of skipped heartbeats arrive with a later one."""
+worker memory, and the episode returns of skipped heartbeats arrive with a later one.
+A worker busy in slow device work heartbeats from a helper thread, up to a bound."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +58,58 @@ def test_a_controller_that_does_not_read_costs_heartbeats_not_returns(tmp_path: 
         returns = np.concatenate([m.arrays["episode_return"] for m in received])
         np.testing.assert_array_equal(returns, np.arange(1, finished + 1, dtype=np.float32))
         assert rejects.count == 0
+    finally:
+        worker._stats_socket.close(linger=0)
+        controller.close(linger=0)
+
+
+def _stats_pair(tmp_path: Path, config: ExperimentConfig, name: str) -> tuple[zmq.Socket, Worker]:
+    controller = make_socket(zmq.Context.instance(), zmq.PULL, hwm=1000)
+    controller.bind(f"inproc://{name}")
+    FileNameService(tmp_path / "names").register("controller/stats", f"inproc://{name}")
+    worker = ReturnsWorker(config, tmp_path)
+    worker.connect_stats()
+    assert controller.poll(1000)
+    receive(controller, frozenset({"stats"}), RejectCounter())  # the one connecting sends
+    return controller, worker
+
+
+def _heartbeats(controller: zmq.Socket) -> list[dict]:
+    metas = []
+    while (message := receive(controller, frozenset({"stats"}), RejectCounter())) is not None:
+        metas.append(message[1].meta)
+    return metas
+
+
+def test_a_worker_busy_in_device_work_heartbeats_and_says_what_it_does(tmp_path: Path) -> None:
+    config = ExperimentConfig()
+    config.runtime.stats_interval_s = 0.05
+    controller, worker = _stats_pair(tmp_path, config, "test-busy")
+    try:
+        with worker.busy("compiling the update"):
+            time.sleep(1.0)  # releases the GIL, as an XLA compile or a device wait does
+            during = _heartbeats(controller)
+        assert len(during) >= 10, "heartbeats went on while the main thread was blocked"
+        assert all(meta["waiting"][0] == "compiling the update" for meta in during)
+        worker.heartbeat(force=True)
+        assert _heartbeats(controller)[-1]["waiting"] is None
+    finally:
+        worker._stats_socket.close(linger=0)
+        controller.close(linger=0)
+
+
+def test_busy_heartbeats_end_at_the_bound_so_a_stuck_worker_is_still_killed(
+        tmp_path: Path) -> None:
+    config = ExperimentConfig()
+    config.runtime.stats_interval_s = 0.05
+    config.runtime.busy_timeout_s = 0.3
+    controller, worker = _stats_pair(tmp_path, config, "test-busy-bound")
+    try:
+        with worker.busy("updating"):
+            time.sleep(0.5)
+            _heartbeats(controller)
+            time.sleep(0.5)
+            assert _heartbeats(controller) == [], "silent past runtime.busy_timeout_s"
     finally:
         worker._stats_socket.close(linger=0)
         controller.close(linger=0)
