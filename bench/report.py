@@ -204,7 +204,8 @@ def experiment_row(name: str, entry: dict[str, Any]) -> list[str]:
         why = ("the benchmark's cap" if timed_out and entry["overrides"] else
                "its time limit" if timed_out else "its frame limit")
         took = (f"{_over(runs, 'time_s', '.0f')} s ({why}), "
-                f"{_median(runs, 'env_frames') / 1e3:,.0f}k frames")
+                f"{_median(runs, 'env_frames') / 1e3:,.0f}k frames, "
+                f"{_median(runs, 'learner_steps'):,.0f} updates")
         if len(solved) not in (0, len(runs)):
             took += f"; {len(solved)}/{len(runs)} runs reached {runs[0]['target']:g}"
     label = f"`{name}`" + (" (default)" if name == DEFAULT_EXPERIMENT else "")
