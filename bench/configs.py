@@ -35,7 +35,6 @@ import json
 import math
 import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -44,7 +43,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e_fps import REPO_ROOT, STOP_GRACE_S, BenchError, raise_on_sigterm, stop_process
+from e2e_fps import REPO_ROOT, STOP_GRACE_S, BenchError, raise_on_sigterm, run_launcher
 from machine import RESULTS_DIR, describe, in_workdir, write_results
 
 sys.path.insert(0, str(REPO_ROOT))
@@ -82,15 +81,8 @@ def run_config(name: str, max_s: float, run_dir: Path) -> tuple[int, list[str]]:
     for override in overrides:
         command += ["--set", override]
     limit = min(stop.wall_time_s or max_s, max_s) + START_MARGIN_S + STOP_GRACE_S
-    with (run_dir.parent / f"{run_dir.name}.log").open("wb") as log:
-        process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, start_new_session=True)
-        try:
-            return process.wait(timeout=limit), overrides
-        except subprocess.TimeoutExpired:
-            raise BenchError(f"{name}: did not finish within {limit:.0f}s") from None
-        finally:
-            stop_process(process, run_dir)
+    log_path = run_dir.parent / f"{run_dir.name}.log"
+    return run_launcher(command, run_dir, log_path, limit), overrides
 
 
 def _number(value: Any) -> float | None:
@@ -182,7 +174,7 @@ def measure(name: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any
         started = time.monotonic()
         code, overrides = run_config(name, args.max_minutes * 60, run_dir)
         if code != 0:
-            raise BenchError(f"{name}: the run exited with {code} (log: {run_dir}.log)")
+            raise BenchError(f"the run exited with {code} (log: {run_dir}.log)")
         figures = run_figures(run_dir)
         runs.append(figures)
         print(f"{name} run {index}: return {figures['first_return']:.1f} -> "

@@ -188,14 +188,19 @@ def run_experiment(args: argparse.Namespace, run_dir: Path, log_path: Path) -> i
                "--set", f"stop.wall_time_s={args.seconds:g}"]
     for override in args.overrides:
         command += ["--set", override]
+    return run_launcher(command, run_dir, log_path, args.seconds + RUN_TIMEOUT_MARGIN_S)
+
+
+def run_launcher(command: list[str], run_dir: Path, log_path: Path, timeout_s: float) -> int:
+    """Run a launcher command in its own session, logging to `log_path`; its exit code.
+    BenchError past `timeout_s`; the launcher and its workers are stopped by pid either way."""
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, start_new_session=True)
         try:
-            return process.wait(timeout=args.seconds + RUN_TIMEOUT_MARGIN_S)
+            return process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            raise BenchError(f"did not finish within {args.seconds + RUN_TIMEOUT_MARGIN_S:.0f}s"
-                             ) from None
+            raise BenchError(f"did not finish within {timeout_s:.0f}s") from None
         finally:
             stop_process(process, run_dir)
 
