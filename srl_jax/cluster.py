@@ -27,16 +27,10 @@ import shlex
 import subprocess
 import sys
 from collections import Counter
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
-from srl_jax.config import (
-    ConfigError,
-    ExperimentConfig,
-    RayConfig,
-    load_config,
-    resolve_experiment_path,
-)
+from srl_jax.config import ConfigError, ExperimentConfig, load_config, resolve_experiment_path
 from srl_jax.launch import EXIT_CONFIG, config_dirs
 from srl_jax.worker_kinds import KINDS, worker_kind, worker_plan
 
@@ -81,9 +75,8 @@ def placement_overrides(gpus_per_learner: float = 0.0,
         return ("{CPU: 1" + (f", GPU: {gpus[role]:g}" if gpus[role] else "")
                 + f", {role}_host: 1}}")
 
-    keys = {field.name for field in fields(RayConfig)}
     return [f"ray.{kind.name}={ask(kind.host_role)}" for kind in KINDS.values()
-            if kind.name in keys]
+            if kind.ray_configured]
 
 
 def launch_args(python: str, experiment: str, run_dir: str, overrides: list[str]) -> list[str]:

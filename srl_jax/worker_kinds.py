@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
-from srl_jax.config import DEFAULT_POLICY, ExperimentConfig, policy_names
+from srl_jax.config import DEFAULT_POLICY, ExperimentConfig, RayConfig, policy_names
 
 HOST_ROLES = ("learner", "inference", "actor")
 """The host roles of the cluster scripts (srl_jax/cluster.py)."""
@@ -49,9 +49,14 @@ class WorkerKind:
             raise ValueError(f"worker kind '{self.name}': host role '{self.host_role}' is not "
                              f"one of {', '.join(HOST_ROLES)}")
 
+    @property
+    def ray_configured(self) -> bool:
+        """Whether the config has a `ray.<name>` key for this kind's Ray resources."""
+        return self.name in {field.name for field in fields(RayConfig)}
+
     def ray_resources(self, config: ExperimentConfig) -> dict[str, float]:
-        """What one worker of this kind asks Ray for: `ray.<name>` of the config."""
-        return getattr(config.ray, self.name, DEFAULT_RESOURCES)
+        """What one worker of this kind asks Ray for: `ray.<name>`, else one CPU."""
+        return getattr(config.ray, self.name) if self.ray_configured else dict(DEFAULT_RESOURCES)
 
 
 KINDS: dict[str, WorkerKind] = {}
