@@ -257,8 +257,11 @@ class Worker:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("kind", help=f"a worker kind: {', '.join(KINDS)} (srl_jax.worker_kinds)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="worker kinds (srl_jax/worker_kinds.py):\n" + "\n".join(
+            f"  {kind.name}: {kind.doc}" for kind in KINDS.values()))
+    parser.add_argument("kind", help="the kind of worker to run (below)")
     parser.add_argument("index", type=int)
     parser.add_argument("--run-dir", type=Path, required=True)
     parser.add_argument("--policy", default=DEFAULT_POLICY,

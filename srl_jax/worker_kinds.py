@@ -114,17 +114,15 @@ def _evaluators(config: ExperimentConfig) -> int:
     return 1 if config.evaluation.every_updates else 0
 
 
-LEARNER = register_kind(WorkerKind(
+register_kind(WorkerKind(
     "learner", "learners.learner_worker:LearnerWorker", True, _learners, "learner",
-    "Trains its policy on the sample stream and publishes parameters; "
-    "learner.processes of them share one jax.distributed mesh."))
-INFERENCE = register_kind(WorkerKind(
+    "trains its policy on sample chunks and publishes its parameters"))
+register_kind(WorkerKind(
     "inference", "learners.inference_server:InferenceServer", True, _inference_servers,
-    "inference", "Answers the actors' batched policy requests (none with "
-    "actors.inline_inference)."))
-ACTOR = register_kind(WorkerKind(
+    "inference", "answers the actors' batched policy requests"))
+register_kind(WorkerKind(
     "actor", "actors.actor_worker:ActorWorker", False, _actors, "actor",
-    "Steps environments for every policy and sends sample chunks to the learners."))
-EVALUATOR = register_kind(WorkerKind(
+    "steps environments for every policy, sends sample chunks to the learners"))
+register_kind(WorkerKind(
     "evaluator", "learners.evaluator:EvaluatorWorker", False, _evaluators, "actor",
-    "Plays evaluation episodes with the latest parameters every evaluation.every_updates."))
+    "plays evaluation episodes with the latest parameters"))

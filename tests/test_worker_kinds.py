@@ -38,7 +38,7 @@ def _one_per_learner(config: ExperimentConfig) -> int:
 
 
 REPLAY = WorkerKind("replay", f"{__name__}:ReplayWorker", True, _one_per_learner, "learner",
-                    "Holds each policy's replay buffer.")
+                    "holds its policy's replay buffer")
 
 
 @pytest.fixture
