@@ -14,6 +14,7 @@ from srl_jax.config import (
     EnvConfig,
     ExperimentConfig,
     is_pettingzoo,
+    policy_names,
 )
 
 
@@ -39,15 +40,6 @@ class EnvSpec:
     @property
     def action_dtype(self) -> np.dtype:
         return np.dtype(np.float32 if self.continuous else np.int32)
-
-
-def policy_names(config: EnvConfig) -> list[str]:
-    """The policies that act in `config`'s environment, in the order actors serve them."""
-    if is_pettingzoo(config.id):
-        from actors.multi_agent import multi_agent_specs
-
-        return list(multi_agent_specs(config))
-    return [DEFAULT_POLICY]
 
 
 def make_env(config: EnvConfig, render_mode: str | None = None) -> gym.Env:

@@ -27,14 +27,14 @@ from typing import Any
 import numpy as np
 import zmq
 
-from actors.envs import env_seed, env_spec, make_env, policy_names
+from actors.envs import env_seed, env_spec, make_env
 from learners.export import TrainedPolicy, play_episode, play_team_episode
 from learners.jax_runtime import configure_jax
 from learners.networks import make_policy
 from learners.param_stream import POLL_MS, ParamSubscriber, subscribe
 from learners.policy import PolicyRunner
 from srl_jax.checkpoint import save_params
-from srl_jax.config import config_to_dict, is_pettingzoo
+from srl_jax.config import config_to_dict, is_pettingzoo, policy_names
 from srl_jax.run_dir import evaluated_root, step_meta, steps_in
 from srl_jax.worker import Worker
 

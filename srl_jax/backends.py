@@ -5,6 +5,7 @@ backend runs each worker as its own Python process on this machine
 (`python -m srl_jax.worker`, a fresh interpreter: nothing is forked from a
 process that imported JAX); the Ray backend (srl_jax/ray_backend.py) has Ray
 place a host for each worker on a node, which runs the same command there.
+`srl_jax.launch` picks one (`--backend`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from srl_jax.config import DEFAULT_POLICY, ExperimentConfig
+from srl_jax.config import DEFAULT_POLICY
 from srl_jax.names import FileNameService, NameService, worker_name
 
 
@@ -57,22 +58,6 @@ class LaunchBackend(Protocol):
 
     def close(self) -> None:
         """Release what the backend holds (after every worker has exited)."""
-
-
-def worker_plan(config: ExperimentConfig) -> list[tuple[str, int, str]]:
-    """Every worker of the run as (kind, index, policy): each policy its own learner
-    processes and inference servers, shared actors, and an evaluator if asked for."""
-    from actors.envs import policy_names
-
-    servers = 0 if config.actors.inline_inference else config.inference.count
-    plan = []
-    for policy in policy_names(config.env):
-        plan += [("learner", i, policy) for i in range(config.learner.processes)]
-        plan += [("inference", i, policy) for i in range(servers)]
-    plan += [("actor", i, DEFAULT_POLICY) for i in range(config.actors.count)]
-    if config.evaluation.every_updates:
-        plan.append(("evaluator", 0, DEFAULT_POLICY))
-    return plan
 
 
 def worker_args(kind: str, index: int, run_dir: Path, policy: str) -> list[str]:
@@ -121,17 +106,3 @@ class LocalBackend:
 
     def close(self) -> None:
         """Nothing held: every worker process has been waited for."""
-
-
-BACKENDS = ("local", "ray")
-
-
-def make_backend(name: str, run_dir: Path, config: ExperimentConfig,
-                 ray_address: str | None = None) -> LaunchBackend:
-    if name == "local":
-        return LocalBackend(run_dir)
-    if name == "ray":
-        from srl_jax.ray_backend import RayBackend  # imports ray
-
-        return RayBackend(run_dir, config, ray_address)
-    raise ValueError(f"unknown backend '{name}'")

@@ -30,9 +30,9 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from srl_jax.backends import worker_plan
 from srl_jax.config import ConfigError, ExperimentConfig, load_config, resolve_experiment_path
 from srl_jax.launch import EXIT_CONFIG, config_dirs
+from srl_jax.worker_kinds import KINDS, worker_kind, worker_plan
 
 RAY_CLI = ("-m", "ray.scripts.scripts")
 """Ray's command line through the interpreter, so no PATH is needed on the hosts."""
@@ -58,8 +58,8 @@ class Roles:
 
 
 def plan_roles(config: ExperimentConfig, inference_hosts: int, actor_hosts: int) -> Roles:
-    kinds = Counter(kind for kind, _, _ in worker_plan(config))
-    servers, actors = kinds["inference"], kinds["actor"] + kinds["evaluator"]
+    hosted = Counter(worker_kind(kind).host_role for kind, _, _ in worker_plan(config))
+    servers, actors = hosted["inference"], hosted["actor"]
     return Roles(config.learner.processes, inference_hosts, actor_hosts,
                  math.ceil(servers / max(inference_hosts or config.learner.processes, 1)),
                  math.ceil(actors / actor_hosts))
@@ -67,14 +67,16 @@ def plan_roles(config: ExperimentConfig, inference_hosts: int, actor_hosts: int)
 
 def placement_overrides(gpus_per_learner: float = 0.0,
                         gpus_per_server: float = 0.0) -> list[str]:
-    """`--set` values that send each kind of worker to hosts of its role."""
-    def ask(role: str, gpus: float) -> str:
-        return "{CPU: 1" + (f", GPU: {gpus:g}" if gpus else "") + f", {role}: 1}}"
+    """`--set` values that send each kind of worker (with a `ray.<kind>` key) to hosts of
+    its role."""
+    gpus = {"learner": gpus_per_learner, "inference": gpus_per_server, "actor": 0.0}
 
-    return [f"ray.learner={ask('learner_host', gpus_per_learner)}",
-            f"ray.inference={ask('inference_host', gpus_per_server)}",
-            f"ray.actor={ask('actor_host', 0)}",
-            f"ray.evaluator={ask('actor_host', 0)}"]
+    def ask(role: str) -> str:
+        return ("{CPU: 1" + (f", GPU: {gpus[role]:g}" if gpus[role] else "")
+                + f", {role}_host: 1}}")
+
+    return [f"ray.{kind.name}={ask(kind.host_role)}" for kind in KINDS.values()
+            if kind.ray_configured]
 
 
 def launch_args(python: str, experiment: str, run_dir: str, overrides: list[str]) -> list[str]:

@@ -75,6 +75,13 @@ class EnvConfig:
     to its observations, so that a shared policy can tell its agents apart."""
 
 
+def policy_names(env: EnvConfig) -> list[str]:
+    """The policies that act in `env`, in the order actors serve them: those of
+    `env.policies`, else 'default' alone (`actors.envs.check_policies` makes sure that
+    each one gets agents)."""
+    return list(env.policies) or [DEFAULT_POLICY]
+
+
 @dataclass
 class ActorConfig:
     count: int = 2

@@ -25,9 +25,8 @@ from typing import Any
 
 import zmq
 
-from actors.envs import policy_names
-from srl_jax.backends import BackendError, LaunchBackend, WorkerHandle, worker_plan
-from srl_jax.config import DEFAULT_POLICY, ExperimentConfig
+from srl_jax.backends import BackendError, LaunchBackend, WorkerHandle
+from srl_jax.config import DEFAULT_POLICY, ExperimentConfig, policy_names
 from srl_jax.metrics import MetricsAggregator, MetricsWriter, ProgressDisplay
 from srl_jax.names import COORDINATOR_KEY, policy_key, worker_name
 from srl_jax.run_dir import policy_version
@@ -38,6 +37,7 @@ from srl_jax.streams import (
     receive,
 )
 from srl_jax.transport import KEYS_ENV, CurveKeys, Transport
+from srl_jax.worker_kinds import worker_plan
 
 log = logging.getLogger("controller")
 

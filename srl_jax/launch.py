@@ -25,13 +25,14 @@ from pathlib import Path
 
 import yaml
 
-from srl_jax.backends import BACKENDS, BackendError
+from srl_jax.backends import BackendError, LaunchBackend, LocalBackend
 from srl_jax.config import (
     DEFAULT_POLICY,
     ConfigError,
     ExperimentConfig,
     config_to_dict,
     load_config,
+    policy_names,
     resolve_experiment_path,
 )
 from srl_jax.run_dir import checkpoint_steps, latest_resumable_run, trim_metrics
@@ -40,6 +41,7 @@ EXIT_CONFIG = 2
 EXIT_FAILED = 1
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RUNS_ROOT = Path("runs")
+BACKENDS = ("local", "ray")
 FIXED_ON_RESUME = ("env", "network", "learner.algorithm", "learner.normalize_obs")
 """Config keys the checkpointed state depends on; a resume may not change them."""
 
@@ -77,8 +79,6 @@ def _get(values: dict, dotted: str) -> object:
 def prepare_resume(args: argparse.Namespace, experiment: ExperimentConfig) -> tuple:
     """The run to continue, its config with the overrides, and each policy's checkpoint
     step to resume from."""
-    from actors.envs import policy_names
-
     run_dir = args.run_dir or latest_resumable_run(RUNS_ROOT, experiment.name)
     if run_dir is None:
         raise ConfigError(f"'--resume': no run of '{experiment.name}' with a checkpoint under "
@@ -134,6 +134,17 @@ def prepare_run(args: argparse.Namespace) -> tuple:
     return config, run_dir, steps
 
 
+def make_backend(name: str, run_dir: Path, config: ExperimentConfig,
+                 ray_address: str | None = None) -> LaunchBackend:
+    if name == "local":
+        return LocalBackend(run_dir)
+    if name == "ray":
+        from srl_jax.ray_backend import RayBackend  # imports ray
+
+        return RayBackend(run_dir, config, ray_address)
+    raise ValueError(f"unknown backend '{name}'")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -141,7 +152,6 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"srl_jax.launch: config error: {error}", file=sys.stderr)
         return EXIT_CONFIG
-    from srl_jax.backends import make_backend
     from srl_jax.controller import Controller
     from srl_jax.metrics import ProgressDisplay
     from srl_jax.transport import CurveKeys, curve_wanted

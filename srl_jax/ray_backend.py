@@ -30,16 +30,11 @@ from typing import Any
 
 import ray
 
-from srl_jax.backends import (
-    BackendError,
-    WorkerHandle,
-    spawn_worker,
-    worker_args,
-    worker_plan,
-)
+from srl_jax.backends import BackendError, WorkerHandle, spawn_worker, worker_args
 from srl_jax.config import DEFAULT_POLICY, ExperimentConfig, TransportConfig
 from srl_jax.names import FileNameService, NameService, worker_name
 from srl_jax.transport import BIND_HOST_ENV
+from srl_jax.worker_kinds import worker_kind, worker_plan
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +92,7 @@ class RayBackend:
             check_reachable(address)
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
         else:
-            wanted = sum(getattr(config.ray, kind).get("CPU", 0.0)
+            wanted = sum(worker_kind(kind).ray_resources(config).get("CPU", 0.0)
                          for kind, _, _ in worker_plan(config))
             ray.init(address="local",  # a new instance, never one already on this machine
                      num_cpus=max(os.cpu_count() or 1, math.ceil(wanted)),
@@ -118,7 +113,7 @@ class RayBackend:
     def start(self, kind: str, index: int, policy: str = DEFAULT_POLICY,
               env: dict[str, str] | None = None) -> WorkerHandle:
         name = worker_name(kind, index, policy)
-        resources = getattr(self.config.ray, kind)
+        resources = worker_kind(kind).ray_resources(self.config)
         host = self._host.options(**_placement(resources)).remote()
         forwarded = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIX)}
         started = host.start.remote(worker_args(kind, index, self.run_dir, policy),

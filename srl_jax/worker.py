@@ -1,6 +1,6 @@
 """Worker base: lifecycle (setup, poll loop, close), heartbeats, clean shutdown.
 
-Every worker kind (actor, inference server, learner) is a subclass that
+Every worker kind (srl_jax/worker_kinds.py: actor, inference server, ...) is a subclass that
 implements `setup` and `run_once`, and reports counters. The base sends a
 heartbeat carrying those counters to the controller every
 `runtime.stats_interval_s`, stops on SIGTERM/SIGINT, and stops by itself when
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import faulthandler
-import importlib
 import logging
 import os
 import signal
@@ -36,13 +35,8 @@ from srl_jax.names import FileNameService, NameService, worker_name
 from srl_jax.run_dir import read_run_config
 from srl_jax.streams import RejectCounter, limit_message_size, make_socket, send
 from srl_jax.transport import Transport
+from srl_jax.worker_kinds import KINDS, UnknownWorkerKind, load_worker_class
 
-WORKER_CLASSES = {
-    "actor": "actors.actor_worker:ActorWorker",
-    "inference": "learners.inference_server:InferenceServer",
-    "learner": "learners.learner_worker:LearnerWorker",
-    "evaluator": "learners.evaluator:EvaluatorWorker",
-}
 LOOKUP_TIMEOUT_S = 120.0
 STACKS_SIGNAL = signal.SIGUSR1
 """A worker that gets it writes every thread's Python stack to its log."""
@@ -262,15 +256,12 @@ class Worker:
         return 0
 
 
-def load_worker_class(kind: str) -> type[Worker]:
-    """Import the worker class for `kind` (lazily, so actors never import JAX)."""
-    module_name, class_name = WORKER_CLASSES[kind].split(":")
-    return getattr(importlib.import_module(module_name), class_name)
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("kind", choices=sorted(WORKER_CLASSES))
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="worker kinds (srl_jax/worker_kinds.py):\n" + "\n".join(
+            f"  {kind.name}: {kind.doc}" for kind in KINDS.values()))
+    parser.add_argument("kind", help="the kind of worker to run (below)")
     parser.add_argument("index", type=int)
     parser.add_argument("--run-dir", type=Path, required=True)
     parser.add_argument("--policy", default=DEFAULT_POLICY,
@@ -283,7 +274,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     config = read_run_config(args.run_dir)
     names = FileNameService(args.run_dir / "names")
-    worker = load_worker_class(args.kind)(config, args.index, args.run_dir, names, args.policy)
+    try:
+        worker_class = load_worker_class(args.kind)
+    except UnknownWorkerKind as error:
+        parser.error(str(error))
+    worker = worker_class(config, args.index, args.run_dir, names, args.policy)
     return worker.run()
 
 

@@ -16,10 +16,10 @@ import time
 import numpy as np
 import pytest
 
-from actors.envs import check_policies, env_spec, policy_names
+from actors.envs import check_policies, env_spec
 from learners.export import load_policy, load_team
 from learners.learner_worker import chunk_layout
-from srl_jax.config import ConfigError, load_config
+from srl_jax.config import ConfigError, load_config, policy_names
 from srl_jax.metrics import POLICY_RETURN, MetricsAggregator
 from srl_jax.run_dir import checkpoint_steps, evaluated_root, step_meta, steps_in
 from srl_jax.streams import send

@@ -1,0 +1,128 @@
+"""The worker kinds of the dataflow and the run's worker plan, derived from the config here.
+
+Each kind names its class as "module:Class", imported only in the process that
+runs it (so an actor never imports JAX), says whether each policy has its own
+workers of the kind, how many the config asks for, and which hosts of a cluster
+script run it. The controller, the launch backends, the cluster scripts and
+`python -m srl_jax.worker` all read this registry. A new kind (a replay or a
+population worker) is its module, one `register_kind` call and its streams in
+the stream table; its Ray resources are `ray.<name>` where the config has that key.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+from srl_jax.config import DEFAULT_POLICY, ExperimentConfig, RayConfig, policy_names
+
+HOST_ROLES = ("learner", "inference", "actor")
+"""The host roles of the cluster scripts (srl_jax/cluster.py)."""
+DEFAULT_RESOURCES = {"CPU": 1.0}
+"""Ray resources of a kind the config has no `ray.<name>` key for."""
+
+
+class UnknownWorkerKind(ValueError):
+    """A worker kind no module registered; the message is one line naming the known ones."""
+
+
+@dataclass(frozen=True)
+class WorkerKind:
+    name: str
+    entry: str
+    """The worker class as "module:Class", imported lazily by `load_worker_class`."""
+    per_policy: bool
+    """Each policy has its own workers of this kind (else they serve every policy)."""
+    count: Callable[[ExperimentConfig], int]
+    """How many workers of this kind the config asks for (per policy where `per_policy`)."""
+    host_role: str
+    """Which hosts of a cluster script run it: one of HOST_ROLES."""
+    doc: str
+
+    def __post_init__(self) -> None:
+        module, _, cls = self.entry.partition(":")
+        if not module or not cls:
+            raise ValueError(f"worker kind '{self.name}': entry '{self.entry}' is not "
+                             "'module:Class'")
+        if self.host_role not in HOST_ROLES:
+            raise ValueError(f"worker kind '{self.name}': host role '{self.host_role}' is not "
+                             f"one of {', '.join(HOST_ROLES)}")
+
+    @property
+    def ray_configured(self) -> bool:
+        """Whether the config has a `ray.<name>` key for this kind's Ray resources."""
+        return self.name in {field.name for field in fields(RayConfig)}
+
+    def ray_resources(self, config: ExperimentConfig) -> dict[str, float]:
+        """What one worker of this kind asks Ray for: `ray.<name>`, else one CPU."""
+        return getattr(config.ray, self.name) if self.ray_configured else dict(DEFAULT_RESOURCES)
+
+
+KINDS: dict[str, WorkerKind] = {}
+"""Every worker kind by name, in the order the plan starts them."""
+
+
+def register_kind(kind: WorkerKind) -> WorkerKind:
+    """Add `kind` to the registry (a second registration of the same kind is a no-op)."""
+    known = KINDS.get(kind.name)
+    if known is not None and known != kind:
+        raise ValueError(f"worker kind '{kind.name}' is already registered ({known.entry})")
+    KINDS[kind.name] = kind
+    return kind
+
+
+def worker_kind(name: str) -> WorkerKind:
+    try:
+        return KINDS[name]
+    except KeyError:
+        raise UnknownWorkerKind(f"unknown worker kind '{name}' (known: "
+                                f"{', '.join(KINDS)})") from None
+
+
+def load_worker_class(name: str) -> type:
+    """Import the worker class of the kind `name`, in the process that runs it."""
+    module, _, cls = worker_kind(name).entry.partition(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def worker_plan(config: ExperimentConfig) -> list[tuple[str, int, str]]:
+    """Every worker of the run as (kind, index, policy): each policy its own workers of
+    the per-policy kinds (learners, inference servers), then the shared ones (actors,
+    the evaluator), each kind in registry order."""
+    per_policy = [kind for kind in KINDS.values() if kind.per_policy]
+    shared = [kind for kind in KINDS.values() if not kind.per_policy]
+    plan = [(kind.name, i, policy) for policy in policy_names(config.env)
+            for kind in per_policy for i in range(kind.count(config))]
+    plan += [(kind.name, i, DEFAULT_POLICY) for kind in shared for i in range(kind.count(config))]
+    return plan
+
+
+def _learners(config: ExperimentConfig) -> int:
+    return config.learner.processes
+
+
+def _inference_servers(config: ExperimentConfig) -> int:
+    return 0 if config.actors.inline_inference else config.inference.count
+
+
+def _actors(config: ExperimentConfig) -> int:
+    return config.actors.count
+
+
+def _evaluators(config: ExperimentConfig) -> int:
+    return 1 if config.evaluation.every_updates else 0
+
+
+register_kind(WorkerKind(
+    "learner", "learners.learner_worker:LearnerWorker", True, _learners, "learner",
+    "trains its policy on sample chunks and publishes its parameters"))
+register_kind(WorkerKind(
+    "inference", "learners.inference_server:InferenceServer", True, _inference_servers,
+    "inference", "answers the actors' batched policy requests"))
+register_kind(WorkerKind(
+    "actor", "actors.actor_worker:ActorWorker", False, _actors, "actor",
+    "steps environments for every policy, sends sample chunks to the learners"))
+register_kind(WorkerKind(
+    "evaluator", "learners.evaluator:EvaluatorWorker", False, _evaluators, "actor",
+    "plays evaluation episodes with the latest parameters"))
