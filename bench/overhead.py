@@ -202,8 +202,18 @@ def _take_samples(conn: Connection, case: dict[str, Any], root: Path) -> None:
             arrays[name].shape == shape and arrays[name].dtype == dtype
             for name, (shape, dtype) in layout.items())
 
+    def prefetch() -> Any:
+        """The next batch on its way to the device (None while too few chunks wait)."""
+        if (batch := queue.take_batch(0)) is None:
+            return None
+        counts["frames_consumed"] += batch["rewards"].size
+        return put_batch(to_batch(batch), mesh)
+
+    on_device = None
+
     def step() -> None:
-        if pull.poll(POLL_MS):
+        nonlocal on_device
+        if pull.poll(0 if on_device is not None else POLL_MS):
             for _ in range(MAX_DRAIN):
                 if (received := receive(pull, SAMPLE_KINDS, rejects)) is None:
                     break
@@ -212,9 +222,11 @@ def _take_samples(conn: Connection, case: dict[str, Any], root: Path) -> None:
                     continue
                 counts["frames_received"] += arrays["rewards"].size
                 queue.put(arrays, 0)
-        if (batch := queue.take_batch(0)) is not None:
-            jax.block_until_ready(put_batch(to_batch(batch), mesh))
-            counts["frames_consumed"] += batch["rewards"].size
+        if on_device is None:
+            on_device = prefetch()
+        if on_device is not None:
+            jax.block_until_ready(on_device)  # where the update would run
+            on_device = prefetch()  # overlaps the transfer with the next receive
 
     conn.send(endpoint)
     try:

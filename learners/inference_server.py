@@ -1,5 +1,9 @@
 """The inference server: batches actors' observations and answers with actions.
 
+A process shell around a `PolicyRunner` (learners/policy_runner.py, which holds
+the parameters and runs the padded policy call): it gathers requests on its
+ROUTER socket, follows the parameter stream, replies, and reports counters.
+
 Requests from many actors are gathered until `inference.max_batch` rows are
 waiting or `inference.max_wait_ms` has passed since the first one, padded to
 the next of a few fixed sizes (powers of two), and run through one jitted
