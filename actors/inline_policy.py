@@ -17,7 +17,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before JAX is imported: actors 
 
 from learners.jax_runtime import configure_jax
 from learners.param_stream import subscribe
-from learners.policy import PolicyRunner
+from learners.policy import make_runner
 from srl_jax.worker import Worker
 
 
@@ -28,17 +28,17 @@ class InlinePolicy:
         config = worker.config
         configure_jax(config.runtime)
         split = config.actors.envs // config.actors.splits
-        self.runner = PolicyRunner(config, spec, config.seed + 2000 + worker.index,
-                                   min_size=split, max_size=split)
+        self.runner = make_runner(config, spec, config.seed + 2000 + worker.index,
+                                  min_size=split, max_size=split)
         with worker.busy("compiling the policy"):
-            self.runner.warm_up()
+            self.runner.compile()
         self.params = subscribe(worker, self.runner)
 
     def act(self, obs: np.ndarray) -> tuple[dict, dict[str, np.ndarray]]:
         """A reply as an inference server would send it: (meta, arrays)."""
         self.params.poll()
-        action, logp, value, _ = self.runner(obs)
-        return {"version": self.runner.version}, {"action": action, "logp": logp, "value": value}
+        outputs, version = self.runner.run(obs)
+        return {"version": version}, outputs
 
     def close(self) -> None:
         self.params.socket.close()

@@ -1,30 +1,10 @@
-"""Scaling simulation: a large cluster's dataflow on one machine, and the runtime's overheads.
+"""Scaling sweep: a large cluster's dataflow on one machine, and what the overheads imply.
 
 What it measures
 ----------------
-1. **Overheads of the runtime** (the figures that bound scale on a real cluster),
-   over real loopback TCP sockets between this process and one child process:
-
-   - *per inference request*: this process plays the actors: DEALER sockets send
-     `infer_request` messages (`srl_jax.streams.send`, the real wire encoding)
-     of `--envs` rows and read the replies (`streams.receive`). The child runs
-     the real `InferenceServer.run_once` (gathering, batching, concatenating,
-     replying) with the jitted policy replaced by a stub that returns zeros, so
-     what is left is the runtime's work. Measured: the server process's CPU
-     time per request (its ZMQ I/O thread included) with 8 requests in flight,
-     the actor side's CPU per request, and the wall round trip with one request
-     in flight (max_batch = one request, so the server never waits for more).
-   - *per sample*: this process plays an actor: it fills trajectory chunks
-     with the actor's `ChunkBuilder` (T x n steps, the real chunk layout) and
-     pushes them on the sample stream (`streams.send`, blocking like
-     `actors.send_policy=block`). The child runs the real
-     `LearnerWorker.run_once` (receive, decode, validate, sample queue, batch
-     assembly, `put_batch` onto the device) with the compiled update replaced
-     by a no-op. Measured: CPU per sample (one env step) on each side, and per
-     chunk.
-
-   Both for the sweep's observation (float32 [4], like CartPole) and for
-   Atari-sized frames (uint8 [84, 84, 4]).
+1. **Overheads of the runtime**: `bench/overhead.py`'s measurements (server CPU
+   per inference request, learner CPU per sample, over real sockets without
+   policy compute or updates), unless `--skip-overheads`.
 
 2. **Sweep**: the real system (`python -m srl_jax.launch`), with a trivially
    cheap env (`bench/null_env.py`: a step costs about 2 us), a small network
@@ -36,6 +16,9 @@ What it measures
    requests/s, rows per batch, request latency, sample-stream samples/s, and
    every worker's CPU time from /proc/<pid>/stat, giving CPU us per request on
    the servers, per sample on the learner and per frame on the actors.
+
+With both, it says how many actor cores one server core and one learner's
+intake feed.
 
 Run from the repository root::
 
@@ -50,11 +33,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import itertools
 import json
 import math
-import multiprocessing
 import os
 import signal
 import statistics
@@ -63,14 +44,11 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import zmq
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import overhead
 from e2e_fps import (
     REPO_ROOT,
     BenchError,
@@ -81,22 +59,9 @@ from e2e_fps import (
     stop_process,
 )
 from machine import nproc, release_workdir, write_results
-
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-from actors.env_ring import ChunkBuilder, StepResult
-from srl_jax.config import DEFAULT_POLICY
-from srl_jax.names import FileNameService, policy_key
-from srl_jax.streams import RejectCounter, make_socket, receive, send
+from overhead import BATCH_CHUNKS, IN_FLIGHT, NULL_ENV, TRAJECTORY
 
 DEFAULT_EXPERIMENT = "cartpole_ppo"
-NULL_ENV = "bench.null_env:NullEnv-v0"
-TRAJECTORY = 32
-"""T of the sweep's chunks and of the per-sample measurement."""
-BATCH_CHUNKS = 4
-"""Chunks per learner batch (learner.batch_envs = 4 x the columns of a chunk)."""
-IN_FLIGHT = 8
-"""Requests in flight (one per simulated actor) for the server's CPU per request."""
 SATURATION = 0.9
 """A server count saturates at the fewest actors that reach this share of its best fps."""
 CPU_FULL = 0.9
@@ -108,11 +73,6 @@ STARTUP_GUESS_S = 20.0
 """Start-up assumed for the budget before the first launch has shown its own."""
 ROW_TIMEOUT_S = 10.0
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-OBS_CASES: dict[str, tuple[tuple[int, ...], str]] = {
-    "vector": ((4,), "float32"),
-    "frames": ((84, 84, 4), "uint8"),
-}
-"""Observations of the overhead measurements: the sweep's (CartPole's) and Atari's."""
 
 WORKER_KINDS = ("actor", "inference", "learner", "controller")
 
@@ -120,9 +80,9 @@ WORKER_KINDS = ("actor", "inference", "learner", "controller")
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="bench/scale.py",
-        description="Scaling simulation: the runtime's overhead per inference request and per "
-                    "sample, and throughput of the real system against actor and inference "
-                    "server counts on this machine.",
+        description="Scaling sweep: throughput of the real system against actor and "
+                    "inference server counts on this machine, with the runtime's overhead per "
+                    "inference request and per sample (bench/overhead.py).",
         epilog="Defaults finish in under 5 minutes on 2 cores; --quick in about 1 minute.")
     parser.add_argument("--quick", action="store_true",
                         help="actors 1 4 16, one server, shorter windows (under a minute)")
@@ -151,8 +111,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help=f"base config of the sweep (default: {DEFAULT_EXPERIMENT})")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE", help="extra override for the sweep; repeatable")
-    parser.add_argument("--skip-sweep", action="store_true", help="overheads only")
-    parser.add_argument("--skip-overheads", action="store_true", help="sweep only")
+    parser.add_argument("--skip-overheads", action="store_true",
+                        help="sweep only (bench/overhead.py gives the overheads alone)")
     parser.add_argument("--no-results", action="store_true",
                         help="do not write bench/results/scale.json")
     parser.add_argument("--keep", action="store_true", help="keep the sweep's run directories")
@@ -173,316 +133,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.window <= 0 or args.warmup < 0 or args.micro_seconds <= 0:
         parser.error("--window and --micro-seconds must be positive, --warmup not negative")
     return args
-
-
-# ------------------------------------------------------------ overheads: child
-
-
-class _StubPolicy:
-    """Stands in for `PolicyRunner`: zeros for every row, no JAX call."""
-
-    version = 0
-    updates = 0
-
-    def __call__(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-        rows = batch.shape[0]
-        return (np.zeros(rows, np.int32), np.zeros(rows, np.float32),
-                np.zeros(rows, np.float32), rows)
-
-
-class _Control:
-    """The parent's commands ('mark', 'end'), polled by the worker's own loop.
-
-    For the inference server it stands in for the parameter subscription
-    (`server.params`: a `socket` the server polls, and `poll()`), so that the
-    server's real `run_once` serves requests and commands alike.
-    """
-
-    def __init__(self, conn: Connection, counters: Any) -> None:
-        self.conn = conn
-        self.socket = conn.fileno()
-        """What a zmq.Poller reports the pipe as (it reports raw files by descriptor)."""
-        self.counters = counters
-        self.done = False
-
-    def poll(self) -> None:
-        """Answer one command with this process's CPU times and the worker's counters."""
-        if self.conn.recv() == "end":
-            self.done = True
-        self.conn.send({"cpu_s": time.process_time(), "thread_cpu_s": time.thread_time(),
-                        **self.counters()})
-
-
-def _micro_config(case: dict[str, Any]) -> Any:
-    from srl_jax.config import ActorConfig, ExperimentConfig, InferenceConfig, LearnerConfig
-
-    return ExperimentConfig(
-        actors=ActorConfig(envs=case["envs"], splits=1, trajectory_length=TRAJECTORY),
-        inference=InferenceConfig(max_batch=case.get("max_batch", case["envs"]),
-                                  min_padded_batch=1),
-        # No update runs, so versions never matter: nothing is ever stale. A short
-        # queue bounds memory with Atari-sized chunks (15 MB each).
-        learner=LearnerConfig(batch_envs=case["envs"] * BATCH_CHUNKS, sample_queue=8,
-                              staleness_cap=10**9, devices=1))
-
-
-def _serve_requests(conn: Connection, case: dict[str, Any], root: Path) -> None:
-    """The real inference server loop, with a stub policy, until the parent says 'end'."""
-    from learners.inference_server import InferenceServer
-
-    names = FileNameService(root / "names")
-    server = InferenceServer(_micro_config(case), 0, root, names)
-    server.obs_shape, server.obs_dtype = tuple(case["obs_shape"]), np.dtype(case["obs_dtype"])
-    server.runner = _StubPolicy()
-    server.router = make_socket(server.zmq, zmq.ROUTER)
-    endpoint = server.transport.bind(server.router, names,
-                                     policy_key(DEFAULT_POLICY, "inference/0"))
-    control = _Control(conn, server.counters)
-    server.params = control
-    server.poller = zmq.Poller()
-    server.poller.register(server.router, zmq.POLLIN)
-    server.poller.register(control.socket, zmq.POLLIN)
-    conn.send(endpoint)
-    try:
-        while not control.done:
-            server.run_once()
-    finally:
-        server.router.close()
-
-
-def _no_update(state: Any, batch: Any) -> tuple[Any, dict[str, Any]]:
-    """Stands in for the compiled update: waits for the batch to be on the device."""
-    import jax
-
-    jax.block_until_ready(batch)
-    return state, {}
-
-
-def _take_samples(conn: Connection, case: dict[str, Any], root: Path) -> None:
-    """The real learner loop, with a no-op update, until the parent says 'end'."""
-    from actors.envs import EnvSpec
-    from learners.learner_worker import LearnerWorker, chunk_layout
-    from learners.mesh import make_learner_mesh
-
-    names = FileNameService(root / "names")
-    config = _micro_config(case)
-    learner = LearnerWorker(config, 0, root, names)
-    learner.pull = make_socket(learner.zmq, zmq.PULL, hwm=config.learner.sample_queue)
-    endpoint = learner.transport.bind(learner.pull, names,
-                                      policy_key(DEFAULT_POLICY, "learner/samples/0"))
-    spec = EnvSpec(tuple(case["obs_shape"]), np.dtype(case["obs_dtype"]), 2, continuous=False)
-    learner.layout = chunk_layout(config, spec)
-    learner.mesh = make_learner_mesh(1, config.learner.batch_envs)
-    learner.update, learner.state, learner.pub = _no_update, None, None
-    control = _Control(conn, lambda: {
-        "frames_received": learner.frames_received, "frames_consumed": learner.frames_consumed,
-        "rejected": learner.rejects.count})
-    conn.send(endpoint)
-    try:
-        while not control.done:
-            learner.run_once()
-            if conn.poll():
-                control.poll()
-    finally:
-        learner.pull.close()
-
-
-def sink_main(conn: Connection) -> None:
-    """Child process: the server and learner ends of the overhead measurements."""
-    for module in ("learners.inference_server", "learners.learner_worker"):
-        importlib.import_module(module)  # JAX and the workers, before any timing
-
-    with tempfile.TemporaryDirectory(prefix="srl_scale_sink_") as tmp:
-        conn.send("ready")
-        while (command := conn.recv()) != "quit":
-            role, case = command
-            root = Path(tmp) / f"{role}-{case['name']}"
-            (_serve_requests if role == "requests" else _take_samples)(conn, case, root)
-
-
-# ----------------------------------------------------------- overheads: parent
-
-
-class Sink:
-    """The child process of the overhead measurements, stopped by its pid."""
-
-    def __init__(self) -> None:
-        context = multiprocessing.get_context("spawn")  # the child imports JAX; never fork
-        self.conn, child_conn = context.Pipe()
-        self.process = context.Process(target=sink_main, args=(child_conn,), daemon=True,
-                                       name="scale-sink")
-        self.process.start()
-        child_conn.close()
-        if not self.conn.poll(START_TIMEOUT_S) or self.conn.recv() != "ready":
-            self.close()
-            raise BenchError("the overhead child did not start")
-
-    def call(self, message: Any, timeout_s: float = 30.0) -> Any:
-        """Send a command to the child and return its answer."""
-        self.conn.send(message)
-        if not self.conn.poll(timeout_s):
-            raise BenchError(f"the overhead child did not answer {message!r}")
-        return self.conn.recv()
-
-    def close(self) -> None:
-        """Ask the child to quit; SIGTERM, then SIGKILL, its pid if it does not."""
-        with contextlib.suppress(OSError, BrokenPipeError):
-            if self.process.is_alive():
-                self.conn.send("quit")
-        self.process.join(5)
-        if self.process.is_alive():
-            self.process.terminate()  # SIGTERM to its pid
-            self.process.join(5)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join()
-        self.conn.close()
-
-
-@dataclass
-class Window:
-    """This process's clock and CPU time, and the child's answer, at one mark."""
-
-    wall: float
-    cpu_s: float
-    child: dict[str, float]
-
-
-def _mark(sink: Sink, message: str = "mark") -> Window:
-    child = sink.call(message)
-    return Window(time.perf_counter(), time.process_time(), child)
-
-
-def request_overhead(sink: Sink, name: str, envs: int, in_flight: int,
-                     seconds: float) -> dict[str, Any]:
-    """Requests of `envs` rows from `in_flight` DEALERs (one each) to the real server loop."""
-    obs_shape, obs_dtype = OBS_CASES[name]
-    case = {"name": f"{name}-{in_flight}", "envs": envs, "max_batch": envs * in_flight,
-            "obs_shape": list(obs_shape), "obs_dtype": obs_dtype}
-    endpoint = sink.call(("requests", case))
-    context = zmq.Context.instance()
-    dealers = [make_socket(context, zmq.DEALER) for _ in range(in_flight)]
-    poller = zmq.Poller()
-    for dealer in dealers:
-        dealer.connect(endpoint)
-        poller.register(dealer, zmq.POLLIN)
-    obs = np.zeros((envs, *obs_shape), obs_dtype)
-    rejects = RejectCounter()
-    seqs = dict.fromkeys(dealers, 0)
-
-    def ask(dealer: zmq.Socket) -> None:
-        seqs[dealer] += 1
-        send(dealer, "infer_request", {"split": 0, "seq": seqs[dealer]}, {"obs": obs})
-
-    def run(duration: float) -> int:
-        answered, deadline = 0, time.perf_counter() + duration
-        while time.perf_counter() < deadline:
-            for dealer, _ in poller.poll(100):
-                while receive(dealer, frozenset({"infer_reply"}), rejects) is not None:
-                    answered += 1
-                    ask(dealer)
-        return answered
-
-    try:
-        for dealer in dealers:
-            ask(dealer)
-        run(min(0.3, seconds / 3))  # warm-up: connections, first batches
-        start = _mark(sink)
-        answered = run(seconds)
-        end = _mark(sink, "end")
-    finally:
-        for dealer in dealers:
-            dealer.close()
-    wall = end.wall - start.wall
-    requests = end.child["requests"] - start.child["requests"]
-    batches = max(end.child["batches"] - start.child["batches"], 1)
-    if requests <= 0 or answered <= 0 or rejects.count:
-        raise BenchError(f"request measurement {case['name']}: {requests} requests served, "
-                         f"{rejects.count} replies rejected")
-    request_bytes = int(obs.nbytes)
-    server_cpu = end.child["cpu_s"] - start.child["cpu_s"]
-    server_python = end.child["thread_cpu_s"] - start.child["thread_cpu_s"]
-    return {
-        "obs": name, "obs_shape": list(obs_shape), "obs_dtype": obs_dtype, "rows": envs,
-        "request_bytes": request_bytes, "in_flight": in_flight,
-        "requests_per_s": requests / wall, "requests_per_batch": requests / batches,
-        "round_trip_us": 1e6 * wall * in_flight / answered,
-        "server_cpu_us_per_request": 1e6 * server_cpu / requests,
-        "server_python_us_per_request": 1e6 * server_python / requests,
-        "server_zmq_io_us_per_request": 1e6 * (server_cpu - server_python) / requests,
-        "actor_cpu_us_per_request": 1e6 * (end.cpu_s - start.cpu_s) / answered,
-    }
-
-
-def sample_overhead(sink: Sink, name: str, envs: int, seconds: float) -> dict[str, Any]:
-    """Chunks of T x `envs` steps from the actor's ChunkBuilder into the real learner loop."""
-    obs_shape, obs_dtype = OBS_CASES[name]
-    case = {"name": name, "envs": envs, "obs_shape": list(obs_shape), "obs_dtype": obs_dtype}
-    endpoint = sink.call(("samples", case))
-    push = make_socket(zmq.Context.instance(), zmq.PUSH, hwm=4)  # actors.send_queue
-    push.connect(endpoint)
-    first = np.zeros((envs, *obs_shape), obs_dtype)
-    builder = ChunkBuilder(TRAJECTORY, first)
-    step = StepResult(np.ones(envs, np.float32), np.zeros(envs, bool), np.zeros(envs, bool),
-                      first, np.empty(0, np.int64), np.empty((0, *obs_shape), obs_dtype))
-    action, values = np.zeros(envs, np.int32), np.zeros(envs, np.float32)
-    no_values = np.empty(0, np.float32)
-    chunk_bytes = 0
-
-    def run(duration: float) -> int:
-        nonlocal chunk_bytes
-        steps = 0
-        deadline = time.perf_counter() + duration
-        while time.perf_counter() < deadline:
-            chunk = builder.on_policy(action, values, values, 0, no_values)
-            if chunk is not None:
-                chunk_bytes = sum(a.nbytes for a in chunk.values())
-                send(push, "samples", {"actor": 0, "episode_returns": []}, chunk)
-            builder.on_step(step)
-            steps += 1
-        return steps
-
-    try:
-        run(min(0.3, seconds / 3))
-        start = _mark(sink)
-        steps = run(seconds)
-        end = _mark(sink, "end")
-    finally:
-        push.close()
-    wall = end.wall - start.wall
-    received = end.child["frames_received"] - start.child["frames_received"]
-    if received <= 0 or end.child["rejected"]:
-        raise BenchError(f"sample measurement {name}: {received} samples received, "
-                         f"{end.child['rejected']} chunks rejected")
-    chunk_samples = TRAJECTORY * envs
-    learner_us = 1e6 * (end.child["cpu_s"] - start.child["cpu_s"]) / received
-    actor_us = 1e6 * (end.cpu_s - start.cpu_s) / (steps * envs)
-    return {
-        "obs": name, "obs_shape": list(obs_shape), "obs_dtype": obs_dtype,
-        "chunk": f"[{TRAJECTORY}+1, {envs}]", "chunk_samples": chunk_samples,
-        "chunk_bytes": chunk_bytes, "samples_per_s": received / wall,
-        "chunks_per_s": received / chunk_samples / wall,
-        "learner_cpu_us_per_sample": learner_us,
-        "learner_cpu_us_per_chunk": learner_us * chunk_samples,
-        "actor_cpu_us_per_sample": actor_us, "actor_cpu_us_per_chunk": actor_us * chunk_samples,
-        "samples_consumed_frac": (end.child["frames_consumed"] - start.child["frames_consumed"])
-        / received,
-    }
-
-
-def measure_overheads(args: argparse.Namespace) -> dict[str, Any]:
-    """Per request and per sample, for each observation case."""
-    sink = Sink()
-    try:
-        requests, samples = [], []
-        for name in OBS_CASES:
-            requests.append(request_overhead(sink, name, args.envs, 1, args.micro_seconds))
-            requests.append(request_overhead(sink, name, args.envs, IN_FLIGHT,
-                                             args.micro_seconds))
-            samples.append(sample_overhead(sink, name, args.envs, args.micro_seconds))
-    finally:
-        sink.close()
-    return {"requests": requests, "samples": samples}
 
 
 # -------------------------------------------------------------------- sweep
@@ -774,30 +424,6 @@ def mark_saturation(points: list[Point]) -> dict[str, Any]:
 # ------------------------------------------------------------------- output
 
 
-def print_overheads(overheads: dict[str, Any]) -> None:
-    print(f"{'obs':>7} {'rows':>4} {'bytes':>8} {'inflight':>8} {'req/s':>9} {'req/batch':>9} "
-          f"{'rtt_us':>8} {'server_us':>9} {'(python':>8} {'io)':>6} {'actor_us':>8}")
-    for r in overheads["requests"]:
-        print(f"{r['obs']:>7} {r['rows']:>4} {r['request_bytes']:>8,} {r['in_flight']:>8} "
-              f"{r['requests_per_s']:>9,.0f} {r['requests_per_batch']:>9.1f} "
-              f"{r['round_trip_us']:>8.0f} {r['server_cpu_us_per_request']:>9.1f} "
-              f"{r['server_python_us_per_request']:>8.1f} "
-              f"{r['server_zmq_io_us_per_request']:>6.1f} {r['actor_cpu_us_per_request']:>8.1f}")
-    print("  server_us: CPU us per request of the server process with a stub policy (python: "
-          "its main thread; io: other threads, chiefly ZMQ's I/O thread); actor_us: the same "
-          "on the asking side; rtt_us: wall time per request and request in flight")
-    print(f"{'obs':>7} {'chunk':>9} {'MB':>6} {'samples/s':>10} {'chunks/s':>8} "
-          f"{'learner_us':>10} {'actor_us':>8} {'learner_us/chunk':>16}")
-    for s in overheads["samples"]:
-        print(f"{s['obs']:>7} {s['chunk']:>9} {s['chunk_bytes'] / 1e6:>6.2f} "
-              f"{s['samples_per_s']:>10,.0f} {s['chunks_per_s']:>8,.0f} "
-              f"{s['learner_cpu_us_per_sample']:>10.3f} {s['actor_cpu_us_per_sample']:>8.3f} "
-              f"{s['learner_cpu_us_per_chunk']:>16.0f}")
-    print("  learner_us: CPU us per sample (one env step) of the learner process without its "
-          "update (receive, check, queue, batch, put on the device); actor_us: the actor's "
-          "chunk filling and sending")
-
-
 def print_sweep(points: list[Point]) -> None:
     header = (f"{'actors':>6} {'srv':>3} {'fps':>9} {'req/s':>8} {'rows/b':>6} {'lat_ms':>6} "
               f"{'wait':>5} {'smp/s':>9} {'chunk/s':>7} {'srv_us/req':>10} {'(policy)':>8} "
@@ -821,31 +447,12 @@ def print_sweep(points: list[Point]) -> None:
 
 
 def headline(overheads: dict[str, Any] | None, points: list[Point]) -> dict[str, Any]:
-    """The two overhead figures, and what they imply for one server core and one learner.
-
-    With the sweep's points it adds how many actor cores (at the measured actor CPU per
-    frame of this cheap env: the worst case) one server core and one learner intake feed.
-    """
+    """The overhead headline (`overhead.headline`), and with the sweep's points how many
+    actor cores (at the measured actor CPU per frame of this cheap env: the worst case)
+    one server core and one learner intake feed."""
     if not overheads:
         return {}
-    request = next(r for r in overheads["requests"]
-                   if r["obs"] == "vector" and r["in_flight"] == IN_FLIGHT)
-    sample = next(s for s in overheads["samples"] if s["obs"] == "vector")
-    per_request, per_sample = request["server_cpu_us_per_request"], \
-        sample["learner_cpu_us_per_sample"]
-    head = {
-        "per_request_overhead_us": per_request,
-        "per_request_overhead_us_per_row": per_request / request["rows"],
-        "per_request_actor_side_us": request["actor_cpu_us_per_request"],
-        "per_request_round_trip_us": next(
-            r["round_trip_us"] for r in overheads["requests"]
-            if r["obs"] == "vector" and r["in_flight"] == 1),
-        "per_sample_overhead_us": per_sample,
-        "per_sample_actor_side_us": sample["actor_cpu_us_per_sample"],
-        "server_core_requests_per_s": 1e6 / per_request,
-        "server_core_rows_per_s": 1e6 * request["rows"] / per_request,
-        "learner_intake_samples_per_s": 1e6 / per_sample,
-    }
+    head: dict[str, Any] = overhead.headline(overheads)
     per_frame = statistics.median(p.actor_cpu_us_per_frame for p in points) if points else None
     if per_frame:
         frames_per_core = 1e6 / per_frame
@@ -859,16 +466,7 @@ def headline(overheads: dict[str, Any] | None, points: list[Point]) -> dict[str,
 
 
 def print_headline(head: dict[str, Any], rows: int) -> None:
-    print(f"per-request overhead: {head['per_request_overhead_us']:.1f} us of server CPU per "
-          f"request of {rows} rows ({head['per_request_overhead_us_per_row']:.2f} us/row), "
-          f"{head['per_request_actor_side_us']:.1f} us on the actor side, round trip "
-          f"{head['per_request_round_trip_us']:.0f} us; one server core answers at most "
-          f"{head['server_core_requests_per_s']:,.0f} requests/s "
-          f"({head['server_core_rows_per_s']:,.0f} rows/s) besides its policy compute")
-    print(f"per-sample overhead: {head['per_sample_overhead_us']:.3f} us of learner CPU per "
-          f"sample, {head['per_sample_actor_side_us']:.3f} us on the actor side; one learner's "
-          f"intake takes at most {head['learner_intake_samples_per_s']:,.0f} samples/s "
-          "besides its update")
+    overhead.print_headline(head, rows)
     if "actor_core_frames_per_s" in head:
         print(f"an actor core steps {head['actor_core_frames_per_s']:,.0f} frames/s of this "
               f"env (median over the sweep): one server core feeds "
@@ -939,16 +537,15 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_overheads:
             print(f"overheads: {args.micro_seconds:g}s per measurement ...", flush=True)
             try:
-                overheads = measure_overheads(args)
+                overheads = overhead.measure_overheads(args.envs, args.micro_seconds)
             except BenchError as error:
                 failures.append(f"overheads: {error}")
-        if not args.skip_sweep:
-            points, startups = run_sweep(args, workdir, began + args.budget, failures)
+        points, startups = run_sweep(args, workdir, began + args.budget, failures)
         saturation = mark_saturation(points) if points else {}
         head = headline(overheads, points)
         print()
         if overheads:
-            print_overheads(overheads)
+            overhead.print_overheads(overheads)
             print()
         if points:
             print_sweep(points)

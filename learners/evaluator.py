@@ -32,7 +32,8 @@ from learners.export import TrainedPolicy, play_episode, play_team_episode
 from learners.jax_runtime import configure_jax
 from learners.networks import make_policy
 from learners.param_stream import POLL_MS, ParamSubscriber, subscribe
-from learners.policy import PolicyRunner
+from learners.policy import make_runner
+from learners.policy_runner import PolicyRunner
 from srl_jax.checkpoint import save_params
 from srl_jax.config import config_to_dict, is_pettingzoo, policy_names
 from srl_jax.run_dir import evaluated_root, step_meta, steps_in
@@ -64,7 +65,7 @@ class EvaluatorWorker(Worker):
         self.poller = zmq.Poller()
         for name in self.team_names:
             spec = env_spec(env, name)
-            runner = PolicyRunner(self.config, spec, self.config.seed, 1, 1)
+            runner = make_runner(self.config, spec, self.config.seed, 1, 1)
             policy, _ = make_policy(self.config, spec)
             self.runners.append(runner)
             self.team.append(TrainedPolicy(self.config, spec, policy, runner.params, step=0))

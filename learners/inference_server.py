@@ -1,5 +1,9 @@
 """The inference server: batches actors' observations and answers with actions.
 
+A process shell around a `PolicyRunner` (learners/policy_runner.py, which holds
+the parameters and runs the padded policy call): it gathers requests on its
+ROUTER socket, follows the parameter stream, replies, and reports counters.
+
 Requests from many actors are gathered until `inference.max_batch` rows are
 waiting or `inference.max_wait_ms` has passed since the first one, padded to
 the next of a few fixed sizes (powers of two), and run through one jitted
@@ -14,15 +18,17 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import zmq
 
-from actors.envs import env_spec
+from actors.envs import EnvSpec, env_spec
 from learners.jax_runtime import configure_jax
-from learners.param_stream import subscribe
-from learners.policy import PolicyRunner
+from learners.param_stream import ParamSubscriber, subscribe
+from learners.policy import make_runner
+from learners.policy_runner import PolicyRunner
 from srl_jax.config import DEFAULT_POLICY, ExperimentConfig
 from srl_jax.names import NameService, policy_key
 from srl_jax.streams import make_socket, receive, send
@@ -31,35 +37,45 @@ from srl_jax.worker import Worker
 REQUEST_KINDS = frozenset({"infer_request"})
 POLL_MS = 100
 
+RunnerFactory = Callable[[ExperimentConfig, EnvSpec, int, int, int], PolicyRunner]
+"""(config, spec, sampling seed, min padded size, max batch) -> an uncompiled runner."""
+
 
 class InferenceServer(Worker):
     kind = "inference"
 
     def __init__(self, config: ExperimentConfig, index: int, run_dir: Path,
-                 names: NameService, policy: str = DEFAULT_POLICY) -> None:
+                 names: NameService, policy: str = DEFAULT_POLICY,
+                 runner_factory: RunnerFactory = make_runner) -> None:
+        """`runner_factory`: how `setup` builds the policy runner (a benchmark passes
+        one that acts without JAX, to measure the server's own work)."""
         super().__init__(config, index, run_dir, names, policy)
+        self.runner_factory = runner_factory
         self.requests = 0
         self.rows = 0
         self.batches = 0
         self.padded_rows = 0
         self.time_compute = 0.0
         self.runner: PolicyRunner | None = None
+        self.router: zmq.Socket | None = None
+        self.endpoint: str | None = None
+        """Where the ROUTER socket listens, once `setup` has bound it."""
+        self.params: ParamSubscriber | None = None
+        self.poller = zmq.Poller()
         self._last_batch_wall = time.time()
 
     def setup(self) -> None:
         configure_jax(self.config.runtime)
         spec = env_spec(self.config.env, self.policy)
-        self.obs_shape, self.obs_dtype = spec.obs_shape, spec.obs_dtype
         cfg = self.config.inference
-        self.runner = PolicyRunner(self.config, spec, self.config.seed + 1000 + self.index,
-                                   cfg.min_padded_batch, cfg.max_batch)
+        self.runner = self.runner_factory(self.config, spec, self.config.seed + 1000 + self.index,
+                                          cfg.min_padded_batch, cfg.max_batch)
         with self.busy("compiling the policy"):
-            self.runner.warm_up()
-        self.router = make_socket(self.zmq, zmq.ROUTER, hwm=self.config.inference.request_queue)
-        self.transport.bind(self.router, self.names,
-                            policy_key(self.policy, f"inference/{self.index}"))
+            self.runner.compile()
+        self.router = make_socket(self.zmq, zmq.ROUTER, hwm=cfg.request_queue)
+        self.endpoint = self.transport.bind(self.router, self.names,
+                                            policy_key(self.policy, f"inference/{self.index}"))
         self.params = subscribe(self, self.runner)
-        self.poller = zmq.Poller()
         self.poller.register(self.router, zmq.POLLIN)
         self.poller.register(self.params.socket, zmq.POLLIN)
 
@@ -91,8 +107,9 @@ class InferenceServer(Worker):
                 continue
             routing, message = received
             obs = message.arrays.get("obs")
-            if (obs is None or obs.shape[1:] != self.obs_shape or obs.dtype != self.obs_dtype
-                    or obs.ndim != 1 + len(self.obs_shape) or obs.shape[0] == 0):
+            spec = self.runner.spec
+            if (obs is None or obs.shape[1:] != spec.obs_shape or obs.dtype != spec.obs_dtype
+                    or obs.ndim != 1 + len(spec.obs_shape) or obs.shape[0] == 0):
                 self.rejects.reject(ValueError(f"request obs of shape "
                                                f"{None if obs is None else obs.shape}"))
                 continue
@@ -107,25 +124,24 @@ class InferenceServer(Worker):
             batch = np.concatenate([obs for _, _, obs in pending])
             rows = batch.shape[0]
             start = time.perf_counter()
-            action, logp, value, size = self.runner(batch)
+            outputs, version = self.runner.run(batch)
             self.time_compute += time.perf_counter() - start
             self.batches += 1
             self.requests += len(pending)
             self.rows += rows
-            self.padded_rows += size
+            self.padded_rows += self.runner.padded_size(rows)
             offset = 0
             for routing, meta, obs in pending:
                 part = slice(offset, offset + obs.shape[0])
                 offset = part.stop
                 reply_meta = {"split": meta.get("split"), "seq": meta.get("seq"),
-                              "version": self.runner.version, "batch_rows": rows}
+                              "version": version, "batch_rows": rows}
                 send(self.router, "infer_reply", reply_meta,
-                     {"action": action[part], "logp": logp[part], "value": value[part]},
-                     routing=routing)
+                     {name: out[part] for name, out in outputs.items()}, routing=routing)
 
     def waiting(self) -> tuple[str, float] | None:
         """Requests from actors (the time since the last batch it served)."""
-        if hasattr(self, "router"):
+        if self.router is not None:
             return "requests from actors", self._last_batch_wall
         return super().waiting()
 
@@ -138,7 +154,7 @@ class InferenceServer(Worker):
         }
 
     def close(self) -> None:
-        if hasattr(self, "router"):
+        if self.router is not None:
             self.router.close()
-        if hasattr(self, "params"):
+        if self.params is not None:
             self.params.socket.close()

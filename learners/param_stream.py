@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import zmq
 
-from learners.policy import PolicyRunner
+from learners.policy_runner import PolicyRunner
 from srl_jax.names import policy_key
 from srl_jax.streams import RejectCounter, make_socket, receive
 

@@ -8,7 +8,8 @@ import zmq
 
 from learners.param_codec import params_to_arrays
 from learners.param_stream import ParamSubscriber
-from learners.policy import PolicyRunner
+from learners.policy import make_runner
+from learners.policy_runner import PolicyRunner
 from srl_jax.streams import RejectCounter, make_socket, send
 from tests.conftest import make_config, wait_for
 
@@ -18,7 +19,7 @@ def runner() -> PolicyRunner:
     from actors.envs import env_spec
 
     config = make_config()
-    return PolicyRunner(config, env_spec(config.env), sampling_seed=0, min_size=1, max_size=4)
+    return make_runner(config, env_spec(config.env), sampling_seed=0, min_size=1, max_size=4)
 
 
 def test_a_restarted_learner_wins_with_lower_versions(runner: PolicyRunner) -> None:

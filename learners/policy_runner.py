@@ -1,0 +1,98 @@
+"""The policy runner: a compiled acting function on host batches padded to a few sizes.
+
+Socket-free, so it is tested on arrays, and shared by the inference server,
+the actors' inline policy and the evaluator. Padding to powers of two means
+jit compiles a handful of programs, not one per batch size; `compile` builds
+every one of them up front, so the first requests do not wait for XLA.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from actors.envs import EnvSpec
+from learners.param_codec import arrays_to_params
+
+Act = Callable[[Any, Any, jax.Array, np.uint32], tuple[Any, Any, Any]]
+"""(params, obs [N, ...], key, call counter) -> (action [N, ...], logp [N], value [N])."""
+OUTPUTS = ("action", "logp", "value")
+"""The arrays `PolicyRunner.run` returns, as the inference stream's replies name them."""
+
+
+def padded_sizes(min_size: int, max_batch: int) -> list[int]:
+    """Powers of two from `min_size` up to the first that holds `max_batch`."""
+    sizes = [1 << max(0, (min_size - 1).bit_length())]
+    while sizes[-1] < max_batch:
+        sizes.append(sizes[-1] * 2)
+    return sizes
+
+
+class PolicyRunner:
+    """The current policy parameters and their version, and the padded acting call."""
+
+    def __init__(self, act: Act, params: Any, spec: EnvSpec, sizes: Sequence[int],
+                 sampling_seed: int) -> None:
+        """`params`: version 0, which every worker builds from the seed itself;
+        `sizes`: the padded batch sizes (`padded_sizes`)."""
+        self.spec = spec
+        self.sizes = tuple(sizes)
+        self.params = params
+        self.template = jax.tree.map(np.asarray, params)
+        self.version = 0
+        self.incarnation = -1
+        self.updates = 0
+        self.calls = 0
+        self._act = act
+        # Action sampling needs speed, not cryptographic quality: the RBG generator
+        # costs a fraction of threefry per call on CPU.
+        self._key = jax.random.key(sampling_seed, impl="unsafe_rbg")
+
+    def compile(self) -> None:
+        """Compile the acting call for every padded size."""
+        for size in self.sizes:
+            self.run(np.zeros((size, *self.spec.obs_shape), self.spec.obs_dtype))
+
+    def set_params(self, arrays: dict[str, np.ndarray], version: int,
+                   incarnation: int = 0) -> None:
+        """Take published parameters (named host arrays, as the parameter stream carries
+        them); ValueError if they do not fit this policy."""
+        self.params = jax.device_put(arrays_to_params(arrays, self.template))
+        self.version, self.incarnation = version, incarnation
+        self.updates += 1
+
+    def wants(self, version: int, incarnation: int = 0) -> bool:
+        """Whether parameters of `version` are newer than what we act with.
+
+        A learner restarted from a checkpoint is a new incarnation: its versions
+        win even when they are lower than those of the learner that died.
+        """
+        if incarnation != self.incarnation:
+            return incarnation > self.incarnation
+        return version > self.version or (self.updates == 0 and version == self.version)
+
+    def padded_size(self, rows: int) -> int:
+        """The smallest padded size that holds `rows` (doubling past the largest)."""
+        for size in self.sizes:
+            if rows <= size:
+                return size
+        size = self.sizes[-1]
+        while size < rows:
+            size *= 2
+        return size
+
+    def run(self, obs: np.ndarray) -> tuple[dict[str, np.ndarray], int]:
+        """{action, logp, value} for every row of `obs`, and the version that made them."""
+        rows = obs.shape[0]
+        size = self.padded_size(rows)
+        batch = obs
+        if size != rows:
+            batch = np.zeros((size, *self.spec.obs_shape), self.spec.obs_dtype)
+            batch[:rows] = obs
+        self.calls += 1
+        outputs = jax.device_get(self._act(self.params, batch, self._key, np.uint32(self.calls)))
+        named = {name: out[:rows] for name, out in zip(OUTPUTS, outputs, strict=True)}
+        return named, self.version

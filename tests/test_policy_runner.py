@@ -1,0 +1,87 @@
+"""The policy runner on arrays: padded sizes, outputs per spec, parameter versions."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from actors.envs import EnvSpec
+from learners.networks import init_policy_params, make_policy
+from learners.param_codec import params_to_arrays
+from learners.policy import make_runner
+from learners.policy_runner import PolicyRunner, padded_sizes
+from tests.conftest import make_config
+
+DISCRETE = EnvSpec((4,), np.dtype(np.float32), 2, continuous=False)
+CONTINUOUS = EnvSpec((3,), np.dtype(np.float32), 2, continuous=True, action_low=(-1.0, -1.0),
+                     action_high=(1.0, 1.0))
+
+
+def runner_for(spec: EnvSpec, min_size: int = 1, max_size: int = 8) -> PolicyRunner:
+    return make_runner(make_config(), spec, sampling_seed=0, min_size=min_size,
+                       max_size=max_size)
+
+
+def observations(rows: int, spec: EnvSpec) -> np.ndarray:
+    rng = np.random.default_rng(rows)
+    return rng.uniform(-0.5, 0.5, (rows, *spec.obs_shape)).astype(spec.obs_dtype)
+
+
+def test_padded_sizes_are_powers_of_two_up_to_the_first_that_holds_the_batch() -> None:
+    assert padded_sizes(1, 1) == [1]
+    assert padded_sizes(3, 20) == [4, 8, 16, 32]
+    assert padded_sizes(8, 64) == [8, 16, 32, 64]
+    runner = runner_for(DISCRETE, min_size=3, max_size=20)
+    assert runner.sizes == (4, 8, 16, 32)
+    assert [runner.padded_size(rows) for rows in (1, 4, 5, 17, 32)] == [4, 4, 8, 32, 32]
+    assert runner.padded_size(33) == 64 and runner.padded_size(129) == 256
+
+
+def test_compile_runs_every_padded_size_once() -> None:
+    runner = runner_for(DISCRETE, max_size=8)
+    runner.compile()
+    assert runner.calls == len(runner.sizes) == 4
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 11])
+def test_discrete_outputs_match_the_policy_for_every_row(rows: int) -> None:
+    runner = runner_for(DISCRETE)
+    obs = observations(rows, DISCRETE)
+    outputs, version = runner.run(obs)
+    assert version == 0 and set(outputs) == {"action", "logp", "value"}
+    action, logp, value = outputs["action"], outputs["logp"], outputs["value"]
+    assert action.shape == (rows,) and action.dtype == np.int32
+    assert set(action.tolist()) <= {0, 1}
+    assert logp.shape == (rows,) and value.shape == (rows,)
+    policy, _ = make_policy(make_config(), DISCRETE)
+    logits, values = policy.apply(runner.params, obs)
+    table = np.asarray(jax.nn.log_softmax(logits))
+    np.testing.assert_allclose(logp, table[np.arange(rows), action], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(value, np.asarray(values), rtol=1e-5, atol=1e-6)
+
+
+def test_continuous_outputs_have_an_action_vector_per_row() -> None:
+    runner = runner_for(CONTINUOUS)
+    outputs, _ = runner.run(observations(5, CONTINUOUS))
+    assert outputs["action"].shape == (5, 2) and outputs["action"].dtype == np.float32
+    assert outputs["logp"].shape == (5,) and outputs["value"].shape == (5,)
+    assert np.all(np.isfinite(outputs["logp"]))
+
+
+def test_set_params_changes_outputs_and_version_and_refuses_a_misfit() -> None:
+    runner = runner_for(DISCRETE)
+    obs = observations(6, DISCRETE)
+    before, _ = runner.run(obs)
+    _, network = make_policy(make_config(), DISCRETE)
+    newer = params_to_arrays(init_policy_params(network, DISCRETE.obs_shape, seed=99))
+    runner.set_params(newer, version=7, incarnation=2)
+    after, version = runner.run(obs)
+    assert version == 7 and runner.incarnation == 2 and runner.updates == 1
+    assert not np.allclose(after["value"], before["value"])
+
+    misfit = dict(newer)
+    misfit.pop(next(iter(misfit)))
+    with pytest.raises(ValueError, match="arrays for"):
+        runner.set_params(misfit, version=8)
+    assert runner.run(obs)[1] == 7 and runner.updates == 1
