@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from srl_jax.backends import worker_plan
-from srl_jax.config import ConfigError, ExperimentConfig, load_config, resolve_experiment_path
+from srl_jax.config import ConfigError, ExperimentConfig
+from srl_jax.config_loader import load_config, resolve_experiment_path
 from srl_jax.launch import EXIT_CONFIG, config_dirs
 
 RAY_CLI = ("-m", "ray.scripts.scripts")

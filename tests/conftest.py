@@ -17,7 +17,8 @@ import pytest
 import yaml
 import zmq
 
-from srl_jax.config import ExperimentConfig, apply_overrides, config_from_dict, config_to_dict
+from srl_jax.config import ExperimentConfig
+from srl_jax.config_loader import apply_overrides, config_from_dict, config_to_dict
 from srl_jax.names import FileNameService
 from srl_jax.streams import make_socket
 from srl_jax.transport import Transport

@@ -28,7 +28,8 @@ from learners.distributions import CATEGORICAL, GAUSSIAN, distribution
 from learners.networks import OBS_CLIP, init_policy_params, make_policy, update_obs_stats
 from learners.ppo import make_optimizer, make_update
 from learners.train_state import Batch, init_train_state, prepare
-from srl_jax.config import EnvConfig, load_config
+from srl_jax.config import EnvConfig
+from srl_jax.config_loader import load_config
 from srl_jax.streams import RejectCounter, receive, send
 from tests.conftest import REPO, make_config, write_run_dir
 from tests.fakes import FakeServerAndLearner
