@@ -124,7 +124,7 @@ def check_policies(config: ExperimentConfig) -> None:
     for policy in policy_names(config.env):
         spec = env_spec(config.env, policy)
         check_network(config.network.kind, spec, config.env.id)
-        columns = split_envs * spec.agents  # (config.validate already refused 1-agent misfits)
+        columns = split_envs * spec.agents  # (config_checks already refused 1-agent misfits)
         step = columns * config.learner.processes
         if config.learner.batch_envs % step:
             raise ConfigError(

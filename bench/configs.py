@@ -53,7 +53,8 @@ from actors.actor_worker import make_split
 from actors.atari import is_atari
 from actors.envs import EnvSpec, env_seed, env_spec
 from srl_jax.analysis import RETURN, load_run, summarize
-from srl_jax.config import EnvConfig, ExperimentConfig, is_pettingzoo, load_config, policy_names
+from srl_jax.config import EnvConfig, ExperimentConfig, is_pettingzoo, policy_names
+from srl_jax.config_loader import load_config
 
 CONFIGS_DIR = REPO_ROOT / "configs"
 RESULTS_NAME = "configs"

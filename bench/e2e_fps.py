@@ -249,11 +249,11 @@ def raw_env_rates(env: dict[str, Any], num_envs: int, total_s: float,
 
     try:
         from actors.envs import make_env
-        from srl_jax.config import config_from_dict
+        from srl_jax.config_loader import config_from_dict
     except ImportError:  # not installed: run from a checkout
         sys.path.insert(0, str(REPO_ROOT))
         from actors.envs import make_env
-        from srl_jax.config import config_from_dict
+        from srl_jax.config_loader import config_from_dict
 
     config = config_from_dict({"env": env}).env  # all of it: Atari preprocessing included
     envs = [make_env(config) for _ in range(num_envs)]

@@ -118,7 +118,7 @@ TIMING_DEFAULTS: dict[tuple[str, bool], tuple[int, int, int]] = {
 
 def case_config(case: str, args: argparse.Namespace) -> ExperimentConfig:
     """The default experiment's config, with the CNN case's smaller batch and epochs."""
-    from srl_jax.config import load_config
+    from srl_jax.config_loader import load_config
 
     overrides: list[str] = []
     if case == "cnn":
@@ -176,7 +176,7 @@ def run_case(case: str, devices: int, args: argparse.Namespace) -> dict[str, Any
     """Build the learner's update for `case` on `devices` devices and time it."""
     import jax
 
-    from learners.algorithms import algorithm
+    from learners.algorithms import algorithm, algorithm_config, sizes
     from learners.learner_worker import chunk_layout, to_batch
     from learners.mesh import compile_update, make_learner_mesh, put_batch, replicated
     from learners.networks import init_policy_params
@@ -186,7 +186,8 @@ def run_case(case: str, devices: int, args: argparse.Namespace) -> dict[str, Any
     spec, policy, network = case_policy(case, config, args)
     T, B = config.actors.trajectory_length, config.learner.batch_envs
     algo = algorithm(config.learner.algorithm)
-    optimizer = algo.make_optimizer(config)
+    acfg, sz = algorithm_config(config), sizes(config)
+    optimizer = algo.make_optimizer(acfg, sz)
     mesh = make_learner_mesh(devices, B)
     params = init_policy_params(network, spec.obs_shape, config.seed)
     n_params = sum(x.size for x in jax.tree.leaves(params["net"]))
@@ -199,7 +200,7 @@ def run_case(case: str, devices: int, args: argparse.Namespace) -> dict[str, Any
         return put_batch(to_batch(arrays), mesh)
 
     start = time.perf_counter()
-    update: Callable = compile_update(algo.make_update(policy, optimizer, config), mesh,
+    update: Callable = compile_update(algo.make_update(policy, optimizer, acfg, sz), mesh,
                                       state, put(pool[0]))
     compile_s = time.perf_counter() - start
 
@@ -247,11 +248,10 @@ def run_case(case: str, devices: int, args: argparse.Namespace) -> dict[str, Any
             "cpu": cpu_util,
         })
 
-    ppo = config.learner.ppo
     first = jax.devices()[0]
     result: dict[str, Any] = {
         "case": case, "devices": mesh.size, "T": T, "B": B,
-        "epochs": ppo.epochs, "minibatches": ppo.minibatches,
+        "epochs": acfg.epochs, "minibatches": acfg.minibatches,
         "obs": f"{np.dtype(spec.obs_dtype).name}{list(spec.obs_shape)}",
         "actions": spec.action_dim, "params": int(n_params),
         "updates": args.updates, "repeats": args.repeats, "compile_s": compile_s,

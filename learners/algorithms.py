@@ -1,17 +1,140 @@
-"""The algorithm registry: name -> (optimizer, update) builders, imported lazily.
+"""The algorithm registry: one `Algorithm` object per algorithm, found by name.
 
-An algorithm is one module in `learners/` with `make_optimizer(config)` and
-`make_update(policy, optimizer, config)`, which returns a pure
-(TrainState, Batch) -> (TrainState, metrics) function for the learner to jit.
+An algorithm is one module. It exports one `Algorithm`: its name, its own config
+dataclass (its section `learner.<name>` of the experiment YAML, every field with a
+one-line doc, checked in `__post_init__`), the builders of its optimizer and of its
+pure (TrainState, Batch) -> (TrainState, metrics) update, which get that config and
+the derived `Sizes` (never the whole experiment config), the chunk fields the update
+reads and the stream it learns from. The built-in ones (`BUILT_IN`) are imported on
+first use; any other module registers its algorithm with `register(...)` when it is
+imported, which the experiment's `plugins` list makes happen in every process.
+
+This module imports no JAX: the launcher checks configs with it before any worker
+starts (building an algorithm's config imports that algorithm's module).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import importlib
-from types import ModuleType
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
-MODULES = {"ppo": "learners.ppo", "impala": "learners.impala"}
+from srl_jax.config import ConfigError, ExperimentConfig, LearnerConfig
+from srl_jax.config_loader import build_dataclass
+
+BUILT_IN = {"ppo": "learners.ppo", "impala": "learners.impala"}
+"""Name -> module exporting `ALGORITHM`, imported on first use."""
+_REGISTERED: dict[str, Algorithm] = {}
 
 
-def algorithm(name: str) -> ModuleType:
-    return importlib.import_module(MODULES[name])
+@dataclass(frozen=True)
+class Sizes:
+    """What an algorithm needs of the rest of the experiment, derived once (`sizes`)."""
+
+    trajectory_length: int
+    """T: steps per chunk; a batch is [T+1, B]."""
+    batch_envs: int
+    """B: env columns per update (over all learner processes)."""
+    total_updates: int
+    """Updates in the whole run (stop.env_frames / (T * B)); 0 when the run has no
+    frame limit."""
+    reward_scale: float
+    """Rewards are multiplied by this before the update (learner.reward_scale)."""
+    reward_clip: float
+    """Rewards are clipped to [-c, c] before the update (0: no clipping)."""
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One learning algorithm, as the learner worker and the config checks see it."""
+
+    name: str
+    """Its name in `learner.algorithm`, and its section `learner.<name>`."""
+    config: type
+    """Its config dataclass; every field has a default and a one-line doc, and
+    `__post_init__` raises `srl_jax.config.ConfigError` naming `learner.<name>.<key>`."""
+    make_optimizer: Callable[[Any, Sizes], Any]
+    """(config, sizes) -> optax.GradientTransformation over the network parameters."""
+    make_update: Callable[[Any, Any, Any, Sizes], Callable]
+    """(policy, optimizer, config, sizes) -> pure update (TrainState, Batch) ->
+    (TrainState, metrics) for the learner to jit over its mesh."""
+    fields: tuple[str, ...]
+    """The chunk fields its update reads."""
+    source: str = "samples"
+    """The stream it takes data from."""
+    check: Callable[[Any, Sizes], None] | None = None
+    """Checks of its config against the sizes (ConfigError with one line), if any."""
+
+
+def register(algo: Algorithm) -> None:
+    """Make `algo` known by its name (called by a plugin module when it is imported)."""
+    reserved = {f.name for f in dataclasses.fields(LearnerConfig)} | set(BUILT_IN)
+    if algo.name in reserved:
+        raise ValueError(f"algorithm name '{algo.name}' is taken by 'learner.{algo.name}'")
+    if _REGISTERED.get(algo.name, algo) is not algo:
+        raise ValueError(f"another algorithm is registered as '{algo.name}'")
+    _REGISTERED[algo.name] = algo
+
+
+def known() -> list[str]:
+    """Names of the built-in and the registered algorithms."""
+    return sorted(set(BUILT_IN) | set(_REGISTERED))
+
+
+def algorithm(name: str) -> Algorithm:
+    """The algorithm called `name`; ConfigError naming `learner.algorithm` if none is."""
+    if name not in _REGISTERED and name in BUILT_IN:
+        _REGISTERED[name] = importlib.import_module(BUILT_IN[name]).ALGORITHM
+    if name not in _REGISTERED:
+        close = difflib.get_close_matches(name, known(), n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise ConfigError(f"'learner.algorithm': unknown '{name}'{hint} (known: "
+                          f"{', '.join(known())}; others register through 'plugins')")
+    return _REGISTERED[name]
+
+
+def sizes(config: ExperimentConfig) -> Sizes:
+    """The sizes every algorithm may depend on, from the experiment config."""
+    T, B = config.actors.trajectory_length, config.learner.batch_envs
+    frames = config.stop.env_frames
+    return Sizes(trajectory_length=T, batch_envs=B,
+                 total_updates=max(1, frames // (T * B)) if frames else 0,
+                 reward_scale=config.learner.reward_scale,
+                 reward_clip=config.learner.reward_clip)
+
+
+def _section(config: ExperimentConfig, name: str) -> Any:
+    """Section `learner.<name>` built with its algorithm's config class."""
+    values = config.learner.algorithms.get(name, {})
+    return build_dataclass(algorithm(name).config, values, f"learner.{name}")
+
+
+def algorithm_config(config: ExperimentConfig) -> Any:
+    """The chosen algorithm's config, built from `learner.<name>` (defaults for what is not
+    written) and checked against the sizes; ConfigError with one line naming the key."""
+    algo = algorithm(config.learner.algorithm)
+    built = _section(config, algo.name)
+    if algo.check is not None:
+        algo.check(built, sizes(config))
+    return built
+
+
+def resolve_algorithms(config: ExperimentConfig) -> ExperimentConfig:
+    """`config` with every algorithm section written, and the chosen one's, built and
+    checked and written back whole (defaults filled in), as the run's config.yaml keeps
+    it; ConfigError for a section no algorithm owns or a bad value in one."""
+    sections = dict(config.learner.algorithms)
+    for name in sections:
+        if name not in known():
+            close = difflib.get_close_matches(name, known(), n=1)
+            hint = f" (did you mean 'learner.{close[0]}'?)" if close else ""
+            raise ConfigError(f"unknown key 'learner.{name}'{hint}: not a learner setting nor "
+                              f"an algorithm (known: {', '.join(known())})")
+    chosen = config.learner.algorithm
+    resolved = {name: dataclasses.asdict(_section(config, name)) for name in sections}
+    resolved[chosen] = dataclasses.asdict(algorithm_config(config))
+    return dataclasses.replace(
+        config, learner=dataclasses.replace(config.learner, algorithms=resolved))

@@ -35,7 +35,8 @@ from learners.param_stream import POLL_MS, ParamSubscriber, subscribe
 from learners.policy import make_runner
 from learners.policy_runner import PolicyRunner
 from srl_jax.checkpoint import save_params
-from srl_jax.config import config_to_dict, is_pettingzoo, policy_names
+from srl_jax.config import is_pettingzoo, policy_names
+from srl_jax.config_loader import config_to_dict
 from srl_jax.run_dir import evaluated_root, step_meta, steps_in
 from srl_jax.worker import Worker
 

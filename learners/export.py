@@ -21,17 +21,12 @@ import numpy as np
 
 from actors.envs import EnvSpec, env_spec
 from actors.multi_agent import MultiAgentSplit
-from learners.algorithms import algorithm
+from learners.algorithms import algorithm, algorithm_config, sizes
 from learners.networks import Policy, init_policy_params, make_policy
 from learners.train_state import init_train_state
 from srl_jax.checkpoint import Checkpointer, restore_params
-from srl_jax.config import (
-    DEFAULT_POLICY,
-    EnvConfig,
-    ExperimentConfig,
-    config_from_dict,
-    policy_names,
-)
+from srl_jax.config import DEFAULT_POLICY, EnvConfig, ExperimentConfig, policy_names
+from srl_jax.config_loader import config_from_dict, import_plugins
 from srl_jax.run_dir import (
     checkpoint_meta,
     checkpoint_root,
@@ -151,7 +146,8 @@ def load_policy(run_dir: str | Path, step: int | None = None, best: bool = False
         raise FileNotFoundError(f"{run_dir} has no checkpoint step {step} (it has {steps})")
     step = steps[-1] if step is None else step
     config, spec, act, network = _rebuild(checkpoint_meta(run_dir, step, best, policy), policy)
-    optimizer = algorithm(config.learner.algorithm).make_optimizer(config)
+    optimizer = algorithm(config.learner.algorithm).make_optimizer(algorithm_config(config),
+                                                                    sizes(config))
     like = init_train_state(init_policy_params(network, spec.obs_shape, config.seed), optimizer,
                             config.seed)
     checkpointer = Checkpointer(run_dir, keep=config.checkpoint.keep, keep_best=best,
@@ -166,6 +162,7 @@ def load_policy(run_dir: str | Path, step: int | None = None, best: bool = False
 def _rebuild(meta: dict[str, Any], policy: str = DEFAULT_POLICY) -> tuple:
     """(config, env spec, policy, network) from the config a checkpoint was saved with."""
     config = config_from_dict(meta["config"])
+    import_plugins(config)  # the algorithm's optimizer shapes the checkpointed state
     spec = env_spec(config.env, policy)
     return (config, spec, *make_policy(config, spec))
 

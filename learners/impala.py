@@ -14,16 +14,58 @@ over its device mesh. Nothing here knows about processes or sockets.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from learners.algorithms import Algorithm, Sizes
 from learners.distributions import Distribution
 from learners.networks import Policy
 from learners.train_state import Batch, TrainState, prepare
-from srl_jax.config import ExperimentConfig, ImpalaConfig
+from srl_jax.config import ConfigError
+
+
+@dataclass
+class ImpalaConfig:
+    """IMPALA / V-trace hyperparameters: the `learner.impala` section of the experiment config."""
+
+    learning_rate: float = 6e-4
+    """Adam step size."""
+    gamma: float = 0.99
+    """Discount factor."""
+    vf_coef: float = 0.5
+    """Weight of the value loss."""
+    ent_coef: float = 0.01
+    """Weight of the entropy bonus."""
+    rho_bar: float = 1.0
+    """Truncation of importance weights in the V-trace targets."""
+    c_bar: float = 1.0
+    """Truncation of the trace-cutting coefficients."""
+    pg_rho_bar: float = 1.0
+    """Truncation of importance weights in the policy-gradient advantages."""
+    max_grad_norm: float = 40.0
+    """Global gradient-norm clip."""
+    minibatches: int = 1
+    """SGD steps per batch (one pass, split on the env axis); they must divide B."""
+
+    def __post_init__(self) -> None:
+        if self.minibatches < 1:
+            raise ConfigError("'learner.impala.minibatches' must be at least 1")
+        if not 0 < self.gamma <= 1:
+            raise ConfigError("'learner.impala.gamma' must be in (0, 1]")
+        for key in ("learning_rate", "max_grad_norm", "rho_bar", "c_bar", "pg_rho_bar"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"'learner.impala.{key}' must be positive")
+
+
+def check(config: ImpalaConfig, sizes: Sizes) -> None:
+    """The minibatches split the batch's env columns evenly."""
+    if sizes.batch_envs % config.minibatches:
+        raise ConfigError(f"'learner.impala.minibatches' ({config.minibatches}) must divide "
+                          f"'learner.batch_envs' ({sizes.batch_envs})")
 
 
 class VTrace(NamedTuple):
@@ -133,8 +175,7 @@ def impala_loss(params: Any, apply_fn: Callable, dist: Distribution, batch: Batc
     return loss, info
 
 
-def make_optimizer(config: ExperimentConfig) -> optax.GradientTransformation:
-    impala = config.learner.impala
+def make_optimizer(impala: ImpalaConfig, sizes: Sizes) -> optax.GradientTransformation:
     return optax.chain(optax.clip_by_global_norm(impala.max_grad_norm),
                        optax.adam(impala.learning_rate, eps=1e-5))
 
@@ -152,14 +193,13 @@ def split_envs(batch: Batch, minibatches: int) -> Batch:
     return jax.tree.map(split, batch)
 
 
-def make_update(policy: Policy, optimizer: optax.GradientTransformation,
-                config: ExperimentConfig) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
+def make_update(policy: Policy, optimizer: optax.GradientTransformation, impala: ImpalaConfig,
+                sizes: Sizes) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
     """The IMPALA update: (state, batch) -> (state, metrics); pure, for the learner to jit."""
-    impala = config.learner.impala
-    reward_scale, reward_clip = config.learner.reward_scale, config.learner.reward_clip
 
     def update(state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
-        params, batch = prepare(state.params, batch, policy, reward_scale, reward_clip)
+        params, batch = prepare(state.params, batch, policy, sizes.reward_scale,
+                                sizes.reward_clip)
 
         def loss_of_net(net: Any, mb: Batch) -> tuple[jax.Array, dict]:
             return impala_loss({**params, "net": net}, policy.apply, policy.dist, mb, impala)
@@ -181,3 +221,9 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation,
         return new_state, metrics
 
     return update
+
+
+ALGORITHM = Algorithm(
+    name="impala", config=ImpalaConfig, make_optimizer=make_optimizer, make_update=make_update,
+    fields=("obs", "actions", "logp", "rewards", "terminated", "truncated", "trunc_values"),
+    check=check)

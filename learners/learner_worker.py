@@ -30,7 +30,7 @@ import numpy as np
 import zmq
 
 from actors.envs import EnvSpec, env_spec
-from learners.algorithms import algorithm
+from learners.algorithms import algorithm, algorithm_config, sizes
 from learners.distributed import (
     agree,
     free_address,
@@ -46,7 +46,8 @@ from learners.param_codec import host_value, params_to_arrays
 from learners.sample_queue import SampleQueue
 from learners.train_state import Batch, init_train_state
 from srl_jax.checkpoint import Checkpointer
-from srl_jax.config import DEFAULT_POLICY, ExperimentConfig, config_to_dict
+from srl_jax.config import DEFAULT_POLICY, ExperimentConfig
+from srl_jax.config_loader import config_to_dict
 from srl_jax.metrics import CARRIED
 from srl_jax.names import COORDINATOR_KEY, NameService, policy_key
 from srl_jax.streams import make_socket, receive, send
@@ -129,7 +130,8 @@ class LearnerWorker(Worker):
         self.layout = chunk_layout(self.config, spec)
         policy, network = make_policy(self.config, spec)
         algo = algorithm(self.config.learner.algorithm)
-        optimizer = algo.make_optimizer(self.config)
+        acfg, sz = algorithm_config(self.config), sizes(self.config)
+        optimizer = algo.make_optimizer(acfg, sz)
         self.mesh = make_learner_mesh(self.config.learner.devices, self.config.learner.batch_envs)
         seed = self.config.seed
         with self.busy("building the train state and compiling the update"):
@@ -140,7 +142,7 @@ class LearnerWorker(Worker):
                 out_shardings=replicated(self.mesh))()
             self._restore()
             example = put_batch(to_batch(self._example_batch()), self.mesh)
-            self.update = compile_update(algo.make_update(policy, optimizer, self.config),
+            self.update = compile_update(algo.make_update(policy, optimizer, acfg, sz),
                                          self.mesh, self.state, example)
         self.log.info("%s on %d device(s): %s", self.config.learner.algorithm,
                       self.mesh.size, [str(d) for d in self.mesh.devices.flat])

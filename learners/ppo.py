@@ -10,16 +10,74 @@ processes or sockets.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from learners.algorithms import Algorithm, Sizes
 from learners.distributions import Distribution
 from learners.networks import Policy
 from learners.train_state import Batch, TrainState, prepare
-from srl_jax.config import ExperimentConfig, PPOConfig
+from srl_jax.config import ConfigError
+
+
+@dataclass
+class PPOConfig:
+    """PPO hyperparameters: the `learner.ppo` section of the experiment config."""
+
+    learning_rate: float = 2.5e-4
+    """Adam step size."""
+    gamma: float = 0.99
+    """Discount factor."""
+    gae_lambda: float = 0.95
+    """GAE lambda."""
+    clip_coef: float = 0.2
+    """PPO ratio clipping."""
+    vf_coef: float = 0.5
+    """Weight of the value loss."""
+    ent_coef: float = 0.01
+    """Weight of the entropy bonus."""
+    epochs: int = 4
+    """Passes over each batch."""
+    minibatches: int = 4
+    """Minibatches per epoch; they must divide the batch of T * B samples."""
+    max_grad_norm: float = 0.5
+    """Global gradient-norm clip."""
+    normalize_advantages: bool = True
+    """Normalize advantages per minibatch."""
+    clip_value_loss: bool = True
+    """Clip the value update around the acting policy's value, as cleanrl does."""
+    anneal_lr: bool = False
+    """Decay the step size linearly to 0 over the run (needs stop.env_frames)."""
+    target_kl: float | None = None
+    """Stop an update's remaining epochs once an epoch's approximate KL exceeds this."""
+
+    def __post_init__(self) -> None:
+        if self.minibatches < 1:
+            raise ConfigError("'learner.ppo.minibatches' must be at least 1")
+        if self.epochs < 1:
+            raise ConfigError("'learner.ppo.epochs' must be at least 1")
+        if not 0 < self.gamma <= 1:
+            raise ConfigError("'learner.ppo.gamma' must be in (0, 1]")
+        if not 0 <= self.gae_lambda <= 1:
+            raise ConfigError("'learner.ppo.gae_lambda' must be in [0, 1]")
+        if self.learning_rate <= 0:
+            raise ConfigError("'learner.ppo.learning_rate' must be positive")
+
+
+def check(config: PPOConfig, sizes: Sizes) -> None:
+    """The minibatches split the batch; annealing knows the length of the run."""
+    samples = sizes.batch_envs * sizes.trajectory_length
+    if samples % config.minibatches:
+        raise ConfigError(
+            f"'learner.ppo.minibatches' ({config.minibatches}) must divide the batch of "
+            f"{samples} samples (learner.batch_envs * actors.trajectory_length)")
+    if config.anneal_lr and sizes.total_updates == 0:
+        raise ConfigError(
+            "'learner.ppo.anneal_lr' needs 'stop.env_frames' to know the length of the run")
 
 
 def gae(rewards: jax.Array, values: jax.Array, terminated: jax.Array, truncated: jax.Array,
@@ -74,30 +132,22 @@ def ppo_loss(params: Any, apply_fn: Callable, dist: Distribution, obs: jax.Array
     return loss, info
 
 
-def total_updates(config: ExperimentConfig) -> int:
-    """Updates in the whole run (for annealing): env frames / samples per update."""
-    per_update = config.learner.batch_envs * config.actors.trajectory_length
-    return max(1, config.stop.env_frames // per_update)
-
-
-def make_optimizer(config: ExperimentConfig) -> optax.GradientTransformation:
-    ppo = config.learner.ppo
+def make_optimizer(ppo: PPOConfig, sizes: Sizes) -> optax.GradientTransformation:
     learning_rate: float | optax.Schedule = ppo.learning_rate
     if ppo.anneal_lr:
-        steps = total_updates(config) * ppo.epochs * ppo.minibatches
+        steps = sizes.total_updates * ppo.epochs * ppo.minibatches
         learning_rate = optax.linear_schedule(ppo.learning_rate, 0.0, steps)
     return optax.chain(optax.clip_by_global_norm(ppo.max_grad_norm),
                        optax.adam(learning_rate, eps=1e-5))
 
 
-def make_update(policy: Policy, optimizer: optax.GradientTransformation,
-                config: ExperimentConfig) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
+def make_update(policy: Policy, optimizer: optax.GradientTransformation, ppo: PPOConfig,
+                sizes: Sizes) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
     """The PPO update: (state, batch) -> (state, metrics); pure, for the learner to jit."""
-    ppo = config.learner.ppo
-    reward_scale, reward_clip = config.learner.reward_scale, config.learner.reward_clip
 
     def update(state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
-        params, batch = prepare(state.params, batch, policy, reward_scale, reward_clip)
+        params, batch = prepare(state.params, batch, policy, sizes.reward_scale,
+                                sizes.reward_clip)
         advantages, returns = gae(batch.rewards, batch.values, batch.terminated,
                                   batch.truncated, batch.trunc_values, ppo.gamma, ppo.gae_lambda)
         T, B = batch.rewards.shape
@@ -155,3 +205,10 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation,
         return new_state, metrics
 
     return update
+
+
+ALGORITHM = Algorithm(
+    name="ppo", config=PPOConfig, make_optimizer=make_optimizer, make_update=make_update,
+    fields=("obs", "actions", "logp", "values", "rewards", "terminated", "truncated",
+            "trunc_values"),
+    check=check)

@@ -30,7 +30,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from srl_jax.config import ConfigError, ExperimentConfig, load_config, resolve_experiment_path
+from srl_jax.config import ConfigError, ExperimentConfig
+from srl_jax.config_loader import load_config, resolve_experiment_path
 from srl_jax.launch import EXIT_CONFIG, config_dirs
 from srl_jax.worker_kinds import KINDS, worker_kind, worker_plan
 

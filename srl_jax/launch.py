@@ -1,7 +1,8 @@
 """Entry point: `python -m srl_jax.launch EXPERIMENT [--set key=value ...]`.
 
 Resolves the experiment config (a name in `configs/` or a YAML path), applies
-overrides, validates everything before a worker starts (exit code 2 and one
+overrides, imports its plugins, validates everything (the environment and the
+algorithm's section included) before a worker starts (exit code 2 and one
 line on a bad config), makes the run directory, writes the resolved config and
 hands over to the controller. Exit code 0 when the run reached its stop
 condition; non-zero with a one-line reason otherwise.
@@ -26,15 +27,8 @@ from pathlib import Path
 import yaml
 
 from srl_jax.backends import BackendError, LaunchBackend, LocalBackend
-from srl_jax.config import (
-    DEFAULT_POLICY,
-    ConfigError,
-    ExperimentConfig,
-    config_to_dict,
-    load_config,
-    policy_names,
-    resolve_experiment_path,
-)
+from srl_jax.config import DEFAULT_POLICY, ConfigError, ExperimentConfig, policy_names
+from srl_jax.config_loader import config_to_dict, load_config, resolve_experiment_path
 from srl_jax.run_dir import checkpoint_steps, latest_resumable_run, trim_metrics
 
 EXIT_CONFIG = 2
@@ -110,9 +104,9 @@ def prepare_resume(args: argparse.Namespace, experiment: ExperimentConfig) -> tu
 def prepare_run(args: argparse.Namespace) -> tuple:
     """Everything that can fail on bad input, before any process starts.
 
-    Returns (config, run directory, policy -> checkpoint step to resume from, or None).
+    Returns (config with its algorithm section resolved, run directory, policy ->
+    checkpoint step to resume from, or None).
     """
-    from actors.envs import check_policies
 
     if args.backend not in BACKENDS:
         raise ConfigError(f"'--backend': unknown '{args.backend}' ({', '.join(BACKENDS)})")
@@ -130,8 +124,19 @@ def prepare_run(args: argparse.Namespace) -> tuple:
         if run_dir.exists() and any(run_dir.iterdir()):
             raise ConfigError(f"'--run-dir': {run_dir} already holds files; pick an empty or "
                               "new directory (or add --resume to continue it)")
+    return check_before_launch(config), run_dir, steps
+
+
+def check_before_launch(config: ExperimentConfig) -> ExperimentConfig:
+    """The checks `load_config` leaves out: those that need the environment packages and
+    the algorithm's own; returns `config` with its algorithm sections written whole."""
+    from actors.env_checks import check_env_id
+    from actors.envs import check_policies
+    from learners.algorithms import resolve_algorithms
+
+    check_env_id(config)
     check_policies(config)
-    return config, run_dir, steps
+    return resolve_algorithms(config)
 
 
 def make_backend(name: str, run_dir: Path, config: ExperimentConfig,

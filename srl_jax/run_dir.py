@@ -15,7 +15,8 @@ from typing import Any
 
 import yaml
 
-from srl_jax.config import DEFAULT_POLICY, ConfigError, ExperimentConfig, config_from_dict
+from srl_jax.config import DEFAULT_POLICY, ConfigError, ExperimentConfig
+from srl_jax.config_loader import config_from_dict
 
 CHECKPOINTS = "checkpoints"
 BEST = "best"

@@ -30,6 +30,7 @@ import numpy as np
 import zmq
 
 from srl_jax.config import DEFAULT_POLICY, ExperimentConfig
+from srl_jax.config_loader import import_plugins
 from srl_jax.faults import FaultPlan
 from srl_jax.names import FileNameService, NameService, worker_name
 from srl_jax.run_dir import read_run_config
@@ -273,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s",
     )
     config = read_run_config(args.run_dir)
+    import_plugins(config)
     names = FileNameService(args.run_dir / "names")
     try:
         worker_class = load_worker_class(args.kind)

@@ -17,7 +17,9 @@ import pytest
 import yaml
 import zmq
 
-from srl_jax.config import ExperimentConfig, apply_overrides, config_from_dict, config_to_dict
+from learners.algorithms import resolve_algorithms
+from srl_jax.config import ExperimentConfig
+from srl_jax.config_loader import apply_overrides, config_from_dict, config_to_dict
 from srl_jax.names import FileNameService
 from srl_jax.streams import make_socket
 from srl_jax.transport import Transport
@@ -34,7 +36,8 @@ def make_config(overrides: list[str] = ()) -> ExperimentConfig:
 def write_run_dir(run_dir: Path, config: ExperimentConfig) -> Path:
     """A run directory as the launcher leaves it, so workers can start in it."""
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(config)))
+    resolved = resolve_algorithms(config)  # the chosen algorithm's section written whole
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(resolved)))
     return run_dir
 
 

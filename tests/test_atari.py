@@ -15,7 +15,8 @@ from actors.atari import register_atari
 from actors.env_ring import EnvSplit
 from actors.envs import env_spec, make_env
 from learners.learner_worker import chunk_layout
-from srl_jax.config import EnvConfig, load_config
+from srl_jax.config import EnvConfig
+from srl_jax.config_loader import load_config
 from tests.conftest import REPO, Processes, read_metrics, read_status
 
 SIZE = 84

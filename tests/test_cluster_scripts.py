@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from srl_jax.cluster import main as cluster_main
-from srl_jax.config import load_config, resolve_experiment_path
+from srl_jax.config_loader import load_config, resolve_experiment_path
 from srl_jax.launch import config_dirs, parse_args
 
 SHELLCHECK = Path(sys.executable).parent / "shellcheck"

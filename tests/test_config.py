@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from srl_jax.config import ConfigError, load_config
+from learners.algorithms import algorithm_config
+from srl_jax.config import ConfigError
+from srl_jax.config_loader import config_from_dict, config_to_dict, load_config
+from srl_jax.launch import check_before_launch
 from tests.conftest import REPO, make_config, write_run_dir
 
 DEFAULT = REPO / "configs" / "cartpole_ppo.yaml"
@@ -25,7 +28,7 @@ def test_default_config_loads_with_typed_overrides() -> None:
                                    "network.hidden=[32, 16]", "inference.max_wait_ms=2"])
     assert config.name == "cartpole_ppo"
     assert config.actors.count == 3
-    assert config.learner.ppo.learning_rate == pytest.approx(1e-3)
+    assert algorithm_config(config).learning_rate == pytest.approx(1e-3)
     assert config.stop.target_return is None
     assert config.env.kwargs == {"max_episode_steps": 9}
     assert config.network.hidden == [32, 16]
@@ -49,18 +52,41 @@ def test_default_config_loads_with_typed_overrides() -> None:
     ("learner.ppo.anneal_lr=true", "'learner.ppo.anneal_lr' needs 'stop.env_frames'"),
     ("network.hidden=64", "'network.hidden' must be a list"),
     ("learner.ppo.normalize_advantages=maybe", "'learner.ppo.normalize_advantages' must be true"),
+    ("learner.ppo.clip_coeff=0.1", "(did you mean 'learner.ppo.clip_coef'?)"),
+    ("learner.ppo.epochs=0", "'learner.ppo.epochs' must be at least 1"),
+    ("learner.ppoo.epochs=1", "unknown key 'learner.ppoo' (did you mean 'learner.ppo'?)"),
+    ("learner.impala.minibatches=3", "'learner.impala.minibatches' (3) must divide"),
+    ("learner.batch_env=32", "'learner.batch_env' (did you mean 'learner.batch_envs'?)"),
+    ("plugins=[no_such_plugin]", "'plugins[0]': cannot import 'no_such_plugin'"),
     ("stop.target_eval_return=400", "'stop.target_eval_return' needs the evaluator"),
     ("env.backend=vector", "'env.backend': unknown 'vector'"),
 ])
 def test_validation_names_the_key(override: str, key: str) -> None:
+    overrides = [override, "learner.algorithm=impala"] if "impala" in override else [override]
     with pytest.raises(ConfigError) as error:
-        load_config(DEFAULT, [override])
+        check_before_launch(load_config(DEFAULT, overrides))
     assert key in str(error.value)
+
+
+def test_only_the_chosen_algorithm_section_is_checked_against_the_sizes() -> None:
+    config = load_config(DEFAULT, ["learner.impala.minibatches=3"])
+    assert check_before_launch(config).learner.algorithms["impala"]["minibatches"] == 3
+
+
+def test_the_resolved_config_writes_the_chosen_section_whole() -> None:
+    config = check_before_launch(load_config(DEFAULT, ["learner.ppo.epochs=2"]))
+    written = config_to_dict(config)["learner"]
+    assert written["ppo"]["epochs"] == 2 and written["ppo"]["clip_coef"] == 0.2
+    assert "algorithms" not in written, "sections are written under their own names"
+    assert config_from_dict(config_to_dict(config)) == config
 
 
 @pytest.mark.parametrize("args, fragment", [
     (["cartpole_ppo", "--set", "actors.cont=3"], "unknown key 'actors.cont'"),
     (["cartpole_ppo", "--set", "learner.ppo.gamma=high"], "'learner.ppo.gamma' must be a number"),
+    (["cartpole_ppo", "--set", "learner.ppo.clip_coef=x"],
+     "'learner.ppo.clip_coef' must be a number, got 'x'"),
+    (["cartpole_ppo", "--set", "learner.algorithm=a2c"], "'learner.algorithm': unknown 'a2c'"),
     (["cartpole_ppo", "--set", "env.id=NoSuchEnv-v0"], "unknown gymnasium environment"),
     (["cartpole_ppo", "--set", "actors.count=-1"], "'actors.count' must be at least 1"),
     (["cartpole_ppo", "--set", "env.id=FrozenLake-v1"], "Discrete observation space"),

@@ -24,11 +24,13 @@ import numpy as np
 import pytest
 
 from actors.envs import env_seed, env_spec
+from learners.algorithms import algorithm_config, sizes
 from learners.distributions import CATEGORICAL, GAUSSIAN, distribution
 from learners.networks import OBS_CLIP, init_policy_params, make_policy, update_obs_stats
 from learners.ppo import make_optimizer, make_update
 from learners.train_state import Batch, init_train_state, prepare
-from srl_jax.config import EnvConfig, load_config
+from srl_jax.config import EnvConfig
+from srl_jax.config_loader import load_config
 from srl_jax.streams import RejectCounter, receive, send
 from tests.conftest import REPO, make_config, write_run_dir
 from tests.fakes import FakeServerAndLearner
@@ -232,9 +234,10 @@ def test_ppo_update_trains_a_gaussian_policy_with_normalization():
                              "learner.ppo.epochs=2", "learner.ppo.minibatches=1")
     spec = env_spec(config.env)
     policy, network = make_policy(config, spec)
-    optimizer = make_optimizer(config)
+    ppo, sz = algorithm_config(config), sizes(config)
+    optimizer = make_optimizer(ppo, sz)
     state = init_train_state(init_policy_params(network, spec.obs_shape, 0), optimizer, 0)
-    new_state, metrics = jax.jit(make_update(policy, optimizer, config))(state, batch)
+    new_state, metrics = jax.jit(make_update(policy, optimizer, ppo, sz))(state, batch)
     assert all(np.isfinite(float(v)) for v in metrics.values()), metrics
     assert float(metrics["epochs_run"]) == 2
     assert int(new_state.version) == 1
@@ -249,7 +252,7 @@ def test_ppo_update_trains_a_gaussian_policy_with_normalization():
     returns = np.zeros_like(rewards)
     running = np.zeros(B)
     for t in reversed(range(T)):
-        running = rewards[t] + config.learner.ppo.gamma * config.learner.ppo.gae_lambda * running
+        running = rewards[t] + ppo.gamma * ppo.gae_lambda * running
         returns[t] = running
     np.testing.assert_allclose(float(metrics["return_mean"]), returns.mean(), rtol=1e-4)
 

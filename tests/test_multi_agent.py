@@ -16,10 +16,12 @@ import time
 import numpy as np
 import pytest
 
-from actors.envs import check_policies, env_spec
+from actors.envs import env_spec
 from learners.export import load_policy, load_team
 from learners.learner_worker import chunk_layout
-from srl_jax.config import ConfigError, load_config, policy_names
+from srl_jax.config import ConfigError, policy_names
+from srl_jax.config_loader import load_config
+from srl_jax.launch import check_before_launch
 from srl_jax.metrics import POLICY_RETURN, MetricsAggregator
 from srl_jax.run_dir import checkpoint_steps, evaluated_root, step_meta, steps_in
 from srl_jax.streams import send
@@ -49,7 +51,7 @@ a run of 1,500 frames has trained even where the learner was slow to compile."""
 def test_multi_agent_config_errors_name_the_key(override, message):
     """What the launcher checks before anything starts (the exit code: tests/test_config.py)."""
     with pytest.raises(ConfigError) as error:
-        check_policies(load_config(SPREAD, [override]))
+        check_before_launch(load_config(SPREAD, [override]))
     assert message in str(error.value)
 
 

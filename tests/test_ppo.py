@@ -9,10 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from learners.algorithms import Sizes
 from learners.distributions import CATEGORICAL
-from learners.ppo import gae, make_optimizer, make_update, ppo_loss
-from srl_jax.config import ExperimentConfig, LearnerConfig, NetworkConfig, PPOConfig
+from learners.ppo import PPOConfig, gae, make_optimizer, make_update, ppo_loss
 from tests.update_checks import (
+    SIZES,
     check_update_trains_and_repeats,
     check_value_loss_halves,
     random_batch,
@@ -145,20 +146,15 @@ def test_ppo_loss_gradient_stops_at_the_clip():
 PPO = PPOConfig(learning_rate=1e-3, epochs=2, minibatches=4)
 
 
-def experiment(config: PPOConfig) -> ExperimentConfig:
-    return ExperimentConfig(network=NetworkConfig(hidden=[16, 16]),
-                            learner=LearnerConfig(ppo=config))
-
-
 def fresh_state(config: PPOConfig = PPO):
-    optimizer = make_optimizer(experiment(config))
+    optimizer = make_optimizer(config, SIZES)
     policy, state = small_policy_state(optimizer)
     return policy, optimizer, state
 
 
 def test_make_update_trains_a_real_network_deterministically():
     policy, optimizer, _ = fresh_state()
-    update = jax.jit(make_update(policy, optimizer, experiment(PPO)), donate_argnums=0)
+    update = jax.jit(make_update(policy, optimizer, PPO, SIZES), donate_argnums=0)
     batch = random_batch()
     metrics = check_update_trains_and_repeats(
         update, fresh_state, batch, ("loss", "pg_loss", "value_loss", "entropy", "approx_kl",
@@ -173,7 +169,7 @@ def test_make_update_trains_a_real_network_deterministically():
 def test_make_update_reduces_the_value_loss_on_a_fixed_batch():
     config = dataclasses.replace(PPO, learning_rate=3e-3, clip_value_loss=False)
     policy, optimizer, state = fresh_state(config)
-    update = jax.jit(make_update(policy, optimizer, experiment(config)), donate_argnums=0)
+    update = jax.jit(make_update(policy, optimizer, config, SIZES), donate_argnums=0)
     check_value_loss_halves(update, state, random_batch(1), steps=15)
 
 
@@ -197,22 +193,21 @@ def test_value_clipping_takes_the_larger_error():
 def test_target_kl_stops_the_remaining_epochs():
     eager = dataclasses.replace(PPO, learning_rate=1e-2, epochs=8)
     policy, optimizer, state = fresh_state(eager)
-    _, metrics = jax.jit(make_update(policy, optimizer, experiment(eager)))(state, random_batch())
+    _, metrics = jax.jit(make_update(policy, optimizer, eager, SIZES))(state, random_batch())
     assert float(metrics["epochs_run"]) == 8
     strict = dataclasses.replace(eager, target_kl=1e-6)
     policy, optimizer, state = fresh_state(strict)
-    new_state, metrics = jax.jit(make_update(policy, optimizer, experiment(strict)))(
+    new_state, metrics = jax.jit(make_update(policy, optimizer, strict, SIZES))(
         state, random_batch())
     assert float(metrics["epochs_run"]) == 1, "the first epoch's KL exceeds the target"
     assert int(new_state.version) == 1
 
 
 def test_annealing_decays_the_step_size_to_zero():
-    config = ExperimentConfig(learner=LearnerConfig(
-        batch_envs=4, ppo=PPOConfig(learning_rate=1e-3, anneal_lr=True, epochs=1, minibatches=1)))
-    config.actors.trajectory_length = 8
-    config.stop.env_frames = 4 * 8 * 10  # 10 updates in the whole run
-    optimizer = make_optimizer(config)
+    config = PPOConfig(learning_rate=1e-3, anneal_lr=True, epochs=1, minibatches=1)
+    ten_updates = Sizes(trajectory_length=8, batch_envs=4, total_updates=10, reward_scale=1.0,
+                        reward_clip=0.0)
+    optimizer = make_optimizer(config, ten_updates)
     params = {"w": jnp.ones(3)}
     opt_state = optimizer.init(params)
     grads = {"w": jnp.ones(3)}

@@ -10,12 +10,18 @@ import numpy as np
 import pytest
 
 from learners.distributions import CATEGORICAL
-from learners.impala import episode_vtrace, impala_loss, make_optimizer, make_update
+from learners.impala import (
+    ImpalaConfig,
+    episode_vtrace,
+    impala_loss,
+    make_optimizer,
+    make_update,
+)
 from learners.mesh import compile_update, make_learner_mesh, put_batch, replicated
 from learners.ppo import gae
 from learners.train_state import Batch
-from srl_jax.config import ExperimentConfig, ImpalaConfig, LearnerConfig, NetworkConfig
 from tests.update_checks import (
+    SIZES,
     B,
     check_update_trains_and_repeats,
     check_value_loss_halves,
@@ -259,14 +265,8 @@ def test_impala_loss_gradients():
 IMPALA = ImpalaConfig(learning_rate=1e-3, minibatches=2)
 
 
-def experiment(config: ImpalaConfig) -> ExperimentConfig:
-    return ExperimentConfig(network=NetworkConfig(hidden=[16, 16]),
-                            learner=LearnerConfig(algorithm="impala", batch_envs=B,
-                                                  impala=config))
-
-
 def fresh_state(config: ImpalaConfig = IMPALA):
-    optimizer = make_optimizer(experiment(config))
+    optimizer = make_optimizer(config, SIZES)
     policy, state = small_policy_state(optimizer)
     return policy, optimizer, state
 
@@ -277,7 +277,7 @@ METRICS = ("loss", "pg_loss", "value_loss", "entropy", "rho_mean", "rho_clip_fra
 
 def test_make_update_trains_a_real_network_deterministically():
     policy, optimizer, _ = fresh_state()
-    update = jax.jit(make_update(policy, optimizer, experiment(IMPALA)), donate_argnums=0)
+    update = jax.jit(make_update(policy, optimizer, IMPALA, SIZES), donate_argnums=0)
     check_update_trains_and_repeats(update, fresh_state, random_batch(), METRICS)
 
 
@@ -287,7 +287,7 @@ def test_one_minibatch_update_is_the_loss_gradient_step():
     policy, optimizer, state = fresh_state(config)
     batch = random_batch(2)
     _, info = impala_loss(state.params, policy.apply, policy.dist, batch, config)
-    _, metrics = jax.jit(make_update(policy, optimizer, experiment(config)))(state, batch)
+    _, metrics = jax.jit(make_update(policy, optimizer, config, SIZES))(state, batch)
     for key in ("loss", "pg_loss", "value_loss", "entropy", "rho_mean"):
         assert float(metrics[key]) == pytest.approx(float(info[key]), rel=1e-5, abs=1e-6), key
 
@@ -296,17 +296,16 @@ def test_make_update_reduces_the_value_loss_on_a_fixed_batch():
     # A short horizon, so that the bootstrapped targets do not run away from the values.
     config = dataclasses.replace(IMPALA, learning_rate=3e-3, minibatches=1, gamma=0.5)
     policy, optimizer, state = fresh_state(config)
-    update = jax.jit(make_update(policy, optimizer, experiment(config)), donate_argnums=0)
+    update = jax.jit(make_update(policy, optimizer, config, SIZES), donate_argnums=0)
     check_value_loss_halves(update, state, random_batch(1), steps=30)
 
 
 def test_update_compiles_for_the_learner_mesh():
-    config = experiment(IMPALA)
     policy, optimizer, state = fresh_state()
     mesh = make_learner_mesh(0, B)
     state = jax.device_put(state, replicated(mesh))
     batch = put_batch(random_batch(), mesh)
-    update = compile_update(make_update(policy, optimizer, config), mesh, state, batch)
+    update = compile_update(make_update(policy, optimizer, IMPALA, SIZES), mesh, state, batch)
     state, metrics = update(state, batch)
     assert int(state.version) == 1
     assert np.isfinite(float(metrics["loss"]))

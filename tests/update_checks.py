@@ -9,11 +9,15 @@ import jax
 import numpy as np
 import optax
 
+from learners.algorithms import Sizes
 from learners.distributions import CATEGORICAL
 from learners.networks import ActorCritic, Policy, init_policy_params
 from learners.train_state import Batch, TrainState, init_train_state
 
 T, B, OBS_SHAPE, ACTIONS_N = 8, 4, (4,), 2
+SIZES = Sizes(trajectory_length=T, batch_envs=B, total_updates=0, reward_scale=1.0,
+              reward_clip=0.0)
+"""The sizes of `random_batch`, in a run without a frame limit."""
 
 
 def random_batch(seed: int = 0) -> Batch:

@@ -1,0 +1,168 @@
+"""Per-section checks of an experiment config that need neither an environment nor JAX.
+
+`validate` rejects what cannot run before a single worker starts, each message
+one line naming the key. Checks that must build or import an environment live
+with the actors (`actors/env_checks.py`), and each algorithm checks its own
+section (`learners/algorithms.py`); the launcher runs all three.
+"""
+
+from __future__ import annotations
+
+from srl_jax.config import (
+    ENV_BACKENDS,
+    NETWORKS,
+    POLICY_NAME,
+    RESERVED_POLICY_NAMES,
+    ConfigError,
+    ExperimentConfig,
+    is_pettingzoo,
+)
+
+
+def require(condition: bool, message: str) -> None:
+    """ConfigError(`message`) unless `condition`."""
+    if not condition:
+        raise ConfigError(message)
+
+
+def validate(config: ExperimentConfig) -> None:
+    """Reject configs that cannot run; each message names the offending key."""
+    for check in (check_env, check_actors, check_inference, check_learner, check_network,
+                  check_stop, check_checkpoint, check_runtime, check_ray):
+        check(config)
+
+
+def check_env(config: ExperimentConfig) -> None:
+    env = config.env
+    if is_pettingzoo(env.id):
+        for name, patterns in env.policies.items():
+            require(bool(POLICY_NAME.fullmatch(str(name))) and name not in RESERVED_POLICY_NAMES,
+                    f"'env.policies': policy name '{name}' must start with a letter, hold only "
+                    f"letters, digits or _, and not be {' or '.join(RESERVED_POLICY_NAMES)}")
+            require(isinstance(patterns, list) and bool(patterns)
+                    and all(isinstance(p, str) for p in patterns),
+                    f"'env.policies.{name}' must be a list of agent name patterns")
+        require(env.backend == "gymnasium",
+                "'env.backend': PettingZoo environments step with 'gymnasium'")
+        require(not config.actors.inline_inference,
+                "'actors.inline_inference' is for single-agent environments")
+    else:
+        require(not env.policies,
+                "'env.policies' is for multi-agent (PettingZoo 'pettingzoo:...') environments")
+    require(env.backend in ENV_BACKENDS,
+            f"'env.backend': unknown '{env.backend}' (known: {', '.join(ENV_BACKENDS)})")
+    atari = env.atari
+    require(atari.noop_max >= 0, "'env.atari.noop_max' must not be negative")
+    require(atari.frame_skip >= 1, "'env.atari.frame_skip' must be at least 1")
+    require(atari.frame_stack >= 1, "'env.atari.frame_stack' must be at least 1")
+    require(0 <= atari.sticky_actions <= 1, "'env.atari.sticky_actions' must be in [0, 1]")
+
+
+def check_actors(config: ExperimentConfig) -> None:
+    actors = config.actors
+    require(actors.count >= 1, f"'actors.count' must be at least 1, got {actors.count}")
+    require(actors.envs >= 1, f"'actors.envs' must be at least 1, got {actors.envs}")
+    require(actors.splits >= 1, f"'actors.splits' must be at least 1, got {actors.splits}")
+    require(actors.envs % actors.splits == 0,
+            f"'actors.splits' ({actors.splits}) must divide 'actors.envs' ({actors.envs})")
+    require(actors.trajectory_length >= 1, "'actors.trajectory_length' must be at least 1")
+    require(actors.inference_timeout_s > 0, "'actors.inference_timeout_s' must be positive")
+    require(actors.send_policy in ("block", "drop"),
+            f"'actors.send_policy' must be 'block' or 'drop', got '{actors.send_policy}'")
+    require(actors.send_queue >= 1, "'actors.send_queue' must be at least 1")
+
+
+def check_inference(config: ExperimentConfig) -> None:
+    actors, inference = config.actors, config.inference
+    require(inference.count >= 1 or actors.inline_inference,
+            f"'inference.count' must be at least 1 (or actors.inline_inference true), "
+            f"got {inference.count}")
+    require(inference.max_wait_ms >= 0, "'inference.max_wait_ms' must not be negative")
+    require(inference.min_padded_batch >= 1, "'inference.min_padded_batch' must be at least 1")
+    require(inference.request_queue >= 1, "'inference.request_queue' must be at least 1")
+    split_size = actors.envs // actors.splits
+    require(inference.max_batch >= split_size,
+            f"'inference.max_batch' ({inference.max_batch}) must hold one split of "
+            f"{split_size} envs (actors.envs / actors.splits)")
+
+
+def check_learner(config: ExperimentConfig) -> None:
+    """The learner's batch and processes; its algorithm section is the algorithm's to check."""
+    learner = config.learner
+    split_size = config.actors.envs // config.actors.splits
+    require(bool(learner.algorithm), "'learner.algorithm' must name an algorithm")
+    require(learner.devices >= 0, "'learner.devices' must not be negative")
+    require(learner.devices == 0 or learner.batch_envs % learner.devices == 0,
+            f"'learner.batch_envs' ({learner.batch_envs}) must divide evenly over "
+            f"'learner.devices' ({learner.devices})")
+    require(learner.reward_scale > 0, "'learner.reward_scale' must be positive")
+    require(learner.reward_clip >= 0, "'learner.reward_clip' must not be negative")
+    require(learner.batch_envs >= 1, "'learner.batch_envs' must be at least 1")
+    require(learner.processes >= 1, "'learner.processes' must be at least 1")
+    require(learner.batch_envs % (split_size * learner.processes) == 0,
+            f"'learner.batch_envs' ({learner.batch_envs}) must be a multiple of the split size "
+            f"{split_size} (actors.envs / actors.splits: actors send one chunk per split) "
+            f"times 'learner.processes' ({learner.processes})")
+    require(learner.staleness_cap >= 0, "'learner.staleness_cap' must not be negative")
+    require(learner.sample_queue * split_size * learner.processes >= learner.batch_envs,
+            f"'learner.sample_queue' ({learner.sample_queue}) chunks cannot hold one batch of "
+            f"{learner.batch_envs} envs")
+    require(learner.param_queue >= 1, "'learner.param_queue' must be at least 1")
+
+
+def check_network(config: ExperimentConfig) -> None:
+    network = config.network
+    require(network.kind in NETWORKS,
+            f"'network.kind': unknown '{network.kind}' (known: {', '.join(NETWORKS)})")
+    require(not (network.kind == "nature_cnn" and config.learner.normalize_obs),
+            "'learner.normalize_obs' is for vector observations; 'nature_cnn' scales pixels "
+            "itself")
+    require(len(network.hidden) >= 1, "'network.hidden' needs at least one layer")
+    require(all(h >= 1 for h in network.hidden), "'network.hidden' widths must be >= 1")
+    require(network.activation in ("tanh", "relu"),
+            f"'network.activation' must be 'tanh' or 'relu', got '{network.activation}'")
+
+
+def check_stop(config: ExperimentConfig) -> None:
+    """The stop condition, and the evaluator that `stop.target_eval_return` needs."""
+    stop, evaluation = config.stop, config.evaluation
+    require(stop.env_frames >= 0, "'stop.env_frames' must not be negative")
+    require(stop.wall_time_s >= 0, "'stop.wall_time_s' must not be negative")
+    require(stop.env_frames > 0 or stop.wall_time_s > 0 or stop.target_return is not None
+            or stop.target_eval_return is not None,
+            "'stop' needs at least one of env_frames, wall_time_s, target_return or "
+            "target_eval_return")
+    require(stop.target_eval_return is None or evaluation.every_updates > 0,
+            "'stop.target_eval_return' needs the evaluator: set 'evaluation.every_updates'")
+    require(evaluation.every_updates >= 0, "'evaluation.every_updates' must not be negative")
+    require(evaluation.episodes >= 1, "'evaluation.episodes' must be at least 1")
+
+
+def check_checkpoint(config: ExperimentConfig) -> None:
+    checkpoint = config.checkpoint
+    require(checkpoint.interval_s >= 0, "'checkpoint.interval_s' must not be negative")
+    require(checkpoint.every_updates >= 0, "'checkpoint.every_updates' must not be negative")
+    require(checkpoint.keep >= 1, f"'checkpoint.keep' must be at least 1, got {checkpoint.keep}")
+    require(checkpoint.final_save_timeout_s > 0,
+            "'checkpoint.final_save_timeout_s' must be positive")
+
+
+def check_runtime(config: ExperimentConfig) -> None:
+    """Heartbeats, restarts, message bounds and where sockets bind."""
+    runtime = config.runtime
+    require(runtime.log_interval_s > 0, "'runtime.log_interval_s' must be positive")
+    require(runtime.stats_interval_s > 0, "'runtime.stats_interval_s' must be positive")
+    require(runtime.stats_queue >= 1, "'runtime.stats_queue' must be at least 1")
+    require(runtime.max_restarts >= 0, "'runtime.max_restarts' must not be negative")
+    require(runtime.max_message_mb > 0, "'runtime.max_message_mb' must be positive")
+    require(runtime.stall_timeout_s >= 0, "'runtime.stall_timeout_s' must not be negative")
+    require(runtime.busy_timeout_s >= 0, "'runtime.busy_timeout_s' must not be negative")
+    require(bool(config.transport.bind_host), "'transport.bind_host' must not be empty")
+
+
+def check_ray(config: ExperimentConfig) -> None:
+    for kind in ("actor", "learner", "inference", "evaluator"):
+        resources = getattr(config.ray, kind)
+        require(all(amount >= 0 for amount in resources.values()),
+                f"'ray.{kind}': resource amounts must not be negative")
+    require(config.ray.placement_timeout_s > 0, "'ray.placement_timeout_s' must be positive")
