@@ -22,9 +22,10 @@ import zmq
 
 from actors.env_ring import ChunkBuilder, EnvSplit, OnePolicy, RingStep
 from actors.envpool_split import EnvPoolSplit
-from actors.envs import EnvSpec, env_seed, env_spec, make_env, policy_names
+from actors.envs import env_seed, env_spec, make_env, policy_names
 from actors.multi_agent import MultiAgentSplit
 from srl_jax.config import DEFAULT_POLICY, EnvConfig, ExperimentConfig, is_pettingzoo
+from srl_jax.env_spec import EnvSpec
 from srl_jax.metrics import POLICY_RETURN
 from srl_jax.names import NameService, policy_key
 from srl_jax.streams import make_socket, receive, send

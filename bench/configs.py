@@ -51,9 +51,10 @@ import gymnasium as gym
 
 from actors.actor_worker import make_split
 from actors.atari import is_atari
-from actors.envs import EnvSpec, env_seed, env_spec, policy_names
+from actors.envs import env_seed, env_spec, policy_names
 from srl_jax.analysis import RETURN, load_run, summarize
 from srl_jax.config import EnvConfig, ExperimentConfig, is_pettingzoo, load_config
+from srl_jax.env_spec import EnvSpec
 
 CONFIGS_DIR = REPO_ROOT / "configs"
 RESULTS_NAME = "configs"

@@ -260,9 +260,9 @@ def _no_update(state: Any, batch: Any) -> tuple[Any, dict[str, Any]]:
 
 def _take_samples(conn: Connection, case: dict[str, Any], root: Path) -> None:
     """The real learner loop, with a no-op update, until the parent says 'end'."""
-    from actors.envs import EnvSpec
     from learners.learner_worker import LearnerWorker, chunk_layout
     from learners.mesh import make_learner_mesh
+    from srl_jax.env_spec import EnvSpec
 
     names = FileNameService(root / "names")
     config = _micro_config(case)

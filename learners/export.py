@@ -19,13 +19,14 @@ from typing import Any
 import jax
 import numpy as np
 
-from actors.envs import EnvSpec, env_spec, policy_names
+from actors.envs import env_spec, policy_names
 from actors.multi_agent import MultiAgentSplit
 from learners.algorithms import algorithm
 from learners.networks import Policy, init_policy_params, make_policy
 from learners.train_state import init_train_state
 from srl_jax.checkpoint import Checkpointer, restore_params
 from srl_jax.config import DEFAULT_POLICY, EnvConfig, ExperimentConfig, config_from_dict
+from srl_jax.env_spec import EnvSpec
 from srl_jax.run_dir import (
     checkpoint_meta,
     checkpoint_root,

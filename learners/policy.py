@@ -13,10 +13,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from actors.envs import EnvSpec
 from learners.networks import Policy, init_policy_params, make_policy
 from learners.param_codec import arrays_to_params
 from srl_jax.config import ExperimentConfig
+from srl_jax.env_spec import EnvSpec
 
 
 def make_act(policy: Policy) -> Callable:
