@@ -56,7 +56,7 @@ class _Part:
 
     def __init__(self, obs: np.ndarray, length: int, spec: EnvSpec) -> None:
         self.spec = spec
-        self.chunk = ChunkBuilder(length, obs, spec.action_shape, spec.action_dtype)
+        self.chunk = ChunkBuilder(length, obs, spec)
         self.seq = 0
         self.sent_at = 0.0
         self.sent_wall = 0.0

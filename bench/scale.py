@@ -86,8 +86,10 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 from actors.env_ring import ChunkBuilder, StepResult
 from srl_jax.config import DEFAULT_POLICY
+from srl_jax.env_spec import EnvSpec
 from srl_jax.names import FileNameService, policy_key
 from srl_jax.streams import RejectCounter, make_socket, receive, send
+from srl_jax.transport import Transport
 
 DEFAULT_EXPERIMENT = "cartpole_ppo"
 NULL_ENV = "bench.null_env:NullEnv-v0"
@@ -250,41 +252,45 @@ def _serve_requests(conn: Connection, case: dict[str, Any], root: Path) -> None:
         server.router.close()
 
 
-def _no_update(state: Any, batch: Any) -> tuple[Any, dict[str, Any]]:
-    """Stands in for the compiled update: waits for the batch to be on the device."""
+def _take_samples(conn: Connection, case: dict[str, Any], root: Path) -> None:
+    """The learner's intake and batch transfer (as `LearnerWorker.run_once` drives them,
+    with no update), until the parent says 'end'."""
     import jax
 
-    jax.block_until_ready(batch)
-    return state, {}
-
-
-def _take_samples(conn: Connection, case: dict[str, Any], root: Path) -> None:
-    """The real learner loop, with a no-op update, until the parent says 'end'."""
-    from learners.learner_worker import LearnerWorker, chunk_layout
-    from learners.mesh import make_learner_mesh
-    from srl_jax.env_spec import EnvSpec
+    from learners.mesh import make_learner_mesh, put_batch
+    from learners.sample_intake import SampleIntake, run_chunk_layout
+    from learners.sample_queue import SampleQueue
+    from learners.train_state import to_batch
 
     names = FileNameService(root / "names")
     config = _micro_config(case)
-    learner = LearnerWorker(config, 0, root, names)
-    learner.pull = make_socket(learner.zmq, zmq.PULL, hwm=config.learner.sample_queue)
-    endpoint = learner.transport.bind(learner.pull, names,
-                                      policy_key(DEFAULT_POLICY, "learner/samples/0"))
+    cfg = config.learner
     spec = EnvSpec(tuple(case["obs_shape"]), np.dtype(case["obs_dtype"]), 2, continuous=False)
-    learner.layout = chunk_layout(config, spec)
-    learner.mesh = make_learner_mesh(1, config.learner.batch_envs)
-    learner.update, learner.state, learner.pub = _no_update, None, None
+    rejects = RejectCounter()
+    intake = SampleIntake(run_chunk_layout(config, spec),
+                          SampleQueue(cfg.sample_queue, cfg.batch_envs, cfg.staleness_cap),
+                          rejects)
+    mesh = make_learner_mesh(1, cfg.batch_envs)
+    context = zmq.Context.instance()
+    pull = make_socket(context, zmq.PULL, hwm=cfg.sample_queue)
+    transport = Transport.for_process(context, config.transport.bind_host,
+                                      config.transport.advertise_host)
+    endpoint = transport.bind(pull, names, policy_key(DEFAULT_POLICY, "learner/samples/0"))
     control = _Control(conn, lambda: {
-        "frames_received": learner.frames_received, "frames_consumed": learner.frames_consumed,
-        "rejected": learner.rejects.count})
+        "frames_received": intake.frames_received, "frames_consumed": intake.frames_consumed,
+        "rejected": rejects.count})
     conn.send(endpoint)
     try:
         while not control.done:
-            learner.run_once()
+            if pull.poll(50):
+                intake.drain(pull, 0)
+            while (batch := intake.take_batch(0)) is not None:
+                jax.block_until_ready(put_batch(to_batch(batch), mesh))  # the update's wait
             if conn.poll():
                 control.poll()
     finally:
-        learner.pull.close()
+        pull.close()
+        transport.close()
 
 
 def sink_main(conn: Connection) -> None:
@@ -422,7 +428,8 @@ def sample_overhead(sink: Sink, name: str, envs: int, seconds: float) -> dict[st
     push = make_socket(zmq.Context.instance(), zmq.PUSH, hwm=4)  # actors.send_queue
     push.connect(endpoint)
     first = np.zeros((envs, *obs_shape), obs_dtype)
-    builder = ChunkBuilder(TRAJECTORY, first)
+    spec = EnvSpec(tuple(obs_shape), np.dtype(obs_dtype), 2, continuous=False)
+    builder = ChunkBuilder(TRAJECTORY, first, spec)
     step = StepResult(np.ones(envs, np.float32), np.zeros(envs, bool), np.zeros(envs, bool),
                       first, np.empty(0, np.int64), np.empty((0, *obs_shape), obs_dtype))
     action, values = np.zeros(envs, np.int32), np.zeros(envs, np.float32)
