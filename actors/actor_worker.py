@@ -22,7 +22,7 @@ import zmq
 
 from actors.env_ring import ChunkBuilder, EnvSplit, OnePolicy, RingStep
 from actors.envpool_split import EnvPoolSplit
-from actors.envs import EnvSpec, env_seed, env_spec, make_env
+from actors.envs import env_seed, env_spec, make_env
 from actors.multi_agent import MultiAgentSplit
 from srl_jax.config import (
     DEFAULT_POLICY,
@@ -31,6 +31,7 @@ from srl_jax.config import (
     is_pettingzoo,
     policy_names,
 )
+from srl_jax.env_spec import EnvSpec
 from srl_jax.metrics import POLICY_RETURN
 from srl_jax.names import NameService, policy_key
 from srl_jax.streams import make_socket, receive, send
@@ -61,7 +62,7 @@ class _Part:
 
     def __init__(self, obs: np.ndarray, length: int, spec: EnvSpec) -> None:
         self.spec = spec
-        self.chunk = ChunkBuilder(length, obs, spec.action_shape, spec.action_dtype)
+        self.chunk = ChunkBuilder(length, obs, spec)
         self.seq = 0
         self.sent_at = 0.0
         self.sent_wall = 0.0

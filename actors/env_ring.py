@@ -6,19 +6,8 @@ step's reward and flags still belong to the old one (gymnasium's vector envs
 would instead hand back the reset one step later). For a truncated episode the
 final observation is kept, so its value can bootstrap the return.
 
-A `ChunkBuilder` fills one split's chunk of T steps:
-
-| array          | shape          | meaning                                          |
-| -------------- | -------------- | ------------------------------------------------ |
-| `obs`          | [T+1, n, ...]  | observation each step acted on, plus the next    |
-| `actions`      | [T, n, ...]    | action sampled (int32, or float32 vectors)       |
-| `logp`         | [T, n]         | its log-probability under the acting policy      |
-| `values`       | [T+1, n]       | acting policy's value of `obs` (last: bootstrap) |
-| `rewards`      | [T, n]         | reward received                                  |
-| `terminated`   | [T, n]         | episode ended in a terminal state (no bootstrap) |
-| `truncated`    | [T, n]         | episode cut by a time limit (bootstrap)          |
-| `trunc_values` | [T, n]         | value of the final observation where truncated   |
-| `versions`     | [T, n]         | parameter version of the acting policy           |
+A `ChunkBuilder` fills one split's chunk of T steps with the arrays that
+`srl_jax.chunk_spec.CHUNK_FIELDS` declares (names, shapes, dtypes and meanings).
 
 Consecutive chunks overlap by one observation: the last of one is the first of
 the next. In a multi-agent env (actors/multi_agent.py) every agent is a column
@@ -32,7 +21,9 @@ from dataclasses import dataclass, field
 import gymnasium as gym
 import numpy as np
 
+from srl_jax.chunk_spec import empty_chunk
 from srl_jax.config import DEFAULT_POLICY
+from srl_jax.env_spec import EnvSpec
 
 
 @dataclass
@@ -137,28 +128,17 @@ class OnePolicy:
 class ChunkBuilder:
     """Fills [T+1, n] trajectory chunks for one split, one step at a time."""
 
-    def __init__(self, length: int, first_obs: np.ndarray, action_shape: tuple[int, ...] = (),
-                 action_dtype: type | np.dtype = np.int32) -> None:
+    def __init__(self, length: int, first_obs: np.ndarray, spec: EnvSpec) -> None:
+        """`first_obs`: the split's current observations, one row per column."""
         self.length = length
         self.n = first_obs.shape[0]
-        self.action_shape, self.action_dtype = action_shape, action_dtype
+        self.spec = spec
         self._pending_truncated = np.empty(0, np.int64)
         self._new_chunk(first_obs)
 
     def _new_chunk(self, first_obs: np.ndarray) -> None:
-        T, n = self.length, self.n
         self.t = 0
-        self.arrays = {
-            "obs": np.empty((T + 1, *first_obs.shape), first_obs.dtype),
-            "actions": np.zeros((T, n, *self.action_shape), self.action_dtype),
-            "logp": np.zeros((T, n), np.float32),
-            "values": np.zeros((T + 1, n), np.float32),
-            "rewards": np.zeros((T, n), np.float32),
-            "terminated": np.zeros((T, n), bool),
-            "truncated": np.zeros((T, n), bool),
-            "trunc_values": np.zeros((T, n), np.float32),
-            "versions": np.zeros((T, n), np.int32),
-        }
+        self.arrays = empty_chunk(self.length, self.n, self.spec)
         self.arrays["obs"][0] = first_obs
 
     def on_policy(self, action: np.ndarray, logp: np.ndarray, value: np.ndarray,

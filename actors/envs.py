@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import gymnasium as gym
 import numpy as np
 
@@ -16,30 +14,7 @@ from srl_jax.config import (
     is_pettingzoo,
     policy_names,
 )
-
-
-@dataclass(frozen=True)
-class EnvSpec:
-    """What every worker needs to know about an environment's spaces."""
-
-    obs_shape: tuple[int, ...]
-    obs_dtype: np.dtype
-    action_dim: int
-    """Number of discrete actions, or the size of a continuous action vector."""
-    continuous: bool
-    action_low: tuple[float, ...] = ()
-    action_high: tuple[float, ...] = ()
-    agents: int = 1
-    """Agents of one environment this policy acts for: chunk columns per env."""
-
-    @property
-    def action_shape(self) -> tuple[int, ...]:
-        """Shape of one action as actors send it: () for discrete, (dim,) for continuous."""
-        return (self.action_dim,) if self.continuous else ()
-
-    @property
-    def action_dtype(self) -> np.dtype:
-        return np.dtype(np.float32 if self.continuous else np.int32)
+from srl_jax.env_spec import EnvSpec
 
 
 def make_env(config: EnvConfig, render_mode: str | None = None) -> gym.Env:

@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-from actors.envs import EnvSpec
+from srl_jax.env_spec import EnvSpec
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before JAX is imported: actors act on CPU
 

@@ -25,8 +25,9 @@ from typing import Any
 import numpy as np
 
 from actors.env_ring import RingStep, StepResult
-from actors.envs import EnvSpec, spec_from_spaces
+from actors.envs import spec_from_spaces
 from srl_jax.config import DEFAULT_POLICY, PETTINGZOO_PREFIX, ConfigError, EnvConfig
+from srl_jax.env_spec import EnvSpec
 
 INSTALL_HINT = "pip install -e '.[multiagent]'"
 _PACKAGES = ("pettingzoo", "mpe2")

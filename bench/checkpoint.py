@@ -44,10 +44,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from learner import case_config, case_policy, random_host_batch
 
 from learners.algorithms import algorithm
-from learners.learner_worker import chunk_layout, to_batch
 from learners.mesh import compile_update, make_learner_mesh, put_batch, replicated
 from learners.networks import init_policy_params
-from learners.train_state import init_train_state
+from learners.sample_intake import run_chunk_layout
+from learners.train_state import init_train_state, to_batch
 from srl_jax.checkpoint import Checkpointer
 
 DEFAULT_EXPERIMENT = Path(__file__).resolve().parent.parent / "configs" / "cartpole_ppo.yaml"
@@ -62,7 +62,7 @@ def build(case: str, args: argparse.Namespace) -> tuple[Any, Any, Any]:
     mesh = make_learner_mesh(1, config.learner.batch_envs)
     params = init_policy_params(network, spec.obs_shape, config.seed)
     state = jax.device_put(init_train_state(params, optimizer, config.seed), replicated(mesh))
-    host = random_host_batch(chunk_layout(config, spec), config.learner.batch_envs,
+    host = random_host_batch(run_chunk_layout(config, spec), config.learner.batch_envs,
                              spec.action_dim, np.random.default_rng(0))
     batch = put_batch(to_batch(host), mesh)
     update = compile_update(algo.make_update(policy, optimizer, config), mesh, state, batch)

@@ -51,10 +51,11 @@ import gymnasium as gym
 
 from actors.actor_worker import make_split
 from actors.atari import is_atari
-from actors.envs import EnvSpec, env_seed, env_spec
+from actors.envs import env_seed, env_spec
 from srl_jax.analysis import RETURN, load_run, summarize
 from srl_jax.config import EnvConfig, ExperimentConfig, is_pettingzoo, policy_names
 from srl_jax.config_loader import load_config
+from srl_jax.env_spec import EnvSpec
 
 CONFIGS_DIR = REPO_ROOT / "configs"
 RESULTS_NAME = "configs"

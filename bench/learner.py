@@ -134,8 +134,9 @@ def case_config(case: str, args: argparse.Namespace) -> ExperimentConfig:
 
 def case_policy(case: str, config: ExperimentConfig, args: argparse.Namespace) -> tuple:
     """(env spec, policy, network) of a case: the experiment's MLP or the Nature-CNN."""
-    from actors.envs import EnvSpec, env_spec
+    from actors.envs import env_spec
     from learners.networks import make_policy
+    from srl_jax.env_spec import EnvSpec
 
     if case == "mlp":
         spec = env_spec(config.env)
@@ -177,10 +178,10 @@ def run_case(case: str, devices: int, args: argparse.Namespace) -> dict[str, Any
     import jax
 
     from learners.algorithms import algorithm, algorithm_config, sizes
-    from learners.learner_worker import chunk_layout, to_batch
     from learners.mesh import compile_update, make_learner_mesh, put_batch, replicated
     from learners.networks import init_policy_params
-    from learners.train_state import init_train_state
+    from learners.sample_intake import run_chunk_layout
+    from learners.train_state import init_train_state, to_batch
 
     config = case_config(case, args)
     spec, policy, network = case_policy(case, config, args)
@@ -192,7 +193,7 @@ def run_case(case: str, devices: int, args: argparse.Namespace) -> dict[str, Any
     params = init_policy_params(network, spec.obs_shape, config.seed)
     n_params = sum(x.size for x in jax.tree.leaves(params["net"]))
     state = jax.device_put(init_train_state(params, optimizer, config.seed), replicated(mesh))
-    layout = chunk_layout(config, spec)
+    layout = run_chunk_layout(config, spec)
     rng = np.random.default_rng(config.seed)
     pool = [random_host_batch(layout, B, spec.action_dim, rng) for _ in range(args.pool)]
 

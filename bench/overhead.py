@@ -172,56 +172,44 @@ def _serve_requests(conn: Connection, case: dict[str, Any], root: Path) -> None:
 def _take_samples(conn: Connection, case: dict[str, Any], root: Path) -> None:
     """The learner's intake without an update, until the parent says 'end'.
 
-    Built from the learner's public pieces (chunk layout, sample queue, mesh); it
+    Built from the learner's public parts (its `SampleIntake`, the mesh); it
     follows `LearnerWorker.run_once` up to the update.
     """
     import jax
 
     from actors.envs import env_spec
-    from learners.learner_worker import MAX_DRAIN, POLL_MS, SAMPLE_KINDS, chunk_layout, to_batch
+    from learners.learner_worker import POLL_MS
     from learners.mesh import make_learner_mesh, put_batch
+    from learners.sample_intake import SampleIntake, run_chunk_layout
     from learners.sample_queue import SampleQueue
+    from learners.train_state import to_batch
     from srl_jax.config import DEFAULT_POLICY
     from srl_jax.names import FileNameService, policy_key
     from srl_jax.transport import Transport
 
     config = micro_config(case)
     cfg = config.learner
-    layout = chunk_layout(config, env_spec(config.env))
-    queue = SampleQueue(cfg.sample_queue, cfg.batch_envs, cfg.staleness_cap)
-    mesh = make_learner_mesh(cfg.devices, cfg.batch_envs)
     rejects = RejectCounter()
-    counts = {"frames_received": 0, "frames_consumed": 0}
+    intake = SampleIntake(run_chunk_layout(config, env_spec(config.env)),
+                          SampleQueue(cfg.sample_queue, cfg.batch_envs, cfg.staleness_cap),
+                          rejects)
+    mesh = make_learner_mesh(cfg.devices, cfg.batch_envs)
     context = zmq.Context.instance()
     pull = make_socket(context, zmq.PULL, hwm=cfg.sample_queue)
     endpoint = Transport(context).bind(pull, FileNameService(root / "names"),
                                        policy_key(DEFAULT_POLICY, "learner/samples/0"))
 
-    def fits(arrays: dict[str, np.ndarray]) -> bool:
-        return arrays.keys() == layout.keys() and all(
-            arrays[name].shape == shape and arrays[name].dtype == dtype
-            for name, (shape, dtype) in layout.items())
-
     def prefetch() -> Any:
         """The next batch on its way to the device (None while too few chunks wait)."""
-        if (batch := queue.take_batch(0)) is None:
-            return None
-        counts["frames_consumed"] += batch["rewards"].size
-        return put_batch(to_batch(batch), mesh)
+        batch = intake.take_batch(0)
+        return None if batch is None else put_batch(to_batch(batch), mesh)
 
     on_device = None
 
     def step() -> None:
         nonlocal on_device
         if pull.poll(0 if on_device is not None else POLL_MS):
-            for _ in range(MAX_DRAIN):
-                if (received := receive(pull, SAMPLE_KINDS, rejects)) is None:
-                    break
-                if not fits(arrays := received[1].arrays):
-                    rejects.reject(ValueError(f"chunk with arrays {sorted(arrays)}"))
-                    continue
-                counts["frames_received"] += arrays["rewards"].size
-                queue.put(arrays, 0)
+            intake.drain(pull, 0)
         if on_device is None:
             on_device = prefetch()
         if on_device is not None:
@@ -230,7 +218,9 @@ def _take_samples(conn: Connection, case: dict[str, Any], root: Path) -> None:
 
     conn.send(endpoint)
     try:
-        _until_end(conn, step, lambda: {**counts, "rejected": rejects.count})
+        _until_end(conn, step, lambda: {"frames_received": intake.frames_received,
+                                        "frames_consumed": intake.frames_consumed,
+                                        "rejected": rejects.count})
     finally:
         pull.close()
 

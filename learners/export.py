@@ -19,7 +19,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from actors.envs import EnvSpec, env_spec
+from actors.envs import env_spec
 from actors.multi_agent import MultiAgentSplit
 from learners.algorithms import algorithm, algorithm_config, sizes
 from learners.networks import Policy, init_policy_params, make_policy
@@ -27,6 +27,7 @@ from learners.train_state import init_train_state
 from srl_jax.checkpoint import Checkpointer, restore_params
 from srl_jax.config import DEFAULT_POLICY, EnvConfig, ExperimentConfig, policy_names
 from srl_jax.config_loader import config_from_dict, import_plugins
+from srl_jax.env_spec import EnvSpec
 from srl_jax.run_dir import (
     checkpoint_meta,
     checkpoint_root,

@@ -10,10 +10,10 @@ from typing import Any
 
 import jax
 
-from actors.envs import EnvSpec
 from learners.networks import Policy, init_policy_params, make_policy
 from learners.policy_runner import Act, PolicyRunner, padded_sizes
 from srl_jax.config import ExperimentConfig
+from srl_jax.env_spec import EnvSpec
 
 
 def make_act(policy: Policy) -> Act:

@@ -6,22 +6,26 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from learners.networks import Policy, update_obs_stats
+from srl_jax.chunk_spec import CHUNK_FIELDS, ChunkField, batch_arrays, batch_fields
 
 
-class Batch(NamedTuple):
-    """A [T+1, B] block of trajectory chunks (fields as in actors/env_ring.py)."""
+def batch_type(fields: tuple[ChunkField, ...] = CHUNK_FIELDS) -> type:
+    """A NamedTuple pytree of the fields the learner trains on (`srl_jax.chunk_spec`)."""
+    return NamedTuple("Batch", [(name, jax.Array) for name in batch_fields(fields)])
 
-    obs: jax.Array  # [T+1, B, ...]
-    actions: jax.Array  # [T, B, ...]
-    logp: jax.Array  # [T, B]
-    values: jax.Array  # [T+1, B]
-    rewards: jax.Array  # [T, B]
-    terminated: jax.Array  # [T, B], float
-    truncated: jax.Array  # [T, B], float
-    trunc_values: jax.Array  # [T, B]
+
+Batch = batch_type()
+"""A [T+1, B] block of trajectory chunks: the update's input, one field per trained-on
+chunk field (`CHUNK_FIELDS`), in its batch dtype (flags as float)."""
+
+
+def to_batch(arrays: dict[str, np.ndarray]) -> Batch:
+    """Host arrays of a [T+1, B] batch (as the sample queue gives them) as the update's input."""
+    return Batch(**batch_arrays(arrays))
 
 
 class TrainState(NamedTuple):

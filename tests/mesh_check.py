@@ -11,10 +11,10 @@ import numpy as np
 
 from actors.envs import env_spec
 from learners.algorithms import algorithm
-from learners.learner_worker import chunk_layout, to_batch
 from learners.mesh import compile_update, make_learner_mesh, put_batch, replicated
 from learners.networks import init_policy_params, make_policy
-from learners.train_state import init_train_state
+from learners.sample_intake import run_chunk_layout
+from learners.train_state import init_train_state, to_batch
 from tests.conftest import make_config
 
 
@@ -31,7 +31,7 @@ def one_update(devices: int, algo_name: str, overrides: list[str]) -> tuple[dict
     rng = np.random.default_rng(0)
     B = config.learner.batch_envs
     arrays = {}
-    for name, (shape, dtype) in chunk_layout(config, spec).items():
+    for name, (shape, dtype) in run_chunk_layout(config, spec).items():
         full = (shape[0], B, *shape[2:])
         if dtype == np.bool_:
             arrays[name] = rng.random(full) < 0.05

@@ -20,6 +20,7 @@ import gymnasium as gym
 import numpy as np
 
 from actors.env_ring import ChunkBuilder, EnvSplit, StepResult
+from srl_jax.env_spec import EnvSpec
 from srl_jax.streams import RejectCounter, receive, send
 from tests.conftest import make_config, write_run_dir
 from tests.fakes import FakeServerAndLearner
@@ -109,6 +110,9 @@ def test_env_split_termination_has_no_final_obs():
 # --------------------------------------------------------------------------- ChunkBuilder
 
 
+SCRIPTED_SPEC = EnvSpec((3,), np.dtype(np.float32), 2, continuous=False)
+
+
 def scripted_obs(step: int, n: int = 2) -> np.ndarray:
     """Observation of env i at step s: [s, i, s * 10 + i] (float32, unique per row)."""
     return np.array([[step, i, step * 10 + i] for i in range(n)], np.float32)
@@ -120,7 +124,7 @@ def value_of(obs: np.ndarray) -> np.ndarray:
 
 def test_chunk_builder_shapes_overlap_versions_and_trunc_values():
     T, n = 3, 2
-    builder = ChunkBuilder(T, scripted_obs(0))
+    builder = ChunkBuilder(T, scripted_obs(0), SCRIPTED_SPEC)
     # Truncations: env 1 at step 1 (mid-chunk); env 0 at step 2, the last step of chunk 0,
     # whose bootstrap value only arrives with the answer that completes the chunk;
     # env 1 terminates at step 4.

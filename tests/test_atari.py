@@ -14,7 +14,7 @@ import pytest
 from actors.atari import register_atari
 from actors.env_ring import EnvSplit
 from actors.envs import env_spec, make_env
-from learners.learner_worker import chunk_layout
+from learners.sample_intake import run_chunk_layout
 from srl_jax.config import EnvConfig
 from srl_jax.config_loader import load_config
 from tests.conftest import REPO, Processes, read_metrics, read_status
@@ -113,7 +113,7 @@ def test_atari_specs_are_uint8_frames_and_chunks_carry_them() -> None:
         spec = env_spec(config.env)
         assert spec.obs_shape == (SIZE, SIZE, 4) and spec.obs_dtype == np.uint8
         T, n = config.actors.trajectory_length, config.actors.envs // config.actors.splits
-        assert chunk_layout(config, spec)["obs"] == ((T + 1, n, SIZE, SIZE, 4),
+        assert run_chunk_layout(config, spec)["obs"] == ((T + 1, n, SIZE, SIZE, 4),
                                                      np.dtype(np.uint8))
 
 

@@ -14,7 +14,7 @@ from actors.actor_worker import make_split
 from actors.env_ring import ChunkBuilder
 from actors.envpool_split import EnvPoolSplit, check_envpool, envpool_task
 from actors.envs import env_spec
-from learners.learner_worker import chunk_layout
+from learners.sample_intake import run_chunk_layout
 from srl_jax.config import ConfigError, EnvConfig
 from tests.conftest import Processes, launch, make_config, read_metrics
 
@@ -31,7 +31,7 @@ def test_cartpole_split_resets_at_once_and_keeps_truncated_final_obs() -> None:
     spec = env_spec(config)
     split = EnvPoolSplit(config, N, seed=2**32 - 1)  # as env_seed may give: beyond int32
     assert split.obs.shape == (N, *spec.obs_shape) and split.obs.dtype == spec.obs_dtype
-    chunk = ChunkBuilder(8, split.obs)
+    chunk = ChunkBuilder(8, split.obs, spec)
     chunks = []
     rng = np.random.default_rng(0)
     ends = truncations = 0
@@ -58,7 +58,7 @@ def test_cartpole_split_resets_at_once_and_keeps_truncated_final_obs() -> None:
         truncations += int(result.truncated.sum())
     assert ends > 0 and truncations > 0
     # The chunks of the gymnasium ring, field for field.
-    layout = chunk_layout(make_config(["actors.envs=4", "actors.splits=1",
+    layout = run_chunk_layout(make_config(["actors.envs=4", "actors.splits=1",
                                        "actors.trajectory_length=8", "learner.batch_envs=4"]),
                           spec)
     assert chunks and all({k: (v.shape, v.dtype) for k, v in c.items()} == layout
@@ -100,7 +100,7 @@ def _chunks(config: EnvConfig, steps: int, length: int) -> list[dict[str, np.nda
     """The chunks an actor's ring builds from a split of `config` under random actions."""
     spec = env_spec(config)
     split = make_split(config, N, [11 + k for k in range(N)])
-    builder = ChunkBuilder(length, split.obs[0], spec.action_shape, spec.action_dtype)
+    builder = ChunkBuilder(length, split.obs[0], spec)
     rng = np.random.default_rng(0)
     chunks, trunc_values = [], np.empty(0, np.float32)
     for _ in range(steps):

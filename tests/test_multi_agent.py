@@ -18,7 +18,7 @@ import pytest
 
 from actors.envs import env_spec
 from learners.export import load_policy, load_team
-from learners.learner_worker import chunk_layout
+from learners.sample_intake import run_chunk_layout
 from srl_jax.config import ConfigError, policy_names
 from srl_jax.config_loader import load_config
 from srl_jax.launch import check_before_launch
@@ -60,15 +60,15 @@ def test_policies_get_their_agents_columns_in_the_chunk_layout():
     assert policy_names(shared.env) == ["default"]
     spec = env_spec(shared.env)
     assert spec.agents == 3 and spec.obs_shape == (21,), "18 observed + a 3-way agent id"
-    assert chunk_layout(shared, spec)["obs"][0] == (26, 24, 21), "8 envs x 3 agents a split"
+    assert run_chunk_layout(shared, spec)["obs"][0] == (26, 24, 21), "8 envs x 3 agents a split"
 
     split = load_config(SPREAD, [TWO_POLICIES])
     assert policy_names(split.env) == ["first", "others"]
     first, others = env_spec(split.env, "first"), env_spec(split.env, "others")
     assert (first.agents, first.obs_shape) == (1, (18,)), "one agent: no id to append"
     assert (others.agents, others.obs_shape) == (2, (20,))
-    assert chunk_layout(split, first)["actions"][0] == (25, 8)
-    assert chunk_layout(split, others)["actions"][0] == (25, 16)
+    assert run_chunk_layout(split, first)["actions"][0] == (25, 8)
+    assert run_chunk_layout(split, others)["actions"][0] == (25, 16)
 
 
 def test_metrics_report_each_policy_and_the_team():

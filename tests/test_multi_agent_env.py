@@ -16,7 +16,6 @@ import pytest
 from mpe2 import simple_adversary_v3, simple_spread_v3
 from pettingzoo import ParallelEnv
 
-from actors.envs import EnvSpec
 from actors.multi_agent import (
     INSTALL_HINT,
     MultiAgentSplit,
@@ -25,6 +24,7 @@ from actors.multi_agent import (
     multi_agent_specs,
 )
 from srl_jax.config import ConfigError, EnvConfig
+from srl_jax.env_spec import EnvSpec
 
 SPREAD = {"N": 3, "max_cycles": 25, "continuous_actions": False}
 TOY = "pettingzoo:tests.test_multi_agent_env"

@@ -1,0 +1,35 @@
+"""What every worker needs to know about an environment's spaces, without building it.
+
+Actors derive it from a live environment (`actors.envs.env_spec`); learners, servers
+and the chunk spec only read it, so it lives here and imports no environment package.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """An environment's observation and action spaces, as one policy sees them."""
+
+    obs_shape: tuple[int, ...]
+    obs_dtype: np.dtype
+    action_dim: int
+    """Number of discrete actions, or the size of a continuous action vector."""
+    continuous: bool
+    action_low: tuple[float, ...] = ()
+    action_high: tuple[float, ...] = ()
+    agents: int = 1
+    """Agents of one environment this policy acts for: chunk columns per env."""
+
+    @property
+    def action_shape(self) -> tuple[int, ...]:
+        """Shape of one action as actors send it: () for discrete, (dim,) for continuous."""
+        return (self.action_dim,) if self.continuous else ()
+
+    @property
+    def action_dtype(self) -> np.dtype:
+        return np.dtype(np.float32 if self.continuous else np.int32)

@@ -1,0 +1,95 @@
+"""The socket-free Learner: built from its parts, stepped on host arrays, saved and restored."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from actors.envs import env_spec
+from learners.algorithms import algorithm
+from learners.learner import Learner
+from learners.mesh import make_learner_mesh
+from learners.networks import make_policy
+from learners.sample_intake import run_chunk_layout
+from srl_jax.checkpoint import Checkpointer
+from srl_jax.chunk_spec import empty_chunk
+from tests.conftest import make_config
+
+T, B = 8, 4
+
+
+def build(checkpointer: Checkpointer | None = None, seed: int = 0) -> Learner:
+    config = make_config([f"actors.trajectory_length={T}", f"learner.batch_envs={B}",
+                          "actors.envs=4", "actors.splits=1", f"seed={seed}"])
+    spec = env_spec(config.env)
+    policy, network = make_policy(config, spec)
+    algo = algorithm("ppo")
+    optimizer = algo.make_optimizer(config)
+    return Learner(spec, network, optimizer, algo.make_update(policy, optimizer, config),
+                   make_learner_mesh(1, B), T, B, config.seed, checkpointer)
+
+
+def random_batch(seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    spec = env_spec(make_config().env)
+    arrays = empty_chunk(T, B, spec)
+    arrays["obs"][:] = rng.normal(size=arrays["obs"].shape)
+    arrays["actions"][:] = rng.integers(0, 2, arrays["actions"].shape)
+    arrays["logp"][:] = np.log(0.5)
+    arrays["rewards"][:] = 1.0
+    arrays["terminated"][:] = rng.random((T, B)) < 0.1
+    return arrays
+
+
+def leaves(tree) -> list[np.ndarray]:
+    return [np.asarray(jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype,
+                                                                       jax.dtypes.prng_key)
+                       else x) for x in jax.tree.leaves(tree)]
+
+
+@pytest.fixture(scope="module")
+def learner() -> Learner:
+    return build()
+
+
+def test_the_batch_it_compiles_for_is_the_chunk_layout_on_b_columns():
+    config = make_config([f"actors.trajectory_length={T}", "actors.envs=4", "actors.splits=1"])
+    layout = run_chunk_layout(config, env_spec(config.env))
+    assert layout["obs"][0] == (T + 1, B, 4)
+
+
+def test_step_trains_and_counts_versions(learner: Learner):
+    before = leaves(learner.params)
+    metrics = learner.step(random_batch())
+    assert learner.version == 1
+    assert metrics and all(isinstance(v, float) and np.isfinite(v) for v in metrics.values())
+    assert any(not np.array_equal(a, b) for a, b in zip(before, leaves(learner.params),
+                                                        strict=True))
+    ran = []
+    learner.step(learner.put(random_batch(1)), overlap=lambda: ran.append(learner.version))
+    assert ran == [1] and learner.version == 2, "overlap runs before the update counts"
+
+
+def test_save_and_restore_roundtrip(tmp_path):
+    trained = build(Checkpointer(tmp_path, async_save=False))
+    trained.step(random_batch())
+    trained.step(random_batch(1))
+    assert trained.save({"note": "hello"}) >= 0.0
+    trained.checkpointer.close()
+
+    fresh = build(Checkpointer(tmp_path, async_save=False), seed=1)
+    assert fresh.version == 0
+    assert fresh.restore() == {"note": "hello"}
+    assert fresh.version == 2
+    for a, b in zip(leaves(trained.state), leaves(fresh.state), strict=True):
+        np.testing.assert_array_equal(a, b)
+    fresh.step(random_batch(2))  # the restored state still fits the compiled update
+    assert fresh.version == 3
+    fresh.checkpointer.close()
+
+
+def test_without_a_checkpointer_there_is_nothing_to_restore(learner: Learner):
+    assert learner.restore() is None
+    with pytest.raises(ValueError, match="checkpointer"):
+        learner.save({})
