@@ -24,7 +24,8 @@ from learners.jax_runtime import configure_jax
 from learners.param_stream import subscribe
 from learners.policy import PolicyRunner
 from srl_jax.config import DEFAULT_POLICY, ExperimentConfig
-from srl_jax.names import NameService, policy_key
+from srl_jax.names import NameService
+from srl_jax.stream_table import INFERENCE
 from srl_jax.streams import make_socket, receive, send
 from srl_jax.worker import Worker
 
@@ -56,8 +57,7 @@ class InferenceServer(Worker):
         with self.busy("compiling the policy"):
             self.runner.warm_up()
         self.router = make_socket(self.zmq, zmq.ROUTER, hwm=self.config.inference.request_queue)
-        self.transport.bind(self.router, self.names,
-                            policy_key(self.policy, f"inference/{self.index}"))
+        self.transport.bind(self.router, self.names, INFERENCE.key(self.policy, self.index))
         self.params = subscribe(self, self.runner)
         self.poller = zmq.Poller()
         self.poller.register(self.router, zmq.POLLIN)

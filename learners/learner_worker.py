@@ -48,7 +48,8 @@ from learners.train_state import Batch, init_train_state
 from srl_jax.checkpoint import Checkpointer
 from srl_jax.config import DEFAULT_POLICY, ExperimentConfig, config_to_dict
 from srl_jax.metrics import CARRIED
-from srl_jax.names import COORDINATOR_KEY, NameService, policy_key
+from srl_jax.names import NameService
+from srl_jax.stream_table import COORDINATOR, PARAMS, SAMPLES
 from srl_jax.streams import make_socket, receive, send
 from srl_jax.worker import Worker
 
@@ -119,12 +120,12 @@ class LearnerWorker(Worker):
         configure_jax(self.config.runtime)
         self._join_processes()
         self.pull = make_socket(self.zmq, zmq.PULL, hwm=self.config.learner.sample_queue)
-        self.samples_key = policy_key(self.policy, f"learner/samples/{self.index}")
+        self.samples_key = SAMPLES.key(self.policy, self.index)
         self.transport.bind(self.pull, self.names, self.samples_key)
         self.pub = None
         if self.processes.is_chief:
             self.pub = make_socket(self.zmq, zmq.PUB, hwm=self.config.learner.param_queue)
-            self.transport.bind(self.pub, self.names, policy_key(self.policy, "learner/params"))
+            self.transport.bind(self.pub, self.names, PARAMS.key(self.policy))
         spec = env_spec(self.config.env, self.policy)
         self.layout = chunk_layout(self.config, spec)
         policy, network = make_policy(self.config, spec)
@@ -152,10 +153,10 @@ class LearnerWorker(Worker):
         if layout.count > 1 and not layout.coordinator:
             if layout.is_chief:
                 address = free_address(self.transport.advertise_host)
-                self.names.register(policy_key(self.policy, COORDINATOR_KEY), address)
-                self.transport.note_port(COORDINATOR_KEY, address)  # gRPC: no CURVE
+                self.names.register(COORDINATOR.key(self.policy), address)
+                self.transport.note_port(COORDINATOR.key(self.policy), address)  # gRPC: no CURVE
             else:
-                address = self.lookup(policy_key(self.policy, COORDINATOR_KEY))
+                address = self.lookup(COORDINATOR.key(self.policy))
             layout = self.processes = replace(layout, coordinator=address)
         initialize(layout)
         if layout.count > 1:
