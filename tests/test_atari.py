@@ -16,7 +16,8 @@ from actors.env_ring import EnvSplit
 from actors.envs import env_spec, make_env
 from learners.learner_worker import chunk_layout
 from srl_jax.config import EnvConfig, load_config
-from tests.conftest import REPO, Processes, read_metrics, read_status
+from srl_jax.run_dir import read_status
+from tests.conftest import REPO, Processes, read_metrics
 
 SIZE = 84
 

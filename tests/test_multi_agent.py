@@ -21,9 +21,9 @@ from learners.export import load_policy, load_team
 from learners.learner_worker import chunk_layout
 from srl_jax.config import ConfigError, load_config
 from srl_jax.metrics import POLICY_RETURN, MetricsAggregator
-from srl_jax.run_dir import checkpoint_steps, evaluated_root, step_meta, steps_in
+from srl_jax.run_dir import checkpoint_steps, evaluated_root, read_status, step_meta, steps_in
 from srl_jax.streams import send
-from tests.conftest import REPO, read_status, write_run_dir
+from tests.conftest import REPO, write_run_dir
 from tests.fakes import FakeServerAndLearner
 
 SPREAD = REPO / "configs" / "mpe_spread_ppo.yaml"

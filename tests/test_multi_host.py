@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Processes, read_metrics, read_status, wait_for
+from srl_jax.run_dir import read_status
+from tests.conftest import Processes, read_metrics, wait_for
 from tests.netns import Host, hosts
 
 pytestmark = pytest.mark.slow

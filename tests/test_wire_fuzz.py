@@ -34,8 +34,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from srl_jax import streams, wire
+from srl_jax.run_dir import read_status
 from srl_jax.wire import WireError, decode, encode
-from tests.conftest import Processes, all_running, read_metrics, read_status, wait_for
+from tests.conftest import Processes, all_running, read_metrics, wait_for
 
 DTYPES = sorted(wire.ALLOWED_DTYPES)
 KINDS = sorted(wire.KINDS)
