@@ -118,3 +118,18 @@ COORDINATOR = Stream(
 
 STREAMS: tuple[Stream, ...] = (SAMPLES, INFERENCE, PARAMS, STATS, COORDINATOR)
 """Every name-service key of a run comes from one of these."""
+
+
+def stream_of(key: str) -> Stream:
+    """The stream a name-service key belongs to, whatever its policy and index."""
+    policy, _, bare = key.rpartition("/")
+    for stream in STREAMS:
+        base = KEY_PREFIX + stream.name
+        if stream.indexed:
+            index = bare.removeprefix(base + ".")
+            matches = index != bare and index.isdigit()
+        else:
+            matches = bare == base
+        if matches and (stream.per_policy or not policy):
+            return stream
+    raise KeyError(f"'{key}' is no stream's key")
