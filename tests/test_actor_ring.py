@@ -1,7 +1,7 @@
 """The env ring: EnvSplit over real CartPole, ChunkBuilder by script, and a real actor process.
 
-In the process test the test itself plays the inference server (a ROUTER under
-`inference/0`) and the learner (a PULL under `learner/samples`), answers every
+In the process test the test itself plays inference server 0 (a ROUTER) and
+learner process 0 (a PULL) of the stream table, answers every
 request with values that are a known function of the observation, and checks
 the chunks the actor streams against the requests it sent.
 """
