@@ -1,8 +1,7 @@
 """Name service: how workers find each other's endpoints.
 
-A worker that binds a socket registers its endpoint under a key such as
-`port.inference.0` or `port.samples.0` (every key comes from
-`srl_jax.stream_table`); a worker that connects looks the key up, waiting
+A worker that binds a socket registers its endpoint under its stream's key
+(`srl_jax.stream_table`); a worker that connects looks the key up, waiting
 until it appears. The local backend keeps names as files in the run
 directory; a cluster backend implements the same two-method interface.
 """
