@@ -33,14 +33,14 @@ from srl_jax.config import (
 )
 from srl_jax.env_spec import EnvSpec
 from srl_jax.metrics import POLICY_RETURN
-from srl_jax.names import NameService, policy_key
+from srl_jax.names import NameService
+from srl_jax.stream_table import INFERENCE, SAMPLES
 from srl_jax.streams import make_socket, receive, send
 from srl_jax.worker import Worker
 
 if TYPE_CHECKING:
     from actors.inline_policy import InlinePolicy
 
-REPLY_KINDS = frozenset({"infer_reply"})
 POLL_MS = 100
 SEND_WAIT_LOG_S = 5.0
 MAX_SENT_RETURNS = 256
@@ -126,9 +126,9 @@ class ActorWorker(Worker):
                                            cfg.trajectory_length, self.specs))
         self.samples = []
         for policy in self.policies:
-            socket = make_socket(self.zmq, zmq.PUSH, hwm=cfg.send_queue)
+            socket = make_socket(self.zmq, SAMPLES.connect_type, hwm=cfg.send_queue)
             for i in range(self.config.learner.processes):  # chunks are spread over them
-                self.connect_to(socket, policy_key(policy, f"learner/samples/{i}"))
+                self.connect_to(socket, SAMPLES.key(policy, i))
             self.samples.append(socket)
         if cfg.inline_inference:
             from actors.inline_policy import InlinePolicy  # imports JAX
@@ -138,10 +138,11 @@ class ActorWorker(Worker):
             self.poller = zmq.Poller()
             self.inference = []
             for policy in self.policies:
-                socket = make_socket(self.zmq, zmq.DEALER, hwm=self.config.inference.request_queue)
+                socket = make_socket(self.zmq, INFERENCE.connect_type,
+                                     hwm=self.config.inference.request_queue)
                 socket.setsockopt(zmq.IMMEDIATE, 1)
                 for i in range(self.config.inference.count):
-                    self.connect_to(socket, policy_key(policy, f"inference/{i}"))
+                    self.connect_to(socket, INFERENCE.key(policy, i))
                 self.poller.register(socket, zmq.POLLIN)
                 self.inference.append(socket)
         for state in self.splits:
@@ -186,7 +187,8 @@ class ActorWorker(Worker):
         self.time_wait += time.perf_counter() - start
         for p, socket in enumerate(self.inference):
             if socket in events:
-                while (received := receive(socket, REPLY_KINDS, self.rejects)) is not None:
+                while (received := receive(socket, INFERENCE.connecter_receives,
+                                           self.rejects)) is not None:
                     self._on_reply(p, received[1].meta, received[1].arrays)
         self._resend_overdue()
 

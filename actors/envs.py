@@ -6,6 +6,7 @@ import gymnasium as gym
 import numpy as np
 
 from actors.atari import is_atari, make_atari
+from actors.spaces import spec_from_spaces
 from srl_jax.config import (
     DEFAULT_POLICY,
     ConfigError,
@@ -14,7 +15,7 @@ from srl_jax.config import (
     is_pettingzoo,
     policy_names,
 )
-from srl_jax.env_spec import EnvSpec
+from srl_jax.env_spec import EnvSpec, check_network
 
 
 def make_env(config: EnvConfig, render_mode: str | None = None) -> gym.Env:
@@ -59,37 +60,6 @@ def env_spec(config: EnvConfig, policy: str = DEFAULT_POLICY) -> EnvSpec:
 
         check_envpool(config, spec)
     return spec
-
-
-def spec_from_spaces(obs_space: gym.Space, action_space: gym.Space, env_id: str) -> EnvSpec:
-    """The EnvSpec of a pair of spaces; ConfigError for spaces the networks cannot take."""
-    if not isinstance(obs_space, gym.spaces.Box):
-        raise ConfigError(
-            f"'env.id': '{env_id}' has a {type(obs_space).__name__} observation space; "
-            "only Box observations are supported so far"
-        )
-    obs = (tuple(obs_space.shape), np.dtype(obs_space.dtype))
-    if isinstance(action_space, gym.spaces.Discrete):
-        spec = EnvSpec(*obs, int(action_space.n), continuous=False)
-    elif isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
-        spec = EnvSpec(*obs, int(action_space.shape[0]), continuous=True,
-                       action_low=tuple(float(x) for x in action_space.low),
-                       action_high=tuple(float(x) for x in action_space.high))
-    else:
-        raise ConfigError(
-            f"'env.id': '{env_id}' has a {action_space} action space; supported are "
-            "Discrete and one-dimensional Box"
-        )
-    return spec
-
-
-def check_network(kind: str, spec: EnvSpec, env_id: str) -> None:
-    """ConfigError if network `kind` cannot take `env_id`'s spaces (checked before launch)."""
-    if kind == "nature_cnn" and (len(spec.obs_shape) != 3 or spec.continuous):
-        actions = "continuous" if spec.continuous else "discrete"
-        raise ConfigError(f"'network.kind': 'nature_cnn' needs image observations [H, W, C] and "
-                          f"discrete actions; '{env_id}' has observations {list(spec.obs_shape)} "
-                          f"and {actions} actions")
 
 
 def check_policies(config: ExperimentConfig) -> None:

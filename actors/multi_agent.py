@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from actors.env_ring import RingStep, StepResult
-from actors.envs import spec_from_spaces
+from actors.spaces import spec_from_spaces
 from srl_jax.config import DEFAULT_POLICY, PETTINGZOO_PREFIX, ConfigError, EnvConfig
 from srl_jax.env_spec import EnvSpec
 

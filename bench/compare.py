@@ -56,6 +56,8 @@ import sample_factory_peer
 from e2e_fps import REPO_ROOT, raw_env_rates, read_rows, stop_process
 from machine import nproc, release_workdir, write_results
 
+from srl_jax.run_dir import read_status
+
 TARGET_RETURN = 475.0
 POLL_S = 0.5
 
@@ -111,7 +113,7 @@ def read_srl_jax(workdir: Path) -> list[dict[str, Any]]:
     """metrics.jsonl, timed from the controller's start in status.json."""
     run_dir = workdir / "run"
     try:
-        started = json.loads((run_dir / "status.json").read_text())["started"]
+        started = (read_status(run_dir) or {})["started"]
         rows = read_rows(run_dir / "metrics.jsonl")
     except (OSError, ValueError, KeyError):
         return []

@@ -60,7 +60,10 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's srl_jax
 from machine import nproc
+
+from srl_jax.run_dir import read_status
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_EXPERIMENT = "cartpole_ppo"
@@ -150,10 +153,7 @@ def is_worker_of(pid: int, run_dir: Path) -> bool:
 
 def _leftover_workers(run_dir: Path) -> list[int]:
     """Worker pids from `status.json` that still run as workers of this run directory."""
-    try:
-        status = json.loads((run_dir / "status.json").read_text())
-    except (OSError, ValueError):
-        return []
+    status = read_status(run_dir) or {}
     pids = [w.get("pid") for w in status.get("workers", [])]
     return [p for p in pids if isinstance(p, int) and _alive(p) and is_worker_of(p, run_dir)]
 
@@ -247,13 +247,8 @@ def raw_env_rates(env: dict[str, Any], num_envs: int, total_s: float,
     """Steps/s of `num_envs` environments stepped in one loop: `repeats` measurements."""
     import numpy as np
 
-    try:
-        from actors.envs import make_env
-        from srl_jax.config_loader import config_from_dict
-    except ImportError:  # not installed: run from a checkout
-        sys.path.insert(0, str(REPO_ROOT))
-        from actors.envs import make_env
-        from srl_jax.config_loader import config_from_dict
+    from actors.envs import make_env
+    from srl_jax.config_loader import config_from_dict
 
     config = config_from_dict({"env": env}).env  # all of it: Atari preprocessing included
     envs = [make_env(config) for _ in range(num_envs)]

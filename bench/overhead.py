@@ -60,6 +60,7 @@ from e2e_fps import REPO_ROOT, BenchError, raise_on_sigterm
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 from actors.env_ring import ChunkBuilder, StepResult
+from srl_jax.stream_table import PARAMS, SAMPLES
 from srl_jax.streams import RejectCounter, make_socket, receive, send
 
 NULL_ENV = "bench.null_env:NullEnv-v0"
@@ -151,14 +152,14 @@ def _until_end(conn: Connection, step: Callable[[], None],
 def _serve_requests(conn: Connection, case: dict[str, Any], root: Path) -> None:
     """A real inference server acting with zeros, until the parent says 'end'."""
     from learners.inference_server import InferenceServer
-    from srl_jax.config import DEFAULT_POLICY
-    from srl_jax.names import FileNameService, policy_key
+    from srl_jax.names import FileNameService
     from srl_jax.transport import Transport
 
     names = FileNameService(root / "names")
     context = zmq.Context.instance()
-    learner_params = make_socket(context, zmq.PUB)  # the learner's end, which sends nothing
-    Transport(context).bind(learner_params, names, policy_key(DEFAULT_POLICY, "learner/params"))
+    # the learner's end, which sends nothing
+    learner_params = make_socket(context, PARAMS.bind_type)
+    Transport(context).bind(learner_params, names, PARAMS.key())
     server = InferenceServer(micro_config(case), 0, root, names, runner_factory=zero_runner)
     try:
         server.setup()
@@ -183,8 +184,7 @@ def _take_samples(conn: Connection, case: dict[str, Any], root: Path) -> None:
     from learners.sample_intake import SampleIntake, run_chunk_layout
     from learners.sample_queue import SampleQueue
     from learners.train_state import to_batch
-    from srl_jax.config import DEFAULT_POLICY
-    from srl_jax.names import FileNameService, policy_key
+    from srl_jax.names import FileNameService
     from srl_jax.transport import Transport
 
     config = micro_config(case)
@@ -195,9 +195,8 @@ def _take_samples(conn: Connection, case: dict[str, Any], root: Path) -> None:
                           rejects)
     mesh = make_learner_mesh(cfg.devices, cfg.batch_envs)
     context = zmq.Context.instance()
-    pull = make_socket(context, zmq.PULL, hwm=cfg.sample_queue)
-    endpoint = Transport(context).bind(pull, FileNameService(root / "names"),
-                                       policy_key(DEFAULT_POLICY, "learner/samples/0"))
+    pull = make_socket(context, SAMPLES.bind_type, hwm=cfg.sample_queue)
+    endpoint = Transport(context).bind(pull, FileNameService(root / "names"), SAMPLES.key(index=0))
 
     def prefetch() -> Any:
         """The next batch on its way to the device (None while too few chunks wait)."""

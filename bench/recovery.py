@@ -16,7 +16,6 @@ bench/results/recovery.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import statistics
@@ -30,6 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_fps import REPO_ROOT, BenchError, raise_on_sigterm, read_rows, stop_process
 from machine import in_workdir, write_results
 
+from srl_jax.run_dir import read_status
+
 FAULTS = ("kill:actor-0", "kill:inference-0", "kill:learner-0", "stop:actor-0",
           "stop:inference-0", "stop:learner-0", "raise:actor-0", "raise:inference-0",
           "raise:learner-0", "raise:evaluator-0")
@@ -38,15 +39,9 @@ SETTLED_ROWS = 8
 POLL_S = 0.1
 
 
-def status(run_dir: Path) -> dict[str, Any]:
-    try:
-        return json.loads((run_dir / "status.json").read_text())
-    except (OSError, ValueError):
-        return {}
-
-
 def worker(run_dir: Path, name: str) -> dict[str, Any] | None:
-    return next((w for w in status(run_dir).get("workers", []) if w["name"] == name), None)
+    workers = (read_status(run_dir) or {}).get("workers", [])
+    return next((w for w in workers if w["name"] == name), None)
 
 
 def wait(predicate, timeout: float, what: str) -> Any:
@@ -68,7 +63,7 @@ def trained_rows(run_dir: Path) -> list[dict[str, Any]]:
 
 def ready(run_dir: Path) -> bool:
     """Every worker running and 8 metrics rows past the first checkpoint."""
-    workers = status(run_dir).get("workers", [])
+    workers = (read_status(run_dir) or {}).get("workers", [])
     return bool(workers) and all(w["state"] == "running" for w in workers) \
         and len(trained_rows(run_dir)) >= SETTLED_ROWS
 

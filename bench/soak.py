@@ -24,6 +24,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's srl_jax
+from srl_jax.run_dir import read_status
+
 REPO = Path(__file__).resolve().parent.parent
 FD_SLACK = 4
 """Open files may move by a few (a log rotation, a socket reconnecting) without a leak."""
@@ -57,11 +60,8 @@ def open_fds(pid: int) -> int | None:
 def sample(run_dir: Path, tracks: dict[str, Track], elapsed: float) -> None:
     """One sample of every process, while the run runs (not while it shuts down: the
     learner's final checkpoint and closing sockets would read as growth or shrinkage)."""
-    try:
-        status = json.loads((run_dir / "status.json").read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return
-    if status.get("stop_reason") is not None:
+    status = read_status(run_dir)
+    if status is None or status.get("stop_reason") is not None:
         return
     pids = {"controller": status["controller_pid"]}
     pids.update({w["name"]: w["pid"] for w in status["workers"] if w.get("pid")})

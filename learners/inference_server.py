@@ -24,17 +24,18 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from actors.envs import EnvSpec, env_spec
+from actors.envs import env_spec
 from learners.jax_runtime import configure_jax
 from learners.param_stream import ParamSubscriber, subscribe
 from learners.policy import make_runner
 from learners.policy_runner import PolicyRunner
 from srl_jax.config import DEFAULT_POLICY, ExperimentConfig
-from srl_jax.names import NameService, policy_key
+from srl_jax.env_spec import EnvSpec
+from srl_jax.names import NameService
+from srl_jax.stream_table import INFERENCE
 from srl_jax.streams import make_socket, receive, send
 from srl_jax.worker import Worker
 
-REQUEST_KINDS = frozenset({"infer_request"})
 POLL_MS = 100
 
 RunnerFactory = Callable[[ExperimentConfig, EnvSpec, int, int, int], PolicyRunner]
@@ -72,9 +73,9 @@ class InferenceServer(Worker):
                                           cfg.min_padded_batch, cfg.max_batch)
         with self.busy("compiling the policy"):
             self.runner.compile()
-        self.router = make_socket(self.zmq, zmq.ROUTER, hwm=cfg.request_queue)
+        self.router = make_socket(self.zmq, INFERENCE.bind_type, hwm=cfg.request_queue)
         self.endpoint = self.transport.bind(self.router, self.names,
-                                            policy_key(self.policy, f"inference/{self.index}"))
+                                            INFERENCE.key(self.policy, self.index))
         self.params = subscribe(self, self.runner)
         self.poller.register(self.router, zmq.POLLIN)
         self.poller.register(self.params.socket, zmq.POLLIN)
@@ -92,7 +93,7 @@ class InferenceServer(Worker):
         pending, rows = [], 0
         deadline = None
         while rows < cfg.max_batch:
-            received = receive(self.router, REQUEST_KINDS, self.rejects, envelope=1)
+            received = receive(self.router, INFERENCE.binder_receives, self.rejects, envelope=1)
             if received is None:
                 if not pending:
                     if self.router.poll(0) == 0:

@@ -54,7 +54,8 @@ from srl_jax.checkpoint import Checkpointer
 from srl_jax.config import DEFAULT_POLICY, ExperimentConfig
 from srl_jax.config_loader import config_to_dict
 from srl_jax.metrics import CARRIED
-from srl_jax.names import COORDINATOR_KEY, NameService, policy_key
+from srl_jax.names import NameService
+from srl_jax.stream_table import COORDINATOR, PARAMS, SAMPLES
 from srl_jax.streams import make_socket
 from srl_jax.worker import Worker
 
@@ -112,12 +113,12 @@ class LearnerWorker(Worker):
     def setup(self) -> None:
         configure_jax(self.config.runtime)
         self._join_processes()
-        self.pull = make_socket(self.zmq, zmq.PULL, hwm=self.config.learner.sample_queue)
-        self.samples_key = policy_key(self.policy, f"learner/samples/{self.index}")
+        self.pull = make_socket(self.zmq, SAMPLES.bind_type, hwm=self.config.learner.sample_queue)
+        self.samples_key = SAMPLES.key(self.policy, self.index)
         self.transport.bind(self.pull, self.names, self.samples_key)
         if self.processes.is_chief:
-            self.pub = make_socket(self.zmq, zmq.PUB, hwm=self.config.learner.param_queue)
-            self.transport.bind(self.pub, self.names, policy_key(self.policy, "learner/params"))
+            self.pub = make_socket(self.zmq, PARAMS.bind_type, hwm=self.config.learner.param_queue)
+            self.transport.bind(self.pub, self.names, PARAMS.key(self.policy))
             self.publisher = ParamPublisher(self.pub, self.incarnation, self.log)
         spec = self.spec
         policy, network = make_policy(self.config, spec)
@@ -145,10 +146,10 @@ class LearnerWorker(Worker):
         if layout.count > 1 and not layout.coordinator:
             if layout.is_chief:
                 address = free_address(self.transport.advertise_host)
-                self.names.register(policy_key(self.policy, COORDINATOR_KEY), address)
-                self.transport.note_port(COORDINATOR_KEY, address)  # gRPC: no CURVE
+                self.names.register(COORDINATOR.key(self.policy), address)
+                self.transport.note_port(COORDINATOR.key(self.policy), address)  # gRPC: no CURVE
             else:
-                address = self.lookup(policy_key(self.policy, COORDINATOR_KEY))
+                address = self.lookup(COORDINATOR.key(self.policy))
             layout = self.processes = replace(layout, coordinator=address)
         initialize(layout)
         if layout.count > 1:

@@ -16,10 +16,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from actors.envs import check_network
 from learners.distributions import Distribution, distribution
 from srl_jax.config import ExperimentConfig
-from srl_jax.env_spec import EnvSpec
+from srl_jax.env_spec import EnvSpec, check_network
 
 ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu}
 OBS_CLIP = 10.0

@@ -9,13 +9,12 @@ from typing import TYPE_CHECKING
 import zmq
 
 from learners.policy_runner import PolicyRunner
-from srl_jax.names import policy_key
+from srl_jax.stream_table import PARAMS
 from srl_jax.streams import RejectCounter, make_socket, receive
 
 if TYPE_CHECKING:
     from srl_jax.worker import Worker
 
-PARAM_KINDS = frozenset({"params"})
 POLL_MS = 100
 FIRST_PARAMS_WAIT_S = 3.0
 
@@ -31,7 +30,8 @@ class ParamSubscriber:
     def poll(self) -> None:
         """Take the newest waiting parameters, if newer than the runner's."""
         newest, newest_order = None, None
-        while (received := receive(self.socket, PARAM_KINDS, self.rejects)) is not None:
+        while (received := receive(self.socket, PARAMS.connecter_receives,
+                                   self.rejects)) is not None:
             meta = received[1].meta
             version, incarnation = meta.get("version"), meta.get("incarnation", 0)
             if type(version) is not int or type(incarnation) is not int:
@@ -65,9 +65,9 @@ def subscribe(worker: Worker, runner: PolicyRunner, policy: str | None = None
               ) -> ParamSubscriber:
     """Connect `worker` to the parameters of `policy`'s learner (default: the worker's
     policy) and take the current ones if they come within FIRST_PARAMS_WAIT_S."""
-    socket = make_socket(worker.zmq, zmq.SUB, hwm=worker.config.learner.param_queue)
+    socket = make_socket(worker.zmq, PARAMS.connect_type, hwm=worker.config.learner.param_queue)
     socket.setsockopt(zmq.SUBSCRIBE, b"")
-    worker.connect_to(socket, policy_key(policy or worker.policy, "learner/params"))
+    worker.connect_to(socket, PARAMS.key(policy or worker.policy))
     subscriber = ParamSubscriber(socket, runner, worker.rejects)
     subscriber.await_first(FIRST_PARAMS_WAIT_S, worker.keep_alive)
     return subscriber

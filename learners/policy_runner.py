@@ -14,8 +14,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from actors.envs import EnvSpec
 from learners.param_codec import arrays_to_params
+from srl_jax.env_spec import EnvSpec
 
 Act = Callable[[Any, Any, jax.Array, np.uint32], tuple[Any, Any, Any]]
 """(params, obs [N, ...], key, call counter) -> (action [N, ...], logp [N], value [N])."""

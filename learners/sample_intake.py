@@ -18,9 +18,9 @@ from learners.sample_queue import SampleQueue
 from srl_jax.chunk_spec import Layout, chunk_layout
 from srl_jax.config import ExperimentConfig
 from srl_jax.env_spec import EnvSpec
+from srl_jax.stream_table import SAMPLES
 from srl_jax.streams import RejectCounter, receive
 
-SAMPLE_KINDS = frozenset({"samples"})
 MAX_DRAIN = 256
 """Chunks taken off the socket per turn at most."""
 RETURN_WINDOW = 100
@@ -59,7 +59,7 @@ class SampleIntake:
     def drain(self, socket: zmq.Socket, version: int) -> None:
         """Take what `socket` holds now (up to MAX_DRAIN chunks) into the queue."""
         for _ in range(MAX_DRAIN):
-            received = receive(socket, SAMPLE_KINDS, self.rejects)
+            received = receive(socket, SAMPLES.binder_receives, self.rejects)
             if received is None:
                 return
             self.take(received[1].arrays, received[1].meta, version)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import yaml
 
-from srl_jax.run_dir import read_metrics
+from srl_jax.run_dir import read_metrics, read_status
 
 try:
     import pandas as pd
@@ -74,14 +74,6 @@ def flatten_config(config: Mapping[str, Any], prefix: str = CONFIG_PREFIX) -> di
     return flat
 
 
-def _read_status(run_dir: Path) -> dict[str, Any]:
-    try:
-        status = json.loads((run_dir / "status.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-    return status if isinstance(status, dict) else {}
-
-
 def load_run(run_dir: str | Path) -> pd.DataFrame:
     """One run's metrics rows, with `run`, `experiment`, `status.*` and `config.*` columns.
 
@@ -94,7 +86,7 @@ def load_run(run_dir: str | Path) -> pd.DataFrame:
     config_path = run_dir / "config.yaml"
     config = yaml.safe_load(config_path.read_text()) if config_path.exists() else {}
     config = config if isinstance(config, dict) else {}
-    status = _read_status(run_dir)
+    status = read_status(run_dir) or {}
     workers = status.get("workers") or []
     info: dict[str, Any] = {
         "run": str(run_dir),

@@ -13,7 +13,6 @@ is where a `--resume` continues.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -28,8 +27,9 @@ import zmq
 from srl_jax.backends import BackendError, LaunchBackend, WorkerHandle
 from srl_jax.config import DEFAULT_POLICY, ExperimentConfig, policy_names
 from srl_jax.metrics import MetricsAggregator, MetricsWriter, ProgressDisplay
-from srl_jax.names import COORDINATOR_KEY, policy_key, worker_name
-from srl_jax.run_dir import policy_version
+from srl_jax.names import worker_name
+from srl_jax.run_dir import policy_version, write_status
+from srl_jax.stream_table import COORDINATOR, STATS
 from srl_jax.streams import (
     RejectCounter,
     limit_message_size,
@@ -41,7 +41,6 @@ from srl_jax.worker_kinds import worker_plan
 
 log = logging.getLogger("controller")
 
-STATS_KINDS = frozenset({"stats"})
 MAX_PORTS = 64
 PORT_FIELDS = {"key": str, "endpoint": str, "bind": str, "authenticated": bool}
 LOOP_S = 0.05
@@ -153,8 +152,8 @@ class Controller:
         transport = self.config.transport
         self.transport = Transport(context, self.backend.bind_host() or transport.bind_host,
                                    transport.advertise_host, self.keys)
-        self.stats = make_socket(context, zmq.PULL, hwm=self.config.runtime.stats_queue)
-        self.transport.bind(self.stats, self.backend.name_service(), "controller/stats")
+        self.stats = make_socket(context, STATS.bind_type, hwm=self.config.runtime.stats_queue)
+        self.transport.bind(self.stats, self.backend.name_service(), STATS.key())
         self.writer = MetricsWriter(self.run_dir)
         try:
             for record in self.workers:
@@ -196,7 +195,7 @@ class Controller:
 
     def _take_heartbeats(self) -> None:
         by_name = {r.name: r for r in self.workers}
-        while (received := receive(self.stats, STATS_KINDS, self.rejects)) is not None:
+        while (received := receive(self.stats, STATS.binder_receives, self.rejects)) is not None:
             meta, arrays = received[1].meta, received[1].arrays
             worker, counters = meta.get("worker"), meta.get("counters")
             record = by_name.get(worker) if isinstance(worker, str) else None
@@ -271,7 +270,7 @@ class Controller:
         The others are killed (their collectives would wait forever) and come back
         through `_on_exit` like the first; the stale coordinator address goes.
         """
-        self.backend.name_service().unregister(policy_key(policy, COORDINATOR_KEY))
+        self.backend.name_service().unregister(COORDINATOR.key(policy))
         for other in self.workers:
             if other.kind == "learner" and other.policy == policy \
                     and other.handle is not None and other.state in ("starting", "running") \
@@ -362,10 +361,7 @@ class Controller:
                 "ports": r.ports,
             } for r in self.workers],
         }
-        path = self.run_dir / "status.json"
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(status, indent=1))
-        tmp.replace(path)
+        write_status(self.run_dir, status)
 
     def _grace_s(self, record: WorkerRecord) -> float:
         """How long a worker may take to exit after SIGTERM (the learner saves first)."""

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from srl_jax.config import ConfigError
+
 
 @dataclass(frozen=True)
 class EnvSpec:
@@ -33,3 +35,12 @@ class EnvSpec:
     @property
     def action_dtype(self) -> np.dtype:
         return np.dtype(np.float32 if self.continuous else np.int32)
+
+
+def check_network(kind: str, spec: EnvSpec, env_id: str) -> None:
+    """ConfigError if network `kind` cannot take `env_id`'s spaces (checked before launch)."""
+    if kind == "nature_cnn" and (len(spec.obs_shape) != 3 or spec.continuous):
+        actions = "continuous" if spec.continuous else "discrete"
+        raise ConfigError(f"'network.kind': 'nature_cnn' needs image observations [H, W, C] and "
+                          f"discrete actions; '{env_id}' has observations {list(spec.obs_shape)} "
+                          f"and {actions} actions")

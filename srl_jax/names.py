@@ -1,8 +1,8 @@
 """Name service: how workers find each other's endpoints.
 
-A worker that binds a socket registers its endpoint under a key such as
-`inference/0` or `learner/samples`; a worker that connects looks the key up,
-waiting until it appears. The local backend keeps names as files in the run
+A worker that binds a socket registers its endpoint under its stream's key
+(`srl_jax.stream_table`); a worker that connects looks the key up, waiting
+until it appears. The local backend keeps names as files in the run
 directory; a cluster backend implements the same two-method interface.
 """
 
@@ -17,10 +17,6 @@ from typing import Protocol
 from srl_jax.config import DEFAULT_POLICY
 
 log = logging.getLogger(__name__)
-
-COORDINATOR_KEY = "learner/coordinator"
-"""Where learner process 0's jax.distributed coordinator listens (several learner processes)."""
-
 
 def policy_key(policy: str, key: str) -> str:
     """`key` in `policy`'s namespace: each policy has its own learner and servers.

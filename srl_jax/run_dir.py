@@ -1,4 +1,4 @@
-"""The run directory's layout, read without JAX: runs, checkpoints, metrics rows.
+"""The run directory's layout, read without JAX: runs, checkpoints, metrics rows, status.
 
 The controller and the launcher use this to find what to resume; the learner
 writes checkpoints through `srl_jax.checkpoint` (orbax). A checkpoint step is
@@ -10,6 +10,7 @@ torn by a kill never looks like a step here.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,9 @@ BEST = "best"
 EVALUATED = "evaluated"
 METRICS = "metrics.jsonl"
 DISCARDED_METRICS = "metrics.discarded.jsonl"
+STATUS = "status.json"
+"""The controller's view of the run (workers, ports, state), rewritten every log interval."""
+STATUS_READ_TRIES = 5
 
 
 def read_run_config(run_dir: Path) -> ExperimentConfig:
@@ -136,3 +140,31 @@ def trim_metrics(run_dir: Path, steps: dict[str, int]) -> dict[str, Any] | None:
     tmp.write_text("".join(json.dumps(row) + "\n" for row in kept))
     tmp.replace(path)
     return kept[-1] if kept else None
+
+
+def write_status(run_dir: Path, status: dict[str, Any]) -> None:
+    """Replace status.json atomically: a reader sees the old file or the new one."""
+    path = Path(run_dir) / STATUS
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(status, indent=1))
+    tmp.replace(path)
+
+
+def read_status(run_dir: Path) -> dict[str, Any] | None:
+    """The run's status.json, or None if there is none (not a run directory, or its
+    controller has not started) or it does not hold a JSON object.
+
+    A file system that shows a replaced file torn (NFS) gets a few more tries.
+    """
+    path = Path(run_dir) / STATUS
+    for attempt in range(STATUS_READ_TRIES):
+        try:
+            status = json.loads(path.read_text())
+        except OSError:
+            return None
+        except json.JSONDecodeError:
+            if attempt + 1 < STATUS_READ_TRIES:
+                time.sleep(0.05)
+            continue
+        return status if isinstance(status, dict) else None
+    return None

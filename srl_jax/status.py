@@ -14,7 +14,6 @@ cannot answer; that is said instead.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import socket
@@ -23,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from srl_jax.run_dir import read_metrics
+from srl_jax.run_dir import STATUS, read_metrics, read_status
 from srl_jax.worker import STACKS_SIGNAL
 
 EXIT_USAGE = 2
@@ -95,17 +94,10 @@ def dump_stacks(run_dir: Path, status: dict[str, Any]) -> str:
     return "\n".join(parts) or "no live worker on this host\n"
 
 
-def _read_status(run_dir: Path) -> dict[str, Any]:
-    for _ in range(5):  # the controller replaces the file atomically; retry a torn read
-        try:
-            return json.loads((run_dir / "status.json").read_text())
-        except json.JSONDecodeError:
-            time.sleep(0.05)
-    return json.loads((run_dir / "status.json").read_text())
-
-
 def show(run_dir: Path, stacks: bool) -> str:
-    status = _read_status(run_dir)
+    status = read_status(run_dir)
+    if status is None:
+        return f"{run_dir} has no readable {STATUS} (its controller has not written it yet)"
     try:
         rows = read_metrics(run_dir)
     except ValueError:
@@ -124,8 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--watch", type=float, metavar="SECONDS", default=0.0,
                         help="redraw every SECONDS until Ctrl-C")
     args = parser.parse_args(argv)
-    if not (args.run_dir / "status.json").is_file():
-        print(f"srl_jax.status: {args.run_dir} has no status.json (not a run directory, or "
+    if read_status(args.run_dir) is None:
+        print(f"srl_jax.status: {args.run_dir} has no {STATUS} (not a run directory, or "
               "its controller has not started yet)", file=sys.stderr)
         return EXIT_USAGE
     if args.watch <= 0:

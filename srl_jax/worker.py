@@ -34,6 +34,7 @@ from srl_jax.config_loader import import_plugins
 from srl_jax.faults import FaultPlan
 from srl_jax.names import FileNameService, NameService, worker_name
 from srl_jax.run_dir import read_run_config
+from srl_jax.stream_table import STATS
 from srl_jax.streams import RejectCounter, limit_message_size, make_socket, send
 from srl_jax.transport import Transport
 from srl_jax.worker_kinds import KINDS, UnknownWorkerKind, load_worker_class
@@ -223,9 +224,9 @@ class Worker:
 
     def connect_stats(self) -> None:
         """Connect the heartbeat stream to the controller, bounded by `runtime.stats_queue`."""
-        self._stats_socket = make_socket(self.zmq, zmq.PUSH, hwm=self.config.runtime.stats_queue)
-        self.transport.connect(self._stats_socket,
-                               self.names.lookup("controller/stats", LOOKUP_TIMEOUT_S))
+        self._stats_socket = make_socket(self.zmq, STATS.connect_type,
+                                         hwm=self.config.runtime.stats_queue)
+        self.transport.connect(self._stats_socket, self.names.lookup(STATS.key(), LOOKUP_TIMEOUT_S))
         self.heartbeat(force=True)
 
     def run(self) -> int:

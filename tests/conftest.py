@@ -21,6 +21,8 @@ from learners.algorithms import resolve_algorithms
 from srl_jax.config import ExperimentConfig
 from srl_jax.config_loader import apply_overrides, config_from_dict, config_to_dict
 from srl_jax.names import FileNameService
+from srl_jax.run_dir import read_status
+from srl_jax.stream_table import STATS
 from srl_jax.streams import make_socket
 from srl_jax.transport import Transport
 
@@ -97,13 +99,6 @@ class Processes:
                 process.wait()
 
 
-def read_status(run_dir: Path) -> dict | None:
-    try:
-        return json.loads((run_dir / "status.json").read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-
-
 def worker(status: dict | None, name: str) -> dict | None:
     return next((w for w in (status or {}).get("workers", []) if w["name"] == name), None)
 
@@ -148,8 +143,8 @@ def processes() -> Iterator[Processes]:
 @pytest.fixture
 def stats_socket(tmp_path: Path) -> Iterator[zmq.Socket]:
     """Stands in for the controller: the stats stream workers report to."""
-    socket = make_socket(zmq.Context.instance(), zmq.PULL)
+    socket = make_socket(zmq.Context.instance(), STATS.bind_type)
     Transport(zmq.Context.instance()).bind(socket, FileNameService(tmp_path / "run" / "names"),
-                                           "controller/stats")
+                                           STATS.key())
     yield socket
     socket.close()

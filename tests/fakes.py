@@ -10,14 +10,15 @@ import numpy as np
 import zmq
 
 from srl_jax.config import DEFAULT_POLICY
-from srl_jax.names import FileNameService, policy_key
+from srl_jax.names import FileNameService
+from srl_jax.stream_table import INFERENCE, SAMPLES
 from srl_jax.streams import RejectCounter, make_socket, receive
 from srl_jax.transport import Transport
 from srl_jax.wire import Message
 
 
 class FakeServerAndLearner:
-    """A ROUTER under `inference/0` and a PULL under `learner/samples/0` (of `policy`).
+    """An inference server 0 (ROUTER) and a learner process 0 (PULL) of `policy`.
 
     Subclasses decide how to `answer` each request; chunks are collected.
     """
@@ -26,10 +27,10 @@ class FakeServerAndLearner:
         names = FileNameService(run_dir / "names")
         context = zmq.Context.instance()
         loopback = Transport(context)
-        self.router = make_socket(context, zmq.ROUTER)
-        loopback.bind(self.router, names, policy_key(policy, "inference/0"))
-        self.pull = make_socket(context, zmq.PULL)
-        loopback.bind(self.pull, names, policy_key(policy, "learner/samples/0"))
+        self.router = make_socket(context, INFERENCE.bind_type)
+        loopback.bind(self.router, names, INFERENCE.key(policy, 0))
+        self.pull = make_socket(context, SAMPLES.bind_type)
+        loopback.bind(self.pull, names, SAMPLES.key(policy, 0))
         self.poller = zmq.Poller()
         self.poller.register(self.router, zmq.POLLIN)
         self.poller.register(self.pull, zmq.POLLIN)
@@ -53,11 +54,11 @@ class FakeServerAndLearner:
         """Answer the requests and collect the chunks that arrive within `poll_ms`."""
         events = dict(self.poller.poll(poll_ms))
         if self.router in events:
-            while (got := receive(self.router, frozenset({"infer_request"}),
+            while (got := receive(self.router, INFERENCE.binder_receives,
                                   self.rejects, envelope=1)) is not None:
                 self.answer(*got)
         if self.pull in events:
-            while (got := receive(self.pull, frozenset({"samples"}),
+            while (got := receive(self.pull, SAMPLES.binder_receives,
                                   self.rejects)) is not None:
                 self.chunks.append({k: v.copy() for k, v in got[1].arrays.items()})
                 self.chunk_meta.append(dict(got[1].meta))

@@ -1,7 +1,7 @@
 """The env ring: EnvSplit over real CartPole, ChunkBuilder by script, and a real actor process.
 
-In the process test the test itself plays the inference server (a ROUTER under
-`inference/0`) and the learner (a PULL under `learner/samples`), answers every
+In the process test the test itself plays inference server 0 (a ROUTER) and
+learner process 0 (a PULL) of the stream table, answers every
 request with values that are a known function of the observation, and checks
 the chunks the actor streams against the requests it sent.
 """
@@ -21,6 +21,7 @@ import numpy as np
 
 from actors.env_ring import ChunkBuilder, EnvSplit, StepResult
 from srl_jax.env_spec import EnvSpec
+from srl_jax.stream_table import STATS
 from srl_jax.streams import RejectCounter, receive, send
 from tests.conftest import make_config, write_run_dir
 from tests.fakes import FakeServerAndLearner
@@ -338,7 +339,7 @@ def test_actor_process_streams_consistent_chunks(tmp_path, processes, stats_sock
 
     # The heartbeats counted the frames stepped and reported finished episodes.
     counters, returns = {}, []
-    while (got := receive(stats_socket, frozenset({"stats"}), RejectCounter())) is not None:
+    while (got := receive(stats_socket, STATS.binder_receives, RejectCounter())) is not None:
         counters = got[1].meta["counters"]
         returns.extend(got[1].arrays["episode_return"].tolist())
     assert counters["env_frames"] >= SPLITS * CHUNKS_PER_SPLIT * T * N
@@ -386,7 +387,7 @@ def test_actor_survives_malformed_replies(tmp_path, processes, stats_socket):
     deadline = time.monotonic() + 10
     while rejected < len(BadThenGoodReplies.BAD) and time.monotonic() < deadline:
         if stats_socket.poll(100):
-            got = receive(stats_socket, frozenset({"stats"}), RejectCounter())
+            got = receive(stats_socket, STATS.binder_receives, RejectCounter())
             rejected = max(rejected, got[1].meta["counters"]["wire_rejected"])
     assert rejected == len(BadThenGoodReplies.BAD)
 

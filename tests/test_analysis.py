@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from srl_jax import analysis
+from srl_jax.run_dir import STATUS, read_status
 
 REPO = Path(__file__).resolve().parent.parent
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -38,7 +39,7 @@ def make_run(run_dir: Path, rows: list[dict[str, Any]], seed: int = 1, actors: i
                 "state": "stopped", "restarts": r} for i, r in enumerate(restarts)]
     status = {"experiment": "cartpole_ppo", "state": state,
               "stop_reason": "40000 env frames reached the limit 40000", "workers": workers}
-    (run_dir / "status.json").write_text(json.dumps(status))
+    (run_dir / STATUS).write_text(json.dumps(status))
     return run_dir
 
 
@@ -137,7 +138,7 @@ def test_summarize_values(tmp_path: Path) -> None:
 
 def test_summarize_without_target_or_status(tmp_path: Path) -> None:
     run = make_run(tmp_path / "a", rows_linear(0.1), target=None)
-    (run / "status.json").unlink()
+    (run / STATUS).unlink()
     s = analysis.summarize(run)
     assert math.isnan(s["target"]) and math.isnan(s["frames_to_target"])
     assert s["restarts"] == 0  # from system/restarts
@@ -284,7 +285,7 @@ def test_notebook_runs_and_saves_curves(tmp_path: Path, monkeypatch: pytest.Monk
                                      resources={"metadata": {"path": str(REPO)}})
     client.execute()  # raises CellExecutionError if a cell fails
     for seed in (1, 2):
-        status = json.loads((runs / f"cartpole_ppo-seed{seed}" / "status.json").read_text())
+        status = read_status(runs / f"cartpole_ppo-seed{seed}")
         assert status["state"] == "finished"
     for name in ("learning_curves_frames.png", "learning_curves_time.png"):
         data = (runs / name).read_bytes()

@@ -17,7 +17,8 @@ from actors.envs import env_spec, make_env
 from learners.sample_intake import run_chunk_layout
 from srl_jax.config import EnvConfig
 from srl_jax.config_loader import load_config
-from tests.conftest import REPO, Processes, read_metrics, read_status
+from srl_jax.run_dir import read_status
+from tests.conftest import REPO, Processes, read_metrics
 
 SIZE = 84
 

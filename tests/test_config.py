@@ -12,6 +12,7 @@ from learners.algorithms import algorithm_config
 from srl_jax.config import ConfigError
 from srl_jax.config_loader import config_from_dict, config_to_dict, load_config
 from srl_jax.launch import check_before_launch
+from srl_jax.run_dir import STATUS
 from tests.conftest import REPO, make_config, write_run_dir
 
 DEFAULT = REPO / "configs" / "cartpole_ppo.yaml"
@@ -163,4 +164,4 @@ def test_resume_errors_are_one_line(tmp_path: Path) -> None:
         resume_error(tmp_path, "cartpole_impala", "--resume", "--run-dir", str(run))
     assert "'actors.count' must be at least 1" in resume_error(
         tmp_path, "cartpole_ppo", "--resume", "--run-dir", str(run), "--set", "actors.count=0")
-    assert not (run / "metrics.jsonl").exists() and not (run / "status.json").exists()
+    assert not (run / "metrics.jsonl").exists() and not (run / STATUS).exists()

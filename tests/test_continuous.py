@@ -31,6 +31,7 @@ from learners.ppo import make_optimizer, make_update
 from learners.train_state import Batch, init_train_state, prepare
 from srl_jax.config import EnvConfig
 from srl_jax.config_loader import load_config
+from srl_jax.stream_table import STATS
 from srl_jax.streams import RejectCounter, receive, send
 from tests.conftest import REPO, make_config, write_run_dir
 from tests.fakes import FakeServerAndLearner
@@ -348,7 +349,7 @@ def test_actor_stores_sampled_actions_and_steps_pendulum_with_clipped_ones(
     counters, deadline = {}, time.monotonic() + 10
     while counters.get("wire_rejected", 0) < len(BAD_REPLIES) and time.monotonic() < deadline:
         if stats_socket.poll(100):
-            got = receive(stats_socket, frozenset({"stats"}), RejectCounter())
+            got = receive(stats_socket, STATS.binder_receives, RejectCounter())
             counters = got[1].meta["counters"]
     assert counters["wire_rejected"] == len(BAD_REPLIES)
     assert counters["infer_timeouts"] == 0

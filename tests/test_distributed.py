@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from learners.distributed import process_layout
+from srl_jax.run_dir import read_status
+from srl_jax.stream_table import COORDINATOR
 from tests.conftest import Processes, make_config
 
 pytestmark = pytest.mark.slow
@@ -39,9 +41,9 @@ def test_two_learner_processes_solve_cartpole(processes: Processes, tmp_path: Pa
     logs = {i: (run_dir / "logs" / f"learner-{i}.log").read_text() for i in (0, 1)}
     assert "JAX process 0 of 2" in logs[0] and "JAX process 1 of 2" in logs[1]
     assert "on 2 device(s)" in logs[0], "the mesh spans both processes' devices"
-    status = json.loads((run_dir / "status.json").read_text())
+    status = read_status(run_dir)
     learners = [w for w in status["workers"] if w["kind"] == "learner"]
     assert [w["exit_code"] for w in learners] == [0, 0], "both leave cleanly"
-    coordinator = [p for p in learners[0]["ports"] if p["key"] == "learner/coordinator"]
+    coordinator = [p for p in learners[0]["ports"] if p["key"] == COORDINATOR.key()]
     assert len(coordinator) == 1 and coordinator[0]["authenticated"] is False, \
         "status.json lists the jax.distributed port, unauthenticated as it is"

@@ -22,6 +22,7 @@ import pytest
 from srl_jax.faults import FAULTS_ENV
 from srl_jax.names import FileNameService
 from srl_jax.run_dir import checkpoint_steps
+from srl_jax.stream_table import INFERENCE
 from tests.conftest import (
     REPO,
     Processes,
@@ -204,16 +205,17 @@ def test_a_server_restarted_on_a_new_port_is_followed_by_its_clients(
                               "actors.inference_timeout_s=1")
     wait_for(lambda: all_running(run_dir), 90, "all workers running")
     names = FileNameService(run_dir / "names")
-    old = names.get("inference/0")
+    key = INFERENCE.key(index=0)
+    old = names.get(key)
     victim = worker(read_status(run_dir), "inference-0")["pid"]
     Processes.kill(victim)
-    names.unregister("inference/0")
+    names.unregister(key)
     wait_restarted(run_dir, "inference-0", victim, 60)
-    assert names.get("inference/0") not in (None, old), "the successor registered a new port"
+    assert names.get(key) not in (None, old), "the successor registered a new port"
     at_restart = read_metrics(run_dir)[-1]
     wait_for(lambda: read_metrics(run_dir)[-1]["env_frames"] > at_restart["env_frames"] + 20000,
              60, "actors served by the successor")
     process.send_signal(signal.SIGINT)
     assert process.wait(timeout=60) == 130, (tmp_path / "launch.log").read_text()
     for actor in ("actor-0", "actor-1"):
-        assert "'inference/0' moved from" in (run_dir / "logs" / f"{actor}.log").read_text()
+        assert f"'{key}' moved from" in (run_dir / "logs" / f"{actor}.log").read_text()

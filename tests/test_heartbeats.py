@@ -12,6 +12,7 @@ import zmq
 
 from srl_jax.config import ExperimentConfig
 from srl_jax.names import FileNameService
+from srl_jax.stream_table import STATS
 from srl_jax.streams import RejectCounter, make_socket, receive
 from srl_jax.worker import Worker
 
@@ -36,9 +37,9 @@ class ReturnsWorker(Worker):
 def test_a_controller_that_does_not_read_costs_heartbeats_not_returns(tmp_path: Path) -> None:
     config = ExperimentConfig()
     config.runtime.stats_queue = QUEUE
-    controller = make_socket(zmq.Context.instance(), zmq.PULL, hwm=QUEUE)
+    controller = make_socket(zmq.Context.instance(), STATS.bind_type, hwm=QUEUE)
     controller.bind("inproc://test-heartbeats")  # inproc: the bound is exactly both HWMs
-    FileNameService(tmp_path / "names").register("controller/stats", "inproc://test-heartbeats")
+    FileNameService(tmp_path / "names").register(STATS.key(), "inproc://test-heartbeats")
     worker = ReturnsWorker(config, tmp_path)
     try:
         worker.connect_stats()
@@ -50,11 +51,11 @@ def test_a_controller_that_does_not_read_costs_heartbeats_not_returns(tmp_path: 
             assert finished < 1000, "the stream never filled: it is not bounded"
         assert len(worker.unsent) == 10, "returns of skipped heartbeats are kept"
         received, rejects = [], RejectCounter()
-        while (message := receive(controller, frozenset({"stats"}), rejects)) is not None:
+        while (message := receive(controller, STATS.binder_receives, rejects)) is not None:
             received.append(message[1])
         assert len(received) <= 2 * QUEUE + 1, f"{len(received)} heartbeats were queued"
         worker.heartbeat(force=True)
-        received.append(receive(controller, frozenset({"stats"}), rejects)[1])
+        received.append(receive(controller, STATS.binder_receives, rejects)[1])
         returns = np.concatenate([m.arrays["episode_return"] for m in received])
         np.testing.assert_array_equal(returns, np.arange(1, finished + 1, dtype=np.float32))
         assert rejects.count == 0
@@ -64,19 +65,19 @@ def test_a_controller_that_does_not_read_costs_heartbeats_not_returns(tmp_path: 
 
 
 def _stats_pair(tmp_path: Path, config: ExperimentConfig, name: str) -> tuple[zmq.Socket, Worker]:
-    controller = make_socket(zmq.Context.instance(), zmq.PULL, hwm=1000)
+    controller = make_socket(zmq.Context.instance(), STATS.bind_type, hwm=1000)
     controller.bind(f"inproc://{name}")
-    FileNameService(tmp_path / "names").register("controller/stats", f"inproc://{name}")
+    FileNameService(tmp_path / "names").register(STATS.key(), f"inproc://{name}")
     worker = ReturnsWorker(config, tmp_path)
     worker.connect_stats()
     assert controller.poll(1000)
-    receive(controller, frozenset({"stats"}), RejectCounter())  # the one connecting sends
+    receive(controller, STATS.binder_receives, RejectCounter())  # the one connecting sends
     return controller, worker
 
 
 def _heartbeats(controller: zmq.Socket) -> list[dict]:
     metas = []
-    while (message := receive(controller, frozenset({"stats"}), RejectCounter())) is not None:
+    while (message := receive(controller, STATS.binder_receives, RejectCounter())) is not None:
         metas.append(message[1].meta)
     return metas
 

@@ -18,6 +18,7 @@ from learners.param_codec import params_to_arrays
 from srl_jax import wire
 from srl_jax.config import ExperimentConfig
 from srl_jax.names import FileNameService
+from srl_jax.stream_table import INFERENCE, PARAMS
 from srl_jax.streams import RejectCounter, make_socket, receive, send
 from srl_jax.transport import Transport
 from tests.conftest import Processes, make_config, wait_for, write_run_dir
@@ -26,7 +27,6 @@ pytestmark = pytest.mark.slow
 
 START_TIMEOUT_S = 60.0
 REPLY_TIMEOUT_S = 10.0
-REPLY_KINDS = frozenset({"infer_reply"})
 CLIENT_ROWS = (3, 5, 7)
 
 
@@ -41,10 +41,10 @@ class Server:
         self.context = zmq.Context.instance()
         self.sockets: list[zmq.Socket] = []
         self.pub = self.socket(zmq.PUB)
-        Transport(self.context).bind(self.pub, self.names, "learner/params")
+        Transport(self.context).bind(self.pub, self.names, PARAMS.key())
         self.stats = stats
         self.process = processes.worker("inference", 0, self.run_dir)
-        self.endpoint = self.names.lookup("inference/0", timeout_s=START_TIMEOUT_S)
+        self.endpoint = self.names.lookup(INFERENCE.key(index=0), timeout_s=START_TIMEOUT_S)
         self.rejects = RejectCounter()
 
     def socket(self, kind: int) -> zmq.Socket:
@@ -59,7 +59,7 @@ class Server:
 
     def reply(self, dealer: zmq.Socket, timeout_s: float = REPLY_TIMEOUT_S) -> wire.Message:
         assert dealer.poll(timeout_s * 1000), f"no reply within {timeout_s}s ({self.log_tail()})"
-        received = receive(dealer, REPLY_KINDS, self.rejects)
+        received = receive(dealer, INFERENCE.connecter_receives, self.rejects)
         assert received is not None and self.rejects.count == 0, "malformed reply"
         return received[1]
 

@@ -23,9 +23,9 @@ from srl_jax.config import ConfigError, policy_names
 from srl_jax.config_loader import load_config
 from srl_jax.launch import check_before_launch
 from srl_jax.metrics import POLICY_RETURN, MetricsAggregator
-from srl_jax.run_dir import checkpoint_steps, evaluated_root, step_meta, steps_in
+from srl_jax.run_dir import checkpoint_steps, evaluated_root, read_status, step_meta, steps_in
 from srl_jax.streams import send
-from tests.conftest import REPO, read_status, write_run_dir
+from tests.conftest import REPO, write_run_dir
 from tests.fakes import FakeServerAndLearner
 
 SPREAD = REPO / "configs" / "mpe_spread_ppo.yaml"

@@ -18,7 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Processes, read_metrics, read_status, wait_for
+from srl_jax.names import FileNameService
+from srl_jax.run_dir import read_status
+from srl_jax.stream_table import SAMPLES
+from tests.conftest import Processes, read_metrics, wait_for
 from tests.netns import Host, hosts
 
 pytestmark = pytest.mark.slow
@@ -83,9 +86,8 @@ def test_training_across_two_hosts_with_curve_refuses_a_stranger(
             args += ["--set", override]
         launch = processes.start(learner_host.command(*args), log=tmp_path / "launch.log",
                                  env=RAY_ENV)
-        wait_for(lambda: (run_dir / "names" / "learner__samples__0").exists(), 180,
-                 "the learner's sample stream")
-        endpoint = (run_dir / "names" / "learner__samples__0").read_text().strip()
+        names, key = FileNameService(run_dir / "names"), SAMPLES.key(index=0)
+        endpoint = wait_for(lambda: names.get(key), 180, "the learner's sample stream")
         stranger = subprocess.run(stranger_host.command(sys.executable, "-c", STRANGER, endpoint),
                                   capture_output=True, text=True, timeout=60)
         assert "stranger done" in stranger.stdout, stranger.stderr

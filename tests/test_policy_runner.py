@@ -6,11 +6,11 @@ import jax
 import numpy as np
 import pytest
 
-from actors.envs import EnvSpec
 from learners.networks import init_policy_params, make_policy
 from learners.param_codec import params_to_arrays
 from learners.policy import make_runner
 from learners.policy_runner import PolicyRunner, padded_sizes
+from srl_jax.env_spec import EnvSpec
 from tests.conftest import make_config
 
 DISCRETE = EnvSpec((4,), np.dtype(np.float32), 2, continuous=False)

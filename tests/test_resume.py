@@ -22,6 +22,7 @@ from learners.export import load_policy
 from learners.param_codec import params_to_arrays
 from srl_jax.names import FileNameService
 from srl_jax.run_dir import checkpoint_root, checkpoint_steps, evaluated_root, steps_in
+from srl_jax.stream_table import PARAMS
 from srl_jax.streams import RejectCounter, make_socket, receive
 from tests.conftest import (
     Processes,
@@ -85,13 +86,13 @@ def copy_run(run_dir: Path, tmp_path: Path) -> Path:
 def first_params(run_dir: Path) -> dict:
     """The first parameter message the resumed learner publishes (subscribed before it
     publishes: the endpoint is registered before the learner restores and compiles)."""
-    endpoint = FileNameService(run_dir / "names").lookup("learner/params", timeout_s=120)
-    socket = make_socket(zmq.Context.instance(), zmq.SUB)
+    endpoint = FileNameService(run_dir / "names").lookup(PARAMS.key(), timeout_s=120)
+    socket = make_socket(zmq.Context.instance(), PARAMS.connect_type)
     socket.setsockopt(zmq.SUBSCRIBE, b"")
     socket.connect(endpoint)
     try:
         assert socket.poll(120_000), "no parameters published"
-        received = receive(socket, frozenset({"params"}), RejectCounter())
+        received = receive(socket, PARAMS.connecter_receives, RejectCounter())
         assert received is not None
         return {"meta": received[1].meta,
                 "arrays": {k: np.array(v) for k, v in received[1].arrays.items()}}

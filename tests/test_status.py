@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from srl_jax.run_dir import read_status
 from srl_jax.status import render
-from tests.conftest import Processes, all_running, launch, read_metrics, read_status, wait_for
+from srl_jax.stream_table import SAMPLES
+from tests.conftest import Processes, all_running, launch, read_metrics, wait_for
 
 
 def status_of(run_dir: Path, *args: str) -> str:
@@ -78,7 +80,7 @@ def test_a_stalled_run_says_who_waits_on_whom(processes: Processes, tmp_path: Pa
             if "no progress for" in line), None), 15, "the controller's stall report")
         assert "actor-0 (running, heartbeat" in report
         assert "on an inference reply of policy 'default'" in report
-        assert "learner-0 (running" in report and "on samples on learner/samples/0" in report
+        assert "learner-0 (running" in report and f"on samples on {SAMPLES.key(index=0)}" in report
 
         table = status_of(run_dir)
         assert "no new frames or learner steps for" in table

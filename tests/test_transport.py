@@ -10,6 +10,8 @@ import pytest
 import zmq
 
 from srl_jax.names import FileNameService
+from srl_jax.run_dir import read_status
+from srl_jax.stream_table import INFERENCE, PARAMS, SAMPLES, STATS
 from srl_jax.streams import RejectCounter, make_socket, receive, send
 from srl_jax.transport import (
     KEYS_ENV,
@@ -20,7 +22,7 @@ from srl_jax.transport import (
     primary_address,
 )
 from srl_jax.wire import Message
-from tests.conftest import Processes, launch, read_metrics, read_status, wait_for
+from tests.conftest import Processes, launch, read_metrics, wait_for
 
 
 @pytest.mark.parametrize("curve, host, wanted", [
@@ -71,11 +73,12 @@ def test_only_peers_with_the_runs_keys_get_through_and_refusals_are_counted(
     server, client = Transport(zmq.Context(), keys=keys), Transport(zmq.Context(), keys=keys)
     pull = make_socket(server.context, zmq.PULL)
     push = make_socket(client.context, zmq.PUSH)
-    endpoint = server.bind(pull, names, "learner/samples/0")
+    key = SAMPLES.key(index=0)
+    endpoint = server.bind(pull, names, key)
     bad = intruders(zmq.Context(), endpoint, keys.server_public)
     try:
-        assert names.get("learner/samples/0") == endpoint
-        assert server.port_list() == [{"key": "learner/samples/0", "endpoint": endpoint,
+        assert names.get(key) == endpoint
+        assert server.port_list() == [{"key": key, "endpoint": endpoint,
                                        "bind": endpoint.removeprefix("tcp://"),
                                        "authenticated": True}]
         for socket in bad:
@@ -95,7 +98,7 @@ def test_only_peers_with_the_runs_keys_get_through_and_refusals_are_counted(
 
 def receive_within(socket: zmq.Socket, seconds: float) -> Message:
     assert socket.poll(int(seconds * 1000)), "nothing arrived"
-    received = receive(socket, frozenset({"samples"}), RejectCounter())
+    received = receive(socket, SAMPLES.binder_receives, RejectCounter())
     assert received is not None
     return received[1]
 
@@ -104,13 +107,13 @@ def test_a_restarted_worker_binds_its_previous_port(tmp_path: Path) -> None:
     names = FileNameService(tmp_path / "names")
     gone = zmq.Context()  # the worker that died: its context ends, its port is free
     first = make_socket(gone, zmq.PULL)
-    endpoint = Transport(gone).bind(first, names, "inference/0")
+    endpoint = Transport(gone).bind(first, names, INFERENCE.key(index=0))
     first.close(linger=0)
     gone.term()
     context = zmq.Context()
     again = make_socket(context, zmq.PULL)
     try:
-        assert Transport(context).bind(again, names, "inference/0") == endpoint
+        assert Transport(context).bind(again, names, INFERENCE.key(index=0)) == endpoint
     finally:
         again.close(linger=0)
 
@@ -124,7 +127,7 @@ def test_a_run_on_all_interfaces_authenticates_and_refuses_strangers(
                               "stop.wall_time_s=240")
     wait_for(lambda: (run_dir / "config.yaml").exists(), 60, "the run directory")
     names = FileNameService(run_dir / "names")  # not before: the run directory must be new
-    keys = ["controller/stats", "learner/samples/0", "learner/params", "inference/0"]
+    keys = [STATS.key(), SAMPLES.key(index=0), PARAMS.key(), INFERENCE.key(index=0)]
     endpoints = [names.lookup(key, timeout_s=120) for key in keys]
     outsiders = zmq.Context()
     # The server key is not secret to a peer that has it: only the client key admits.
