@@ -10,11 +10,11 @@ import jax
 import numpy as np
 
 from actors.envs import env_spec
-from learners.algorithms import algorithm
-from learners.mesh import compile_update, make_learner_mesh, put_batch, replicated
-from learners.networks import init_policy_params, make_policy
+from learners.algorithms import algorithm, algorithm_config, sizes
+from learners.learner import Learner
+from learners.mesh import make_learner_mesh
+from learners.networks import make_policy
 from learners.sample_intake import run_chunk_layout
-from learners.train_state import init_train_state, to_batch
 from tests.conftest import make_config
 
 
@@ -22,14 +22,14 @@ def one_update(devices: int, algo_name: str, overrides: list[str]) -> tuple[dict
     config = make_config([f"learner.algorithm={algo_name}", *overrides])
     spec = env_spec(config.env)
     policy, network = make_policy(config, spec)
-    algo = algorithm(algo_name)
-    optimizer = algo.make_optimizer(config)
-    mesh = make_learner_mesh(devices, config.learner.batch_envs)
-    state = jax.device_put(init_train_state(
-        init_policy_params(network, spec.obs_shape, config.seed), optimizer, config.seed),
-        replicated(mesh))
-    rng = np.random.default_rng(0)
+    algo, algo_config, derived = algorithm(algo_name), algorithm_config(config), sizes(config)
+    optimizer = algo.make_optimizer(algo_config, derived)
     B = config.learner.batch_envs
+    learner = Learner(spec, network, optimizer,
+                      algo.make_update(policy, optimizer, algo_config, derived),
+                      make_learner_mesh(devices, B), config.actors.trajectory_length, B,
+                      config.seed)
+    rng = np.random.default_rng(0)
     arrays = {}
     for name, (shape, dtype) in run_chunk_layout(config, spec).items():
         full = (shape[0], B, *shape[2:])
@@ -42,11 +42,10 @@ def one_update(devices: int, algo_name: str, overrides: list[str]) -> tuple[dict
         else:
             arrays[name] = rng.normal(size=full).astype(dtype)
     arrays["truncated"] &= ~arrays["terminated"]
-    batch = put_batch(to_batch(arrays), mesh)
+    batch = learner.put(arrays)
     shard_shapes = sorted({tuple(s.data.shape) for s in batch.obs.addressable_shards})
-    update = compile_update(algo.make_update(policy, optimizer, config), mesh, state, batch)
-    new_state, _ = update(state, batch)
-    return jax.device_get(new_state.params), shard_shapes
+    learner.step(batch)
+    return jax.device_get(learner.params), shard_shapes
 
 
 def main() -> None:

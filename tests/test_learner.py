@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from actors.envs import env_spec
-from learners.algorithms import algorithm
+from learners.algorithms import algorithm, algorithm_config, sizes
 from learners.learner import Learner
 from learners.mesh import make_learner_mesh
 from learners.networks import make_policy
@@ -24,9 +24,10 @@ def build(checkpointer: Checkpointer | None = None, seed: int = 0) -> Learner:
                           "actors.envs=4", "actors.splits=1", f"seed={seed}"])
     spec = env_spec(config.env)
     policy, network = make_policy(config, spec)
-    algo = algorithm("ppo")
-    optimizer = algo.make_optimizer(config)
-    return Learner(spec, network, optimizer, algo.make_update(policy, optimizer, config),
+    algo, algo_config, derived = algorithm("ppo"), algorithm_config(config), sizes(config)
+    optimizer = algo.make_optimizer(algo_config, derived)
+    return Learner(spec, network, optimizer,
+                   algo.make_update(policy, optimizer, algo_config, derived),
                    make_learner_mesh(1, B), T, B, config.seed, checkpointer)
 
 

@@ -29,7 +29,7 @@ ZMQ_STREAMS = [stream for stream in STREAMS if stream.is_zmq]
 SENDERS = {
     "actors/actor_worker.py": {SAMPLES.binder_receives, INFERENCE.binder_receives},
     "learners/inference_server.py": {INFERENCE.connecter_receives},
-    "learners/learner_worker.py": {PARAMS.connecter_receives},
+    "learners/param_publisher.py": {PARAMS.connecter_receives},
     "srl_jax/worker.py": {STATS.binder_receives},
 }
 """Each worker module and the streams it sends on (as the kinds it may send there)."""
