@@ -22,11 +22,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from srl_jax.chunk_spec import batch_fields
 from srl_jax.config import ConfigError, ExperimentConfig, LearnerConfig
 from srl_jax.config_loader import build_dataclass
+from srl_jax.stream_table import SAMPLES
 
 BUILT_IN = {"ppo": "learners.ppo", "impala": "learners.impala"}
 """Name -> module exporting `ALGORITHM`, imported on first use."""
+SOURCES = (SAMPLES.name,)
+"""Streams a learner can take its batches from (a replay stream joins them later)."""
 _REGISTERED: dict[str, Algorithm] = {}
 
 
@@ -63,8 +67,8 @@ class Algorithm:
     (TrainState, metrics) for the learner to jit over its mesh."""
     fields: tuple[str, ...]
     """The chunk fields its update reads."""
-    source: str = "samples"
-    """The stream it takes data from."""
+    source: str = SAMPLES.name
+    """The stream it takes data from: one of SOURCES."""
     check: Callable[[Any, Sizes], None] | None = None
     """Checks of its config against the sizes (ConfigError with one line), if any."""
 
@@ -112,10 +116,24 @@ def _section(config: ExperimentConfig, name: str) -> Any:
     return build_dataclass(algorithm(name).config, values, f"learner.{name}")
 
 
+def check_inputs(algo: Algorithm) -> None:
+    """ConfigError unless the learner can feed `algo`: the chunk fields it reads are
+    declared in srl_jax/chunk_spec.py for the batch, and its source is a known stream."""
+    missing = sorted(set(algo.fields) - set(batch_fields()))
+    if missing:
+        raise ConfigError(f"'learner.algorithm': '{algo.name}' reads chunk fields {missing} "
+                          f"that the batch does not carry (it has {', '.join(batch_fields())})")
+    if algo.source not in SOURCES:
+        raise ConfigError(f"'learner.algorithm': '{algo.name}' takes its data from "
+                          f"'{algo.source}'; a learner takes it from {', '.join(SOURCES)}")
+
+
 def algorithm_config(config: ExperimentConfig) -> Any:
     """The chosen algorithm's config, built from `learner.<name>` (defaults for what is not
-    written) and checked against the sizes; ConfigError with one line naming the key."""
+    written) and checked against the sizes and the learner's inputs; ConfigError with one
+    line naming the key."""
     algo = algorithm(config.learner.algorithm)
+    check_inputs(algo)
     built = _section(config, algo.name)
     if algo.check is not None:
         algo.check(built, sizes(config))

@@ -12,6 +12,7 @@ clipping or epochs, plus a value loss and an entropy bonus.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,12 +24,20 @@ import optax
 import pytest
 import yaml
 
-from learners.algorithms import Algorithm, Sizes, algorithm, algorithm_config, register
+from learners.algorithms import (
+    Algorithm,
+    Sizes,
+    algorithm,
+    algorithm_config,
+    check_inputs,
+    register,
+)
 from learners.networks import Policy
 from learners.train_state import Batch, TrainState, prepare
 from srl_jax.config import ConfigError
 from srl_jax.config_loader import config_from_dict
-from tests.conftest import Processes, launch, read_metrics, read_status
+from srl_jax.run_dir import read_status
+from tests.conftest import Processes, launch, read_metrics
 from tests.update_checks import (
     SIZES,
     check_update_trains_and_repeats,
@@ -159,6 +168,16 @@ def test_the_registry_builds_the_section_from_the_experiment_config() -> None:
         algorithm_config(bad)
     with pytest.raises(ConfigError, match=r"'learner.a2c.gamma' must be in"):
         algorithm_config(config_from_dict({"learner": {"algorithm": "a2c", "a2c": {"gamma": 0}}}))
+
+
+def test_an_algorithm_the_learner_cannot_feed_is_refused() -> None:
+    reads_priorities = dataclasses.replace(ALGORITHM, name="a2c_prioritized",
+                                           fields=(*ALGORITHM.fields, "priority"))
+    with pytest.raises(ConfigError, match=r"reads chunk fields \['priority'\]"):
+        check_inputs(reads_priorities)
+    from_replay = dataclasses.replace(ALGORITHM, name="a2c_replay", source="replay")
+    with pytest.raises(ConfigError, match="takes its data from 'replay'"):
+        check_inputs(from_replay)
 
 
 EXPERIMENT = {
