@@ -37,7 +37,7 @@ from srl_jax.streams import (
     receive,
 )
 from srl_jax.transport import KEYS_ENV, CurveKeys, Transport
-from srl_jax.worker_kinds import worker_plan
+from srl_jax.worker_kinds import worker_kind, worker_plan
 
 log = logging.getLogger("controller")
 
@@ -237,15 +237,17 @@ class Controller:
                 self.backend.send_signal(record.handle, signal.SIGKILL)
 
     def _restartable(self, record: WorkerRecord) -> bool:
-        """Actors and servers always; the learner when it has checkpoints to come back from."""
-        return record.kind != "learner" or self.config.checkpoint.enabled
+        """Stateless kinds always; one that saves its state when it has checkpoints to come
+        back from."""
+        return not worker_kind(record.kind).saves_state or self.config.checkpoint.enabled
 
     def _on_exit(self, record: WorkerRecord, code: int, what: str) -> None:
         record.exit_code = code
         self.metrics.retire(record.name)
         log_path = self.run_dir / "logs" / f"{record.name}.log"
-        if record.kind == "learner" and self.config.learner.processes > 1:
-            self._stop_learner_group(record.policy)
+        kind = worker_kind(record.kind)
+        if kind.process_group and kind.count(self.config) > 1:
+            self._stop_process_group(record)
         if not self._restartable(record):
             record.state = "failed"
             self._finish(f"{record.name} {what}; see {log_path}", EXIT_FAILED)
@@ -263,16 +265,16 @@ class Controller:
         log.warning("%s %s; restart %d in %.1fs", record.name, what, record.restarts, delay)
         self._write_status()
 
-    def _stop_learner_group(self, policy: str) -> None:
+    def _stop_process_group(self, record: WorkerRecord) -> None:
         """A policy's learner processes share one jax.distributed job: one gone means
         all restart.
 
         The others are killed (their collectives would wait forever) and come back
         through `_on_exit` like the first; the stale coordinator address goes.
         """
-        self.backend.name_service().unregister(COORDINATOR.key(policy))
+        self.backend.name_service().unregister(COORDINATOR.key(record.policy))
         for other in self.workers:
-            if other.kind == "learner" and other.policy == policy \
+            if other.kind == record.kind and other.policy == record.policy \
                     and other.handle is not None and other.state in ("starting", "running") \
                     and self.backend.exit_code(other.handle) is None:
                 log.warning("%s leaves with the learner group", other.name)
@@ -366,7 +368,7 @@ class Controller:
     def _grace_s(self, record: WorkerRecord) -> float:
         """How long a worker may take to exit after SIGTERM (the learner saves first)."""
         grace = self.config.runtime.stop_grace_s
-        if record.kind == "learner" and self.config.checkpoint.enabled:
+        if worker_kind(record.kind).saves_state and self.config.checkpoint.enabled:
             grace += self.config.checkpoint.final_save_timeout_s
         return grace
 

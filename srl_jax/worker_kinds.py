@@ -39,6 +39,12 @@ class WorkerKind:
     host_role: str
     """Which hosts of a cluster script run it: one of HOST_ROLES."""
     doc: str
+    saves_state: bool = False
+    """Its state lives in its checkpoints: the controller restarts it only when checkpoints
+    are on, and gives it `checkpoint.final_save_timeout_s` more to stop (a final save)."""
+    process_group: bool = False
+    """A policy's workers of this kind are one jax.distributed job: when one exits, the
+    controller stops the others, and all of them restart together."""
 
     def __post_init__(self) -> None:
         module, _, cls = self.entry.partition(":")
@@ -116,7 +122,8 @@ def _evaluators(config: ExperimentConfig) -> int:
 
 register_kind(WorkerKind(
     "learner", "learners.learner_worker:LearnerWorker", True, _learners, "learner",
-    "trains its policy on sample chunks and publishes its parameters"))
+    "trains its policy on sample chunks and publishes its parameters",
+    saves_state=True, process_group=True))
 register_kind(WorkerKind(
     "inference", "learners.inference_server:InferenceServer", True, _inference_servers,
     "inference", "answers the actors' batched policy requests"))
