@@ -3,8 +3,8 @@
 Workers send cumulative counters; the aggregator keeps the latest per worker,
 adds the last counters of workers that were restarted (so totals never go
 back), and turns differences between rows into rates and time fractions.
-Row keys the README lists under "The run directory" never change; extra keys are grouped by prefix
-(`actor/`, `inference/`, `learner/`, `policy/`, `system/`). In a multi-agent run
+Row keys the README lists under "The run directory" never change; extra keys are
+grouped by prefix (`actor/`, `inference/`, `learner/`, `policy/`, `system/`). In a multi-agent run
 `episode_return_mean` is the team return (all agents' rewards summed) and
 `policy/<name>/episode_return_mean` the mean return of one of that policy's agents.
 """
