@@ -86,8 +86,10 @@ def test_training_across_two_hosts_with_curve_refuses_a_stranger(
             args += ["--set", override]
         launch = processes.start(learner_host.command(*args), log=tmp_path / "launch.log",
                                  env=RAY_ENV)
-        names, key = FileNameService(run_dir / "names"), SAMPLES.key(index=0)
-        endpoint = wait_for(lambda: names.get(key), 180, "the learner's sample stream")
+        key = SAMPLES.key(index=0)  # names/ only once launch has accepted the empty run_dir
+        endpoint = wait_for(lambda: (run_dir / "names").is_dir()
+                            and FileNameService(run_dir / "names").get(key), 180,
+                            "the learner's sample stream")
         stranger = subprocess.run(stranger_host.command(sys.executable, "-c", STRANGER, endpoint),
                                   capture_output=True, text=True, timeout=60)
         assert "stranger done" in stranger.stdout, stranger.stderr
