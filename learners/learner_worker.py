@@ -84,6 +84,7 @@ class LearnerWorker(Worker):
         self.processes = process_layout(config, index)
         self.local_envs = cfg.batch_envs // self.processes.count
         self.spec = env_spec(config.env, policy)
+        self.samples_key = SAMPLES.key(policy, index)
         self.intake = SampleIntake(
             run_chunk_layout(config, self.spec),
             SampleQueue(cfg.sample_queue, self.local_envs, cfg.staleness_cap), self.rejects)
@@ -114,7 +115,6 @@ class LearnerWorker(Worker):
         configure_jax(self.config.runtime)
         self._join_processes()
         self.pull = make_socket(self.zmq, SAMPLES.bind_type, hwm=self.config.learner.sample_queue)
-        self.samples_key = SAMPLES.key(self.policy, self.index)
         self.transport.bind(self.pull, self.names, self.samples_key)
         if self.processes.is_chief:
             self.pub = make_socket(self.zmq, PARAMS.bind_type, hwm=self.config.learner.param_queue)
