@@ -192,7 +192,8 @@ def test_the_evaluator_and_evaluate_play_every_policy_together(processes, tmp_pa
         assert len(steps) == 1, f"{policy}'s parameters of the best evaluation"
         meta = step_meta(evaluated_root(run_dir, policy), steps[0])
         best = max(r["eval_return_mean"] for r in evaluated)
-        assert meta["eval_return_mean"] == pytest.approx(best, abs=1e-3), "rows are rounded"
+        # An evaluation that ends while the run stops is saved but reaches no row.
+        assert meta["eval_return_mean"] >= best - 1e-3, "the best evaluation (rows are rounded)"
         saved[policy] = steps[0]
     assert not steps_in(evaluated_root(run_dir)), "no policy is the default one"
     team = load_team(run_dir, best=True)
