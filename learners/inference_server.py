@@ -10,10 +10,10 @@ the next of a few fixed sizes (powers of two), and run through one jitted
 policy call. A batch never exceeds `max_batch` (the largest size compiled in
 advance): a request that would overflow it waits to start the next batch.
 Each reply carries action, log-probability, value and the parameter version
-that produced them. Parameters arrive on the parameter
-stream; the newest version wins. Until the first arrives (it waits a few
-seconds for it), the server acts with version 0, which it builds
-from the seed exactly as the learner does.
+that produced them. Parameters arrive on the parameter stream; the newest
+version wins. Until the first arrives (it waits a few seconds for it), the
+server acts with version 0, which it builds from the seed exactly as the
+learner does.
 """
 
 from __future__ import annotations
