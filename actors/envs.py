@@ -80,7 +80,7 @@ def check_policies(config: ExperimentConfig) -> None:
         if config.inference.max_batch < columns:
             raise ConfigError(
                 f"'inference.max_batch' ({config.inference.max_batch}) must hold the {columns} "
-                f"columns of one split for policy '{policy}' ({split_envs} envs x "
+                f"rows of one request for policy '{policy}' (one split: {split_envs} envs x "
                 f"{spec.agents} agents)")
 
 

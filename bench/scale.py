@@ -304,7 +304,7 @@ def point_figures(args: argparse.Namespace, actors: int, servers: int, total_act
     consumed = mean("learner/samples_per_s")
     dropped = (last["samples_dropped_stale"] - first["samples_dropped_stale"]
                + last["learner/samples_dropped_full"] - first["learner/samples_dropped_full"])
-    received = consumed + dropped * chunk_samples / span
+    received = consumed + dropped / span  # the drop counters count frames
     util = {kind: cpu.get(kind, 0.0) / wall for kind in WORKER_KINDS}
     return Point(
         actors=actors, servers=servers, window_s=span, fps=fps,

@@ -93,7 +93,7 @@ class SampleIntake:
         return batch
 
     def counters(self) -> dict[str, int]:
-        """Its run counters (see `srl_jax.metrics.CARRIED`)."""
+        """Its run counters (see `srl_jax.metrics.CARRIED`), all in frames."""
         return {"frames_consumed": self.frames_consumed, "frames_received": self.frames_received,
                 "episodes_received": self.episodes_received,
                 "samples_dropped_stale": self.queue.dropped_stale,

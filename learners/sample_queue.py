@@ -3,6 +3,9 @@
 Pure Python and numpy so the policy can be tested without a learner. Chunks
 arrive as dicts of [T(+1), n] arrays with per-step `versions`; a batch is the
 first chunks that fill B env columns, concatenated on the env axis.
+
+The drop counters count frames (env steps: T x columns of each dropped chunk), the
+unit of `learner/samples_per_s`; the capacity counts chunks.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ class SampleQueue:
         self._chunks: deque[dict[str, np.ndarray]] = deque()
         self._columns = 0
         self.dropped_stale = 0
+        """Frames dropped by the staleness cap."""
         self.dropped_full = 0
+        """Frames dropped, oldest first, to keep at most `capacity` chunks."""
 
     def __len__(self) -> int:
         return len(self._chunks)
@@ -34,12 +39,12 @@ class SampleQueue:
     def put(self, chunk: dict[str, np.ndarray], version: int) -> None:
         """Add a chunk unless it is already stale; drop the oldest when full."""
         if self._is_stale(chunk, version):
-            self.dropped_stale += 1
+            self.dropped_stale += chunk["rewards"].size
             return
         if len(self._chunks) >= self.capacity:
             oldest = self._chunks.popleft()
             self._columns -= oldest["actions"].shape[1]
-            self.dropped_full += 1
+            self.dropped_full += oldest["rewards"].size
         self._chunks.append(chunk)
         self._columns += chunk["actions"].shape[1]
 
@@ -48,7 +53,7 @@ class SampleQueue:
         kept: deque[dict[str, np.ndarray]] = deque()
         for chunk in self._chunks:
             if self._is_stale(chunk, version):
-                self.dropped_stale += 1
+                self.dropped_stale += chunk["rewards"].size
             else:
                 kept.append(chunk)
         self._chunks = kept

@@ -15,6 +15,7 @@ from srl_jax.config import (
     RESERVED_POLICY_NAMES,
     ConfigError,
     ExperimentConfig,
+    NetworkConfig,
     is_pettingzoo,
 )
 
@@ -117,6 +118,11 @@ def check_network(config: ExperimentConfig) -> None:
     require(not (network.kind == "nature_cnn" and config.learner.normalize_obs),
             "'learner.normalize_obs' is for vector observations; 'nature_cnn' scales pixels "
             "itself")
+    if network.kind == "nature_cnn":  # its layers are fixed: these keys would do nothing
+        for key in ("hidden", "activation"):
+            require(getattr(network, key) == getattr(NetworkConfig(), key),
+                    f"'network.{key}' is not used by 'nature_cnn' (its layers are fixed); "
+                    f"leave it unset")
     require(len(network.hidden) >= 1, "'network.hidden' needs at least one layer")
     require(all(h >= 1 for h in network.hidden), "'network.hidden' widths must be >= 1")
     require(network.activation in ("tanh", "relu"),

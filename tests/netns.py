@@ -1,6 +1,7 @@
 """Hosts for tests: network namespaces on one switch, each with its own address.
 
-Needs root and iproute2 (CI runs as root). Each host is a namespace with a veth
+Needs root and iproute2 (CI runs as root); where namespaces cannot be made, the
+test that asks for them is skipped with the cause. Each host is a namespace with a veth
 link to a bridge in a switch namespace, loopback up and a default route, so a
 process in it sees one address, as on a machine of its own. Teardown kills
 every process in the namespaces by pid (`ip netns pids`), then deletes them.
@@ -15,6 +16,8 @@ import signal
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
+
+import pytest
 
 SUBNET = "10.77.0"
 
@@ -40,16 +43,25 @@ def _kill_all_in(namespace: str) -> None:
             os.kill(int(pid), signal.SIGKILL)
 
 
+def _add_first_namespace(namespace: str) -> None:
+    """Add `namespace`, or skip the test with the cause where none can be made (no root,
+    no iproute2, a container without CAP_SYS_ADMIN)."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("network namespaces need root and iproute2 ('ip')")
+    try:
+        _ip("netns", "add", namespace)
+    except subprocess.CalledProcessError as error:
+        pytest.skip(f"cannot make a network namespace: {(error.stderr or '').strip() or error}")
+
+
 @contextlib.contextmanager
 def hosts(count: int) -> Iterator[list[Host]]:
     """`count` hosts on one switch, SUBNET.1 upwards; gone again afterwards."""
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        raise RuntimeError("network namespaces need root and iproute2 ('ip')")
     tag = f"s{os.getpid() % 100000}"  # interface names stay under 15 characters
     switch = f"{tag}sw"
+    _add_first_namespace(switch)
     made = [switch]
     try:
-        _ip("netns", "add", switch)
         _ip("-n", switch, "link", "add", "br0", "type", "bridge")
         _ip("-n", switch, "link", "set", "br0", "up")
         result = []

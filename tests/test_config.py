@@ -82,6 +82,19 @@ def test_the_resolved_config_writes_the_chosen_section_whole() -> None:
     assert config_from_dict(config_to_dict(config)) == config
 
 
+ATARI = REPO / "configs" / "atari_breakout_ppo.yaml"
+
+
+@pytest.mark.parametrize("override", ["network.hidden=[32]", "network.activation=relu"])
+def test_nature_cnn_refuses_the_mlp_keys_it_would_ignore(override: str) -> None:
+    assert load_config(ATARI).network.kind == "nature_cnn", "the shipped config passes"
+    with pytest.raises(ConfigError) as error:
+        load_config(ATARI, [override])
+    key = override.split("=")[0]
+    assert str(error.value) == (f"'{key}' is not used by 'nature_cnn' (its layers are "
+                                f"fixed); leave it unset")
+
+
 @pytest.mark.parametrize("args, fragment", [
     (["cartpole_ppo", "--set", "actors.cont=3"], "unknown key 'actors.cont'"),
     (["cartpole_ppo", "--set", "learner.ppo.gamma=high"], "'learner.ppo.gamma' must be a number"),

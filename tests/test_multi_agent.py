@@ -45,7 +45,7 @@ a run of 1,500 frames has trained even where the learner was slow to compile."""
     ("env.policies={best: ['*']}", "not be best or evaluated"),
     ("env.policies={red: agent_0}", "'env.policies.red' must be a list of agent name patterns"),
     ("inference.max_batch=16",
-     "'inference.max_batch' (16) must hold the 24 columns of one split for policy 'default'"),
+     "'inference.max_batch' (16) must hold the 24 rows of one request for policy 'default'"),
     ("env.backend=envpool", "'env.backend': PettingZoo environments step with 'gymnasium'"),
     ("env.kwargs.N=two", "'env.kwargs': cannot make"),
 ])
@@ -54,6 +54,12 @@ def test_multi_agent_config_errors_name_the_key(override, message):
     with pytest.raises(ConfigError) as error:
         check_before_launch(load_config(SPREAD, [override]))
     assert message in str(error.value)
+
+
+def test_the_shipped_config_passes_its_request_rows_check():
+    """24-row requests (8 envs x 3 agents) fit max_batch 32; the server batches them whole."""
+    config = check_before_launch(load_config(SPREAD))
+    assert config.inference.max_batch == 32
 
 
 def test_policies_get_their_agents_columns_in_the_chunk_layout():

@@ -1,12 +1,17 @@
-"""The learner's sample queue: staleness cap, drop-oldest bound, batch assembly."""
+"""The learner's sample queue: staleness cap, drop-oldest bound, batch assembly, and
+the unit of its drop counters (frames)."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from learners.sample_intake import SampleIntake
 from learners.sample_queue import SampleQueue
+from srl_jax.streams import RejectCounter
 
 T = 3
+FRAMES = T * 2
+"""Frames of a default chunk: T steps of n = 2 columns."""
 
 
 def chunk(tag: int, versions: int | list[int], n: int = 2) -> dict[str, np.ndarray]:
@@ -33,7 +38,7 @@ def test_put_drops_chunks_older_than_the_cap():
     queue.put(chunk(2, 7), version=10)  # 10 - 7 = 3 > 2: dropped
     queue.put(chunk(3, [7, 9, 10]), version=10)  # the oldest step decides: dropped
     queue.put(chunk(4, [9, 10, 10]), version=10)
-    assert queue.dropped_stale == 2
+    assert queue.dropped_stale == 2 * FRAMES
     assert queue.dropped_full == 0
     assert len(queue) == 2
     batch = queue.take_batch(version=10)
@@ -49,12 +54,12 @@ def test_chunks_that_go_stale_while_waiting_are_dropped_at_take():
     assert queue.dropped_stale == 0 and len(queue) == 3
     # At version 3, chunk 1 (3 - 0 = 3) and chunk 2 (3 - 1 = 2) exceed the cap of 1.
     assert queue.take_batch(version=3) is None  # chunk 3 alone is 2 columns, not 4
-    assert queue.dropped_stale == 2
+    assert queue.dropped_stale == 2 * FRAMES
     assert len(queue) == 1
     queue.put(chunk(4, 3), version=3)
     batch = queue.take_batch(version=3)
     assert tags(batch) == [3, 3, 4, 4]
-    assert queue.dropped_stale == 2
+    assert queue.dropped_stale == 2 * FRAMES
 
 
 def test_capacity_overflow_drops_the_oldest():
@@ -62,7 +67,7 @@ def test_capacity_overflow_drops_the_oldest():
     for tag in range(1, 6):
         queue.put(chunk(tag, 0), version=0)
     assert len(queue) == 3
-    assert queue.dropped_full == 2
+    assert queue.dropped_full == 2 * FRAMES
     assert queue.dropped_stale == 0
     batch = queue.take_batch(version=0)
     assert tags(batch) == [3, 3, 4, 4]  # 1 and 2 were dropped, FIFO order kept
@@ -113,5 +118,21 @@ def test_chunks_acted_by_versions_a_restored_learner_never_made_are_dropped():
     queue = SampleQueue(capacity=10, batch_envs=2, staleness_cap=4)
     queue.put(chunk(1, [10, 11, 12]), version=10)
     queue.put(chunk(2, [9, 10, 10]), version=10)
-    assert queue.dropped_stale == 1
+    assert queue.dropped_stale == FRAMES
     assert tags(queue.take_batch(version=10)) == [2, 2]
+
+
+def test_dropped_sample_counters_count_frames_like_samples_per_s():
+    """`samples_dropped_*` and `frames_consumed` (`learner/samples_per_s`) share one unit."""
+    wide = chunk(1, 0, n=5)
+    intake = SampleIntake({name: (a.shape, a.dtype) for name, a in wide.items()},
+                          SampleQueue(capacity=1, batch_envs=5, staleness_cap=1),
+                          RejectCounter())
+    intake.take(wide, {}, version=0)
+    intake.take(chunk(2, 0, n=5), {}, version=0)  # the queue is full: chunk 1 goes
+    intake.take(chunk(3, 0, n=5), {}, version=2)  # 2 - 0 > 1: stale
+    assert intake.take_batch(version=1) is not None
+    counters = intake.counters()
+    assert counters["frames_consumed"] == T * 5
+    assert counters["samples_dropped_full"] == T * 5
+    assert counters["samples_dropped_stale"] == T * 5
