@@ -4,16 +4,14 @@ A process shell around a `PolicyRunner` (learners/policy_runner.py, which holds
 the parameters and runs the padded policy call): it gathers requests on its
 ROUTER socket, follows the parameter stream, replies, and reports counters.
 
-Requests from many actors are gathered, whole, until `inference.max_batch` rows
-are waiting or `inference.max_wait_ms` has passed since the first one, padded to
+Requests from many actors are gathered until `inference.max_batch` rows are
+waiting or `inference.max_wait_ms` has passed since the first one, padded to
 the next of a few fixed sizes (powers of two), and run through one jitted
-policy call. A batch never exceeds `max_batch` (the largest size compiled in
-advance): a request that would overflow it waits to start the next batch.
-Each reply carries action, log-probability, value and the parameter version
-that produced them. Parameters arrive on the parameter stream; the newest
-version wins. Until the first arrives (it waits a few seconds for it), the
-server acts with version 0, which it builds from the seed exactly as the
-learner does.
+policy call. Each reply carries action, log-probability, value and the
+parameter version that produced them. Parameters arrive on the parameter
+stream; the newest version wins. Until the first arrives (it waits a few
+seconds for it), the server acts with version 0, which it builds
+from the seed exactly as the learner does.
 """
 
 from __future__ import annotations
@@ -22,7 +20,6 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 import zmq
@@ -43,44 +40,6 @@ POLL_MS = 100
 
 RunnerFactory = Callable[[ExperimentConfig, EnvSpec, int, int, int], PolicyRunner]
 """(config, spec, sampling seed, min padded size, max batch) -> an uncompiled runner."""
-
-
-class Request(NamedTuple):
-    routing: list[bytes]
-    meta: dict
-    obs: np.ndarray
-
-
-class Batcher:
-    """Whole requests into batches of at most `max_batch` rows, so that every batch fits
-    a padded size compiled in advance; a request that would overflow a batch is held
-    back to start the next one."""
-
-    def __init__(self, max_batch: int) -> None:
-        self.max_batch = max_batch
-        self.pending: list[Request] = []
-        self.rows = 0
-        self.held: Request | None = None
-
-    @property
-    def full(self) -> bool:
-        return self.rows >= self.max_batch or self.held is not None
-
-    def add(self, request: Request) -> None:
-        """Queue `request` (at most `max_batch` rows) in this batch, or hold it for the next."""
-        if self.rows + request.obs.shape[0] > self.max_batch:
-            self.held = request
-        else:
-            self.pending.append(request)
-            self.rows += request.obs.shape[0]
-
-    def take(self) -> list[Request]:
-        """The batch gathered so far; a held request starts the next one."""
-        batch, held = self.pending, self.held
-        self.pending, self.rows, self.held = [], 0, None
-        if held is not None:
-            self.add(held)
-        return batch
 
 
 class InferenceServer(Worker):
@@ -104,7 +63,6 @@ class InferenceServer(Worker):
         """Where the ROUTER socket listens, once `setup` has bound it."""
         self.params: ParamSubscriber | None = None
         self.poller = zmq.Poller()
-        self.batcher = Batcher(config.inference.max_batch)
         self._last_batch_wall = time.time()
 
     def setup(self) -> None:
@@ -123,23 +81,23 @@ class InferenceServer(Worker):
         self.poller.register(self.params.socket, zmq.POLLIN)
 
     def run_once(self) -> None:
-        # A request held back from the last batch is served without waiting for another.
-        events = dict(self.poller.poll(0 if self.batcher.pending else POLL_MS))
+        events = dict(self.poller.poll(POLL_MS))
         if self.params.socket in events:
             self.params.poll()
-        if self.router in events or self.batcher.pending:
+        if self.router in events:
             self._serve()
 
-    def _gather(self) -> list[Request]:
-        """Requests until the batch is full or max_wait has passed."""
+    def _gather(self) -> list[tuple[list[bytes], dict, np.ndarray]]:
+        """Requests until max_batch rows are waiting or max_wait has passed."""
         cfg = self.config.inference
+        pending, rows = [], 0
         deadline = None
-        while not self.batcher.full:
+        while rows < cfg.max_batch:
             received = receive(self.router, INFERENCE.binder_receives, self.rejects, envelope=1)
             if received is None:
-                if not self.batcher.pending:
+                if not pending:
                     if self.router.poll(0) == 0:
-                        return []
+                        return pending
                     continue
                 deadline = deadline or time.perf_counter() + cfg.max_wait_ms / 1000
                 remaining_ms = (deadline - time.perf_counter()) * 1000
@@ -152,13 +110,13 @@ class InferenceServer(Worker):
             obs = message.arrays.get("obs")
             spec = self.runner.spec
             if (obs is None or obs.shape[1:] != spec.obs_shape or obs.dtype != spec.obs_dtype
-                    or obs.ndim != 1 + len(spec.obs_shape) or obs.shape[0] == 0
-                    or obs.shape[0] > cfg.max_batch):
+                    or obs.ndim != 1 + len(spec.obs_shape) or obs.shape[0] == 0):
                 self.rejects.reject(ValueError(f"request obs of shape "
                                                f"{None if obs is None else obs.shape}"))
                 continue
-            self.batcher.add(Request(routing, message.meta, obs))
-        return self.batcher.take()
+            pending.append((routing, message.meta, obs))
+            rows += obs.shape[0]
+        return pending
 
     def _serve(self) -> None:
         """Answer one batch of waiting requests."""
