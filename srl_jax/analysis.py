@@ -251,18 +251,23 @@ def _interpolate(run: pd.DataFrame, x: str, y: str, grid: np.ndarray) -> np.ndar
 
 
 def curves(df: pd.DataFrame, x: str = "env_frames", y: str = RETURN, by: str | None = None,
-           band: str | None = "ci95", points: int = 200, span: str = "common") -> pd.DataFrame:
+           band: str | None = "ci95", points: int = 200, span: str = "all") -> pd.DataFrame:
     """Mean curve of `y` against `x` over the runs of each group, with a band.
 
-    Each run is interpolated linearly onto a grid of `points` x values and
-    never extrapolated. `span="common"` puts the grid where all the group's
-    runs have data (from the latest first x to the earliest last x), so every
-    point averages the same runs; `span="all"` spans every run, and each point
-    averages the runs that reach it. At each point: `n` (runs there), `mean`,
-    and `lo`/`hi`: mean -/+ t(0.975, n-1) * std / sqrt(n) for `band="ci95"`,
-    mean -/+ std for `"std"`; NaN where n < 2 or `band` is None. Rows where `y`
-    is missing (no episode finished in that window) are left out first.
-    Returns columns `group`, `x`, `n`, `mean`, `lo`, `hi`.
+    Each run is interpolated linearly onto a grid of `points` x values, only
+    within its own x range: never extrapolated. `span="all"` (the default)
+    spans the union of the group's runs, and each point averages the runs that
+    reach it, so runs that do not overlap (against time, runs whose start-up
+    took different times often do not) each keep their own stretch of the
+    curve, with a gap (`n` = 0, `mean` NaN) between them. `span="common"`
+    puts the grid where all the group's runs have data (from the latest first
+    x to the earliest last x), so every point averages the same runs; it
+    raises ValueError, naming each run's range, when they share none. At each
+    point: `n` (runs there), `mean`, and `lo`/`hi`: mean -/+ t(0.975, n-1) *
+    std / sqrt(n) for `band="ci95"`, mean -/+ std for `"std"`; NaN where n < 2
+    or `band` is None. Rows where `y` is missing (no episode finished in that
+    window) are left out first. Returns columns `group`, `x`, `n`, `mean`,
+    `lo`, `hi`.
     """
     if band not in ("ci95", "std", None):
         raise ValueError(f"band must be 'ci95', 'std' or None, not {band!r}")
@@ -279,8 +284,11 @@ def curves(df: pd.DataFrame, x: str = "env_frames", y: str = RETURN, by: str | N
         if span == "common":
             start, stop = ranges["min"].max(), ranges["max"].min()
             if start > stop:
-                raise ValueError(f"the runs of group {group!r} have no {x!r} in common; "
-                                 "use span='all'")
+                spans = "; ".join(f"{Path(str(run)).name} {low:g} to {high:g}"
+                                  for run, (low, high) in ranges.iterrows())
+                raise ValueError(f"span='common': the runs of group {group!r} share no {x!r} "
+                                 f"with {y!r} ({spans}); span='all' draws each where it has "
+                                 "data")
         else:
             start, stop = ranges["min"].min(), ranges["max"].max()
         grid = np.linspace(start, stop, points)
@@ -308,12 +316,15 @@ _LABELS = {"env_frames": "environment frames", "time": "wall time (s)",
 
 def plot_curves(df: pd.DataFrame, x: str = "env_frames", y: str = RETURN,
                 by: str | None = None, ax: Axes | None = None, band: str | None = "ci95",
-                points: int = 200, span: str = "common", show_runs: bool = False) -> Axes:
+                points: int = 200, span: str = "all", show_runs: bool = False) -> Axes:
     """One mean curve per group of `by` (a config key) with its band; see `curves`.
 
     Draws on `ax` (a new figure when None) and returns it, with axes labelled
     and a legend naming each group and its number of runs. `show_runs` also
-    draws each run's own points as a thin line in its group's colour.
+    draws each run's own points as a thin line in its group's colour. With the
+    default `span="all"`, the mean where only some of a group's runs have data
+    is theirs alone, the band is drawn only where two or more do, and the line
+    breaks where none does: runs that never overlap are drawn side by side.
     """
     import matplotlib.pyplot as plt
 

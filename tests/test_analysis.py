@@ -12,6 +12,7 @@ from typing import Any
 import nbclient
 import nbformat
 import numpy as np
+import pandas as pd
 import pytest
 import yaml
 
@@ -203,14 +204,14 @@ def test_curves_shorter_run_and_groups(tmp_path: Path) -> None:
     make_run(tmp_path / "b", b, actors=2)
     make_run(tmp_path / "c", c, actors=8)
     df = analysis.load_runs(tmp_path)
-    # By default the grid covers only the frames that both runs of a group have.
-    common = analysis.curves(df, by="actors.count", points=11)
+    # span="common": the grid covers only the frames that both runs of a group have.
+    common = analysis.curves(df, by="actors.count", points=11, span="common")
     common_two = common[common["group"] == 2]
     assert common_two["x"].tolist() == pytest.approx(np.linspace(0, 50, 11))
     assert (common_two["n"] == 2).all()
     assert common_two["mean"].to_numpy() == pytest.approx(10 + np.linspace(0, 50, 11))
-    # span="all": beyond 50 frames only run a counts, and there is no band there.
-    data = analysis.curves(df, by="actors.count", points=11, span="all")
+    # By default (span="all") beyond 50 frames only run a counts, and there is no band there.
+    data = analysis.curves(df, by="actors.count", points=11)
     two = data[data["group"] == 2].set_index("x")
     assert two.loc[50.0, "n"] == 2 and two.loc[50.0, "mean"] == pytest.approx(60.0)
     assert two.loc[60.0, "n"] == 1 and two.loc[60.0, "mean"] == pytest.approx(60.0)
@@ -221,15 +222,47 @@ def test_curves_shorter_run_and_groups(tmp_path: Path) -> None:
     assert analysis.curves(df, x="time", by="actors.count")["x"].max() == 1.0
     with pytest.raises(ValueError):
         analysis.curves(df, band="sem")
-    apart = tmp_path / "apart"
-    for name, frames in (("early", (0, 10)), ("late", (20, 30))):
-        make_run(apart / name, [{"time": float(f), "env_frames": f, "episode_return_mean": 1.0}
-                                for f in frames])
-    with pytest.raises(ValueError, match="in common"):
-        analysis.curves(analysis.load_runs(apart))
-    gap = analysis.curves(analysis.load_runs(apart), span="all", points=7)
-    assert gap["n"].tolist() == [1, 1, 1, 0, 1, 1, 1]  # x = 0, 5, ..., 30; nobody at 15
-    assert math.isnan(gap["mean"].iloc[3]) and gap["mean"].drop(3).eq(1.0).all()
+
+
+def make_apart_runs(parent: Path) -> pd.DataFrame:
+    """Two seeds that share neither time nor frames: one stops before the other starts."""
+    for seed, start in ((1, 0), (2, 20)):
+        make_run(parent / f"seed{seed}", [
+            {"time": float(start + i), "env_frames": 1000 * (start + i), "fps": 1000.0,
+             "episode_return_mean": 10.0 * (start + i)} for i in range(11)], seed=seed)
+    return analysis.load_runs(parent)
+
+
+@pytest.mark.parametrize("x", ["time", "env_frames"])
+def test_curves_of_runs_that_do_not_overlap(tmp_path: Path, x: str) -> None:
+    df = make_apart_runs(tmp_path)
+    scale = 1000.0 if x == "env_frames" else 1.0
+    data = analysis.curves(df, x=x, points=31)  # x = 0, 1, ..., 30 (times scale)
+    assert data["x"].to_numpy() == pytest.approx(scale * np.arange(31))
+    # Each run is its own stretch of the curve; nobody between 10 and 20, and no band.
+    expected_n = [1] * 11 + [0] * 9 + [1] * 11
+    assert data["n"].tolist() == expected_n
+    inside = data["n"] == 1
+    assert data.loc[inside, "mean"].to_numpy() == pytest.approx(10 * data.loc[inside, "x"] / scale)
+    assert data.loc[~inside, "mean"].isna().all() and data["lo"].isna().all()
+    with pytest.raises(ValueError, match=r"share no .*seed1 0 to .*seed2 .*span='all'"):
+        analysis.curves(df, x=x, span="common")
+
+
+@pytest.mark.parametrize("x", ["time", "env_frames"])
+def test_plot_curves_draws_runs_that_do_not_overlap(tmp_path: Path, x: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    df = make_apart_runs(tmp_path)
+    ax = analysis.plot_curves(df, x=x, show_runs=True, band="std")
+    mean, *runs, _ = ax.get_lines()
+    xs, ys = mean.get_xdata(), mean.get_ydata()
+    drawn = xs[np.isfinite(ys)]
+    assert drawn.min() == df[x].min() and drawn.max() == df[x].max()
+    assert [list(line.get_xdata()) for line in runs] == \
+        [df.loc[df["config.seed"] == seed, x].tolist() for seed in (1, 2)]
+    assert mean.get_label() == "cartpole_ppo (mean of 2)"
 
 
 def test_t_quantile() -> None:
