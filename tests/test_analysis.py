@@ -25,7 +25,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 def make_run(run_dir: Path, rows: list[dict[str, Any]], seed: int = 1, actors: int = 2,
              target: float | None = 475.0, state: str = "finished",
-             restarts: tuple[int, ...] = (0, 0)) -> Path:
+             restarts: tuple[int, ...] = (0, 0), frames: int = 40000) -> Path:
     """A run directory as the launcher leaves it: config.yaml, metrics.jsonl, status.json."""
     run_dir.mkdir(parents=True)
     config = {"name": "cartpole_ppo", "seed": seed,
@@ -33,13 +33,13 @@ def make_run(run_dir: Path, rows: list[dict[str, Any]], seed: int = 1, actors: i
               "actors": {"count": actors, "envs": 16},
               "learner": {"algorithm": "ppo", "ppo": {"learning_rate": 1e-3, "target_kl": None}},
               "network": {"hidden": [64, 64]},
-              "stop": {"env_frames": 40000, "wall_time_s": 300.0, "target_return": target}}
+              "stop": {"env_frames": frames, "wall_time_s": 300.0, "target_return": target}}
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     workers = [{"name": f"actor-{i}", "kind": "actor", "index": i, "pid": 100 + i,
                 "state": "stopped", "restarts": r} for i, r in enumerate(restarts)]
     status = {"experiment": "cartpole_ppo", "state": state,
-              "stop_reason": "40000 env frames reached the limit 40000", "workers": workers}
+              "stop_reason": f"{frames} env frames reached the limit {frames}", "workers": workers}
     (run_dir / STATUS).write_text(json.dumps(status))
     return run_dir
 
@@ -304,22 +304,36 @@ def test_no_jax_import() -> None:
 
 
 @pytest.mark.slow
-def test_notebook_runs_and_saves_curves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_notebook_trains_what_it_lacks_and_saves_curves(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     from jupyter_client.kernelspec import KernelSpecManager
 
     spec = KernelSpecManager().get_kernel_spec("python3")
     assert spec.argv[0] in ("python", "python3", sys.executable), spec.argv
-    runs = tmp_path / "runs"
+    runs, frames = tmp_path / "runs", 40_000
     monkeypatch.setenv("SRL_NOTEBOOK_RUNS", str(runs))
+    monkeypatch.setenv("SRL_NOTEBOOK_FRAMES", str(frames))  # short: the user's default is long
+    # Left from earlier notebook runs: seed 1 finished with other settings (the target return
+    # the notebook no longer stops on), so it is stale and trained again; seed 2 finished with
+    # the notebook's settings, so it is reused, and it shares no wall time with seed 1.
+    make_run(runs / "cartpole_ppo-seed1", rows_linear(0.01), seed=1, frames=frames)
+    reused = make_run(runs / "cartpole_ppo-seed2", [
+        {"time": 1000.0 + i, "env_frames": 4000 * i, "fps": 4000.0, "learner_steps": i,
+         "episode_return_mean": 20.0 + 5 * i} for i in range(1, 11)],
+        seed=2, target=None, frames=frames)
+    reused_rows = (reused / "metrics.jsonl").read_bytes()
     nb = nbformat.read(REPO / "notebooks" / "analysis.ipynb", as_version=4)
     assert all(not cell.get("outputs") for cell in nb.cells if cell.cell_type == "code"), \
         "the committed notebook must have its outputs cleared"
     client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
                                      resources={"metadata": {"path": str(REPO)}})
     client.execute()  # raises CellExecutionError if a cell fails
-    for seed in (1, 2):
-        status = read_status(runs / f"cartpole_ppo-seed{seed}")
-        assert status["state"] == "finished"
+    trained = runs / "cartpole_ppo-seed1"
+    assert read_status(trained)["state"] == "finished"
+    config = yaml.safe_load((trained / "config.yaml").read_text())
+    assert config["stop"]["env_frames"] == frames and config["stop"]["target_return"] is None
+    assert analysis.summarize(trained)["env_frames"] >= frames
+    assert (reused / "metrics.jsonl").read_bytes() == reused_rows
     for name in ("learning_curves_frames.png", "learning_curves_time.png"):
         data = (runs / name).read_bytes()
         assert data.startswith(PNG_SIGNATURE), name
