@@ -310,6 +310,14 @@ def curves(df: pd.DataFrame, x: str = "env_frames", y: str = RETURN, by: str | N
     return pd.concat(frames, ignore_index=True)
 
 
+def _next_to(mask: np.ndarray) -> np.ndarray:
+    """`mask` and its neighbours, so that a stretch drawn from it joins the line beside it."""
+    out = mask.copy()
+    out[1:] |= mask[:-1]
+    out[:-1] |= mask[1:]
+    return out
+
+
 _LABELS = {"env_frames": "environment frames", "time": "wall time (s)",
            RETURN: "episode return (mean)", "fps": "env frames per second"}
 
@@ -322,9 +330,12 @@ def plot_curves(df: pd.DataFrame, x: str = "env_frames", y: str = RETURN,
     Draws on `ax` (a new figure when None) and returns it, with axes labelled
     and a legend naming each group and its number of runs. `show_runs` also
     draws each run's own points as a thin line in its group's colour. With the
-    default `span="all"`, the mean where only some of a group's runs have data
-    is theirs alone, the band is drawn only where two or more do, and the line
-    breaks where none does: runs that never overlap are drawn side by side.
+    default `span="all"`, the mean is a thick line only where all the group's
+    runs (those with data) count; where only some of them do, it is the mean
+    of those, dotted, since it jumps where a run starts or stops (against wall
+    time runs often start learning at different moments); where none does, it
+    breaks. Runs that never overlap are thus drawn side by side, dotted. The
+    band is drawn where two or more runs count.
     """
     import matplotlib.pyplot as plt
 
@@ -332,15 +343,25 @@ def plot_curves(df: pd.DataFrame, x: str = "env_frames", y: str = RETURN,
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 4.5))
     column = config_column(df, by) if by is not None else None
+    any_partial = False
     for group, rows in data.groupby("group", sort=True, dropna=False):
         selected = df[df[column] == group] if column else df
         runs = selected["run"].nunique()
+        counted = rows["n"].to_numpy()
+        full = counted == selected[["run", x, y]].dropna()["run"].nunique()
+        mean = rows["mean"].to_numpy()
         if column:
             label = f"{by}={group} ({runs} run{'s' if runs != 1 else ''})"
         else:
             names = ", ".join(sorted(map(str, selected["experiment"].dropna().unique())))
             label = f"{names or 'runs'} (mean of {runs})" if runs > 1 else names or "run"
-        line, = ax.plot(rows["x"], rows["mean"], label=label, linewidth=2)
+        line, = ax.plot(rows["x"], np.where(full, mean, np.nan), label=label, linewidth=2)
+        some = ~full & (counted > 0)
+        if some.any():
+            any_partial = True
+            joined = _next_to(some) & (counted > 0)
+            ax.plot(rows["x"], np.where(joined, mean, np.nan), color=line.get_color(),
+                    linewidth=1.5, linestyle=":", label="_nolegend_")
         if show_runs:
             for _, run in selected[["run", x, y]].dropna().groupby("run"):
                 ax.plot(run[x], run[y], color=line.get_color(), linewidth=0.8, alpha=0.5,
@@ -350,6 +371,9 @@ def plot_curves(df: pd.DataFrame, x: str = "env_frames", y: str = RETURN,
         if shown.any():
             ax.fill_between(rows["x"], lo, hi, where=shown, color=line.get_color(), alpha=0.25,
                             linewidth=0)
+    if any_partial:
+        ax.plot([], [], color="gray", linewidth=1.5, linestyle=":",
+                label="mean of the runs there (not all)")
     if show_runs:
         ax.plot([], [], color="gray", linewidth=0.8, linestyle="--", label="single runs")
     ax.set_xlabel(_LABELS.get(x, x))

@@ -256,13 +256,33 @@ def test_plot_curves_draws_runs_that_do_not_overlap(tmp_path: Path, x: str) -> N
     matplotlib.use("Agg")
     df = make_apart_runs(tmp_path)
     ax = analysis.plot_curves(df, x=x, show_runs=True, band="std")
-    mean, *runs, _ = ax.get_lines()
-    xs, ys = mean.get_xdata(), mean.get_ydata()
-    drawn = xs[np.isfinite(ys)]
-    assert drawn.min() == df[x].min() and drawn.max() == df[x].max()
+    mean, partial, *runs, _, _ = ax.get_lines()
+    assert np.isnan(mean.get_ydata()).all()  # nowhere do both runs count
+    xs, ys = partial.get_xdata(), partial.get_ydata()
+    assert xs[np.isfinite(ys)].min() == df[x].min() and xs[np.isfinite(ys)].max() == df[x].max()
+    scale = 1000.0 if x == "env_frames" else 1.0
+    assert np.isnan(ys[(xs > 10 * scale) & (xs < 20 * scale)]).all()  # nothing between the runs
     assert [list(line.get_xdata()) for line in runs] == \
         [df.loc[df["config.seed"] == seed, x].tolist() for seed in (1, 2)]
-    assert mean.get_label() == "cartpole_ppo (mean of 2)"
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == \
+        ["cartpole_ppo (mean of 2)", "mean of the runs there (not all)", "single runs"]
+    assert not ax.collections  # no band: never two runs at one x
+
+
+def test_plot_curves_draws_the_mean_thick_only_where_every_run_counts(tmp_path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    for seed, first in ((1, 0), (2, 50)):
+        make_run(tmp_path / f"seed{seed}", [
+            {"time": 0.0, "env_frames": first, "episode_return_mean": 1.0},
+            {"time": 1.0, "env_frames": first + 100, "episode_return_mean": 1.0}], seed=seed)
+    ax = analysis.plot_curves(analysis.load_runs(tmp_path), points=16)  # x = 0, 10, ..., 150
+    mean, partial = ax.get_lines()[:2]
+    assert mean.get_xdata()[np.isfinite(mean.get_ydata())].tolist() == [50, 60, 70, 80, 90, 100]
+    # Dotted where one run counts, joined to the thick line at 50 and 100.
+    assert partial.get_xdata()[np.isfinite(partial.get_ydata())].tolist() == \
+        [0, 10, 20, 30, 40, 50, 100, 110, 120, 130, 140, 150]
 
 
 def test_t_quantile() -> None:
