@@ -373,7 +373,7 @@ def plot_curves(df: pd.DataFrame, x: str = "env_frames", y: str = RETURN,
                             linewidth=0)
     if any_partial:
         ax.plot([], [], color="gray", linewidth=1.5, linestyle=":",
-                label="mean of the runs there (not all)")
+                label="mean where not all runs have data")
     if show_runs:
         ax.plot([], [], color="gray", linewidth=0.8, linestyle="--", label="single runs")
     ax.set_xlabel(_LABELS.get(x, x))

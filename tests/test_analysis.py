@@ -265,7 +265,7 @@ def test_plot_curves_draws_runs_that_do_not_overlap(tmp_path: Path, x: str) -> N
     assert [list(line.get_xdata()) for line in runs] == \
         [df.loc[df["config.seed"] == seed, x].tolist() for seed in (1, 2)]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == \
-        ["cartpole_ppo (mean of 2)", "mean of the runs there (not all)", "single runs"]
+        ["cartpole_ppo (mean of 2)", "mean where not all runs have data", "single runs"]
     assert not ax.collections  # no band: never two runs at one x
 
 
