@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 import zmq
+from tensorboardX.proto import event_pb2
 
 from learners.algorithms import resolve_algorithms
 from srl_jax.config import ExperimentConfig
@@ -117,6 +119,19 @@ def wait_restarted(run_dir: Path, name: str, victim: int, timeout: float) -> dic
 
 def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def read_events(directory: Path) -> list[event_pb2.Event]:
+    """Records of a TensorBoard event file: length, its CRC, the Event, its CRC."""
+    (path,) = directory.glob("events.out.tfevents.*")
+    data, events, offset = path.read_bytes(), [], 0
+    while offset < len(data):
+        (length,) = struct.unpack_from("<Q", data, offset)
+        event = event_pb2.Event()
+        event.ParseFromString(data[offset + 12:offset + 12 + length])
+        events.append(event)
+        offset += 12 + length + 4
+    return events
 
 
 def launch(processes: Processes, tmp_path: Path, *overrides: str,

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
+import pytest
 
 from actors.env_ring import ChunkBuilder, EnvSplit, StepResult
 from srl_jax.env_spec import EnvSpec
@@ -239,6 +240,7 @@ def all_splits_chunked(fake: FakeInferenceAndLearner) -> bool:
         len(requests) > CHUNKS_PER_SPLIT * T for requests in fake.requests.values())
 
 
+@pytest.mark.slow
 def test_actor_process_streams_consistent_chunks(tmp_path, processes, stats_socket):
     run_dir = write_run_dir(tmp_path / "run", make_config([
         "actors.count=1", f"actors.envs={N_ENVS}", f"actors.splits={SPLITS}",
@@ -370,6 +372,7 @@ class BadThenGoodReplies(FakeInferenceAndLearner):
         send(self.router, "infer_reply", bad_meta, bad_arrays, routing=routing)
 
 
+@pytest.mark.slow
 def test_actor_survives_malformed_replies(tmp_path, processes, stats_socket):
     run_dir = write_run_dir(tmp_path / "run", make_config([
         "actors.count=1", f"actors.envs={N_ENVS}", f"actors.splits={SPLITS}",

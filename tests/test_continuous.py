@@ -339,6 +339,7 @@ BAD_REPLIES = [
 ]
 
 
+@pytest.mark.slow
 def test_actor_stores_sampled_actions_and_steps_pendulum_with_clipped_ones(
         tmp_path, processes, stats_socket):
     config, fake, actor, run_dir = run_actor(
@@ -435,6 +436,7 @@ class ProbeServer(FakeServer):
         return PROBE_ACTIONS[rows % len(PROBE_ACTIONS)]
 
 
+@pytest.mark.slow
 def test_actor_clips_each_dimension_to_the_action_space(tmp_path, processes, stats_socket,
                                                          monkeypatch):
     # The actor process finds the probe by importing this module: make the repo importable.

@@ -13,8 +13,6 @@ from srl_jax.run_dir import read_status
 from srl_jax.stream_table import COORDINATOR
 from tests.conftest import Processes, make_config
 
-pytestmark = pytest.mark.slow
-
 
 def test_layout_comes_from_config_or_environment() -> None:
     config = make_config(["learner.processes=2", "learner.coordinator_address=10.0.0.1:1234"])
@@ -27,6 +25,7 @@ def test_layout_comes_from_config_or_environment() -> None:
     assert (layout.coordinator, layout.count, layout.index) == ("h:9", 4, 3)
 
 
+@pytest.mark.slow
 def test_two_learner_processes_solve_cartpole(processes: Processes, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     process = processes.start(

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 
 import numpy as np
-from tensorboardX.proto import event_pb2
 
 from srl_jax.metrics import MetricsAggregator, MetricsWriter, tensorboard_tag
+from tests.conftest import read_events
 
 NO_ARRAYS: dict[str, np.ndarray] = {}
 
@@ -56,19 +55,6 @@ def test_a_resumed_run_continues_frames_and_time() -> None:
     row = metrics.row(22.0)
     assert row["time"] == 22.0 and row["env_frames"] == 10_500
     assert row["fps"] == 250.0 and row["system/restarts"] == 2
-
-
-def read_events(directory: Path) -> list[event_pb2.Event]:
-    """Records of a TensorBoard event file: length, its CRC, the Event, its CRC."""
-    (path,) = directory.glob("events.out.tfevents.*")
-    data, events, offset = path.read_bytes(), [], 0
-    while offset < len(data):
-        (length,) = struct.unpack_from("<Q", data, offset)
-        event = event_pb2.Event()
-        event.ParseFromString(data[offset + 12:offset + 12 + length])
-        events.append(event)
-        offset += 12 + length + 4
-    return events
 
 
 def test_rows_go_to_metrics_jsonl_and_tensorboard(tmp_path: Path) -> None:

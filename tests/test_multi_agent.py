@@ -239,6 +239,7 @@ class ConstantPolicy(FakeServerAndLearner):
              routing=routing)
 
 
+@pytest.mark.slow
 def test_an_actor_steps_once_every_policy_answered_and_sends_each_its_agents(
         tmp_path, processes, stats_socket):
     T = 5

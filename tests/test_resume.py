@@ -5,6 +5,7 @@ Real launcher, controller, workers and orbax checkpoints on loopback.
 
 from __future__ import annotations
 
+import ipaddress
 import itertools
 import re
 import shutil
@@ -20,15 +21,18 @@ import zmq
 
 from learners.export import load_policy
 from learners.param_codec import params_to_arrays
+from srl_jax.metrics import tensorboard_tag
 from srl_jax.names import FileNameService
 from srl_jax.run_dir import checkpoint_root, checkpoint_steps, evaluated_root, steps_in
 from srl_jax.stream_table import PARAMS
 from srl_jax.streams import RejectCounter, make_socket, receive
 from tests.conftest import (
+    REPO,
     Processes,
     all_running,
     launch,
     pid_alive,
+    read_events,
     read_metrics,
     read_status,
     wait_for,
@@ -74,6 +78,46 @@ def stopped_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     assert process.wait(timeout=90) == 130, (tmp / "launch.log").read_text()
     yield run_dir
     group.stop_all()
+
+
+DOCUMENTED_KEYS = (
+    "time", "env_frames", "fps", "learner_steps", "policy_version", "samples_dropped_stale",
+    "episode_return_mean", "episode_length_mean", "policy_lag_mean", "actor/time_env_frac",
+    "actor/time_wait_frac", "actor/time_send_frac", "inference/batch_rows_mean",
+    "inference/requests_per_batch", "inference/pad_frac", "inference/time_compute_frac",
+    "learner/time_update_frac", "learner/samples_per_s", "learner/samples_dropped_full",
+    "learner/queue_chunks", "learner/checkpoint_step", "learner/time_checkpoint_frac",
+    "system/restarts", "system/learner_restarts", "system/resumes", "system/wire_rejected",
+    "system/auth_refused", "learner/loss", "learner/pg_loss", "learner/value_loss",
+    "learner/entropy", "learner/approx_kl", "learner/clip_frac")
+"""The metrics keys README.md documents for the default experiment (PPO, remote inference)."""
+ALWAYS = DOCUMENTED_KEYS[:6]
+"""The keys README.md says every row has."""
+
+
+def test_a_default_run_keeps_its_documented_contracts(stopped_run: Path) -> None:
+    """Metrics keys, TensorBoard events and loopback-only binds, on a real default run."""
+    readme = (REPO / "README.md").read_text()
+    assert all(f"`{key.removeprefix('learner/')}`" in readme for key in DOCUMENTED_KEYS)
+    rows = read_metrics(stopped_run)
+    assert all(key in row for row in rows for key in ALWAYS)
+    missing = [key for key in DOCUMENTED_KEYS if not any(key in row for row in rows)]
+    assert not missing, f"documented keys no row carries: {missing}"
+
+    tags = {(value.tag, event.step) for event in read_events(stopped_run)
+            for value in event.summary.value}
+    last = rows[-1]
+    absent = [key for key, value in last.items() if isinstance(value, int | float)
+              and key != "time" and (tensorboard_tag(key), last["env_frames"]) not in tags]
+    assert not absent, f"keys of the last row missing from TensorBoard: {absent}"
+
+    status = read_status(stopped_run)
+    ports = status["ports"] + [port for w in status["workers"] for port in w["ports"]]
+    assert {w["kind"] for w in status["workers"] if w["ports"]} >= {"learner", "inference"}
+    for port in ports:
+        for address in (port["bind"], port["endpoint"].removeprefix("tcp://")):
+            host = address.rsplit(":", 1)[0]
+            assert ipaddress.ip_address(host).is_loopback, port
 
 
 def copy_run(run_dir: Path, tmp_path: Path) -> Path:
