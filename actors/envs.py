@@ -15,6 +15,7 @@ from srl_jax.config import (
     is_pettingzoo,
     policy_names,
 )
+from srl_jax.config_checks import check_request_rows
 from srl_jax.env_spec import EnvSpec, check_network
 
 
@@ -77,11 +78,7 @@ def check_policies(config: ExperimentConfig) -> None:
                 f"{step}: policy '{policy}' sends chunks of {columns} columns ({split_envs} "
                 f"envs x {spec.agents} agents) to each of {config.learner.processes} learner "
                 "process(es)")
-        if config.inference.max_batch < columns:
-            raise ConfigError(
-                f"'inference.max_batch' ({config.inference.max_batch}) must hold the {columns} "
-                f"rows of one request for policy '{policy}' (one split: {split_envs} envs x "
-                f"{spec.agents} agents)")
+        check_request_rows(config, spec.agents, policy)
 
 
 def env_seed(seed: int, actor_index: int, env_index: int) -> int:

@@ -11,6 +11,7 @@ import os
 
 import numpy as np
 
+from srl_jax.config import request_rows
 from srl_jax.env_spec import EnvSpec
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before JAX is imported: actors act on CPU
@@ -27,9 +28,10 @@ class InlinePolicy:
     def __init__(self, worker: Worker, spec: EnvSpec) -> None:
         config = worker.config
         configure_jax(config.runtime)
-        split = config.actors.envs // config.actors.splits
+        # From a split's rows up to those of its largest request, all compiled here.
         self.runner = make_runner(config, spec, config.seed + 2000 + worker.index,
-                                  min_size=split, max_size=split)
+                                  min_size=config.actors.envs // config.actors.splits,
+                                  max_size=request_rows(config.actors))
         with worker.busy("compiling the policy"):
             self.runner.compile()
         self.params = subscribe(worker, self.runner)

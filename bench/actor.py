@@ -27,6 +27,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_fps import BenchError, read_rows, run_experiment, steady_figures
 
+from srl_jax.config import ActorConfig, request_rows
+
 GRIDS = {
     "cartpole": ("cartpole_ppo", [(8, 1), (8, 2), (16, 1), (16, 2), (16, 4), (32, 2), (32, 4),
                                   (64, 2), (64, 4)]),
@@ -37,7 +39,8 @@ GRIDS = {
 def pair_overrides(envs: int, splits: int) -> list[str]:
     split = envs // splits
     return ["actors.count=1", f"actors.envs={envs}", f"actors.splits={splits}",
-            "actors.send_policy=drop", f"inference.max_batch={split}",
+            "actors.send_policy=drop",
+            f"inference.max_batch={request_rows(ActorConfig(envs=envs, splits=splits))}",
             f"learner.batch_envs={split}", "learner.sample_queue=8",
             "checkpoint.enabled=false"]
 

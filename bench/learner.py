@@ -118,6 +118,7 @@ TIMING_DEFAULTS: dict[tuple[str, bool], tuple[int, int, int]] = {
 
 def case_config(case: str, args: argparse.Namespace) -> ExperimentConfig:
     """The default experiment's config, with the CNN case's smaller batch and epochs."""
+    from srl_jax.config import ActorConfig, request_rows
     from srl_jax.config_loader import load_config
 
     overrides: list[str] = []
@@ -126,7 +127,7 @@ def case_config(case: str, args: argparse.Namespace) -> ExperimentConfig:
         # One chunk per actor split of B envs, so the config validates with any B.
         overrides += ["network.kind=nature_cnn",
                       f"learner.batch_envs={B}", f"actors.envs={B}", "actors.splits=1",
-                      f"inference.max_batch={max(B, 32)}",
+                      f"inference.max_batch={request_rows(ActorConfig(envs=B, splits=1))}",
                       f"learner.ppo.epochs={args.cnn_epochs}",
                       f"learner.ppo.minibatches={args.cnn_minibatches}"]
     return load_config(args.experiment, overrides)

@@ -61,6 +61,8 @@ from e2e_fps import (
 from machine import nproc, release_workdir, write_results
 from overhead import BATCH_CHUNKS, IN_FLIGHT, NULL_ENV, TRAJECTORY
 
+from srl_jax.config import ActorConfig, request_rows
+
 DEFAULT_EXPERIMENT = "cartpole_ppo"
 SATURATION = 0.9
 """A server count saturates at the fewest actors that reach this share of its best fps."""
@@ -128,8 +130,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("actor and server counts must be at least 1")
     if args.envs < 1 or args.splits < 1 or args.envs % args.splits:
         parser.error("--envs must be a positive multiple of --splits")
-    if args.max_batch < args.envs // args.splits:
-        parser.error("--max-batch must hold one request (--envs / --splits rows)")
+    if args.max_batch < (rows := request_rows(ActorConfig(envs=args.envs, splits=args.splits))):
+        parser.error(f"--max-batch must hold the {rows} rows of one request (twice --envs / "
+                     f"--splits: the final observations of episodes a time limit ends)")
     if args.window <= 0 or args.warmup < 0 or args.micro_seconds <= 0:
         parser.error("--window and --micro-seconds must be positive, --warmup not negative")
     return args

@@ -4,14 +4,18 @@ A process shell around a `PolicyRunner` (learners/policy_runner.py, which holds
 the parameters and runs the padded policy call): it gathers requests on its
 ROUTER socket, follows the parameter stream, replies, and reports counters.
 
-Requests from many actors are gathered until `inference.max_batch` rows are
-waiting or `inference.max_wait_ms` has passed since the first one, padded to
-the next of a few fixed sizes (powers of two), and run through one jitted
-policy call. Each reply carries action, log-probability, value and the
-parameter version that produced them. Parameters arrive on the parameter
-stream; the newest version wins. Until the first arrives (it waits a few
-seconds for it), the server acts with version 0, which it builds
-from the seed exactly as the learner does.
+Requests from many actors are gathered, whole, until `inference.max_batch`
+rows are waiting or `inference.max_wait_ms` has passed since the first one,
+padded to the next of a few fixed sizes (powers of two up to the first that
+holds `max_batch`, all compiled before serving), and run through one jitted
+policy call. A batch never exceeds `max_batch`: a request that would overflow
+it is held to start the next batch, served on the next turn whether or not more
+requests come; a request larger than `max_batch` is refused (the config check
+makes sure actors never send one). Each reply carries action, log-probability,
+value and the parameter version that produced them. Parameters arrive on the
+parameter stream; the newest version wins. Until the first arrives (it waits a
+few seconds for it), the server acts with version 0, which it builds from the
+seed exactly as the learner does.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import zmq
@@ -40,6 +45,12 @@ POLL_MS = 100
 
 RunnerFactory = Callable[[ExperimentConfig, EnvSpec, int, int, int], PolicyRunner]
 """(config, spec, sampling seed, min padded size, max batch) -> an uncompiled runner."""
+
+
+class Request(NamedTuple):
+    routing: list[bytes]
+    meta: dict
+    obs: np.ndarray
 
 
 class InferenceServer(Worker):
@@ -63,6 +74,8 @@ class InferenceServer(Worker):
         """Where the ROUTER socket listens, once `setup` has bound it."""
         self.params: ParamSubscriber | None = None
         self.poller = zmq.Poller()
+        self._held: Request | None = None
+        """A request that would have overflowed the last batch: it starts the next."""
         self._last_batch_wall = time.time()
 
     def setup(self) -> None:
@@ -81,16 +94,21 @@ class InferenceServer(Worker):
         self.poller.register(self.params.socket, zmq.POLLIN)
 
     def run_once(self) -> None:
-        events = dict(self.poller.poll(POLL_MS))
+        # A held request is served now, with what else comes within max_wait.
+        events = dict(self.poller.poll(0 if self._held else POLL_MS))
         if self.params.socket in events:
             self.params.poll()
-        if self.router in events:
+        if self.router in events or self._held:
             self._serve()
 
-    def _gather(self) -> list[tuple[list[bytes], dict, np.ndarray]]:
-        """Requests until max_batch rows are waiting or max_wait has passed."""
+    def _gather(self) -> list[Request]:
+        """Whole requests, the held one first, until the next would overflow max_batch
+        (it is held for the next batch), max_batch rows are waiting, or max_wait has
+        passed since the first."""
         cfg = self.config.inference
-        pending, rows = [], 0
+        pending = [self._held] if self._held else []
+        rows = sum(request.obs.shape[0] for request in pending)
+        self._held = None
         deadline = None
         while rows < cfg.max_batch:
             received = receive(self.router, INFERENCE.binder_receives, self.rejects, envelope=1)
@@ -110,11 +128,16 @@ class InferenceServer(Worker):
             obs = message.arrays.get("obs")
             spec = self.runner.spec
             if (obs is None or obs.shape[1:] != spec.obs_shape or obs.dtype != spec.obs_dtype
-                    or obs.ndim != 1 + len(spec.obs_shape) or obs.shape[0] == 0):
+                    or obs.ndim != 1 + len(spec.obs_shape)
+                    or not 1 <= obs.shape[0] <= cfg.max_batch):
                 self.rejects.reject(ValueError(f"request obs of shape "
                                                f"{None if obs is None else obs.shape}"))
                 continue
-            pending.append((routing, message.meta, obs))
+            request = Request(routing, message.meta, obs)
+            if rows + obs.shape[0] > cfg.max_batch:
+                self._held = request
+                break
+            pending.append(request)
             rows += obs.shape[0]
         return pending
 

@@ -97,12 +97,20 @@ class ActorConfig:
     """Run the policy inside the actor on CPU from the latest parameters, no servers."""
 
 
+def request_rows(actors: ActorConfig, agents: int = 1) -> int:
+    """The most rows one inference request can carry: a split's columns (its envs x
+    `agents` of the policy per env), twice over on a step where a time limit ends
+    episodes, whose final observations ride along for bootstrapping (`ActorWorker._request`)."""
+    return 2 * (actors.envs // actors.splits) * agents
+
+
 @dataclass
 class InferenceConfig:
     count: int = 1
     """Number of inference server processes."""
     max_batch: int = 64
-    """Largest number of observations one forward pass serves."""
+    """Most rows one forward pass serves; requests stay whole, so one that would overflow
+    a batch starts the next. Must hold the largest request (`request_rows`)."""
     max_wait_ms: float = 0.0
     """After the first request of a batch, wait at most this long for more (zmq polls
     in whole milliseconds, so a fraction of one rounds up). 0: serve what has arrived;

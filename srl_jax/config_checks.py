@@ -17,6 +17,7 @@ from srl_jax.config import (
     ExperimentConfig,
     NetworkConfig,
     is_pettingzoo,
+    request_rows,
 )
 
 
@@ -81,10 +82,21 @@ def check_inference(config: ExperimentConfig) -> None:
     require(inference.max_wait_ms >= 0, "'inference.max_wait_ms' must not be negative")
     require(inference.min_padded_batch >= 1, "'inference.min_padded_batch' must be at least 1")
     require(inference.request_queue >= 1, "'inference.request_queue' must be at least 1")
-    split_size = actors.envs // actors.splits
-    require(inference.max_batch >= split_size,
-            f"'inference.max_batch' ({inference.max_batch}) must hold one split of "
-            f"{split_size} envs (actors.envs / actors.splits)")
+    check_request_rows(config)
+
+
+def check_request_rows(config: ExperimentConfig, agents: int = 1,
+                       policy: str | None = None) -> None:
+    """`inference.max_batch` holds the largest request of `policy`'s `agents` per env
+    (before launch, `actors.envs.check_policies` asks again with each policy's agents)."""
+    rows, max_batch = request_rows(config.actors, agents), config.inference.max_batch
+    split = config.actors.envs // config.actors.splits
+    columns = (f"{split} envs a split x {agents} agents" if policy
+               else f"{split} envs a split (actors.envs / actors.splits)")
+    require(max_batch >= rows,
+            f"'inference.max_batch' ({max_batch}) must hold the {rows} rows of one request"
+            f"{f' for policy {policy!r}' if policy else ''}: {columns}, twice over when a "
+            f"time limit ends episodes (their final observations ride along)")
 
 
 def check_learner(config: ExperimentConfig) -> None:

@@ -119,7 +119,7 @@ def test_atari_specs_are_uint8_frames_and_chunks_carry_them() -> None:
 
 
 SMALL = ["actors.count=1", "actors.envs=2", "actors.splits=1", "actors.trajectory_length=16",
-         "inference.max_batch=2", "learner.batch_envs=2", "learner.sample_queue=8",
+         "inference.max_batch=4", "learner.batch_envs=2", "learner.sample_queue=8",
          "stop.env_frames=1500", "runtime.log_interval_s=0.5", "runtime.heartbeat_timeout_s=15"]
 """A short heartbeat timeout: compiling the Nature-CNN update on a CPU takes longer, and
 the learner must heartbeat through it (Worker.busy) rather than be killed as frozen."""

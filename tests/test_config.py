@@ -47,7 +47,9 @@ def test_default_config_loads_with_typed_overrides() -> None:
     ("env.id=CartPol-v1", "'env.id': unknown gymnasium environment 'CartPol-v1'"),
     ("learner.batch_envs=12", "'learner.batch_envs' (12) must be a multiple"),
     ("learner.ppo.minibatches=7", "'learner.ppo.minibatches' (7) must divide"),
-    ("inference.max_batch=4", "'inference.max_batch' (4) must hold one split"),
+    ("inference.max_batch=63", "'inference.max_batch' (63) must hold the 64 rows of one "
+                               "request: 32 envs a split (actors.envs / actors.splits), twice "
+                               "over when a time limit ends episodes"),
     ("learner.devices=3", "'learner.batch_envs' (32) must divide evenly over 'learner.devices'"),
     ("learner.algorithm=dqn", "'learner.algorithm': unknown 'dqn'"),
     ("learner.ppo.anneal_lr=true", "'learner.ppo.anneal_lr' needs 'stop.env_frames'"),

@@ -497,7 +497,7 @@ def test_halfcheetah_ppo_streams_float32_observations_end_to_end(processes, tmp_
     args = [sys.executable, "-m", "srl_jax.launch", "halfcheetah_ppo", "--run-dir",
             str(run_dir)]
     for override in ("actors.count=1", "actors.envs=2", "actors.splits=1",
-                     "actors.trajectory_length=32", "inference.max_batch=2",
+                     "actors.trajectory_length=32", "inference.max_batch=4",
                      "learner.batch_envs=2", "learner.sample_queue=2", "learner.ppo.epochs=1",
                      "learner.ppo.minibatches=2",
                      "stop.env_frames=3000"):

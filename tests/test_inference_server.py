@@ -28,6 +28,9 @@ pytestmark = pytest.mark.slow
 START_TIMEOUT_S = 60.0
 REPLY_TIMEOUT_S = 10.0
 CLIENT_ROWS = (3, 5, 7)
+MAX_BATCH = 12
+"""Less than the three clients' rows together: each round, one request waits for the next
+batch, and is served with no request after it."""
 
 
 class Server:
@@ -35,7 +38,8 @@ class Server:
 
     def __init__(self, tmp_path: Path, processes: Processes, stats: zmq.Socket) -> None:
         self.run_dir = tmp_path / "run"  # where the stats_socket fixture registered itself
-        self.config = make_config(["inference.max_batch=64", "inference.max_wait_ms=20"])
+        self.config = make_config([f"inference.max_batch={MAX_BATCH}",
+                                   "inference.max_wait_ms=20"])
         write_run_dir(self.run_dir, self.config)
         self.names = FileNameService(self.run_dir / "names")
         self.context = zmq.Context.instance()
@@ -120,7 +124,8 @@ def check_reply(reply: wire.Message, seq: int, obs: np.ndarray, version: int,
 
 def serves_batches_across_actors(server: Server, params0: Any,
                                  rng: np.random.Generator) -> None:
-    """Three actors ask at the same moment, a few rounds in a row; version 0 answers."""
+    """Three actors ask at the same moment, a few rounds in a row; version 0 answers, in
+    batches of at most max_batch rows."""
     clients = [server.dealer() for _ in CLIENT_ROWS]
     batched = []
     for seq in range(6):
@@ -131,7 +136,7 @@ def serves_batches_across_actors(server: Server, params0: Any,
         for client, obs in zip(clients, sent, strict=True):
             reply = server.reply(client, timeout)
             check_reply(reply, seq, obs, 0, *expected_outputs(server.config, params0, obs))
-            assert reply.meta["batch_rows"] <= sum(CLIENT_ROWS)
+            assert reply.meta["batch_rows"] <= MAX_BATCH
             batched.append(reply.meta["batch_rows"] > obs.shape[0])
     assert any(batched), "no batch ever held the requests of more than one actor"
 
@@ -159,6 +164,7 @@ def bad_messages(rng: np.random.Generator) -> list[list[bytes]]:
         request(np.zeros((3, 5), np.float32)),  # obs of the wrong shape
         request(np.zeros((12,), np.float32)),  # obs without a batch axis
         request(np.zeros((0, 4), np.float32)),  # no rows
+        request(np.zeros((MAX_BATCH + 1, 4), np.float32)),  # more rows than max_batch
         wire.encode("infer_request", {"split": 0, "seq": 0}, {"x": observations(2, rng)}),
     ]
 

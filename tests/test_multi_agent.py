@@ -20,7 +20,7 @@ import pytest
 from actors.envs import env_spec
 from learners.export import load_policy, load_team
 from learners.sample_intake import run_chunk_layout
-from srl_jax.config import ConfigError, policy_names
+from srl_jax.config import ConfigError, policy_names, request_rows
 from srl_jax.config_loader import load_config
 from srl_jax.launch import check_before_launch
 from srl_jax.metrics import POLICY_RETURN, MetricsAggregator
@@ -31,7 +31,7 @@ from tests.fakes import FakeServerAndLearner
 
 SPREAD = REPO / "configs" / "mpe_spread_ppo.yaml"
 TWO_POLICIES = "env.policies={first: [agent_0], others: ['agent_*']}"
-SMALL = ("actors.count=1", "actors.envs=4", "actors.splits=2", "inference.max_batch=8",
+SMALL = ("actors.count=1", "actors.envs=4", "actors.splits=2", "inference.max_batch=12",
          "learner.ppo.epochs=1", "checkpoint.every_updates=2", "learner.sample_queue=8")
 """A short sample queue: the actor waits for the learner after about 1,000 frames, so
 a run of 1,500 frames has trained even where the learner was slow to compile."""
@@ -44,22 +44,30 @@ a run of 1,500 frames has trained even where the learner was slow to compile."""
     ("env.policies={2nd: ['*']}", "'env.policies': policy name '2nd' must start with a letter"),
     ("env.policies={best: ['*']}", "not be best or evaluated"),
     ("env.policies={red: agent_0}", "'env.policies.red' must be a list of agent name patterns"),
-    ("inference.max_batch=16",
-     "'inference.max_batch' (16) must hold the 24 rows of one request for policy 'default'"),
+    ("inference.max_batch=32",
+     "'inference.max_batch' (32) must hold the 48 rows of one request for policy 'default': "
+     "8 envs a split x 3 agents, twice over when a time limit ends episodes (their final "
+     "observations ride along)"),
+    ((TWO_POLICIES, "inference.max_batch=24"),
+     "'inference.max_batch' (24) must hold the 32 rows of one request for policy 'others': "
+     "8 envs a split x 2 agents"),
     ("env.backend=envpool", "'env.backend': PettingZoo environments step with 'gymnasium'"),
     ("env.kwargs.N=two", "'env.kwargs': cannot make"),
 ])
 def test_multi_agent_config_errors_name_the_key(override, message):
     """What the launcher checks before anything starts (the exit code: tests/test_config.py)."""
+    overrides = [override] if isinstance(override, str) else list(override)
     with pytest.raises(ConfigError) as error:
-        check_before_launch(load_config(SPREAD, [override]))
+        check_before_launch(load_config(SPREAD, overrides))
     assert message in str(error.value)
 
 
 def test_the_shipped_config_passes_its_request_rows_check():
-    """24-row requests (8 envs x 3 agents) fit max_batch 32; the server batches them whole."""
+    """Requests of 24 rows (8 envs x 3 agents), 48 when max_cycles ends every episode:
+    max_batch 96 holds the four that two actors of two splits can have in flight."""
     config = check_before_launch(load_config(SPREAD))
-    assert config.inference.max_batch == 32
+    assert request_rows(config.actors, env_spec(config.env).agents) == 48
+    assert config.inference.max_batch == 96
 
 
 def test_policies_get_their_agents_columns_in_the_chunk_layout():

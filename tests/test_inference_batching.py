@@ -1,0 +1,149 @@
+"""How the inference server cuts requests into batches: a server in this process on real
+sockets, acting with a stand-in for the network that records every call, so that each
+forward pass it runs is seen (the server as a process: tests/test_inference_server.py)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zmq
+
+from learners.inference_server import InferenceServer
+from learners.policy_runner import PolicyRunner, padded_sizes
+from srl_jax import wire
+from srl_jax.config import ExperimentConfig
+from srl_jax.env_spec import EnvSpec
+from srl_jax.names import FileNameService
+from srl_jax.stream_table import INFERENCE, PARAMS
+from srl_jax.streams import RejectCounter, make_socket, receive, send
+from srl_jax.transport import Transport
+from tests.conftest import make_config
+
+MAX_BATCH = 8
+MAX_WAIT_MS = 50
+
+
+class Served:
+    """An inference server of `MAX_BATCH` rows, the learner's end of the parameter
+    stream (it sends nothing), actor stand-ins, and the sizes of the calls it ran."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.config = make_config([f"inference.max_batch={MAX_BATCH}",
+                                   f"inference.max_wait_ms={MAX_WAIT_MS}",
+                                   "inference.min_padded_batch=2"])
+        names = FileNameService(tmp_path / "names")
+        self.context = zmq.Context.instance()
+        self.sockets = [make_socket(self.context, PARAMS.bind_type)]
+        Transport(self.context).bind(self.sockets[0], names, PARAMS.key())
+        self.calls: list[int] = []
+        """The padded rows of every forward pass, from the compiles in `setup` on."""
+        self.server = InferenceServer(self.config, 0, tmp_path, names,
+                                      runner_factory=self.runner)
+        self.server.setup()
+        self.compiled = list(self.calls)
+        self.rejects = RejectCounter()
+
+    def runner(self, config: ExperimentConfig, spec: EnvSpec, sampling_seed: int,
+               min_size: int, max_size: int) -> PolicyRunner:
+        def act(params: Any, obs: np.ndarray, key: Any, counter: Any) -> tuple:
+            self.calls.append(obs.shape[0])
+            rows = obs.shape[0]
+            return np.zeros(rows, np.int32), np.zeros(rows, np.float32), obs[:, 0].copy()
+
+        runner = PolicyRunner(act, {}, spec, padded_sizes(min_size, max_size), sampling_seed)
+        runner.set_params({}, version=0)  # taken: the server does not wait for a learner's
+        return runner
+
+    def dealer(self) -> zmq.Socket:
+        dealer = make_socket(self.context, INFERENCE.connect_type)
+        dealer.connect(self.server.endpoint)
+        self.sockets.append(dealer)
+        return dealer
+
+    def ask(self, dealer: zmq.Socket, seq: int, rows: int) -> np.ndarray:
+        """Send a request of `rows` rows, each row's first value its place: `seq + i/100`."""
+        obs = np.zeros((rows, 4), np.float32)
+        obs[:, 0] = seq + np.arange(rows) / 100
+        send(dealer, "infer_request", {"split": 0, "seq": seq}, {"obs": obs})
+        return obs
+
+    def reply(self, dealer: zmq.Socket, timeout_ms: int = 1000) -> wire.Message | None:
+        if not dealer.poll(timeout_ms):
+            return None
+        received = receive(dealer, INFERENCE.connecter_receives, self.rejects)
+        assert received is not None and self.rejects.count == 0, "malformed reply"
+        return received[1]
+
+    def close(self) -> None:
+        self.server.close()
+        for socket in self.sockets:
+            socket.close(linger=0)
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[Served]:
+    served = Served(tmp_path)
+    yield served
+    served.close()
+
+
+def test_two_requests_past_max_batch_are_two_batches_the_second_served_on_its_own(served):
+    """mpe_spread_ppo in small: two requests that together overflow the batch. The second
+    starts the next batch, and is answered on the next turn with no request after it."""
+    first, second = served.dealer(), served.dealer()
+    served.ask(first, 1, 5)
+    served.ask(second, 2, 5)
+    served.server.run_once()
+    reply = served.reply(first)
+    assert reply is not None and reply.meta["seq"] == 1
+    assert reply.meta["batch_rows"] == 5, "5 + 5 rows would overflow max_batch 8"
+    served.server.run_once()  # nothing more was sent
+    reply = served.reply(second)
+    assert reply is not None, "the request that started the next batch was left waiting"
+    assert reply.meta["seq"] == 2 and reply.meta["batch_rows"] == 5
+    np.testing.assert_allclose(reply.arrays["value"], 2 + np.arange(5) / 100)
+    assert served.calls[len(served.compiled):] == [8, 8]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_batches_never_exceed_max_batch_and_every_request_is_answered_whole(served, seed):
+    rng = np.random.default_rng(seed)
+    dealers = [served.dealer() for _ in range(6)]
+    sent = {}
+    for round_ in range(4):
+        for d, dealer in enumerate(dealers):
+            seq = 10 * round_ + d
+            sent[seq] = (d, served.ask(dealer, seq, int(rng.integers(1, MAX_BATCH + 1))))
+        answered = 0
+        deadline = time.monotonic() + 10
+        while answered < len(dealers):
+            assert time.monotonic() < deadline, f"{len(dealers) - answered} requests unanswered"
+            served.server.run_once()
+            for d, dealer in enumerate(dealers):
+                while (reply := served.reply(dealer, timeout_ms=0)) is not None:
+                    owner, obs = sent.pop(reply.meta["seq"])
+                    assert owner == d
+                    assert obs.shape[0] <= reply.meta["batch_rows"] <= MAX_BATCH
+                    np.testing.assert_allclose(reply.arrays["value"], obs[:, 0])
+                    answered += 1
+    assert not sent
+    assert served.server.requests == 24 and served.server.batches > 4
+    assert served.compiled == [2, 4, 8]
+    assert set(served.calls) <= set(served.compiled), "a batch of a size compiled while serving"
+
+
+def test_a_request_larger_than_max_batch_is_refused_and_the_next_one_served(served):
+    dealer = served.dealer()
+    served.ask(dealer, 1, MAX_BATCH + 1)
+    served.ask(dealer, 2, 3)
+    for _ in range(3):
+        served.server.run_once()
+    reply = served.reply(dealer)
+    assert reply is not None and reply.meta["seq"] == 2 and reply.meta["batch_rows"] == 3
+    assert served.reply(dealer, timeout_ms=200) is None
+    assert served.server.rejects.count == 1
