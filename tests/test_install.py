@@ -75,8 +75,7 @@ def test_wheel_installed_in_a_fresh_venv_runs_a_shipped_experiment_from_anywhere
 
     result = subprocess.run(
         [python, "-m", "srl_jax.launch", "cartpole_ppo", "--quiet", "--set",
-         "stop.env_frames=2000", "--set", "actors.count=1", "--set",
-         "actors.inline_inference=true", "--set", "checkpoint.enabled=false"],
+         "stop.env_frames=2000", "--set", "actors.count=1", "--set", "checkpoint.enabled=false"],
         cwd=elsewhere, env=UNRELATED, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
     (run_dir,) = (elsewhere / "runs" / "cartpole_ppo").iterdir()
