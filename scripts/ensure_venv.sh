@@ -1,18 +1,23 @@
 # shellcheck shell=bash
-# Sourced by run.sh and test.sh: make .venv with srl_jax installed (editable) and
-# reinstall only when pyproject.toml changed. Needs Python 3.11+ as $PYTHON or python3.
+# Sourced by run.sh and test.sh with the extras to install ("" or "dev"): make .venv from
+# the lock (requirements/base.lock or requirements/dev.lock, hashes checked), then srl_jax
+# itself (editable); reinstall only when pyproject.toml or the lock changed.
+# Needs Python 3.11+ as $PYTHON or python3.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
 EXTRAS="${1:-}"
+LOCK="$ROOT/requirements/${EXTRAS:-base}.lock"
 PYTHON="${PYTHON:-python3}"
 if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
     echo "srl_jax needs Python 3.11 or newer as '$PYTHON' (set PYTHON=...)" >&2
     exit 1
 fi
 STAMP="$VENV/.installed-$EXTRAS"
-WANT="$("$PYTHON" -c 'import hashlib,sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())' < "$ROOT/pyproject.toml")"
+WANT="$(cat "$ROOT/pyproject.toml" "$LOCK" |
+        "$PYTHON" -c 'import hashlib,sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
+    "$PYTHON" "$ROOT/scripts/lockfile.py" check "$ROOT/pyproject.toml" "$LOCK"
     echo "setting up $VENV ..." >&2
     if [ ! -x "$VENV/bin/python" ]; then
         # Debian and Ubuntu ship venv's ensurepip apart, in python3-venv.
@@ -22,7 +27,8 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
         fi
         "$PYTHON" -m venv "$VENV"
     fi
-    "$VENV/bin/python" -m pip install -q --upgrade pip >&2
-    "$VENV/bin/python" -m pip install -q -e "$ROOT${EXTRAS:+[$EXTRAS]}" >&2
+    "$VENV/bin/python" -m pip install -q --require-hashes -r "$LOCK" >&2
+    # The lock holds the build backend, so srl_jax installs with nothing fetched unpinned.
+    "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$ROOT" >&2
     echo "$WANT" > "$STAMP"
 fi

@@ -33,16 +33,19 @@ from srl_jax.run_dir import checkpoint_steps, latest_resumable_run, trim_metrics
 
 EXIT_CONFIG = 2
 EXIT_FAILED = 1
-REPO_ROOT = Path(__file__).resolve().parent.parent
+SHIPPED_CONFIGS = Path(__file__).resolve().parent / "configs"
+"""The experiments that come with srl_jax: the repository's configs/ (srl_jax/configs links
+there) or, installed, the package data that carries them."""
 RUNS_ROOT = Path("runs")
+"""Relative: run directories go under the current directory."""
 BACKENDS = ("local", "ray")
 FIXED_ON_RESUME = ("env", "network", "learner.algorithm", "learner.normalize_obs")
 """Config keys the checkpointed state depends on; a resume may not change them."""
 
 
 def config_dirs() -> list[Path]:
-    """Where experiment names are looked up: ./configs, then the repository's."""
-    dirs = [Path.cwd() / "configs", REPO_ROOT / "configs"]
+    """Where experiment names are looked up: ./configs, then the shipped experiments."""
+    dirs = [Path.cwd() / "configs", SHIPPED_CONFIGS]
     return list(dict.fromkeys(d.resolve() for d in dirs))
 
 

@@ -10,8 +10,13 @@ import pytest
 
 from learners.algorithms import algorithm_config
 from srl_jax.config import ConfigError
-from srl_jax.config_loader import config_from_dict, config_to_dict, load_config
-from srl_jax.launch import check_before_launch
+from srl_jax.config_loader import (
+    config_from_dict,
+    config_to_dict,
+    load_config,
+    resolve_experiment_path,
+)
+from srl_jax.launch import SHIPPED_CONFIGS, check_before_launch, config_dirs
 from srl_jax.run_dir import STATUS
 from tests.conftest import REPO, make_config, write_run_dir
 
@@ -128,6 +133,18 @@ def test_bad_config_exits_2_with_one_line(tmp_path: Path, args: list[str], fragm
     assert fragment in lines[0]
     assert result.stdout == ""
     assert not (tmp_path / "run").exists(), "nothing may start before validation passes"
+
+
+def test_experiment_names_find_shipped_configs_from_anywhere_and_local_ones_first(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A name is looked up in ./configs, then among the configs srl_jax ships."""
+    assert (SHIPPED_CONFIGS / "cartpole_ppo.yaml").read_text() == DEFAULT.read_text()
+    monkeypatch.chdir(tmp_path)
+    assert resolve_experiment_path("cartpole_ppo", config_dirs()) == DEFAULT.resolve()
+    (tmp_path / "configs").mkdir()
+    mine = tmp_path / "configs" / "cartpole_ppo.yaml"
+    mine.write_text("actors:\n  count: 1\n")
+    assert resolve_experiment_path("cartpole_ppo", config_dirs()) == mine.resolve()
 
 
 def test_config_file_path_and_yaml_errors(tmp_path: Path) -> None:
