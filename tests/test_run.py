@@ -26,75 +26,65 @@ from tests.conftest import (
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("experiment, inline", [
-    ("cartpole_ppo", True), ("cartpole_impala", False),
-], ids=["ppo-inline-inference", "impala-async"])
+FOUR_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+
+
+@pytest.mark.parametrize("experiment, overrides", [
+    ("cartpole_ppo", ("actors.inline_inference=true", "learner.devices=4")),
+    ("cartpole_impala", ("env.backend=envpool",)),
+], ids=["ppo-inline-inference-4-devices", "impala-async-envpool"])
 def test_solves_cartpole(processes: Processes, tmp_path: Path, experiment: str,
-                         inline: bool) -> None:
-    """The default experiment, remote inference: tests/test_resume.py (with an evaluator)."""
-    process, run_dir = launch(processes, tmp_path, "stop.wall_time_s=240",
-                              f"actors.inline_inference={str(inline).lower()}",
-                              experiment=experiment)
+                         overrides: tuple[str, ...]) -> None:
+    """Each run covers several features at once, so the suite pays for two solves, not
+    four. The default experiment, remote inference: tests/test_resume.py (with an evaluator)."""
+    devices = 4 if "learner.devices=4" in overrides else 1
+    process, run_dir = launch(processes, tmp_path, "stop.wall_time_s=240", *overrides,
+                              experiment=experiment, env=FOUR_DEVICES if devices == 4 else None)
     assert process.wait(timeout=300) == 0, (tmp_path / "launch.log").read_text()
     rows = read_metrics(run_dir)
     assert max(r.get("episode_return_mean", 0) for r in rows) >= 475
     assert all(a["env_frames"] <= b["env_frames"] for a, b in itertools.pairwise(rows))
+    assert rows[-1]["system/wire_rejected"] == 0
     final = read_status(run_dir)
     assert final["state"] == "finished" and "reached the target" in final["stop_reason"]
     kinds = sorted(w["kind"] for w in final["workers"])
-    servers = [] if inline else ["inference"]
-    assert kinds == ["actor", "actor", *servers, "learner"]
+    inline = "actors.inline_inference=true" in overrides
+    assert kinds == ["actor", "actor", *([] if inline else ["inference"]), "learner"]
     assert len({w["pid"] for w in final["workers"]} | {final["controller_pid"]}) == len(kinds) + 1
-    assert "policy_lag_mean" in rows[-1] or any("policy_lag_mean" in r for r in rows)
+    assert any("policy_lag_mean" in r for r in rows)
+    assert f"on {devices} device(s)" in (run_dir / "logs" / "learner-0.log").read_text()
 
 
-def test_learner_on_four_devices_solves_cartpole(processes: Processes, tmp_path: Path) -> None:
-    process, run_dir = launch(processes, tmp_path, "stop.wall_time_s=240", "learner.devices=4",
-                              env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
-    assert process.wait(timeout=300) == 0, (tmp_path / "launch.log").read_text()
-    rows = read_metrics(run_dir)
-    assert max(r.get("episode_return_mean", 0) for r in rows) >= 475
-    assert "ppo on 4 device(s)" in (run_dir / "logs" / "learner-0.log").read_text()
-
-
-@pytest.mark.parametrize("name", ["actor-0", "inference-0"])
-def test_killed_worker_is_restarted_and_the_run_goes_on(processes: Processes, tmp_path: Path,
-                                                        name: str) -> None:
-    """No frame limit: the surviving actor could reach one before the successor starts.
-    The run goes on until the successor has served frames, then stops on Ctrl-C."""
+def test_killed_workers_are_restarted_and_ctrl_c_stops_everything(processes: Processes,
+                                                                    tmp_path: Path) -> None:
+    """No frame limit: the surviving actor could reach one before a successor starts. Each
+    successor serves frames and updates before the next kill; then Ctrl-C stops it all."""
     process, run_dir = launch(processes, tmp_path, "stop.target_return=null",
                               "stop.wall_time_s=600", "runtime.restart_backoff_s=0.2",
                               "actors.inference_timeout_s=1")
     wait_for(lambda: all_running(run_dir), 90, "all workers running")
-    victim = worker(read_status(run_dir), name)["pid"]
-    time.sleep(1.0)
-    Processes.kill(victim)
-    restarted = wait_restarted(run_dir, name, victim, 60)
-    at_restart = read_metrics(run_dir)[-1]
-    wait_for(lambda: read_metrics(run_dir)[-1]["env_frames"] > at_restart["env_frames"] + 20000
-             and read_metrics(run_dir)[-1]["learner_steps"] > at_restart["learner_steps"],
-             60, "frames and updates after the restart")
-    assert pid_alive(restarted["pid"])
-    process.send_signal(signal.SIGINT)
-    assert process.wait(timeout=60) == 130, (tmp_path / "launch.log").read_text()
-    rows = read_metrics(run_dir)
-    assert rows[-1]["system/restarts"] == 1
-    assert all(a["env_frames"] <= b["env_frames"] for a, b in itertools.pairwise(rows))
-    assert worker(read_status(run_dir), name)["restarts"] == 1
-
-
-def test_ctrl_c_stops_everything(processes: Processes, tmp_path: Path) -> None:
-    process, run_dir = launch(processes, tmp_path, "stop.wall_time_s=300")
-    wait_for(lambda: all_running(run_dir), 90, "all workers running")
+    for name in ("actor-0", "inference-0"):
+        victim = worker(read_status(run_dir), name)["pid"]
+        Processes.kill(victim)
+        restarted = wait_restarted(run_dir, name, victim, 60)
+        at_restart = read_metrics(run_dir)[-1]
+        wait_for(lambda at=at_restart: (row := read_metrics(run_dir)[-1])["env_frames"]
+                 > at["env_frames"] + 20000 and row["learner_steps"] > at["learner_steps"],
+                 60, f"frames and updates after {name} restarted")
+        assert pid_alive(restarted["pid"])
     pids = [w["pid"] for w in read_status(run_dir)["workers"]]
     started = time.monotonic()
     process.send_signal(signal.SIGINT)
-    assert process.wait(timeout=15) == 130
+    assert process.wait(timeout=15) == 130, (tmp_path / "launch.log").read_text()
     wait_for(lambda: not any(pid_alive(p) for p in pids), 5, "every worker gone")
     assert time.monotonic() - started < 10
+    rows = read_metrics(run_dir)
+    assert rows[-1]["system/restarts"] == 2
+    assert all(a["env_frames"] <= b["env_frames"] for a, b in itertools.pairwise(rows))
     status = read_status(run_dir)
     assert status["state"] == "interrupted" and "interrupted" in status["stop_reason"]
     assert all(w["state"] == "stopped" for w in status["workers"])
+    assert [worker(status, name)["restarts"] for name in ("actor-0", "inference-0")] == [1, 1]
 
 
 def test_workers_exit_when_the_controller_is_killed(processes: Processes,
