@@ -132,8 +132,8 @@ class ActorWorker(Worker):
         self._unsent_returns: list[list[float]] = [[] for _ in self.policies]
         self._policy_returns = [[] for _ in self.policies]
         seeds = split_seeds(self.config, self.index, self.incarnation)
-        self.log.info("resume %d, restart %d: env seeds %s", self.incarnation.resumes,
-                      self.incarnation.restarts, [seed for split in seeds for seed in split])
+        self.log.info("resume %d, restart %d: env seeds by split %s", self.incarnation.resumes,
+                      self.incarnation.restarts, seeds)
         self.splits = [_SplitState(s, make_split(env, per_split, split), cfg.trajectory_length,
                                    self.specs) for s, split in enumerate(seeds)]
         self.samples = []

@@ -2,13 +2,12 @@
 
 The end-to-end halves are in tests/test_faults.py (an actor the controller
 restarts) and tests/test_resume.py (a resumed run): each reads the seeds the
-actors logged.
+actor logged in each start (`logged_env_seeds`).
 """
 
 from __future__ import annotations
 
 import itertools
-import re
 from pathlib import Path
 
 import numpy as np
@@ -22,13 +21,6 @@ from tests.conftest import make_config
 
 LATER = [Incarnation(0, 1), Incarnation(0, 2), Incarnation(1, 0), Incarnation(1, 1),
          Incarnation(2, 0)]
-SEEDS_LOGGED = re.compile(r"resume (\d+), restart (\d+): env seeds \[([\d, ]+)\]")
-
-
-def logged_seeds(log: Path) -> dict[Incarnation, list[int]]:
-    """The env seeds each start of an actor logged, by incarnation."""
-    return {Incarnation(int(resumes), int(restarts)): [int(s) for s in seeds.split(", ")]
-            for resumes, restarts, seeds in SEEDS_LOGGED.findall(log.read_text())}
 
 
 def test_the_first_start_of_a_fresh_run_keeps_the_env_seeds_of_env_seed() -> None:
