@@ -6,8 +6,11 @@ n environments (extra `[envpool]`). Ids map as 'ALE/Pong-v5' -> 'Pong-v5'
 skip with max-pool, 84x84 grayscale, frame stack, episodic life, sticky
 actions, FIRE reset; rewards unclipped), the rest by name ('CartPole-v1',
 'HalfCheetah-v5'). Observations get the gymnasium stack's layout: image stacks
-channels last, float64 as float32, so the chunks are exactly those of the
-gymnasium ring; `check_envpool` refuses a task whose spaces differ.
+channels last, float64 as float32, so the chunks have the gymnasium ring's
+fields, shapes and dtypes; `check_envpool` refuses a task whose spaces differ.
+Values differ where EnvPool's own generator draws random starts or its own ALE
+build renders frames; from one state CartPole and HalfCheetah step alike
+(tests/test_envpool.py).
 
 EnvPool resets a finished env on that env's *next* step. The ring needs the
 new episode's first observation at once (see `actors/env_ring.py`), so the
