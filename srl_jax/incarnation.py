@@ -22,7 +22,10 @@ RESTARTS_ENV = "SRL_JAX_RESTARTS"
 @dataclass(frozen=True)
 class Incarnation:
     resumes: int = 0
-    """How often the run was resumed before this start (`system/resumes`)."""
+    """How often the run was resumed before this start (`system/resumes`). A resume
+    counts on from the metrics row it keeps, so a resume that left no checkpoint is
+    counted again by the next, which replays its episodes; nothing learned from them
+    was kept."""
     restarts: int = 0
     """How often the controller restarted this worker since the run, or its latest resume,
     started (the worker's `restarts` in status.json)."""
