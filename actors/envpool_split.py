@@ -49,6 +49,9 @@ def make_pool(config: EnvConfig, num_envs: int, seed: int) -> Any:
     kwargs = dict(config.kwargs)
     if is_atari(config.id):
         atari = config.atari
+        if atari.noop_max < 1:  # EnvPool draws from 0 .. noop_max-1: 0 crashes the process
+            raise ConfigError("'env.atari.noop_max': EnvPool's Atari needs at least 1 (it "
+                              f"makes up to noop_max reset no-ops), got {atari.noop_max}")
         kwargs.update(noop_max=atari.noop_max, frame_skip=atari.frame_skip,
                       stack_num=atari.frame_stack, episodic_life=atari.episodic_life,
                       repeat_action_probability=atari.sticky_actions,

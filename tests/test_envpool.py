@@ -108,6 +108,16 @@ def test_spaces_that_differ_from_the_gymnasium_env_are_refused() -> None:
         check_envpool(config, wrong)
 
 
+def test_atari_without_reset_noops_is_refused_not_crashed() -> None:
+    """EnvPool's Atari with noop_max 0 kills its process (a segfault): refused before."""
+    config = EnvConfig(id="ALE/Pong-v5", backend="envpool")
+    config.atari = dataclasses.replace(config.atari, noop_max=0)
+    with pytest.raises(ConfigError, match=r"^'env.atari.noop_max': EnvPool's Atari needs at "
+                                          r"least 1 \(it makes up to noop_max reset no-ops\), "
+                                          r"got 0$"):
+        env_spec(config)
+
+
 def _chunks(config: EnvConfig, steps: int, length: int) -> list[dict[str, np.ndarray]]:
     """The chunks an actor's ring builds from a split of `config` under random actions."""
     spec = env_spec(config)
