@@ -9,6 +9,8 @@ every policy for its agents' actions, steps once all have answered, and sends
 each policy the chunk of its own agents.
 With `actors.inline_inference` the actor runs the policy itself instead
 (actors/inline_policy.py) and never talks to a server.
+Env seeds derive from the config's seed, the actor's index and its incarnation
+(srl_jax/incarnation.py): a restarted or resumed actor plays new episodes.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from srl_jax.config import (
     policy_names,
 )
 from srl_jax.env_spec import EnvSpec
+from srl_jax.incarnation import Incarnation
 from srl_jax.metrics import POLICY_RETURN
 from srl_jax.names import NameService
 from srl_jax.stream_table import INFERENCE, SAMPLES
@@ -55,6 +58,16 @@ def make_split(env: EnvConfig, count: int, seeds: list[int]) -> OnePolicy | Mult
     if env.backend == "envpool":  # one C++ batch (seeds seeds[0] + i)
         return OnePolicy(EnvPoolSplit(env, count, seeds[0]))
     return OnePolicy(EnvSplit([make_env(env) for _ in seeds], seeds))
+
+
+def split_seeds(config: ExperimentConfig, actor_index: int,
+                incarnation: Incarnation) -> list[list[int]]:
+    """Each split's env seeds in this start of actor `actor_index`: split s holds the
+    actor's envs s*n .. s*n+n-1, each seeded from `env_seed`, anew in every incarnation."""
+    per_split = config.actors.envs // config.actors.splits
+    return [[incarnation.seed(env_seed(config.seed, actor_index, k))
+             for k in range(s * per_split, (s + 1) * per_split)]
+            for s in range(config.actors.splits)]
 
 
 class _Part:
@@ -118,12 +131,11 @@ class ActorWorker(Worker):
                                np.asarray(spec.action_high, np.float32)) for spec in self.specs]
         self._unsent_returns: list[list[float]] = [[] for _ in self.policies]
         self._policy_returns = [[] for _ in self.policies]
-        self.splits = []
-        for s in range(cfg.splits):
-            seeds = [env_seed(self.config.seed, self.index, k)
-                     for k in range(s * per_split, (s + 1) * per_split)]
-            self.splits.append(_SplitState(s, make_split(env, per_split, seeds),
-                                           cfg.trajectory_length, self.specs))
+        seeds = split_seeds(self.config, self.index, self.incarnation)
+        self.log.info("resume %d, restart %d: env seeds by split %s", self.incarnation.resumes,
+                      self.incarnation.restarts, seeds)
+        self.splits = [_SplitState(s, make_split(env, per_split, split), cfg.trajectory_length,
+                                   self.specs) for s, split in enumerate(seeds)]
         self.samples = []
         for policy in self.policies:
             socket = make_socket(self.zmq, SAMPLES.connect_type, hwm=cfg.send_queue)

@@ -6,8 +6,11 @@ n environments (extra `[envpool]`). Ids map as 'ALE/Pong-v5' -> 'Pong-v5'
 skip with max-pool, 84x84 grayscale, frame stack, episodic life, sticky
 actions, FIRE reset; rewards unclipped), the rest by name ('CartPole-v1',
 'HalfCheetah-v5'). Observations get the gymnasium stack's layout: image stacks
-channels last, float64 as float32, so the chunks are exactly those of the
-gymnasium ring; `check_envpool` refuses a task whose spaces differ.
+channels last, float64 as float32, so the chunks have the gymnasium ring's
+fields, shapes and dtypes; `check_envpool` refuses a task whose spaces differ.
+Values differ where EnvPool's own generator draws random starts or its own ALE
+build renders frames; from one state CartPole and HalfCheetah step alike
+(tests/test_envpool.py).
 
 EnvPool resets a finished env on that env's *next* step. The ring needs the
 new episode's first observation at once (see `actors/env_ring.py`), so the
@@ -46,6 +49,9 @@ def make_pool(config: EnvConfig, num_envs: int, seed: int) -> Any:
     kwargs = dict(config.kwargs)
     if is_atari(config.id):
         atari = config.atari
+        if atari.noop_max < 1:  # EnvPool draws from 0 .. noop_max-1: 0 crashes the process
+            raise ConfigError("'env.atari.noop_max': EnvPool's Atari needs at least 1 (it "
+                              f"makes up to noop_max reset no-ops), got {atari.noop_max}")
         kwargs.update(noop_max=atari.noop_max, frame_skip=atari.frame_skip,
                       stack_num=atari.frame_stack, episodic_life=atari.episodic_life,
                       repeat_action_probability=atari.sticky_actions,

@@ -26,6 +26,7 @@ import zmq
 
 from srl_jax.backends import BackendError, LaunchBackend, WorkerHandle
 from srl_jax.config import DEFAULT_POLICY, ExperimentConfig, policy_names
+from srl_jax.incarnation import Incarnation
 from srl_jax.metrics import MetricsAggregator, MetricsWriter, ProgressDisplay
 from srl_jax.names import worker_name
 from srl_jax.run_dir import policy_version, write_status
@@ -175,7 +176,10 @@ class Controller:
         return self.exit_code
 
     def _start(self, record: WorkerRecord) -> None:
-        env = {KEYS_ENV: self.keys.to_env()} if self.keys else {}
+        """Start `record`'s worker, telling it which incarnation it is (its seeds differ)."""
+        env = Incarnation(self.resumes, record.restarts).to_env()
+        if self.keys:
+            env[KEYS_ENV] = self.keys.to_env()
         record.handle = self.backend.start(record.kind, record.index, record.policy, env)
         record.state, record.started_at = "starting", time.monotonic()
         record.last_heartbeat = record.restart_at = record.exit_code = None

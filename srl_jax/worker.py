@@ -32,6 +32,7 @@ import zmq
 from srl_jax.config import DEFAULT_POLICY, ExperimentConfig
 from srl_jax.config_loader import import_plugins
 from srl_jax.faults import FaultPlan
+from srl_jax.incarnation import Incarnation
 from srl_jax.names import FileNameService, NameService, worker_name
 from srl_jax.run_dir import read_run_config
 from srl_jax.stream_table import STATS
@@ -68,6 +69,8 @@ class Worker:
         self.rejects = RejectCounter()
         self.transport = Transport.for_process(self.zmq, config.transport.bind_host,
                                                config.transport.advertise_host)
+        self.incarnation = Incarnation.from_env(os.environ)
+        """Which start of this worker this process is (the first when started by hand)."""
         self._stop = False
         self._followed: list[list[Any]] = []
         """[socket, key, endpoint] of each connection that follows its key (`connect_to`)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import struct
 import subprocess
@@ -22,6 +23,7 @@ from tensorboardX.proto import event_pb2
 from learners.algorithms import resolve_algorithms
 from srl_jax.config import ExperimentConfig
 from srl_jax.config_loader import apply_overrides, config_from_dict, config_to_dict
+from srl_jax.incarnation import Incarnation
 from srl_jax.names import FileNameService
 from srl_jax.run_dir import read_status
 from srl_jax.stream_table import STATS
@@ -29,6 +31,7 @@ from srl_jax.streams import make_socket
 from srl_jax.transport import Transport
 
 REPO = Path(__file__).resolve().parent.parent
+SEEDS_LOGGED = re.compile(r"resume (\d+), restart (\d+): env seeds by split (\[[\d\[\], ]+\])")
 
 
 def make_config(overrides: list[str] = ()) -> ExperimentConfig:
@@ -115,6 +118,13 @@ def wait_restarted(run_dir: Path, name: str, victim: int, timeout: float) -> dic
     return wait_for(
         lambda: (w := worker(read_status(run_dir), name)) and w["restarts"] == 1
         and w["state"] == "running" and w["pid"] != victim and w, timeout, f"{name} restarted")
+
+
+def logged_env_seeds(run_dir: Path, actor: int) -> dict[Incarnation, list[list[int]]]:
+    """The env seeds of each split that each start of actor `actor` logged, by incarnation."""
+    log = (run_dir / "logs" / f"actor-{actor}.log").read_text()
+    return {Incarnation(int(resumes), int(restarts)): json.loads(seeds)
+            for resumes, restarts, seeds in SEEDS_LOGGED.findall(log)}
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

@@ -1,5 +1,17 @@
-"""EnvPool as the actor's env backend: the same StepResult and chunks as the gymnasium
-ring, whole-game returns with episodic life, and a CartPole run that learns with it."""
+"""EnvPool as the actor's env backend: the StepResult and chunk layout of the gymnasium
+ring, the same values where the two must agree, whole-game returns with episodic life,
+and a CartPole run that learns with it.
+
+Where values agree and where they cannot: EnvPool draws random starts from its own
+generator, so identically seeded envs start apart (CartPole's initial state,
+MuJoCo's reset noise). From one state, the same actions must give the same rewards,
+flags and observations: CartPole from EnvPool's start states copied into the
+gymnasium envs, and HalfCheetah with no reset noise, whose resets then agree too
+(for some 60 steps, past the 24 compared: then the rounding of two MuJoCo builds
+grows, as a chaotic system makes it). Atari games share the layout only: EnvPool's own ALE build and
+preprocessing (grayscale, reset no-ops and FIRE) give other frames, and the same
+points a few steps apart.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +23,9 @@ import numpy as np
 import pytest
 
 from actors.actor_worker import make_split
-from actors.env_ring import ChunkBuilder
+from actors.env_ring import ChunkBuilder, EnvSplit
 from actors.envpool_split import EnvPoolSplit, check_envpool, envpool_task
-from actors.envs import env_spec
+from actors.envs import env_spec, make_env
 from learners.sample_intake import run_chunk_layout
 from srl_jax.config import ConfigError, EnvConfig
 from tests.conftest import Processes, launch, make_config, read_metrics
@@ -96,6 +108,16 @@ def test_spaces_that_differ_from_the_gymnasium_env_are_refused() -> None:
         check_envpool(config, wrong)
 
 
+def test_atari_without_reset_noops_is_refused_not_crashed() -> None:
+    """EnvPool's Atari with noop_max 0 kills its process (a segfault): refused before."""
+    config = EnvConfig(id="ALE/Pong-v5", backend="envpool")
+    config.atari = dataclasses.replace(config.atari, noop_max=0)
+    with pytest.raises(ConfigError, match=r"^'env.atari.noop_max': EnvPool's Atari needs at "
+                                          r"least 1 \(it makes up to noop_max reset no-ops\), "
+                                          r"got 0$"):
+        env_spec(config)
+
+
 def _chunks(config: EnvConfig, steps: int, length: int) -> list[dict[str, np.ndarray]]:
     """The chunks an actor's ring builds from a split of `config` under random actions."""
     spec = env_spec(config)
@@ -119,7 +141,8 @@ def _chunks(config: EnvConfig, steps: int, length: int) -> list[dict[str, np.nda
 
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "ALE/Pong-v5", "HalfCheetah-v5"])
-def test_envpool_and_gymnasium_rings_build_identical_chunks(env_id: str) -> None:
+def test_envpool_and_gymnasium_rings_build_chunks_of_one_layout(env_id: str) -> None:
+    """Fields, shapes and dtypes; the values are compared where they must agree, below."""
     gymnasium = _chunks(EnvConfig(id=env_id), steps=24, length=10)
     envpool = _chunks(EnvConfig(id=env_id, backend="envpool"), steps=24, length=10)
     assert len(gymnasium) == len(envpool) == 2
@@ -132,6 +155,56 @@ def test_envpool_and_gymnasium_rings_build_identical_chunks(env_id: str) -> None
             assert obs.shape == (11, N, 84, 84, 4) and obs.dtype == np.uint8
             assert np.array_equal(obs[1:, ..., :3], obs[:-1, ..., 1:])
             assert obs[-1, ..., 3].any()
+
+
+def test_halfcheetah_without_reset_noise_builds_the_chunks_of_gymnasium() -> None:
+    """No reset noise: both reset to MuJoCo's initial state, and the same actions give
+    the same chunks, values and all, to float32 rounding."""
+    config = EnvConfig(id="HalfCheetah-v5", kwargs={"reset_noise_scale": 0.0})
+    gymnasium = _chunks(config, steps=24, length=10)
+    envpool = _chunks(dataclasses.replace(config, backend="envpool"), steps=24, length=10)
+    assert len(gymnasium) == len(envpool) == 2
+    for ours, theirs in zip(gymnasium, envpool, strict=True):
+        assert ours.keys() == theirs.keys()
+        for key in ours:
+            np.testing.assert_allclose(ours[key], theirs[key], rtol=1e-5, atol=1e-5,
+                                       err_msg=key)
+        assert np.abs(ours["rewards"]).max() > 0.1, "the cheetah moved: rewards to compare"
+
+
+def test_cartpole_steps_like_gymnasium_from_the_same_state() -> None:
+    """EnvPool's start states copied into gymnasium's CartPoles: each env's first episode
+    (env 0 pushes right and falls, the others balance to the time limit) has the same
+    rewards, terminations, truncations and observations, final ones included."""
+    limit = 25
+    config = EnvConfig(id="CartPole-v1", kwargs={"max_episode_steps": limit})
+    pool = EnvPoolSplit(dataclasses.replace(config, backend="envpool"), N, seed=11)
+    ring = EnvSplit([make_env(config) for _ in range(N)], [11 + k for k in range(N)])
+    assert not np.allclose(ring.obs, pool.obs), "one seed, two generators: other starts"
+    for env, state in zip(ring.envs, pool.obs, strict=True):
+        env.unwrapped.state = state.astype(np.float64)
+    obs, first_episode, ends = pool.obs, np.ones(N, bool), {}
+    for step in range(1, limit + 1):
+        action = np.ones(N, np.int64)
+        action[1:] = obs[1:, 2] + 0.5 * obs[1:, 3] > 0
+        ours, theirs = ring.step(action.tolist()), pool.step(action.tolist())
+        for field in ("rewards", "terminated", "truncated"):
+            np.testing.assert_array_equal(getattr(ours, field)[first_episode],
+                                          getattr(theirs, field)[first_episode], field)
+        ended = ours.terminated | ours.truncated
+        going_on = first_episode & ~ended  # a reset draws each its own start again
+        np.testing.assert_allclose(ours.next_obs[going_on], theirs.next_obs[going_on],
+                                   atol=1e-5)
+        cut = first_episode[ours.truncated_envs]
+        np.testing.assert_array_equal(ours.truncated_envs[cut], theirs.truncated_envs[cut])
+        np.testing.assert_allclose(ours.final_obs[cut], theirs.final_obs[cut], atol=1e-5)
+        ends.update({int(i): (step, bool(ours.terminated[i]))
+                     for i in np.flatnonzero(first_episode & ended)})
+        first_episode, obs = going_on, theirs.next_obs
+    assert ends[0][1] and ends[0][0] < limit, "env 0 fell"
+    assert all(ends[i] == (limit, False) for i in range(1, N)), "the others balanced"
+    ring.close()
+    pool.close()
 
 
 @pytest.mark.slow

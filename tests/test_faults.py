@@ -11,6 +11,7 @@ tests/test_resume.py; a stopped server that comes back in tests/test_status.py.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import signal
@@ -19,15 +20,18 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 
+from actors.actor_worker import split_seeds
 from srl_jax.faults import FAULTS_ENV
+from srl_jax.incarnation import FIRST, Incarnation
 from srl_jax.names import FileNameService
-from srl_jax.run_dir import checkpoint_steps
+from srl_jax.run_dir import checkpoint_steps, read_run_config
 from srl_jax.stream_table import INFERENCE
 from tests.conftest import (
     REPO,
     Processes,
     all_running,
     launch,
+    logged_env_seeds,
     pid_alive,
     read_metrics,
     read_status,
@@ -93,6 +97,14 @@ def test_an_actor_that_raises_is_restarted_and_the_run_finishes(
     assert "RuntimeError: injected fault at step 300" in log
     rows = read_metrics(run_dir)
     assert rows[-1]["system/restarts"] == 1 and rows[-1]["env_frames"] >= 12000
+    # The restarted actor played new episodes: its envs were seeded anew, reproducibly.
+    config, restarted = read_run_config(run_dir), Incarnation(0, 1)
+    for actor in actors:
+        starts = [FIRST, restarted] if actor is failed else [FIRST]
+        assert logged_env_seeds(run_dir, actor["index"]) == {
+            start: split_seeds(config, actor["index"], start) for start in starts}
+    seeds = logged_env_seeds(run_dir, failed["index"])
+    assert set(itertools.chain(*seeds[FIRST])).isdisjoint(itertools.chain(*seeds[restarted]))
 
 
 def test_a_worker_that_keeps_failing_ends_the_run_with_one_line_and_a_checkpoint(

@@ -19,11 +19,19 @@ import numpy as np
 import pytest
 import zmq
 
+from actors.actor_worker import split_seeds
 from learners.export import load_policy
 from learners.param_codec import params_to_arrays
+from srl_jax.incarnation import FIRST, Incarnation
 from srl_jax.metrics import tensorboard_tag
 from srl_jax.names import FileNameService
-from srl_jax.run_dir import checkpoint_root, checkpoint_steps, evaluated_root, steps_in
+from srl_jax.run_dir import (
+    checkpoint_root,
+    checkpoint_steps,
+    evaluated_root,
+    read_run_config,
+    steps_in,
+)
 from srl_jax.stream_table import PARAMS
 from srl_jax.streams import RejectCounter, make_socket, receive
 from tests.conftest import (
@@ -31,6 +39,7 @@ from tests.conftest import (
     Processes,
     all_running,
     launch,
+    logged_env_seeds,
     pid_alive,
     read_events,
     read_metrics,
@@ -179,6 +188,12 @@ def test_sigterm_writes_a_final_checkpoint_and_resume_continues(
     log = (run_dir / "logs" / "learner-0.log").read_text()
     assert f"restored checkpoint step {step} " in log
     assert f"resumes from checkpoint step {step}" in (tmp_path / "resume.log").read_text()
+    # The resumed actor plays new episodes: its envs are seeded anew, reproducibly.
+    seeds = logged_env_seeds(run_dir, 0)
+    config, resumed_start = read_run_config(run_dir), Incarnation(1, 0)
+    for start in (FIRST, resumed_start):
+        assert seeds[start] == split_seeds(config, 0, start)
+    assert set(itertools.chain(*seeds[FIRST])).isdisjoint(itertools.chain(*seeds[resumed_start]))
 
 
 def test_resume_with_more_actors_and_a_new_stop(stopped_run: Path, processes: Processes,
