@@ -146,60 +146,27 @@ def test_shared_policy_streams_every_agent_through_remote_inference(processes, t
 
 
 @pytest.mark.slow
-def test_each_policy_has_its_own_learner_server_checkpoints_and_resume(processes, tmp_path):
-    def both_updated(row: dict, at_least: dict[str, int]) -> bool:
-        return all(row.get(f"policy/{p}/policy_version", 0) >= at_least[p]
-                   for p in ("first", "others"))
-
+def test_each_policy_has_its_own_workers_evaluations_checkpoints_and_resume(processes, tmp_path):
+    """One run stops on its first team evaluation; a resume of it trains both policies on."""
     run_dir, rows = _run(processes, tmp_path, TWO_POLICIES, "learner.batch_envs=8",
-                         until=lambda row: both_updated(row, {"first": 2, "others": 2}))
-    last = rows[-1]
-    assert last["system/wire_rejected"] == 0
-    assert last["policy/first/policy_version"] >= 2 and last["policy/others/policy_version"] >= 2
+                         "evaluation.every_updates=2", "evaluation.episodes=3",
+                         "stop.target_eval_return=-1e9")
+    final = read_status(run_dir)
+    assert "eval_return_mean" in final["stop_reason"]
+    assert rows[-1]["system/wire_rejected"] == 0
     assert any("policy/first/episode_return_mean" in r for r in rows)
     assert any("policy/others/episode_return_mean" in r for r in rows)
-    workers = {w["name"]: w for w in read_status(run_dir)["workers"]}
+    workers = {w["name"]: w for w in final["workers"]}
     assert set(workers) == {"learner-first-0", "inference-first-0", "learner-others-0",
-                            "inference-others-0", "actor-0"}
+                            "inference-others-0", "actor-0", "evaluator-0"}
     assert workers["learner-others-0"]["policy"] == "others"
     for policy in ("first", "others"):
         assert checkpoint_steps(run_dir, policy=policy), f"{policy} has its own checkpoints"
         assert (run_dir / "logs" / f"learner-{policy}-0.log").exists()
     assert not checkpoint_steps(run_dir), "no policy is the default one"
 
-    steps = {p: checkpoint_steps(run_dir, policy=p)[-1] for p in ("first", "others")}
-    past = {p: step + 1 for p, step in steps.items()}
-    _, resumed = _run(processes, tmp_path, resume=True,
-                      until=lambda row: row.get("system/resumes") == 1
-                      and both_updated(row, past))
-    assert f"resumes from checkpoint first {steps['first']}, others {steps['others']}" in \
-        (tmp_path / "launch.log").read_text()
-    for policy in ("first", "others"):
-        log = (run_dir / "logs" / f"learner-{policy}-0.log").read_text()
-        assert f"restored checkpoint step {steps[policy]}" in log
-    assert resumed[-1]["system/resumes"] == 1
-    assert resumed[-1]["env_frames"] > max(r["env_frames"] for r in rows)
-    kept = resumed[:len(resumed) - sum(r.get("system/resumes") == 1 for r in resumed)]
-    assert all(r["policy/first/policy_version"] <= steps["first"] for r in kept
-               if "policy/first/policy_version" in r), "rows past a checkpoint were trimmed"
-    versions = [r.get("policy/others/policy_version", 0) for r in resumed]
-    assert max(versions) > steps["others"], "the resumed learner trained on"
-
-    others = load_policy(run_dir, policy="others")
-    assert others.spec.obs_shape == (20,) and others.step >= steps["others"]
-    actions = others.act_batch(np.zeros((3, 20), np.float32))
-    assert actions.shape == (3,) and ((actions >= 0) & (actions < 5)).all()
-
-
-@pytest.mark.slow
-def test_the_evaluator_and_evaluate_play_every_policy_together(processes, tmp_path):
-    run_dir, rows = _run(processes, tmp_path, TWO_POLICIES, "learner.batch_envs=8",
-                         "evaluation.every_updates=2", "evaluation.episodes=3",
-                         "stop.target_eval_return=-1e9", frames=10**6)
-    assert "eval_return_mean" in read_status(run_dir)["stop_reason"]
     evaluated = [r for r in rows if "eval_return_mean" in r]
     assert evaluated and all(r["eval_return_mean"] < 0 for r in evaluated), "MPE team returns"
-    assert {w["name"] for w in read_status(run_dir)["workers"]} >= {"evaluator-0"}
     saved = {}
     for policy in ("first", "others"):
         steps = steps_in(evaluated_root(run_dir, policy))
@@ -226,6 +193,27 @@ def test_the_evaluator_and_evaluate_play_every_policy_together(processes, tmp_pa
     assert len(episodes) == 2 and all("length 25" in line for line in episodes), out
     assert float(out.split("mean return ")[1].split()[0]) < 0
     assert video.stat().st_size > 0
+
+    steps = {p: checkpoint_steps(run_dir, policy=p)[-1] for p in ("first", "others")}
+    past = {p: step + 1 for p, step in steps.items()}
+    _, resumed = _run(processes, tmp_path, "stop.target_eval_return=null", resume=True,
+                      until=lambda row: row.get("system/resumes") == 1 and all(
+                          row.get(f"policy/{p}/policy_version", 0) >= past[p] for p in past))
+    assert f"resumes from checkpoint first {steps['first']}, others {steps['others']}" in \
+        (tmp_path / "launch.log").read_text()
+    for policy in ("first", "others"):
+        log = (run_dir / "logs" / f"learner-{policy}-0.log").read_text()
+        assert f"restored checkpoint step {steps[policy]}" in log
+    assert resumed[-1]["system/resumes"] == 1
+    assert resumed[-1]["env_frames"] > max(r["env_frames"] for r in rows)
+    kept = resumed[:len(resumed) - sum(r.get("system/resumes") == 1 for r in resumed)]
+    assert all(r["policy/first/policy_version"] <= steps["first"] for r in kept
+               if "policy/first/policy_version" in r), "rows past a checkpoint were trimmed"
+
+    others = load_policy(run_dir, policy="others")
+    assert others.spec.obs_shape == (20,) and others.step >= steps["others"]
+    actions = others.act_batch(np.zeros((3, 20), np.float32))
+    assert actions.shape == (3,) and ((actions >= 0) & (actions < 5)).all()
 
 
 class ConstantPolicy(FakeServerAndLearner):
