@@ -113,10 +113,12 @@ def all_running(run_dir: Path) -> bool:
     return bool(status) and all(w["state"] == "running" for w in status["workers"])
 
 
-def wait_restarted(run_dir: Path, name: str, victim: int, timeout: float) -> dict:
-    """Wait until worker `name` runs again under a new pid, restarted once; its record."""
+def wait_restarted(run_dir: Path, name: str, victim: int, timeout: float,
+                   restarts: int = 1) -> dict:
+    """Wait until worker `name` runs again under a new pid, restarted `restarts` times in
+    all; its record."""
     return wait_for(
-        lambda: (w := worker(read_status(run_dir), name)) and w["restarts"] == 1
+        lambda: (w := worker(read_status(run_dir), name)) and w["restarts"] == restarts
         and w["state"] == "running" and w["pid"] != victim and w, timeout, f"{name} restarted")
 
 
@@ -129,6 +131,20 @@ def logged_env_seeds(run_dir: Path, actor: int) -> dict[Incarnation, list[list[i
 
 def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def stop_when(process: subprocess.Popen, run_dir: Path, until: Callable[[dict], bool],
+              timeout: float, log: Path) -> list[dict]:
+    """Wait for a metrics row that satisfies `until`, then Ctrl-C the launcher; the rows.
+    A frame limit could arrive before what a test observes: it waits for the observation."""
+    metrics = run_dir / "metrics.jsonl"
+    wait_for(lambda: process.poll() is not None
+             or (metrics.is_file() and any(until(row) for row in read_metrics(run_dir))),
+             timeout, "the metrics row the test waits for")
+    assert process.poll() is None, f"the run ended first:\n{log.read_text()}"
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=60) == 130, log.read_text()
+    return read_metrics(run_dir)
 
 
 def read_events(directory: Path) -> list[event_pb2.Event]:

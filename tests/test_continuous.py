@@ -9,7 +9,6 @@ stepped with, so the test sees exactly what the environment received.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -33,7 +32,7 @@ from srl_jax.config import EnvConfig
 from srl_jax.config_loader import load_config
 from srl_jax.stream_table import STATS
 from srl_jax.streams import RejectCounter, receive, send
-from tests.conftest import REPO, make_config, write_run_dir
+from tests.conftest import REPO, make_config, stop_when, write_run_dir
 from tests.fakes import FakeServerAndLearner
 
 LOG_2PI = math.log(2 * math.pi)
@@ -472,18 +471,15 @@ def test_pendulum_ppo_runs_end_to_end(processes, tmp_path):
     run_dir = tmp_path / "run"
     process = processes.start(
         [sys.executable, "-m", "srl_jax.launch", "pendulum_ppo", "--run-dir", str(run_dir),
-         "--set", "stop.target_return=null", "--set", "stop.env_frames=20000",
-         "--set", "stop.wall_time_s=50"],
+         "--set", "stop.target_return=null"],
         log=tmp_path / "launch.log")
-    assert process.wait(timeout=60) == 0, (tmp_path / "launch.log").read_text()
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert rows[-1]["env_frames"] >= 20_000, rows[-1]
+    rows = stop_when(process, run_dir, lambda row: row["env_frames"] >= 20_000
+                     and "learner/loss" in row, 120, tmp_path / "launch.log")
     returns = [r["episode_return_mean"] for r in rows if "episode_return_mean" in r]
     # Pendulum's rewards lie in [-16.3, 0]: a 200-step episode returns in [-3300, 0].
     assert returns and all(math.isfinite(r) and -3300 <= r <= 0 for r in returns)
-    # (On a loaded machine the learner may still be compiling when the frames are done.)
     trained = [r for r in rows if "learner/loss" in r]
-    assert all(math.isfinite(r["learner/loss"]) and math.isfinite(r["learner/entropy"])
+    assert trained and all(math.isfinite(r["learner/loss"]) and math.isfinite(r["learner/entropy"])
                for r in trained)
 
 
@@ -499,12 +495,11 @@ def test_halfcheetah_ppo_streams_float32_observations_end_to_end(processes, tmp_
     for override in ("actors.count=1", "actors.envs=2", "actors.splits=1",
                      "actors.trajectory_length=32", "inference.max_batch=4",
                      "learner.batch_envs=2", "learner.sample_queue=2", "learner.ppo.epochs=1",
-                     "learner.ppo.minibatches=2",
-                     "stop.env_frames=3000"):
+                     "learner.ppo.minibatches=2"):
         args += ["--set", override]
     process = processes.start(args, log=tmp_path / "launch.log")
-    assert process.wait(timeout=90) == 0, (tmp_path / "launch.log").read_text()
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = stop_when(process, run_dir, lambda row: row["env_frames"] >= 3000
+                     and row["learner_steps"] >= 1, 90, tmp_path / "launch.log")
     assert rows[-1]["env_frames"] >= 3000 and rows[-1]["learner_steps"] >= 1
     assert rows[-1]["system/wire_rejected"] == 0
     assert any(r.get("inference/batch_rows_mean", 0) > 0 for r in rows)

@@ -7,7 +7,6 @@ tests/test_multi_agent_env.py.
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from srl_jax.launch import check_before_launch
 from srl_jax.metrics import POLICY_RETURN, MetricsAggregator
 from srl_jax.run_dir import checkpoint_steps, evaluated_root, read_status, step_meta, steps_in
 from srl_jax.streams import send
-from tests.conftest import REPO, read_metrics, wait_for, write_run_dir
+from tests.conftest import REPO, read_metrics, stop_when, write_run_dir
 from tests.fakes import FakeServerAndLearner
 
 SPREAD = REPO / "configs" / "mpe_spread_ppo.yaml"
@@ -34,7 +33,7 @@ TWO_POLICIES = "env.policies={first: [agent_0], others: ['agent_*']}"
 SMALL = ("actors.count=1", "actors.envs=4", "actors.splits=2", "inference.max_batch=12",
          "learner.ppo.epochs=1", "checkpoint.every_updates=2", "learner.sample_queue=8")
 """A short sample queue: the actor waits for the learner after about 1,000 frames, so
-a run of 1,500 frames has trained even where the learner was slow to compile."""
+frames do not race far ahead of updates while the learner compiles."""
 
 
 @pytest.mark.parametrize("override, message", [
@@ -110,7 +109,7 @@ def test_metrics_report_each_policy_and_the_team():
 def _run(processes, tmp_path, *overrides: str, frames: int = 10**7, resume: bool = False,
          until: Callable[[dict], bool] | None = None) -> tuple:
     """Run the MPE config to its frame limit or, with `until`, until a metrics row
-    satisfies it, then Ctrl-C (a limit could come before what the test observes)."""
+    satisfies it, then Ctrl-C (tests.conftest.stop_when)."""
     run_dir = tmp_path / "run"
     args = [sys.executable, "-m", "srl_jax.launch", "mpe_spread_ppo", "--run-dir",
             str(run_dir), "--quiet", *(["--resume"] if resume else [])]
@@ -119,19 +118,14 @@ def _run(processes, tmp_path, *overrides: str, frames: int = 10**7, resume: bool
     process = processes.start(args, log=tmp_path / "launch.log")
     if until is None:
         assert process.wait(timeout=120) == 0, (tmp_path / "launch.log").read_text()
-    else:
-        metrics = run_dir / "metrics.jsonl"
-        wait_for(lambda: metrics.is_file() and any(until(r) for r in read_metrics(run_dir)),
-                 120, "the metrics row the test waits for")
-        process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=60) == 130, (tmp_path / "launch.log").read_text()
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return run_dir, rows
+        return run_dir, read_metrics(run_dir)
+    return run_dir, stop_when(process, run_dir, until, 120, tmp_path / "launch.log")
 
 
 @pytest.mark.slow
 def test_shared_policy_streams_every_agent_through_remote_inference(processes, tmp_path):
-    run_dir, rows = _run(processes, tmp_path, "learner.batch_envs=12", frames=1500)
+    run_dir, rows = _run(processes, tmp_path, "learner.batch_envs=12",
+                         until=lambda row: row["env_frames"] >= 1500 and row["learner_steps"] >= 2)
     last = rows[-1]
     assert last["env_frames"] >= 1500 and last["learner_steps"] >= 2
     assert last["system/wire_rejected"] == 0
