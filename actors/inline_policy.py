@@ -28,11 +28,12 @@ class InlinePolicy:
     def __init__(self, worker: Worker, spec: EnvSpec) -> None:
         config = worker.config
         configure_jax(config.runtime)
-        # From a split's rows up to those of its largest request, all compiled here.
-        self.runner = make_runner(config, spec, config.seed + 2000 + worker.index,
-                                  min_size=config.actors.envs // config.actors.splits,
-                                  max_size=request_rows(config.actors))
-        with worker.busy("compiling the policy"):
+        # From a split's rows up to those of its largest request, all compiled here; the
+        # parameters' initialisation is XLA work too, so it counts as busy as well.
+        with worker.busy("building and compiling the policy"):
+            self.runner = make_runner(config, spec, config.seed + 2000 + worker.index,
+                                      min_size=config.actors.envs // config.actors.splits,
+                                      max_size=request_rows(config.actors))
             self.runner.compile()
         self.params = subscribe(worker, self.runner)
 

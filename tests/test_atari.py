@@ -147,4 +147,5 @@ def test_atari_config_streams_frames_end_to_end(processes: Processes, tmp_path: 
     assert any(r.get("inference/batch_rows_mean", 0) > 0 for r in rows), "remote inference"
     workers = read_status(run_dir)["workers"]
     assert {w["kind"] for w in workers} == {"actor", "inference", "learner"}
-    assert [w["restarts"] for w in workers] == [0, 0, 0], "nobody was killed as frozen"
+    assert [w["restarts"] for w in workers] == [0, 0, 0], \
+        "nobody was killed as frozen: " + (run_dir / "logs" / "controller.log").read_text()
