@@ -1,4 +1,5 @@
-"""The 2-minute soak (bench/soak.py): no process's memory or open files grow after warm-up."""
+"""A 90-second soak (bench/soak.py): no process's memory or open files grow after its
+30-second warm-up (startup and compiles). The 30-minute one is the benchmark's default."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from tests.conftest import REPO
 
 
 @pytest.mark.slow
-def test_two_minute_soak_keeps_memory_and_files_flat():
-    result = subprocess.run([sys.executable, str(REPO / "bench" / "soak.py"), "--minutes", "2",
-                             "--every", "2"], capture_output=True, text=True, timeout=280)
+def test_short_soak_keeps_memory_and_files_flat():
+    result = subprocess.run([sys.executable, str(REPO / "bench" / "soak.py"), "--minutes", "1.5",
+                             "--warmup-minutes", "0.5", "--every", "2"],
+                            capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
     table = result.stdout.splitlines()
     for name in ("controller", "learner-0", "inference-0", "actor-0", "actor-1"):
