@@ -2,14 +2,17 @@
 
     python bench/soak.py                    # cartpole_ppo for 30 minutes
     python bench/soak.py --minutes 2        # the short version CI runs
+    python bench/soak.py --set checkpoint.interval_s=5   # the learner saving every 5 s
 
 It starts `python -m srl_jax.launch` (the target return is switched off, so the
 run trains for the whole time), samples each worker's resident memory (RSS) and
 open file descriptors every few seconds from /proc, and prints, per worker, the
 figures at the end of the warm-up and at the end with their growth (every
-sample is kept in `soak.json` beside the run directory). It exits 1
-if any process grows by more than `--max-growth` (5%) after warm-up, or if the
-run itself fails. Linux only (/proc).
+sample is kept in `soak.json` beside the run directory). Each figure is the
+lowest of the samples in a `--window` (30 s): a leak raises that floor, while
+what a save in flight holds for a moment (its files, its host copy) does not.
+It exits 1 if any process grows by more than `--max-growth` (5%) after
+warm-up, or if the run itself fails. Linux only (/proc).
 """
 
 from __future__ import annotations
@@ -73,21 +76,27 @@ def sample(run_dir: Path, tracks: dict[str, Track], elapsed: float) -> None:
             track.pids.add(pid)
 
 
-def growth(track: Track, warmup_s: float) -> tuple[float, float, int, int] | None:
-    """(RSS after warm-up, RSS at the end, fds after warm-up, fds at the end)."""
+def growth(track: Track, warmup_s: float,
+           window_s: float) -> tuple[float, float, int, int] | None:
+    """(RSS after warm-up, RSS at the end, fds after warm-up, fds at the end), each the
+    lowest in the first and the last `window_s` after warm-up."""
     after = [s for s in track.samples if s[0] >= warmup_s]
     if len(after) < 2:
         return None
-    return after[0][1], after[-1][1], after[0][2], after[-1][2]
+    warm = [s for s in after if s[0] <= after[0][0] + window_s]
+    end = [s for s in after if s[0] >= after[-1][0] - window_s]
+    return (min(s[1] for s in warm), min(s[1] for s in end),
+            min(s[2] for s in warm), min(s[2] for s in end))
 
 
-def report(tracks: dict[str, Track], warmup_s: float, max_growth: float) -> list[str]:
+def report(tracks: dict[str, Track], warmup_s: float, window_s: float,
+           max_growth: float) -> list[str]:
     """Print the table; return the processes that grew too much."""
     print(f"{'process':<14}{'RSS start':>11}{'RSS warm':>10}{'RSS end':>10}{'growth':>9}"
           f"{'fds warm':>10}{'fds end':>9}  pids")
     grown = []
     for name, track in tracks.items():
-        figures = growth(track, warmup_s)
+        figures = growth(track, warmup_s, window_s)
         if figures is None:
             print(f"{name:<14}  (too few samples after warm-up)")
             continue
@@ -108,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup-minutes", type=float, default=None,
                         help="ignored for growth (default: a fifth of the run, at most 5)")
     parser.add_argument("--every", type=float, default=5.0, help="seconds between samples")
+    parser.add_argument("--window", type=float, default=30.0,
+                        help="seconds whose lowest sample is each figure (30)")
     parser.add_argument("--max-growth", type=float, default=0.05,
                         help="largest RSS growth after warm-up, as a fraction (0.05)")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
@@ -140,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                 process.wait(timeout=180)
     samples = {name: track.samples for name, track in tracks.items()}
     (run_dir.parent / "soak.json").write_text(json.dumps(samples))
-    grown = report(tracks, warmup, args.max_growth)
+    grown = report(tracks, warmup, args.window, args.max_growth)
     if process.returncode != 0:
         print(f"soak: the run failed (exit {process.returncode}); see "
               f"{run_dir.parent / 'launch.log'}")

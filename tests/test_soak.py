@@ -8,7 +8,17 @@ import sys
 
 import pytest
 
+from bench.soak import Track, growth
 from tests.conftest import REPO
+
+
+def test_growth_reads_floors_so_a_save_in_flight_is_no_leak():
+    """At a 5 s checkpoint interval a sample often lands on a save holding files open."""
+    steady = Track(samples=[(t, 300.0, 17) for t in range(0, 200, 5)])
+    steady.samples[-1] = (195, 304.0, 28)
+    assert growth(steady, warmup_s=60, window_s=30) == (300.0, 300.0, 17, 17)
+    leaking = Track(samples=[(t, 300.0 + t / 10, 17 + t // 50) for t in range(0, 200, 5)])
+    assert growth(leaking, warmup_s=60, window_s=30) == (306.0, 316.5, 18, 20)
 
 
 @pytest.mark.slow
