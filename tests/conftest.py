@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import jax
 import pytest
 import yaml
 import zmq
@@ -32,6 +33,26 @@ from srl_jax.transport import Transport
 
 REPO = Path(__file__).resolve().parent.parent
 SEEDS_LOGGED = re.compile(r"resume (\d+), restart (\d+): env seeds by split (\[[\d\[\], ]+\])")
+
+
+FAST_COMPILES = {"XLA_FLAGS": "--xla_cpu_use_fusion_emitters=false",
+                 "JAX_DISABLE_MOST_OPTIMIZATIONS": "1"}
+"""XLA settings for test processes: tests compile many small programs and run each a few
+times, so XLA's optimizer and its newer CPU fusion emitters cost more than they save (a
+compile takes a fifth of the time). The worker processes a test starts compile as a run does."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """FAST_COMPILES for the test process, not handed down to the processes it starts:
+    XLA reads its flags once, when JAX starts its backend."""
+    before = os.environ.get("XLA_FLAGS")
+    os.environ["XLA_FLAGS"] = f"{before or ''} {FAST_COMPILES['XLA_FLAGS']}".strip()
+    jax.config.update("jax_disable_most_optimizations", True)
+    jax.devices()
+    if before is None:
+        del os.environ["XLA_FLAGS"]
+    else:
+        os.environ["XLA_FLAGS"] = before
 
 
 def make_config(overrides: list[str] = ()) -> ExperimentConfig:

@@ -1,5 +1,6 @@
-"""Run by test_mesh.py in a fresh process with 4 forced CPU devices (XLA_FLAGS): one update
-on 1 device and on 4 devices from the same state and batch; prints the largest difference."""
+"""Run by test_mesh.py in one fresh process with 4 forced CPU devices (XLA_FLAGS): for each
+case, one update on 1 device and on 4 devices from the same state and batch; prints the
+largest difference of each, and the error a batch that does not divide over them gives."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 from actors.envs import env_spec
 from learners.algorithms import algorithm, algorithm_config, sizes
 from learners.learner import Learner
-from learners.mesh import make_learner_mesh
+from learners.mesh import MeshError, make_learner_mesh
 from learners.networks import make_policy
 from learners.sample_intake import run_chunk_layout
 from tests.conftest import make_config
@@ -48,16 +49,28 @@ def one_update(devices: int, algo_name: str, overrides: list[str]) -> tuple[dict
     return jax.device_get(learner.params), shard_shapes
 
 
-def main() -> None:
-    algo_name = sys.argv[1]
-    overrides = sys.argv[2:]
+def compare(algo_name: str, overrides: list[str]) -> dict:
     one, shards1 = one_update(1, algo_name, overrides)
     four, shards4 = one_update(4, algo_name, overrides)
     diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
                for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(four), strict=True))
     scale = max(float(np.max(np.abs(np.asarray(a)))) for a in jax.tree.leaves(one))
-    print(json.dumps({"devices": len(jax.devices()), "max_abs_diff": diff, "scale": scale,
-                      "shards_1": shards1, "shards_4": shards4}))
+    return {"max_abs_diff": diff, "scale": scale, "shards_1": shards1, "shards_4": shards4}
+
+
+def indivisible_error() -> str:
+    try:
+        make_learner_mesh(0, 6)
+    except MeshError as error:
+        return str(error)
+    return ""
+
+
+def main() -> None:
+    """argv[1]: a JSON list of [algorithm, [override, ...]] cases."""
+    cases = json.loads(sys.argv[1])
+    print(json.dumps({"devices": len(jax.devices()), "indivisible_error": indivisible_error(),
+                      "cases": [compare(algo, overrides) for algo, overrides in cases]}))
 
 
 if __name__ == "__main__":

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ from srl_jax.config_loader import (
     resolve_experiment_path,
 )
 from srl_jax.launch import SHIPPED_CONFIGS, check_before_launch, config_dirs
+from srl_jax.launch import main as launch_main
 from srl_jax.run_dir import STATUS
 from tests.conftest import REPO, make_config, write_run_dir
 
@@ -102,12 +105,20 @@ def test_nature_cnn_refuses_the_mlp_keys_it_would_ignore(override: str) -> None:
                                 f"fixed); leave it unset")
 
 
+def assert_one_config_error_line(code: int, stdout: str, stderr: str, fragment: str) -> None:
+    assert code == 2, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("srl_jax.launch: config error:")
+    assert fragment in lines[0]
+    assert stdout == ""
+
+
 @pytest.mark.parametrize("args, fragment", [
     (["cartpole_ppo", "--set", "actors.cont=3"], "unknown key 'actors.cont'"),
     (["cartpole_ppo", "--set", "learner.ppo.gamma=high"], "'learner.ppo.gamma' must be a number"),
     (["cartpole_ppo", "--set", "learner.ppo.clip_coef=x"],
      "'learner.ppo.clip_coef' must be a number, got 'x'"),
-    (["cartpole_ppo", "--set", "learner.algorithm=a2c"], "'learner.algorithm': unknown 'a2c'"),
     (["cartpole_ppo", "--set", "env.id=NoSuchEnv-v0"], "unknown gymnasium environment"),
     (["cartpole_ppo", "--set", "actors.count=-1"], "'actors.count' must be at least 1"),
     (["cartpole_ppo", "--set", "env.id=FrozenLake-v1"], "Discrete observation space"),
@@ -124,14 +135,30 @@ def test_nature_cnn_refuses_the_mlp_keys_it_would_ignore(override: str) -> None:
      "'learner.batch_envs' (32) must be a multiple of 24: policy 'default' sends chunks of 24 "
      "columns (8 envs x 3 agents)"),
 ])
-def test_bad_config_exits_2_with_one_line(tmp_path: Path, args: list[str], fragment: str) -> None:
-    result = launch(*args, "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("srl_jax.launch: config error:")
-    assert fragment in lines[0]
-    assert result.stdout == ""
+def test_bad_config_is_one_line_and_exit_code_2(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
+        caplog: pytest.LogCaptureFixture, args: list[str], fragment: str) -> None:
+    """`main` as `python -m srl_jax.launch` runs it, in this process (a process each would
+    start JAX a dozen times): what it returns is the exit code, and neither a warning nor a
+    log record may add to the one line a process would print."""
+    monkeypatch.chdir(tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code = launch_main([*args, "--run-dir", str(tmp_path / "run")])
+    stdout, stderr = capsys.readouterr()
+    assert_one_config_error_line(code, stdout, stderr, fragment)
+    assert [str(w.message) for w in caught] == []
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert not (tmp_path / "run").exists(), "nothing may start before validation passes"
+
+
+def test_bad_config_exits_2_with_one_line(tmp_path: Path) -> None:
+    """In a process of its own: the exit status, and a plugin's algorithm is unknown where
+    no experiment names the plugin (this process registered 'a2c' importing its test)."""
+    result = launch("cartpole_ppo", "--set", "learner.algorithm=a2c", "--run-dir",
+                    str(tmp_path / "run"), cwd=tmp_path)
+    assert_one_config_error_line(result.returncode, result.stdout, result.stderr,
+                                 "'learner.algorithm': unknown 'a2c'")
     assert not (tmp_path / "run").exists(), "nothing may start before validation passes"
 
 

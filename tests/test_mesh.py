@@ -10,40 +10,41 @@ import sys
 import pytest
 
 from learners.mesh import make_learner_mesh
-from tests.conftest import REPO
+from tests.conftest import FAST_COMPILES, REPO
 
-FOUR_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+CASES = [
+    ("ppo", []),
+    ("ppo", ["learner.normalize_obs=true", "learner.ppo.target_kl=0.01"]),
+    ("impala", ["learner.normalize_obs=true", "learner.impala.minibatches=4"]),
+]
+FOUR_DEVICES = {**FAST_COMPILES, "XLA_FLAGS": "--xla_force_host_platform_device_count=4 "
+                f"{FAST_COMPILES['XLA_FLAGS']}"}
+"""XLA_FLAGS must be set before JAX starts, hence a fresh interpreter."""
 
 
-def run_check(algo: str, *overrides: str) -> dict:
-    """In a fresh interpreter, since XLA_FLAGS must be set before JAX starts."""
-    result = subprocess.run([sys.executable, "-m", "tests.mesh_check", algo, *overrides],
+@pytest.fixture(scope="module")
+def four_device_checks() -> dict:
+    """Every case in one interpreter: JAX starts once, not once per case."""
+    result = subprocess.run([sys.executable, "-m", "tests.mesh_check", json.dumps(CASES)],
                             cwd=REPO, capture_output=True, text=True, timeout=240,
                             env={**os.environ, **FOUR_DEVICES})
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("algo, overrides", [
-    ("ppo", []),
-    ("ppo", ["learner.normalize_obs=true", "learner.ppo.target_kl=0.01"]),
-    ("impala", ["learner.normalize_obs=true", "learner.impala.minibatches=4"]),
-])
-def test_four_devices_match_one(algo: str, overrides: list[str]) -> None:
-    out = run_check(algo, *overrides)
-    assert out["devices"] == 4
+@pytest.mark.parametrize("case", range(len(CASES)), ids=[
+    f"{algo}-{'+'.join(overrides) or 'defaults'}" for algo, overrides in CASES])
+def test_four_devices_match_one(four_device_checks: dict, case: int) -> None:
+    assert four_device_checks["devices"] == 4
+    out = four_device_checks["cases"][case]
     T, B = 32, 32  # configs/cartpole_ppo.yaml
     assert out["shards_1"] == [[T + 1, B, 4]]
     assert out["shards_4"] == [[T + 1, B // 4, 4]], "the batch is split on the env axis"
     assert out["max_abs_diff"] < 1e-5 * max(1.0, out["scale"]), out
 
 
-def test_batch_that_does_not_divide_over_the_devices_is_a_clear_error() -> None:
-    code = ("from learners.mesh import MeshError, make_learner_mesh\n"
-            "try:\n    make_learner_mesh(0, 6)\nexcept MeshError as e:\n    print(e)\n")
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
-        env={**os.environ, **FOUR_DEVICES})
-    assert "'learner.batch_envs' (6) must divide evenly over the 4 learner devices" \
-        in result.stdout, result.stderr
+def test_batch_that_does_not_divide_over_the_devices_is_a_clear_error(
+        four_device_checks: dict) -> None:
+    assert four_device_checks["indivisible_error"] == (
+        "'learner.batch_envs' (6) must divide evenly over the 4 learner devices")
     assert isinstance(make_learner_mesh(1, 6).size, int)
