@@ -133,6 +133,12 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def last_row(run_dir: Path) -> dict:
+    """The newest metrics row, or {} before the first."""
+    rows = read_metrics(run_dir) if (run_dir / "metrics.jsonl").exists() else []
+    return rows[-1] if rows else {}
+
+
 def stop_when(process: subprocess.Popen, run_dir: Path, until: Callable[[dict], bool],
               timeout: float, log: Path) -> list[dict]:
     """Wait for a metrics row that satisfies `until`, then Ctrl-C the launcher; the rows.

@@ -23,7 +23,7 @@ from srl_jax.transport import (
     primary_address,
 )
 from srl_jax.wire import Message
-from tests.conftest import Processes, launch, read_metrics, wait_for
+from tests.conftest import Processes, last_row, launch, read_metrics, wait_for
 
 
 @pytest.mark.parametrize("curve, host, wanted", [
@@ -140,8 +140,7 @@ def test_a_run_on_all_interfaces_authenticates_and_refuses_strangers(
         for socket in bad:
             send(socket, "samples", {"actor": 0}, {"x": np.zeros(3, np.float32)},
                  flags=zmq.NOBLOCK)
-        refused = wait_for(lambda: (run_dir / "metrics.jsonl").exists()
-                           and (row := read_metrics(run_dir)[-1])["system/auth_refused"]
+        refused = wait_for(lambda: (row := last_row(run_dir)).get("system/auth_refused", 0)
                            >= len(keys) and row, 120, "the strangers refused")
         wait_for(lambda: read_metrics(run_dir)[-1]["learner_steps"] > refused["learner_steps"],
                  120, "updates after the refusals")
