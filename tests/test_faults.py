@@ -44,7 +44,7 @@ from tests.conftest import (
 )
 
 FAULTY_ID = "FaultyCartPole-v1"
-SMALL = ("actors.envs=4", "actors.splits=2", "learner.batch_envs=8",
+SMALL = ("actors.envs=4", "actors.splits=2", "learner.batch_envs=8", "inference.max_batch=8",
          "stop.target_return=null", "runtime.restart_backoff_s=0.2")
 UNTIL_CTRL_C = ("stop.wall_time_s=600", "checkpoint.every_updates=5",
                 "actors.inference_timeout_s=1")

@@ -73,11 +73,11 @@ def test_a_stalled_run_says_who_waits_on_whom(processes: Processes, tmp_path: Pa
     before = len(controller_log.read_text())
     os.kill(server["pid"], signal.SIGSTOP)  # the server stops answering, the run stalls
     try:
-        wait_for(lambda: (read_status(run_dir) or {}).get("stalled_for", 0) >= 3, 30,
-                 "the stall to show in status.json")
         report = wait_for(lambda: next((
             line for line in controller_log.read_text()[before:].splitlines()
-            if "no progress for" in line), None), 15, "the controller's stall report")
+            if "no progress for" in line), None), 60, "the controller's stall report")
+        wait_for(lambda: (read_status(run_dir) or {}).get("stalled_for", 0) >= 2, 30,
+                 "the stall to show in status.json")
         assert "actor-0 (running, heartbeat" in report
         assert "on an inference reply of policy 'default'" in report
         assert "learner-0 (running" in report and f"on samples on {SAMPLES.key(index=0)}" in report
