@@ -17,6 +17,7 @@ import itertools
 import os
 import re
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -103,7 +104,7 @@ def restarts(run_dir: Path) -> dict[str, int]:
     return {w["name"]: w["restarts"] for w in read_status(run_dir)["workers"] if w["restarts"]}
 
 
-def stop_with_ctrl_c(process, tmp_path: Path) -> None:
+def stop_with_ctrl_c(process: subprocess.Popen, tmp_path: Path) -> None:
     process.send_signal(signal.SIGINT)
     assert process.wait(timeout=60) == 130, (tmp_path / "launch.log").read_text()
 
