@@ -148,9 +148,14 @@ def stop_when(process: subprocess.Popen, run_dir: Path, until: Callable[[dict], 
              or (metrics.is_file() and any(until(row) for row in read_metrics(run_dir))),
              timeout, "the metrics row the test waits for")
     assert process.poll() is None, f"the run ended first:\n{log.read_text()}"
+    interrupt(process, log)
+    return read_metrics(run_dir)
+
+
+def interrupt(process: subprocess.Popen, log: Path) -> None:
+    """Ctrl-C the launcher: it stops the run and exits 130 (interrupted)."""
     process.send_signal(signal.SIGINT)
     assert process.wait(timeout=60) == 130, log.read_text()
-    return read_metrics(run_dir)
 
 
 def read_events(directory: Path) -> list[event_pb2.Event]:

@@ -17,7 +17,6 @@ import itertools
 import os
 import re
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -34,6 +33,7 @@ from tests.conftest import (
     REPO,
     Processes,
     all_running,
+    interrupt,
     launch,
     logged_env_seeds,
     pid_alive,
@@ -102,11 +102,6 @@ def trains_on(run_dir: Path, what: str) -> dict:
 
 def restarts(run_dir: Path) -> dict[str, int]:
     return {w["name"]: w["restarts"] for w in read_status(run_dir)["workers"] if w["restarts"]}
-
-
-def stop_with_ctrl_c(process: subprocess.Popen, tmp_path: Path) -> None:
-    process.send_signal(signal.SIGINT)
-    assert process.wait(timeout=60) == 130, (tmp_path / "launch.log").read_text()
 
 
 def test_a_fault_file_put_later_makes_the_worker_raise_at_its_time(
@@ -182,7 +177,7 @@ def test_workers_that_raise_in_their_loop_are_restarted_and_lose_nothing_saved(
     log = (run_dir / "logs" / "evaluator-0.log").read_text()
     assert log.count(": running\n") == 2, "both evaluators ran"
 
-    stop_with_ctrl_c(process, tmp_path)
+    interrupt(process, tmp_path / "launch.log")
     assert restarts(run_dir) == {failed["name"]: 1, "learner-0": 1, "inference-0": 1,
                                  "evaluator-0": 1}
     assert read_metrics(run_dir)[-1]["system/restarts"] == 4
@@ -218,7 +213,7 @@ def test_frozen_workers_are_killed_at_the_heartbeat_timeout_and_replaced(
         os.kill(victim, signal.SIGSTOP)
         wait_restarted(run_dir, name, victim, 120)
         trains_on(run_dir, f"training after {name} was replaced")
-    stop_with_ctrl_c(process, tmp_path)
+    interrupt(process, tmp_path / "launch.log")
     log = (run_dir / "logs" / "controller.log").read_text()
     for name in frozen:
         assert re.search(rf"no heartbeat from {name} for \d+s; killing it", log), name

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +22,7 @@ from srl_jax.transport import (
     primary_address,
 )
 from srl_jax.wire import Message
-from tests.conftest import Processes, last_row, launch, read_metrics, wait_for
+from tests.conftest import Processes, last_row, launch, stop_when, wait_for
 
 
 @pytest.mark.parametrize("curve, host, wanted", [
@@ -142,14 +141,11 @@ def test_a_run_on_all_interfaces_authenticates_and_refuses_strangers(
                  flags=zmq.NOBLOCK)
         refused = wait_for(lambda: (row := last_row(run_dir)).get("system/auth_refused", 0)
                            >= len(keys) and row, 120, "the strangers refused")
-        wait_for(lambda: read_metrics(run_dir)[-1]["learner_steps"] > refused["learner_steps"],
-                 120, "updates after the refusals")
-        process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=60) == 130, (tmp_path / "launch.log").read_text()
+        rows = stop_when(process, run_dir, lambda row: row["learner_steps"]
+                         > refused["learner_steps"], 120, tmp_path / "launch.log")
     finally:
         for socket in bad:
             socket.close(linger=0)
-    rows = read_metrics(run_dir)
     assert rows[-1]["system/auth_refused"] >= len(keys)
     assert rows[-1]["system/wire_rejected"] == 0, "no stranger's message was read"
     status = read_status(run_dir)

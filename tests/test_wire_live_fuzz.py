@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import math
 import random
-import signal
 import socket as pysocket
 import struct
 import sys
@@ -31,7 +30,14 @@ from srl_jax import streams, wire
 from srl_jax.run_dir import read_status
 from srl_jax.stream_table import INFERENCE, PARAMS, SAMPLES, STATS, Stream, stream_of
 from srl_jax.wire import WireError, decode, encode
-from tests.conftest import Processes, all_running, last_row, read_metrics, wait_for
+from tests.conftest import (
+    Processes,
+    all_running,
+    interrupt,
+    last_row,
+    read_metrics,
+    wait_for,
+)
 from tests.wire_junk import BAD_DTYPES, DTYPES, HUGE, KINDS, header_with_raw_meta, nested
 
 
@@ -466,8 +472,7 @@ def test_live_run_survives_thousands_of_malformed_messages(processes: Processes,
             sock.close()
         context.term()
 
-    process.send_signal(signal.SIGINT)
-    assert process.wait(timeout=60) == 130, tail(tmp_path / "launch.log")
+    interrupt(process, tmp_path / "launch.log")
     final = read_status(run_dir)
     assert final["state"] == "interrupted", final
     assert final["controller_pid"] == pids["controller"]
