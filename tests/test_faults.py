@@ -54,27 +54,18 @@ not wait for the evaluator, so a limit could end the run before a successor work
 
 
 class FaultyCartPole(gym.Wrapper):
-    """CartPole that raises from step `after` on while the file `fault` exists ('once':
-    the first env to raise takes the file, so no other env, and no restarted actor, does)."""
+    """CartPole that raises on step `after` and every step after while the file `fault`
+    exists, as a crashing env does: the actor fails again each time it is restarted."""
 
-    def __init__(self, fault: str, after: int, once: bool = True) -> None:
+    def __init__(self, fault: str, after: int) -> None:
         super().__init__(gym.make("CartPole-v1"))
-        self.fault, self.after, self.once, self.steps = Path(fault), after, once, 0
+        self.fault, self.after, self.steps = Path(fault), after, 0
 
     def step(self, action):
         self.steps += 1
-        if self.steps >= self.after and self._fires():
+        if self.steps >= self.after and self.fault.exists():
             raise RuntimeError(f"injected fault at step {self.steps}")
         return super().step(action)
-
-    def _fires(self) -> bool:
-        if not self.once:
-            return self.fault.exists()
-        try:
-            self.fault.unlink()  # atomic: of two actors' envs, one fires
-        except FileNotFoundError:
-            return False
-        return True
 
 
 if FAULTY_ID not in gym.envs.registry:
@@ -88,9 +79,8 @@ def repo_importable(monkeypatch):
         [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
 
 
-def faulty(fault: Path, after: int, once: bool) -> list[str]:
-    return [f"env.id={__name__}:{FAULTY_ID}",
-            f"env.kwargs={{fault: '{fault}', after: {after}, once: {str(once).lower()}}}"]
+def faulty(fault: Path, after: int) -> list[str]:
+    return [f"env.id={__name__}:{FAULTY_ID}", f"env.kwargs={{fault: '{fault}', after: {after}}}"]
 
 
 def trains_on(run_dir: Path, what: str) -> dict:
@@ -121,32 +111,23 @@ def test_a_fault_file_put_later_makes_the_worker_raise_at_its_time(
 
 @pytest.mark.slow
 def test_workers_that_raise_in_their_loop_are_restarted_and_lose_nothing_saved(
-        processes: Processes, tmp_path: Path, repo_importable) -> None:
-    """An actor's env, the learner, the inference server and the evaluator raise in their
-    loop, one after another."""
-    faults, env_fault = tmp_path / "faults", tmp_path / "env-fault"
+        processes: Processes, tmp_path: Path) -> None:
+    """An actor, the learner, the inference server and the evaluator raise in their loop,
+    one after another. (An env that raises in the actor's loop: the test below.)"""
+    faults = tmp_path / "faults"
     faults.mkdir()
     process, run_dir = launch(processes, tmp_path, *SMALL, *UNTIL_CTRL_C,
-                              *faulty(env_fault, 1, once=True), "evaluation.every_updates=5",
-                              "evaluation.episodes=2", env={FAULTS_ENV: str(faults)})
+                              "evaluation.every_updates=5", "evaluation.episodes=2",
+                              env={FAULTS_ENV: str(faults)})
     wait_for(lambda: all_running(run_dir), 90, "all workers running")
 
-    # An actor whose env raises: restarted, its envs seeded anew, reproducibly.
-    env_fault.touch()
-    failed = wait_for(lambda: next((w for w in read_status(run_dir)["workers"]
-                                    if w["kind"] == "actor" and w["restarts"] == 1
-                                    and w["state"] == "running"), None), 60,
-                      "the failed actor restarted")
-    assert not env_fault.exists(), "the fault fired once"
-    trains_on(run_dir, "training after the actor's restart")
-    log = (run_dir / "logs" / f"{failed['name']}.log").read_text()
-    assert re.search(r"RuntimeError: injected fault at step \d+", log)
+    # An actor raises: restarted, its envs seeded anew, reproducibly.
+    raise_in_loop(run_dir, faults, "actor-0")
     config, restarted = read_run_config(run_dir), Incarnation(0, 1)
-    for actor in (w for w in read_status(run_dir)["workers"] if w["kind"] == "actor"):
-        starts = [FIRST, restarted] if actor["index"] == failed["index"] else [FIRST]
-        assert logged_env_seeds(run_dir, actor["index"]) == {
-            start: split_seeds(config, actor["index"], start) for start in starts}
-    seeds = logged_env_seeds(run_dir, failed["index"])
+    assert logged_env_seeds(run_dir, 0) == {
+        start: split_seeds(config, 0, start) for start in (FIRST, restarted)}
+    assert logged_env_seeds(run_dir, 1) == {FIRST: split_seeds(config, 1, FIRST)}
+    seeds = logged_env_seeds(run_dir, 0)
     assert set(itertools.chain(*seeds[FIRST])).isdisjoint(itertools.chain(*seeds[restarted]))
 
     # The learner raises: its successor goes on from the checkpoint, not from scratch.
@@ -178,8 +159,8 @@ def test_workers_that_raise_in_their_loop_are_restarted_and_lose_nothing_saved(
     assert log.count(": running\n") == 2, "both evaluators ran"
 
     interrupt(process, tmp_path / "launch.log")
-    assert restarts(run_dir) == {failed["name"]: 1, "learner-0": 1, "inference-0": 1,
-                                 "evaluator-0": 1}
+    assert restarts(run_dir) == dict.fromkeys(
+        ("actor-0", "learner-0", "inference-0", "evaluator-0"), 1)
     assert read_metrics(run_dir)[-1]["system/restarts"] == 4
 
 
@@ -222,11 +203,11 @@ def test_frozen_workers_are_killed_at_the_heartbeat_timeout_and_replaced(
 
 
 @pytest.mark.slow
-def test_a_worker_that_keeps_failing_ends_the_run_with_one_line_and_a_checkpoint(
+def test_an_env_that_keeps_failing_ends_the_run_with_one_line_and_a_checkpoint(
         processes: Processes, tmp_path: Path, repo_importable) -> None:
     fault = tmp_path / "fault"
     fault.touch()
-    process, run_dir = launch(processes, tmp_path, *SMALL, *faulty(fault, 150, once=False),
+    process, run_dir = launch(processes, tmp_path, *SMALL, *faulty(fault, 150),
                               "runtime.max_restarts=2", "stop.env_frames=1000000",
                               "checkpoint.every_updates=1")
     assert process.wait(timeout=120) == 1, (tmp_path / "launch.log").read_text()
@@ -236,7 +217,10 @@ def test_a_worker_that_keeps_failing_ends_the_run_with_one_line_and_a_checkpoint
                         rf"{re.escape(str(run_dir))}\)", last), last
     final = read_status(run_dir)
     assert final["state"] == "failed"
-    assert any(w["state"] == "failed" and w["restarts"] == 2 for w in final["workers"])
+    failed = next(w for w in final["workers"] if w["state"] == "failed")
+    assert failed["kind"] == "actor" and failed["restarts"] == 2
+    log = (run_dir / "logs" / f"{failed['name']}.log").read_text()
+    assert log.count("RuntimeError: injected fault at step 150") == 3, "each start failed"
     learner = worker(final, "learner-0")
     assert learner["state"] == "stopped" and learner["exit_code"] == 0, "stopped, not killed"
     assert checkpoint_steps(run_dir), "the learner's final checkpoint"
