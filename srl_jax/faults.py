@@ -4,8 +4,10 @@ workers raise inside their loop, once each.
 Point `SRL_JAX_FAULTS` at a directory (the launcher passes its environment on
 to every worker). A file in it named after a worker (`inference-0`,
 `learner-red-0`) and holding a number of seconds makes that worker raise
-`InjectedFault` from its loop that long after it starts running. The worker
-deletes the file first, so its restarted successor runs on.
+`InjectedFault` from its loop that long after it starts running; a file put
+there later, while the worker runs, makes it raise as soon as that time has
+passed, so a drill can fail one worker after another. The worker deletes the
+file first, so its restarted successor runs on.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import time
 from pathlib import Path
 
 FAULTS_ENV = "SRL_JAX_FAULTS"
+LOOK_EVERY_S = 0.25
+"""How often a running worker looks for its file: a loop turn can be microseconds."""
 
 
 class InjectedFault(RuntimeError):
@@ -25,19 +29,20 @@ class FaultPlan:
     """When (if at all) this worker raises; `check` is called once per loop turn."""
 
     def __init__(self, worker_name: str) -> None:
-        self.due: float | None = None
         directory = os.environ.get(FAULTS_ENV)
-        if not directory:
-            return
-        self.path = Path(directory) / worker_name
-        try:
-            self.after_s = float(self.path.read_text().strip() or 0)
-        except (FileNotFoundError, ValueError):
-            return
-        self.due = time.monotonic() + self.after_s
+        self.path = Path(directory) / worker_name if directory else None
+        self.started = self.next_look = time.monotonic()
 
     def check(self) -> None:
-        if self.due is not None and time.monotonic() >= self.due:
-            self.due = None
+        now = time.monotonic()
+        if self.path is None or now < self.next_look:
+            return
+        self.next_look = now + LOOK_EVERY_S
+        try:
+            after_s = float(self.path.read_text().strip() or 0)
+        except (FileNotFoundError, ValueError):
+            return
+        if now - self.started >= after_s:
             self.path.unlink(missing_ok=True)
-            raise InjectedFault(f"injected by {self.path} after {self.after_s:g}s of running")
+            raise InjectedFault(
+                f"injected by {self.path} after {now - self.started:.1f}s of running")

@@ -154,6 +154,12 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def last_row(run_dir: Path) -> dict:
+    """The newest metrics row, or {} before the first."""
+    rows = read_metrics(run_dir) if (run_dir / "metrics.jsonl").exists() else []
+    return rows[-1] if rows else {}
+
+
 def stop_when(process: subprocess.Popen, run_dir: Path, until: Callable[[dict], bool],
               timeout: float, log: Path) -> list[dict]:
     """Wait for a metrics row that satisfies `until`, then Ctrl-C the launcher; the rows.
@@ -163,9 +169,14 @@ def stop_when(process: subprocess.Popen, run_dir: Path, until: Callable[[dict], 
              or (metrics.is_file() and any(until(row) for row in read_metrics(run_dir))),
              timeout, "the metrics row the test waits for")
     assert process.poll() is None, f"the run ended first:\n{log.read_text()}"
+    interrupt(process, log)
+    return read_metrics(run_dir)
+
+
+def interrupt(process: subprocess.Popen, log: Path) -> None:
+    """Ctrl-C the launcher: it stops the run and exits 130 (interrupted)."""
     process.send_signal(signal.SIGINT)
     assert process.wait(timeout=60) == 130, log.read_text()
-    return read_metrics(run_dir)
 
 
 def read_events(directory: Path) -> list[event_pb2.Event]:

@@ -2,11 +2,13 @@
 
 The faults are real: an environment that raises in the actor's loop (the way a
 buggy or crashing env does), any worker raising from its loop (srl_jax/faults.py),
-and SIGSTOP. Each run must recover and train on (to its stop condition, or for a
-frozen worker until Ctrl-C), or, past the retry budget, end with one line, a
-non-zero exit and a final checkpoint. A server restarted on a new port is found again
-through the name service. Kills of every worker kind are in tests/test_run.py and
-tests/test_resume.py; a stopped server that comes back in tests/test_status.py.
+SIGSTOP and SIGKILL. Two runs take their faults one after another, each recovery
+observed (a successor running, the run training on) before the next fault, and end
+on Ctrl-C: a frame limit could come before a successor does. Past the retry budget a
+run ends with one line, a non-zero exit and a final checkpoint. A server restarted on
+a new port is found again through the name service. Kills of every worker kind are in
+tests/test_run.py and tests/test_resume.py; a stopped server that comes back in
+tests/test_status.py.
 """
 
 from __future__ import annotations
@@ -15,13 +17,14 @@ import itertools
 import os
 import re
 import signal
+import time
 from pathlib import Path
 
 import gymnasium as gym
 import pytest
 
 from actors.actor_worker import split_seeds
-from srl_jax.faults import FAULTS_ENV
+from srl_jax.faults import FAULTS_ENV, FaultPlan, InjectedFault
 from srl_jax.incarnation import FIRST, Incarnation
 from srl_jax.names import FileNameService
 from srl_jax.run_dir import checkpoint_steps, read_run_config
@@ -30,6 +33,7 @@ from tests.conftest import (
     REPO,
     Processes,
     all_running,
+    interrupt,
     launch,
     logged_env_seeds,
     pid_alive,
@@ -40,26 +44,26 @@ from tests.conftest import (
     worker,
 )
 
-pytestmark = pytest.mark.slow
-
 FAULTY_ID = "FaultyCartPole-v1"
-SMALL = ("actors.envs=4", "actors.splits=2", "learner.batch_envs=8",
+SMALL = ("actors.envs=4", "actors.splits=2", "learner.batch_envs=8", "inference.max_batch=8",
          "stop.target_return=null", "runtime.restart_backoff_s=0.2")
+UNTIL_CTRL_C = ("stop.wall_time_s=600", "checkpoint.every_updates=5",
+                "actors.inference_timeout_s=1")
+"""No frame limit: the actors outrun a frozen or restarting learner, and training does
+not wait for the evaluator, so a limit could end the run before a successor works."""
 
 
 class FaultyCartPole(gym.Wrapper):
-    """CartPole that raises on step `after` while the file `fault` exists ('once': the
-    file goes with the first fault, so the restarted actor runs on)."""
+    """CartPole that raises on step `after` and every step after while the file `fault`
+    exists, as a crashing env does: the actor fails again each time it is restarted."""
 
-    def __init__(self, fault: str, after: int, once: bool = True) -> None:
+    def __init__(self, fault: str, after: int) -> None:
         super().__init__(gym.make("CartPole-v1"))
-        self.fault, self.after, self.once, self.steps = Path(fault), after, once, 0
+        self.fault, self.after, self.steps = Path(fault), after, 0
 
     def step(self, action):
         self.steps += 1
         if self.steps >= self.after and self.fault.exists():
-            if self.once:
-                self.fault.unlink(missing_ok=True)
             raise RuntimeError(f"injected fault at step {self.steps}")
         return super().step(action)
 
@@ -75,43 +79,135 @@ def repo_importable(monkeypatch):
         [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
 
 
-def faulty(fault: Path, after: int, once: bool) -> list[str]:
-    return [f"env.id={__name__}:{FAULTY_ID}",
-            f"env.kwargs={{fault: '{fault}', after: {after}, once: {str(once).lower()}}}"]
+def faulty(fault: Path, after: int) -> list[str]:
+    return [f"env.id={__name__}:{FAULTY_ID}", f"env.kwargs={{fault: '{fault}', after: {after}}}"]
 
 
-def test_an_actor_that_raises_is_restarted_and_the_run_finishes(
-        processes: Processes, tmp_path: Path, repo_importable) -> None:
-    fault = tmp_path / "fault"
-    fault.touch()
-    process, run_dir = launch(processes, tmp_path, *SMALL, *faulty(fault, 300, once=True),
-                              "stop.env_frames=12000")
-    assert process.wait(timeout=120) == 0, (tmp_path / "launch.log").read_text()
-    assert not fault.exists(), "the fault fired"
-    final = read_status(run_dir)
-    assert final["state"] == "finished"
-    actors = [w for w in final["workers"] if w["kind"] == "actor"]
-    assert sorted(w["restarts"] for w in actors) == [0, 1]
-    failed = next(w for w in actors if w["restarts"] == 1)
-    log = (run_dir / "logs" / f"{failed['name']}.log").read_text()
-    assert "RuntimeError: injected fault at step 300" in log
-    rows = read_metrics(run_dir)
-    assert rows[-1]["system/restarts"] == 1 and rows[-1]["env_frames"] >= 12000
-    # The restarted actor played new episodes: its envs were seeded anew, reproducibly.
+def trains_on(run_dir: Path, what: str) -> dict:
+    """Wait for new frames and more than 5 updates after now; the last row then."""
+    at = read_metrics(run_dir)[-1]
+    return wait_for(lambda: (row := read_metrics(run_dir)[-1])["env_frames"] > at["env_frames"]
+                    and row["learner_steps"] > at["learner_steps"] + 5 and row, 120, what)
+
+
+def restarts(run_dir: Path) -> dict[str, int]:
+    return {w["name"]: w["restarts"] for w in read_status(run_dir)["workers"] if w["restarts"]}
+
+
+def test_a_fault_file_put_later_makes_the_worker_raise_at_its_time(
+        tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv(FAULTS_ENV, str(tmp_path))
+    plan = FaultPlan("learner-0")
+    plan.check()  # no file: nothing
+    (tmp_path / "learner-0").write_text("0.5")
+    started = time.monotonic()
+    with pytest.raises(InjectedFault, match=r"injected by .*learner-0 after 0\.\ds of running"):
+        while time.monotonic() - started < 5:
+            plan.check()
+    assert time.monotonic() - plan.started >= 0.5
+    assert not (tmp_path / "learner-0").exists(), "the successor runs on"
+    plan.check()
+
+
+@pytest.mark.slow
+def test_workers_that_raise_in_their_loop_are_restarted_and_lose_nothing_saved(
+        processes: Processes, tmp_path: Path) -> None:
+    """An actor, the learner, the inference server and the evaluator raise in their loop,
+    one after another. (An env that raises in the actor's loop: the test below.)"""
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    process, run_dir = launch(processes, tmp_path, *SMALL, *UNTIL_CTRL_C,
+                              "evaluation.every_updates=5", "evaluation.episodes=2",
+                              env={FAULTS_ENV: str(faults)})
+    wait_for(lambda: all_running(run_dir), 90, "all workers running")
+
+    # An actor raises: restarted, its envs seeded anew, reproducibly.
+    raise_in_loop(run_dir, faults, "actor-0")
     config, restarted = read_run_config(run_dir), Incarnation(0, 1)
-    for actor in actors:
-        starts = [FIRST, restarted] if actor is failed else [FIRST]
-        assert logged_env_seeds(run_dir, actor["index"]) == {
-            start: split_seeds(config, actor["index"], start) for start in starts}
-    seeds = logged_env_seeds(run_dir, failed["index"])
+    assert logged_env_seeds(run_dir, 0) == {
+        start: split_seeds(config, 0, start) for start in (FIRST, restarted)}
+    assert logged_env_seeds(run_dir, 1) == {FIRST: split_seeds(config, 1, FIRST)}
+    seeds = logged_env_seeds(run_dir, 0)
     assert set(itertools.chain(*seeds[FIRST])).isdisjoint(itertools.chain(*seeds[restarted]))
 
+    # The learner raises: its successor goes on from the checkpoint, not from scratch.
+    wait_for(lambda: checkpoint_steps(run_dir), 60, "the learner's first checkpoint")
+    raise_in_loop(run_dir, faults, "learner-0")
+    log = (run_dir / "logs" / "learner-0.log").read_text()
+    restored = int(re.search(r"restored checkpoint step (\d+)", log).group(1))
+    assert restored >= 5, "the successor went on from the checkpoint, not from scratch"
 
-def test_a_worker_that_keeps_failing_ends_the_run_with_one_line_and_a_checkpoint(
+    # The server raises, and its old entry goes with it, as when Ray restarts a worker on
+    # another node: the successor binds a new port (not the old one back) and the actors,
+    # which looked it up once, find it again through the name service.
+    names, key = FileNameService(run_dir / "names"), INFERENCE.key(index=0)
+    old = names.get(key)
+    names.unregister(key)
+    raise_in_loop(run_dir, faults, "inference-0")
+    assert names.get(key) not in (None, old), "the successor registered a new port"
+    for actor in ("actor-0", "actor-1"):
+        wait_for(lambda log=run_dir / "logs" / f"{actor}.log": f"'{key}' moved from"
+                 in log.read_text(), 60, f"{actor} following the server to its new port")
+
+    # The evaluator raises: its successor evaluates again.
+    successor = raise_in_loop(run_dir, faults, "evaluator-0", trains=False)
+    evaluated = len([r for r in read_metrics(run_dir) if "eval_return_mean" in r])
+    wait_for(lambda: len([r for r in read_metrics(run_dir) if "eval_return_mean" in r])
+             > evaluated, 120, "an evaluation by the successor")
+    assert pid_alive(successor["pid"])
+    log = (run_dir / "logs" / "evaluator-0.log").read_text()
+    assert log.count(": running\n") == 2, "both evaluators ran"
+
+    interrupt(process, tmp_path / "launch.log")
+    assert restarts(run_dir) == dict.fromkeys(
+        ("actor-0", "learner-0", "inference-0", "evaluator-0"), 1)
+    assert read_metrics(run_dir)[-1]["system/restarts"] == 4
+
+
+def raise_in_loop(run_dir: Path, faults: Path, name: str, trains: bool = True) -> dict:
+    """Make worker `name` raise from its loop; wait for its successor (and, with `trains`,
+    for the run to train on after it); the successor's record."""
+    victim = worker(read_status(run_dir), name)["pid"]
+    (faults / name).write_text("0")
+    successor = wait_restarted(run_dir, name, victim, 90)
+    assert not (faults / name).exists(), "the fault fired once"
+    assert "srl_jax.faults.InjectedFault: injected by" in \
+        (run_dir / "logs" / f"{name}.log").read_text()
+    if trains:
+        trains_on(run_dir, f"training after {name} restarted")
+    return successor
+
+
+@pytest.mark.slow
+def test_frozen_workers_are_killed_at_the_heartbeat_timeout_and_replaced(
+        processes: Processes, tmp_path: Path) -> None:
+    """The actor, the server and the learner freeze (SIGSTOP) in turn; each is replaced
+    and the run trains on before the next freezes."""
+    frozen = ("actor-0", "inference-0", "learner-0")
+    process, run_dir = launch(processes, tmp_path, *SMALL, *UNTIL_CTRL_C,
+                              "runtime.heartbeat_timeout_s=8")
+    wait_for(lambda: all_running(run_dir), 90, "all workers running")
+    for name in frozen:
+        if name == "learner-0":  # its successor restores the checkpoint
+            wait_for(lambda: checkpoint_steps(run_dir), 60, "the learner's first checkpoint")
+        victim = worker(read_status(run_dir), name)["pid"]
+        os.kill(victim, signal.SIGSTOP)
+        wait_restarted(run_dir, name, victim, 120)
+        trains_on(run_dir, f"training after {name} was replaced")
+    interrupt(process, tmp_path / "launch.log")
+    log = (run_dir / "logs" / "controller.log").read_text()
+    for name in frozen:
+        assert re.search(rf"no heartbeat from {name} for \d+s; killing it", log), name
+    assert restarts(run_dir) == dict.fromkeys(frozen, 1)
+    assert "restored checkpoint step" in (run_dir / "logs" / "learner-0.log").read_text()
+
+
+@pytest.mark.slow
+def test_an_env_that_keeps_failing_ends_the_run_with_one_line_and_a_checkpoint(
         processes: Processes, tmp_path: Path, repo_importable) -> None:
     fault = tmp_path / "fault"
     fault.touch()
-    process, run_dir = launch(processes, tmp_path, *SMALL, *faulty(fault, 150, once=False),
+    process, run_dir = launch(processes, tmp_path, *SMALL, *faulty(fault, 150),
                               "runtime.max_restarts=2", "stop.env_frames=1000000",
                               "checkpoint.every_updates=1")
     assert process.wait(timeout=120) == 1, (tmp_path / "launch.log").read_text()
@@ -121,113 +217,10 @@ def test_a_worker_that_keeps_failing_ends_the_run_with_one_line_and_a_checkpoint
                         rf"{re.escape(str(run_dir))}\)", last), last
     final = read_status(run_dir)
     assert final["state"] == "failed"
-    assert any(w["state"] == "failed" and w["restarts"] == 2 for w in final["workers"])
+    failed = next(w for w in final["workers"] if w["state"] == "failed")
+    assert failed["kind"] == "actor" and failed["restarts"] == 2
+    log = (run_dir / "logs" / f"{failed['name']}.log").read_text()
+    assert log.count("RuntimeError: injected fault at step 150") == 3, "each start failed"
     learner = worker(final, "learner-0")
     assert learner["state"] == "stopped" and learner["exit_code"] == 0, "stopped, not killed"
     assert checkpoint_steps(run_dir), "the learner's final checkpoint"
-
-
-@pytest.mark.parametrize("name", ["actor-0", "inference-0", "learner-0"])
-def test_a_frozen_worker_is_killed_at_the_heartbeat_timeout_and_replaced(
-        processes: Processes, tmp_path: Path, name: str) -> None:
-    """No frame limit: the actors outrun a frozen learner, so a limit could end the run
-    before the successor starts. The run goes on until the successor has trained."""
-    process, run_dir = launch(processes, tmp_path, *SMALL, "stop.wall_time_s=600",
-                              "runtime.heartbeat_timeout_s=8", "actors.inference_timeout_s=1",
-                              "checkpoint.every_updates=5")
-    wait_for(lambda: all_running(run_dir) and read_metrics(run_dir)[-1]["learner_steps"] > 5
-             and checkpoint_steps(run_dir), 90, "a run past its first checkpoint")
-    frozen = worker(read_status(run_dir), name)["pid"]
-    os.kill(frozen, signal.SIGSTOP)
-    frozen_at = read_metrics(run_dir)[-1]
-
-    def replaced_and_working() -> bool:
-        replaced, last = worker(read_status(run_dir), name), read_metrics(run_dir)[-1]
-        return replaced["pid"] != frozen and replaced["state"] == "running" \
-            and last["learner_steps"] > frozen_at["learner_steps"] + 5 \
-            and last["env_frames"] > frozen_at["env_frames"]
-
-    wait_for(replaced_and_working, 120, f"a successor of {name} that trains")
-    process.send_signal(signal.SIGINT)
-    assert process.wait(timeout=30) == 130, (tmp_path / "launch.log").read_text()
-    log = (run_dir / "logs" / "controller.log").read_text()
-    assert re.search(rf"no heartbeat from {name} for \d+s; killing it", log)
-    assert worker(read_status(run_dir), name)["restarts"] == 1
-    if name == "learner-0":
-        assert "restored checkpoint step" in (run_dir / "logs" / "learner-0.log").read_text()
-
-
-@pytest.mark.parametrize("name", ["inference-0", "learner-0"])  # an actor: its env raises
-def test_a_worker_that_raises_in_its_loop_is_restarted_and_loses_nothing_saved(
-        processes: Processes, tmp_path: Path, name: str) -> None:
-    faults = tmp_path / "faults"
-    faults.mkdir()
-    (faults / name).write_text("4")
-    process, run_dir = launch(processes, tmp_path, *SMALL, "stop.env_frames=20000",
-                              "checkpoint.every_updates=5", env={FAULTS_ENV: str(faults)})
-    assert process.wait(timeout=120) == 0, (tmp_path / "launch.log").read_text()
-    assert not (faults / name).exists(), "the fault fired"
-    final = read_status(run_dir)
-    assert final["state"] == "finished"
-    assert {w["name"]: w["restarts"] for w in final["workers"] if w["restarts"]} == {name: 1}
-    assert "srl_jax.faults.InjectedFault: injected by" in \
-        (run_dir / "logs" / f"{name}.log").read_text()
-    if name == "learner-0":
-        log = (run_dir / "logs" / "learner-0.log").read_text()
-        restored = int(re.search(r"restored checkpoint step (\d+)", log).group(1))
-        assert restored >= 5, "the successor went on from the checkpoint, not from scratch"
-    rows = read_metrics(run_dir)
-    assert rows[-1]["env_frames"] >= 20000 and rows[-1]["system/restarts"] == 1
-
-
-def test_an_evaluator_that_raises_is_restarted_and_evaluates_again(
-        processes: Processes, tmp_path: Path) -> None:
-    """No frame limit: training does not wait for the evaluator, so a limit could end
-    the run before the successor evaluates."""
-    faults = tmp_path / "faults"
-    faults.mkdir()
-    (faults / "evaluator-0").write_text("4")
-    process, run_dir = launch(processes, tmp_path, *SMALL, "stop.wall_time_s=600",
-                              "evaluation.every_updates=5", "evaluation.episodes=2",
-                              env={FAULTS_ENV: str(faults)})
-    log = run_dir / "logs" / "evaluator-0.log"
-    restarted = wait_for(lambda: (w := worker(read_status(run_dir), "evaluator-0"))
-                         and w["restarts"] == 1 and w["state"] == "running" and w, 120,
-                         "the evaluator restarted")
-    assert "srl_jax.faults.InjectedFault: injected by" in log.read_text()
-    evaluated = len([r for r in read_metrics(run_dir) if "eval_return_mean" in r])
-    wait_for(lambda: len([r for r in read_metrics(run_dir) if "eval_return_mean" in r])
-             > evaluated, 120, "an evaluation by the successor")
-    assert pid_alive(restarted["pid"])
-    process.send_signal(signal.SIGINT)
-    assert process.wait(timeout=60) == 130, (tmp_path / "launch.log").read_text()
-    assert log.read_text().count(": running\n") == 2, "both evaluators ran"
-    status = read_status(run_dir)
-    assert {w["name"]: w["restarts"] for w in status["workers"] if w["restarts"]} == \
-        {"evaluator-0": 1}
-
-
-def test_a_server_restarted_on_a_new_port_is_followed_by_its_clients(
-        processes: Processes, tmp_path: Path) -> None:
-    """As when Ray restarts a worker on another node: its endpoint changes, and the
-    actors, which looked it up once, must find it again through the name service.
-    Its old entry goes with it, so the successor cannot take the old port back."""
-    process, run_dir = launch(processes, tmp_path, "stop.target_return=null",
-                              "stop.wall_time_s=600", "runtime.restart_backoff_s=1",
-                              "actors.inference_timeout_s=1")
-    wait_for(lambda: all_running(run_dir), 90, "all workers running")
-    names = FileNameService(run_dir / "names")
-    key = INFERENCE.key(index=0)
-    old = names.get(key)
-    victim = worker(read_status(run_dir), "inference-0")["pid"]
-    Processes.kill(victim)
-    names.unregister(key)
-    wait_restarted(run_dir, "inference-0", victim, 60)
-    assert names.get(key) not in (None, old), "the successor registered a new port"
-    at_restart = read_metrics(run_dir)[-1]
-    wait_for(lambda: read_metrics(run_dir)[-1]["env_frames"] > at_restart["env_frames"] + 20000,
-             60, "actors served by the successor")
-    process.send_signal(signal.SIGINT)
-    assert process.wait(timeout=60) == 130, (tmp_path / "launch.log").read_text()
-    for actor in ("actor-0", "actor-1"):
-        assert f"'{key}' moved from" in (run_dir / "logs" / f"{actor}.log").read_text()

@@ -4,7 +4,9 @@ Host 0 runs the Ray head, the controller, the learner and the inference
 server; host 1 a Ray worker node with the actors; host 2 a stranger without
 the run's keys. Custom resources (`host0`, `host1`) place the workers. Every
 port binds a host's own address, so CURVE is on, and the stranger's
-connections are refused and counted.
+connections are refused and counted. Learning is not what this checks: the run
+ends on Ctrl-C once the stranger was refused and the learner has trained since
+on the other host's frames.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import pytest
 from srl_jax.names import FileNameService
 from srl_jax.run_dir import read_status
 from srl_jax.stream_table import SAMPLES
-from tests.conftest import Processes, read_metrics, wait_for
+from tests.conftest import Processes, last_row, stop_when, wait_for
 from tests.netns import Host, hosts
 
 pytestmark = pytest.mark.slow
@@ -35,8 +37,8 @@ context = zmq.Context()
 plain = context.socket(zmq.PUSH)
 plain.connect(sys.argv[1])
 plain.send_multipart([b"not a message"], flags=0)
-time.sleep(3)
-print("stranger done", flush=True)
+print("stranger sent", flush=True)
+time.sleep(600)  # connected, retrying its handshake, until the test kills it
 """
 
 
@@ -82,7 +84,7 @@ def test_training_across_two_hosts_with_curve_refuses_a_stranger(
         for override in (f"ray.actor={{CPU: 1, {actor_host.namespace}: 1}}",
                          f"ray.learner={{CPU: 1, {learner_host.namespace}: 1}}",
                          f"ray.inference={{CPU: 1, {learner_host.namespace}: 1}}",
-                         "stop.wall_time_s=240"):
+                         "stop.target_return=null", "stop.wall_time_s=600"):
             args += ["--set", override]
         launch = processes.start(learner_host.command(*args), log=tmp_path / "launch.log",
                                  env=RAY_ENV)
@@ -90,16 +92,21 @@ def test_training_across_two_hosts_with_curve_refuses_a_stranger(
         endpoint = wait_for(lambda: (run_dir / "names").is_dir()
                             and FileNameService(run_dir / "names").get(key), 180,
                             "the learner's sample stream")
-        stranger = subprocess.run(stranger_host.command(sys.executable, "-c", STRANGER, endpoint),
-                                  capture_output=True, text=True, timeout=60)
-        assert "stranger done" in stranger.stdout, stranger.stderr
-        assert launch.wait(timeout=300) == 0, (tmp_path / "launch.log").read_text()
+        stranger = processes.start(stranger_host.command(sys.executable, "-c", STRANGER,
+                                                         endpoint), log=tmp_path / "stranger.log")
+        refused = wait_for(lambda: (row := last_row(run_dir)).get("system/auth_refused", 0) >= 1
+                           and row, 120, "the stranger refused")
+        Processes.kill(stranger.pid)
+        assert "stranger sent" in (tmp_path / "stranger.log").read_text()
+        # Updates on the actor host's frames after the refusal, then Ctrl-C.
+        rows = stop_when(launch, run_dir, lambda row: row["learner_steps"]
+                         > refused["learner_steps"], 120, tmp_path / "launch.log")
 
-    rows = read_metrics(run_dir)
-    assert max(r.get("episode_return_mean", 0) for r in rows) >= 475
+    assert rows[-1]["learner_steps"] > 0 and rows[-1]["env_frames"] > 0
     assert rows[-1]["system/auth_refused"] >= 1, "the stranger was refused and counted"
     assert rows[-1]["system/wire_rejected"] == 0, "nothing of the stranger's was read"
     status = read_status(run_dir)
+    assert status["state"] == "interrupted", status
     placed = {w["name"]: w["host"] for w in status["workers"]}
     assert placed == {"learner-0": learner_host.address, "inference-0": learner_host.address,
                       "actor-0": actor_host.address, "actor-1": actor_host.address}
@@ -108,5 +115,5 @@ def test_training_across_two_hosts_with_curve_refuses_a_stranger(
     for port in ports:
         assert port["authenticated"] and port["bind"].startswith(learner_host.address), port
     fps = statistics.median(r["fps"] for r in rows if r["env_frames"] > 0)
-    print(f"across hosts with CURVE: median {fps:,.0f} env frames/s, "
-          f"{rows[-1]['time']:.1f}s to the target")
+    print(f"across hosts with CURVE: median {fps:,.0f} env frames/s over "
+          f"{rows[-1]['time']:.1f}s")

@@ -53,19 +53,31 @@ def launch_ray(processes: Processes, tmp_path: Path, *overrides: str) -> tuple:
     return launch(processes, tmp_path, *overrides, options=RAY)
 
 
-def test_ray_solves_cartpole_like_the_local_backend_and_leaves_nothing(
+def test_ray_solves_cartpole_with_a_killed_worker_back_on_a_new_host_and_leaves_nothing(
         processes: Processes, tmp_path: Path) -> None:
-    process, run_dir = launch_ray(processes, tmp_path, "stop.wall_time_s=240")
+    """An actor killed as soon as all workers run comes back on a new Ray host, and the run
+    trains on to its target, which takes far longer than a restart (were it reached first,
+    the wait for the successor would fail, not pass)."""
+    process, run_dir = launch_ray(processes, tmp_path, "stop.wall_time_s=240",
+                                  "runtime.restart_backoff_s=0.2", "actors.inference_timeout_s=1")
     wait_for(lambda: all_running(run_dir), 120, "all workers running")
     started = descendants(process.pid)
+    victim = worker(read_status(run_dir), "actor-0")["pid"]
+    os.kill(victim, signal.SIGKILL)
+    restarted = wait_restarted(run_dir, "actor-0", victim, 90)
+    assert pid_alive(restarted["pid"])
+    started |= descendants(process.pid)
     assert process.wait(timeout=300) == 0, (tmp_path / "launch.log").read_text()
     rows = read_metrics(run_dir)
     assert max(r.get("episode_return_mean", 0) for r in rows) >= 475
     assert all(a["env_frames"] <= b["env_frames"] for a, b in itertools.pairwise(rows))
+    assert rows[-1]["system/restarts"] == 1
     final = read_status(run_dir)
     assert final["state"] == "finished" and "reached the target" in final["stop_reason"]
     assert sorted(w["kind"] for w in final["workers"]) == [
         "actor", "actor", "inference", "learner"]
+    assert worker(final, "actor-0")["restarts"] == 1
+    assert (run_dir / "logs" / "actor-0.log").read_text().count(": running\n") == 2
     for name in ("controller", "learner-0", "inference-0", "actor-0", "actor-1"):
         assert (run_dir / "logs" / f"{name}.log").stat().st_size > 0, name
     assert (run_dir / "config.yaml").exists() and list((run_dir / "checkpoints").iterdir())
@@ -78,33 +90,13 @@ def test_ray_solves_cartpole_like_the_local_backend_and_leaves_nothing(
         map(str, leftover))], capture_output=True, text=True).stdout
 
 
-def test_a_killed_worker_process_comes_back_on_a_new_ray_host(
-        processes: Processes, tmp_path: Path) -> None:
-    process, run_dir = launch_ray(processes, tmp_path, "stop.target_return=null",
-                                  "stop.wall_time_s=600", "runtime.restart_backoff_s=0.2",
-                                  "actors.inference_timeout_s=1")
-    wait_for(lambda: all_running(run_dir), 120, "all workers running")
-    victim = worker(read_status(run_dir), "actor-0")["pid"]
-    os.kill(victim, signal.SIGKILL)
-    restarted = wait_restarted(run_dir, "actor-0", victim, 90)
-    at_restart = read_metrics(run_dir)[-1]["env_frames"]
-    wait_for(lambda: read_metrics(run_dir)[-1]["env_frames"] > at_restart + 20000, 60,
-             "frames after the restart")
-    assert pid_alive(restarted["pid"])
-    started = descendants(process.pid)
-    process.send_signal(signal.SIGINT)
-    assert process.wait(timeout=120) == 130, (tmp_path / "launch.log").read_text()
-    assert read_metrics(run_dir)[-1]["system/restarts"] == 1
-    assert not [pid for pid in started if pid_alive(pid)]
-
-
 def test_a_worker_ray_cannot_place_fails_the_run_with_one_line(
         processes: Processes, tmp_path: Path) -> None:
     process, run_dir = launch_ray(processes, tmp_path, "ray.learner={CPU: 1, GPU: 1}",
-                                  "ray.placement_timeout_s=5")
+                                  "ray.placement_timeout_s=1")
     assert process.wait(timeout=120) == 1, (tmp_path / "launch.log").read_text()
     last = (tmp_path / "launch.log").read_text().strip().splitlines()[-1]
-    assert last.startswith("failed: Ray placed no learner-0 in 5s: no node has "
+    assert last.startswith("failed: Ray placed no learner-0 in 1s: no node has "
                            "{'CPU': 1.0, 'GPU': 1.0} free (ray.learner)"), last
     assert read_status(run_dir)["state"] == "failed"
 

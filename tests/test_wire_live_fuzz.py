@@ -30,7 +30,14 @@ from srl_jax import streams, wire
 from srl_jax.run_dir import read_status
 from srl_jax.stream_table import INFERENCE, PARAMS, SAMPLES, STATS, Stream, stream_of
 from srl_jax.wire import WireError, decode, encode
-from tests.conftest import Processes, all_running, read_metrics, wait_for
+from tests.conftest import (
+    Processes,
+    all_running,
+    interrupt,
+    last_row,
+    read_metrics,
+    wait_for,
+)
 from tests.wire_junk import BAD_DTYPES, DTYPES, HUGE, KINDS, header_with_raw_meta, nested
 
 
@@ -64,10 +71,9 @@ def test_receive_skips_a_burst_of_malformed_messages() -> None:
 
 # ---------------------------------------------------------------- the live test
 
-LIVE_WALL_S = 50.0
-"""The run's stop.wall_time_s. Startup and warm-up took 15-25 s on 2 (loaded) cores, the
-fuzzing about 4 s; it must end LIVE_DRAIN_S before the run does."""
-LIVE_DRAIN_S = 15.0
+FUZZ_BUDGET_S = 60.0
+"""How long the fuzzing may send (it took about 4 s on 2 loaded cores): a guard against a
+hang, not a limit it meets. The run has none: it ends on Ctrl-C once the drops are counted."""
 LIVE_MIN_SENT = 2000
 SEND_TIMEOUT_MS = 3000
 RSS_JUMP_MB = 50.0
@@ -350,18 +356,13 @@ def heartbeats_fresh(run_dir: Path, max_age_s: float) -> bool:
                                 for w in status["workers"])
 
 
-def last_row(run_dir: Path) -> dict:
-    rows = read_metrics(run_dir) if (run_dir / "metrics.jsonl").exists() else []
-    return rows[-1] if rows else {}
-
-
 @pytest.mark.slow
 def test_live_run_survives_thousands_of_malformed_messages(processes: Processes,
                                                            tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     process = processes.start(
         [sys.executable, "-m", "srl_jax.launch", "cartpole_ppo", "--run-dir", str(run_dir),
-         "--quiet", "--set", "stop.target_return=null", "--set", f"stop.wall_time_s={LIVE_WALL_S}",
+         "--quiet", "--set", "stop.target_return=null", "--set", "stop.wall_time_s=600",
          "--set", "checkpoint.enabled=false"],
         log=tmp_path / "launch.log")
     wait_for(lambda: all_running(run_dir) or process.poll() is not None, 90, "all workers running")
@@ -378,9 +379,8 @@ def test_live_run_survives_thousands_of_malformed_messages(processes: Processes,
     assert sorted(stream.name for stream in roles.values()) == [
         "inference", "params", "samples", "stats"], endpoints
     params_key = next(key for key, stream in roles.items() if stream is PARAMS)
-    deadline = before["started"] + LIVE_WALL_S - LIVE_DRAIN_S
-
     fuzz_start = time.time() - before["started"]
+    deadline = time.time() + FUZZ_BUDGET_S
     fuzzer = LiveFuzzer(seed=8)
     context = zmq.Context()
     sockets: list[zmq.Socket] = []
@@ -462,7 +462,7 @@ def test_live_run_survives_thousands_of_malformed_messages(processes: Processes,
         # The workers drain what was sent; a param message still reaches subscribers.
         lower = int(0.9 * counted)
         wait_for(lambda: last_row(run_dir).get("system/wire_rejected", 0) - base >= lower
-                 or process.poll() is not None, 20, f"{lower} rejects counted")
+                 or process.poll() is not None, 60, f"{lower} rejects counted")
         assert process.poll() is None, tail(tmp_path / "launch.log")
         assert subscriber.poll(5000), "no parameters published after the fuzzing"
         assert decode(subscriber.recv_multipart(), PARAMS.connecter_receives).meta["version"] >= 1
@@ -472,9 +472,9 @@ def test_live_run_survives_thousands_of_malformed_messages(processes: Processes,
             sock.close()
         context.term()
 
-    assert process.wait(timeout=LIVE_WALL_S + 60) == 0, tail(tmp_path / "launch.log")
+    interrupt(process, tmp_path / "launch.log")
     final = read_status(run_dir)
-    assert final["state"] == "finished" and "wall time" in final["stop_reason"], final
+    assert final["state"] == "interrupted", final
     assert final["controller_pid"] == pids["controller"]
     for record in final["workers"]:
         assert record["restarts"] == 0, record
