@@ -78,7 +78,7 @@ def measure(fault: str, args: argparse.Namespace, workdir: Path) -> dict[str, An
     run_dir = workdir / fault.replace(":", "-")
     faults_dir = workdir / f"{run_dir.name}-faults"
     faults_dir.mkdir()
-    if kind == "raise":  # read by the worker when it starts: it raises this long after
+    if kind == "raise":  # read by the worker once it runs: it raises this long after
         (faults_dir / name).write_text(f"{args.raise_after:g}")
     command = [sys.executable, "-m", "srl_jax.launch", args.experiment, "--run-dir",
                str(run_dir), "--quiet", "--set", "stop.target_return=null",
