@@ -31,7 +31,8 @@ class InlinePolicy:
         # From a split's rows up to those of its largest request, all compiled here; the
         # parameters' initialisation is XLA work too, so it counts as busy as well.
         with worker.busy("building and compiling the policy"):
-            self.runner = make_runner(config, spec, config.seed + 2000 + worker.index,
+            self.runner = make_runner(config, spec,
+                                      worker.incarnation.seed(config.seed + 2000 + worker.index),
                                       min_size=config.actors.envs // config.actors.splits,
                                       max_size=request_rows(config.actors))
             self.runner.compile()

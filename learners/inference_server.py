@@ -85,9 +85,9 @@ class InferenceServer(Worker):
         # Building the network initialises its parameters, itself XLA work that can outlast
         # a heartbeat timeout on a loaded CPU (a Nature-CNN): it is busy time too.
         with self.busy("building and compiling the policy"):
-            self.runner = self.runner_factory(self.config, spec,
-                                              self.config.seed + 1000 + self.index,
-                                              cfg.min_padded_batch, cfg.max_batch)
+            self.runner = self.runner_factory(
+                self.config, spec, self.incarnation.seed(self.config.seed + 1000 + self.index),
+                cfg.min_padded_batch, cfg.max_batch)
             self.runner.compile()
         self.router = make_socket(self.zmq, INFERENCE.bind_type, hwm=cfg.request_queue)
         self.endpoint = self.transport.bind(self.router, self.names,

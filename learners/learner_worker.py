@@ -91,8 +91,9 @@ class LearnerWorker(Worker):
         self.saves = SaveSchedule(config.checkpoint)
         self.lag_sum = 0.0
         self.lag_count = 0
-        # Start time in ms: a restarted learner's parameters win over its predecessor's.
-        self.incarnation = time.time_ns() // 1_000_000
+        # Start time in ms, the `incarnation` its parameter messages carry: a restarted
+        # learner's parameters win over its predecessor's.
+        self.started_ms = time.time_ns() // 1_000_000
         self.time_update = 0.0
         self.time_put = 0.0
         self.train_metrics: dict[str, float] = {}
@@ -119,7 +120,7 @@ class LearnerWorker(Worker):
         if self.processes.is_chief:
             self.pub = make_socket(self.zmq, PARAMS.bind_type, hwm=self.config.learner.param_queue)
             self.transport.bind(self.pub, self.names, PARAMS.key(self.policy))
-            self.publisher = ParamPublisher(self.pub, self.incarnation, self.log)
+            self.publisher = ParamPublisher(self.pub, self.started_ms, self.log)
         spec = self.spec
         policy, network = make_policy(self.config, spec)
         algo = algorithm(self.config.learner.algorithm)

@@ -88,7 +88,10 @@ def check_inference(config: ExperimentConfig) -> None:
 def check_request_rows(config: ExperimentConfig, agents: int = 1,
                        policy: str | None = None) -> None:
     """`inference.max_batch` holds the largest request of `policy`'s `agents` per env
-    (before launch, `actors.envs.check_policies` asks again with each policy's agents)."""
+    (before launch, `actors.envs.check_policies` asks again with each policy's agents).
+    With inline inference no server batches, and the actor compiles its own sizes."""
+    if config.actors.inline_inference:
+        return
     rows, max_batch = request_rows(config.actors, agents), config.inference.max_batch
     split = config.actors.envs // config.actors.splits
     columns = (f"{split} envs a split x {agents} agents" if policy

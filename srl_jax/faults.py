@@ -34,8 +34,10 @@ class FaultPlan:
         self.started = self.next_look = time.monotonic()
 
     def check(self) -> None:
+        if self.path is None:
+            return
         now = time.monotonic()
-        if self.path is None or now < self.next_look:
+        if now < self.next_look:
             return
         self.next_look = now + LOOK_EVERY_S
         try:

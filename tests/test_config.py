@@ -79,6 +79,13 @@ def test_validation_names_the_key(override: str, key: str) -> None:
     assert key in str(error.value)
 
 
+def test_inline_inference_has_no_server_batch_to_fit() -> None:
+    overrides = ["inference.max_batch=8", "actors.inline_inference=true"]
+    assert check_before_launch(load_config(DEFAULT, overrides)).inference.max_batch == 8
+    with pytest.raises(ConfigError, match=r"'inference.max_batch' \(8\) must hold the 64"):
+        check_before_launch(load_config(DEFAULT, overrides[:1]))
+
+
 def test_only_the_chosen_algorithm_section_is_checked_against_the_sizes() -> None:
     config = load_config(DEFAULT, ["learner.impala.minibatches=3"])
     assert check_before_launch(config).learner.algorithms["impala"]["minibatches"] == 3

@@ -106,14 +106,14 @@ def test_metrics_report_each_policy_and_the_team():
     assert "policy/first/episode_return_mean" not in metrics.row(2.0), "a window's episodes"
 
 
-def _run(processes, tmp_path, *overrides: str, frames: int = 10**7, resume: bool = False,
+def _run(processes, tmp_path, *overrides: str, resume: bool = False,
          until: Callable[[dict], bool] | None = None) -> tuple:
-    """Run the MPE config to its frame limit or, with `until`, until a metrics row
-    satisfies it, then Ctrl-C (tests.conftest.stop_when)."""
+    """Run the MPE config until it stops on its own condition (its frame limit is far)
+    or, with `until`, until a metrics row satisfies it, then Ctrl-C (conftest.stop_when)."""
     run_dir = tmp_path / "run"
     args = [sys.executable, "-m", "srl_jax.launch", "mpe_spread_ppo", "--run-dir",
             str(run_dir), "--quiet", *(["--resume"] if resume else [])]
-    for override in (*([] if resume else SMALL), f"stop.env_frames={frames}", *overrides):
+    for override in (*([] if resume else SMALL), "stop.env_frames=10000000", *overrides):
         args += ["--set", override]
     process = processes.start(args, log=tmp_path / "launch.log")
     if until is None:
