@@ -258,7 +258,7 @@ def test_a_killed_learner_recovers_from_the_newest_complete_checkpoint(
 def test_a_trained_policy_evaluates_above_475(processes: Processes, tmp_path: Path) -> None:
     process, run_dir = launch(processes, tmp_path, "stop.target_return=null",
                               "stop.target_eval_return=500", "stop.wall_time_s=240",
-                              "evaluation.every_updates=5", "evaluation.episodes=5")
+                              "evaluation.every_updates=5", "evaluation.episodes=10")
     assert process.wait(timeout=300) == 0, (tmp_path / "launch.log").read_text()
     rows = read_metrics(run_dir)  # the default experiment, through remote inference
     assert all(a["env_frames"] <= b["env_frames"] for a, b in itertools.pairwise(rows))
