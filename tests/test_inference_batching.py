@@ -98,6 +98,7 @@ def test_two_requests_past_max_batch_are_two_batches_the_second_served_on_its_ow
     first, second = served.dealer(), served.dealer()
     served.ask(first, 1, 5)
     served.ask(second, 2, 5)
+    assert served.server.router.poll(5000), "the requests reach the server (new connections)"
     served.server.run_once()
     reply = served.reply(first)
     assert reply is not None and reply.meta["seq"] == 1
