@@ -32,9 +32,9 @@ class Served:
     """An inference server of `MAX_BATCH` rows, the learner's end of the parameter
     stream (it sends nothing), actor stand-ins, and the sizes of the calls it ran."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, max_wait_ms: int = MAX_WAIT_MS) -> None:
         self.config = make_config([f"inference.max_batch={MAX_BATCH}",
-                                   f"inference.max_wait_ms={MAX_WAIT_MS}",
+                                   f"inference.max_wait_ms={max_wait_ms}",
                                    "inference.min_padded_batch=2"])
         names = FileNameService(tmp_path / "names")
         self.context = zmq.Context.instance()
@@ -92,23 +92,31 @@ def served(tmp_path: Path) -> Iterator[Served]:
     served.close()
 
 
-def test_two_requests_past_max_batch_are_two_batches_the_second_served_on_its_own(served):
-    """mpe_spread_ppo in small: two requests that together overflow the batch. The second
-    starts the next batch, and is answered on the next turn with no request after it."""
-    first, second = served.dealer(), served.dealer()
-    served.ask(first, 1, 5)
-    served.ask(second, 2, 5)
-    assert served.server.router.poll(5000), "the requests reach the server (new connections)"
-    served.server.run_once()
-    reply = served.reply(first)
-    assert reply is not None and reply.meta["seq"] == 1
-    assert reply.meta["batch_rows"] == 5, "5 + 5 rows would overflow max_batch 8"
-    served.server.run_once()  # nothing more was sent
-    reply = served.reply(second)
-    assert reply is not None, "the request that started the next batch was left waiting"
-    assert reply.meta["seq"] == 2 and reply.meta["batch_rows"] == 5
-    np.testing.assert_allclose(reply.arrays["value"], 2 + np.arange(5) / 100)
-    assert served.calls[len(served.compiled):] == [8, 8]
+def test_two_requests_past_max_batch_are_two_batches_the_second_served_on_its_own(tmp_path):
+    """mpe_spread_ppo in small: two requests that together overflow the batch. Whichever
+    the server reads second starts the next batch, and is answered on the next turn with
+    no request after it. The wait is long enough that both are read in the first turn
+    (requests on new connections may reach the server in either order, far apart)."""
+    served = Served(tmp_path, max_wait_ms=2000)
+    try:
+        dealers = {1: served.dealer(), 2: served.dealer()}
+        for seq, dealer in dealers.items():
+            served.ask(dealer, seq, 5)
+        assert served.server.router.poll(5000), "the requests reach the server"
+        served.server.run_once()
+        replies = {seq: served.reply(dealer, timeout_ms=1000) for seq, dealer in dealers.items()}
+        answered = [seq for seq, reply in replies.items() if reply is not None]
+        assert len(answered) == 1, f"5 + 5 rows would overflow max_batch 8: {replies}"
+        assert replies[answered[0]].meta["batch_rows"] == 5
+        held = 3 - answered[0]
+        served.server.run_once()  # nothing more was sent
+        reply = served.reply(dealers[held])
+        assert reply is not None, "the request that started the next batch was left waiting"
+        assert reply.meta["seq"] == held and reply.meta["batch_rows"] == 5
+        np.testing.assert_allclose(reply.arrays["value"], held + np.arange(5) / 100)
+        assert served.calls[len(served.compiled):] == [8, 8]
+    finally:
+        served.close()
 
 
 @pytest.mark.parametrize("seed", range(3))
