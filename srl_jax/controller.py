@@ -175,7 +175,9 @@ class Controller:
         return self.exit_code
 
     def _start(self, record: WorkerRecord) -> None:
-        env = {KEYS_ENV: self.keys.to_env()} if self.keys else {}
+        env = worker_kind(record.kind).start_env(os.environ)
+        if self.keys:
+            env[KEYS_ENV] = self.keys.to_env()
         record.handle = self.backend.start(record.kind, record.index, record.policy, env)
         record.state, record.started_at = "starting", time.monotonic()
         record.last_heartbeat = record.restart_at = record.exit_code = None
