@@ -177,7 +177,8 @@ class Controller:
 
     def _start(self, record: WorkerRecord) -> None:
         """Start `record`'s worker, telling it which incarnation it is (its seeds differ)."""
-        env = Incarnation(self.resumes, record.restarts).to_env()
+        env = worker_kind(record.kind).start_env(os.environ)
+        env.update(Incarnation(self.resumes, record.restarts).to_env())
         if self.keys:
             env[KEYS_ENV] = self.keys.to_env()
         record.handle = self.backend.start(record.kind, record.index, record.policy, env)

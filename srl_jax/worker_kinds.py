@@ -12,8 +12,8 @@ the stream table; its Ray resources are `ray.<name>` where the config has that k
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 
 from srl_jax.config import DEFAULT_POLICY, ExperimentConfig, RayConfig, policy_names
 
@@ -45,6 +45,8 @@ class WorkerKind:
     process_group: bool = False
     """A policy's workers of this kind are one jax.distributed job: when one exits, the
     controller stops the others, and all of them restart together."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment its processes start with, where the launcher's own does not set it."""
 
     def __post_init__(self) -> None:
         module, _, cls = self.entry.partition(":")
@@ -54,6 +56,10 @@ class WorkerKind:
         if self.host_role not in HOST_ROLES:
             raise ValueError(f"worker kind '{self.name}': host role '{self.host_role}' is not "
                              f"one of {', '.join(HOST_ROLES)}")
+
+    def start_env(self, launcher_env: Mapping[str, str]) -> dict[str, str]:
+        """What the controller adds to the environment of a worker of this kind."""
+        return {name: value for name, value in self.env.items() if name not in launcher_env}
 
     @property
     def ray_configured(self) -> bool:
@@ -120,10 +126,12 @@ def _evaluators(config: ExperimentConfig) -> int:
     return 1 if config.evaluation.every_updates else 0
 
 
+# Orbax runs each checkpoint save in new threads: with glibc's default of 8 malloc arenas
+# per core, what they free spreads over all of them and stays resident (srl_jax/checkpoint.py).
 register_kind(WorkerKind(
     "learner", "learners.learner_worker:LearnerWorker", True, _learners, "learner",
     "trains its policy on sample chunks and publishes its parameters",
-    saves_state=True, process_group=True))
+    saves_state=True, process_group=True, env={"MALLOC_ARENA_MAX": "2"}))
 register_kind(WorkerKind(
     "inference", "learners.inference_server:InferenceServer", True, _inference_servers,
     "inference", "answers the actors' batched policy requests"))

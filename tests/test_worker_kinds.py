@@ -88,6 +88,13 @@ def test_every_built_in_kind_names_an_importable_module() -> None:
         assert (REPO / Path(*module.split("."))).with_suffix(".py").is_file(), kind.entry
 
 
+def test_learners_start_with_two_malloc_arenas_unless_the_launcher_says_otherwise() -> None:
+    """What each checkpoint save's threads free stays reusable (see srl_jax/checkpoint.py)."""
+    assert worker_kind("learner").start_env({"PATH": "/bin"}) == {"MALLOC_ARENA_MAX": "2"}
+    assert worker_kind("learner").start_env({"MALLOC_ARENA_MAX": "8"}) == {}
+    assert worker_kind("actor").start_env({}) == {}
+
+
 def test_a_registered_kind_joins_the_plan_and_its_class_loads(
         replay_registered: WorkerKind) -> None:
     plan = worker_plan(make_config(["learner.processes=2", "evaluation.every_updates=0"]))
