@@ -29,6 +29,7 @@ def require(condition: bool, message: str) -> None:
 
 def validate(config: ExperimentConfig) -> None:
     """Reject configs that cannot run; each message names the offending key."""
+    require(config.seed >= 0, "'seed' must not be negative (numpy and gymnasium refuse it)")
     for check in (check_env, check_actors, check_inference, check_learner, check_network,
                   check_stop, check_checkpoint, check_runtime, check_ray):
         check(config)

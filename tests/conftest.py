@@ -84,10 +84,10 @@ def pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    try:  # a zombie of ours counts as gone
+    try:  # a zombie of ours counts as gone; reading an exiting one's stat can fail ESRCH
         with open(f"/proc/{pid}/stat") as f:
             return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
         return False
 
 

@@ -46,6 +46,7 @@ def test_default_config_loads_with_typed_overrides() -> None:
 
 @pytest.mark.parametrize("override, key", [
     ("actors.cont=3", "'actors.cont' (did you mean 'actors.count'?)"),
+    ("seed=-1", "'seed' must not be negative"),
     ("actors.count=two", "'actors.count' must be an integer"),
     ("actors.count=0", "'actors.count' must be at least 1"),
     ("inference.request_queue=0", "'inference.request_queue' must be at least 1"),
