@@ -86,37 +86,35 @@ class Served:
 
 
 @pytest.fixture
-def served(tmp_path: Path) -> Iterator[Served]:
-    served = Served(tmp_path)
+def served(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Served]:
+    """A `Served`; its `max_wait_ms` is `MAX_WAIT_MS` unless parametrized indirectly."""
+    served = Served(tmp_path, getattr(request, "param", MAX_WAIT_MS))
     yield served
     served.close()
 
 
-def test_two_requests_past_max_batch_are_two_batches_the_second_served_on_its_own(tmp_path):
+@pytest.mark.parametrize("served", [2000], indirect=True)
+def test_two_requests_past_max_batch_are_two_batches_the_second_served_on_its_own(served):
     """mpe_spread_ppo in small: two requests that together overflow the batch. Whichever
     the server reads second starts the next batch, and is answered on the next turn with
-    no request after it. The wait is long enough that both are read in the first turn
-    (requests on new connections may reach the server in either order, far apart)."""
-    served = Served(tmp_path, max_wait_ms=2000)
-    try:
-        dealers = {1: served.dealer(), 2: served.dealer()}
-        for seq, dealer in dealers.items():
-            served.ask(dealer, seq, 5)
-        assert served.server.router.poll(5000), "the requests reach the server"
-        served.server.run_once()
-        replies = {seq: served.reply(dealer, timeout_ms=1000) for seq, dealer in dealers.items()}
-        answered = [seq for seq, reply in replies.items() if reply is not None]
-        assert len(answered) == 1, f"5 + 5 rows would overflow max_batch 8: {replies}"
-        assert replies[answered[0]].meta["batch_rows"] == 5
-        held = 3 - answered[0]
-        served.server.run_once()  # nothing more was sent
-        reply = served.reply(dealers[held])
-        assert reply is not None, "the request that started the next batch was left waiting"
-        assert reply.meta["seq"] == held and reply.meta["batch_rows"] == 5
-        np.testing.assert_allclose(reply.arrays["value"], held + np.arange(5) / 100)
-        assert served.calls[len(served.compiled):] == [8, 8]
-    finally:
-        served.close()
+    no request after it. The wait (2 s) is long enough that both are read in the first
+    turn (requests on new connections may reach the server in either order, far apart)."""
+    dealers = {1: served.dealer(), 2: served.dealer()}
+    for seq, dealer in dealers.items():
+        served.ask(dealer, seq, 5)
+    assert served.server.router.poll(5000), "the requests reach the server"
+    served.server.run_once()
+    replies = {seq: served.reply(dealer, timeout_ms=1000) for seq, dealer in dealers.items()}
+    answered = [seq for seq, reply in replies.items() if reply is not None]
+    assert len(answered) == 1, f"5 + 5 rows would overflow max_batch 8: {replies}"
+    assert replies[answered[0]].meta["batch_rows"] == 5
+    (held,) = set(dealers) - set(answered)
+    served.server.run_once()  # nothing more was sent
+    reply = served.reply(dealers[held])
+    assert reply is not None, "the request that started the next batch was left waiting"
+    assert reply.meta["seq"] == held and reply.meta["batch_rows"] == 5
+    np.testing.assert_allclose(reply.arrays["value"], held + np.arange(5) / 100)
+    assert served.calls[len(served.compiled):] == [8, 8]
 
 
 @pytest.mark.parametrize("seed", range(3))
