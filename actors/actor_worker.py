@@ -9,6 +9,9 @@ every policy for its agents' actions, steps once all have answered, and sends
 each policy the chunk of its own agents.
 With `actors.inline_inference` the actor runs the policy itself instead
 (actors/inline_policy.py) and never talks to a server.
+A recurrent policy's state lives here, one numpy row per column: each request
+carries it, each reply brings the next one, and a column's state is zeroed
+when its episode ends, so inference servers stay stateless.
 Env seeds derive from the config's seed, the actor's index and its incarnation
 (srl_jax/incarnation.py): a restarted or resumed actor plays new episodes.
 """
@@ -24,7 +27,7 @@ import zmq
 
 from actors.env_ring import ChunkBuilder, EnvSplit, OnePolicy, RingStep
 from actors.envpool_split import EnvPoolSplit
-from actors.envs import env_seed, env_spec, make_env
+from actors.envs import env_seed, make_env, policy_spec
 from actors.multi_agent import MultiAgentSplit
 from srl_jax.config import (
     DEFAULT_POLICY,
@@ -82,9 +85,12 @@ class _Part:
         self.retry_at = 0.0
         self.delivered = False
         self.request_obs = obs
-        self.answer: tuple[np.ndarray, np.ndarray, np.ndarray, int] | None = None
-        """The policy's reply (action, logp, value, version), held until every
-        policy of the split has answered."""
+        self.state = np.zeros((len(obs), spec.state_size), np.float32)
+        """The recurrent state of each column for its current observation."""
+        self.request_state = self.state
+        self.answer: tuple[np.ndarray, np.ndarray, np.ndarray, int, np.ndarray] | None = None
+        """The policy's reply (action, logp, value, version, new state), held until
+        every policy of the split has answered."""
 
 
 class _SplitState:
@@ -126,7 +132,7 @@ class ActorWorker(Worker):
         cfg, env = self.config.actors, self.config.env
         per_split = cfg.envs // cfg.splits
         self.policies = policy_names(env)
-        self.specs = [env_spec(env, policy) for policy in self.policies]
+        self.specs = [policy_spec(self.config, policy) for policy in self.policies]
         self.action_bounds = [(np.asarray(spec.action_low, np.float32),
                                np.asarray(spec.action_high, np.float32)) for spec in self.specs]
         self._unsent_returns: list[list[float]] = [[] for _ in self.policies]
@@ -161,12 +167,16 @@ class ActorWorker(Worker):
             for p in range(len(self.policies)):
                 self._request(state, p)
 
-    def _request(self, state: _SplitState, p: int, final_obs: np.ndarray | None = None) -> None:
+    def _request(self, state: _SplitState, p: int, final_obs: np.ndarray | None = None,
+                 final_state: np.ndarray | None = None) -> None:
+        """Ask for policy `p`'s actions for the split's observations, and the values of
+        the truncated episodes' `final_obs` (acting from their episodes' `final_state`)."""
         part = state.parts[p]
-        obs = state.split.obs[p]
+        obs, states = state.split.obs[p], part.state
         if final_obs is not None and len(final_obs):
             obs = np.concatenate([obs, final_obs.astype(obs.dtype, copy=False)])
-        part.request_obs = obs
+            states = np.concatenate([states, final_state])
+        part.request_obs, part.request_state = obs, states
         if self.inline is None:
             self._send_request(state, p)
         else:
@@ -177,9 +187,12 @@ class ActorWorker(Worker):
         part = state.parts[p]
         part.seq += 1
         part.sent_at, part.sent_wall = time.monotonic(), time.time()
+        arrays = {"obs": part.request_obs}
+        if part.spec.state_size:
+            arrays["state"] = part.request_state
         try:
             send(self.inference[p], "infer_request", {"split": state.index, "seq": part.seq},
-                 {"obs": part.request_obs}, flags=zmq.NOBLOCK)
+                 arrays, flags=zmq.NOBLOCK)
             part.delivered = True
             part.retry_at = part.sent_at + self.config.actors.inference_timeout_s
         except zmq.Again:  # no server connected yet: try again on the next turn of the loop
@@ -209,7 +222,7 @@ class ActorWorker(Worker):
         for state in self.splits:
             part = state.parts[0]
             start = time.perf_counter()
-            meta, arrays = self.inline.act(part.request_obs)
+            meta, arrays = self.inline.act(part.request_obs, part.request_state)
             self.time_wait += time.perf_counter() - start
             self._on_reply(0, {**meta, "split": state.index, "seq": part.seq}, arrays)
 
@@ -252,7 +265,12 @@ class ActorWorker(Worker):
         if not self._valid_actions(action, part.spec):
             self.rejects.reject(ValueError("reply with actions outside the action space"))
             return
-        part.answer = (action, logp, value, version)
+        new_state = arrays.get("state") if part.spec.state_size else part.request_state
+        if (new_state is None or new_state.shape != (rows, part.spec.state_size)
+                or new_state.dtype != np.float32):
+            self.rejects.reject(ValueError("reply without the new state of its rows"))
+            return
+        part.answer = (action, logp, value, version, new_state)
         if all(other.answer is not None for other in state.parts):
             self._advance(state)
 
@@ -260,12 +278,14 @@ class ActorWorker(Worker):
         """Record every policy's answer, step the split, and ask for the next actions."""
         env_actions = []
         for p, part in enumerate(state.parts):
-            action, logp, value, version = part.answer
+            action, logp, value, version, new_state = part.answer
             n = len(state.split.obs[p])
-            chunk = part.chunk.on_policy(action[:n], logp[:n], value[:n], version, value[n:])
+            chunk = part.chunk.on_policy(action[:n], logp[:n], value[:n], version, value[n:],
+                                         part.request_state[:n])
             if chunk is not None:
                 self._send_chunk(p, chunk)
             env_actions.append(self._env_actions(action[:n], p))
+            part.state = np.array(new_state[:n])
         start = time.perf_counter()
         step = state.split.step(env_actions)
         self.time_env += time.perf_counter() - start
@@ -273,7 +293,9 @@ class ActorWorker(Worker):
         for p, (part, result) in enumerate(zip(state.parts, step.results, strict=True)):
             part.chunk.on_step(result)
             part.answer = None
-            self._request(state, p, result.final_obs)
+            final_state = part.state[result.truncated_envs]  # valued with their own state
+            part.state[result.terminated | result.truncated] = 0.0  # new episodes start
+            self._request(state, p, result.final_obs, final_state)
 
     @staticmethod
     def _valid_actions(action: np.ndarray, spec: EnvSpec) -> bool:

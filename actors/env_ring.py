@@ -142,13 +142,15 @@ class ChunkBuilder:
         self.arrays["obs"][0] = first_obs
 
     def on_policy(self, action: np.ndarray, logp: np.ndarray, value: np.ndarray,
-                  version: int, trunc_values: np.ndarray) -> dict[str, np.ndarray] | None:
+                  version: int, trunc_values: np.ndarray,
+                  state: np.ndarray) -> dict[str, np.ndarray] | None:
         """Record the policy's answer for the current observation.
 
         `trunc_values` are the values of the final observations of the envs
         truncated on the previous step (in `StepResult.truncated_envs` order,
-        given again in `truncated_envs` of the previous `on_step`). Returns a
-        finished chunk when this answer completes one.
+        given again in `truncated_envs` of the previous `on_step`); `state` is
+        the recurrent state the policy acted from, kept when this step is a
+        chunk's first. Returns a finished chunk when this answer completes one.
         """
         a = self.arrays
         if self.t > 0 and len(self._pending_truncated):
@@ -161,6 +163,8 @@ class ChunkBuilder:
             self._new_chunk(a["obs"][self.length])
             self.arrays["values"][0] = value
         a = self.arrays
+        if self.t == 0:
+            a["state"][0] = state
         a["actions"][self.t] = action
         a["logp"][self.t] = logp
         a["versions"][self.t] = version

@@ -16,12 +16,14 @@ from srl_jax.config import (
     policy_names,
 )
 from srl_jax.config_checks import check_request_rows
-from srl_jax.env_spec import EnvSpec, check_network
+from srl_jax.env_spec import EnvSpec, check_network, with_core
 
 
 def make_env(config: EnvConfig, render_mode: str | None = None) -> gym.Env:
     """A gymnasium environment, or an Atari game with its preprocessing (actors/atari.py)."""
     if is_atari(config.id):
+        if config.mask_obs:
+            raise ConfigError("'env.mask_obs' is for vector observations, not Atari frames")
         return make_atari(config, render_mode)
     kwargs = dict(config.kwargs, render_mode=render_mode) if render_mode else config.kwargs
     env = gym.make(config.id, **kwargs)
@@ -35,7 +37,29 @@ def make_env(config: EnvConfig, render_mode: str | None = None) -> gym.Env:
         env = gym.wrappers.TransformObservation(
             env, lambda obs: np.asarray(obs, np.float32),
             gym.spaces.Box(*bounds, space.shape, np.float32))
-    return env
+    return mask_observations(env, config.mask_obs) if config.mask_obs else env
+
+
+def mask_observations(env: gym.Env, indices: list[int]) -> gym.Env:
+    """`env` with the observation entries at `indices` (flat) replaced by zeros: a
+    partially observable version of it. ConfigError naming `env.mask_obs` if the
+    indices do not fit its observations."""
+    space = env.observation_space
+    if not isinstance(space, gym.spaces.Box):
+        raise ConfigError(f"'env.mask_obs' needs Box observations; '{env.spec.id}' has {space}")
+    size = int(np.prod(space.shape))
+    bad = [i for i in indices if not isinstance(i, int) or not 0 <= i < size]
+    if bad:
+        raise ConfigError(f"'env.mask_obs': {bad} are not indices of the {size} observation "
+                          f"entries of '{env.spec.id}'")
+    keep = np.ones(size, bool)
+    keep[indices] = False
+    keep = keep.reshape(space.shape)
+    masked = gym.spaces.Box(np.where(keep, space.low, 0).astype(space.dtype),
+                            np.where(keep, space.high, 0).astype(space.dtype), space.shape,
+                            space.dtype)
+    return gym.wrappers.TransformObservation(
+        env, lambda obs: np.where(keep, obs, 0).astype(space.dtype, copy=False), masked)
 
 
 def env_spec(config: EnvConfig, policy: str = DEFAULT_POLICY) -> EnvSpec:
@@ -61,6 +85,11 @@ def env_spec(config: EnvConfig, policy: str = DEFAULT_POLICY) -> EnvSpec:
 
         check_envpool(config, spec)
     return spec
+
+
+def policy_spec(config: ExperimentConfig, policy: str = DEFAULT_POLICY) -> EnvSpec:
+    """What a worker of `policy` needs to know: its env spaces and its recurrent state size."""
+    return with_core(env_spec(config.env, policy), config.network)
 
 
 def check_policies(config: ExperimentConfig) -> None:

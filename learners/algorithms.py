@@ -49,6 +49,10 @@ class Sizes:
     """Rewards are multiplied by this before the update (learner.reward_scale)."""
     reward_clip: float
     """Rewards are clipped to [-c, c] before the update (0: no clipping)."""
+    recurrent: bool = False
+    """The policy has a recurrent core (network.core): updates unroll whole columns."""
+    burn_in: int = 0
+    """Steps at the start of each column that only warm the state (learner.burn_in)."""
 
 
 @dataclass(frozen=True)
@@ -107,7 +111,8 @@ def sizes(config: ExperimentConfig) -> Sizes:
     return Sizes(trajectory_length=T, batch_envs=B,
                  total_updates=max(1, frames // (T * B)) if frames else 0,
                  reward_scale=config.learner.reward_scale,
-                 reward_clip=config.learner.reward_clip)
+                 reward_clip=config.learner.reward_clip,
+                 recurrent=config.network.core != "none", burn_in=config.learner.burn_in)
 
 
 def _section(config: ExperimentConfig, name: str) -> Any:

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from actors.envs import env_seed, env_spec, make_env
+from actors.envs import env_seed, make_env, policy_spec
 from learners.export import TrainedPolicy, play_episode, play_team_episode
 from learners.jax_runtime import configure_jax
 from learners.networks import make_policy
@@ -65,7 +65,7 @@ class EvaluatorWorker(Worker):
         self.subscribers: list[ParamSubscriber] = []
         self.poller = zmq.Poller()
         for name in self.team_names:
-            spec = env_spec(env, name)
+            spec = policy_spec(self.config, name)
             runner = make_runner(self.config, spec, self.config.seed, 1, 1)
             policy, _ = make_policy(self.config, spec)
             self.runners.append(runner)

@@ -19,7 +19,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from actors.envs import env_spec
+from actors.envs import policy_spec
 from actors.multi_agent import MultiAgentSplit
 from learners.algorithms import algorithm, algorithm_config, sizes
 from learners.networks import Policy, init_policy_params, make_policy
@@ -40,28 +40,46 @@ from srl_jax.run_dir import (
 
 
 class TrainedPolicy:
-    """Acts with the parameters of one checkpoint."""
+    """Acts with the parameters of one checkpoint.
+
+    A recurrent policy keeps its state between calls, one row per observation of
+    the batch; call `reset` when an episode starts (`play_episode` does).
+    """
 
     def __init__(self, config: ExperimentConfig, spec: EnvSpec, policy: Policy, params: Any,
                  step: int, seed: int = 0) -> None:
         self.config, self.spec, self.params, self.step = config, spec, params, step
         self._key = jax.random.key(seed)
         self._calls = 0
+        self.state = np.zeros((0, spec.state_size), np.float32)
+        """The recurrent state of each row of the last batch (width 0 without a core)."""
 
-        def act(params: Any, obs: jax.Array, key: jax.Array, deterministic: bool) -> jax.Array:
-            out, _ = policy.apply(params, obs)
+        def act(params: Any, obs: jax.Array, state: jax.Array, key: jax.Array,
+                deterministic: bool) -> tuple[jax.Array, jax.Array]:
+            out, _, new_state = policy.apply(params, obs, state)
             if deterministic:
-                return policy.dist.mode(out)
-            return policy.dist.sample(key, out)
+                return policy.dist.mode(out), new_state
+            return policy.dist.sample(key, out), new_state
 
-        self._act = jax.jit(act, static_argnums=3)
+        self._act = jax.jit(act, static_argnums=4)
+
+    def reset(self, rows: np.ndarray | None = None) -> None:
+        """Start new episodes: zero the recurrent state of `rows` (all rows if None)."""
+        if rows is None:
+            self.state = np.zeros((0, self.spec.state_size), np.float32)
+        else:
+            self.state[rows] = 0.0
 
     def act_batch(self, obs: np.ndarray, deterministic: bool = True) -> np.ndarray:
-        """Actions for a batch of observations [N, ...], clipped to the action space."""
+        """Actions for a batch of observations [N, ...], clipped to the action space; a
+        batch of another size than the last starts from a zero state."""
         self._calls += 1
         key = jax.random.fold_in(self._key, self._calls)
         batch = np.asarray(obs, self.spec.obs_dtype)
-        actions = np.asarray(self._act(self.params, batch, key, deterministic))
+        if len(self.state) != len(batch):
+            self.state = np.zeros((len(batch), self.spec.state_size), np.float32)
+        actions, state = self._act(self.params, batch, self.state, key, deterministic)
+        actions, self.state = np.asarray(actions), np.array(state)
         if self.spec.continuous:
             actions = np.clip(actions, self.spec.action_low, self.spec.action_high)
         return actions
@@ -78,6 +96,7 @@ def play_episode(policy: TrainedPolicy, env: Any, seed: int | None, deterministi
     """One episode: (return, length). Appends rendered frames to `frames` if given;
     `on_step` is called after every step and may end the episode early by returning False."""
     obs, _ = env.reset(seed=seed)
+    policy.reset()
     total, length, done = 0.0, 0, False
     while not done:
         if frames is not None:
@@ -100,6 +119,8 @@ def play_team_episode(policies: Sequence[TrainedPolicy], env: EnvConfig, seed: i
     `frames` if given (`env` must then render, e.g. kwargs render_mode='rgb_array')."""
     split = MultiAgentSplit(env, 1, [seed])
     total, length = 0.0, 0
+    for policy in policies:
+        policy.reset()
     try:
         while True:
             if frames is not None:
@@ -108,6 +129,8 @@ def play_team_episode(policies: Sequence[TrainedPolicy], env: EnvConfig, seed: i
                        for policy, obs in zip(policies, split.obs, strict=True)]
             step = split.step([list(a) if p.spec.continuous else a.tolist()
                                for p, a in zip(policies, actions, strict=True)])
+            for policy, result in zip(policies, step.results, strict=True):
+                policy.reset(result.terminated | result.truncated)  # agents out of play
             total += sum(float(result.rewards.sum()) for result in step.results)
             length += 1
             if step.episode_returns or (on_step is not None and not on_step()):
@@ -164,7 +187,7 @@ def _rebuild(meta: dict[str, Any], policy: str = DEFAULT_POLICY) -> tuple:
     """(config, env spec, policy, network) from the config a checkpoint was saved with."""
     config = config_from_dict(meta["config"])
     import_plugins(config)  # the algorithm's optimizer shapes the checkpointed state
-    spec = env_spec(config.env, policy)
+    spec = policy_spec(config, policy)
     return (config, spec, *make_policy(config, spec))
 
 

@@ -7,8 +7,10 @@ truncated importance weights. A batch is one [T+1, B] block of trajectory
 chunks (see actors/env_ring.py for the fields). The update evaluates the
 *current* network on every observation, computes V-trace targets and
 policy-gradient advantages from those values, and takes `minibatches` SGD
-steps in one pass, splitting the batch on the env axis. The learner jits it
-over its device mesh. Nothing here knows about processes or sockets.
+steps in one pass, splitting the batch on the env axis. A recurrent policy is
+unrolled over each column from its stored state (learners/sequences.py), the
+first `burn_in` steps only warming the state. The learner jits it over its
+device mesh. Nothing here knows about processes or sockets.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import optax
 from learners.algorithms import Algorithm, Sizes
 from learners.distributions import Distribution
 from learners.networks import Policy
+from learners.sequences import after_burn_in, episode_starts, flat_unroll, warm_state
 from learners.train_state import Batch, TrainState, prepare
 from srl_jax.config import ConfigError
 
@@ -202,7 +205,12 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation, impala:
                                 sizes.reward_clip)
 
         def loss_of_net(net: Any, mb: Batch) -> tuple[jax.Array, dict]:
-            return impala_loss({**params, "net": net}, policy.apply, policy.dist, mb, impala)
+            net_params = {**params, "net": net}
+            resets = episode_starts(mb.terminated, mb.truncated, mb.obs.shape[0])
+            start = warm_state(policy, net_params, mb.obs, mb.state[0], resets, sizes.burn_in)
+            apply_fn = flat_unroll(policy, start, resets[sizes.burn_in:])
+            return impala_loss(net_params, apply_fn, policy.dist,
+                               after_burn_in(mb, sizes.burn_in), impala)
 
         grad_fn = jax.grad(loss_of_net, has_aux=True)
 
@@ -225,5 +233,6 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation, impala:
 
 ALGORITHM = Algorithm(
     name="impala", config=ImpalaConfig, make_optimizer=make_optimizer, make_update=make_update,
-    fields=("obs", "actions", "logp", "rewards", "terminated", "truncated", "trunc_values"),
+    fields=("obs", "actions", "logp", "rewards", "terminated", "truncated", "trunc_values",
+            "state"),
     check=check)

@@ -8,11 +8,15 @@ Requests from many actors are gathered, whole, until `inference.max_batch`
 rows are waiting or `inference.max_wait_ms` has passed since the first one,
 padded to the next of a few fixed sizes (powers of two up to the first that
 holds `max_batch`, all compiled before serving), and run through one jitted
-policy call. A batch never exceeds `max_batch`: a request that would overflow
+policy call. A recurrent policy's request carries the state of each of its
+rows and its reply the new state: the server keeps none, so any server can
+answer any request. A batch never exceeds `max_batch`: a request that would overflow
 it is held to start the next batch, served on the next turn whether or not more
 requests come; a request larger than `max_batch` is refused (the config check
-makes sure actors never send one). Each reply carries action, log-probability,
-value and the parameter version that produced them. Parameters arrive on the
+makes sure actors never send one), and so is one whose observations or state
+do not fit the policy (counted in `rejects`). Each reply carries action,
+log-probability, value (and new state) and the parameter version that produced
+them. Parameters arrive on the
 parameter stream; the newest version wins. Until the first arrives (it waits a
 few seconds for it), the server acts with version 0, which it builds from the
 seed exactly as the learner does.
@@ -29,7 +33,7 @@ from typing import NamedTuple
 import numpy as np
 import zmq
 
-from actors.envs import env_spec
+from actors.envs import policy_spec
 from learners.jax_runtime import configure_jax
 from learners.param_stream import ParamSubscriber, subscribe
 from learners.policy import make_runner
@@ -51,6 +55,8 @@ class Request(NamedTuple):
     routing: list[bytes]
     meta: dict
     obs: np.ndarray
+    state: np.ndarray
+    """[rows, S] recurrent state of the rows (S = 0 without a core)."""
 
 
 class InferenceServer(Worker):
@@ -80,7 +86,7 @@ class InferenceServer(Worker):
 
     def setup(self) -> None:
         configure_jax(self.config.runtime)
-        spec = env_spec(self.config.env, self.policy)
+        spec = policy_spec(self.config, self.policy)
         cfg = self.config.inference
         # Building the network initialises its parameters, itself XLA work that can outlast
         # a heartbeat timeout on a loaded CPU (a Nature-CNN): it is busy time too.
@@ -128,15 +134,10 @@ class InferenceServer(Worker):
                     break
                 continue
             routing, message = received
-            obs = message.arrays.get("obs")
-            spec = self.runner.spec
-            if (obs is None or obs.shape[1:] != spec.obs_shape or obs.dtype != spec.obs_dtype
-                    or obs.ndim != 1 + len(spec.obs_shape)
-                    or not 1 <= obs.shape[0] <= cfg.max_batch):
-                self.rejects.reject(ValueError(f"request obs of shape "
-                                               f"{None if obs is None else obs.shape}"))
+            request = self._checked(routing, message.meta, message.arrays)
+            if request is None:
                 continue
-            request = Request(routing, message.meta, obs)
+            obs = request.obs
             if rows + obs.shape[0] > cfg.max_batch:
                 self._held = request
                 break
@@ -144,21 +145,44 @@ class InferenceServer(Worker):
             rows += obs.shape[0]
         return pending
 
+    def _checked(self, routing: list[bytes], meta: dict,
+                 arrays: dict[str, np.ndarray]) -> Request | None:
+        """The request, if its observations and state fit the policy; else None, counted
+        in `rejects`."""
+        obs, state = arrays.get("obs"), arrays.get("state")
+        spec = self.runner.spec
+        if (obs is None or obs.shape[1:] != spec.obs_shape or obs.dtype != spec.obs_dtype
+                or obs.ndim != 1 + len(spec.obs_shape)
+                or not 1 <= obs.shape[0] <= self.config.inference.max_batch):
+            self.rejects.reject(ValueError(f"request obs of shape "
+                                           f"{None if obs is None else obs.shape}"))
+            return None
+        rows = obs.shape[0]
+        if state is None and not spec.state_size:
+            state = self.runner.zero_state(rows)
+        if state is None or state.shape != (rows, spec.state_size) or state.dtype != np.float32:
+            self.rejects.reject(ValueError(
+                f"request state {None if state is None else (state.shape, str(state.dtype))} "
+                f"for {rows} rows of a policy with state size {spec.state_size} (float32)"))
+            return None
+        return Request(routing, meta, obs, state)
+
     def _serve(self) -> None:
         """Answer one batch of waiting requests."""
         if pending := self._gather():
             self._last_batch_wall = time.time()
-            batch = np.concatenate([obs for _, _, obs in pending])
+            batch = np.concatenate([request.obs for request in pending])
+            states = np.concatenate([request.state for request in pending])
             rows = batch.shape[0]
             start = time.perf_counter()
-            outputs, version = self.runner.run(batch)
+            outputs, version = self.runner.run(batch, states)
             self.time_compute += time.perf_counter() - start
             self.batches += 1
             self.requests += len(pending)
             self.rows += rows
             self.padded_rows += self.runner.padded_size(rows)
             offset = 0
-            for routing, meta, obs in pending:
+            for routing, meta, obs, _ in pending:
                 part = slice(offset, offset + obs.shape[0])
                 offset = part.stop
                 reply_meta = {"split": meta.get("split"), "seq": meta.get("seq"),

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from actors.envs import env_spec
+from actors.envs import policy_spec
 from learners.algorithms import algorithm, algorithm_config, sizes
 from learners.distributed import (
     ProcessLayout,
@@ -83,7 +83,7 @@ class LearnerWorker(Worker):
         cfg = config.learner
         self.processes = process_layout(config, index)
         self.local_envs = cfg.batch_envs // self.processes.count
-        self.spec = env_spec(config.env, policy)
+        self.spec = policy_spec(config, policy)
         self.samples_key = SAMPLES.key(policy, index)
         self.intake = SampleIntake(
             run_chunk_layout(config, self.spec),

@@ -1,9 +1,15 @@
-"""Networks (flax linen): the actor-critic MLP, and the policy the workers share.
+"""Networks (flax linen): the actor-critic MLP, the Nature-CNN, their recurrent
+versions, and the policy the workers share.
 
 A policy's parameters are one pytree: the network's weights under "net" and
 the running observation statistics under "obs_mean", "obs_var", "obs_count".
 They travel together to the inference servers (and into checkpoints), so the
 servers normalize observations exactly as the learner does.
+
+A policy with a recurrent core (`network.core`) maps (observation, state) to
+(distribution, value, new state). Its state is one float32 vector per column
+(an LSTM's cell and hidden vectors side by side, a GRU's hidden vector), so it
+travels in requests and chunks as one [N, S] array; zeros start an episode.
 """
 
 from __future__ import annotations
@@ -24,6 +30,37 @@ ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu}
 OBS_CLIP = 10.0
 
 
+def mlp_torso(x: jax.Array, hidden: Sequence[int], activation: str) -> jax.Array:
+    """Dense layers with orthogonal init (scale sqrt 2), made in the calling module."""
+    act = ACTIVATIONS[activation]
+    for width in hidden:
+        x = act(nn.Dense(width, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
+    return x
+
+
+def nature_torso(obs: jax.Array) -> jax.Array:
+    """The Nature-DQN torso (Mnih et al. 2015) on [N, H, W, C] frames in 0..255: conv 32
+    8x8/4, conv 64 4x4/2, conv 64 3x3/1, dense 512; made in the calling module."""
+    init = nn.initializers.orthogonal(np.sqrt(2))
+    x = obs.astype(jnp.float32) * (1.0 / 255.0)
+    x = nn.relu(nn.Conv(32, (8, 8), (4, 4), padding="VALID", kernel_init=init)(x))
+    x = nn.relu(nn.Conv(64, (4, 4), (2, 2), padding="VALID", kernel_init=init)(x))
+    x = nn.relu(nn.Conv(64, (3, 3), (1, 1), padding="VALID", kernel_init=init)(x))
+    return nn.relu(nn.Dense(512, kernel_init=init)(x.reshape(x.shape[0], -1)))
+
+
+def heads(module: nn.Module, x: jax.Array, action_dim: int,
+          continuous: bool) -> tuple[jax.Array, jax.Array]:
+    """Linear policy output (orthogonal 0.01) and value (orthogonal 1) on shared features;
+    continuous actions add a state-independent log-std, as `ActorCritic` does."""
+    out = nn.Dense(action_dim, kernel_init=nn.initializers.orthogonal(0.01), name="policy_head")(x)
+    if continuous:
+        log_std = module.param("log_std", nn.initializers.zeros, (action_dim,))
+        out = jnp.concatenate([out, jnp.broadcast_to(log_std, out.shape)], -1)
+    value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0), name="value_head")(x)
+    return out, value[:, 0]
+
+
 class MLP(nn.Module):
     """Hidden layers with orthogonal init (scale sqrt 2), then a linear head."""
 
@@ -34,9 +71,7 @@ class MLP(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        act = ACTIVATIONS[self.activation]
-        for width in self.hidden:
-            x = act(nn.Dense(width, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
+        x = mlp_torso(x, self.hidden, self.activation)
         return nn.Dense(self.outputs, kernel_init=nn.initializers.orthogonal(self.head_scale))(x)
 
 
@@ -74,51 +109,159 @@ class NatureCNN(nn.Module):
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
-        init = nn.initializers.orthogonal(np.sqrt(2))
-        x = obs.astype(jnp.float32) * (1.0 / 255.0)
-        x = nn.relu(nn.Conv(32, (8, 8), (4, 4), padding="VALID", kernel_init=init)(x))
-        x = nn.relu(nn.Conv(64, (4, 4), (2, 2), padding="VALID", kernel_init=init)(x))
-        x = nn.relu(nn.Conv(64, (3, 3), (1, 1), padding="VALID", kernel_init=init)(x))
-        x = nn.relu(nn.Dense(512, kernel_init=init)(x.reshape(x.shape[0], -1)))
+        x = nature_torso(obs)
         logits = nn.Dense(self.action_dim, kernel_init=nn.initializers.orthogonal(0.01))(x)
         value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0))(x)
         return logits, value[:, 0]
 
 
-class Policy(NamedTuple):
-    """What algorithms and acting need: apply (with normalization) and the distribution."""
+class ResettingCell(nn.Module):
+    """One step of the recurrent core; a column whose episode starts at this step
+    (`reset`) begins from a zero state."""
 
-    apply: Callable[[Any, jax.Array], tuple[jax.Array, jax.Array]]
+    kind: str
+    size: int
+
+    @nn.compact
+    def __call__(self, carry: Any, inputs: tuple[jax.Array, jax.Array]) -> tuple[Any, jax.Array]:
+        x, reset = inputs
+        carry = jax.tree.map(lambda c: jnp.where(reset[:, None], 0.0, c), carry)
+        if self.kind == "lstm":
+            return nn.OptimizedLSTMCell(self.size, name="lstm")(carry, x)
+        return nn.GRUCell(self.size, name="gru")(carry, x)
+
+
+class RecurrentActorCritic(nn.Module):
+    """Torso (the MLP's hidden layers or the Nature-CNN's), an LSTM or GRU core, and
+    linear policy and value heads, over [T, B] sequences: (obs [T, B, ...], state
+    [B, S], resets [T, B]) -> (policy output [T, B, A], value [T, B], state [B, S]).
+
+    The torso and the heads run on all T * B rows at once; only the core steps
+    through time. Acting is the case T = 1.
+    """
+
+    action_dim: int
+    continuous: bool
+    torso: str
+    hidden: Sequence[int]
+    activation: str
+    core: str
+    size: int
+
+    @property
+    def state_size(self) -> int:
+        return 2 * self.size if self.core == "lstm" else self.size
+
+    def unpack(self, state: jax.Array) -> Any:
+        """[B, S] -> the cell's carry: (c, h) for an LSTM, h for a GRU."""
+        if self.core == "lstm":
+            return state[:, :self.size], state[:, self.size:]
+        return state
+
+    def pack(self, carry: Any) -> jax.Array:
+        return jnp.concatenate(carry, -1) if self.core == "lstm" else carry
+
+    @nn.compact
+    def __call__(self, obs: jax.Array, state: jax.Array,
+                 resets: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        T, B = resets.shape
+        rows = obs.reshape(T * B, *obs.shape[2:])
+        if self.torso == "nature_cnn":
+            x = nature_torso(rows)
+        else:
+            x = mlp_torso(rows.reshape(T * B, -1).astype(jnp.float32), self.hidden,
+                          self.activation)
+        core = nn.scan(ResettingCell, variable_broadcast="params", split_rngs={"params": False},
+                       in_axes=0, out_axes=0)(self.core, self.size, name="core")
+        carry, h = core(self.unpack(state), (x.reshape(T, B, -1), resets))
+        out, value = heads(self, h.reshape(T * B, self.size), self.action_dim, self.continuous)
+        return out.reshape(T, B, -1), value.reshape(T, B), self.pack(carry)
+
+
+class Policy(NamedTuple):
+    """What algorithms and acting need: the network with normalization, one step and
+    unrolled, and the distribution.
+
+    `apply(params, obs [N, ...], state [N, S])` -> (output, value, new state);
+    `unroll(params, obs [T, B, ...], state [B, S], resets [T, B])` -> (output [T, B, ...],
+    value [T, B], state after the last step), the state zeroed before each step whose
+    `resets` is true. Without a core S is 0, the state passes through untouched and
+    `unroll` is `apply` on the T * B rows.
+    """
+
+    apply: Callable[[Any, jax.Array, jax.Array], tuple[jax.Array, jax.Array, jax.Array]]
+    unroll: Callable[[Any, jax.Array, jax.Array, jax.Array],
+                     tuple[jax.Array, jax.Array, jax.Array]]
     dist: Distribution
     normalize_obs: bool
+    state_size: int
+
+    @property
+    def recurrent(self) -> bool:
+        return self.state_size > 0
 
 
 def make_network(config: ExperimentConfig, spec: EnvSpec) -> nn.Module:
-    """The network `network.kind` names; ConfigError if it cannot take these spaces."""
-    check_network(config.network.kind, spec, config.env.id)
-    if config.network.kind == "nature_cnn":
+    """The network `network.kind` and `network.core` name; ConfigError if it cannot take
+    these spaces."""
+    network = config.network
+    check_network(network.kind, spec, config.env.id)
+    if network.core != "none":
+        return RecurrentActorCritic(spec.action_dim, spec.continuous, network.kind,
+                                    tuple(network.hidden), network.activation, network.core,
+                                    network.core_size)
+    if network.kind == "nature_cnn":
         return NatureCNN(spec.action_dim)
-    return ActorCritic(spec.action_dim, spec.continuous, tuple(config.network.hidden),
-                       config.network.activation)
+    return ActorCritic(spec.action_dim, spec.continuous, tuple(network.hidden),
+                       network.activation)
 
 
 def make_policy(config: ExperimentConfig, spec: EnvSpec) -> tuple[Policy, nn.Module]:
     network = make_network(config, spec)
     normalize = config.learner.normalize_obs
 
-    def apply(params: Any, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def normalized(params: Any, obs: jax.Array) -> jax.Array:
         x = obs.astype(jnp.float32)
         if normalize:
             x = jnp.clip((x - params["obs_mean"]) * jax.lax.rsqrt(params["obs_var"] + 1e-8),
                          -OBS_CLIP, OBS_CLIP)
-        return network.apply(params["net"], x)
+        return x
 
-    return Policy(apply, distribution(spec.continuous), normalize), network
+    if isinstance(network, RecurrentActorCritic):
+        def unroll(params: Any, obs: jax.Array, state: jax.Array, resets: jax.Array) -> tuple:
+            return network.apply(params["net"], normalized(params, obs), state, resets)
+
+        def apply(params: Any, obs: jax.Array, state: jax.Array) -> tuple:
+            out, value, new_state = unroll(params, obs[None], state,
+                                           jnp.zeros((1, obs.shape[0]), bool))
+            return out[0], value[0], new_state
+    else:
+        def apply(params: Any, obs: jax.Array, state: jax.Array) -> tuple:
+            return (*network.apply(params["net"], normalized(params, obs)), state)
+
+        def unroll(params: Any, obs: jax.Array, state: jax.Array, resets: jax.Array) -> tuple:
+            T, B = resets.shape
+            out, value, _ = apply(params, obs.reshape(T * B, *obs.shape[2:]), state)
+            return out.reshape(T, B, *out.shape[1:]), value.reshape(T, B), state
+
+    return Policy(apply, unroll, distribution(spec.continuous), normalize,
+                  state_size_of(network)), network
+
+
+def state_size_of(network: nn.Module) -> int:
+    """Floats of recurrent state per column of `network` (0 without a core)."""
+    return network.state_size if isinstance(network, RecurrentActorCritic) else 0
 
 
 def init_policy_params(network: nn.Module, obs_shape: tuple[int, ...], seed: int) -> dict:
     """Parameters from the seed alone, so every worker can build version 0 itself."""
-    net = network.init(jax.random.key(seed), jnp.zeros((1, *obs_shape), jnp.float32))
+    obs = jnp.zeros((1, *obs_shape), jnp.float32)
+    if isinstance(network, RecurrentActorCritic):
+        net = network.init(jax.random.key(seed), obs[None],
+                           jnp.zeros((1, network.state_size), jnp.float32),
+                           jnp.zeros((1, 1), bool))
+    else:
+        net = network.init(jax.random.key(seed), obs)
     return {"net": net, "obs_mean": jnp.zeros(obs_shape, jnp.float32),
             "obs_var": jnp.ones(obs_shape, jnp.float32),
             "obs_count": jnp.zeros((), jnp.float32)}

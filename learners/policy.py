@@ -17,12 +17,14 @@ from srl_jax.env_spec import EnvSpec
 
 
 def make_act(policy: Policy) -> Act:
-    """(params, obs [N, ...], key, counter) -> (action [N, ...], logp [N], value [N])."""
+    """(params, obs [N, ...], state [N, S], key, counter) -> (action [N, ...], logp [N],
+    value [N], new state [N, S])."""
 
-    def act(params: Any, obs: jax.Array, key: jax.Array, counter: jax.Array) -> tuple:
-        out, value = policy.apply(params, obs)
+    def act(params: Any, obs: jax.Array, state: jax.Array, key: jax.Array,
+            counter: jax.Array) -> tuple:
+        out, value, new_state = policy.apply(params, obs, state)
         action = policy.dist.sample(jax.random.fold_in(key, counter), out)
-        return action, policy.dist.log_prob(out, action), value
+        return action, policy.dist.log_prob(out, action), value, new_state
 
     return jax.jit(act)
 

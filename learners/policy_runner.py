@@ -17,10 +17,12 @@ import numpy as np
 from learners.param_codec import arrays_to_params
 from srl_jax.env_spec import EnvSpec
 
-Act = Callable[[Any, Any, jax.Array, np.uint32], tuple[Any, Any, Any]]
-"""(params, obs [N, ...], key, call counter) -> (action [N, ...], logp [N], value [N])."""
-OUTPUTS = ("action", "logp", "value")
-"""The arrays `PolicyRunner.run` returns, as the inference stream's replies name them."""
+Act = Callable[[Any, Any, Any, jax.Array, np.uint32], tuple[Any, Any, Any, Any]]
+"""(params, obs [N, ...], state [N, S], key, call counter) -> (action [N, ...], logp [N],
+value [N], new state [N, S])."""
+OUTPUTS = ("action", "logp", "value", "state")
+"""The arrays `PolicyRunner.run` returns, as the inference stream's replies name them
+("state" only for a recurrent policy)."""
 
 
 def padded_sizes(min_size: int, max_batch: int) -> list[int]:
@@ -54,7 +56,12 @@ class PolicyRunner:
     def compile(self) -> None:
         """Compile the acting call for every padded size."""
         for size in self.sizes:
-            self.run(np.zeros((size, *self.spec.obs_shape), self.spec.obs_dtype))
+            self.run(np.zeros((size, *self.spec.obs_shape), self.spec.obs_dtype),
+                     self.zero_state(size))
+
+    def zero_state(self, rows: int) -> np.ndarray:
+        """The recurrent state of `rows` columns at the start of their episodes."""
+        return np.zeros((rows, self.spec.state_size), np.float32)
 
     def set_params(self, arrays: dict[str, np.ndarray], version: int,
                    incarnation: int = 0) -> None:
@@ -84,15 +91,20 @@ class PolicyRunner:
             size *= 2
         return size
 
-    def run(self, obs: np.ndarray) -> tuple[dict[str, np.ndarray], int]:
-        """{action, logp, value} for every row of `obs`, and the version that made them."""
+    def run(self, obs: np.ndarray, state: np.ndarray) -> tuple[dict[str, np.ndarray], int]:
+        """{action, logp, value, and for a recurrent policy state} for every row of `obs`
+        (acting from `state` [rows, S]), and the version that made them."""
         rows = obs.shape[0]
         size = self.padded_size(rows)
-        batch = obs
+        batch, states = obs, state
         if size != rows:
             batch = np.zeros((size, *self.spec.obs_shape), self.spec.obs_dtype)
             batch[:rows] = obs
+            states = self.zero_state(size)
+            states[:rows] = state
         self.calls += 1
-        outputs = jax.device_get(self._act(self.params, batch, self._key, np.uint32(self.calls)))
-        named = {name: out[:rows] for name, out in zip(OUTPUTS, outputs, strict=True)}
+        outputs = jax.device_get(self._act(self.params, batch, states, self._key,
+                                           np.uint32(self.calls)))
+        named = {name: out[:rows] for name, out in zip(OUTPUTS, outputs, strict=True)
+                 if name != "state" or self.spec.state_size}
         return named, self.version

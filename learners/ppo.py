@@ -3,8 +3,11 @@
 A batch is one [T+1, B] block of trajectory chunks (see actors/env_ring.py for
 the fields). The update computes advantages with the acting policy's values,
 then runs `epochs` passes of `minibatches` clipped-objective steps as nested
-scans; the learner jits it over its device mesh. Nothing here knows about
-processes or sockets.
+scans; the learner jits it over its device mesh. A feed-forward policy's
+minibatches are shuffled steps; a recurrent policy's are whole env columns,
+each unrolled from its stored state (learners/sequences.py), its first
+`burn_in` steps only warming the state. Nothing here knows about processes or
+sockets.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import optax
 from learners.algorithms import Algorithm, Sizes
 from learners.distributions import Distribution
 from learners.networks import Policy
+from learners.sequences import episode_starts, flat_unroll, warm_state
 from learners.train_state import Batch, TrainState, prepare
 from srl_jax.config import ConfigError
 
@@ -43,7 +47,8 @@ class PPOConfig:
     epochs: int = 4
     """Passes over each batch."""
     minibatches: int = 4
-    """Minibatches per epoch; they must divide the batch of T * B samples."""
+    """Minibatches per epoch; they must divide the batch of T * B samples (of B env
+    columns for a recurrent policy, whose minibatches are whole columns)."""
     max_grad_norm: float = 0.5
     """Global gradient-norm clip."""
     normalize_advantages: bool = True
@@ -71,6 +76,11 @@ class PPOConfig:
 def check(config: PPOConfig, sizes: Sizes) -> None:
     """The minibatches split the batch; annealing knows the length of the run."""
     samples = sizes.batch_envs * sizes.trajectory_length
+    if sizes.recurrent and sizes.batch_envs % config.minibatches:
+        raise ConfigError(
+            f"'learner.ppo.minibatches' ({config.minibatches}) must divide "
+            f"'learner.batch_envs' ({sizes.batch_envs}): a recurrent policy's minibatches are "
+            f"whole env columns")
     if samples % config.minibatches:
         raise ConfigError(
             f"'learner.ppo.minibatches' ({config.minibatches}) must divide the batch of "
@@ -151,18 +161,32 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation, ppo: PP
         advantages, returns = gae(batch.rewards, batch.values, batch.terminated,
                                   batch.truncated, batch.trunc_values, ppo.gamma, ppo.gae_lambda)
         T, B = batch.rewards.shape
-        n = T * B
-        flat = {
-            "obs": batch.obs[:-1].reshape(n, *batch.obs.shape[2:]),
-            "actions": batch.actions.reshape(n, *batch.actions.shape[2:]),
-            "logp": batch.logp.reshape(n), "values": batch.values[:-1].reshape(n),
-            "advantages": advantages.reshape(n), "returns": returns.reshape(n),
-        }
+        steps = {"obs": batch.obs[:-1], "actions": batch.actions, "logp": batch.logp,
+                 "values": batch.values[:-1], "advantages": advantages, "returns": returns}
+        if policy.recurrent:  # shuffled as whole columns: [B, T, ...], and their states
+            n = B
+            samples = {name: jnp.swapaxes(x, 0, 1) for name, x in steps.items()}
+            samples["resets"] = jnp.swapaxes(
+                episode_starts(batch.terminated, batch.truncated, T), 0, 1)
+            samples["state"] = batch.state[0]
+        else:  # shuffled as single steps
+            n = T * B
+            samples = {name: x.reshape(n, *x.shape[2:]) for name, x in steps.items()}
 
         def loss_of_net(net: Any, mb: dict) -> tuple[jax.Array, dict]:
-            return ppo_loss({**params, "net": net}, policy.apply, policy.dist, mb["obs"],
-                            mb["actions"], mb["logp"], mb["values"], mb["advantages"],
-                            mb["returns"], ppo)
+            net_params = {**params, "net": net}
+            if policy.recurrent:
+                seq = {name: jnp.swapaxes(x, 0, 1) for name, x in mb.items() if name != "state"}
+                start = warm_state(policy, net_params, seq["obs"], mb["state"], seq["resets"],
+                                   sizes.burn_in)
+                seq = {name: x[sizes.burn_in:] for name, x in seq.items()}
+                apply_fn = flat_unroll(policy, start, seq["resets"])
+                mb = {name: x.reshape(-1, *x.shape[2:]) for name, x in seq.items()}
+            else:
+                rows = mb["obs"].shape[0]
+                apply_fn = flat_unroll(policy, jnp.zeros((rows, 0)), jnp.zeros((1, rows), bool))
+            return ppo_loss(net_params, apply_fn, policy.dist, mb["obs"], mb["actions"],
+                            mb["logp"], mb["values"], mb["advantages"], mb["returns"], ppo)
 
         grad_fn = jax.grad(loss_of_net, has_aux=True)
 
@@ -184,7 +208,7 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation, ppo: PP
         def epoch(carry: tuple, key: jax.Array) -> tuple:
             order = jax.random.permutation(key, n)
             shuffled = jax.tree.map(
-                lambda x: x[order].reshape(ppo.minibatches, -1, *x.shape[1:]), flat)
+                lambda x: x[order].reshape(ppo.minibatches, -1, *x.shape[1:]), samples)
             (net, opt_state, stopped), (infos, ran) = jax.lax.scan(minibatch_step, carry,
                                                                    shuffled)
             if ppo.target_kl is not None:
@@ -210,5 +234,5 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation, ppo: PP
 ALGORITHM = Algorithm(
     name="ppo", config=PPOConfig, make_optimizer=make_optimizer, make_update=make_update,
     fields=("obs", "actions", "logp", "values", "rewards", "terminated", "truncated",
-            "trunc_values"),
+            "trunc_values", "state"),
     check=check)

@@ -3,9 +3,10 @@
 An actor fills one chunk of T steps for the n columns of a split (envs times the
 agents its policy acts for); consecutive chunks overlap by one observation. Each
 `ChunkField` says how many rows it has ("T": one per step, "T+1": one per step
-plus the next), the shape and dtype of one column's entry as functions of the
-`EnvSpec`, and the dtype the learner's batch holds it in (None: the learner does
-not train on it, as for `versions`, which only the sample queue reads).
+plus the next, "1": one for the whole chunk, at its first step), the shape and
+dtype of one column's entry as functions of the `EnvSpec`, and the dtype the
+learner's batch holds it in (None: the learner does not train on it, as for
+`versions`, which only the sample queue reads).
 
 From `CHUNK_FIELDS` come the actor's empty chunk (`empty_chunk`), the learner's
 check of a received chunk (`chunk_layout`) and the learner's `Batch` pytree
@@ -23,7 +24,7 @@ import numpy as np
 
 from srl_jax.env_spec import EnvSpec
 
-Extent = Literal["T", "T+1"]
+Extent = Literal["T", "T+1", "1"]
 AS_SENT = "as sent"
 """`batch_dtype` of a field the batch keeps in its chunk dtype (e.g. uint8 frames)."""
 
@@ -39,7 +40,7 @@ class ChunkField:
     doc: str
 
     def rows(self, T: int) -> int:
-        return T + 1 if self.extent == "T+1" else T
+        return {"T": T, "T+1": T + 1, "1": 1}[self.extent]
 
 
 def _scalar(spec: EnvSpec) -> tuple[int, ...]:
@@ -68,6 +69,8 @@ CHUNK_FIELDS: tuple[ChunkField, ...] = (
                "episode cut by a time limit (bootstrap)"),
     ChunkField("trunc_values", "T", _scalar, _fixed(np.float32), F32,
                "value of the final observation where truncated"),
+    ChunkField("state", "1", lambda s: (s.state_size,), _fixed(np.float32), F32,
+               "recurrent state of the acting policy at the first step (width 0: no core)"),
     ChunkField("versions", "T", _scalar, _fixed(np.int32), None,
                "parameter version of the acting policy (read by the staleness cap)"),
 )

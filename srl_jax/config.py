@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 NETWORKS = ("mlp", "nature_cnn")
+CORES = ("none", "lstm", "gru")
 ENV_BACKENDS = ("gymnasium", "envpool")
 DEFAULT_POLICY = "default"
 PETTINGZOO_PREFIX = "pettingzoo:"
@@ -68,6 +69,9 @@ class EnvConfig:
     agent_id: bool = True
     """Multi-agent envs: append a one-hot of the agent's place among its policy's agents
     to its observations, so that a shared policy can tell its agents apart."""
+    mask_obs: list[int] = field(default_factory=list)
+    """Gymnasium envs: indices (into the flattened observation) replaced by zeros, to make
+    a partially observable task (CartPole without velocities: [1, 3])."""
 
 
 def policy_names(env: EnvConfig) -> list[str]:
@@ -151,6 +155,9 @@ class LearnerConfig:
     """Rewards are multiplied by this before the update."""
     reward_clip: float = 0.0
     """Rewards are clipped to [-c, c] before the update (0: no clipping; Atari: 1)."""
+    burn_in: int = 0
+    """Recurrent policies: the first K steps of each chunk column only warm up the
+    stored state (no loss, no gradient), R2D2's remedy for stale states."""
     algorithms: dict[str, dict[str, Any]] = field(
         default_factory=dict, metadata={SECTIONS: True})
     """Algorithm sections as written, `learner.<name>: {...}` (e.g. `learner.ppo`), by
@@ -166,6 +173,11 @@ class NetworkConfig:
     """Hidden layer widths of the actor and the critic MLPs."""
     activation: str = "tanh"
     """Activation function: 'tanh' or 'relu'."""
+    core: str = "none"
+    """Recurrent core between the torso and the heads: 'none', 'lstm' or 'gru'. With a
+    core the MLP torso (`hidden`) is shared by the policy and value heads."""
+    core_size: int = 128
+    """Units of the recurrent core."""
 
 
 @dataclass

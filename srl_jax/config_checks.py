@@ -9,6 +9,7 @@ section (`learners/algorithms.py`); the launcher runs all three.
 from __future__ import annotations
 
 from srl_jax.config import (
+    CORES,
     ENV_BACKENDS,
     NETWORKS,
     POLICY_NAME,
@@ -49,11 +50,14 @@ def check_env(config: ExperimentConfig) -> None:
                 "'env.backend': PettingZoo environments step with 'gymnasium'")
         require(not config.actors.inline_inference,
                 "'actors.inline_inference' is for single-agent environments")
+        require(not env.mask_obs, "'env.mask_obs' is for single-agent gymnasium environments")
     else:
         require(not env.policies,
                 "'env.policies' is for multi-agent (PettingZoo 'pettingzoo:...') environments")
     require(env.backend in ENV_BACKENDS,
             f"'env.backend': unknown '{env.backend}' (known: {', '.join(ENV_BACKENDS)})")
+    require(not env.mask_obs or env.backend == "gymnasium",
+            "'env.mask_obs' is applied by gymnasium envs: it needs 'env.backend' gymnasium")
     atari = env.atari
     require(atari.noop_max >= 0, "'env.atari.noop_max' must not be negative")
     require(atari.frame_skip >= 1, "'env.atari.frame_skip' must be at least 1")
@@ -143,6 +147,15 @@ def check_network(config: ExperimentConfig) -> None:
     require(all(h >= 1 for h in network.hidden), "'network.hidden' widths must be >= 1")
     require(network.activation in ("tanh", "relu"),
             f"'network.activation' must be 'tanh' or 'relu', got '{network.activation}'")
+    require(network.core in CORES,
+            f"'network.core': unknown '{network.core}' (known: {', '.join(CORES)})")
+    require(network.core_size >= 1, "'network.core_size' must be at least 1")
+    burn_in, T = config.learner.burn_in, config.actors.trajectory_length
+    require(burn_in >= 0, "'learner.burn_in' must not be negative")
+    require(burn_in == 0 or network.core != "none",
+            "'learner.burn_in' warms a recurrent state: it needs 'network.core' lstm or gru")
+    require(burn_in < T, f"'learner.burn_in' ({burn_in}) must be shorter than "
+                         f"'actors.trajectory_length' ({T}): it leaves no step to learn from")
 
 
 def check_stop(config: ExperimentConfig) -> None:

@@ -6,11 +6,12 @@ and the chunk spec only read it, so it lives here and imports no environment pac
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
-from srl_jax.config import ConfigError
+from srl_jax.config import ConfigError, NetworkConfig
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,9 @@ class EnvSpec:
     action_high: tuple[float, ...] = ()
     agents: int = 1
     """Agents of one environment this policy acts for: chunk columns per env."""
+    state_size: int = 0
+    """Floats of recurrent state the policy keeps per column (`network.core`; 0: none),
+    which requests, replies and chunks carry beside the observations (`with_core`)."""
 
     @property
     def action_shape(self) -> tuple[int, ...]:
@@ -44,3 +48,14 @@ def check_network(kind: str, spec: EnvSpec, env_id: str) -> None:
         raise ConfigError(f"'network.kind': 'nature_cnn' needs image observations [H, W, C] and "
                           f"discrete actions; '{env_id}' has observations {list(spec.obs_shape)} "
                           f"and {actions} actions")
+
+
+def core_state_size(network: NetworkConfig) -> int:
+    """Floats of one column's recurrent state: an LSTM's cell and hidden vectors side by
+    side, a GRU's hidden vector, nothing without a core."""
+    return {"none": 0, "lstm": 2 * network.core_size, "gru": network.core_size}[network.core]
+
+
+def with_core(spec: EnvSpec, network: NetworkConfig) -> EnvSpec:
+    """`spec` as a policy with `network`'s core sees it: with its state size."""
+    return dataclasses.replace(spec, state_size=core_state_size(network))
