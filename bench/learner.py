@@ -135,12 +135,12 @@ def case_config(case: str, args: argparse.Namespace) -> ExperimentConfig:
 
 def case_policy(case: str, config: ExperimentConfig, args: argparse.Namespace) -> tuple:
     """(env spec, policy, network) of a case: the experiment's MLP or the Nature-CNN."""
-    from actors.envs import env_spec
+    from actors.envs import policy_spec
     from learners.networks import make_policy
     from srl_jax.env_spec import EnvSpec
 
     if case == "mlp":
-        spec = env_spec(config.env)
+        spec = policy_spec(config)
         return (spec, *make_policy(config, spec))
     spec = EnvSpec(CNN_OBS_SHAPE, np.dtype(np.uint8), args.cnn_actions, continuous=False)
     return (spec, *make_policy(config, spec))

@@ -96,10 +96,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 # -------------------------------------------------------------------- child
 
 
-def _zero_act(params: Any, obs: np.ndarray, key: Any, counter: Any) -> tuple:
+def _zero_act(params: Any, obs: np.ndarray, state: np.ndarray, key: Any, counter: Any) -> tuple:
     """Stands in for the jitted network: zeros for every row, no JAX call."""
     rows = obs.shape[0]
-    return np.zeros(rows, np.int32), np.zeros(rows, np.float32), np.zeros(rows, np.float32)
+    return (np.zeros(rows, np.int32), np.zeros(rows, np.float32), np.zeros(rows, np.float32),
+            state)
 
 
 def zero_runner(config: Any, spec: Any, sampling_seed: int, min_size: int,
@@ -178,7 +179,7 @@ def _take_samples(conn: Connection, case: dict[str, Any], root: Path) -> None:
     """
     import jax
 
-    from actors.envs import env_spec
+    from actors.envs import policy_spec
     from learners.learner_worker import POLL_MS
     from learners.mesh import make_learner_mesh, put_batch
     from learners.sample_intake import SampleIntake, run_chunk_layout
@@ -190,7 +191,7 @@ def _take_samples(conn: Connection, case: dict[str, Any], root: Path) -> None:
     config = micro_config(case)
     cfg = config.learner
     rejects = RejectCounter()
-    intake = SampleIntake(run_chunk_layout(config, env_spec(config.env)),
+    intake = SampleIntake(run_chunk_layout(config, policy_spec(config)),
                           SampleQueue(cfg.sample_queue, cfg.batch_envs, cfg.staleness_cap),
                           rejects)
     mesh = make_learner_mesh(cfg.devices, cfg.batch_envs)
@@ -364,6 +365,7 @@ def sample_overhead(sink: Sink, name: str, envs: int, seconds: float) -> dict[st
                       first, np.empty(0, np.int64), np.empty((0, *obs_shape), obs_dtype))
     action, values = np.zeros(envs, np.int32), np.zeros(envs, np.float32)
     no_values = np.empty(0, np.float32)
+    no_state = np.zeros((envs, 0), np.float32)
     chunk_bytes = 0
 
     def run(duration: float) -> int:
@@ -371,7 +373,7 @@ def sample_overhead(sink: Sink, name: str, envs: int, seconds: float) -> dict[st
         steps = 0
         deadline = time.perf_counter() + duration
         while time.perf_counter() < deadline:
-            chunk = builder.on_policy(action, values, values, 0, no_values)
+            chunk = builder.on_policy(action, values, values, 0, no_values, no_state)
             if chunk is not None:
                 chunk_bytes = sum(a.nbytes for a in chunk.values())
                 send(push, "samples", {"actor": 0, "episode_returns": []}, chunk)

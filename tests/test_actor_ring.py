@@ -112,7 +112,7 @@ def test_env_split_termination_has_no_final_obs():
 # --------------------------------------------------------------------------- ChunkBuilder
 
 
-SCRIPTED_SPEC = EnvSpec((3,), np.dtype(np.float32), 2, continuous=False)
+SCRIPTED_SPEC = EnvSpec((3,), np.dtype(np.float32), 2, continuous=False, state_size=2)
 
 
 def scripted_obs(step: int, n: int = 2) -> np.ndarray:
@@ -122,6 +122,11 @@ def scripted_obs(step: int, n: int = 2) -> np.ndarray:
 
 def value_of(obs: np.ndarray) -> np.ndarray:
     return (obs[:, 0] * 10 + obs[:, 1] + 0.5).astype(np.float32)
+
+
+def scripted_state(step: int, n: int = 2) -> np.ndarray:
+    """The recurrent state a policy acts from at `step`: distinct per step and column."""
+    return np.array([[step, -i] for i in range(n)], np.float32)
 
 
 def test_chunk_builder_shapes_overlap_versions_and_trunc_values():
@@ -139,7 +144,7 @@ def test_chunk_builder_shapes_overlap_versions_and_trunc_values():
         values = value_of(request)
         done = builder.on_policy(np.array([step % 2, 1 - step % 2]),
                                  np.full(n, -0.1 * step, np.float32), values[:n],
-                                 step // 2, values[n:])
+                                 step // 2, values[n:], scripted_state(step))
         if done is not None:
             chunks.append((step, {k: v.copy() for k, v in done.items()}, done))
         envs = truncate_at.get(step, [])
@@ -163,13 +168,15 @@ def test_chunk_builder_shapes_overlap_versions_and_trunc_values():
             "actions": ((T, n), np.int32), "logp": ((T, n), np.float32),
             "rewards": ((T, n), np.float32), "terminated": ((T, n), bool),
             "truncated": ((T, n), bool), "trunc_values": ((T, n), np.float32),
-            "versions": ((T, n), np.int32),
+            "versions": ((T, n), np.int32), "state": ((1, n, 2), np.float32),
         }
         assert set(chunk) == set(expected)
         for key, (shape, dtype) in expected.items():
             assert chunk[key].shape == shape, key
             assert chunk[key].dtype == dtype, key
         steps = np.arange(k * T, k * T + T)
+        # The state the policy acted from at the chunk's first step (the previous one's last).
+        np.testing.assert_array_equal(chunk["state"][0], scripted_state(k * T))
         for t in range(T + 1):
             np.testing.assert_array_equal(chunk["obs"][t], scripted_obs(k * T + t))
             np.testing.assert_array_equal(chunk["values"][t], value_of(scripted_obs(k * T + t)))
@@ -295,7 +302,7 @@ def test_actor_process_streams_consistent_chunks(tmp_path, processes, stats_sock
                       "actions": ((T, N), np.int32), "logp": ((T, N), np.float32),
                       "rewards": ((T, N), np.float32), "terminated": ((T, N), bool),
                       "truncated": ((T, N), bool), "trunc_values": ((T, N), np.float32),
-                      "versions": ((T, N), np.int32)}
+                      "versions": ((T, N), np.int32), "state": ((1, N, 0), np.float32)}
             assert set(chunk) == set(shapes)
             for key, (shape, dtype) in shapes.items():
                 assert chunk[key].shape == shape and chunk[key].dtype == dtype, key

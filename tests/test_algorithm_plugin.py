@@ -33,6 +33,7 @@ from learners.algorithms import (
     register,
 )
 from learners.networks import Policy
+from learners.sequences import episode_starts
 from learners.train_state import Batch, TrainState, prepare
 from srl_jax.config import ConfigError
 from srl_jax.config_loader import config_from_dict
@@ -93,11 +94,12 @@ def advantages_and_returns(batch: Batch, values: jax.Array, gamma: float,
 
 def a2c_loss(params: Any, policy: Policy, batch: Batch,
              config: A2CConfig) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """-log pi(a|s) * advantage + value loss - entropy bonus, with the current network."""
+    """-log pi(a|s) * advantage + value loss - entropy bonus, with the current network
+    (unrolled over each column from its stored state, should the policy be recurrent)."""
     T, B = batch.rewards.shape
-    out, values = policy.apply(params, batch.obs.reshape((T + 1) * B, *batch.obs.shape[2:]))
-    values = values.reshape(T + 1, B)
-    out = out[:T * B]
+    out, values, _ = policy.unroll(params, batch.obs, batch.state[0],
+                                   episode_starts(batch.terminated, batch.truncated, T + 1))
+    out = out[:T].reshape(T * B, *out.shape[2:])
     actions = batch.actions.reshape(T * B, *batch.actions.shape[2:])
     logp = policy.dist.log_prob(out, actions).reshape(T, B)
     entropy = policy.dist.entropy(out).mean()
@@ -135,7 +137,7 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation, config:
 
 ALGORITHM = Algorithm(
     name="a2c", config=A2CConfig, make_optimizer=make_optimizer, make_update=make_update,
-    fields=("obs", "actions", "rewards", "terminated", "truncated", "trunc_values"))
+    fields=("obs", "actions", "rewards", "terminated", "truncated", "trunc_values", "state"))
 register(ALGORITHM)
 
 

@@ -169,7 +169,8 @@ def test_policy_normalizes_and_clips_observations():
     normalized = np.clip((obs - mean) / np.sqrt(var + 1e-8), -OBS_CLIP, OBS_CLIP)
     assert OBS_CLIP == 10.0
     assert (np.abs(normalized) == 10.0).sum() >= 5  # the clip really happens
-    out, value = policy.apply(params, jnp.asarray(obs))
+    no_state = jnp.zeros((4, 0))
+    out, value, _ = policy.apply(params, jnp.asarray(obs), no_state)
     want_out, want_value = network.apply(params["net"], jnp.asarray(normalized))
     assert out.shape == (4, 2) and value.shape == (4,)
     np.testing.assert_allclose(out, want_out, rtol=1e-5, atol=1e-6)
@@ -182,7 +183,7 @@ def test_policy_normalizes_and_clips_observations():
 
     plain, _ = make_policy(pendulum_config("learner.normalize_obs=false"), spec)
     assert not plain.normalize_obs
-    out, value = plain.apply(params, jnp.asarray(obs))
+    out, value, _ = plain.apply(params, jnp.asarray(obs), no_state)
     want_out, want_value = network.apply(params["net"], jnp.asarray(obs))
     np.testing.assert_allclose(out, want_out, rtol=1e-6)
     np.testing.assert_allclose(value, want_value, rtol=1e-6)
@@ -197,7 +198,7 @@ def continuous_batch(T: int, B: int, seed: int = 0) -> Batch:
                  values=jnp.zeros((T + 1, B)),
                  rewards=jnp.asarray(rng.uniform(-16, 0, (T, B)).astype(np.float32)),
                  terminated=jnp.zeros((T, B)), truncated=jnp.zeros((T, B)),
-                 trunc_values=jnp.zeros((T, B)))
+                 trunc_values=jnp.zeros((T, B)), state=jnp.zeros((1, B, 0)))
 
 
 def test_prepare_folds_the_acted_observations_and_scales_rewards():

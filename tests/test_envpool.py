@@ -50,7 +50,7 @@ def test_cartpole_split_resets_at_once_and_keeps_truncated_final_obs() -> None:
     for _ in range(120):
         action = rng.integers(2, size=N).astype(np.int32)
         finished = chunk.on_policy(action, np.zeros(N, np.float32), np.zeros(N, np.float32), 0,
-                                   trunc_values)
+                                   trunc_values, np.zeros((N, 0), np.float32))
         chunks += [finished] if finished is not None else []
         result = split.step(list(action))
         chunk.on_step(result)
@@ -130,7 +130,7 @@ def _chunks(config: EnvConfig, steps: int, length: int) -> list[dict[str, np.nda
         else:
             action = rng.integers(spec.action_dim, size=N).astype(np.int32)
         finished = builder.on_policy(action, np.zeros(N, np.float32), np.zeros(N, np.float32),
-                                     0, trunc_values)
+                                     0, trunc_values, np.zeros((N, 0), np.float32))
         chunks += [dict(finished)] if finished is not None else []
         step = split.step([list(action)])
         builder.on_step(step.results[0])

@@ -50,10 +50,11 @@ class Served:
 
     def runner(self, config: ExperimentConfig, spec: EnvSpec, sampling_seed: int,
                min_size: int, max_size: int) -> PolicyRunner:
-        def act(params: Any, obs: np.ndarray, key: Any, counter: Any) -> tuple:
+        def act(params: Any, obs: np.ndarray, state: np.ndarray, key: Any, counter: Any) -> tuple:
             self.calls.append(obs.shape[0])
             rows = obs.shape[0]
-            return np.zeros(rows, np.int32), np.zeros(rows, np.float32), obs[:, 0].copy()
+            return (np.zeros(rows, np.int32), np.zeros(rows, np.float32), obs[:, 0].copy(),
+                    state)
 
         runner = PolicyRunner(act, {}, spec, padded_sizes(min_size, max_size), sampling_seed)
         runner.set_params({}, version=0)  # taken: the server does not wait for a learner's

@@ -100,7 +100,7 @@ def observations(rows: int, rng: np.random.Generator) -> np.ndarray:
 def expected_outputs(config: ExperimentConfig, params: Any, obs: np.ndarray) -> tuple:
     """Log-probabilities [n, actions] and values [n] of `params` for `obs`, computed here."""
     policy, _ = make_policy(config, env_spec(config.env))
-    logits, value = policy.apply(params, obs)
+    logits, value, _ = policy.apply(params, obs, np.zeros((len(obs), 0), np.float32))
     return np.asarray(jax.nn.log_softmax(logits)), np.asarray(value)
 
 

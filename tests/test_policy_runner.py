@@ -10,7 +10,7 @@ from learners.networks import init_policy_params, make_policy
 from learners.param_codec import params_to_arrays
 from learners.policy import make_runner
 from learners.policy_runner import PolicyRunner, padded_sizes
-from srl_jax.env_spec import EnvSpec
+from srl_jax.env_spec import EnvSpec, with_core
 from tests.conftest import make_config
 
 DISCRETE = EnvSpec((4,), np.dtype(np.float32), 2, continuous=False)
@@ -44,26 +44,37 @@ def test_compile_runs_every_padded_size_once() -> None:
     assert runner.calls == len(runner.sizes) == 4
 
 
-@pytest.mark.parametrize("rows", [1, 3, 8, 11])
-def test_discrete_outputs_match_the_policy_for_every_row(rows: int) -> None:
-    runner = runner_for(DISCRETE)
-    obs = observations(rows, DISCRETE)
-    outputs, version = runner.run(obs)
-    assert version == 0 and set(outputs) == {"action", "logp", "value"}
+@pytest.mark.parametrize(("rows", "core"), [(1, "none"), (3, "none"), (8, "none"),
+                                            (11, "none"), (3, "lstm"), (11, "gru")])
+def test_discrete_outputs_match_the_policy_for_every_row(rows: int, core: str) -> None:
+    """Padding rows change nothing; a recurrent policy acts from the state given for each
+    row and answers with the next one."""
+    config = make_config([f"network.core={core}", "network.core_size=8"])
+    spec = with_core(DISCRETE, config.network)
+    runner = make_runner(config, spec, sampling_seed=0, min_size=1, max_size=8)
+    obs = observations(rows, spec)
+    state = np.random.default_rng(rows).normal(size=(rows, spec.state_size)).astype(np.float32)
+    outputs, version = runner.run(obs, state)
+    names = {"action", "logp", "value"} | ({"state"} if core != "none" else set())
+    assert version == 0 and set(outputs) == names
     action, logp, value = outputs["action"], outputs["logp"], outputs["value"]
     assert action.shape == (rows,) and action.dtype == np.int32
     assert set(action.tolist()) <= {0, 1}
     assert logp.shape == (rows,) and value.shape == (rows,)
-    policy, _ = make_policy(make_config(), DISCRETE)
-    logits, values = policy.apply(runner.params, obs)
+    policy, _ = make_policy(config, spec)
+    logits, values, new_state = policy.apply(runner.params, obs, state)
     table = np.asarray(jax.nn.log_softmax(logits))
     np.testing.assert_allclose(logp, table[np.arange(rows), action], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(value, np.asarray(values), rtol=1e-5, atol=1e-6)
+    if core != "none":
+        assert outputs["state"].shape == (rows, spec.state_size)
+        np.testing.assert_allclose(outputs["state"], new_state, rtol=1e-5, atol=1e-6)
+        assert not np.allclose(outputs["state"], state)
 
 
 def test_continuous_outputs_have_an_action_vector_per_row() -> None:
     runner = runner_for(CONTINUOUS)
-    outputs, _ = runner.run(observations(5, CONTINUOUS))
+    outputs, _ = runner.run(observations(5, CONTINUOUS), runner.zero_state(5))
     assert outputs["action"].shape == (5, 2) and outputs["action"].dtype == np.float32
     assert outputs["logp"].shape == (5,) and outputs["value"].shape == (5,)
     assert np.all(np.isfinite(outputs["logp"]))
@@ -71,12 +82,12 @@ def test_continuous_outputs_have_an_action_vector_per_row() -> None:
 
 def test_set_params_changes_outputs_and_version_and_refuses_a_misfit() -> None:
     runner = runner_for(DISCRETE)
-    obs = observations(6, DISCRETE)
-    before, _ = runner.run(obs)
+    obs, state = observations(6, DISCRETE), runner.zero_state(6)
+    before, _ = runner.run(obs, state)
     _, network = make_policy(make_config(), DISCRETE)
     newer = params_to_arrays(init_policy_params(network, DISCRETE.obs_shape, seed=99))
     runner.set_params(newer, version=7, incarnation=2)
-    after, version = runner.run(obs)
+    after, version = runner.run(obs, state)
     assert version == 7 and runner.incarnation == 2 and runner.updates == 1
     assert not np.allclose(after["value"], before["value"])
 
@@ -84,4 +95,4 @@ def test_set_params_changes_outputs_and_version_and_refuses_a_misfit() -> None:
     misfit.pop(next(iter(misfit)))
     with pytest.raises(ValueError, match="arrays for"):
         runner.set_params(misfit, version=8)
-    assert runner.run(obs)[1] == 7 and runner.updates == 1
+    assert runner.run(obs, state)[1] == 7 and runner.updates == 1

@@ -17,6 +17,7 @@ from tests.update_checks import (
     check_update_trains_and_repeats,
     check_value_loss_halves,
     random_batch,
+    sizes_for,
     small_policy_state,
 )
 
@@ -146,19 +147,23 @@ def test_ppo_loss_gradient_stops_at_the_clip():
 PPO = PPOConfig(learning_rate=1e-3, epochs=2, minibatches=4)
 
 
-def fresh_state(config: PPOConfig = PPO):
-    optimizer = make_optimizer(config, SIZES)
-    policy, state = small_policy_state(optimizer)
+def fresh_state(config: PPOConfig = PPO, core: str = "none"):
+    optimizer = make_optimizer(config, sizes_for(core))
+    policy, state = small_policy_state(optimizer, core)
     return policy, optimizer, state
 
 
-def test_make_update_trains_a_real_network_deterministically():
-    policy, optimizer, _ = fresh_state()
-    update = jax.jit(make_update(policy, optimizer, PPO, SIZES), donate_argnums=0)
-    batch = random_batch()
+@pytest.mark.parametrize(("core", "burn_in"), [("none", 0), ("lstm", 0), ("gru", 3)])
+def test_make_update_trains_a_real_network_deterministically(core, burn_in):
+    """Feed-forward minibatches of steps, recurrent ones of whole columns (with burn-in)."""
+    policy, optimizer, _ = fresh_state(core=core)
+    update = jax.jit(make_update(policy, optimizer, PPO, sizes_for(core, burn_in)),
+                     donate_argnums=0)
+    batch = random_batch(state_size=policy.state_size)
     metrics = check_update_trains_and_repeats(
-        update, fresh_state, batch, ("loss", "pg_loss", "value_loss", "entropy", "approx_kl",
-                                     "clip_frac", "advantage_mean", "return_mean"))
+        update, lambda: fresh_state(core=core), batch,
+        ("loss", "pg_loss", "value_loss", "entropy", "approx_kl", "clip_frac", "advantage_mean",
+         "return_mean"))
     # The advantages reported are those of GAE over the batch with the config's gamma/lambda.
     advantages, returns = gae(batch.rewards, batch.values, batch.terminated, batch.truncated,
                               batch.trunc_values, PPO.gamma, PPO.gae_lambda)

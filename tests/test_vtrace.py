@@ -19,13 +19,16 @@ from learners.impala import (
 )
 from learners.mesh import compile_update, make_learner_mesh, put_batch, replicated
 from learners.ppo import gae
+from learners.sequences import episode_starts, flat_unroll
 from learners.train_state import Batch
 from tests.update_checks import (
     SIZES,
     B,
+    T,
     check_update_trains_and_repeats,
     check_value_loss_halves,
     random_batch,
+    sizes_for,
     small_policy_state,
 )
 
@@ -233,6 +236,7 @@ def test_impala_loss_gradients():
         terminated=np.zeros((T, B), np.float32),
         truncated=np.zeros((T, B), np.float32),
         trunc_values=np.zeros((T, B), np.float32),
+        state=np.zeros((1, B, 0), np.float32),
     )
     params = {"logits": jnp.asarray(rng.normal(size=((T + 1) * B, A)), jnp.float32),
               "values": jnp.asarray(rng.normal(size=(T + 1) * B), jnp.float32)}
@@ -265,9 +269,9 @@ def test_impala_loss_gradients():
 IMPALA = ImpalaConfig(learning_rate=1e-3, minibatches=2)
 
 
-def fresh_state(config: ImpalaConfig = IMPALA):
-    optimizer = make_optimizer(config, SIZES)
-    policy, state = small_policy_state(optimizer)
+def fresh_state(config: ImpalaConfig = IMPALA, core: str = "none"):
+    optimizer = make_optimizer(config, sizes_for(core))
+    policy, state = small_policy_state(optimizer, core)
     return policy, optimizer, state
 
 
@@ -275,19 +279,27 @@ METRICS = ("loss", "pg_loss", "value_loss", "entropy", "rho_mean", "rho_clip_fra
            "advantage_mean", "vs_mean", "value_mean", "grad_norm")
 
 
-def test_make_update_trains_a_real_network_deterministically():
-    policy, optimizer, _ = fresh_state()
-    update = jax.jit(make_update(policy, optimizer, IMPALA, SIZES), donate_argnums=0)
-    check_update_trains_and_repeats(update, fresh_state, random_batch(), METRICS)
+@pytest.mark.parametrize(("core", "burn_in"), [("none", 0), ("lstm", 0), ("gru", 3)])
+def test_make_update_trains_a_real_network_deterministically(core, burn_in):
+    """Feed-forward, and recurrent unrolled over whole columns (with burn-in)."""
+    policy, optimizer, _ = fresh_state(core=core)
+    update = jax.jit(make_update(policy, optimizer, IMPALA, sizes_for(core, burn_in)),
+                     donate_argnums=0)
+    check_update_trains_and_repeats(update, lambda: fresh_state(core=core),
+                                    random_batch(state_size=policy.state_size), METRICS)
 
 
-def test_one_minibatch_update_is_the_loss_gradient_step():
-    # With one minibatch the metrics are the loss on the whole batch at the old params.
+@pytest.mark.parametrize("core", ["none", "lstm"])
+def test_one_minibatch_update_is_the_loss_gradient_step(core):
+    # With one minibatch the metrics are the loss on the whole batch at the old params: for
+    # a recurrent policy, unrolled from the stored state with resets after episode ends.
     config = dataclasses.replace(IMPALA, minibatches=1)
-    policy, optimizer, state = fresh_state(config)
-    batch = random_batch(2)
-    _, info = impala_loss(state.params, policy.apply, policy.dist, batch, config)
-    _, metrics = jax.jit(make_update(policy, optimizer, config, SIZES))(state, batch)
+    policy, optimizer, state = fresh_state(config, core)
+    batch = random_batch(2, policy.state_size)
+    apply_fn = flat_unroll(policy, batch.state[0],
+                           episode_starts(batch.terminated, batch.truncated, T + 1))
+    _, info = impala_loss(state.params, apply_fn, policy.dist, batch, config)
+    _, metrics = jax.jit(make_update(policy, optimizer, config, sizes_for(core)))(state, batch)
     for key in ("loss", "pg_loss", "value_loss", "entropy", "rho_mean"):
         assert float(metrics[key]) == pytest.approx(float(info[key]), rel=1e-5, abs=1e-6), key
 
@@ -300,12 +312,14 @@ def test_make_update_reduces_the_value_loss_on_a_fixed_batch():
     check_value_loss_halves(update, state, random_batch(1), steps=30)
 
 
-def test_update_compiles_for_the_learner_mesh():
-    policy, optimizer, state = fresh_state()
+@pytest.mark.parametrize("core", ["none", "lstm"])
+def test_update_compiles_for_the_learner_mesh(core):
+    policy, optimizer, state = fresh_state(core=core)
     mesh = make_learner_mesh(0, B)
     state = jax.device_put(state, replicated(mesh))
-    batch = put_batch(random_batch(), mesh)
-    update = compile_update(make_update(policy, optimizer, IMPALA, SIZES), mesh, state, batch)
+    batch = put_batch(random_batch(state_size=policy.state_size), mesh)
+    update = compile_update(make_update(policy, optimizer, IMPALA, sizes_for(core)), mesh,
+                            state, batch)
     state, metrics = update(state, batch)
     assert int(state.version) == 1
     assert np.isfinite(float(metrics["loss"]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -10,18 +11,27 @@ import numpy as np
 import optax
 
 from learners.algorithms import Sizes
-from learners.distributions import CATEGORICAL
-from learners.networks import ActorCritic, Policy, init_policy_params
+from learners.networks import Policy, init_policy_params, make_policy
 from learners.train_state import Batch, TrainState, init_train_state
+from srl_jax.env_spec import EnvSpec, with_core
+from tests.conftest import make_config
 
 T, B, OBS_SHAPE, ACTIONS_N = 8, 4, (4,), 2
 SIZES = Sizes(trajectory_length=T, batch_envs=B, total_updates=0, reward_scale=1.0,
               reward_clip=0.0)
 """The sizes of `random_batch`, in a run without a frame limit."""
+CORE_SIZE = 8
+"""Units of the recurrent core of `small_policy_state(core=...)`."""
 
 
-def random_batch(seed: int = 0) -> Batch:
-    """A [T+1, B] CartPole-shaped batch with some terminations and truncations."""
+def sizes_for(core: str, burn_in: int = 0) -> Sizes:
+    """`SIZES` for a policy with `core` ('none', 'lstm' or 'gru')."""
+    return dataclasses.replace(SIZES, recurrent=core != "none", burn_in=burn_in)
+
+
+def random_batch(seed: int = 0, state_size: int = 0) -> Batch:
+    """A [T+1, B] CartPole-shaped batch with some terminations and truncations, and a
+    random stored state of `state_size` floats per column."""
     rng = np.random.default_rng(seed)
     terminated = rng.random((T, B)) < 0.1
     truncated = (rng.random((T, B)) < 0.1) & ~terminated
@@ -34,13 +44,18 @@ def random_batch(seed: int = 0) -> Batch:
         terminated=terminated.astype(np.float32),
         truncated=truncated.astype(np.float32),
         trunc_values=rng.normal(size=(T, B)).astype(np.float32),
+        state=rng.normal(size=(1, B, state_size)).astype(np.float32),
     )
 
 
-def small_policy_state(optimizer: optax.GradientTransformation) -> tuple[Policy, TrainState]:
-    """A small real categorical actor-critic and its train state, from a fixed seed."""
-    network = ActorCritic(ACTIONS_N, hidden=(16, 16))
-    policy = Policy(lambda p, obs: network.apply(p["net"], obs), CATEGORICAL, False)
+def small_policy_state(optimizer: optax.GradientTransformation,
+                       core: str = "none") -> tuple[Policy, TrainState]:
+    """A small real categorical actor-critic (with a recurrent `core`, or none) and its
+    train state, from a fixed seed."""
+    config = make_config(["network.hidden=[16, 16]", f"network.core={core}",
+                          f"network.core_size={CORE_SIZE}"])
+    spec = with_core(EnvSpec(OBS_SHAPE, np.dtype(np.float32), ACTIONS_N, False), config.network)
+    policy, network = make_policy(config, spec)
     params = init_policy_params(network, OBS_SHAPE, seed=3)
     return policy, init_train_state(params, optimizer, seed=3)
 
