@@ -123,8 +123,11 @@ def _run(processes, tmp_path, *overrides: str, resume: bool = False,
 
 
 @pytest.mark.slow
-def test_shared_policy_streams_every_agent_through_remote_inference(processes, tmp_path):
-    run_dir, rows = _run(processes, tmp_path, "learner.batch_envs=12",
+def test_a_recurrent_shared_policy_streams_every_agent_through_remote_inference(processes,
+                                                                              tmp_path):
+    """With a GRU: each agent column carries its own state through requests and chunks."""
+    run_dir, rows = _run(processes, tmp_path, "learner.batch_envs=12", "network.core=gru",
+                         "network.core_size=16",
                          until=lambda row: row["env_frames"] >= 1500 and row["learner_steps"] >= 2)
     last = rows[-1]
     assert last["env_frames"] >= 1500 and last["learner_steps"] >= 2
