@@ -24,6 +24,7 @@ from learners.algorithms import algorithm, algorithm_config, sizes
 from learners.export import TrainedPolicy
 from learners.networks import init_policy_params, make_policy
 from learners.policy import make_runner
+from learners.policy_runner import PolicyRunner
 from learners.sequences import episode_starts
 from learners.train_state import Batch, init_train_state
 from srl_jax.launch import main as launch_main
@@ -47,7 +48,7 @@ MASKED = [1, 3]
 class RecurrentFake(FakeServerAndLearner):
     """Answers each request with a real runner of the policy, recording request and reply."""
 
-    def __init__(self, run_dir: Path, runner) -> None:
+    def __init__(self, run_dir: Path, runner: PolicyRunner) -> None:
         super().__init__(run_dir)
         self.runner = runner
         self.requests: dict[int, list[dict]] = defaultdict(list)  # per split, in order
@@ -58,8 +59,7 @@ class RecurrentFake(FakeServerAndLearner):
         self.replies += 1
         meta = message.meta
         self.requests[meta["split"]].append({"seq": meta["seq"], "obs": obs, "state": state,
-                                             "new_state": reply["state"], **{
-                                                 k: v for k, v in reply.items() if k != "state"}})
+                                             "new_state": reply["state"]})
         send(self.router, "infer_reply",
              {"split": meta["split"], "seq": meta["seq"], "version": version}, reply,
              routing=routing)
@@ -113,7 +113,7 @@ def test_actor_carries_the_lstm_state_its_chunks_store_and_the_learner_replays(
 
     policy, network = make_policy(config, spec)
     params = init_policy_params(network, spec.obs_shape, config.seed)
-    apply = jax.jit(policy.apply)
+    apply, unroll = jax.jit(policy.apply), jax.jit(policy.unroll)
     per_split = chunks_by_split(fake)
     assert sorted(per_split) == list(range(SPLITS))
     resets_after = {"terminated": 0, "truncated": 0}
@@ -161,7 +161,7 @@ def test_actor_carries_the_lstm_state_its_chunks_store_and_the_learner_replays(
             # (d) The learner's unroll over the chunk from that state, restarting where an
             # episode ended, reproduces the acting policy's log-probabilities and values.
             resets = episode_starts(chunk["terminated"], chunk["truncated"], T + 1)
-            out, values, _ = policy.unroll(params, chunk["obs"], chunk["state"][0], resets)
+            out, values, _ = unroll(params, chunk["obs"], chunk["state"][0], resets)
             logp = policy.dist.log_prob(out[:T], chunk["actions"])
             np.testing.assert_allclose(logp, chunk["logp"], atol=1e-5, rtol=0)
             np.testing.assert_allclose(values, chunk["values"], atol=1e-5, rtol=0)
@@ -277,8 +277,11 @@ def test_burn_in_steps_receive_no_gradient(algo: str) -> None:
 def test_inference_server_drops_requests_with_a_bad_state_and_keeps_serving(
         tmp_path, processes: Processes, stats_socket: zmq.Socket,
         monkeypatch: pytest.MonkeyPatch) -> None:
+    """tests/test_inference_server.py's server process and actor stand-ins, with an LSTM
+    policy (and one padded size, 4 rows, to compile)."""
     monkeypatch.setattr(inference_test, "make_config", lambda overrides: make_config(
-        [*overrides, *CORE, "runtime.stats_interval_s=0.1"]))
+        [*overrides, *CORE, "inference.max_batch=4", "inference.min_padded_batch=4",
+         "runtime.stats_interval_s=0.1"]))
     server = inference_test.Server(tmp_path, processes, stats_socket)
     try:
         spec = policy_spec(server.config)
@@ -290,8 +293,7 @@ def test_inference_server_drops_requests_with_a_bad_state_and_keeps_serving(
         state = rng.normal(size=(3, S)).astype(np.float32)
         _, values, new_state = policy.apply(params, obs, state)
 
-        def answered(seq: int, timeout_s: float = inference_test.REPLY_TIMEOUT_S) -> None:
-            send(client, "infer_request", {"split": 0, "seq": seq}, {"obs": obs, "state": state})
+        def check_answer(seq: int, timeout_s: float = inference_test.REPLY_TIMEOUT_S) -> None:
             reply = server.reply(client, timeout_s)
             inference_test.check_reply(reply, seq, obs, 0)
             assert reply.arrays["state"].shape == (3, S)
@@ -299,13 +301,17 @@ def test_inference_server_drops_requests_with_a_bad_state_and_keeps_serving(
             np.testing.assert_allclose(reply.arrays["state"], new_state, atol=1e-5, rtol=0)
             np.testing.assert_allclose(reply.arrays["value"], values, atol=1e-5, rtol=0)
 
-        answered(1, inference_test.START_TIMEOUT_S)
+        good = {"obs": obs, "state": state}
+        send(client, "infer_request", {"split": 0, "seq": 1}, good)
+        check_answer(1, inference_test.START_TIMEOUT_S)
+
         before = wait_for(server.latest_counters, 10, "a heartbeat")["wire_rejected"]
         bad_states = [state[:, :-1], state[:2], state.astype(np.float64), None]
         for seq, bad in enumerate(bad_states, start=10):
             arrays = {"obs": obs} if bad is None else {"obs": obs, "state": bad}
             send(client, "infer_request", {"split": 0, "seq": seq}, arrays)
-        answered(2)  # the reply to the next good request is the next reply
+        send(client, "infer_request", {"split": 0, "seq": 2}, good)
+        check_answer(2)  # the reply to the good request behind them is the next reply
         assert not client.poll(200), "a request with a bad state got a reply"
         assert server.process.poll() is None, server.log_tail()
 
@@ -373,12 +379,13 @@ def test_trained_policy_keeps_its_state_between_calls_and_resets(core: str, widt
     params = init_policy_params(network, spec.obs_shape, 7)
     trained = TrainedPolicy(config, spec, policy, params, step=0)
     rng = np.random.default_rng(1)
-    steps = rng.normal(size=(3, 4)).astype(np.float32)
+    steps = rng.normal(size=(2, 4)).astype(np.float32)
+    apply = jax.jit(policy.apply)
 
     expected = np.zeros((1, width), np.float32)
     for obs in steps:  # the state after each call is the one the next call acts from
         trained.act(obs)
-        expected = np.asarray(policy.apply(params, obs[None], expected)[2])
+        expected = np.asarray(apply(params, obs[None], expected)[2])
         assert trained.state.shape == (1, width) and trained.state.dtype == np.float32
         np.testing.assert_allclose(trained.state, expected, atol=1e-6, rtol=0)
     assert np.abs(trained.state).max() > 0
@@ -386,7 +393,7 @@ def test_trained_policy_keeps_its_state_between_calls_and_resets(core: str, widt
 
     trained.reset()  # a new episode acts from zeros again
     trained.act(steps[0])
-    first = np.asarray(policy.apply(params, steps[:1], np.zeros((1, width), np.float32))[2])
+    first = np.asarray(apply(params, steps[:1], np.zeros((1, width), np.float32))[2])
     np.testing.assert_allclose(trained.state, first, atol=1e-6, rtol=0)
     assert not np.allclose(first, remembered)
 
@@ -395,6 +402,7 @@ def test_trained_policy_keeps_its_state_between_calls_and_resets(core: str, widt
     trained.act_batch(batch)
     trained.act_batch(batch)
     kept = trained.state[1].copy()
+    assert np.abs(kept).max() > 0
     trained.reset(np.array([True, False]))
     np.testing.assert_array_equal(trained.state[0], 0.0)
     np.testing.assert_array_equal(trained.state[1], kept)
