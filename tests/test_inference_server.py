@@ -36,10 +36,12 @@ batch, and is served with no request after it."""
 class Server:
     """One inference server process, the learner's PUB it listens to, and actor stand-ins."""
 
-    def __init__(self, tmp_path: Path, processes: Processes, stats: zmq.Socket) -> None:
+    def __init__(self, tmp_path: Path, processes: Processes, stats: zmq.Socket,
+                 overrides: tuple[str, ...] = ()) -> None:
+        """`overrides`: config keys on top of this file's batching settings."""
         self.run_dir = tmp_path / "run"  # where the stats_socket fixture registered itself
         self.config = make_config([f"inference.max_batch={MAX_BATCH}",
-                                   "inference.max_wait_ms=20"])
+                                   "inference.max_wait_ms=20", *overrides])
         write_run_dir(self.run_dir, self.config)
         self.names = FileNameService(self.run_dir / "names")
         self.context = zmq.Context.instance()

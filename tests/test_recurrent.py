@@ -28,7 +28,10 @@ from learners.policy_runner import PolicyRunner
 from learners.sequences import episode_starts
 from learners.train_state import Batch, init_train_state
 from srl_jax.launch import main as launch_main
-from srl_jax.streams import send
+from srl_jax.names import FileNameService
+from srl_jax.stream_table import PARAMS
+from srl_jax.streams import make_socket, send
+from srl_jax.transport import Transport
 from tests.conftest import Processes, make_config, wait_for, write_run_dir
 from tests.fakes import FakeServerAndLearner
 from tests.test_config import assert_one_config_error_line
@@ -169,6 +172,44 @@ def test_actor_carries_the_lstm_state_its_chunks_store_and_the_learner_replays(
     assert resets_after["terminated"] >= 1 and resets_after["truncated"] >= 1, resets_after
 
 
+@pytest.mark.slow
+def test_an_inline_actor_carries_the_state_the_learner_replays(tmp_path, processes,
+                                                               stats_socket):
+    """With inline inference the actor runs the LSTM itself: its chunks' stored states and
+    acted log-probabilities and values are those of the learner's unroll of version 0
+    (no learner publishes here; the actor builds version 0 from the seed)."""
+    config = make_config([
+        *CORE, "actors.count=1", f"actors.envs={N_ENVS}", f"actors.splits={SPLITS}",
+        f"actors.trajectory_length={T}", "actors.inline_inference=true",
+        f"env.kwargs={{max_episode_steps: {LIMIT}}}", f"env.mask_obs={MASKED}"])
+    run_dir = write_run_dir(tmp_path / "run", config)
+    params_socket = make_socket(zmq.Context.instance(), PARAMS.bind_type)
+    Transport(zmq.Context.instance()).bind(params_socket, FileNameService(run_dir / "names"),
+                                           PARAMS.key())
+    fake = FakeServerAndLearner(run_dir)  # its learner's PULL; no request comes
+    try:
+        actor = processes.worker("actor", 0, run_dir)
+        fake.serve(lambda: len(fake.chunks) >= SPLITS * CHUNKS_PER_SPLIT
+                   or actor.poll() is not None, timeout=60)
+        assert actor.poll() is None, (run_dir / "logs" / "actor-0.log").read_text()
+    finally:
+        fake.close()
+        params_socket.close()
+    assert fake.replies == 0 and fake.rejects.count == 0
+    spec = policy_spec(config)
+    policy, network = make_policy(config, spec)
+    params = init_policy_params(network, spec.obs_shape, config.seed)
+    unroll = jax.jit(policy.unroll)
+    for chunk in fake.chunks:
+        resets = episode_starts(chunk["terminated"], chunk["truncated"], T + 1)
+        out, values, _ = unroll(params, chunk["obs"], chunk["state"][0], resets)
+        logp = policy.dist.log_prob(out[:T], chunk["actions"])
+        np.testing.assert_allclose(logp, chunk["logp"], atol=1e-5, rtol=0)
+        np.testing.assert_allclose(values, chunk["values"], atol=1e-5, rtol=0)
+    assert sum(np.abs(chunk["state"]).max() > 0 for chunk in fake.chunks) >= SPLITS, \
+        "chunks after the first of each split start from a state the actor carried"
+
+
 # --------------------------------------------------------------------------- burn-in
 
 BURN_T, BURN_B, BURN_IN = 6, 4, 2
@@ -275,14 +316,12 @@ def test_burn_in_steps_receive_no_gradient(algo: str) -> None:
 
 @pytest.mark.slow
 def test_inference_server_drops_requests_with_a_bad_state_and_keeps_serving(
-        tmp_path, processes: Processes, stats_socket: zmq.Socket,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path, processes: Processes, stats_socket: zmq.Socket) -> None:
     """tests/test_inference_server.py's server process and actor stand-ins, with an LSTM
     policy (and one padded size, 4 rows, to compile)."""
-    monkeypatch.setattr(inference_test, "make_config", lambda overrides: make_config(
-        [*overrides, *CORE, "inference.max_batch=4", "inference.min_padded_batch=4",
-         "runtime.stats_interval_s=0.1"]))
-    server = inference_test.Server(tmp_path, processes, stats_socket)
+    server = inference_test.Server(tmp_path, processes, stats_socket, (
+        *CORE, "inference.max_batch=4", "inference.min_padded_batch=4",
+        "runtime.stats_interval_s=0.1"))
     try:
         spec = policy_spec(server.config)
         policy, network = make_policy(server.config, spec)
