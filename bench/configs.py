@@ -121,6 +121,10 @@ def describe_config(config: ExperimentConfig) -> dict[str, str]:
     what = f"{learner.algorithm.upper()}, {env.id.removeprefix('pettingzoo:')}"
     if config.network.kind != "mlp":
         what += f", {config.network.kind}"
+    if config.network.core != "none":
+        what += f", {config.network.core} {config.network.core_size}"
+    if env.mask_obs:
+        what += f", observation entries {env.mask_obs} masked"
     extras = []
     if is_atari(env.id):
         extras.append("atari")
