@@ -19,7 +19,6 @@ from tests.conftest import (
     read_metrics,
     read_status,
     wait_for,
-    wait_restarted,
     worker,
 )
 
@@ -48,23 +47,14 @@ def test_impala_solves_cartpole_on_envpool_with_inline_inference_on_four_devices
     assert "impala on 4 device(s)" in (run_dir / "logs" / "learner-0.log").read_text()
 
 
-def test_killed_workers_are_restarted_and_ctrl_c_stops_everything(processes: Processes,
-                                                                    tmp_path: Path) -> None:
-    """No frame limit: the surviving actor could reach one before a successor starts. Each
-    successor serves frames and updates before the next kill; then Ctrl-C stops it all."""
+def test_ctrl_c_stops_every_worker_within_seconds(processes: Processes, tmp_path: Path) -> None:
+    """No frame limit, so the run is training when Ctrl-C comes. Killed actors and
+    inference servers, restarted, are in tests/test_recurrent_run.py (a run that reaches
+    its target through both)."""
     process, run_dir = launch(processes, tmp_path, "stop.target_return=null",
-                              "stop.wall_time_s=600", "runtime.restart_backoff_s=0.2",
-                              "actors.inference_timeout_s=1")
-    wait_for(lambda: all_running(run_dir), 90, "all workers running")
-    for name in ("actor-0", "inference-0"):
-        victim = worker(read_status(run_dir), name)["pid"]
-        Processes.kill(victim)
-        restarted = wait_restarted(run_dir, name, victim, 60)
-        at_restart = read_metrics(run_dir)[-1]
-        wait_for(lambda at=at_restart: (row := read_metrics(run_dir)[-1])["env_frames"]
-                 > at["env_frames"] + 20000 and row["learner_steps"] > at["learner_steps"],
-                 60, f"frames and updates after {name} restarted")
-        assert pid_alive(restarted["pid"])
+                              "stop.wall_time_s=600")
+    wait_for(lambda: all_running(run_dir) and (rows := read_metrics(run_dir))
+             and rows[-1]["learner_steps"] > 0, 90, "all workers running and training")
     pids = [w["pid"] for w in read_status(run_dir)["workers"]]
     started = time.monotonic()
     process.send_signal(signal.SIGINT)
@@ -72,12 +62,11 @@ def test_killed_workers_are_restarted_and_ctrl_c_stops_everything(processes: Pro
     wait_for(lambda: not any(pid_alive(p) for p in pids), 5, "every worker gone")
     assert time.monotonic() - started < 10
     rows = read_metrics(run_dir)
-    assert rows[-1]["system/restarts"] == 2
+    assert rows[-1]["system/restarts"] == 0
     assert all(a["env_frames"] <= b["env_frames"] for a, b in itertools.pairwise(rows))
     status = read_status(run_dir)
     assert status["state"] == "interrupted" and "interrupted" in status["stop_reason"]
     assert all(w["state"] == "stopped" for w in status["workers"])
-    assert [worker(status, name)["restarts"] for name in ("actor-0", "inference-0")] == [1, 1]
 
 
 def test_workers_exit_when_the_controller_is_killed(processes: Processes,
