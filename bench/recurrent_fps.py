@@ -118,12 +118,14 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     median_r, median_n = statistics.median(recurrent), statistics.median(feed_forward)
+    pair_ratio = statistics.median(r / n for r, n in zip(recurrent, feed_forward, strict=True))
     print()
     print(f"experiment {args.experiment}" + (f", --set {' '.join(args.overrides)}"
                                              if args.overrides else "")
           + f": {args.pairs} pair(s) of {args.seconds:g}s runs, alternating")
     print(f"median env frames/s: recurrent {median_r:,.0f} | none {median_n:,.0f} | "
-          f"ratio {median_r / median_n:.2f}")
+          f"ratio of the medians {median_r / median_n:.2f} | median of the pairs' ratios "
+          f"{pair_ratio:.2f}")
     for what, (plain, state) in wire.items():
         print(f"wire bytes per {what}: {plain:,} without the state + {state:,} of state "
               f"({(plain + state) / plain:.1f}x)")
