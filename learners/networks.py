@@ -217,8 +217,15 @@ def make_network(config: ExperimentConfig, spec: EnvSpec) -> nn.Module:
 
 
 def make_policy(config: ExperimentConfig, spec: EnvSpec) -> tuple[Policy, nn.Module]:
+    """The policy of `config.network` for `spec`, which must carry that network's state
+    size (`actors.envs.policy_spec` or `srl_jax.env_spec.with_core` gives it)."""
     network = make_network(config, spec)
     normalize = config.learner.normalize_obs
+    state_size = network.state_size if isinstance(network, RecurrentActorCritic) else 0
+    if spec.state_size != state_size:
+        raise ValueError(f"the spec says {spec.state_size} floats of recurrent state, "
+                         f"network.core '{config.network.core}' keeps {state_size}: build "
+                         f"the spec with actors.envs.policy_spec")
 
     def normalized(params: Any, obs: jax.Array) -> jax.Array:
         x = obs.astype(jnp.float32)
@@ -245,12 +252,7 @@ def make_policy(config: ExperimentConfig, spec: EnvSpec) -> tuple[Policy, nn.Mod
             return out.reshape(T, B, *out.shape[1:]), value.reshape(T, B), state
 
     return Policy(apply, unroll, distribution(spec.continuous), normalize,
-                  state_size_of(network)), network
-
-
-def state_size_of(network: nn.Module) -> int:
-    """Floats of recurrent state per column of `network` (0 without a core)."""
-    return network.state_size if isinstance(network, RecurrentActorCritic) else 0
+                  spec.state_size), network
 
 
 def init_policy_params(network: nn.Module, obs_shape: tuple[int, ...], seed: int) -> dict:
