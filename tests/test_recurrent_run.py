@@ -1,10 +1,16 @@
 """A recurrent experiment end to end: `cartpole_lstm_ppo` (CartPole without velocities,
-an LSTM policy) in real processes reaches its target through a killed actor and a
-killed inference server, both restarted, and the policy it saved plays with its memory
-in the evaluator and through `load_policy` (what `srl_jax.evaluate` plays with)."""
+an LSTM policy) in real processes, through remote inference, a killed actor and a
+killed inference server (both restarted), until its evaluator sees 500; then the
+policy it saved plays with its memory in `srl_jax.evaluate` and through `load_policy`.
+The evaluator's and `srl_jax.evaluate`'s end-to-end checks live here: one trained run
+serves them all."""
 
 from __future__ import annotations
 
+import itertools
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +18,7 @@ import pytest
 
 from actors.envs import make_env
 from learners.export import TrainedPolicy, load_policy, play_episode
+from srl_jax.run_dir import evaluated_root, steps_in
 from tests.conftest import (
     Processes,
     all_running,
@@ -38,12 +45,13 @@ def forgetful_return(policy: TrainedPolicy, env, seed: int) -> float:
     return total
 
 
-def test_lstm_ppo_reaches_its_target_through_a_killed_actor_and_inference_server(
+def test_lstm_ppo_evaluates_at_500_through_a_killed_actor_and_inference_server(
         processes: Processes, tmp_path: Path) -> None:
     """The server dies first: until its successor serves, nothing moves, so the run cannot
     reach its target before both successors are seen running."""
-    process, run_dir = launch(processes, tmp_path, "stop.wall_time_s=240",
-                              "evaluation.every_updates=25", "evaluation.episodes=2",
+    process, run_dir = launch(processes, tmp_path, "stop.target_return=null",
+                              "stop.target_eval_return=500", "stop.wall_time_s=240",
+                              "evaluation.every_updates=5", "evaluation.episodes=10",
                               "actors.inference_timeout_s=1", "runtime.restart_backoff_s=0.2",
                               experiment="cartpole_lstm_ppo")
     wait_for(lambda: all_running(run_dir) and (rows := read_metrics(run_dir))
@@ -54,18 +62,43 @@ def test_lstm_ppo_reaches_its_target_through_a_killed_actor_and_inference_server
         Processes.kill(victim)
     for name, victim in reversed(victims.items()):
         wait_restarted(run_dir, name, victim, 60)
-    assert process.wait(timeout=240) == 0, (tmp_path / "launch.log").read_text()
-    final = read_status(run_dir)
-    assert "reached the target" in final["stop_reason"], final["stop_reason"]
-    assert [worker(final, name)["restarts"] for name in victims] == [1, 1]
+    assert process.wait(timeout=300) == 0, (tmp_path / "launch.log").read_text()
+
     rows = read_metrics(run_dir)
+    assert all(a["env_frames"] <= b["env_frames"] for a, b in itertools.pairwise(rows))
+    assert any("policy_lag_mean" in r for r in rows)
     assert rows[-1]["system/restarts"] == 2
     assert rows[-1]["system/wire_rejected"] == 0, "every request carried a well-formed state"
-    assert any("eval_return_mean" in row for row in rows), "the evaluator played the LSTM"
+    final = read_status(run_dir)
+    assert final["state"] == "finished"
+    assert sorted(w["kind"] for w in final["workers"]) == [
+        "actor", "actor", "evaluator", "inference", "learner"]
+    assert len({w["pid"] for w in final["workers"]} | {final["controller_pid"]}) == 6
+    assert [worker(final, name)["restarts"] for name in victims] == [1, 1]
+    # The evaluator worker: deterministic episodes every 5 versions, apart from training.
+    evaluated = [r for r in rows if "eval_return_mean" in r]
+    assert evaluated and all(0 < r["eval_return_mean"] <= 500 for r in evaluated)
+    versions = [r["eval_policy_version"] for r in evaluated]
+    assert versions == sorted(versions) and all(
+        b - a >= 5 for a, b in itertools.pairwise(versions))
+    assert evaluated[-1]["eval_return_mean"] == 500
+    assert "eval_return_mean 500.0" in final["stop_reason"]
+    assert worker(final, "evaluator-0")["restarts"] == 0
+    assert steps_in(evaluated_root(run_dir)) == [evaluated[-1]["eval_policy_version"]]
+
+    video = tmp_path / "episode.mp4"
+    result = subprocess.run(
+        [sys.executable, "-m", "srl_jax.evaluate", str(run_dir), "--best", "--episodes", "10",
+         "--video", str(video)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    mean = float(re.search(r"mean return ([\d.]+)", result.stdout).group(1))
+    assert mean >= 475, result.stdout
+    assert len(re.findall(r"^episode \d+/10", result.stdout, re.M)) == 10
+    assert video.stat().st_size > 10_000
 
     # Velocities are masked: the policy balances only by remembering earlier positions.
-    policy = load_policy(run_dir)
+    policy = load_policy(run_dir, best=True)
     env = make_env(policy.config.env)
     with_memory = np.mean([play_episode(policy, env, seed)[0] for seed in SEEDS])
     without = np.mean([forgetful_return(policy, env, seed) for seed in SEEDS])
-    assert with_memory >= 200 and without < 100, (with_memory, without)
+    assert with_memory >= 475 and without < 100, (with_memory, without)

@@ -1,4 +1,5 @@
-"""Checkpoints end to end: stop and resume, a killed learner, evaluation of a trained run.
+"""Checkpoints end to end: stop and resume, a killed learner (the evaluator and
+`srl_jax.evaluate` on a trained run are in tests/test_recurrent_run.py).
 
 Real launcher, controller, workers and orbax checkpoints on loopback.
 """
@@ -7,7 +8,6 @@ from __future__ import annotations
 
 import ipaddress
 import itertools
-import re
 import shutil
 import signal
 import subprocess
@@ -28,9 +28,7 @@ from srl_jax.names import FileNameService
 from srl_jax.run_dir import (
     checkpoint_root,
     checkpoint_steps,
-    evaluated_root,
     read_run_config,
-    steps_in,
 )
 from srl_jax.stream_table import PARAMS
 from srl_jax.streams import RejectCounter, make_socket, receive
@@ -253,43 +251,6 @@ def test_a_killed_learner_recovers_from_the_newest_complete_checkpoint(
     assert rows[-1]["system/learner_restarts"] == 2
     assert all(a["env_frames"] <= b["env_frames"] for a, b in itertools.pairwise(rows))
     assert worker(read_status(run_dir), "learner-0")["restarts"] == 2
-
-
-def test_a_trained_policy_evaluates_above_475(processes: Processes, tmp_path: Path) -> None:
-    process, run_dir = launch(processes, tmp_path, "stop.target_return=null",
-                              "stop.target_eval_return=500", "stop.wall_time_s=240",
-                              "evaluation.every_updates=5", "evaluation.episodes=10")
-    assert process.wait(timeout=300) == 0, (tmp_path / "launch.log").read_text()
-    rows = read_metrics(run_dir)  # the default experiment, through remote inference
-    assert all(a["env_frames"] <= b["env_frames"] for a, b in itertools.pairwise(rows))
-    assert any("policy_lag_mean" in r for r in rows)
-    final = read_status(run_dir)
-    assert final["state"] == "finished"
-    assert sorted(w["kind"] for w in final["workers"]) == [
-        "actor", "actor", "evaluator", "inference", "learner"]
-    assert len({w["pid"] for w in final["workers"]} | {final["controller_pid"]}) == 6
-    # The evaluator worker: deterministic episodes every 5 versions, apart from training.
-    evaluated = [r for r in rows if "eval_return_mean" in r]
-    assert evaluated and all(0 < r["eval_return_mean"] <= 500 for r in evaluated)
-    versions = [r["eval_policy_version"] for r in evaluated]
-    assert versions == sorted(versions) and all(
-        b - a >= 5 for a, b in itertools.pairwise(versions))
-    assert evaluated[-1]["eval_return_mean"] == 500
-    assert "eval_return_mean 500.0" in final["stop_reason"]
-    assert worker(final, "evaluator-0")["restarts"] == 0
-    assert steps_in(evaluated_root(run_dir)) == [evaluated[-1]["eval_policy_version"]]
-    video = tmp_path / "episode.mp4"
-    result = subprocess.run(
-        [sys.executable, "-m", "srl_jax.evaluate", str(run_dir), "--best", "--episodes", "10",
-         "--video", str(video)], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    mean = float(re.search(r"mean return ([\d.]+)", result.stdout).group(1))
-    assert mean >= 475, result.stdout
-    assert len(re.findall(r"^episode \d+/10", result.stdout, re.M)) == 10
-    assert video.stat().st_size > 10_000
-    policy = load_policy(run_dir)
-    action = policy.act(np.zeros(4, np.float32))
-    assert action in (0, 1) and isinstance(action, int)
 
 
 def test_evaluate_without_checkpoints_is_one_line(tmp_path: Path) -> None:
