@@ -49,14 +49,19 @@ def nature_torso(obs: jax.Array) -> jax.Array:
     return nn.relu(nn.Dense(512, kernel_init=init)(x.reshape(x.shape[0], -1)))
 
 
+def with_log_std(module: nn.Module, means: jax.Array) -> jax.Array:
+    """Gaussian means and the module's state-independent log-std ("log_std"), side by side."""
+    log_std = module.param("log_std", nn.initializers.zeros, (means.shape[-1],))
+    return jnp.concatenate([means, jnp.broadcast_to(log_std, means.shape)], -1)
+
+
 def heads(module: nn.Module, x: jax.Array, action_dim: int,
           continuous: bool) -> tuple[jax.Array, jax.Array]:
     """Linear policy output (orthogonal 0.01) and value (orthogonal 1) on shared features;
     continuous actions add a state-independent log-std, as `ActorCritic` does."""
     out = nn.Dense(action_dim, kernel_init=nn.initializers.orthogonal(0.01), name="policy_head")(x)
     if continuous:
-        log_std = module.param("log_std", nn.initializers.zeros, (action_dim,))
-        out = jnp.concatenate([out, jnp.broadcast_to(log_std, out.shape)], -1)
+        out = with_log_std(module, out)
     value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0), name="value_head")(x)
     return out, value[:, 0]
 
@@ -92,8 +97,7 @@ class ActorCritic(nn.Module):
         x = obs.reshape(obs.shape[0], -1).astype(jnp.float32)
         out = MLP(self.hidden, self.action_dim, 0.01, self.activation, name="actor")(x)
         if self.continuous:
-            log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
-            out = jnp.concatenate([out, jnp.broadcast_to(log_std, out.shape)], -1)
+            out = with_log_std(self, out)
         value = MLP(self.hidden, 1, 1.0, self.activation, name="critic")(x)
         return out, value[:, 0]
 
