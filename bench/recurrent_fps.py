@@ -74,9 +74,9 @@ def wire_bytes(experiment: str, overrides: list[str]) -> dict[str, tuple[int, in
     spec = policy_spec(config)
     layout = chunk_layout(config.actors.trajectory_length, 1, spec)
     sizes = {name: int(np.prod(shape)) * dtype.itemsize for name, (shape, dtype) in layout.items()}
-    state_row = spec.state_size * np.dtype(np.float32).itemsize
     obs_row = int(np.prod(spec.obs_shape)) * spec.obs_dtype.itemsize
-    return {"request row": (obs_row, state_row),
+    # A chunk column stores one state: exactly what one request row carries.
+    return {"request row": (obs_row, sizes["state"]),
             "chunk column": (sum(sizes.values()) - sizes["state"], sizes["state"])}
 
 

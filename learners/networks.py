@@ -24,7 +24,7 @@ import numpy as np
 
 from learners.distributions import Distribution, distribution
 from srl_jax.config import ExperimentConfig
-from srl_jax.env_spec import EnvSpec, check_network
+from srl_jax.env_spec import EnvSpec, check_network, core_state_size
 
 ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu}
 OBS_CLIP = 10.0
@@ -154,7 +154,7 @@ class RecurrentActorCritic(nn.Module):
 
     @property
     def state_size(self) -> int:
-        return 2 * self.size if self.core == "lstm" else self.size
+        return core_state_size(self.core, self.size)
 
     def unpack(self, state: jax.Array) -> Any:
         """[B, S] -> the cell's carry: (c, h) for an LSTM, h for a GRU."""
@@ -225,7 +225,7 @@ def make_policy(config: ExperimentConfig, spec: EnvSpec) -> tuple[Policy, nn.Mod
     size (`actors.envs.policy_spec` or `srl_jax.env_spec.with_core` gives it)."""
     network = make_network(config, spec)
     normalize = config.learner.normalize_obs
-    state_size = network.state_size if isinstance(network, RecurrentActorCritic) else 0
+    state_size = core_state_size(config.network.core, config.network.core_size)
     if spec.state_size != state_size:
         raise ValueError(f"the spec says {spec.state_size} floats of recurrent state, "
                          f"network.core '{config.network.core}' keeps {state_size}: build "

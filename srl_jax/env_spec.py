@@ -50,12 +50,13 @@ def check_network(kind: str, spec: EnvSpec, env_id: str) -> None:
                           f"and {actions} actions")
 
 
-def core_state_size(network: NetworkConfig) -> int:
-    """Floats of one column's recurrent state: an LSTM's cell and hidden vectors side by
-    side, a GRU's hidden vector, nothing without a core."""
-    return {"none": 0, "lstm": 2 * network.core_size, "gru": network.core_size}[network.core]
+def core_state_size(core: str, size: int) -> int:
+    """Floats of one column's recurrent state for a `core` of `size` units: an LSTM's cell
+    and hidden vectors side by side, a GRU's hidden vector, nothing without a core."""
+    return {"none": 0, "lstm": 2 * size, "gru": size}[core]
 
 
 def with_core(spec: EnvSpec, network: NetworkConfig) -> EnvSpec:
     """`spec` as a policy with `network`'s core sees it: with its state size."""
-    return dataclasses.replace(spec, state_size=core_state_size(network))
+    return dataclasses.replace(spec, state_size=core_state_size(network.core,
+                                                                network.core_size))
