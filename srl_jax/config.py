@@ -15,6 +15,7 @@ from typing import Any
 
 NETWORKS = ("mlp", "nature_cnn")
 CORES = ("none", "lstm", "gru")
+HEADS = ("actor_critic", "q", "dueling")
 ENV_BACKENDS = ("gymnasium", "envpool")
 DEFAULT_POLICY = "default"
 PETTINGZOO_PREFIX = "pettingzoo:"
@@ -99,6 +100,12 @@ class ActorConfig:
     """Chunks an actor may have in flight on the sample stream (ZMQ high-water mark)."""
     inline_inference: bool = False
     """Run the policy inside the actor on CPU from the latest parameters, no servers."""
+    epsilon: float = 0.0
+    """Value-based policies (`network.head` q or dueling): the base of Ape-X's epsilon
+    ladder; env column i of N (over all actors) acts at random with probability
+    epsilon ** (1 + epsilon_alpha * i / (N - 1)), else greedily. 0: always greedy."""
+    epsilon_alpha: float = 7.0
+    """Exponent spread of the epsilon ladder (Ape-X: 7)."""
 
 
 def request_rows(actors: ActorConfig, agents: int = 1) -> int:
@@ -133,7 +140,8 @@ class LearnerConfig:
     """Learning algorithm: a name in the registry of `learners/algorithms.py` (built in:
     'ppo', 'impala'; more from `plugins`). Its hyperparameters are `learner.<name>`."""
     batch_envs: int = 32
-    """B: env columns per update; a batch is [T+1, B]."""
+    """B: env columns per update, a batch of [T+1, B]; for an algorithm that learns from
+    replay (`replay.count`), the transitions sampled per update, [B]."""
     staleness_cap: int = 4
     """Drop samples acted by a policy more than this many versions behind the learner."""
     sample_queue: int = 64
@@ -178,6 +186,35 @@ class NetworkConfig:
     core the MLP torso (`hidden`) is shared by the policy and value heads."""
     core_size: int = 128
     """Units of the recurrent core."""
+    head: str = "actor_critic"
+    """What the network outputs: 'actor_critic' (policy and value, for PPO and IMPALA),
+    'q' (action values) or 'dueling' (action values as value plus advantages, Wang et
+    al. 2016), for DQN. A Q head acts greedily; `actors.epsilon` explores."""
+
+
+@dataclass
+class ReplayConfig:
+    count: int = 0
+    """Replay servers per policy (each its own process); an algorithm that learns from
+    replay (dqn) needs at least 1, one that learns from fresh samples 0. Actors spread
+    their chunks over them; the learner samples from all of them."""
+    capacity: int = 100_000
+    """Transitions each replay server holds; the oldest are overwritten first."""
+    min_size: int = 1_000
+    """Transitions a replay server holds before it serves its first sample."""
+    samples_per_insert: float = 8.0
+    """Transitions sampled per transition inserted, held by each server (Reverb's
+    SampleToInsertRatio): whichever side runs ahead waits. 0: no rate control."""
+    tolerance: float = 0.1
+    """How far sampling may run ahead of or behind the ratio, as Acme's tolerance rate:
+    min_size * tolerance * samples_per_insert samples either way (plus one batch or
+    one chunk, the units it moves in)."""
+    priority_exponent: float = 0.6
+    """alpha of prioritized replay: transitions are sampled in proportion to
+    priority ** alpha (0: uniform)."""
+    importance_exponent: float = 0.4
+    """beta: the loss weights transitions by (N * P(i)) ** -beta, normalized by the
+    batch's largest weight (0: unweighted)."""
 
 
 @dataclass
@@ -245,6 +282,7 @@ class RayConfig:
     learner: dict[str, float] = field(default_factory=_one_cpu)
     inference: dict[str, float] = field(default_factory=_one_cpu)
     evaluator: dict[str, float] = field(default_factory=_one_cpu)
+    replay: dict[str, float] = field(default_factory=_one_cpu)
     placement_timeout_s: float = 120.0
     """A worker Ray cannot place this long (no node has its resources) fails the run."""
 
@@ -300,6 +338,8 @@ class ExperimentConfig:
     """Learner and algorithm."""
     network: NetworkConfig = field(default_factory=NetworkConfig)
     """Actor-critic network."""
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    """Replay servers, for algorithms that learn from replay (off-policy)."""
     stop: StopConfig = field(default_factory=StopConfig)
     """Stop condition; the first limit reached ends the run."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
