@@ -46,9 +46,9 @@ from learner import case_config, case_policy, random_host_batch
 from learners.algorithms import algorithm, algorithm_config, sizes
 from learners.mesh import compile_update, make_learner_mesh, put_batch, replicated
 from learners.networks import init_policy_params
-from learners.sample_intake import run_chunk_layout
 from learners.train_state import init_train_state, to_batch
 from srl_jax.checkpoint import Checkpointer
+from srl_jax.chunk_spec import run_chunk_layout
 
 DEFAULT_EXPERIMENT = Path(__file__).resolve().parent.parent / "configs" / "cartpole_ppo.yaml"
 

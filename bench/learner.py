@@ -181,8 +181,8 @@ def run_case(case: str, devices: int, args: argparse.Namespace) -> dict[str, Any
     from learners.algorithms import algorithm, algorithm_config, sizes
     from learners.mesh import compile_update, make_learner_mesh, put_batch, replicated
     from learners.networks import init_policy_params
-    from learners.sample_intake import run_chunk_layout
     from learners.train_state import init_train_state, to_batch
+    from srl_jax.chunk_spec import run_chunk_layout
 
     config = case_config(case, args)
     spec, policy, network = case_policy(case, config, args)

@@ -182,9 +182,10 @@ def _take_samples(conn: Connection, case: dict[str, Any], root: Path) -> None:
     from actors.envs import policy_spec
     from learners.learner_worker import POLL_MS
     from learners.mesh import make_learner_mesh, put_batch
-    from learners.sample_intake import SampleIntake, run_chunk_layout
+    from learners.sample_intake import SampleIntake
     from learners.sample_queue import SampleQueue
     from learners.train_state import to_batch
+    from srl_jax.chunk_spec import run_chunk_layout
     from srl_jax.names import FileNameService
     from srl_jax.transport import Transport
 

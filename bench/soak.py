@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's srl_jax
+from srl_jax.memory import resident_mib
 from srl_jax.run_dir import read_status
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,16 +42,6 @@ class Track:
 
     samples: list[tuple[float, float, int]] = field(default_factory=list)
     pids: set[int] = field(default_factory=set)
-
-
-def rss_mib(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    return None
 
 
 def open_fds(pid: int) -> int | None:
@@ -69,7 +60,7 @@ def sample(run_dir: Path, tracks: dict[str, Track], elapsed: float) -> None:
     pids = {"controller": status["controller_pid"]}
     pids.update({w["name"]: w["pid"] for w in status["workers"] if w.get("pid")})
     for name, pid in pids.items():
-        rss, fds = rss_mib(pid), open_fds(pid)
+        rss, fds = resident_mib(pid), open_fds(pid)
         if rss is not None and fds is not None:
             track = tracks.setdefault(name, Track())
             track.samples.append((elapsed, rss, fds))

@@ -4,10 +4,12 @@ An algorithm is one module. It exports one `Algorithm`: its name, its own config
 dataclass (its section `learner.<name>` of the experiment YAML, every field with a
 one-line doc, checked in `__post_init__`), the builders of its optimizer and of its
 pure (TrainState, Batch) -> (TrainState, metrics) update, which get that config and
-the derived `Sizes` (never the whole experiment config), the chunk fields the update
-reads and the stream it learns from. The built-in ones (`BUILT_IN`) are imported on
-first use; any other module registers its algorithm with `register(...)` when it is
-imported, which the experiment's `plugins` list makes happen in every process.
+the derived `Sizes` (never the whole experiment config), the fields the update
+reads, the stream it learns from (fresh chunks on `samples`, or sampled batches
+from the replay servers on `replay`) and the network heads it can train. The
+built-in ones (`BUILT_IN`) are imported on first use; any other module registers
+its algorithm with `register(...)` when it is imported, which the experiment's
+`plugins` list makes happen in every process.
 
 This module imports no JAX: the launcher checks configs with it before any worker
 starts (building an algorithm's config imports that algorithm's module).
@@ -25,12 +27,13 @@ from typing import Any
 from srl_jax.chunk_spec import batch_fields
 from srl_jax.config import ConfigError, ExperimentConfig, LearnerConfig
 from srl_jax.config_loader import build_dataclass
-from srl_jax.stream_table import SAMPLES
+from srl_jax.replay_spec import replay_batch_fields
+from srl_jax.stream_table import REPLAY, SAMPLES
 
-BUILT_IN = {"ppo": "learners.ppo", "impala": "learners.impala"}
+BUILT_IN = {"ppo": "learners.ppo", "impala": "learners.impala", "dqn": "learners.dqn"}
 """Name -> module exporting `ALGORITHM`, imported on first use."""
-SOURCES = (SAMPLES.name,)
-"""Streams a learner can take its batches from (a replay stream joins them later)."""
+SOURCES = {SAMPLES.name: batch_fields, REPLAY.name: replay_batch_fields}
+"""Streams a learner can take its batches from, and the fields each one's batch has."""
 _REGISTERED: dict[str, Algorithm] = {}
 
 
@@ -70,11 +73,18 @@ class Algorithm:
     """(policy, optimizer, config, sizes) -> pure update (TrainState, Batch) ->
     (TrainState, metrics) for the learner to jit over its mesh."""
     fields: tuple[str, ...]
-    """The chunk fields its update reads."""
+    """The batch fields its update reads (chunk fields, or sampled replay fields)."""
     source: str = SAMPLES.name
-    """The stream it takes data from: one of SOURCES."""
+    """The stream it takes data from: one of SOURCES ('replay' needs `replay.count`)."""
     check: Callable[[Any, Sizes], None] | None = None
     """Checks of its config against the sizes (ConfigError with one line), if any."""
+    heads: tuple[str, ...] = ("actor_critic",)
+    """The `network.head`s it can train (srl_jax.config.HEADS)."""
+    init_extra: Callable[[Any], Any] | None = None
+    """Its own train state beside params and optimizer (DQN: the target network),
+    from the initial parameters; kept in `TrainState.extra` and checkpointed."""
+    replay_window: Callable[[Any], int] | None = None
+    """With source 'replay': (config) -> n, the steps of each sampled window."""
 
 
 def register(algo: Algorithm) -> None:
@@ -122,15 +132,39 @@ def _section(config: ExperimentConfig, name: str) -> Any:
 
 
 def check_inputs(algo: Algorithm) -> None:
-    """ConfigError unless the learner can feed `algo`: the chunk fields it reads are
-    declared in srl_jax/chunk_spec.py for the batch, and its source is a known stream."""
-    missing = sorted(set(algo.fields) - set(batch_fields()))
-    if missing:
-        raise ConfigError(f"'learner.algorithm': '{algo.name}' reads chunk fields {missing} "
-                          f"that the batch does not carry (it has {', '.join(batch_fields())})")
+    """ConfigError unless the learner can feed `algo`: its source is a known stream, and
+    the fields it reads are declared for that stream's batch (srl_jax/chunk_spec.py,
+    srl_jax/replay_spec.py)."""
     if algo.source not in SOURCES:
         raise ConfigError(f"'learner.algorithm': '{algo.name}' takes its data from "
                           f"'{algo.source}'; a learner takes it from {', '.join(SOURCES)}")
+    if (algo.source == REPLAY.name) != (algo.replay_window is not None):
+        raise ConfigError(f"'learner.algorithm': '{algo.name}' needs a replay_window exactly "
+                          "when it learns from replay")
+    available = SOURCES[algo.source]()
+    missing = sorted(set(algo.fields) - set(available))
+    if missing:
+        raise ConfigError(f"'learner.algorithm': '{algo.name}' reads fields {missing} that "
+                          f"the {algo.source} batch does not carry (it has "
+                          f"{', '.join(available)})")
+
+
+def check_dataflow(algo: Algorithm, config: ExperimentConfig) -> None:
+    """ConfigError unless the run is built for `algo`: replay servers exactly when it
+    learns from replay, a network head it trains, epsilon only for a greedy head."""
+    head, replay = config.network.head, config.replay.count
+    if head not in algo.heads:
+        raise ConfigError(f"'network.head': '{algo.name}' trains {' or '.join(algo.heads)}, "
+                          f"not '{head}'")
+    if algo.source == REPLAY.name and replay < 1:
+        raise ConfigError(f"'replay.count': '{algo.name}' learns from replay; it needs at "
+                          "least 1 replay server")
+    if algo.source != REPLAY.name and replay:
+        raise ConfigError(f"'replay.count': '{algo.name}' learns from fresh samples; replay "
+                          f"servers would get no data (set it to 0, not {replay})")
+    if config.actors.epsilon and head == "actor_critic":
+        raise ConfigError("'actors.epsilon' explores around a greedy policy (network.head "
+                          "'q' or 'dueling'); an actor-critic samples its own actions")
 
 
 def algorithm_config(config: ExperimentConfig) -> Any:
@@ -139,6 +173,7 @@ def algorithm_config(config: ExperimentConfig) -> Any:
     line naming the key."""
     algo = algorithm(config.learner.algorithm)
     check_inputs(algo)
+    check_dataflow(algo, config)
     built = _section(config, algo.name)
     if algo.check is not None:
         algo.check(built, sizes(config))

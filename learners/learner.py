@@ -2,10 +2,11 @@
 
 In the spirit of Acme's `Learner`: built whole by its constructor from what it
 is given (the env spec, the network, the optimizer, the algorithm's update, the
-device mesh, a seed and optionally a `Checkpointer`), it builds the train state
-replicated on the mesh and compiles the update for batches of this process's
-columns. `step` trains on one batch; `params` and `version` are what a publisher
-sends; `save` and `restore` go through the checkpointer. The learner worker
+device mesh, the `Inputs` it trains on, a seed and optionally a `Checkpointer`),
+it builds the train state replicated on the mesh and compiles the update for
+batches of this process's columns (trajectory chunks) or rows (replay samples).
+`step` trains on one batch; `params` and `version` are what a publisher sends;
+`save` and `restore` go through the checkpointer. The learner worker
 (learners/learner_worker.py) wraps it in a process; tests and benchmarks use it
 on arrays.
 
@@ -16,7 +17,7 @@ With several JAX processes every process builds the same Learner and must call
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -24,52 +25,88 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from learners.mesh import compile_update, put_batch, replicated
-from learners.networks import init_policy_params
+from learners.algorithms import algorithm, algorithm_config, sizes
+from learners.mesh import ENV_AXIS, compile_update, make_learner_mesh, put_batch, replicated
+from learners.networks import init_policy_params, make_policy
 from learners.param_codec import host_value
-from learners.train_state import Batch, TrainState, init_train_state, to_batch
+from learners.train_state import TrainState, init_train_state, to_batch
 from srl_jax.checkpoint import Checkpointer
 from srl_jax.chunk_spec import empty_chunk
+from srl_jax.config import ExperimentConfig
 from srl_jax.env_spec import EnvSpec
+from srl_jax.replay_spec import empty_replay_batch, replay_batch_fields
 
-UpdateFn = Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]
+UpdateFn = Callable[[TrainState, Any], tuple[TrainState, dict[str, jax.Array]]]
+PER_ROW = "priorities"
+"""The one metric an update may return per batch row (a replay algorithm's new
+priorities); `Learner.step` hands it back as a host array, the others as floats."""
+
+
+class Inputs(NamedTuple):
+    """What the update trains on: an example of this process's host batch, how host
+    arrays become the update's input, and the axis split over the mesh."""
+
+    example: dict[str, np.ndarray]
+    convert: Callable[[dict[str, np.ndarray]], Any]
+    axis: int
+
+
+def chunk_inputs(trajectory_length: int, batch_envs: int, spec: EnvSpec) -> Inputs:
+    """[T+1, B] trajectory batches (`srl_jax.chunk_spec`), split on the env columns."""
+    return Inputs(empty_chunk(trajectory_length, batch_envs, spec), to_batch, ENV_AXIS)
+
+
+def _replay_input(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {name: arrays[name] for name in replay_batch_fields()}
+
+
+def replay_inputs(rows: int, window: int, spec: EnvSpec) -> Inputs:
+    """[B] sampled replay batches (`srl_jax.replay_spec`), split on the rows."""
+    return Inputs(empty_replay_batch(rows, window, spec), _replay_input, 0)
 
 
 class Learner:
     """One policy's train state on a mesh, and its compiled update."""
 
     def __init__(self, spec: EnvSpec, network: nn.Module, optimizer: optax.GradientTransformation,
-                 update: UpdateFn, mesh: Mesh, trajectory_length: int, batch_envs: int,
-                 seed: int, checkpointer: Checkpointer | None = None) -> None:
+                 update: UpdateFn, mesh: Mesh, inputs: Inputs, seed: int,
+                 checkpointer: Checkpointer | None = None,
+                 init_extra: Callable[[Any], Any] | None = None) -> None:
         """Build the state and compile `update` (slow: seconds to minutes).
 
-        `batch_envs`: this process's columns of a batch (all of them with one process).
+        `inputs`: this process's share of a batch (all of it with one process).
+        `init_extra`: the algorithm's own state (e.g. DQN's target network) from the
+        initial parameters, kept in `TrainState.extra`.
         """
         self.mesh = mesh
+        self.inputs = inputs
         self.checkpointer = checkpointer
         self.version = 0
         """Updates made so far (restored with a checkpoint): the published parameters'
         version."""
         # Built inside jit so that every process makes its replica of the same state.
-        self.state = jax.jit(
-            lambda: init_train_state(init_policy_params(network, spec.obs_shape, seed),
-                                     optimizer, seed),
-            out_shardings=replicated(mesh))()
-        example = self.put(empty_chunk(trajectory_length, batch_envs, spec))
-        self._update = compile_update(update, mesh, self.state, example)
+        def init() -> TrainState:
+            params = init_policy_params(network, spec.obs_shape, seed)
+            extra = init_extra(params) if init_extra is not None else ()
+            return init_train_state(params, optimizer, seed, extra)
+
+        self.state = jax.jit(init, out_shardings=replicated(mesh))()
+        self._update = compile_update(update, mesh, self.state, self.put(inputs.example),
+                                      inputs.axis)
 
     @property
     def params(self) -> Any:
         """The current policy parameters (on the mesh)."""
         return self.state.params
 
-    def put(self, arrays: dict[str, np.ndarray]) -> Batch:
-        """Host arrays of a [T+1, B] batch onto the mesh, split on the env axis."""
-        return put_batch(to_batch(arrays), self.mesh)
+    def put(self, arrays: dict[str, np.ndarray]) -> Any:
+        """Host arrays of a batch onto the mesh, split on the inputs' batch axis."""
+        return put_batch(self.inputs.convert(arrays), self.mesh, self.inputs.axis)
 
-    def step(self, batch: dict[str, np.ndarray] | Batch,
-             overlap: Callable[[], None] | None = None) -> dict[str, float]:
-        """One update on `batch` (host arrays, or a `put` batch); returns its metrics.
+    def step(self, batch: dict[str, np.ndarray] | Any,
+             overlap: Callable[[], None] | None = None) -> dict[str, Any]:
+        """One update on `batch` (host arrays, or a `put` batch); returns its metrics,
+        floats but for `PER_ROW` (a host array over the whole batch).
 
         `overlap` runs while the update does (e.g. putting the next batch on the
         mesh), before `version` counts this update.
@@ -79,7 +116,8 @@ class Learner:
         self.state, metrics = self._update(self.state, batch)
         if overlap is not None:
             overlap()
-        host = {name: float(host_value(value)) for name, value in metrics.items()}
+        host = {name: np.asarray(host_value(value)) if name == PER_ROW
+                else float(host_value(value)) for name, value in metrics.items()}
         self.version += 1
         return host
 
@@ -102,3 +140,21 @@ class Learner:
             return None
         self.state, self.version = restored.state, restored.step
         return restored.meta
+
+
+def build_learner(config: ExperimentConfig, spec: EnvSpec, share: int,
+                  checkpointer: Checkpointer | None = None) -> Learner:
+    """The Learner of `config`'s network and algorithm on `learner.devices`, for `share`
+    env columns (or sampled rows) of each batch: all of them with one process."""
+    policy, network = make_policy(config, spec)
+    algo = algorithm(config.learner.algorithm)
+    algo_config, derived = algorithm_config(config), sizes(config)
+    optimizer = algo.make_optimizer(algo_config, derived)
+    if algo.replay_window is not None:
+        inputs = replay_inputs(share, algo.replay_window(algo_config), spec)
+    else:
+        inputs = chunk_inputs(config.actors.trajectory_length, share, spec)
+    return Learner(spec, network, optimizer,
+                   algo.make_update(policy, optimizer, algo_config, derived),
+                   make_learner_mesh(config.learner.devices, config.learner.batch_envs),
+                   inputs, config.seed, checkpointer, algo.init_extra)

@@ -4,9 +4,11 @@ Chunks arrive on the sample stream, are checked against the shapes this run
 expects, and wait in a bounded `SampleQueue` that enforces the staleness cap.
 Each batch of B env columns is put onto the learner's device mesh (split on
 the env axis) while the previous update still runs, and goes through one
-compiled update of the configured algorithm. The new parameters are published
-with the next version number, and re-sent every `learner.republish_interval_s`
-so that servers that (re)joined late catch up.
+compiled update of the configured algorithm. An algorithm that learns from
+replay gets batches of B sampled transitions from the replay servers instead
+(`ReplayIntake`), and each update's new priorities go back to them. The new
+parameters are published with the next version number, and re-sent every
+`learner.republish_interval_s` so that servers that (re)joined late catch up.
 
 The learner checkpoints its train state and counters (see
 `srl_jax.checkpoint`) every `checkpoint.interval_s` and/or
@@ -14,9 +16,9 @@ The learner checkpoints its train state and counters (see
 restores the newest complete checkpoint of its run directory, if there is one:
 that is how a killed learner recovers and how `--resume` continues a run.
 
-The worker is a shell with one part per job: `SampleIntake` (receive, check,
-queue), `Learner` (train state and update), `ParamPublisher`, `SaveSchedule`,
-and `agree` for the multi-process learner (learners/distributed.py).
+The worker is a shell with one part per job: `SampleIntake` or `ReplayIntake`
+(receive, check, queue), `Learner` (train state and update), `ParamPublisher`,
+`SaveSchedule`, and `agree` for the multi-process learner (learners/distributed.py).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import numpy as np
 import zmq
 
 from actors.envs import policy_spec
-from learners.algorithms import algorithm, algorithm_config, sizes
+from learners.algorithms import algorithm, algorithm_config
 from learners.distributed import (
     ProcessLayout,
     agree,
@@ -42,20 +44,21 @@ from learners.distributed import (
     shutdown,
 )
 from learners.jax_runtime import configure_jax
-from learners.learner import Learner
-from learners.mesh import make_learner_mesh
-from learners.networks import make_policy
+from learners.learner import PER_ROW, Learner, build_learner
 from learners.param_publisher import ParamPublisher
-from learners.sample_intake import SampleIntake, run_chunk_layout
+from learners.replay_intake import ROUTING, ReplayIntake
+from learners.sample_intake import SampleIntake
 from learners.sample_queue import SampleQueue
 from learners.save_schedule import SaveSchedule
 from learners.train_state import Batch
 from srl_jax.checkpoint import Checkpointer
+from srl_jax.chunk_spec import run_chunk_layout
 from srl_jax.config import DEFAULT_POLICY, ExperimentConfig
 from srl_jax.config_loader import config_to_dict
 from srl_jax.metrics import CARRIED
 from srl_jax.names import NameService
-from srl_jax.stream_table import COORDINATOR, PARAMS, SAMPLES
+from srl_jax.replay_spec import replay_layout
+from srl_jax.stream_table import COORDINATOR, PARAMS, REPLAY, SAMPLES
 from srl_jax.streams import make_socket
 from srl_jax.worker import Worker
 
@@ -85,9 +88,11 @@ class LearnerWorker(Worker):
         self.local_envs = cfg.batch_envs // self.processes.count
         self.spec = policy_spec(config, policy)
         self.samples_key = SAMPLES.key(policy, index)
-        self.intake = SampleIntake(
+        self.from_replay = algorithm(cfg.algorithm).source == REPLAY.name
+        self.intake: SampleIntake | ReplayIntake = SampleIntake(
             run_chunk_layout(config, self.spec),
             SampleQueue(cfg.sample_queue, self.local_envs, cfg.staleness_cap), self.rejects)
+        """Replaced by a ReplayIntake in setup() when the algorithm learns from replay."""
         self.saves = SaveSchedule(config.checkpoint)
         self.lag_sum = 0.0
         self.lag_count = 0
@@ -97,7 +102,8 @@ class LearnerWorker(Worker):
         self.time_update = 0.0
         self.time_put = 0.0
         self.train_metrics: dict[str, float] = {}
-        self._next: tuple[Batch, np.ndarray] | None = None
+        self._next: tuple[Batch, dict[str, np.ndarray]] | None = None
+        """The next batch, on the mesh, and the host arrays its bookkeeping needs."""
         self._stop_requested = False
         self._last_batch_wall = time.time()
         # Built by setup():
@@ -115,31 +121,43 @@ class LearnerWorker(Worker):
     def setup(self) -> None:
         configure_jax(self.config.runtime)
         self._join_processes()
-        self.pull = make_socket(self.zmq, SAMPLES.bind_type, hwm=self.config.learner.sample_queue)
-        self.transport.bind(self.pull, self.names, self.samples_key)
+        if self.from_replay:
+            self._connect_replay()
+        else:
+            self.pull = make_socket(self.zmq, SAMPLES.bind_type,
+                                    hwm=self.config.learner.sample_queue)
+            self.transport.bind(self.pull, self.names, self.samples_key)
         if self.processes.is_chief:
             self.pub = make_socket(self.zmq, PARAMS.bind_type, hwm=self.config.learner.param_queue)
             self.transport.bind(self.pub, self.names, PARAMS.key(self.policy))
             self.publisher = ParamPublisher(self.pub, self.started_ms, self.log)
-        spec = self.spec
-        policy, network = make_policy(self.config, spec)
-        algo = algorithm(self.config.learner.algorithm)
-        acfg, sz = algorithm_config(self.config), sizes(self.config)
-        optimizer = algo.make_optimizer(acfg, sz)
-        mesh = make_learner_mesh(self.config.learner.devices, self.config.learner.batch_envs)
         ckpt = self.config.checkpoint
         if ckpt.enabled:
             self.checkpointer = Checkpointer(self.run_dir, ckpt.keep, ckpt.keep_best,
                                              ckpt.async_save, self.policy)
         with self.busy("building the train state and compiling the update"):
-            self.learner = Learner(spec, network, optimizer,
-                                   algo.make_update(policy, optimizer, acfg, sz), mesh,
-                                   self.config.actors.trajectory_length, self.local_envs,
-                                   self.config.seed, self.checkpointer)
+            self.learner = build_learner(self.config, self.spec, self.local_envs,
+                                         self.checkpointer)
             self._restore()
+        mesh = self.learner.mesh
         self.log.info("%s on %d device(s): %s", self.config.learner.algorithm,
                       mesh.size, [str(d) for d in mesh.devices.flat])
         self._publish()
+
+    def _connect_replay(self) -> None:
+        """A socket to each of the policy's replay servers, and the intake over them."""
+        servers = self.config.replay.count
+        keys = [REPLAY.key(self.policy, i) for i in range(servers)]
+        sockets = []
+        for key in keys:
+            socket = make_socket(self.zmq, REPLAY.connect_type)
+            self.connect_to(socket, key)
+            sockets.append(socket)
+        algo = algorithm(self.config.learner.algorithm)
+        window = algo.replay_window(algorithm_config(self.config))
+        rows = self.local_envs // servers
+        self.intake = ReplayIntake(sockets, keys, rows, window,
+                                   replay_layout(rows, window, self.spec), self.rejects)
 
     def _join_processes(self) -> None:
         """Start jax.distributed with the other learner processes, if there are any."""
@@ -203,7 +221,10 @@ class LearnerWorker(Worker):
                           time.perf_counter() - start)
 
     def run_once(self) -> None:
-        if self.pull.poll(0 if self._next is not None else POLL_MS):
+        timeout = 0 if self._next is not None else POLL_MS
+        if isinstance(self.intake, ReplayIntake):
+            self.intake.pump(timeout)
+        elif self.pull.poll(timeout):
             self.intake.drain(self.pull, self.version)
         if self._next is None:
             self._next = self._prefetch()
@@ -229,31 +250,47 @@ class LearnerWorker(Worker):
         else:
             super().request_stop(*args)
 
-    def _prefetch(self) -> tuple[Batch, np.ndarray] | None:
-        """The next batch, already on its way to the devices, with its versions."""
-        batch = self.intake.take_batch(self.version)
+    def _prefetch(self) -> tuple[Batch, dict[str, np.ndarray]] | None:
+        """The next batch, already on its way to the devices, with its versions (fresh
+        samples) or where its rows came from (replay)."""
+        if isinstance(self.intake, ReplayIntake):
+            batch = self.intake.take_batch()
+            kept = ROUTING
+        else:
+            batch = self.intake.take_batch(self.version)
+            kept = ("versions",)
         if batch is None:
             return None
         start = time.perf_counter()
         on_mesh = self.learner.put(batch)
         self.time_put += time.perf_counter() - start
-        return on_mesh, batch["versions"]
+        return on_mesh, {name: batch[name] for name in kept}
 
     def _train(self) -> None:
-        batch, versions = self._next
+        batch, host = self._next
         self._last_batch_wall = time.time()
-        lag = self.version - versions
-        self.lag_sum += float(lag.sum())
-        self.lag_count += lag.size
+        if "versions" in host:
+            lag = self.version - host["versions"]
+            self.lag_sum += float(lag.sum())
+            self.lag_count += lag.size
         start = time.perf_counter()
 
         def prefetch() -> None:  # overlaps the transfer with the running update
             self._next = self._prefetch()
 
         with self.busy("updating"):
-            self.train_metrics = self.learner.step(batch, overlap=prefetch)
+            metrics = self.learner.step(batch, overlap=prefetch)
         self.time_update += time.perf_counter() - start
+        if PER_ROW in metrics:
+            self._send_priorities(host, metrics.pop(PER_ROW))
+        self.train_metrics = metrics
         self._publish()
+
+    def _send_priorities(self, routing: dict[str, np.ndarray], priorities: np.ndarray) -> None:
+        """This process's rows of the (global) batch's new priorities, to their servers."""
+        local = len(routing["shards"])
+        start = self.processes.index * local if len(priorities) > local else 0
+        self.intake.send_priorities(routing, priorities[start:start + local])
 
     def _publish(self) -> None:
         if self.publisher is not None:
@@ -262,6 +299,8 @@ class LearnerWorker(Worker):
     def waiting(self) -> tuple[str, float] | None:
         """Samples, while the queue holds less than a batch."""
         if self._next is None and self.learner is not None:
+            if isinstance(self.intake, ReplayIntake):
+                return self.intake.waiting_on(), self._last_batch_wall
             return (f"samples on {self.samples_key} ({len(self.intake.queue)} chunks queued)",
                     self._last_batch_wall)
         return super().waiting()
@@ -269,7 +308,8 @@ class LearnerWorker(Worker):
     def counters(self) -> dict[str, float]:
         return {
             "learner_steps": self.version, "policy_version": self.version,
-            **self._carried(), "queue_chunks": len(self.intake.queue),
+            **self._carried(),
+            "queue_chunks": self.intake.queued,
             "checkpoints_saved": self.saves.saves,
             "checkpoint_step": self.saves.saved_step if self.saves.saved_step is not None
             else -1,
@@ -280,7 +320,9 @@ class LearnerWorker(Worker):
         }
 
     def close(self) -> None:
-        for socket in (self.pull, self.pub):
+        replay = [s.socket for s in self.intake.servers] \
+            if isinstance(self.intake, ReplayIntake) else []
+        for socket in (self.pull, self.pub, *replay):
             if socket is not None:
                 socket.close()
         if self.checkpointer is not None:

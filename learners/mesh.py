@@ -1,4 +1,4 @@
-"""The learner's device mesh: parameters replicated, batches sharded on the env axis.
+"""The learner's device mesh: parameters replicated, batches sharded on their batch axis.
 
 The same code runs on 1 CPU, 8 GPUs or a TPU pod slice: one `jax.jit` with
 shardings over a one-axis `Mesh` named "data", and the compiler inserts the
@@ -41,25 +41,31 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
-def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """[T(+1), B, ...] arrays split on B, the env axis."""
-    return NamedSharding(mesh, P(None, DATA))
+ENV_AXIS = 1
+"""The batch axis of [T(+1), B, ...] trajectory batches; a sampled replay batch [B, ...]
+is split on axis 0."""
 
 
-def compile_update(update: Callable, mesh: Mesh, state: Any, example_batch: Any) -> Callable:
+def batch_sharding(mesh: Mesh, axis: int = ENV_AXIS) -> NamedSharding:
+    """Arrays split on `axis` (B: env columns, or sampled rows) over the mesh."""
+    return NamedSharding(mesh, P(*([None] * axis), DATA))
+
+
+def compile_update(update: Callable, mesh: Mesh, state: Any, example_batch: Any,
+                   axis: int = ENV_AXIS) -> Callable:
     """Compile the update once for this mesh; the state is donated and stays replicated."""
-    jitted = jax.jit(update, in_shardings=(replicated(mesh), batch_sharding(mesh)),
+    jitted = jax.jit(update, in_shardings=(replicated(mesh), batch_sharding(mesh, axis)),
                      out_shardings=(replicated(mesh), replicated(mesh)), donate_argnums=0)
     return jitted.lower(state, example_batch).compile()
 
 
-def put_batch(batch: Any, mesh: Mesh) -> Any:
-    """Host arrays onto the mesh, each device getting its slice of the env axis.
+def put_batch(batch: Any, mesh: Mesh, axis: int = ENV_AXIS) -> Any:
+    """Host arrays onto the mesh, each device getting its slice of the batch axis.
 
-    With several processes each one passes only its local columns; the global
-    batch is their concatenation.
+    With several processes each one passes only its local columns (or rows); the
+    global batch is their concatenation.
     """
-    sharding = batch_sharding(mesh)
+    sharding = batch_sharding(mesh, axis)
     if jax.process_count() == 1:
         return jax.device_put(batch, sharding)
     return jax.tree.map(

@@ -15,9 +15,7 @@ import numpy as np
 import zmq
 
 from learners.sample_queue import SampleQueue
-from srl_jax.chunk_spec import Layout, chunk_layout
-from srl_jax.config import ExperimentConfig
-from srl_jax.env_spec import EnvSpec
+from srl_jax.chunk_spec import Layout, chunk_error
 from srl_jax.stream_table import SAMPLES
 from srl_jax.streams import RejectCounter, receive
 
@@ -25,23 +23,6 @@ MAX_DRAIN = 256
 """Chunks taken off the socket per turn at most."""
 RETURN_WINDOW = 100
 """Training returns averaged to rank checkpoints for `checkpoint.keep_best`."""
-
-
-def run_chunk_layout(config: ExperimentConfig, spec: EnvSpec) -> Layout:
-    """The layout of every chunk an actor of this run sends for a policy with `spec`."""
-    columns = config.actors.envs // config.actors.splits * spec.agents
-    return chunk_layout(config.actors.trajectory_length, columns, spec)
-
-
-def chunk_error(arrays: dict[str, np.ndarray], layout: Layout) -> str | None:
-    """What is wrong with a chunk's arrays for `layout`; None if nothing is."""
-    if arrays.keys() != layout.keys():
-        return f"chunk with arrays {sorted(arrays)}"
-    for name, (shape, dtype) in layout.items():
-        if arrays[name].shape != shape or arrays[name].dtype != dtype:
-            return (f"chunk array {name!r}: {arrays[name].dtype}{list(arrays[name].shape)} "
-                    f"where {dtype}{list(shape)} was expected")
-    return None
 
 
 class SampleIntake:
@@ -91,6 +72,11 @@ class SampleIntake:
         if batch is not None:
             self.frames_consumed += batch["rewards"].size
         return batch
+
+    @property
+    def queued(self) -> int:
+        """Chunks waiting in the queue."""
+        return len(self.queue)
 
     def counters(self) -> dict[str, int]:
         """Its run counters (see `srl_jax.metrics.CARRIED`), all in frames."""

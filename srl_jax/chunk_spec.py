@@ -22,6 +22,7 @@ from typing import Literal
 
 import numpy as np
 
+from srl_jax.config import ExperimentConfig
 from srl_jax.env_spec import EnvSpec
 
 Extent = Literal["T", "T+1", "1"]
@@ -107,3 +108,20 @@ def batch_arrays(arrays: dict[str, np.ndarray],
         out[f.name] = array if f.batch_dtype == AS_SENT else array.astype(f.batch_dtype,
                                                                             copy=False)
     return out
+
+
+def run_chunk_layout(config: ExperimentConfig, spec: EnvSpec) -> Layout:
+    """The layout of every chunk an actor of this run sends for a policy with `spec`."""
+    columns = config.actors.envs // config.actors.splits * spec.agents
+    return chunk_layout(config.actors.trajectory_length, columns, spec)
+
+
+def chunk_error(arrays: dict[str, np.ndarray], layout: Layout) -> str | None:
+    """What is wrong with a chunk's arrays for `layout`; None if nothing is."""
+    if arrays.keys() != layout.keys():
+        return f"chunk with arrays {sorted(arrays)}"
+    for name, (shape, dtype) in layout.items():
+        if arrays[name].shape != shape or arrays[name].dtype != dtype:
+            return (f"chunk array {name!r}: {arrays[name].dtype}{list(arrays[name].shape)} "
+                    f"where {dtype}{list(shape)} was expected")
+    return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 from srl_jax.config import (
     CORES,
     ENV_BACKENDS,
+    HEADS,
     NETWORKS,
     POLICY_NAME,
     RESERVED_POLICY_NAMES,
@@ -31,8 +32,8 @@ def require(condition: bool, message: str) -> None:
 def validate(config: ExperimentConfig) -> None:
     """Reject configs that cannot run; each message names the offending key."""
     require(config.seed >= 0, "'seed' must not be negative (numpy and gymnasium refuse it)")
-    for check in (check_env, check_actors, check_inference, check_learner, check_network,
-                  check_stop, check_checkpoint, check_runtime, check_ray):
+    for check in (check_env, check_actors, check_inference, check_learner, check_replay,
+                  check_network, check_stop, check_checkpoint, check_runtime, check_ray):
         check(config)
 
 
@@ -120,6 +121,8 @@ def check_learner(config: ExperimentConfig) -> None:
     require(learner.reward_clip >= 0, "'learner.reward_clip' must not be negative")
     require(learner.batch_envs >= 1, "'learner.batch_envs' must be at least 1")
     require(learner.processes >= 1, "'learner.processes' must be at least 1")
+    if config.replay.count:  # the batch is sampled rows, not whole chunks (check_replay)
+        return
     require(learner.batch_envs % (split_size * learner.processes) == 0,
             f"'learner.batch_envs' ({learner.batch_envs}) must be a multiple of the split size "
             f"{split_size} (actors.envs / actors.splits: actors send one chunk per split) "
@@ -129,6 +132,32 @@ def check_learner(config: ExperimentConfig) -> None:
             f"'learner.sample_queue' ({learner.sample_queue}) chunks cannot hold one batch of "
             f"{learner.batch_envs} envs")
     require(learner.param_queue >= 1, "'learner.param_queue' must be at least 1")
+
+
+def check_replay(config: ExperimentConfig) -> None:
+    """Replay servers, their rate control and priorities; the epsilon ladder."""
+    replay, learner, actors = config.replay, config.learner, config.actors
+    require(0 <= actors.epsilon <= 1, "'actors.epsilon' must be in [0, 1]")
+    require(actors.epsilon_alpha >= 0, "'actors.epsilon_alpha' must not be negative")
+    require(replay.count >= 0, "'replay.count' must not be negative")
+    if not replay.count:
+        return
+    chunk_steps = actors.trajectory_length * (actors.envs // actors.splits)
+    require(replay.capacity >= chunk_steps,
+            f"'replay.capacity' ({replay.capacity}) must hold one chunk of {chunk_steps} "
+            "transitions (actors.trajectory_length x actors.envs / actors.splits)")
+    require(1 <= replay.min_size <= replay.capacity,
+            f"'replay.min_size' must be in [1, replay.capacity], got {replay.min_size}")
+    require(replay.samples_per_insert >= 0, "'replay.samples_per_insert' must not be negative")
+    require(replay.tolerance >= 0, "'replay.tolerance' must not be negative")
+    require(replay.priority_exponent >= 0, "'replay.priority_exponent' must not be negative")
+    require(replay.importance_exponent >= 0,
+            "'replay.importance_exponent' must not be negative")
+    share = learner.batch_envs // learner.processes
+    require(learner.batch_envs % learner.processes == 0 and share % replay.count == 0,
+            f"'learner.batch_envs' ({learner.batch_envs}) sampled rows must split evenly over "
+            f"'learner.processes' ({learner.processes}) and then over 'replay.count' "
+            f"({replay.count}): each learner process asks each server for an equal part")
 
 
 def check_network(config: ExperimentConfig) -> None:
@@ -150,6 +179,8 @@ def check_network(config: ExperimentConfig) -> None:
     require(network.core in CORES,
             f"'network.core': unknown '{network.core}' (known: {', '.join(CORES)})")
     require(network.core_size >= 1, "'network.core_size' must be at least 1")
+    require(network.head in HEADS,
+            f"'network.head': unknown '{network.head}' (known: {', '.join(HEADS)})")
     burn_in, T = config.learner.burn_in, config.actors.trajectory_length
     require(burn_in >= 0, "'learner.burn_in' must not be negative")
     require(burn_in == 0 or network.core != "none",
@@ -196,7 +227,7 @@ def check_runtime(config: ExperimentConfig) -> None:
 
 
 def check_ray(config: ExperimentConfig) -> None:
-    for kind in ("actor", "learner", "inference", "evaluator"):
+    for kind in ("actor", "learner", "inference", "evaluator", "replay"):
         resources = getattr(config.ray, kind)
         require(all(amount >= 0 for amount in resources.values()),
                 f"'ray.{kind}': resource amounts must not be negative")

@@ -2,6 +2,9 @@
 
     stream       binder (socket)     connecters (socket)                carries
     samples      learner (PULL)      actor (PUSH)                       samples
+    inserts      replay (PULL)       actor (PUSH)                       samples
+    replay       replay (ROUTER)     learner (DEALER)                   sample_request, priorities,
+                                                                        sampled
     inference    inference (ROUTER)  actor (DEALER)                     infer_request, infer_reply
     params       learner 0 (PUB)     inference, evaluator, actor (SUB)  params
     stats        controller (PULL)   every worker (PUSH)                stats
@@ -21,10 +24,12 @@ from message kinds (`params`), so a grep for `port.` finds every key written
 by hand. Keys show up as files under `<run_dir>/names/` and as `key` of each
 worker's `ports` in `status.json`.
 
-Room to grow: a replay stream (actors PUSH samples to replay workers; the
-learner asks them for batches) and population streams (a population
-controller PUBs hyperparameters, learners PUSH their scores) are each one
-entry here, plus their worker kinds and message kinds in `srl_jax.wire`.
+An algorithm that learns from replay (`learners/algorithms.py: Algorithm.source`)
+turns the samples stream into two: actors push their chunks to the replay servers
+(inserts), and the learner asks every server for sampled batches and sends back
+new priorities (replay). Room to grow: population streams (a population
+controller PUBs hyperparameters, learners PUSH their scores) are each one entry
+here, plus their worker kinds and message kinds in `srl_jax.wire`.
 """
 
 from __future__ import annotations
@@ -95,6 +100,21 @@ INFERENCE = Stream(
     per_policy=True, indexed=True,
     doc="Observations to a policy's servers (spread over all of them), actions back to the "
         "asking actor.")
+INSERTS = Stream(
+    name="inserts", binder="replay", connecters=("actor",),
+    bind_type=zmq.PULL, connect_type=zmq.PUSH,
+    binder_receives=frozenset({"samples"}), connecter_receives=frozenset(),
+    per_policy=True, indexed=True,
+    doc="Chunks of trajectories to a policy's replay servers (off-policy algorithms); an "
+        "actor spreads its chunks over all of them.")
+REPLAY = Stream(
+    name="replay", binder="replay", connecters=("learner",),
+    bind_type=zmq.ROUTER, connect_type=zmq.DEALER,
+    binder_receives=frozenset({"sample_request", "priorities"}),
+    connecter_receives=frozenset({"sampled"}),
+    per_policy=True, indexed=True,
+    doc="A learner process asks each replay server for sampled transitions and sends back "
+        "their new priorities.")
 PARAMS = Stream(
     name="params", binder="learner", connecters=("inference", "evaluator", "actor"),
     bind_type=zmq.PUB, connect_type=zmq.SUB,
@@ -103,7 +123,8 @@ PARAMS = Stream(
     doc="Learner process 0 publishes each new version; subscribers keep the newest (actors "
         "only with inline inference).")
 STATS = Stream(
-    name="stats", binder="controller", connecters=("actor", "inference", "learner", "evaluator"),
+    name="stats", binder="controller",
+    connecters=("actor", "inference", "learner", "evaluator", "replay"),
     bind_type=zmq.PULL, connect_type=zmq.PUSH,
     binder_receives=frozenset({"stats"}), connecter_receives=frozenset(),
     per_policy=False, indexed=False,
@@ -116,7 +137,7 @@ COORDINATOR = Stream(
     doc="host:port of learner process 0's jax.distributed coordinator (gRPC, no CURVE), "
         "for a policy's other learner processes.")
 
-STREAMS: tuple[Stream, ...] = (SAMPLES, INFERENCE, PARAMS, STATS, COORDINATOR)
+STREAMS: tuple[Stream, ...] = (SAMPLES, INSERTS, REPLAY, INFERENCE, PARAMS, STATS, COORDINATOR)
 """Every name-service key of a run comes from one of these."""
 
 

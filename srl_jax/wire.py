@@ -17,9 +17,13 @@ Message kinds (the whole protocol):
 | --------------- | ----------------------------- | --------------------------------------- |
 | `infer_request` | actor -> inference server     | obs [n, ...]                            |
 | `infer_reply`   | inference server -> actor     | action, logp, value [n]                 |
-| `samples`       | actor -> learner              | one trajectory chunk, see actors.chunks |
+| `samples`       | actor -> learner or replay    | one trajectory chunk, see actors.chunks |
 | `params`        | learner -> inference servers  | one array per parameter leaf            |
 | `stats`         | any worker -> controller      | episode_return, episode_length          |
+| `sample_request`| learner -> replay server      | none (meta: seq, rows, window)          |
+| `sampled`       | replay server -> learner      | a sampled batch (srl_jax.replay_spec),  |
+|                 |                               | or none while the rate limiter waits    |
+| `priorities`    | learner -> replay server      | slots, generations, priorities [n]      |
 
 Metadata worth knowing: `samples` carries `actor` and `episode_returns` (the
 returns of episodes finished since that actor's previous chunk); `params`
@@ -38,7 +42,8 @@ import msgpack
 import numpy as np
 
 WIRE_VERSION = 1
-KINDS = frozenset({"infer_request", "infer_reply", "samples", "params", "stats"})
+KINDS = frozenset({"infer_request", "infer_reply", "samples", "params", "stats",
+                   "sample_request", "sampled", "priorities"})
 ALLOWED_DTYPES = frozenset(
     np.dtype(name).str
     for name in (

@@ -4,8 +4,8 @@ Each kind names its class as "module:Class", imported only in the process that
 runs it (so an actor never imports JAX), says whether each policy has its own
 workers of the kind, how many the config asks for, and which hosts of a cluster
 script run it. The controller, the launch backends, the cluster scripts and
-`python -m srl_jax.worker` all read this registry. A new kind (a replay or a
-population worker) is its module, one `register_kind` call and its streams in
+`python -m srl_jax.worker` all read this registry. A new kind (a population
+worker) is its module, one `register_kind` call and its streams in
 the stream table; its Ray resources are `ray.<name>` where the config has that key.
 """
 
@@ -118,6 +118,10 @@ def _inference_servers(config: ExperimentConfig) -> int:
     return 0 if config.actors.inline_inference else config.inference.count
 
 
+def _replay_servers(config: ExperimentConfig) -> int:
+    return config.replay.count
+
+
 def _actors(config: ExperimentConfig) -> int:
     return config.actors.count
 
@@ -135,6 +139,9 @@ register_kind(WorkerKind(
 register_kind(WorkerKind(
     "inference", "learners.inference_server:InferenceServer", True, _inference_servers,
     "inference", "answers the actors' batched policy requests"))
+register_kind(WorkerKind(
+    "replay", "replay.replay_worker:ReplayWorker", True, _replay_servers, "learner",
+    "stores its policy's transitions and serves prioritized samples to the learner"))
 register_kind(WorkerKind(
     "actor", "actors.actor_worker:ActorWorker", False, _actors, "actor",
     "steps environments for every policy, sends sample chunks to the learners"))

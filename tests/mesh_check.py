@@ -6,30 +6,24 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 
 import jax
 import numpy as np
 
 from actors.envs import env_spec
-from learners.algorithms import algorithm, algorithm_config, sizes
-from learners.learner import Learner
+from learners.learner import build_learner
 from learners.mesh import MeshError, make_learner_mesh
-from learners.networks import make_policy
-from learners.sample_intake import run_chunk_layout
+from srl_jax.chunk_spec import run_chunk_layout
 from tests.conftest import make_config
 
 
 def one_update(devices: int, algo_name: str, overrides: list[str]) -> tuple[dict, list]:
     config = make_config([f"learner.algorithm={algo_name}", *overrides])
     spec = env_spec(config.env)
-    policy, network = make_policy(config, spec)
-    algo, algo_config, derived = algorithm(algo_name), algorithm_config(config), sizes(config)
-    optimizer = algo.make_optimizer(algo_config, derived)
     B = config.learner.batch_envs
-    learner = Learner(spec, network, optimizer,
-                      algo.make_update(policy, optimizer, algo_config, derived),
-                      make_learner_mesh(devices, B), config.actors.trajectory_length, B,
-                      config.seed)
+    learner = build_learner(replace(config, learner=replace(config.learner, devices=devices)),
+                            spec, B)
     rng = np.random.default_rng(0)
     arrays = {}
     for name, (shape, dtype) in run_chunk_layout(config, spec).items():

@@ -25,7 +25,7 @@ from actors.actor_worker import make_split
 from actors.env_ring import ChunkBuilder, EnvSplit
 from actors.envpool_split import EnvPoolSplit, check_envpool, envpool_task
 from actors.envs import env_spec, make_env
-from learners.sample_intake import run_chunk_layout
+from srl_jax.chunk_spec import run_chunk_layout
 from srl_jax.config import ConfigError, EnvConfig
 from tests.conftest import make_config
 

@@ -8,12 +8,11 @@ import pytest
 
 from actors.envs import env_spec
 from learners.algorithms import algorithm, algorithm_config, sizes
-from learners.learner import Learner
+from learners.learner import Learner, chunk_inputs
 from learners.mesh import make_learner_mesh
 from learners.networks import make_policy
-from learners.sample_intake import run_chunk_layout
 from srl_jax.checkpoint import Checkpointer
-from srl_jax.chunk_spec import empty_chunk
+from srl_jax.chunk_spec import empty_chunk, run_chunk_layout
 from tests.conftest import make_config
 
 T, B = 8, 4
@@ -28,7 +27,7 @@ def build(checkpointer: Checkpointer | None = None, seed: int = 0) -> Learner:
     optimizer = algo.make_optimizer(algo_config, derived)
     return Learner(spec, network, optimizer,
                    algo.make_update(policy, optimizer, algo_config, derived),
-                   make_learner_mesh(1, B), T, B, config.seed, checkpointer)
+                   make_learner_mesh(1, B), chunk_inputs(T, B, spec), config.seed, checkpointer)
 
 
 def random_batch(seed: int = 0) -> dict[str, np.ndarray]:

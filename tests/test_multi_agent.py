@@ -18,7 +18,7 @@ import pytest
 
 from actors.envs import env_spec
 from learners.export import load_policy, load_team
-from learners.sample_intake import run_chunk_layout
+from srl_jax.chunk_spec import run_chunk_layout
 from srl_jax.config import ConfigError, policy_names, request_rows
 from srl_jax.config_loader import load_config
 from srl_jax.launch import check_before_launch

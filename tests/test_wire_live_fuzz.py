@@ -27,6 +27,7 @@ import pytest
 import zmq
 
 from srl_jax import streams, wire
+from srl_jax.memory import resident_mib
 from srl_jax.run_dir import read_status
 from srl_jax.stream_table import INFERENCE, PARAMS, SAMPLES, STATS, Stream, stream_of
 from srl_jax.wire import WireError, decode, encode
@@ -84,10 +85,9 @@ def read_endpoints(run_dir: Path) -> dict[str, str]:
 
 
 def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError(f"no VmRSS for pid {pid}")
+    rss = resident_mib(pid)
+    assert rss is not None, f"no VmRSS for pid {pid}"
+    return rss
 
 
 class LiveFuzzer:

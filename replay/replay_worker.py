@@ -1,0 +1,251 @@
+"""The replay server: one shard of a policy's replay, as its own process.
+
+Actors push chunks on the inserts stream; each is checked against the run's
+chunk layout and its steps go into a `ReplayBuffer` (replay/buffer.py). Learner
+processes send `sample_request`s on the replay stream and get `sampled` batches
+back, then send the new `priorities` of what they sampled. A `RateLimiter` holds
+the sample-to-insert ratio: while inserts run ahead the server stops reading the
+inserts stream (the actors' sends block, or drop by `actors.send_policy`); while
+samples run ahead it holds the learner's requests and tells it every
+`WAIT_NOTICE_S` that it is alive and waiting, and why. Both waits are counted.
+
+The contents live in this process only: a replay server that dies loses them and
+is restarted empty; the learner samples from the other shards meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import deque
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import zmq
+from replay.buffer import ReplayBuffer
+from replay.rate_limiter import RateLimiter, error_buffer
+
+from actors.atari import is_atari
+from actors.envs import policy_spec
+from srl_jax.chunk_spec import chunk_error, run_chunk_layout
+from srl_jax.config import DEFAULT_POLICY, ExperimentConfig
+from srl_jax.memory import resident_mib
+from srl_jax.names import NameService
+from srl_jax.stream_table import INSERTS, REPLAY
+from srl_jax.streams import make_socket, receive, send
+from srl_jax.worker import Worker
+
+POLL_MS = 20
+MAX_DRAIN = 64
+"""Chunks taken off the inserts stream per turn at most."""
+WAIT_NOTICE_S = 1.0
+"""A held sample request is answered this often with an empty `sampled` (a notice)."""
+MAX_ROWS = 1 << 16
+"""Largest sample request served; anything larger is malformed."""
+MAX_WINDOW = 1 << 10
+
+
+class Pending(NamedTuple):
+    routing: list[bytes]
+    seq: int
+    rows: int
+    window: int
+    since: float
+
+
+def frame_stack(config: ExperimentConfig) -> int:
+    """Frames stacked on an observation's last axis (Atari), stored once each; else 1."""
+    return config.env.atari.frame_stack if is_atari(config.env.id) else 1
+
+
+def priorities_error(arrays: dict[str, np.ndarray]) -> str | None:
+    """What is wrong with a `priorities` message's arrays; None if nothing is."""
+    expected = {"slots": "iu", "generations": "iu", "priorities": "f"}
+    if arrays.keys() != expected.keys():
+        return f"priorities with arrays {sorted(arrays)}"
+    lengths = {a.shape for a in arrays.values()}
+    if len(lengths) != 1 or len(next(iter(lengths))) != 1:
+        return f"priorities arrays of shapes {sorted(lengths)}: want one length, 1-D"
+    for name, kinds in expected.items():
+        if arrays[name].dtype.kind not in kinds:
+            return f"priorities array {name!r} of dtype {arrays[name].dtype}"
+    return None
+
+
+class ReplayWorker(Worker):
+    kind = "replay"
+
+    def __init__(self, config: ExperimentConfig, index: int, run_dir: Path,
+                 names: NameService, policy: str = DEFAULT_POLICY) -> None:
+        super().__init__(config, index, run_dir, names, policy)
+        cfg = config.replay
+        self.spec = policy_spec(config, policy)
+        self.layout = run_chunk_layout(config, self.spec)
+        self.buffer = ReplayBuffer(cfg.capacity, self.spec, frame_stack(config),
+                                   cfg.priority_exponent, cfg.importance_exponent,
+                                   config.seed * 1009 + index + self.incarnation.seed(0))
+        self.limiter = RateLimiter(cfg.min_size, cfg.samples_per_insert,
+                                   error_buffer(cfg.min_size, cfg.tolerance,
+                                                cfg.samples_per_insert))
+        self.pending: deque[Pending] = deque()
+        self.inserted = 0
+        self.sampled = 0
+        self.chunks = 0
+        self.priority_updates = 0
+        self.priorities_stale = 0
+        self.time_insert_wait = 0.0
+        self.time_sample_wait = 0.0
+        self.time_insert = 0.0
+        self.time_sample = 0.0
+        self._insert_blocked_since: float | None = None
+        self._last_notice = 0.0
+        self.pull: zmq.Socket | None = None
+        self.router: zmq.Socket | None = None
+
+    def setup(self) -> None:
+        self.pull = make_socket(self.zmq, INSERTS.bind_type, hwm=self.config.actors.send_queue)
+        self.transport.bind(self.pull, self.names, INSERTS.key(self.policy, self.index))
+        self.router = make_socket(self.zmq, REPLAY.bind_type)
+        self.transport.bind(self.router, self.names, REPLAY.key(self.policy, self.index))
+        self.poller = zmq.Poller()
+        self.poller.register(self.router, zmq.POLLIN)
+        self.log.info("capacity %d transitions in %.1f MiB (frame stack %d)",
+                      self.config.replay.capacity, self.buffer.nbytes / 2**20,
+                      frame_stack(self.config))
+
+    def run_once(self) -> None:
+        can_insert = self.limiter.can_insert()
+        self._note_insert_wait(can_insert)
+        self.poller.register(self.pull, zmq.POLLIN if can_insert else 0)  # 0: unregister
+        events = dict(self.poller.poll(0 if self._servable() else POLL_MS))
+        if self.router in events:
+            self._take_requests()
+        if can_insert and self.pull in events:
+            self._take_inserts()
+        self._serve()
+
+    def _note_insert_wait(self, can_insert: bool) -> None:
+        now = time.perf_counter()
+        if can_insert and self._insert_blocked_since is not None:
+            self.time_insert_wait += now - self._insert_blocked_since
+            self._insert_blocked_since = None
+        elif not can_insert and self._insert_blocked_since is None:
+            self._insert_blocked_since = now
+
+    def _servable(self) -> bool:
+        return bool(self.pending) and self.limiter.can_sample(self.buffer.size)
+
+    def _take_inserts(self) -> None:
+        start = time.perf_counter()
+        for _ in range(MAX_DRAIN):
+            if not self.limiter.can_insert():
+                break
+            received = receive(self.pull, INSERTS.binder_receives, self.rejects)
+            if received is None:
+                break
+            arrays = received[1].arrays
+            error = chunk_error(arrays, self.layout)
+            if error is not None:
+                self.rejects.reject(ValueError(error))
+                continue
+            steps = self.buffer.insert(arrays)
+            self.limiter.inserted(steps)
+            self.inserted += steps
+            self.chunks += 1
+        self.time_insert += time.perf_counter() - start
+
+    def _take_requests(self) -> None:
+        while (received := receive(self.router, REPLAY.binder_receives, self.rejects,
+                                   envelope=1)) is not None:
+            routing, message = received
+            if message.kind == "priorities":
+                self._update_priorities(message.arrays)
+            else:
+                self._queue_request(routing, message.meta)
+
+    def _queue_request(self, routing: list[bytes], meta: dict) -> None:
+        seq, rows, window = (meta.get(k) for k in ("seq", "rows", "window"))
+        if not (type(seq) is int and type(rows) is int and type(window) is int
+                and 0 < rows <= MAX_ROWS and 0 < window <= MAX_WINDOW):
+            self.rejects.reject(ValueError(f"sample_request with seq {seq!r}, rows {rows!r}, "
+                                           f"window {window!r}"))
+            return
+        self.pending.append(Pending(routing, seq, rows, window, time.perf_counter()))
+
+    def _update_priorities(self, arrays: dict[str, np.ndarray]) -> None:
+        error = priorities_error(arrays)
+        if error is None:
+            try:
+                applied = self.buffer.update_priorities(
+                    arrays["slots"].astype(np.int64), arrays["generations"].astype(np.int64),
+                    arrays["priorities"].astype(np.float64))
+            except ValueError as bad:
+                error = str(bad)
+        if error is not None:
+            self.rejects.reject(ValueError(error))
+            return
+        self.priority_updates += 1
+        self.priorities_stale += len(arrays["slots"]) - applied
+
+    def _serve(self) -> None:
+        """Answer held requests in order while the rate limiter lets samples through."""
+        now = time.perf_counter()
+        while self.pending and self.limiter.can_sample(self.buffer.size):
+            request = self.pending.popleft()
+            self.time_sample_wait += now - request.since
+            start = time.perf_counter()
+            batch = self.buffer.sample(request.rows, request.window)
+            self.limiter.sampled(request.rows)
+            self.sampled += request.rows
+            self.time_sample += time.perf_counter() - start
+            self._reply(request, batch)
+        if self.pending and now - self._last_notice >= WAIT_NOTICE_S:
+            self._last_notice = now
+            for request in self.pending:
+                self._reply(request, {}, waiting=self._why_waiting())
+
+    def _reply(self, request: Pending, arrays: dict[str, np.ndarray],
+               waiting: str | None = None) -> None:
+        meta = {"seq": request.seq, "size": self.buffer.size,
+                **({"waiting": waiting} if waiting else {})}
+        with contextlib.suppress(zmq.Again):  # the learner is gone or full: it asks again
+            send(self.router, "sampled", meta, arrays, routing=request.routing,
+                 flags=zmq.NOBLOCK)
+
+    def _why_waiting(self) -> str:
+        if self.buffer.size < self.config.replay.min_size:
+            return f"min_size: {self.buffer.size} of {self.config.replay.min_size} transitions"
+        return "samples_per_insert: sampling is ahead of inserts"
+
+    def waiting(self) -> tuple[str, float] | None:
+        """Inserts held back by the ratio, or held sample requests."""
+        if self._insert_blocked_since is not None:
+            return ("the learner's samples: inserts are ahead of samples_per_insert",
+                    time.time() - (time.perf_counter() - self._insert_blocked_since))
+        if self.pending:
+            return (f"inserts on {INSERTS.key(self.policy, self.index)} ({self._why_waiting()})",
+                    time.time() - (time.perf_counter() - self.pending[0].since))
+        return super().waiting()
+
+    def counters(self) -> dict[str, float]:
+        stats = self.buffer.priority_stats()
+        blocked = (time.perf_counter() - self._insert_blocked_since
+                   if self._insert_blocked_since is not None else 0.0)
+        return {
+            "size": self.buffer.size, "inserted": self.inserted, "sampled": self.sampled,
+            "chunks": self.chunks, "priority_updates": self.priority_updates,
+            "priorities_stale": self.priorities_stale,
+            "time_insert_wait": self.time_insert_wait + blocked,
+            "time_sample_wait": self.time_sample_wait + sum(
+                time.perf_counter() - r.since for r in self.pending),
+            "time_insert": self.time_insert, "time_sample": self.time_sample,
+            "pending_requests": len(self.pending),
+            "storage_mb": self.buffer.nbytes / 2**20, "rss_mb": resident_mib() or 0.0,
+            **{f"priority_{k}": v for k, v in stats.items()},
+        }
+
+    def close(self) -> None:
+        for socket in (self.pull, self.router):
+            if socket is not None:
+                socket.close()
