@@ -2,8 +2,11 @@
 
 The ring's S splits take turns: each has at most one inference request in
 flight, and while it waits the actor steps whichever split has its answer.
-Finished chunks go to the learner on the sample stream; a request unanswered
-for `actors.inference_timeout_s` is sent again, to any live inference server.
+Finished chunks go to the learner on the sample stream (or, for an algorithm
+that learns from replay, to the replay servers on the inserts stream); a request
+unanswered for `actors.inference_timeout_s` is sent again, to any live
+inference server. A value-based (greedy) policy's actions are replaced at
+random at each column's rung of Ape-X's epsilon ladder (actors/exploration.py).
 In a multi-agent env each policy has its own servers and learner: a split asks
 every policy for its agents' actions, steps once all have answered, and sends
 each policy the chunk of its own agents.
@@ -28,6 +31,7 @@ import zmq
 from actors.env_ring import ChunkBuilder, EnvSplit, OnePolicy, RingStep
 from actors.envpool_split import EnvPoolSplit
 from actors.envs import env_seed, make_env, policy_spec
+from actors.exploration import column_epsilons, explore
 from actors.multi_agent import MultiAgentSplit
 from srl_jax.config import (
     DEFAULT_POLICY,
@@ -40,7 +44,7 @@ from srl_jax.env_spec import EnvSpec
 from srl_jax.incarnation import Incarnation
 from srl_jax.metrics import POLICY_RETURN
 from srl_jax.names import NameService
-from srl_jax.stream_table import INFERENCE, SAMPLES
+from srl_jax.stream_table import INFERENCE, INSERTS, SAMPLES
 from srl_jax.streams import make_socket, receive, send
 from srl_jax.worker import Worker
 
@@ -48,6 +52,8 @@ if TYPE_CHECKING:
     from actors.inline_policy import InlinePolicy
 
 POLL_MS = 100
+EXPLORE_STREAM = 1 << 20
+"""Env index of the exploration generator's seed (beyond any real env's)."""
 SEND_WAIT_LOG_S = 5.0
 MAX_SENT_RETURNS = 256
 """Episode returns a chunk carries to the learner (which ranks checkpoints by them)."""
@@ -97,11 +103,13 @@ class _SplitState:
     """One split's environments and, per policy, its chunk and request."""
 
     def __init__(self, index: int, split: OnePolicy | MultiAgentSplit, length: int,
-                 specs: list[EnvSpec]) -> None:
+                 specs: list[EnvSpec], epsilons: list[np.ndarray]) -> None:
         self.index = index
         self.split = split
         self.parts = [_Part(obs, length, spec)
                       for obs, spec in zip(split.obs, specs, strict=True)]
+        self.epsilons = epsilons
+        """Per policy, each column's exploration rate (empty: act as the policy says)."""
 
 
 class ActorWorker(Worker):
@@ -140,13 +148,21 @@ class ActorWorker(Worker):
         seeds = split_seeds(self.config, self.index, self.incarnation)
         self.log.info("resume %d, restart %d: env seeds by split %s", self.incarnation.resumes,
                       self.incarnation.restarts, seeds)
-        self.splits = [_SplitState(s, make_split(env, per_split, split), cfg.trajectory_length,
-                                   self.specs) for s, split in enumerate(seeds)]
+        self.splits = []
+        for s, env_seeds in enumerate(seeds):
+            ring = make_split(env, per_split, env_seeds)
+            self.splits.append(_SplitState(s, ring, cfg.trajectory_length, self.specs,
+                                           self._epsilons(s, ring)))
+        self.explore_rng = np.random.default_rng(
+            self.incarnation.seed(env_seed(self.config.seed, self.index, EXPLORE_STREAM)))
+        stream, count = (INSERTS, self.config.replay.count) if self.config.replay.count \
+            else (SAMPLES, self.config.learner.processes)
+        self.destination = "replay servers" if stream is INSERTS else "learner"
         self.samples = []
         for policy in self.policies:
-            socket = make_socket(self.zmq, SAMPLES.connect_type, hwm=cfg.send_queue)
-            for i in range(self.config.learner.processes):  # chunks are spread over them
-                self.connect_to(socket, SAMPLES.key(policy, i))
+            socket = make_socket(self.zmq, stream.connect_type, hwm=cfg.send_queue)
+            for i in range(count):  # chunks are spread over them
+                self.connect_to(socket, stream.key(policy, i))
             self.samples.append(socket)
         if cfg.inline_inference:
             from actors.inline_policy import InlinePolicy  # imports JAX
@@ -166,6 +182,14 @@ class ActorWorker(Worker):
         for state in self.splits:
             for p in range(len(self.policies)):
                 self._request(state, p)
+
+    def _epsilons(self, split: int, ring: OnePolicy | MultiAgentSplit) -> list[np.ndarray]:
+        """Each policy's column epsilons in `split` of this actor (none: no epsilon)."""
+        cfg = self.config.actors
+        if not cfg.epsilon:
+            return [np.empty(0) for _ in self.policies]
+        return [column_epsilons(cfg.epsilon, cfg.epsilon_alpha, cfg.count, self.index, split,
+                                cfg.splits, len(obs)) for obs in ring.obs]
 
     def _request(self, state: _SplitState, p: int, final_obs: np.ndarray | None = None,
                  final_state: np.ndarray | None = None) -> None:
@@ -280,6 +304,9 @@ class ActorWorker(Worker):
         for p, part in enumerate(state.parts):
             action, logp, value, version, new_state = part.answer
             n = len(state.split.obs[p])
+            if len(state.epsilons[p]):
+                action = explore(action[:n], state.epsilons[p], part.spec.action_dim,
+                                 self.explore_rng)
             chunk = part.chunk.on_policy(action[:n], logp[:n], value[:n], version, value[n:],
                                          part.request_state[:n])
             if chunk is not None:
@@ -321,7 +348,8 @@ class ActorWorker(Worker):
                 self._policy_returns[p].extend(result.episode_returns)
 
     def _send_chunk(self, p: int, chunk: dict[str, np.ndarray]) -> None:
-        """Send a chunk to policy `p`'s learner, with that policy's recent returns."""
+        """Send a chunk to policy `p`'s learner (or replay servers), with that policy's
+        recent returns."""
         start = time.perf_counter()
         meta = {"actor": self.index,
                 "episode_returns": self._unsent_returns[p][-MAX_SENT_RETURNS:]}
@@ -338,10 +366,11 @@ class ActorWorker(Worker):
 
     def _send_blocking(self, p: int, meta: dict, chunk: dict[str, np.ndarray],
                        start: float) -> None:
-        """Send to policy `p`'s learner, waiting (and heartbeating) while its stream is full."""
+        """Send to policy `p`'s learner (or replay servers), waiting (and heartbeating)
+        while its stream is full."""
         socket, next_log = self.samples[p], start + SEND_WAIT_LOG_S
-        self._blocked = (f"the sample stream of policy '{self.policies[p]}' (full: the learner "
-                         "is behind)", time.time())
+        self._blocked = (f"the sample stream of policy '{self.policies[p]}' (full: the "
+                         f"{self.destination} cannot take more now)", time.time())
         try:
             while not self.stopping:
                 if socket.poll(POLL_MS, zmq.POLLOUT):
@@ -353,8 +382,8 @@ class ActorWorker(Worker):
                         continue
                 self.heartbeat()
                 if time.perf_counter() > next_log:
-                    self.log.info("waiting %.0fs on the learner: sample stream full",
-                                  time.perf_counter() - start)
+                    self.log.info("waiting %.0fs on the %s: sample stream full",
+                                  time.perf_counter() - start, self.destination)
                     next_log += SEND_WAIT_LOG_S
         finally:
             self._blocked = None

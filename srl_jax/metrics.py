@@ -4,7 +4,8 @@ Workers send cumulative counters; the aggregator keeps the latest per worker,
 adds the last counters of workers that were restarted (so totals never go
 back), and turns differences between rows into rates and time fractions.
 Row keys the README lists under "The run directory" never change; extra keys are
-grouped by prefix (`actor/`, `inference/`, `learner/`, `policy/`, `system/`). In a multi-agent run
+grouped by prefix (`actor/`, `inference/`, `learner/`, `replay/`, `policy/`,
+`system/`). In a multi-agent run
 `episode_return_mean` is the team return (all agents' rewards summed) and
 `policy/<name>/episode_return_mean` the mean return of one of that policy's agents.
 """
@@ -27,6 +28,10 @@ GAUGES = frozenset({"policy_version", "learner_steps", "queue_chunks", "checkpoi
 CARRIED = frozenset({"frames_consumed", "frames_received", "episodes_received", "lag_sum",
                      "lag_count", "samples_dropped_stale", "samples_dropped_full"})
 """Learner counters that belong to the run: checkpointed, and restored by a new learner."""
+REPLAY_LEVELS = frozenset({"size", "storage_mb", "rss_mb", "pending_requests",
+                           "priority_min", "priority_max", "priority_mean"})
+"""A replay server's current levels: they die with it (its contents are lost), so a
+dead server's are neither held nor added to the totals."""
 POLICY_RETURN = "policy_return/"
 """Heartbeat arrays `policy_return/<policy>`: single agents' episode returns, per policy."""
 
@@ -97,6 +102,8 @@ class MetricsAggregator:
         for key, value in self.live.get(worker, {}).items():
             if _is_held(key):
                 held[key] = value
+            elif self.kinds[worker] == "replay" and key in REPLAY_LEVELS:
+                continue
             else:
                 self.retired[f"{self.kinds[worker]}:{key}"] += value
         if worker in self.live:
@@ -124,6 +131,8 @@ class MetricsAggregator:
             **{f"learner:{k}": self.total("learner", k) for k in (
                 "frames_consumed", "lag_sum", "lag_count", "time_update", "time_publish",
                 "time_checkpoint")},
+            **{f"replay:{k}": self.total("replay", k) for k in (
+                "inserted", "sampled", "time_insert_wait", "time_sample_wait")},
         }
         delta = {k: v - self._previous.get(k, 0.0) for k, v in totals.items()}
         window = max(elapsed - self._previous_time, 1e-9)
@@ -183,6 +192,7 @@ class MetricsAggregator:
                 for key, value in counters.items():
                     if key.startswith("train/"):
                         row[f"{prefix}/{key[len('train/'):]}"] = round(value, 6)
+        self._replay_rows(row, delta, window)
         self._policy_rows(row)
         row["system/restarts"] = self.restarts
         row["system/learner_restarts"] = self.learner_restarts
@@ -191,6 +201,28 @@ class MetricsAggregator:
                 self.total(kind, counter) for kind in set(self.kinds.values())))
         return row
 
+
+    def _replay_rows(self, row: dict[str, Any], delta: dict[str, float],
+                     window: float) -> None:
+        """`replay/...`: the replay servers' contents, rates, waits and memory, summed
+        over servers (priorities: the mean of their means, the largest maximum)."""
+        servers = [c for w, c in self.live.items() if self.kinds[w] == "replay"]
+        if not servers:
+            return
+        row["replay/size"] = int(sum(c.get("size", 0) for c in servers))
+        row["replay/inserts_per_s"] = round(delta["replay:inserted"] / window, 1)
+        row["replay/samples_per_s"] = round(delta["replay:sampled"] / window, 1)
+        for side in ("insert", "sample"):
+            row[f"replay/{side}_wait_frac"] = round(
+                delta[f"replay:time_{side}_wait"] / (window * len(servers)), 4)
+        row["replay/memory_mb"] = round(sum(c.get("storage_mb", 0) for c in servers), 1)
+        row["replay/rss_mb"] = round(sum(c.get("rss_mb", 0) for c in servers), 1)
+        means = [c["priority_mean"] for c in servers if "priority_mean" in c]
+        if means:
+            row["replay/priority_mean"] = round(float(np.mean(means)), 6)
+            row["replay/priority_max"] = round(max(c.get("priority_max", 0) for c in servers), 6)
+        row["replay/priorities_stale"] = int(self.total("replay", "priorities_stale"))
+        row["learner/replay_timeouts"] = int(self.total("learner", "replay_timeouts"))
 
     def _policy_rows(self, row: dict[str, Any]) -> None:
         """`policy/<name>/...`: each policy's version, and its agents' mean return."""
