@@ -39,12 +39,14 @@ class TrainState(NamedTuple):
     opt_state: Any
     key: jax.Array
     version: jax.Array  # int32 scalar: number of updates so far
+    extra: Any = ()
+    """The algorithm's own state (`Algorithm.init_extra`; DQN: its target network)."""
 
 
 def init_train_state(params: Any, optimizer: optax.GradientTransformation,
-                     seed: int) -> TrainState:
+                     seed: int, extra: Any = ()) -> TrainState:
     return TrainState(params, optimizer.init(params["net"]), jax.random.key(seed + 1),
-                      jnp.zeros((), jnp.int32))
+                      jnp.zeros((), jnp.int32), extra)
 
 
 def prepare(params: Any, batch: Batch, policy: Policy, reward_scale: float,

@@ -31,7 +31,7 @@ STACK_START = re.compile(r"^(Current thread|Thread) 0x", re.M)
 """How faulthandler starts a thread's stack."""
 ROW_KEYS = (("fps", "fps", ".0f"), ("learner_steps", "updates", "d"),
             ("episode_return_mean", "return", ".1f"), ("policy_lag_mean", "lag", ".2f"),
-            ("learner/queue_chunks", "learner queue", "d"),
+            ("learner/queue_chunks", "learner queue", "d"), ("replay/size", "replay size", "d"),
             ("inference/batch_rows_mean", "batch rows", ".1f"),
             ("actor/time_wait_frac", "actor wait", ".2f"),
             ("system/restarts", "restarts", "d"), ("system/wire_rejected", "rejected", "d"))

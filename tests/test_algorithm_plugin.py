@@ -175,11 +175,17 @@ def test_the_registry_builds_the_section_from_the_experiment_config() -> None:
 def test_an_algorithm_the_learner_cannot_feed_is_refused() -> None:
     reads_priorities = dataclasses.replace(ALGORITHM, name="a2c_prioritized",
                                            fields=(*ALGORITHM.fields, "priority"))
-    with pytest.raises(ConfigError, match=r"reads chunk fields \['priority'\]"):
+    with pytest.raises(ConfigError, match=r"reads fields \['priority'\] that the samples batch"):
         check_inputs(reads_priorities)
+    from_nowhere = dataclasses.replace(ALGORITHM, name="a2c_nowhere", source="disk")
+    with pytest.raises(ConfigError, match="takes its data from 'disk'"):
+        check_inputs(from_nowhere)
     from_replay = dataclasses.replace(ALGORITHM, name="a2c_replay", source="replay")
-    with pytest.raises(ConfigError, match="takes its data from 'replay'"):
+    with pytest.raises(ConfigError, match="needs a replay_window exactly when"):
         check_inputs(from_replay)
+    windowed = dataclasses.replace(from_replay, replay_window=lambda config: 3)
+    with pytest.raises(ConfigError, match=r"reads fields \['state'\] that the replay batch"):
+        check_inputs(windowed)
 
 
 EXPERIMENT = {

@@ -60,7 +60,7 @@ def test_default_config_loads_with_typed_overrides() -> None:
                                "request: 32 envs a split (actors.envs / actors.splits), twice "
                                "over when a time limit ends episodes"),
     ("learner.devices=3", "'learner.batch_envs' (32) must divide evenly over 'learner.devices'"),
-    ("learner.algorithm=dqn", "'learner.algorithm': unknown 'dqn'"),
+    ("learner.algorithm=sac", "'learner.algorithm': unknown 'sac'"),
     ("learner.ppo.anneal_lr=true", "'learner.ppo.anneal_lr' needs 'stop.env_frames'"),
     ("network.hidden=64", "'network.hidden' must be a list"),
     ("learner.ppo.normalize_advantages=maybe", "'learner.ppo.normalize_advantages' must be true"),

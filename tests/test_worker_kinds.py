@@ -27,25 +27,25 @@ from tests.conftest import REPO, make_config, write_run_dir
 TWO_POLICIES = "env.policies={first: [agent_0], others: ['agent_*']}"
 
 
-class ReplayWorker(Worker):
+class ArchiveWorker(Worker):
     """A stand-in for a future kind: one per policy, as many as the config's learners."""
 
-    kind = "replay"
+    kind = "archive"
 
 
 def _one_per_learner(config: ExperimentConfig) -> int:
     return config.learner.processes
 
 
-REPLAY = WorkerKind("replay", f"{__name__}:ReplayWorker", True, _one_per_learner, "learner",
-                    "holds its policy's replay buffer")
+ARCHIVE = WorkerKind("archive", f"{__name__}:ArchiveWorker", True, _one_per_learner, "learner",
+                    "holds its policy's archive of episodes")
 
 
 @pytest.fixture
-def replay_registered() -> Iterator[WorkerKind]:
-    register_kind(REPLAY)
-    yield REPLAY
-    del KINDS["replay"]
+def archive_registered() -> Iterator[WorkerKind]:
+    register_kind(ARCHIVE)
+    yield ARCHIVE
+    del KINDS["archive"]
 
 
 def test_a_single_policy_plan_has_learners_servers_and_actors() -> None:
@@ -96,16 +96,16 @@ def test_learners_start_with_two_malloc_arenas_unless_the_launcher_says_otherwis
 
 
 def test_a_registered_kind_joins_the_plan_and_its_class_loads(
-        replay_registered: WorkerKind) -> None:
+        archive_registered: WorkerKind) -> None:
     plan = worker_plan(make_config(["learner.processes=2", "evaluation.every_updates=0"]))
-    assert [w for w in plan if w[0] == "replay"] == [("replay", 0, "default"),
-                                                    ("replay", 1, "default")]
-    assert plan.index(("replay", 0, "default")) < plan.index(("actor", 0, "default")), \
+    assert [w for w in plan if w[0] == "archive"] == [("archive", 0, "default"),
+                                                    ("archive", 1, "default")]
+    assert plan.index(("archive", 0, "default")) < plan.index(("actor", 0, "default")), \
         "per-policy kinds come first"
-    assert load_worker_class("replay") is ReplayWorker
-    assert register_kind(REPLAY) is REPLAY, "registering the same kind again is a no-op"
-    assert replay_registered.ray_resources(make_config()) == {"CPU": 1.0}, "no ray.replay key"
-    assert not any(o.startswith("ray.replay=") for o in placement_overrides())
+    assert load_worker_class("archive") is ArchiveWorker
+    assert register_kind(ARCHIVE) is ARCHIVE, "registering the same kind again is a no-op"
+    assert archive_registered.ray_resources(make_config()) == {"CPU": 1.0}, "no ray.archive key"
+    assert not any(o.startswith("ray.archive=") for o in placement_overrides())
 
 
 def test_a_second_kind_under_a_known_name_is_refused() -> None:
@@ -116,18 +116,18 @@ def test_a_second_kind_under_a_known_name_is_refused() -> None:
 
 def test_a_kind_declared_wrong_is_refused() -> None:
     with pytest.raises(ValueError, match="is not 'module:Class'"):
-        WorkerKind("replay", "tests.test_worker_kinds", True, _one_per_learner, "learner", "")
+        WorkerKind("archive", "tests.test_worker_kinds", True, _one_per_learner, "learner", "")
     with pytest.raises(ValueError, match="host role 'gpu'"):
-        WorkerKind("replay", "a:B", True, _one_per_learner, "gpu", "")
+        WorkerKind("archive", "a:B", True, _one_per_learner, "gpu", "")
 
 
 def test_an_unknown_kind_fails_with_one_line(tmp_path: Path) -> None:
     with pytest.raises(UnknownWorkerKind) as error:
-        worker_kind("replay")
-    assert str(error.value) == ("unknown worker kind 'replay' (known: learner, inference, "
-                                "actor, evaluator)")
+        worker_kind("population")
+    assert str(error.value) == ("unknown worker kind 'population' (known: learner, "
+                                "inference, replay, actor, evaluator)")
     write_run_dir(tmp_path, make_config())
-    result = subprocess.run([sys.executable, "-m", "srl_jax.worker", "replay", "0",
+    result = subprocess.run([sys.executable, "-m", "srl_jax.worker", "population", "0",
                              "--run-dir", str(tmp_path)], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 2
