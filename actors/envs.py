@@ -98,10 +98,10 @@ def check_policies(config: ExperimentConfig) -> None:
     split_envs = config.actors.envs // config.actors.splits
     for policy in policy_names(config.env):
         spec = env_spec(config.env, policy)
-        check_network(config.network.kind, spec, config.env.id)
+        check_network(config.network.kind, spec, config.env.id, config.network.head)
         columns = split_envs * spec.agents  # (config_checks already refused 1-agent misfits)
         step = columns * config.learner.processes
-        if config.learner.batch_envs % step:
+        if not config.replay.count and config.learner.batch_envs % step:  # replay: rows
             raise ConfigError(
                 f"'learner.batch_envs' ({config.learner.batch_envs}) must be a multiple of "
                 f"{step}: policy '{policy}' sends chunks of {columns} columns ({split_envs} "

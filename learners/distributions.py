@@ -78,5 +78,22 @@ def _gaussian_mode(out: jax.Array) -> jax.Array:
 GAUSSIAN = Distribution(_gaussian_sample, _gaussian_log_prob, _gaussian_entropy, _gaussian_mode)
 
 
+def _greedy_sample(key: jax.Array, q_values: jax.Array) -> jax.Array:
+    return _categorical_mode(q_values)
+
+
+def _certain_log_prob(q_values: jax.Array, actions: jax.Array) -> jax.Array:
+    return jnp.zeros(q_values.shape[:-1], jnp.float32)
+
+
+def _no_entropy(q_values: jax.Array) -> jax.Array:
+    return jnp.zeros(q_values.shape[:-1], jnp.float32)
+
+
+GREEDY = Distribution(_greedy_sample, _certain_log_prob, _no_entropy, _categorical_mode)
+"""A Q-network's policy: the best-scoring action, with certainty. Actors explore around
+it with their own epsilon (actors/exploration.py); the logged log-probability is 0."""
+
+
 def distribution(continuous: bool) -> Distribution:
     return GAUSSIAN if continuous else CATEGORICAL

@@ -1,5 +1,5 @@
 """Networks (flax linen): the actor-critic MLP, the Nature-CNN, their recurrent
-versions, and the policy the workers share.
+versions, the Q-network of value-based algorithms, and the policy the workers share.
 
 A policy's parameters are one pytree: the network's weights under "net" and
 the running observation statistics under "obs_mean", "obs_var", "obs_count".
@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from learners.distributions import Distribution, distribution
+from learners.distributions import GREEDY, Distribution, distribution
 from srl_jax.config import ExperimentConfig
 from srl_jax.env_spec import EnvSpec, check_network, core_state_size
 
@@ -119,6 +119,36 @@ class NatureCNN(nn.Module):
         return logits, value[:, 0]
 
 
+class QNetwork(nn.Module):
+    """Action values on the MLP or Nature-CNN torso: (Q-values [N, A], max_a Q [N]).
+
+    `dueling` splits the head into a state value and advantages recombined as
+    V + A - mean(A) (Wang et al. 2016). The max is the policy's value: the inference
+    server reports it, and actors store it as the bootstrap of a time-limit cut.
+    """
+
+    action_dim: int
+    kind: str = "mlp"
+    hidden: Sequence[int] = (64, 64)
+    activation: str = "relu"
+    dueling: bool = True
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        if self.kind == "nature_cnn":
+            x = nature_torso(obs)
+        else:
+            x = mlp_torso(obs.reshape(obs.shape[0], -1).astype(jnp.float32), self.hidden,
+                          self.activation)
+        advantages = nn.Dense(self.action_dim, name="q_head")(x)
+        if self.dueling:
+            value = nn.Dense(1, name="value_head")(x)
+            q = value + advantages - advantages.mean(-1, keepdims=True)
+        else:
+            q = advantages
+        return q, q.max(-1)
+
+
 class ResettingCell(nn.Module):
     """One step of the recurrent core; a column whose episode starts at this step
     (`reset`) begins from a zero state."""
@@ -209,7 +239,10 @@ def make_network(config: ExperimentConfig, spec: EnvSpec) -> nn.Module:
     """The network `network.kind` and `network.core` name; ConfigError if it cannot take
     these spaces."""
     network = config.network
-    check_network(network.kind, spec, config.env.id)
+    check_network(network.kind, spec, config.env.id, network.head)
+    if network.head != "actor_critic":
+        return QNetwork(spec.action_dim, network.kind, tuple(network.hidden), network.activation,
+                        network.head == "dueling")
     if network.core != "none":
         return RecurrentActorCritic(spec.action_dim, spec.continuous, network.kind,
                                     tuple(network.hidden), network.activation, network.core,
@@ -255,7 +288,8 @@ def make_policy(config: ExperimentConfig, spec: EnvSpec) -> tuple[Policy, nn.Mod
             out, value, _ = apply(params, obs.reshape(T * B, *obs.shape[2:]), state)
             return out.reshape(T, B, *out.shape[1:]), value.reshape(T, B), state
 
-    return Policy(apply, unroll, distribution(spec.continuous), normalize,
+    dist = GREEDY if isinstance(network, QNetwork) else distribution(spec.continuous)
+    return Policy(apply, unroll, dist, normalize,
                   spec.state_size), network
 
 

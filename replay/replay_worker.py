@@ -23,11 +23,11 @@ from typing import NamedTuple
 
 import numpy as np
 import zmq
-from replay.buffer import ReplayBuffer
-from replay.rate_limiter import RateLimiter, error_buffer
 
 from actors.atari import is_atari
 from actors.envs import policy_spec
+from replay.buffer import ReplayBuffer
+from replay.rate_limiter import RateLimiter, error_buffer
 from srl_jax.chunk_spec import chunk_error, run_chunk_layout
 from srl_jax.config import DEFAULT_POLICY, ExperimentConfig
 from srl_jax.memory import resident_mib
@@ -82,7 +82,8 @@ class ReplayWorker(Worker):
         cfg = config.replay
         self.spec = policy_spec(config, policy)
         self.layout = run_chunk_layout(config, self.spec)
-        self.buffer = ReplayBuffer(cfg.capacity, self.spec, frame_stack(config),
+        T, columns = self.layout["actions"][0][:2]
+        self.buffer = ReplayBuffer(cfg.capacity, T, columns, self.spec, frame_stack(config),
                                    cfg.priority_exponent, cfg.importance_exponent,
                                    config.seed * 1009 + index + self.incarnation.seed(0))
         self.limiter = RateLimiter(cfg.min_size, cfg.samples_per_insert,

@@ -181,6 +181,9 @@ def check_network(config: ExperimentConfig) -> None:
     require(network.core_size >= 1, "'network.core_size' must be at least 1")
     require(network.head in HEADS,
             f"'network.head': unknown '{network.head}' (known: {', '.join(HEADS)})")
+    require(network.head == "actor_critic" or network.core == "none",
+            f"'network.head': '{network.head}' has no recurrent version; set 'network.core' "
+            f"to none (R2D2 is not built yet)")
     burn_in, T = config.learner.burn_in, config.actors.trajectory_length
     require(burn_in >= 0, "'learner.burn_in' must not be negative")
     require(burn_in == 0 or network.core != "none",

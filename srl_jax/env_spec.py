@@ -41,8 +41,12 @@ class EnvSpec:
         return np.dtype(np.float32 if self.continuous else np.int32)
 
 
-def check_network(kind: str, spec: EnvSpec, env_id: str) -> None:
-    """ConfigError if network `kind` cannot take `env_id`'s spaces (checked before launch)."""
+def check_network(kind: str, spec: EnvSpec, env_id: str, head: str = "actor_critic") -> None:
+    """ConfigError if network `kind` with `head` cannot take `env_id`'s spaces (checked
+    before launch)."""
+    if head != "actor_critic" and spec.continuous:
+        raise ConfigError(f"'network.head': '{head}' scores a finite set of actions; "
+                          f"'{env_id}' has continuous actions")
     if kind == "nature_cnn" and (len(spec.obs_shape) != 3 or spec.continuous):
         actions = "continuous" if spec.continuous else "discrete"
         raise ConfigError(f"'network.kind': 'nature_cnn' needs image observations [H, W, C] and "

@@ -1,0 +1,1 @@
+"""Replay servers: prioritized, rate-limited storage of actors' chunks for off-policy learners."""
