@@ -146,7 +146,7 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation, config:
         new_target = jax.tree.map(lambda online, old: jnp.where(copy, online, old),
                                   params, state.extra["target"])
         metrics = {"loss": loss, "q_mean": q.mean(), "td_error_abs": jnp.abs(errors).mean(),
-                   "grad_norm": optax.global_norm(grads),
+                   "grad_norm": optax.tree.norm(grads),
                    "priorities": jnp.abs(errors) + config.priority_epsilon}
         return state._replace(params=params, opt_state=opt_state, version=version,
                               extra={"target": new_target}), metrics

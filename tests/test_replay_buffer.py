@@ -16,7 +16,7 @@ from srl_jax.env_spec import EnvSpec
 from srl_jax.replay_spec import replay_layout
 
 VECTOR = EnvSpec((3,), np.dtype(np.float32), 2, False)
-FRAMES = EnvSpec((6, 5, 4), np.dtype(np.uint8), 6, False)
+FRAMES = EnvSpec((24, 24, 4), np.dtype(np.uint8), 6, False)
 
 
 def test_sum_tree_samples_in_proportion_and_never_an_empty_leaf() -> None:
@@ -111,12 +111,12 @@ def _atari_chunk(T: int, n: int, rng: np.random.Generator, resets: dict) -> dict
     """Stacked frames as a frame-stack wrapper makes them; a reset repeats its first frame."""
     chunk = empty_chunk(T, n, FRAMES)
     for c in range(n):
-        stack = np.repeat(rng.integers(0, 255, (6, 5, 1), np.uint8), 4, -1)
+        stack = np.repeat(rng.integers(0, 255, (24, 24, 1), np.uint8), 4, -1)
         for t in range(T + 1):
             if t and t in resets.get(c, ()):
-                stack = np.repeat(rng.integers(0, 255, (6, 5, 1), np.uint8), 4, -1)
+                stack = np.repeat(rng.integers(0, 255, (24, 24, 1), np.uint8), 4, -1)
             elif t:
-                stack = np.concatenate([stack[..., 1:], rng.integers(0, 255, (6, 5, 1),
+                stack = np.concatenate([stack[..., 1:], rng.integers(0, 255, (24, 24, 1),
                                                                       np.uint8)], -1)
             chunk["obs"][t, c] = stack
     return chunk
@@ -125,7 +125,7 @@ def _atari_chunk(T: int, n: int, rng: np.random.Generator, resets: dict) -> dict
 def test_stacked_frames_are_stored_once_and_come_back_exact() -> None:
     T, n = 8, 2
     rng = np.random.default_rng(5)
-    store = FrameStore(1000, (6, 5), np.dtype(np.uint8), 4)
+    store = FrameStore(1000, (24, 24), np.dtype(np.uint8), 4)
     chunk = _atari_chunk(T, n, rng, {1: (3,)})
     serials = store.add(chunk["obs"])
     assert store.next_serial == (4 + T) + (4 + 2 + 4 + T - 3), "a reset stores a whole stack"
