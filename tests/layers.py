@@ -1,6 +1,6 @@
 """The package's layer rules, checked by reading the source (ast, nothing is imported).
 
-Every module of `srl_jax`, `actors` and `learners` belongs to one layer; a layer
+Every module of `srl_jax`, `actors`, `learners` and `replay` belongs to one layer; a layer
 may import the layers it names and no third-party package it forbids. Imports
 inside functions count the same as those at the top: a lazy import still ties
 the two modules together. The module graph must also be free of cycles.
@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-PACKAGES = ("srl_jax", "actors", "learners")
+PACKAGES = ("srl_jax", "actors", "learners", "replay")
 ENV_PACKAGES = frozenset({"gymnasium", "envpool", "ale_py", "mujoco", "pettingzoo", "mpe2",
                           "cv2", "pygame"})
 JAX_PACKAGES = frozenset({"jax", "jaxlib", "flax", "optax", "orbax"})
@@ -43,11 +43,13 @@ LAYERS = (
         "srl_jax.transport", "srl_jax.faults", "srl_jax.worker", "srl_jax.worker_kinds",
         "srl_jax.run_dir", "srl_jax.incarnation", "srl_jax.metrics", "srl_jax.config",
         "srl_jax.config_loader", "srl_jax.config_checks", "srl_jax.chunk_spec",
-        "srl_jax.env_spec"),
+        "srl_jax.env_spec", "srl_jax.replay_spec", "srl_jax.memory"),
         may_import=_names("base"), forbidden=ENV_PACKAGES | JAX_PACKAGES | {"ray"}),
     Layer("actors", _names("actors.*"), may_import=_names("base", "actors"),
           forbidden=JAX_PACKAGES | {"ray"}),
-    Layer("algorithms", _names("learners.ppo", "learners.impala"),
+    Layer("replay", _names("replay.*"), may_import=_names("base", "actors", "replay"),
+          forbidden=ENV_PACKAGES | JAX_PACKAGES | {"ray"}),
+    Layer("algorithms", _names("learners.ppo", "learners.impala", "learners.dqn"),
           may_import=_names("base", "learning", "algorithms"),
           only_third_party=frozenset({"jax", "flax", "optax", "numpy"})),
     Layer("learning", _names(
@@ -61,7 +63,8 @@ LAYERS = (
           may_import=_names("base", "actors", "learning", "algorithms", "jax workers"),
           forbidden=frozenset({"ray"})),
     Layer("top", _names("srl_jax.*"),
-          may_import=_names("base", "actors", "learning", "algorithms", "jax workers", "top")),
+          may_import=_names("base", "actors", "replay", "learning", "algorithms", "jax workers",
+                            "top")),
 )
 
 
