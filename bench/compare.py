@@ -8,6 +8,11 @@ Cases (``--cases``, default all):
   own virtual environment), and the single-process cleanrl-style JAX PPO
   (bench/cleanrl_ppo.py). Figures: steady env frames/s, wall time from launch
   to the first report of a mean return >= 475, and the env frames it took.
+- ``dqn``: CartPole-v1 to an evaluation return of 475: srl_jax's Ape-X DQN
+  (``cartpole_dqn``) against the single-process cleanrl-style DQN with the same
+  config, network and update (bench/cleanrl_dqn.py). The return is each side's
+  greedy evaluation (``eval_return_mean``: 5 episodes, the evaluator's seeds);
+  the figures as for ``cartpole``, and srl_jax / peer ratios of all three.
 - ``sampling``: pure sampling throughput, learning negligible: srl_jax with a
   one-epoch, one-minibatch learner and Sample Factory in its sampling mode, for
   ``--sampling-seconds`` each, against the raw env stepping rate on the same
@@ -26,6 +31,7 @@ machine's description; ``bench/report.py`` turns them into the README tables.
 
     .venv/bin/python bench/compare.py                       # every case, 3 rounds
     .venv/bin/python bench/compare.py --cases cartpole --rounds 5
+    .venv/bin/python bench/compare.py --cases dqn
 
 Every process is started in its own session and stopped by its pid (process
 group), never by name; Ctrl-C stops the one running.
@@ -78,9 +84,11 @@ class Launch:
     command: list[str]
     read: Callable[[Path], list[dict[str, Any]]]
     """Progress rows so far from the run's own logs: `wall` (epoch s), `env_frames`,
-    and `episode_return_mean` where the system reported one."""
+    and `return_key` where the system reported one."""
     env: dict[str, str] = field(default_factory=dict)
     stop: Callable[[subprocess.Popen, Path], None] | None = None
+    return_key: str = "episode_return_mean"
+    """The rows' return that the target is on (`eval_return_mean`: greedy evaluations)."""
 
 
 @dataclass
@@ -101,12 +109,13 @@ class RunFigures:
 
 
 def srl_jax_launch(experiment: str, workdir: Path, overrides: tuple[str, ...],
-                   seconds: float) -> Launch:
+                   seconds: float, return_key: str = "episode_return_mean") -> Launch:
     command = [sys.executable, "-m", "srl_jax.launch", experiment, "--run-dir",
                str(workdir / "run"), "--quiet", "--set", f"stop.wall_time_s={seconds:g}"]
     for override in overrides:
         command += ["--set", override]
-    return Launch(command, read_srl_jax, stop=lambda p, d: stop_process(p, d / "run"))
+    return Launch(command, read_srl_jax, stop=lambda p, d: stop_process(p, d / "run"),
+                  return_key=return_key)
 
 
 def read_srl_jax(workdir: Path) -> list[dict[str, Any]]:
@@ -120,10 +129,12 @@ def read_srl_jax(workdir: Path) -> list[dict[str, Any]]:
     return [{**row, "wall": started + row["time"]} for row in rows]
 
 
-def cleanrl_launch(workdir: Path, seed: int, seconds: float) -> Launch:
-    command = [sys.executable, str(REPO_ROOT / "bench" / "cleanrl_ppo.py"), "--seed", str(seed),
+def cleanrl_launch(workdir: Path, seed: int, seconds: float, script: str = "cleanrl_ppo.py",
+                   return_key: str = "episode_return_mean") -> Launch:
+    """A single-process baseline in bench/ (`script`), which prints JSON lines."""
+    command = [sys.executable, str(REPO_ROOT / "bench" / script), "--seed", str(seed),
                "--target-return", f"{TARGET_RETURN:g}", "--seconds", f"{seconds:g}"]
-    return Launch(command, read_json_lines)
+    return Launch(command, read_json_lines, return_key=return_key)
 
 
 def read_json_lines(workdir: Path) -> list[dict[str, Any]]:
@@ -149,8 +160,9 @@ def sample_factory_launch(workdir: Path, seed: int, seconds: float,
 # ------------------------------------------------------------------ one run
 
 
-def solved_at(rows: list[dict[str, Any]], target: float) -> dict[str, Any] | None:
-    return next((r for r in rows if (r.get("episode_return_mean") or -1e30) >= target), None)
+def solved_at(rows: list[dict[str, Any]], target: float,
+              key: str = "episode_return_mean") -> dict[str, Any] | None:
+    return next((r for r in rows if (r.get(key) or -1e30) >= target), None)
 
 
 def run_once(launch: Launch, workdir: Path, budget_s: float,
@@ -164,7 +176,8 @@ def run_once(launch: Launch, workdir: Path, budget_s: float,
                                    env={**os.environ, **launch.env}, start_new_session=True)
     try:
         while process.poll() is None and time.time() - launched < budget_s:
-            if target is not None and solved_at(launch.read(workdir), target):
+            if target is not None and solved_at(launch.read(workdir), target,
+                                                launch.return_key):
                 break
             time.sleep(POLL_S)
     finally:
@@ -173,22 +186,24 @@ def run_once(launch: Launch, workdir: Path, budget_s: float,
         else:
             launch.stop(process, workdir)
     rows = launch.read(workdir)
-    return figures(rows, launched, target)
+    return figures(rows, launched, target, launch.return_key)
 
 
-def figures(rows: list[dict[str, Any]], launched: float, target: float | None) -> RunFigures:
-    """Steady fps from the first row with frames to the last; time to target from launch."""
+def figures(rows: list[dict[str, Any]], launched: float, target: float | None,
+            key: str = "episode_return_mean") -> RunFigures:
+    """Steady fps from the first row with frames to the last; time to target (a row's
+    `key` >= target) from launch."""
     started = next((r for r in rows if r["env_frames"] > 0), None)
     last = rows[-1] if rows else None
     fps = None
     if started is not None and last["wall"] > started["wall"]:
         fps = (last["env_frames"] - started["env_frames"]) / (last["wall"] - started["wall"])
-    returns = [r["episode_return_mean"] for r in rows if r.get("episode_return_mean") is not None]
+    returns = [r[key] for r in rows if r.get(key) is not None]
     result = RunFigures(startup_s=started["wall"] - launched if started else None, fps=fps,
                         frames=last["env_frames"] if last else 0,
                         wall_s=(last["wall"] - launched) if last else 0.0,
                         best_return=max(returns) if returns else None)
-    if target is not None and (hit := solved_at(rows, target)):
+    if target is not None and (hit := solved_at(rows, target, key)):
         result.time_to_target_s, result.frames_to_target = hit["wall"] - launched, \
             hit["env_frames"]
     return result
@@ -276,6 +291,36 @@ def system_summaries(runs: dict[str, list[RunFigures]]) -> dict[str, Any]:
                    "runs": [r.as_dict() for r in results]} for name, results in runs.items()}
 
 
+RATIO_FIGURES = {"fps": "fps_ratio", "time_to_target_s": "time_to_475_ratio",
+                 "frames_to_target": "frames_to_475_ratio"}
+"""RunFigures field -> the name of its srl_jax / peer ratio in the results."""
+
+
+def target_case(args: argparse.Namespace, workdir: Path,
+                systems: dict[str, Callable[[Path, int], Launch]], title: str,
+                ratio_of: tuple[str, ...]) -> dict[str, Any]:
+    """Rounds of `systems` (srl_jax first, then its peers) to TARGET_RETURN, their
+    figures, and srl_jax / peer ratios of the `ratio_of` figures (RATIO_FIGURES)."""
+    runs = rounds_of(systems, args, workdir, args.budget, TARGET_RETURN)
+    summary = system_summaries(runs)
+    result: dict[str, Any] = {"target_return": TARGET_RETURN, "rounds": args.rounds,
+                              "budget_s": args.budget, "systems": summary, "ratios": {}}
+    for peer in [name for name in systems if name != "srl_jax"]:
+        for key in ratio_of:
+            ratios = spread(ratio_rounds(runs, "srl_jax", peer, key))
+            result["ratios"][f"{RATIO_FIGURES[key]}_vs_{peer}"] = ratios
+            result[f"{RATIO_FIGURES[key]}_vs_{peer}"] = ratios["median"] if ratios else None
+    rows = [(name, _cell(s["fps"], ",.0f"), _cell(s["startup_s"], ".1f"),
+             _cell(s["time_to_target_s"], ".1f"), _cell(s["frames_to_target"], ",.0f"),
+             f"{s['solved']}/{args.rounds}") for name, s in summary.items()]
+    print_table(f"{title}: median [min-max] over {args.rounds} rounds",
+                rows, ("system", "env frames/s", "start-up s", f"time to {TARGET_RETURN:g} s",
+                       f"frames to {TARGET_RETURN:g}", "solved"))
+    ratio_rows = [(key, _cell(value, ".2f")) for key, value in result["ratios"].items()]
+    print_table("srl_jax / peer, round by round", ratio_rows, ("ratio", "median [min-max]"))
+    return result
+
+
 def case_cartpole(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     systems = {
         "srl_jax": lambda d, seed: srl_jax_launch("cartpole_ppo", d, (f"seed={seed}",),
@@ -283,24 +328,22 @@ def case_cartpole(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "sample_factory": lambda d, seed: sample_factory_launch(d, seed, args.budget),
         "cleanrl_ppo": lambda d, seed: cleanrl_launch(d, seed, args.budget),
     }
-    runs = rounds_of(systems, args, workdir, args.budget, TARGET_RETURN)
-    summary = system_summaries(runs)
-    result: dict[str, Any] = {"target_return": TARGET_RETURN, "rounds": args.rounds,
-                              "budget_s": args.budget, "systems": summary, "ratios": {}}
-    for peer in ("sample_factory", "cleanrl_ppo"):
-        for key, name in (("fps", "fps_ratio"), ("time_to_target_s", "time_to_475_ratio")):
-            ratios = spread(ratio_rounds(runs, "srl_jax", peer, key))
-            result["ratios"][f"{name}_vs_{peer}"] = ratios
-            result[f"{name}_vs_{peer}"] = ratios["median"] if ratios else None
-    rows = [(name, _cell(s["fps"], ",.0f"), _cell(s["startup_s"], ".1f"),
-             _cell(s["time_to_target_s"], ".1f"), _cell(s["frames_to_target"], ",.0f"),
-             f"{s['solved']}/{args.rounds}") for name, s in summary.items()]
-    print_table(f"CartPole-v1 to {TARGET_RETURN:g}: median [min-max] over {args.rounds} rounds",
-                rows, ("system", "env frames/s", "start-up s", f"time to {TARGET_RETURN:g} s",
-                       f"frames to {TARGET_RETURN:g}", "solved"))
-    ratio_rows = [(key, _cell(value, ".2f")) for key, value in result["ratios"].items()]
-    print_table("srl_jax / peer, round by round", ratio_rows, ("ratio", "median [min-max]"))
-    return result
+    return target_case(args, workdir, systems, f"CartPole-v1 to {TARGET_RETURN:g}",
+                       ("fps", "time_to_target_s"))
+
+
+def case_dqn(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    key = "eval_return_mean"
+    systems = {
+        "srl_jax": lambda d, seed: srl_jax_launch("cartpole_dqn", d, (f"seed={seed}",),
+                                                  args.budget, key),
+        "cleanrl_dqn": lambda d, seed: cleanrl_launch(d, seed, args.budget, "cleanrl_dqn.py",
+                                                      key),
+    }
+    result = target_case(args, workdir, systems,
+                         f"CartPole-v1 DQN to an evaluation return of {TARGET_RETURN:g}",
+                         ("fps", "time_to_target_s", "frames_to_target"))
+    return {**result, "return_key": key}
 
 
 def case_sampling(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
@@ -359,7 +402,8 @@ def case_pong(args: argparse.Namespace, workdir: Path) -> dict[str, Any] | None:
     return result
 
 
-CASES = {"cartpole": case_cartpole, "sampling": case_sampling, "pong": case_pong}
+CASES = {"cartpole": case_cartpole, "dqn": case_dqn, "sampling": case_sampling,
+         "pong": case_pong}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -367,7 +411,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     parser.add_argument("--rounds", type=int, default=3, help="A B C rounds (at least 3)")
     parser.add_argument("--budget", type=float, default=180.0,
-                        help="seconds a CartPole run may take to reach 475 (default: 180)")
+                        help="seconds a CartPole run (cartpole, dqn) may take to reach 475 "
+                             "(default: 180)")
     parser.add_argument("--sampling-seconds", type=float, default=30.0)
     parser.add_argument("--pong-seconds", type=float, default=60.0)
     parser.add_argument("--raw-seconds", type=float, default=6.0)

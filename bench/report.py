@@ -59,22 +59,44 @@ def _machine(result: dict[str, Any]) -> str:
             f"1-min load average at the start {result['machine']['load_avg_1m']}.*")
 
 
-def cartpole(result: dict[str, Any]) -> list[str]:
+RATIO_COLUMNS = (("fps_ratio", "frames/s ratio"), ("time_to_475_ratio", "time-to-{target} ratio"),
+                 ("frames_to_475_ratio", "frames-to-{target} ratio"))
+"""compare.py's srl_jax / peer ratios, in table order, with their column headings."""
+
+
+def target_tables(result: dict[str, Any], title: str) -> list[str]:
+    """A to-the-target case of compare.py: each system's figures, then the srl_jax / peer
+    ratios the results hold (every system but srl_jax is a peer)."""
     target, rounds = result["target_return"], result["rounds"]
     systems = result["systems"]
     rows = [[name, _spread(s["fps"], ",.0f"), _spread(s["startup_s"], ".1f"),
              _spread(s["time_to_target_s"], ".1f"), _spread(s["frames_to_target"], ",.0f"),
              f"{s['solved']}/{rounds}"] for name, s in systems.items()]
-    lines = [f"**CartPole-v1 to a return of {target:g}**, {rounds} rounds, median (min-max):", ""]
+    lines = [f"**{title}**, {rounds} rounds, median (min-max):", ""]
     lines += _table(["system", "env frames/s", "start-up s", f"time to {target:g} s",
                      f"frames to {target:g}", "solved"], rows)
-    ratios = result["ratios"]
+    ratios, peers = result["ratios"], [name for name in systems if name != "srl_jax"]
+    columns = [(key, heading.format(target=f"{target:g}")) for key, heading in RATIO_COLUMNS
+               if any(f"{key}_vs_{peer}" in ratios for peer in peers)]
     lines += ["", "srl_jax / peer, round by round, median (min-max):", ""]
-    lines += _table(["peer", "frames/s ratio", f"time-to-{target:g} ratio"], [
-        [peer, _spread(ratios[f"fps_ratio_vs_{peer}"], ".2f"),
-         _spread(ratios[f"time_to_475_ratio_vs_{peer}"], ".2f")]
-        for peer in ("sample_factory", "cleanrl_ppo")])
+    lines += _table(["peer", *(heading for _, heading in columns)], [
+        [peer, *(_spread(ratios.get(f"{key}_vs_{peer}"), ".2f") for key, _ in columns)]
+        for peer in peers])
+    return lines
+
+
+def cartpole(result: dict[str, Any]) -> list[str]:
+    lines = target_tables(result, f"CartPole-v1 to a return of {result['target_return']:g}")
     return [*lines, "", *cartpole_goals(result), "", _machine(result)]
+
+
+def dqn(result: dict[str, Any]) -> list[str]:
+    target = result["target_return"]
+    lines = target_tables(result, f"CartPole-v1 DQN to an evaluation return of {target:g}")
+    return [*lines, "", "srl_jax `cartpole_dqn` (Ape-X DQN: actors, a replay server, the "
+            "learner and an evaluator, each a process) against `bench/cleanrl_dqn.py` (one "
+            "process, the same config, network and update). The return is each side's greedy "
+            "evaluation (`eval_return_mean`); times count from launch.", "", _machine(result)]
 
 
 def _met(ok: bool) -> str:
@@ -168,7 +190,8 @@ def scale(result: dict[str, Any]) -> list[str]:
 
 
 SECTIONS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
-    "compare_cartpole": cartpole, "compare_sampling": sampling, "compare_pong": pong,
+    "compare_cartpole": cartpole, "compare_dqn": dqn, "compare_sampling": sampling,
+    "compare_pong": pong,
     "scale": scale,
 }
 
