@@ -170,10 +170,11 @@ def load_policy(run_dir: str | Path, step: int | None = None, best: bool = False
         raise FileNotFoundError(f"{run_dir} has no checkpoint step {step} (it has {steps})")
     step = steps[-1] if step is None else step
     config, spec, act, network = _rebuild(checkpoint_meta(run_dir, step, best, policy), policy)
-    optimizer = algorithm(config.learner.algorithm).make_optimizer(algorithm_config(config),
-                                                                    sizes(config))
-    like = init_train_state(init_policy_params(network, spec.obs_shape, config.seed), optimizer,
-                            config.seed)
+    algo = algorithm(config.learner.algorithm)
+    optimizer = algo.make_optimizer(algorithm_config(config), sizes(config))
+    params = init_policy_params(network, spec.obs_shape, config.seed)
+    like = init_train_state(params, optimizer, config.seed,  # the checkpoint's structure
+                            algo.init_extra(params) if algo.init_extra else ())
     checkpointer = Checkpointer(run_dir, keep=config.checkpoint.keep, keep_best=best,
                                 policy=policy)
     try:

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import zmq
 
+from learners.export import load_policy
 from srl_jax.memory import resident_mib
 from srl_jax.run_dir import read_status
 from srl_jax.stream_table import INSERTS, REPLAY
@@ -152,3 +153,7 @@ def test_replay_servers_survive_bad_input_kills_and_keep_memory_flat(
              "an evaluation return of 150")
     assert process.poll() is None, log.read_text()
     interrupt(process, log)
+
+    # Its checkpoints (target network included) load as a greedy policy.
+    policy = load_policy(run_dir)
+    assert policy.act(np.zeros(4, np.float32)) in (0, 1)
