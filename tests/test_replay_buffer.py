@@ -51,10 +51,8 @@ def test_a_window_stops_at_the_end_of_its_episode_or_of_its_segment() -> None:
     for i in range(400):
         column, start = divmod(int(batch["slots"][i]), T)
         seen.add((column, start))
-        if column == 0:
-            end = 2 if start <= 2 else T - 1
-        else:
-            end = 1 if start <= 1 else T - 1
+        episode_end = 2 if column == 0 else 1
+        end = episode_end if start <= episode_end else T - 1
         steps = min(3, end - start + 1)
         assert batch["steps"][i] == steps, (column, start)
         np.testing.assert_array_equal(

@@ -5,7 +5,8 @@ and then overwrite) takes every check in turn: malformed chunks, sample requests
 priority updates sent to a server are counted and dropped while it keeps serving; a
 full server's memory stays flat; a killed server is restarted empty and training goes
 on from the other shard meanwhile; a killed learner comes back from its checkpoint and
-samples the contents that survived; and the greedy policy learns. The time to 475
+samples the contents that survived; the greedy policy learns; and the checkpoints load
+as a policy. The time to 475
 itself is a benchmark (bench/compare.py --cases dqn), not a test.
 """
 
