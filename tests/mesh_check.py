@@ -12,10 +12,14 @@ import jax
 import numpy as np
 
 from actors.envs import env_spec
-from learners.learner import build_learner
+from learners.learner import Learner, build_learner
 from learners.mesh import MeshError, make_learner_mesh
-from srl_jax.chunk_spec import run_chunk_layout
 from tests.conftest import make_config
+
+
+def example_window(learner: Learner) -> int:
+    """n of a sampled batch's windows (its rewards' second axis)."""
+    return learner.inputs.example["rewards"].shape[1]
 
 
 def one_update(devices: int, algo_name: str, overrides: list[str]) -> tuple[dict, list]:
@@ -26,19 +30,24 @@ def one_update(devices: int, algo_name: str, overrides: list[str]) -> tuple[dict
                             spec, B)
     rng = np.random.default_rng(0)
     arrays = {}
-    for name, (shape, dtype) in run_chunk_layout(config, spec).items():
-        full = (shape[0], B, *shape[2:])
-        if dtype == np.bool_:
-            arrays[name] = rng.random(full) < 0.05
+    for name, example in learner.inputs.example.items():  # chunks, or sampled rows
+        full, dtype = example.shape, example.dtype
+        if dtype == np.bool_ or name in ("terminated", "truncated"):
+            arrays[name] = (rng.random(full) < 0.05).astype(dtype)
         elif name == "actions":
             arrays[name] = rng.integers(0, spec.action_dim, full).astype(dtype)
+        elif name == "steps":
+            arrays[name] = rng.integers(1, example_window(learner) + 1, full).astype(dtype)
         elif name == "logp":
             arrays[name] = np.full(full, np.log(0.5), dtype)
+        elif name in ("weights", "probabilities"):
+            arrays[name] = rng.uniform(0.1, 1.0, full).astype(dtype)
         else:
             arrays[name] = rng.normal(size=full).astype(dtype)
-    arrays["truncated"] &= ~arrays["terminated"]
+    arrays["truncated"] = arrays["truncated"] * (1 - arrays["terminated"])
     batch = learner.put(arrays)
-    shard_shapes = sorted({tuple(s.data.shape) for s in batch.obs.addressable_shards})
+    obs = batch["obs"] if isinstance(batch, dict) else batch.obs
+    shard_shapes = sorted({tuple(s.data.shape) for s in obs.addressable_shards})
     learner.step(batch)
     return jax.device_get(learner.params), shard_shapes
 

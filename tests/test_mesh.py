@@ -16,6 +16,8 @@ CASES = [
     ("ppo", []),
     ("ppo", ["learner.normalize_obs=true", "learner.ppo.target_kl=0.01"]),
     ("impala", ["learner.normalize_obs=true", "learner.impala.minibatches=4"]),
+    ("dqn", ["replay.count=1", "network.head=dueling", "network.activation=relu",
+             "learner.normalize_obs=true"]),
 ]
 FOUR_DEVICES = {**FAST_COMPILES, "XLA_FLAGS": "--xla_force_host_platform_device_count=4 "
                 f"{FAST_COMPILES['XLA_FLAGS']}"}
@@ -38,8 +40,12 @@ def test_four_devices_match_one(four_device_checks: dict, case: int) -> None:
     assert four_device_checks["devices"] == 4
     out = four_device_checks["cases"][case]
     T, B = 32, 32  # configs/cartpole_ppo.yaml
-    assert out["shards_1"] == [[T + 1, B, 4]]
-    assert out["shards_4"] == [[T + 1, B // 4, 4]], "the batch is split on the env axis"
+    if CASES[case][0] == "dqn":  # B sampled rows
+        assert out["shards_1"] == [[B, 4]]
+        assert out["shards_4"] == [[B // 4, 4]], "the batch is split on its rows"
+    else:
+        assert out["shards_1"] == [[T + 1, B, 4]]
+        assert out["shards_4"] == [[T + 1, B // 4, 4]], "the batch is split on the env axis"
     assert out["max_abs_diff"] < 1e-5 * max(1.0, out["scale"]), out
 
 
