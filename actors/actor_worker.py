@@ -160,7 +160,8 @@ class ActorWorker(Worker):
         self.destination = "replay servers" if stream is INSERTS else "learner"
         self.samples = []
         for policy in self.policies:
-            socket = make_socket(self.zmq, stream.connect_type, hwm=cfg.send_queue)
+            socket = make_socket(self.zmq, stream.connect_type, hwm=cfg.send_queue,
+                                 kernel_buffer=stream.kernel_buffer)
             for i in range(count):  # chunks are spread over them
                 self.connect_to(socket, stream.key(policy, i))
             self.samples.append(socket)

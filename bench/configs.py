@@ -10,7 +10,8 @@ For every config in ``configs/`` (or those named) it
 2. reads each run's ``metrics.jsonl`` (``srl_jax.analysis``): the first return
    (mean of the first 3 rows with one), the final return (mean of the last 10),
    the best row, the time and frames at the end and to the config's
-   ``stop.target_return``, and why the run stopped;
+   ``stop.target_return`` (or to its evaluator's ``stop.target_eval_return``), and
+   why the run stopped;
 3. plays the same environment with uniform random actions through the split an
    actor steps (``actors.actor_worker.make_split``), so episodes are counted as
    in training: whole Atari games with their raw score, the team return of a
@@ -41,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_fps import REPO_ROOT, STOP_GRACE_S, BenchError, raise_on_sigterm, run_launcher
@@ -52,12 +54,14 @@ import gymnasium as gym
 from actors.actor_worker import make_split
 from actors.atari import is_atari
 from actors.envs import env_seed, env_spec
-from srl_jax.analysis import RETURN, load_run, summarize
+from srl_jax.analysis import CONFIG_PREFIX, RETURN, load_run, summarize
 from srl_jax.config import EnvConfig, ExperimentConfig, is_pettingzoo, policy_names
 from srl_jax.config_loader import load_config
 from srl_jax.env_spec import EnvSpec
 
 CONFIGS_DIR = REPO_ROOT / "configs"
+EVAL_RETURN = "eval_return_mean"
+"""What a config with `stop.target_eval_return` is measured by: its evaluator's return."""
 RESULTS_NAME = "configs"
 FIRST_ROWS = 3
 LAST_ROWS = 10
@@ -99,7 +103,14 @@ def run_figures(run_dir: Path) -> dict[str, Any]:
     if returns.empty:
         raise BenchError(f"{run_dir}: no episode returns were recorded")
     summary = summarize(df, last=LAST_ROWS)
+    eval_target = df.get(f"{CONFIG_PREFIX}stop.target_eval_return", pd.Series(dtype=float))
+    eval_target = _number(eval_target.iloc[0]) if len(eval_target) else None
+    if eval_target is not None:  # the run's target is the evaluator's greedy return
+        to_target = summarize(df, target=eval_target, metric=EVAL_RETURN)
+        summary = {**summary, **{k: to_target[k] for k in (
+            "target", "time_to_target", "frames_to_target")}}
     return {
+        "target_metric": EVAL_RETURN if eval_target is not None else RETURN,
         "first_return": float(returns.head(FIRST_ROWS).mean()),
         "final_return": summary["final"],
         "max_return": summary["max"],

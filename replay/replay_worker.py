@@ -105,7 +105,8 @@ class ReplayWorker(Worker):
         self.router: zmq.Socket | None = None
 
     def setup(self) -> None:
-        self.pull = make_socket(self.zmq, INSERTS.bind_type, hwm=self.config.actors.send_queue)
+        self.pull = make_socket(self.zmq, INSERTS.bind_type, hwm=self.config.actors.send_queue,
+                                kernel_buffer=INSERTS.kernel_buffer)
         self.transport.bind(self.pull, self.names, INSERTS.key(self.policy, self.index))
         self.router = make_socket(self.zmq, REPLAY.bind_type)
         self.transport.bind(self.router, self.names, REPLAY.key(self.policy, self.index))

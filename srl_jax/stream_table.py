@@ -66,6 +66,10 @@ class Stream:
     indexed: bool
     """Several binders, one key each (learner processes, inference servers)."""
     doc: str
+    kernel_buffer: int | None = None
+    """Bytes of kernel socket buffer at each end (SO_SNDBUF, SO_RCVBUF); None: the OS's
+    own, which grows to megabytes. Small where the binder's reading pace must hold the
+    connecters back: then only the high-water marks' messages are in flight."""
 
     @property
     def kinds(self) -> frozenset[str]:
@@ -106,7 +110,9 @@ INSERTS = Stream(
     binder_receives=frozenset({"samples"}), connecter_receives=frozenset(),
     per_policy=True, indexed=True,
     doc="Chunks of trajectories to a policy's replay servers (off-policy algorithms); an "
-        "actor spreads its chunks over all of them.")
+        "actor spreads its chunks over all of them. While a server's rate limiter holds "
+        "inserts back, the actors' sends block (or drop) after a few chunks.",
+    kernel_buffer=64 * 1024)
 REPLAY = Stream(
     name="replay", binder="replay", connecters=("learner",),
     bind_type=zmq.ROUTER, connect_type=zmq.DEALER,

@@ -81,11 +81,16 @@ def limit_message_size(context: zmq.Context, max_mb: float) -> None:
     context.setsockopt(zmq.MAXMSGSIZE, int(max_mb * 2**20))
 
 
-def make_socket(context: zmq.Context, kind: int, hwm: int | None = None) -> zmq.Socket:
-    """A socket that does not linger on close, with optional send/receive bounds."""
+def make_socket(context: zmq.Context, kind: int, hwm: int | None = None,
+                kernel_buffer: int | None = None) -> zmq.Socket:
+    """A socket that does not linger on close, with optional send/receive bounds: `hwm`
+    messages queued in ZMQ, `kernel_buffer` bytes in the kernel (`Stream.kernel_buffer`)."""
     socket = context.socket(kind)
     socket.setsockopt(zmq.LINGER, 0)
     if hwm is not None:
         socket.setsockopt(zmq.SNDHWM, hwm)
         socket.setsockopt(zmq.RCVHWM, hwm)
+    if kernel_buffer is not None:
+        socket.setsockopt(zmq.SNDBUF, kernel_buffer)
+        socket.setsockopt(zmq.RCVBUF, kernel_buffer)
     return socket
