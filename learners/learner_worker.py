@@ -284,7 +284,8 @@ class LearnerWorker(Worker):
         if PER_ROW in metrics:
             self._send_priorities(host, metrics.pop(PER_ROW))
         self.train_metrics = metrics
-        self._publish()
+        if self.learner.version % self.config.learner.publish_every_updates == 0:
+            self._publish()
 
     def _send_priorities(self, routing: dict[str, np.ndarray], priorities: np.ndarray) -> None:
         """This process's rows of the (global) batch's new priorities, to their servers."""

@@ -138,7 +138,7 @@ class InferenceConfig:
 class LearnerConfig:
     algorithm: str = "ppo"
     """Learning algorithm: a name in the registry of `learners/algorithms.py` (built in:
-    'ppo', 'impala'; more from `plugins`). Its hyperparameters are `learner.<name>`."""
+    'ppo', 'impala', 'dqn'; more from `plugins`). Its hyperparameters are `learner.<name>`."""
     batch_envs: int = 32
     """B: env columns per update, a batch of [T+1, B]; for an algorithm that learns from
     replay (`replay.count`), the transitions sampled per update, [B]."""
@@ -148,6 +148,10 @@ class LearnerConfig:
     """Chunks the learner holds before dropping the oldest (counted)."""
     republish_interval_s: float = 1.0
     """Parameters are re-sent at least this often so late joiners catch up."""
+    publish_every_updates: int = 1
+    """Send new parameters to the servers every this many updates (1: after each). A
+    replay learner making hundreds of small updates a second spares most transfers so
+    (Ape-X's actors fetched parameters every 400 frames)."""
     param_queue: int = 4
     """Parameter messages queued per inference server, each way (ZMQ high-water mark);
     past it the oldest are not sent: only the newest version matters."""

@@ -121,6 +121,9 @@ def check_learner(config: ExperimentConfig) -> None:
     require(learner.reward_clip >= 0, "'learner.reward_clip' must not be negative")
     require(learner.batch_envs >= 1, "'learner.batch_envs' must be at least 1")
     require(learner.processes >= 1, "'learner.processes' must be at least 1")
+    require(learner.param_queue >= 1, "'learner.param_queue' must be at least 1")
+    require(learner.publish_every_updates >= 1,
+            "'learner.publish_every_updates' must be at least 1")
     if config.replay.count:  # the batch is sampled rows, not whole chunks (check_replay)
         return
     require(learner.batch_envs % (split_size * learner.processes) == 0,
@@ -131,7 +134,6 @@ def check_learner(config: ExperimentConfig) -> None:
     require(learner.sample_queue * split_size * learner.processes >= learner.batch_envs,
             f"'learner.sample_queue' ({learner.sample_queue}) chunks cannot hold one batch of "
             f"{learner.batch_envs} envs")
-    require(learner.param_queue >= 1, "'learner.param_queue' must be at least 1")
 
 
 def check_replay(config: ExperimentConfig) -> None:

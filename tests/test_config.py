@@ -61,6 +61,8 @@ def test_default_config_loads_with_typed_overrides() -> None:
                                "over when a time limit ends episodes"),
     ("learner.devices=3", "'learner.batch_envs' (32) must divide evenly over 'learner.devices'"),
     ("learner.algorithm=sac", "'learner.algorithm': unknown 'sac'"),
+    ("learner.publish_every_updates=0", "'learner.publish_every_updates' must be at least 1"),
+    ("replay.count=1", "'replay.count': 'ppo' learns from fresh samples"),
     ("learner.ppo.anneal_lr=true", "'learner.ppo.anneal_lr' needs 'stop.env_frames'"),
     ("network.hidden=64", "'network.hidden' must be a list"),
     ("learner.ppo.normalize_advantages=maybe", "'learner.ppo.normalize_advantages' must be true"),
