@@ -1,7 +1,7 @@
 """Soak: run an experiment for a long time and watch every process's memory and files.
 
     python bench/soak.py                    # cartpole_ppo for 30 minutes
-    python bench/soak.py --minutes 1.5 --warmup-minutes 0.5   # the short version CI runs
+    python bench/soak.py --minutes 1.2 --warmup-minutes 0.4   # the short version CI runs
     python bench/soak.py --set checkpoint.interval_s=5   # the learner saving every 5 s
 
 It starts `python -m srl_jax.launch` (the target return is switched off, so the

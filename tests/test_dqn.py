@@ -64,7 +64,8 @@ def test_bad_dqn_configs_are_refused_with_one_line(overrides: list[str], message
 
 
 def test_updates_fit_the_targets_copy_the_target_network_and_return_priorities() -> None:
-    config = dqn_config(["learner.batch_envs=32", "learner.dqn.target_update_period=3"])
+    config = dqn_config(["learner.batch_envs=32", "learner.dqn.target_update_period=3",
+                         "learner.dqn.learning_rate=0.002"])
     spec = policy_spec(config, "default")
     learner = build_learner(config, spec, share=32)
     rng = np.random.default_rng(0)
