@@ -217,7 +217,9 @@ def experiment_row(name: str, entry: dict[str, Any]) -> list[str]:
     runs = entry["runs"]
     solved = [run for run in runs if run["time_to_target_s"] is not None]
     if solved and len(solved) == len(runs):
-        reached = f"return {runs[0]['target']:g} (its target)"
+        measure = ("evaluation return" if runs[0].get("target_metric") == "eval_return_mean"
+                   else "return")
+        reached = f"{measure} {runs[0]['target']:g} (its target)"
         took = (f"{_over(runs, 'time_to_target_s', '.0f')} s, "
                 f"{_median(runs, 'frames_to_target') / 1e3:,.0f}k frames")
     else:
