@@ -111,8 +111,8 @@ class Learner:
         `overlap` runs while the update does (e.g. putting the next batch on the
         mesh), before `version` counts this update.
         """
-        if isinstance(batch, dict):
-            batch = self.put(batch)
+        if isinstance(batch, dict) and all(isinstance(a, np.ndarray) for a in batch.values()):
+            batch = self.put(batch)  # host arrays (a `put` replay batch is a dict of jax.Arrays)
         self.state, metrics = self._update(self.state, batch)
         if overlap is not None:
             overlap()
