@@ -78,6 +78,7 @@ import gymnasium as gym  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from cleanrl_ppo import target_value  # noqa: E402  (bench/: this script's directory)
 
 from actors.envs import env_seed, make_env, policy_spec  # noqa: E402
 from actors.exploration import epsilon_ladder, explore  # noqa: E402
@@ -91,14 +92,6 @@ from srl_jax.config_loader import load_config  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "cartpole_dqn.yaml"
-
-
-def target_value(text: str) -> float | None:
-    """`--target-return` parser: a number, or `none` / a negative number to disable."""
-    if text.strip().lower() in ("none", "null", "off"):
-        return None
-    value = float(text)
-    return None if value < 0 else value
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
