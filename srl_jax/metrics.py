@@ -212,9 +212,10 @@ class MetricsAggregator:
         row["replay/size"] = int(sum(c.get("size", 0) for c in servers))
         row["replay/inserts_per_s"] = round(delta["replay:inserted"] / window, 1)
         row["replay/samples_per_s"] = round(delta["replay:sampled"] / window, 1)
-        for side in ("insert", "sample"):
-            row[f"replay/{side}_wait_frac"] = round(
-                delta[f"replay:time_{side}_wait"] / (window * len(servers)), 4)
+        for side in ("insert", "sample"):  # counters come at the servers' own pace: a
+            # window's delta of a wait that spans it can exceed the window by a report's lag
+            row[f"replay/{side}_wait_frac"] = round(min(
+                1.0, delta[f"replay:time_{side}_wait"] / (window * len(servers))), 4)
         row["replay/memory_mb"] = round(sum(c.get("storage_mb", 0) for c in servers), 1)
         row["replay/rss_mb"] = round(sum(c.get("rss_mb", 0) for c in servers), 1)
         means = [c["priority_mean"] for c in servers if "priority_mean" in c]
