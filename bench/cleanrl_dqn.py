@@ -195,7 +195,7 @@ def make_agent(config: ExperimentConfig, spec: Any) -> tuple[TrainState, Callabl
     @jax.jit
     def init() -> TrainState:
         params = init_policy_params(network, spec.obs_shape, config.seed)
-        return init_train_state(params, optimizer, config.seed, algo.init_extra(params))
+        return init_train_state(params, optimizer, config.seed, algo.init_extra)
 
     @jax.jit
     def act(params: Any, obs: jax.Array) -> tuple[jax.Array, jax.Array]:

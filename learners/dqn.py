@@ -26,7 +26,7 @@ import optax
 
 from learners.algorithms import Algorithm, Sizes
 from learners.networks import Policy, update_obs_stats
-from learners.train_state import TrainState
+from learners.train_state import TrainState, scale_rewards
 from srl_jax.config import ConfigError
 
 
@@ -121,9 +121,7 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation, config:
         else:
             best = jnp.argmax(next_target, -1)
         next_values = jax.lax.stop_gradient(next_target[rows, best])
-        rewards = batch["rewards"] * sizes.reward_scale
-        if sizes.reward_clip > 0:
-            rewards = jnp.clip(rewards, -sizes.reward_clip, sizes.reward_clip)
+        rewards = scale_rewards(batch["rewards"], sizes.reward_scale, sizes.reward_clip)
         targets = nstep_targets(rewards, batch["steps"], batch["terminated"],
                                 batch["truncated"], batch["trunc_values"], next_values,
                                 config.gamma)

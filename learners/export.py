@@ -173,8 +173,7 @@ def load_policy(run_dir: str | Path, step: int | None = None, best: bool = False
     algo = algorithm(config.learner.algorithm)
     optimizer = algo.make_optimizer(algorithm_config(config), sizes(config))
     params = init_policy_params(network, spec.obs_shape, config.seed)
-    like = init_train_state(params, optimizer, config.seed,  # the checkpoint's structure
-                            algo.init_extra(params) if algo.init_extra else ())
+    like = init_train_state(params, optimizer, config.seed, algo.init_extra)
     checkpointer = Checkpointer(run_dir, keep=config.checkpoint.keep, keep_best=best,
                                 policy=policy)
     try:

@@ -87,8 +87,7 @@ class Learner:
         # Built inside jit so that every process makes its replica of the same state.
         def init() -> TrainState:
             params = init_policy_params(network, spec.obs_shape, seed)
-            extra = init_extra(params) if init_extra is not None else ()
-            return init_train_state(params, optimizer, seed, extra)
+            return init_train_state(params, optimizer, seed, init_extra)
 
         self.state = jax.jit(init, out_shardings=replicated(mesh))()
         self._update = compile_update(update, mesh, self.state, self.put(inputs.example),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -43,8 +44,11 @@ class TrainState(NamedTuple):
     """The algorithm's own state (`Algorithm.init_extra`; DQN: its target network)."""
 
 
-def init_train_state(params: Any, optimizer: optax.GradientTransformation,
-                     seed: int, extra: Any = ()) -> TrainState:
+def init_train_state(params: Any, optimizer: optax.GradientTransformation, seed: int,
+                     init_extra: Callable[[Any], Any] | None = None) -> TrainState:
+    """Version 0 of the state; `init_extra`: the algorithm's own state from the initial
+    parameters (`Algorithm.init_extra`), or none."""
+    extra = init_extra(params) if init_extra is not None else ()
     return TrainState(params, optimizer.init(params["net"]), jax.random.key(seed + 1),
                       jnp.zeros((), jnp.int32), extra)
 
@@ -58,9 +62,14 @@ def prepare(params: Any, batch: Batch, policy: Policy, reward_scale: float,
     """
     if policy.normalize_obs:
         params = update_obs_stats(params, batch.obs[:-1])
-    rewards = batch.rewards
+    return params, batch._replace(rewards=scale_rewards(batch.rewards, reward_scale,
+                                                        reward_clip))
+
+
+def scale_rewards(rewards: jax.Array, reward_scale: float, reward_clip: float) -> jax.Array:
+    """Rewards times `reward_scale`, then clipped to [-reward_clip, reward_clip] (0: not)."""
     if reward_scale != 1.0:
         rewards = rewards * reward_scale
     if reward_clip > 0:
         rewards = jnp.clip(rewards, -reward_clip, reward_clip)
-    return params, batch._replace(rewards=rewards)
+    return rewards
