@@ -28,6 +28,7 @@ import numpy as np
 import zmq
 
 from actors.envs import env_seed, make_env, policy_spec
+from learners.device_memory import device_memory_counters
 from learners.export import TrainedPolicy, play_episode, play_team_episode
 from learners.jax_runtime import configure_jax
 from learners.networks import make_policy
@@ -126,7 +127,7 @@ class EvaluatorWorker(Worker):
 
     def counters(self) -> dict[str, float]:
         return {"evaluations": self.evaluations, "eval_episodes": self.episodes,
-                "eval_version": self.eval_version}
+                "eval_version": self.eval_version, **device_memory_counters()}
 
     def stats_arrays(self) -> dict[str, np.ndarray]:
         arrays = {"eval_return": np.asarray(self._returns, np.float32)}

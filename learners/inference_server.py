@@ -34,6 +34,7 @@ import numpy as np
 import zmq
 
 from actors.envs import policy_spec
+from learners.device_memory import device_memory_counters
 from learners.jax_runtime import configure_jax
 from learners.param_stream import ParamSubscriber, subscribe
 from learners.policy import make_runner
@@ -202,6 +203,7 @@ class InferenceServer(Worker):
             "padded_rows": self.padded_rows, "time_compute": self.time_compute,
             "param_updates": self.runner.updates if self.runner else 0,
             "policy_version": self.runner.version if self.runner else 0,
+            **device_memory_counters(),
         }
 
     def close(self) -> None:

@@ -34,6 +34,7 @@ from srl_jax.checkpoint import Checkpointer
 from srl_jax.chunk_spec import empty_chunk
 from srl_jax.config import ExperimentConfig
 from srl_jax.env_spec import EnvSpec
+from srl_jax.placement import planned_learner_devices
 from srl_jax.replay_spec import empty_replay_batch, replay_batch_fields
 
 UpdateFn = Callable[[TrainState, Any], tuple[TrainState, dict[str, jax.Array]]]
@@ -143,8 +144,9 @@ class Learner:
 
 def build_learner(config: ExperimentConfig, spec: EnvSpec, share: int,
                   checkpointer: Checkpointer | None = None) -> Learner:
-    """The Learner of `config`'s network and algorithm on `learner.devices`, for `share`
-    env columns (or sampled rows) of each batch: all of them with one process."""
+    """The Learner of `config`'s network and algorithm on the devices the placement plan
+    gave this process (else `learner.devices`), for `share` env columns (or sampled
+    rows) of each batch: all of them with one process."""
     policy, network = make_policy(config, spec)
     algo = algorithm(config.learner.algorithm)
     algo_config, derived = algorithm_config(config), sizes(config)
@@ -155,5 +157,6 @@ def build_learner(config: ExperimentConfig, spec: EnvSpec, share: int,
         inputs = chunk_inputs(config.actors.trajectory_length, share, spec)
     return Learner(spec, network, optimizer,
                    algo.make_update(policy, optimizer, algo_config, derived),
-                   make_learner_mesh(config.learner.devices, config.learner.batch_envs),
+                   make_learner_mesh(planned_learner_devices() or config.learner.devices,
+                                     config.learner.batch_envs),
                    inputs, config.seed, checkpointer, algo.init_extra)

@@ -34,6 +34,7 @@ import zmq
 
 from actors.envs import policy_spec
 from learners.algorithms import algorithm, algorithm_config
+from learners.device_memory import device_memory_counters
 from learners.distributed import (
     ProcessLayout,
     agree,
@@ -318,6 +319,8 @@ class LearnerWorker(Worker):
             "time_put": self.time_put,
             "time_publish": self.publisher.time_publish if self.publisher is not None else 0.0,
             **{f"train/{k}": v for k, v in self.train_metrics.items()},
+            **(device_memory_counters(self.learner.mesh.local_devices)
+               if self.learner is not None else {}),
         }
 
     def close(self) -> None:

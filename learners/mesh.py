@@ -7,7 +7,7 @@ gradient all-reduce.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -21,15 +21,25 @@ class MeshError(ValueError):
     """The mesh cannot be built as configured; the message names the key."""
 
 
-def make_learner_mesh(devices: int, batch_envs: int) -> Mesh:
-    """A data-parallel mesh over `devices` devices (0: all), on every process's devices."""
+def make_learner_mesh(devices: int | Sequence[int], batch_envs: int) -> Mesh:
+    """A data-parallel mesh over `devices` of each process: a count of its first local
+    devices (0: all), or indices into its `jax.local_devices()` (the placement plan's)."""
     local = jax.local_devices()
-    count = devices or len(local)
-    if count > len(local):
-        raise MeshError(f"'learner.devices' is {count} but this process has {len(local)} "
-                        f"device(s): {local}")
-    chosen = [d for p in range(jax.process_count())
-              for d in [x for x in jax.devices() if x.process_index == p][:count]]
+    if isinstance(devices, int):
+        count = devices or len(local)
+        if count > len(local):
+            raise MeshError(f"'learner.devices' is {count} but this process has {len(local)} "
+                            f"device(s): {local}")
+        indices = list(range(count))
+    else:
+        indices = list(devices)
+        if not indices or max(indices) >= len(local) or min(indices) < 0:
+            raise MeshError(f"'learner.devices' {indices} are not all among this process's "
+                            f"{len(local)} device(s): {local}")
+    chosen = []
+    for p in range(jax.process_count()):
+        mine = [x for x in jax.devices() if x.process_index == p]
+        chosen += [mine[i] for i in indices]
     total = len(chosen)
     if batch_envs % total:
         raise MeshError(f"'learner.batch_envs' ({batch_envs}) must divide evenly over the "

@@ -128,6 +128,11 @@ class InferenceConfig:
     on CPU with cheap envs waiting cost throughput (bench/README.md, e2e_fps.py)."""
     min_padded_batch: int = 8
     """Smallest padded batch; padded sizes are powers of two from here to max_batch."""
+    device: str | int = "auto"
+    """Where the servers run: 'auto' (the placement plan's), 'cpu', or a GPU id."""
+    device_memory: str | float = "auto"
+    """Share of its GPU's memory each server takes: a fraction (0, 1], 'on_demand' or
+    'auto' (the placement plan's)."""
     request_queue: int = 64
     """Requests queued per connection on the inference stream, each way (ZMQ high-water
     mark). An actor has at most `actors.splits` in flight; past the bound its send fails
@@ -155,8 +160,13 @@ class LearnerConfig:
     param_queue: int = 4
     """Parameter messages queued per inference server, each way (ZMQ high-water mark);
     past it the oldest are not sent: only the newest version matters."""
-    devices: int = 0
-    """Devices per learner process to train on, data-parallel (0: all local ones)."""
+    devices: int | list[int] = 0
+    """Devices to train on, data-parallel: a count per learner process (0: what the
+    placement plan gives it, all local devices on a CPU), or a list of this host's
+    device ids (split among the host's learner processes). See `srl_jax/placement.py`."""
+    device_memory: str | float = "auto"
+    """Share of each of its GPUs' memory a learner process takes: a fraction (0, 1],
+    'on_demand' (no preallocation; grows as needed), or 'auto' (the placement plan's)."""
     processes: int = 1
     """Learner processes (one per host) joined by jax.distributed; B is split among them."""
     coordinator_address: str = ""
@@ -239,6 +249,11 @@ class EvaluationConfig:
     """Evaluate the latest parameters every this many learner updates (0: no evaluator)."""
     episodes: int = 5
     """Deterministic episodes per evaluation; `eval_return_mean` is their mean."""
+    device: str | int = "auto"
+    """Where the evaluator runs: 'auto' (the placement plan's), 'cpu', or a GPU id."""
+    device_memory: str | float = "auto"
+    """Share of its GPU's memory the evaluator takes: a fraction (0, 1], 'on_demand' or
+    'auto' (the placement plan's)."""
 
 
 @dataclass

@@ -33,7 +33,8 @@ def validate(config: ExperimentConfig) -> None:
     """Reject configs that cannot run; each message names the offending key."""
     require(config.seed >= 0, "'seed' must not be negative (numpy and gymnasium refuse it)")
     for check in (check_env, check_actors, check_inference, check_learner, check_replay,
-                  check_network, check_stop, check_checkpoint, check_runtime, check_ray):
+                  check_network, check_stop, check_checkpoint, check_runtime, check_ray,
+                  check_placement_keys):
         check(config)
 
 
@@ -113,8 +114,15 @@ def check_learner(config: ExperimentConfig) -> None:
     learner = config.learner
     split_size = config.actors.envs // config.actors.splits
     require(bool(learner.algorithm), "'learner.algorithm' must name an algorithm")
-    require(learner.devices >= 0, "'learner.devices' must not be negative")
-    require(learner.devices == 0 or learner.batch_envs % learner.devices == 0,
+    if isinstance(learner.devices, list):
+        require(bool(learner.devices), "'learner.devices' must list at least one device id")
+        require(min(learner.devices) >= 0 and len(set(learner.devices)) == len(learner.devices),
+                f"'learner.devices' {learner.devices} must list distinct device ids (0 and up)")
+        per_process = len(learner.devices)
+    else:
+        require(learner.devices >= 0, "'learner.devices' must not be negative")
+        per_process = learner.devices
+    require(per_process == 0 or learner.batch_envs % per_process == 0,
             f"'learner.batch_envs' ({learner.batch_envs}) must divide evenly over "
             f"'learner.devices' ({learner.devices})")
     require(learner.reward_scale > 0, "'learner.reward_scale' must be positive")
@@ -237,3 +245,24 @@ def check_ray(config: ExperimentConfig) -> None:
         require(all(amount >= 0 for amount in resources.values()),
                 f"'ray.{kind}': resource amounts must not be negative")
     require(config.ray.placement_timeout_s > 0, "'ray.placement_timeout_s' must be positive")
+
+
+def _check_memory_share(key: str, value: str | float) -> None:
+    if isinstance(value, str):
+        require(value in ("auto", "on_demand"),
+                f"'{key}' must be a fraction in (0, 1], 'on_demand' or 'auto', got {value!r}")
+    else:
+        require(0 < value <= 1, f"'{key}' must be a fraction in (0, 1], got {value:g}")
+
+
+def check_placement_keys(config: ExperimentConfig) -> None:
+    """The placement keys' own values; what the host can give is srl_jax.placement's."""
+    _check_memory_share("learner.device_memory", config.learner.device_memory)
+    for section in ("inference", "evaluation"):
+        keys = getattr(config, section)
+        if isinstance(keys.device, str):
+            require(keys.device in ("auto", "cpu"), f"'{section}.device' must be 'auto', "
+                    f"'cpu' or a GPU id, got {keys.device!r}")
+        else:
+            require(keys.device >= 0, f"'{section}.device' must not be negative")
+        _check_memory_share(f"{section}.device_memory", keys.device_memory)

@@ -27,8 +27,9 @@ import zmq
 from srl_jax.backends import BackendError, LaunchBackend, WorkerHandle
 from srl_jax.config import DEFAULT_POLICY, ExperimentConfig, policy_names
 from srl_jax.incarnation import Incarnation
-from srl_jax.metrics import MetricsAggregator, MetricsWriter, ProgressDisplay
+from srl_jax.metrics import DEVICE_MEMORY, MetricsAggregator, MetricsWriter, ProgressDisplay
 from srl_jax.names import worker_name
+from srl_jax.placement import Placement
 from srl_jax.run_dir import policy_version, write_status
 from srl_jax.stream_table import COORDINATOR, STATS
 from srl_jax.streams import (
@@ -107,10 +108,13 @@ class Controller:
     def __init__(self, config: ExperimentConfig, run_dir: Path, backend: LaunchBackend,
                  progress: ProgressDisplay | None = None,
                  resume_row: dict[str, Any] | None = None, resumed: bool = False,
-                 keys: CurveKeys | None = None) -> None:
+                 keys: CurveKeys | None = None, placement: Placement | None = None) -> None:
         """`resume_row`: the last metrics row kept by a resume; counters go on from it.
-        `keys`: the run's CURVE keys (the backend hands workers the same), None: off."""
+        `keys`: the run's CURVE keys (the backend hands workers the same), None: off.
+        `placement`: each worker's devices and the environment that puts it there (None:
+        workers start with the launcher's environment alone)."""
         self.config = config
+        self.placement = placement
         self.keys = keys
         self.run_dir = Path(run_dir)
         self.backend = backend
@@ -178,6 +182,8 @@ class Controller:
     def _start(self, record: WorkerRecord) -> None:
         """Start `record`'s worker, telling it which incarnation it is (its seeds differ)."""
         env = worker_kind(record.kind).start_env(os.environ)
+        if self.placement is not None:
+            env.update(self.placement.env(record.name))
         env.update(Incarnation(self.resumes, record.restarts).to_env())
         if self.keys:
             env[KEYS_ENV] = self.keys.to_env()
@@ -366,9 +372,24 @@ class Controller:
                 "waiting_on": r.waiting[0] if r.waiting else None,
                 "waiting_since": r.waiting[1] if r.waiting else None,
                 "ports": r.ports,
+                **self._device_status(r.name),
             } for r in self.workers],
         }
+        if self.placement is not None:
+            status["placement"] = self.placement.to_json()
         write_status(self.run_dir, status)
+
+    def _device_status(self, name: str) -> dict[str, Any]:
+        """The worker's place (platform, devices, memory share) and the device memory
+        its heartbeats last reported, where the platform gives it."""
+        status: dict[str, Any] = {}
+        if self.placement is not None and name in self.placement.workers:
+            placed = self.placement.workers[name]
+            status = {"platform": placed.platform, "devices": list(placed.devices),
+                      "memory_share": placed.memory}
+        counters = self.metrics.live.get(name, {})
+        status.update({key: counters[key] for key in DEVICE_MEMORY if key in counters})
+        return status
 
     def _grace_s(self, record: WorkerRecord) -> float:
         """How long a worker may take to exit after SIGTERM (the learner saves first)."""

@@ -3,8 +3,9 @@
 Resolves the experiment config (a name in `configs/` or a YAML path), applies
 overrides, imports its plugins, validates everything (the environment and the
 algorithm's section included) before a worker starts (exit code 2 and one
-line on a bad config), makes the run directory, writes the resolved config and
-hands over to the controller. Exit code 0 when the run reached its stop
+line on a bad config, or on a device placement this host cannot give), makes the run
+directory, writes the resolved config, prints the placement plan and hands over to the
+controller. Exit code 0 when the run reached its stop
 condition; non-zero with a one-line reason otherwise.
 
 `--resume` continues the newest run of the experiment that has a checkpoint
@@ -29,6 +30,7 @@ import yaml
 from srl_jax.backends import BackendError, LaunchBackend, LocalBackend
 from srl_jax.config import DEFAULT_POLICY, ConfigError, ExperimentConfig, policy_names
 from srl_jax.config_loader import config_to_dict, load_config, resolve_experiment_path
+from srl_jax.placement import describe_host, plan_placement
 from srl_jax.run_dir import checkpoint_steps, latest_resumable_run, trim_metrics
 
 EXIT_CONFIG = 2
@@ -108,7 +110,7 @@ def prepare_run(args: argparse.Namespace) -> tuple:
     """Everything that can fail on bad input, before any process starts.
 
     Returns (config with its algorithm section resolved, run directory, policy ->
-    checkpoint step to resume from, or None).
+    checkpoint step to resume from, or None, each worker's device placement).
     """
 
     if args.backend not in BACKENDS:
@@ -127,7 +129,8 @@ def prepare_run(args: argparse.Namespace) -> tuple:
         if run_dir.exists() and any(run_dir.iterdir()):
             raise ConfigError(f"'--run-dir': {run_dir} already holds files; pick an empty or "
                               "new directory (or add --resume to continue it)")
-    return check_before_launch(config), run_dir, steps
+    config = check_before_launch(config)
+    return config, run_dir, steps, plan_placement(config, describe_host(), args.backend)
 
 
 def check_before_launch(config: ExperimentConfig) -> ExperimentConfig:
@@ -156,7 +159,7 @@ def make_backend(name: str, run_dir: Path, config: ExperimentConfig,
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        config, run_dir, resume_steps = prepare_run(args)
+        config, run_dir, resume_steps, placement = prepare_run(args)
     except ConfigError as error:
         print(f"srl_jax.launch: config error: {error}", file=sys.stderr)
         return EXIT_CONFIG
@@ -188,8 +191,9 @@ def main(argv: list[str] | None = None) -> int:
                           for policy, step in resume_steps.items())
         print(f"srl_jax: {config.name} resumes from checkpoint {where} -> {run_dir}",
               flush=True)
+    print("\n".join(placement.lines()), flush=True)
     return Controller(config, run_dir, backend, progress, resume_row=resume_row,
-                      resumed=resume_steps is not None, keys=keys).run()
+                      resumed=resume_steps is not None, keys=keys, placement=placement).run()
 
 
 if __name__ == "__main__":

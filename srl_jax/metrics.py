@@ -32,6 +32,10 @@ REPLAY_LEVELS = frozenset({"size", "storage_mb", "rss_mb", "pending_requests",
                            "priority_min", "priority_max", "priority_mean"})
 """A replay server's current levels: they die with it (its contents are lost), so a
 dead server's are neither held nor added to the totals."""
+DEVICE_MEMORY = ("device_memory_mib", "device_memory_peak_mib")
+"""A JAX worker's device memory in use and its peak (summed over its devices), where the
+platform reports them: levels of the live process, never added to the totals."""
+DEVICE_KINDS = ("learner", "inference", "evaluator")
 POLICY_RETURN = "policy_return/"
 """Heartbeat arrays `policy_return/<policy>`: single agents' episode returns, per policy."""
 
@@ -102,7 +106,8 @@ class MetricsAggregator:
         for key, value in self.live.get(worker, {}).items():
             if _is_held(key):
                 held[key] = value
-            elif self.kinds[worker] == "replay" and key in REPLAY_LEVELS:
+            elif key in DEVICE_MEMORY or (self.kinds[worker] == "replay"
+                                          and key in REPLAY_LEVELS):
                 continue
             else:
                 self.retired[f"{self.kinds[worker]}:{key}"] += value
@@ -193,6 +198,7 @@ class MetricsAggregator:
                     if key.startswith("train/"):
                         row[f"{prefix}/{key[len('train/'):]}"] = round(value, 6)
         self._replay_rows(row, delta, window)
+        self._device_rows(row)
         self._policy_rows(row)
         row["system/restarts"] = self.restarts
         row["system/learner_restarts"] = self.learner_restarts
@@ -224,6 +230,16 @@ class MetricsAggregator:
             row["replay/priority_max"] = round(max(c.get("priority_max", 0) for c in servers), 6)
         row["replay/priorities_stale"] = int(self.total("replay", "priorities_stale"))
         row["learner/replay_timeouts"] = int(self.total("learner", "replay_timeouts"))
+
+    def _device_rows(self, row: dict[str, Any]) -> None:
+        """`<kind>/device_memory_mib` and `..._peak_mib`: summed over the kind's live
+        workers that report device memory (GPUs and TPUs do; the CPU does not)."""
+        for kind in DEVICE_KINDS:
+            for key in DEVICE_MEMORY:
+                values = [c[key] for w, c in self.live.items()
+                          if self.kinds[w] == kind and key in c]
+                if values:
+                    row[f"{kind}/{key}"] = round(sum(values), 1)
 
     def _policy_rows(self, row: dict[str, Any]) -> None:
         """`policy/<name>/...`: each policy's version, and its agents' mean return."""

@@ -47,6 +47,10 @@ class WorkerKind:
     controller stops the others, and all of them restart together."""
     env: dict[str, str] = field(default_factory=dict)
     """Environment its processes start with, where the launcher's own does not set it."""
+    device_keys: str = ""
+    """The config section whose keys put it on devices (`srl_jax/placement.py`):
+    'learner' (`learner.devices`, a mesh), or a section with `device` and `device_memory`
+    (one device: 'inference', 'evaluation'); '': it keeps its JAX, if any, on the CPU."""
 
     def __post_init__(self) -> None:
         module, _, cls = self.entry.partition(":")
@@ -135,10 +139,11 @@ def _evaluators(config: ExperimentConfig) -> int:
 register_kind(WorkerKind(
     "learner", "learners.learner_worker:LearnerWorker", True, _learners, "learner",
     "trains its policy on sample chunks and publishes its parameters",
-    saves_state=True, process_group=True, env={"MALLOC_ARENA_MAX": "2"}))
+    saves_state=True, process_group=True, env={"MALLOC_ARENA_MAX": "2"},
+    device_keys="learner"))
 register_kind(WorkerKind(
     "inference", "learners.inference_server:InferenceServer", True, _inference_servers,
-    "inference", "answers the actors' batched policy requests"))
+    "inference", "answers the actors' batched policy requests", device_keys="inference"))
 register_kind(WorkerKind(
     "replay", "replay.replay_worker:ReplayWorker", True, _replay_servers, "learner",
     "stores its policy's transitions and serves prioritized samples to the learner"))
@@ -147,4 +152,4 @@ register_kind(WorkerKind(
     "steps environments for every policy, sends sample chunks to the learners"))
 register_kind(WorkerKind(
     "evaluator", "learners.evaluator:EvaluatorWorker", False, _evaluators, "actor",
-    "plays evaluation episodes with the latest parameters"))
+    "plays evaluation episodes with the latest parameters", device_keys="evaluation"))

@@ -43,7 +43,7 @@ LAYERS = (
         "srl_jax.transport", "srl_jax.faults", "srl_jax.worker", "srl_jax.worker_kinds",
         "srl_jax.run_dir", "srl_jax.incarnation", "srl_jax.metrics", "srl_jax.config",
         "srl_jax.config_loader", "srl_jax.config_checks", "srl_jax.chunk_spec",
-        "srl_jax.env_spec", "srl_jax.replay_spec", "srl_jax.memory"),
+        "srl_jax.env_spec", "srl_jax.replay_spec", "srl_jax.memory", "srl_jax.placement"),
         may_import=_names("base"), forbidden=ENV_PACKAGES | JAX_PACKAGES | {"ray"}),
     Layer("actors", _names("actors.*"), may_import=_names("base", "actors"),
           forbidden=JAX_PACKAGES | {"ray"}),
