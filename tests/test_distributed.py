@@ -26,21 +26,33 @@ def test_layout_comes_from_config_or_environment() -> None:
 
 
 @pytest.mark.slow
-def test_two_learner_processes_solve_cartpole(processes: Processes, tmp_path: Path) -> None:
+def test_two_learner_processes_solve_cartpole_on_the_devices_placed(
+        processes: Processes, tmp_path: Path) -> None:
+    """Also the placement plan end to end: each process has 4 CPU devices and trains on
+    the two that `learner.devices` names; the server is placed on the CPU explicitly."""
     run_dir = tmp_path / "run"
     process = processes.start(
         [sys.executable, "-m", "srl_jax.launch", "cartpole_ppo", "--run-dir", str(run_dir),
-         "--quiet", "--set", "learner.processes=2", "--set", "stop.wall_time_s=240",
+         "--set", "learner.processes=2", "--set", "stop.wall_time_s=240",
          # 16-env chunks, so the learner batch of 32 splits over the 2 processes.
-         "--set", "actors.splits=4"],
-        log=tmp_path / "launch.log")
+         "--set", "actors.splits=4", "--set", "learner.devices=[1, 3]",
+         "--set", "inference.device=cpu"],
+        log=tmp_path / "launch.log",
+        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
     assert process.wait(timeout=300) == 0, (tmp_path / "launch.log").read_text()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert max(r.get("episode_return_mean", 0) for r in rows) >= 475
     logs = {i: (run_dir / "logs" / f"learner-{i}.log").read_text() for i in (0, 1)}
     assert "JAX process 0 of 2" in logs[0] and "JAX process 1 of 2" in logs[1]
-    assert "on 2 device(s)" in logs[0], "the mesh spans both processes' devices"
+    assert "on 4 device(s)" in logs[0], "the mesh spans both processes' placed devices"
+    launched = (tmp_path / "launch.log").read_text()
+    assert "placement: no accelerator: CPU (4 forced host devices)" in launched
     status = read_status(run_dir)
+    placed = {w["name"]: (w["platform"], w["devices"]) for w in status["workers"]}
+    assert placed["learner-0"] == placed["learner-1"] == ("cpu", [1, 3])
+    assert placed["inference-0"] == ("cpu", [])
+    assert status["placement"]["host"]["count"] == 4
+    assert status["placement"]["workers"]["learner-1"]["devices"] == [1, 3]
     learners = [w for w in status["workers"] if w["kind"] == "learner"]
     assert [w["exit_code"] for w in learners] == [0, 0], "both leave cleanly"
     coordinator = [p for p in learners[0]["ports"] if p["key"] == COORDINATOR.key()]
