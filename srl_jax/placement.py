@@ -150,8 +150,8 @@ def _gpu_plugin_installed() -> bool:
 def _nvidia_gpus() -> list[tuple[str, str, str, int]]:
     """(index, uuid, name, MiB) of each GPU nvidia-smi lists; [] without one."""
     if shutil.which("nvidia-smi") is None:
-        return [(str(i), "", "NVIDIA GPU", 0) for i in range(len(
-            [p for p in Path("/dev").glob("nvidia[0-9]*")]))]
+        devices = len(list(Path("/dev").glob("nvidia[0-9]*")))  # a driver, but no tool
+        return [(str(i), "", "NVIDIA GPU", 0) for i in range(devices)]
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=index,uuid,name,memory.total",
@@ -159,10 +159,20 @@ def _nvidia_gpus() -> list[tuple[str, str, str, int]]:
             check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return []
+    return parse_gpu_query(out)
+
+
+def parse_gpu_query(text: str) -> list[tuple[str, str, str, int]]:
+    """nvidia-smi's `--query-gpu=index,uuid,name,memory.total` CSV as (index, uuid, name,
+    MiB); lines that do not parse are skipped."""
     gpus = []
-    for line in out.strip().splitlines():
-        index, uuid, name, memory = (part.strip() for part in line.split(",", 3))
-        gpus.append((index, uuid, name, int(float(memory)) if memory.isdigit() else 0))
+    for line in text.strip().splitlines():
+        parts = [part.strip() for part in line.split(",")]
+        if len(parts) < 4 or not parts[0].isdigit():
+            continue
+        index, uuid, memory = parts[0], parts[1], parts[-1]
+        name = ",".join(parts[2:-1])
+        gpus.append((index, uuid, name, int(memory) if memory.isdigit() else 0))
     return gpus
 
 

@@ -16,6 +16,7 @@ from srl_jax.placement import (
     PlacementError,
     _visible,
     describe_host,
+    parse_gpu_query,
     plan_placement,
     planned_learner_devices,
 )
@@ -158,6 +159,10 @@ def test_the_host_is_described_from_the_launcher_environment() -> None:
     assert describe_host({"JAX_PLATFORMS": "cpu"}) == HostDevices()
     assert describe_host({"JAX_PLATFORMS": "cpu", "XLA_FLAGS":
                           "--xla_force_host_platform_device_count=4"}).count == 4
+    query = ("0, GPU-3f1a, NVIDIA H200, 143771\n1, GPU-77c0, NVIDIA H200, [N/A]\n"
+             "No devices were found\n")
+    assert parse_gpu_query(query) == [("0", "GPU-3f1a", "NVIDIA H200", 143771),
+                                      ("1", "GPU-77c0", "NVIDIA H200", 0)]
     listed = [("0", "GPU-aa", "A", 1), ("1", "GPU-bb", "A", 1), ("2", "GPU-cc", "A", 1)]
     assert _visible(listed, None) == listed
     assert _visible(listed, "2,GPU-aa") == [listed[2], listed[0]]
