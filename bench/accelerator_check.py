@@ -74,10 +74,13 @@ def driver_memory_mib() -> dict[int, float]:
     return used
 
 
-def run_experiment(experiment: str, seconds: float, run_dir: Path) -> dict[str, Any]:
+def run_experiment(experiment: str, seconds: float, run_dir: Path,
+                   overrides: list[str]) -> dict[str, Any]:
     """One bounded launcher run; its figures, placement and device memory."""
     command = [sys.executable, "-m", "srl_jax.launch", experiment, "--run-dir", str(run_dir),
                "--quiet", "--set", f"stop.wall_time_s={seconds:g}"]
+    for override in overrides:
+        command += ["--set", override]
     log_path = run_dir.parent / f"{run_dir.name}.log"
     peak_by_worker: dict[str, float] = {}
     started = time.monotonic()
@@ -106,7 +109,8 @@ def run_experiment(experiment: str, seconds: float, run_dir: Path) -> dict[str, 
                  for key in ("learner/device_memory_peak_mib", "inference/device_memory_peak_mib",
                              "evaluator/device_memory_peak_mib")}
     return {
-        "experiment": experiment, "seconds": seconds, "exit_code": code,
+        "experiment": experiment, "overrides": overrides, "seconds": seconds,
+        "exit_code": code,
         "log_tail": log_path.read_text(errors="replace").splitlines()[-5:],
         "rows": len(rows), "env_frames": rows[-1]["env_frames"] if rows else 0,
         "learner_steps": rows[-1]["learner_steps"] if rows else 0,
@@ -146,7 +150,9 @@ def show(results: dict[str, Any]) -> None:
     print(f"\nhost: {results['host_text']}; jax {results['jax']}")
     for label, run in results["runs"].items():
         fps, samples = run["fps_median"], run["learner_samples_per_s_median"]
-        print(f"{label} ({run['experiment']}, {run['seconds']:g}s): exit {run['exit_code']}, "
+        settings = " ".join(run["overrides"])
+        print(f"{label} ({run['experiment']} {settings}, {run['seconds']:g}s): exit "
+              f"{run['exit_code']}, "
               f"{run['env_frames']} frames, {run['learner_steps']} updates, env frames/s "
               f"{fps if fps is None else round(fps)}, learner samples/s "
               f"{samples if samples is None else round(samples)}, last return "
@@ -184,6 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--updates", type=int, default=20,
                         help="timed updates per repeat of learner.py's cases")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / f"{RESULTS_NAME}.json")
+    parser.add_argument("--only", nargs="+", choices=[label for label, _, _ in RUNS],
+                        default=[label for label, _, _ in RUNS], help="which runs (default: all)")
+    parser.add_argument("--skip-learner", action="store_true",
+                        help="leave out bench/learner.py's cases")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY=VALUE", help="an override for every run "
+                        "(e.g. inference.device_memory=on_demand)")
     parser.add_argument("--on-cpu", action="store_true",
                         help="run the check on a host without an accelerator (to test it)")
     parser.add_argument("--keep", action="store_true", help="keep the run directories")
@@ -201,12 +214,16 @@ def main(argv: list[str] | None = None) -> int:
         "jax": metadata.version("jax"), "runs": {}, "learner": []}
     try:
         for label, experiment, option in RUNS:
+            if label not in args.only:
+                continue
             seconds = getattr(args, option)
             print(f"running {experiment} for {seconds:g}s ...", flush=True)
-            results["runs"][label] = run_experiment(experiment, seconds, workdir / label)
+            results["runs"][label] = run_experiment(experiment, seconds, workdir / label,
+                                                    args.overrides)
         timing = ["--updates", str(args.updates), "--repeats", "3", "--warmup", "2"]
-        for case, extra in (("mlp", timing), ("cnn", [*timing, "--cnn-batch-envs",
-                                                      str(args.cnn_batch_envs)])):
+        cases = [] if args.skip_learner else [
+            ("mlp", timing), ("cnn", [*timing, "--cnn-batch-envs", str(args.cnn_batch_envs)])]
+        for case, extra in cases:
             print(f"bench/learner.py {case} ...", flush=True)
             results["learner"].append(learner_case(case, host, extra))
     finally:
