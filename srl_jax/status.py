@@ -41,6 +41,21 @@ def _age(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds:.1f}s"
 
 
+def _device(worker: dict[str, Any]) -> str:
+    """Where the placement plan put the worker, and its device memory if reported:
+    'gpu 0 (0.6) 112/140 MiB'."""
+    if "platform" not in worker:
+        return "-"
+    text = " ".join([worker["platform"], ",".join(map(str, worker.get("devices", [])))]).strip()
+    share = worker.get("memory_share")
+    if share:
+        text += f" ({share})"
+    if "device_memory_mib" in worker:
+        text += (f" {worker['device_memory_mib']:.0f}/"
+                 f"{worker.get('device_memory_peak_mib', 0):.0f} MiB")
+    return text
+
+
 def render(status: dict[str, Any], row: dict[str, Any] | None, now: float) -> str:
     """The run's line, its last metrics, and one line per worker."""
     lines = [f"{status['experiment']} in {status['run_dir']}: {status['state']}"
@@ -51,7 +66,7 @@ def render(status: dict[str, Any], row: dict[str, Any] | None, now: float) -> st
     stalled = status.get("stalled_for")
     if status["state"] == "running" and stalled:
         lines.append(f"no new frames or learner steps for {stalled:.0f}s")
-    header = ("worker", "pid", "state", "restarts", "heartbeat", "waits on")
+    header = ("worker", "pid", "state", "restarts", "heartbeat", "device", "waits on")
     table = [header]
     for w in status["workers"]:
         beat = None if w.get("last_heartbeat") is None else now - w["last_heartbeat"]
@@ -59,7 +74,7 @@ def render(status: dict[str, Any], row: dict[str, Any] | None, now: float) -> st
         if w.get("waiting_on"):
             waits = f"{w['waiting_on']} for {_age(now - w['waiting_since'])}"
         table.append((w["name"], str(w.get("pid") or "-"), w["state"], str(w["restarts"]),
-                      _age(beat) + (" ago" if beat is not None else ""), waits))
+                      _age(beat) + (" ago" if beat is not None else ""), _device(w), waits))
     widths = [max(len(r[i]) for r in table) for i in range(len(header) - 1)]
     for r in table:
         lines.append("  ".join(c.ljust(n) for c, n in zip(r, widths, strict=False)) + "  " + r[-1])

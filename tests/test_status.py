@@ -40,7 +40,9 @@ def test_render_shows_rates_restarts_and_waits():
                    "last_heartbeat": now - 0.5, "waiting_on": "an inference reply",
                    "waiting_since": now - 41.0},
                   {"name": "inference-0", "pid": 12, "state": "running", "restarts": 0,
-                   "last_heartbeat": now - 40.0, "waiting_on": None, "waiting_since": None}]}
+                   "last_heartbeat": now - 40.0, "waiting_on": None, "waiting_since": None,
+                   "platform": "gpu", "devices": [0], "memory_share": 0.3,
+                   "device_memory_mib": 140.2, "device_memory_peak_mib": 201.0}]}
     row = {"time": 99.0, "env_frames": 5000, "fps": 0.0, "learner_steps": 7,
            "learner/queue_chunks": 3, "system/restarts": 1}
     text = render(status, row, now)
@@ -48,8 +50,8 @@ def test_render_shows_rates_restarts_and_waits():
     assert "no new frames or learner steps for 42s" in text
     actor = next(line for line in text.splitlines() if line.startswith("actor-0"))
     assert "0.5s ago" in actor and "an inference reply for 41.0s" in actor
-    assert "40.0s ago" in next(line for line in text.splitlines()
-                               if line.startswith("inference-0"))
+    server = next(line for line in text.splitlines() if line.startswith("inference-0"))
+    assert "40.0s ago" in server and "gpu 0 (0.3) 140/201 MiB" in server
 
 
 def test_status_of_a_directory_that_is_no_run_is_one_line(tmp_path):
