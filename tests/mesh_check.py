@@ -69,10 +69,22 @@ def indivisible_error() -> str:
     return ""
 
 
+def chosen_devices() -> dict:
+    """The devices a placement plan's index list picks, and the error for one too many."""
+    try:
+        make_learner_mesh([4], 4)
+        missing = ""
+    except MeshError as error:
+        missing = str(error)
+    return {"ids": [d.id for d in make_learner_mesh([1, 3], 4).devices.flat],
+            "missing_error": missing}
+
+
 def main() -> None:
     """argv[1]: a JSON list of [algorithm, [override, ...]] cases."""
     cases = json.loads(sys.argv[1])
     print(json.dumps({"devices": len(jax.devices()), "indivisible_error": indivisible_error(),
+                      "chosen": chosen_devices(),
                       "cases": [compare(algo, overrides) for algo, overrides in cases]}))
 
 

@@ -54,3 +54,10 @@ def test_batch_that_does_not_divide_over_the_devices_is_a_clear_error(
     assert four_device_checks["indivisible_error"] == (
         "'learner.batch_envs' (6) must divide evenly over the 4 learner devices")
     assert isinstance(make_learner_mesh(1, 6).size, int)
+
+
+def test_a_list_of_device_indices_picks_those_devices(four_device_checks: dict) -> None:
+    chosen = four_device_checks["chosen"]
+    assert chosen["ids"] == [1, 3]
+    assert chosen["missing_error"].startswith(
+        "'learner.devices' [4] are not all among this process's 4 device(s)")
