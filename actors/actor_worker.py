@@ -38,6 +38,7 @@ from srl_jax.config import (
     EnvConfig,
     ExperimentConfig,
     is_pettingzoo,
+    member_names,
     policy_names,
 )
 from srl_jax.env_spec import EnvSpec
@@ -131,6 +132,8 @@ class ActorWorker(Worker):
         self._returns: list[float] = []
         self._lengths: list[int] = []
         self.multi_agent = is_pettingzoo(config.env.id)
+        self.returns_per_policy = self.multi_agent or bool(config.population.members)
+        """Heartbeats carry each policy's returns (`policy/<name>/episode_return_mean`)."""
         self.policies: list[str] = []
         self._policy_returns: list[list[float]] = []
         self._blocked: tuple[str, float] | None = None
@@ -139,13 +142,14 @@ class ActorWorker(Worker):
     def setup(self) -> None:
         cfg, env = self.config.actors, self.config.env
         per_split = cfg.envs // cfg.splits
-        self.policies = policy_names(env)
+        population = bool(self.config.population.members)
+        self.policies = [self.policy] if population else policy_names(env)
         self.specs = [policy_spec(self.config, policy) for policy in self.policies]
         self.action_bounds = [(np.asarray(spec.action_low, np.float32),
                                np.asarray(spec.action_high, np.float32)) for spec in self.specs]
         self._unsent_returns: list[list[float]] = [[] for _ in self.policies]
         self._policy_returns = [[] for _ in self.policies]
-        seeds = split_seeds(self.config, self.index, self.incarnation)
+        seeds = split_seeds(self.config, self._seed_index(), self.incarnation)
         self.log.info("resume %d, restart %d: env seeds by split %s", self.incarnation.resumes,
                       self.incarnation.restarts, seeds)
         self.splits = []
@@ -183,6 +187,13 @@ class ActorWorker(Worker):
         for state in self.splits:
             for p in range(len(self.policies)):
                 self._request(state, p)
+
+    def _seed_index(self) -> int:
+        """Which actor this is for its env seeds: members' actors step other episodes."""
+        if self.config.population.members:
+            return member_names(self.config.population.members).index(self.policy) \
+                * self.config.actors.count + self.index
+        return self.index
 
     def _epsilons(self, split: int, ring: OnePolicy | MultiAgentSplit) -> list[np.ndarray]:
         """Each policy's column epsilons in `split` of this actor (none: no epsilon)."""
@@ -345,7 +356,7 @@ class ActorWorker(Worker):
         self._lengths.extend(step.episode_lengths)
         for p, result in enumerate(step.results):
             self._unsent_returns[p].extend(result.episode_returns)
-            if self.multi_agent:
+            if self.returns_per_policy:
                 self._policy_returns[p].extend(result.episode_returns)
 
     def _send_chunk(self, p: int, chunk: dict[str, np.ndarray]) -> None:
@@ -412,7 +423,7 @@ class ActorWorker(Worker):
         arrays = {"episode_return": np.asarray(self._returns, np.float32),
                   "episode_length": np.asarray(self._lengths, np.int32)}
         self._returns, self._lengths = [], []
-        if self.multi_agent:
+        if self.returns_per_policy:
             for policy, returns in zip(self.policies, self._policy_returns, strict=True):
                 arrays[POLICY_RETURN + policy] = np.asarray(returns, np.float32)
                 returns.clear()

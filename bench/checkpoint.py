@@ -43,7 +43,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from learner import case_config, case_policy, random_host_batch
 
-from learners.algorithms import algorithm, algorithm_config, sizes
+from learners.algorithms import algorithm, algorithm_config, live_values, sizes
 from learners.mesh import compile_update, make_learner_mesh, put_batch, replicated
 from learners.networks import init_policy_params
 from learners.train_state import init_train_state, to_batch
@@ -62,7 +62,8 @@ def build(case: str, args: argparse.Namespace) -> tuple[Any, Any, Any]:
     optimizer = algo.make_optimizer(acfg, sz)
     mesh = make_learner_mesh(1, config.learner.batch_envs)
     params = init_policy_params(network, spec.obs_shape, config.seed)
-    state = jax.device_put(init_train_state(params, optimizer, config.seed), replicated(mesh))
+    state = jax.device_put(init_train_state(params, optimizer, config.seed,
+                                            hyper=live_values(algo, acfg)), replicated(mesh))
     host = random_host_batch(run_chunk_layout(config, spec), config.learner.batch_envs,
                              spec.action_dim, np.random.default_rng(0))
     batch = put_batch(to_batch(host), mesh)

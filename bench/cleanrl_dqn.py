@@ -82,7 +82,7 @@ from cleanrl_ppo import target_value  # noqa: E402  (bench/: this script's direc
 
 from actors.envs import env_seed, make_env, policy_spec  # noqa: E402
 from actors.exploration import epsilon_ladder, explore  # noqa: E402
-from learners.algorithms import algorithm, algorithm_config, sizes  # noqa: E402
+from learners.algorithms import algorithm, algorithm_config, live_values, sizes  # noqa: E402
 from learners.evaluator import EVALUATOR_ACTOR_INDEX  # noqa: E402
 from learners.networks import init_policy_params, make_policy  # noqa: E402
 from learners.train_state import TrainState, init_train_state  # noqa: E402
@@ -195,7 +195,8 @@ def make_agent(config: ExperimentConfig, spec: Any) -> tuple[TrainState, Callabl
     @jax.jit
     def init() -> TrainState:
         params = init_policy_params(network, spec.obs_shape, config.seed)
-        return init_train_state(params, optimizer, config.seed, algo.init_extra)
+        return init_train_state(params, optimizer, config.seed, algo.init_extra,
+                                live_values(algo, dqn))
 
     @jax.jit
     def act(params: Any, obs: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -178,7 +178,7 @@ def run_case(case: str, devices: int, args: argparse.Namespace) -> dict[str, Any
     """Build the learner's update for `case` on `devices` devices and time it."""
     import jax
 
-    from learners.algorithms import algorithm, algorithm_config, sizes
+    from learners.algorithms import algorithm, algorithm_config, live_values, sizes
     from learners.mesh import compile_update, make_learner_mesh, put_batch, replicated
     from learners.networks import init_policy_params
     from learners.train_state import init_train_state, to_batch
@@ -193,7 +193,8 @@ def run_case(case: str, devices: int, args: argparse.Namespace) -> dict[str, Any
     mesh = make_learner_mesh(devices, B)
     params = init_policy_params(network, spec.obs_shape, config.seed)
     n_params = sum(x.size for x in jax.tree.leaves(params["net"]))
-    state = jax.device_put(init_train_state(params, optimizer, config.seed), replicated(mesh))
+    state = jax.device_put(init_train_state(params, optimizer, config.seed,
+                                            hyper=live_values(algo, acfg)), replicated(mesh))
     layout = run_chunk_layout(config, spec)
     rng = np.random.default_rng(config.seed)
     pool = [random_host_batch(layout, B, spec.action_dim, rng) for _ in range(args.pool)]

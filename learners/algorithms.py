@@ -6,7 +6,9 @@ one-line doc, checked in `__post_init__`), the builders of its optimizer and of 
 pure (TrainState, Batch) -> (TrainState, metrics) update, which get that config and
 the derived `Sizes` (never the whole experiment config), the fields the update
 reads, the stream it learns from (fresh chunks on `samples`, or sampled batches
-from the replay servers on `replay`) and the network heads it can train. The
+from the replay servers on `replay`), the network heads it can train and the
+config fields that may change during a run (`live`: the update reads their current
+values from `TrainState.hyper`, so changing one recompiles nothing). The
 built-in ones (`BUILT_IN`) are imported on first use; any other module registers
 its algorithm with `register(...)` when it is imported, which the experiment's
 `plugins` list makes happen in every process.
@@ -17,6 +19,7 @@ starts (building an algorithm's config imports that algorithm's module).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import importlib
@@ -85,6 +88,30 @@ class Algorithm:
     from the initial parameters; kept in `TrainState.extra` and checkpointed."""
     replay_window: Callable[[Any], int] | None = None
     """With source 'replay': (config) -> n, the steps of each sampled window."""
+    live: tuple[str, ...] = ()
+    """Float fields of its config that may change during a run (population-based
+    training): kept in `TrainState.hyper` and read from there by the update, so a new
+    value takes effect at the next update without recompiling."""
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.live) - {f.name for f in dataclasses.fields(self.config)})
+        if unknown:
+            raise ValueError(f"algorithm '{self.name}': live {unknown} are not fields of "
+                             f"{self.config.__name__}")
+
+
+def live_values(algo: Algorithm, config: Any) -> dict[str, float]:
+    """The starting values of `algo`'s live hyperparameters, from its `config`."""
+    return {name: float(getattr(config, name)) for name in algo.live}
+
+
+def with_live(config: Any, hyper: Any) -> Any:
+    """`config` with the live fields set from `hyper` (name -> value; inside the update,
+    traced scalars), the others kept. `__post_init__` is skipped: its checks need
+    concrete values, and a population may set a step size of 0."""
+    live = copy.copy(config)
+    vars(live).update(hyper)
+    return live
 
 
 def register(algo: Algorithm) -> None:

@@ -24,9 +24,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from learners.algorithms import Algorithm, Sizes
+from learners.algorithms import Algorithm, Sizes, with_live
 from learners.networks import Policy, update_obs_stats
-from learners.train_state import TrainState, scale_rewards
+from learners.train_state import TrainState, descend, scale_rewards
 from srl_jax.config import ConfigError
 
 
@@ -93,8 +93,10 @@ def nstep_targets(rewards: jax.Array, steps: jax.Array, terminated: jax.Array,
 
 
 def make_optimizer(config: DQNConfig, sizes: Sizes) -> optax.GradientTransformation:
+    """Adam's direction without its step size, which the update applies from
+    `TrainState.hyper`."""
     return optax.chain(optax.clip_by_global_norm(config.max_grad_norm),
-                       optax.adam(config.learning_rate, eps=config.adam_eps))
+                       optax.scale_by_adam(eps=config.adam_eps))
 
 
 def init_target(params: Any) -> Any:
@@ -105,7 +107,8 @@ def init_target(params: Any) -> Any:
 def make_update(policy: Policy, optimizer: optax.GradientTransformation, config: DQNConfig,
                 sizes: Sizes) -> Any:
     """Pure (TrainState, batch) -> (TrainState, metrics); metrics include the rows' new
-    `priorities` [B] (the learner sends them back to the replay servers)."""
+    `priorities` [B] (the learner sends them back to the replay servers). The `live`
+    step size is read from `state.hyper` where it has it."""
 
     def q_values(params: Any, obs: jax.Array) -> jax.Array:
         q, _, _ = policy.apply(params, obs, jnp.zeros((obs.shape[0], 0), jnp.float32))
@@ -138,7 +141,8 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation, config:
         (loss, (errors, q)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
             params["net"], params, target, batch)
         updates, opt_state = optimizer.update(grads, state.opt_state, params["net"])
-        params = {**params, "net": optax.apply_updates(params["net"], updates)}
+        learning_rate = with_live(config, state.hyper).learning_rate
+        params = {**params, "net": descend(params["net"], updates, learning_rate)}
         version = state.version + 1
         copy = version % config.target_update_period == 0
         new_target = jax.tree.map(lambda online, old: jnp.where(copy, online, old),
@@ -157,4 +161,4 @@ ALGORITHM = Algorithm(
     fields=("obs", "actions", "rewards", "steps", "terminated", "truncated", "trunc_values",
             "next_obs", "weights"),
     source="replay", check=check, heads=("dueling", "q"), init_extra=init_target,
-    replay_window=lambda config: config.n_step)
+    replay_window=lambda config: config.n_step, live=("learning_rate",))

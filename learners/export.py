@@ -21,7 +21,7 @@ import numpy as np
 
 from actors.envs import policy_spec
 from actors.multi_agent import MultiAgentSplit
-from learners.algorithms import algorithm, algorithm_config, sizes
+from learners.algorithms import algorithm, algorithm_config, live_values, sizes
 from learners.networks import Policy, init_policy_params, make_policy
 from learners.train_state import init_train_state
 from srl_jax.checkpoint import Checkpointer, restore_params
@@ -171,9 +171,11 @@ def load_policy(run_dir: str | Path, step: int | None = None, best: bool = False
     step = steps[-1] if step is None else step
     config, spec, act, network = _rebuild(checkpoint_meta(run_dir, step, best, policy), policy)
     algo = algorithm(config.learner.algorithm)
-    optimizer = algo.make_optimizer(algorithm_config(config), sizes(config))
+    algo_config = algorithm_config(config)
+    optimizer = algo.make_optimizer(algo_config, sizes(config))
     params = init_policy_params(network, spec.obs_shape, config.seed)
-    like = init_train_state(params, optimizer, config.seed, algo.init_extra)
+    like = init_train_state(params, optimizer, config.seed, algo.init_extra,
+                            live_values(algo, algo_config))
     checkpointer = Checkpointer(run_dir, keep=config.checkpoint.keep, keep_best=best,
                                 policy=policy)
     try:

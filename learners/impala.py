@@ -23,11 +23,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from learners.algorithms import Algorithm, Sizes
+from learners.algorithms import Algorithm, Sizes, with_live
 from learners.distributions import Distribution
 from learners.networks import Policy
 from learners.sequences import after_burn_in, episode_starts, flat_unroll, warm_state
-from learners.train_state import Batch, TrainState, prepare
+from learners.train_state import Batch, TrainState, descend, prepare
 from srl_jax.config import ConfigError
 
 
@@ -179,8 +179,10 @@ def impala_loss(params: Any, apply_fn: Callable, dist: Distribution, batch: Batc
 
 
 def make_optimizer(impala: ImpalaConfig, sizes: Sizes) -> optax.GradientTransformation:
+    """Adam's direction without its step size, which the update applies from
+    `TrainState.hyper`."""
     return optax.chain(optax.clip_by_global_norm(impala.max_grad_norm),
-                       optax.adam(impala.learning_rate, eps=1e-5))
+                       optax.scale_by_adam(eps=1e-5))
 
 
 def split_envs(batch: Batch, minibatches: int) -> Batch:
@@ -198,9 +200,11 @@ def split_envs(batch: Batch, minibatches: int) -> Batch:
 
 def make_update(policy: Policy, optimizer: optax.GradientTransformation, impala: ImpalaConfig,
                 sizes: Sizes) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
-    """The IMPALA update: (state, batch) -> (state, metrics); pure, for the learner to jit."""
+    """The IMPALA update: (state, batch) -> (state, metrics); pure, for the learner to jit.
+    The `live` fields are read from `state.hyper` where it has them."""
 
     def update(state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+        live = with_live(impala, state.hyper)
         params, batch = prepare(state.params, batch, policy, sizes.reward_scale,
                                 sizes.reward_clip)
 
@@ -210,7 +214,7 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation, impala:
             start = warm_state(policy, net_params, mb.obs, mb.state[0], resets, sizes.burn_in)
             apply_fn = flat_unroll(policy, start, resets[sizes.burn_in:])
             return impala_loss(net_params, apply_fn, policy.dist,
-                               after_burn_in(mb, sizes.burn_in), impala)
+                               after_burn_in(mb, sizes.burn_in), live)
 
         grad_fn = jax.grad(loss_of_net, has_aux=True)
 
@@ -219,13 +223,14 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation, impala:
             grads, info = grad_fn(net, mb)
             updates, opt_state = optimizer.update(grads, opt_state, net)
             info["grad_norm"] = optax.tree.norm(grads)
-            return (optax.apply_updates(net, updates), opt_state), info
+            return (descend(net, updates, live.learning_rate), opt_state), info
 
         (net, opt_state), infos = jax.lax.scan(
             minibatch_step, (params["net"], state.opt_state),
             split_envs(batch, impala.minibatches))
         metrics = jax.tree.map(jnp.mean, infos)
-        new_state = TrainState({**params, "net": net}, opt_state, state.key, state.version + 1)
+        new_state = state._replace(params={**params, "net": net}, opt_state=opt_state,
+                                   version=state.version + 1)
         return new_state, metrics
 
     return update
@@ -235,4 +240,4 @@ ALGORITHM = Algorithm(
     name="impala", config=ImpalaConfig, make_optimizer=make_optimizer, make_update=make_update,
     fields=("obs", "actions", "logp", "rewards", "terminated", "truncated", "trunc_values",
             "state"),
-    check=check)
+    check=check, live=("learning_rate", "ent_coef", "vf_coef"))

@@ -6,12 +6,14 @@ device mesh, the `Inputs` it trains on, a seed and optionally a `Checkpointer`),
 it builds the train state replicated on the mesh and compiles the update for
 batches of this process's columns (trajectory chunks) or rows (replay samples).
 `step` trains on one batch; `params` and `version` are what a publisher sends;
-`save` and `restore` go through the checkpointer. The learner worker
-(learners/learner_worker.py) wraps it in a process; tests and benchmarks use it
-on arrays.
+`save` and `restore` go through the checkpointer; `set_hyperparams` changes the
+live hyperparameters (`Algorithm.live`) from the next update on, without
+recompiling. The learner worker (learners/learner_worker.py) wraps it in a
+process; tests and benchmarks use it on arrays.
 
 With several JAX processes every process builds the same Learner and must call
-`step` and `save` together (they are collectives); the worker agrees on that.
+`step`, `save` and `set_hyperparams` together (they are collectives); the worker
+agrees on that.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from learners.algorithms import algorithm, algorithm_config, sizes
+from learners.algorithms import algorithm, algorithm_config, live_values, sizes
 from learners.mesh import ENV_AXIS, compile_update, make_learner_mesh, put_batch, replicated
 from learners.networks import init_policy_params, make_policy
 from learners.param_codec import host_value
@@ -72,12 +74,15 @@ class Learner:
     def __init__(self, spec: EnvSpec, network: nn.Module, optimizer: optax.GradientTransformation,
                  update: UpdateFn, mesh: Mesh, inputs: Inputs, seed: int,
                  checkpointer: Checkpointer | None = None,
-                 init_extra: Callable[[Any], Any] | None = None) -> None:
+                 init_extra: Callable[[Any], Any] | None = None,
+                 hyper: dict[str, float] | None = None) -> None:
         """Build the state and compile `update` (slow: seconds to minutes).
 
         `inputs`: this process's share of a batch (all of it with one process).
         `init_extra`: the algorithm's own state (e.g. DQN's target network) from the
         initial parameters, kept in `TrainState.extra`.
+        `hyper`: the starting values of the live hyperparameters
+        (`algorithms.live_values`), kept in `TrainState.hyper`.
         """
         self.mesh = mesh
         self.inputs = inputs
@@ -88,7 +93,7 @@ class Learner:
         # Built inside jit so that every process makes its replica of the same state.
         def init() -> TrainState:
             params = init_policy_params(network, spec.obs_shape, seed)
-            return init_train_state(params, optimizer, seed, init_extra)
+            return init_train_state(params, optimizer, seed, init_extra, hyper)
 
         self.state = jax.jit(init, out_shardings=replicated(mesh))()
         self._update = compile_update(update, mesh, self.state, self.put(inputs.example),
@@ -98,6 +103,30 @@ class Learner:
     def params(self) -> Any:
         """The current policy parameters (on the mesh)."""
         return self.state.params
+
+    def hyperparams(self) -> dict[str, float]:
+        """The live hyperparameters' current values."""
+        return {name: float(host_value(value)) for name, value in dict(self.state.hyper).items()}
+
+    def set_hyperparams(self, values: dict[str, float]) -> None:
+        """Use `values` (name -> float) from the next update on, and checkpoint them.
+
+        Placed replicated on the mesh like the rest of the state, as float32 scalars, so
+        the compiled update takes them as they are. ValueError for a name that is not
+        live or a value that is not finite. With several processes, every one calls it
+        with the same values (JAX checks that they agree).
+        """
+        live = dict(self.state.hyper)
+        unknown = sorted(set(values) - set(live))
+        if unknown:
+            raise ValueError(f"not live hyperparameters: {', '.join(unknown)} (live: "
+                             f"{', '.join(sorted(live)) or 'none'})")
+        host = {name: np.asarray(value, np.float32) for name, value in values.items()}
+        bad = sorted(name for name, value in host.items() if not np.isfinite(value))
+        if bad:
+            raise ValueError(f"hyperparameters must be finite: {', '.join(bad)}")
+        live.update(jax.device_put(host, replicated(self.mesh)))
+        self.state = self.state._replace(hyper=live)
 
     def put(self, arrays: dict[str, np.ndarray]) -> Any:
         """Host arrays of a batch onto the mesh, split on the inputs' batch axis."""
@@ -126,6 +155,13 @@ class Learner:
         if self.checkpointer is None:
             raise ValueError("this Learner was built without a checkpointer")
         return self.checkpointer.save(self.version, self.state, meta)
+
+    def adopt(self, state: TrainState) -> None:
+        """Train on from another learner's state (a population member copying its donor):
+        its parameters, optimizer state and the rest, with this learner's own random key,
+        and one version past its own, so that its servers take the copied parameters."""
+        self.version += 1
+        self.state = state._replace(key=self.state.key, version=self.state.version + 1)
 
     def restore(self) -> dict[str, Any] | None:
         """Continue from the checkpointer's newest complete checkpoint, if there is one.
@@ -159,4 +195,5 @@ def build_learner(config: ExperimentConfig, spec: EnvSpec, share: int,
                    algo.make_update(policy, optimizer, algo_config, derived),
                    make_learner_mesh(planned_learner_devices() or config.learner.devices,
                                      config.learner.batch_envs),
-                   inputs, config.seed, checkpointer, algo.init_extra)
+                   inputs, config.seed, checkpointer, algo.init_extra,
+                   live_values(algo, algo_config))

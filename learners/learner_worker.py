@@ -54,13 +54,14 @@ from learners.save_schedule import SaveSchedule
 from learners.train_state import Batch
 from srl_jax.checkpoint import Checkpointer
 from srl_jax.chunk_spec import run_chunk_layout
-from srl_jax.config import DEFAULT_POLICY, ExperimentConfig
+from srl_jax.config import DEFAULT_POLICY, ExperimentConfig, member_names
 from srl_jax.config_loader import config_to_dict
 from srl_jax.metrics import CARRIED
 from srl_jax.names import NameService
+from srl_jax.population import field_name, initial_hyperparams
 from srl_jax.replay_spec import replay_layout
-from srl_jax.stream_table import COORDINATOR, PARAMS, REPLAY, SAMPLES
-from srl_jax.streams import make_socket
+from srl_jax.stream_table import CONTROL, COORDINATOR, PARAMS, REPLAY, SAMPLES
+from srl_jax.streams import make_socket, receive, send
 from srl_jax.worker import Worker
 
 POLL_MS = 50
@@ -114,6 +115,8 @@ class LearnerWorker(Worker):
         """Only process 0 publishes."""
         self.checkpointer: Checkpointer | None = None
         self.learner: Learner | None = None
+        self.control: zmq.Socket | None = None
+        """A population member's: where the population manager's exploits arrive."""
 
     @property
     def version(self) -> int:
@@ -139,11 +142,54 @@ class LearnerWorker(Worker):
         with self.busy("building the train state and compiling the update"):
             self.learner = build_learner(self.config, self.spec, self.local_envs,
                                          self.checkpointer)
+            self._start_hyperparams()
             self._restore()
         mesh = self.learner.mesh
-        self.log.info("%s on %d device(s): %s", self.config.learner.algorithm,
-                      mesh.size, [str(d) for d in mesh.devices.flat])
+        self.log.info("%s on %d device(s): %s; hyperparameters %s",
+                      self.config.learner.algorithm, mesh.size,
+                      [str(d) for d in mesh.devices.flat], self.learner.hyperparams())
+        if self.config.population.members and self.config.population.exploit:
+            self.control = make_socket(self.zmq, CONTROL.bind_type)
+            self.transport.bind(self.control, self.names, CONTROL.key(self.policy))
         self._publish()
+
+    def _start_hyperparams(self) -> None:
+        """A population member starts from its own values; a checkpoint's win over them."""
+        if self.config.population.members:
+            start = initial_hyperparams(self.config)[self.policy]
+            self.learner.set_hyperparams({field_name(k): v for k, v in start.items()})
+
+    def _take_exploits(self) -> None:
+        """Answer the population manager's exploits (see `_exploit`)."""
+        while (received := receive(self.control, CONTROL.binder_receives, self.rejects,
+                                   envelope=1)) is not None:
+            routing, message = received
+            reply = {"member": self.policy, **self._exploit(message.meta)}
+            send(self.control, "exploited", reply, routing=routing)
+
+    def _exploit(self, meta: dict[str, Any]) -> dict[str, Any]:
+        """Copy the donor member's newest complete checkpoint (weights, optimizer state,
+        observation statistics) into this learner, keeping its own version count and
+        counters, and take the new hyperparameters; no restart, no recompile."""
+        donor, values = meta.get("donor"), meta.get("hyperparams")
+        members = member_names(self.config.population.members)
+        if donor not in members or donor == self.policy or not isinstance(values, dict) or \
+                not all(isinstance(v, int | float) for v in values.values()):
+            self.rejects.reject(ValueError(f"exploit with donor {donor!r}, values {values!r}"))
+            return {"ok": False, "reason": "malformed exploit"}
+        try:
+            restored = self.checkpointer.restore_from(donor, self.learner.state)
+            if restored is None:
+                return {"ok": False, "reason": f"{donor} has no complete checkpoint yet"}
+            self.learner.adopt(restored.state)
+            self.learner.set_hyperparams({field_name(k): float(v) for k, v in values.items()})
+        except (OSError, ValueError) as error:
+            return {"ok": False, "reason": f"cannot copy {donor}: {error}"}
+        self.log.info("copied %s's step %d as version %d; hyperparameters %s", donor,
+                      restored.step, self.version, self.learner.hyperparams())
+        self._publish()
+        self._save()  # a restart now keeps the copy
+        return {"ok": True, "donor_step": restored.step, "version": self.version}
 
     def _connect_replay(self) -> None:
         """A socket to each of the policy's replay servers, and the intake over them."""
@@ -222,6 +268,8 @@ class LearnerWorker(Worker):
                           time.perf_counter() - start)
 
     def run_once(self) -> None:
+        if self.control is not None:
+            self._take_exploits()
         timeout = 0 if self._next is not None else POLL_MS
         if isinstance(self.intake, ReplayIntake):
             self.intake.pump(timeout)
@@ -321,12 +369,14 @@ class LearnerWorker(Worker):
             **{f"train/{k}": v for k, v in self.train_metrics.items()},
             **(device_memory_counters(self.learner.mesh.local_devices)
                if self.learner is not None else {}),
+            **({f"train/hp/{k}": v for k, v in self.learner.hyperparams().items()}
+               if self.learner is not None else {}),
         }
 
     def close(self) -> None:
         replay = [s.socket for s in self.intake.servers] \
             if isinstance(self.intake, ReplayIntake) else []
-        for socket in (self.pull, self.pub, *replay):
+        for socket in (self.pull, self.pub, self.control, *replay):
             if socket is not None:
                 socket.close()
         if self.checkpointer is not None:

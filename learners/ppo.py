@@ -20,11 +20,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from learners.algorithms import Algorithm, Sizes
+from learners.algorithms import Algorithm, Sizes, with_live
 from learners.distributions import Distribution
 from learners.networks import Policy
 from learners.sequences import episode_starts, flat_unroll, warm_state
-from learners.train_state import Batch, TrainState, prepare
+from learners.train_state import Batch, TrainState, descend, prepare
 from srl_jax.config import ConfigError
 
 
@@ -143,19 +143,22 @@ def ppo_loss(params: Any, apply_fn: Callable, dist: Distribution, obs: jax.Array
 
 
 def make_optimizer(ppo: PPOConfig, sizes: Sizes) -> optax.GradientTransformation:
-    learning_rate: float | optax.Schedule = ppo.learning_rate
+    """Adam's direction without its step size, which the update applies from
+    `TrainState.hyper`; annealing is a factor going from 1 to 0 over the run."""
+    stages = [optax.clip_by_global_norm(ppo.max_grad_norm), optax.scale_by_adam(eps=1e-5)]
     if ppo.anneal_lr:
         steps = sizes.total_updates * ppo.epochs * ppo.minibatches
-        learning_rate = optax.linear_schedule(ppo.learning_rate, 0.0, steps)
-    return optax.chain(optax.clip_by_global_norm(ppo.max_grad_norm),
-                       optax.adam(learning_rate, eps=1e-5))
+        stages.append(optax.scale_by_schedule(optax.linear_schedule(1.0, 0.0, steps)))
+    return optax.chain(*stages)
 
 
 def make_update(policy: Policy, optimizer: optax.GradientTransformation, ppo: PPOConfig,
                 sizes: Sizes) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
-    """The PPO update: (state, batch) -> (state, metrics); pure, for the learner to jit."""
+    """The PPO update: (state, batch) -> (state, metrics); pure, for the learner to jit.
+    The `live` fields are read from `state.hyper` where it has them."""
 
     def update(state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+        live = with_live(ppo, state.hyper)
         params, batch = prepare(state.params, batch, policy, sizes.reward_scale,
                                 sizes.reward_clip)
         advantages, returns = gae(batch.rewards, batch.values, batch.terminated,
@@ -186,7 +189,7 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation, ppo: PP
                 rows = mb["obs"].shape[0]
                 apply_fn = flat_unroll(policy, jnp.zeros((rows, 0)), jnp.zeros((1, rows), bool))
             return ppo_loss(net_params, apply_fn, policy.dist, mb["obs"], mb["actions"],
-                            mb["logp"], mb["values"], mb["advantages"], mb["returns"], ppo)
+                            mb["logp"], mb["values"], mb["advantages"], mb["returns"], live)
 
         grad_fn = jax.grad(loss_of_net, has_aux=True)
 
@@ -196,7 +199,7 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation, ppo: PP
             def step(_: None) -> tuple:
                 grads, info = grad_fn(net, mb)
                 updates, new_opt_state = optimizer.update(grads, opt_state, net)
-                return optax.apply_updates(net, updates), new_opt_state, info
+                return descend(net, updates, live.learning_rate), new_opt_state, info
 
             def skip(_: None) -> tuple:
                 info = jax.tree.map(jnp.zeros_like, jax.eval_shape(grad_fn, net, mb)[1])
@@ -225,7 +228,8 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation, ppo: PP
         metrics["epochs_run"] = ran.sum() / ppo.minibatches
         metrics["advantage_mean"] = advantages.mean()
         metrics["return_mean"] = returns.mean()
-        new_state = TrainState({**params, "net": net}, opt_state, key, state.version + 1)
+        new_state = state._replace(params={**params, "net": net}, opt_state=opt_state, key=key,
+                                   version=state.version + 1)
         return new_state, metrics
 
     return update
@@ -235,4 +239,4 @@ ALGORITHM = Algorithm(
     name="ppo", config=PPOConfig, make_optimizer=make_optimizer, make_update=make_update,
     fields=("obs", "actions", "logp", "values", "rewards", "terminated", "truncated",
             "trunc_values", "state"),
-    check=check)
+    check=check, live=("learning_rate", "ent_coef", "vf_coef", "clip_coef"))

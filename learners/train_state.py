@@ -42,15 +42,30 @@ class TrainState(NamedTuple):
     version: jax.Array  # int32 scalar: number of updates so far
     extra: Any = ()
     """The algorithm's own state (`Algorithm.init_extra`; DQN: its target network)."""
+    hyper: Any = ()
+    """The live hyperparameters' current values (`Algorithm.live`): name -> float32
+    scalar. Data, not constants of the compiled update, so they can change between
+    updates (population-based training) and are checkpointed with the rest."""
 
 
 def init_train_state(params: Any, optimizer: optax.GradientTransformation, seed: int,
-                     init_extra: Callable[[Any], Any] | None = None) -> TrainState:
+                     init_extra: Callable[[Any], Any] | None = None,
+                     hyper: dict[str, float] | None = None) -> TrainState:
     """Version 0 of the state; `init_extra`: the algorithm's own state from the initial
-    parameters (`Algorithm.init_extra`), or none."""
+    parameters (`Algorithm.init_extra`), or none; `hyper`: the live hyperparameters'
+    starting values (`algorithms.live_values`), or none (the update then uses its
+    config's)."""
     extra = init_extra(params) if init_extra is not None else ()
+    live = {name: jnp.asarray(value, jnp.float32) for name, value in (hyper or {}).items()}
     return TrainState(params, optimizer.init(params["net"]), jax.random.key(seed + 1),
-                      jnp.zeros((), jnp.int32), extra)
+                      jnp.zeros((), jnp.int32), extra, live or ())
+
+
+def descend(net: Any, updates: Any, learning_rate: float | jax.Array) -> Any:
+    """`net` moved by `-learning_rate * updates`: the step size applied outside the
+    optimizer, so it can be a traced value of `TrainState.hyper` (optax.adam(lr) is
+    scale_by_adam followed by exactly this)."""
+    return optax.apply_updates(net, jax.tree.map(lambda u: -learning_rate * u, updates))
 
 
 def prepare(params: Any, batch: Batch, policy: Policy, reward_scale: float,

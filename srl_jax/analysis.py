@@ -41,9 +41,12 @@ __all__ = [
     "compare",
     "curves",
     "flatten_config",
+    "load_lineage",
+    "load_population",
     "load_run",
     "load_runs",
     "plot_curves",
+    "plot_population",
     "summarize",
     "summary_table",
 ]
@@ -103,6 +106,92 @@ def load_run(run_dir: str | Path) -> pd.DataFrame:
             frame[column] = np.nan
     extra = pd.DataFrame({k: [v] * len(frame) for k, v in info.items()}, index=frame.index)
     return pd.concat([extra, frame], axis=1)
+
+
+def _member_rows(run: pd.DataFrame, member: str) -> pd.DataFrame:
+    """A population run's rows as one member sees them: its return, frames and version
+    under the plain names, its live hyperparameters as `hp.<name>`."""
+    prefix, learner = f"policy/{member}/", f"learner/{member}/hp/"
+    rows = pd.DataFrame({"time": run["time"]}, index=run.index)
+    for name in (RETURN, "env_frames", "policy_version"):
+        rows[name] = run.get(prefix + name, np.nan)
+    rows["learner_steps"], rows["fps"] = rows["policy_version"], np.nan
+    for column in run.columns:
+        if column.startswith(learner):
+            rows["hp." + column[len(learner):]] = run[column]
+    return rows
+
+
+def load_population(run_dir: str | Path) -> pd.DataFrame:
+    """A population run (or a sweep) as one run per member: `run` is `<run_dir>:<member>`,
+    `member` names it, `env_frames`, `episode_return_mean` and `learner_steps` are the
+    member's own, `hp.<name>` its live hyperparameters over time, and the `config.*`
+    columns hold its start values, so `compare(df, key)` ranks a sweep's values."""
+    from srl_jax.config_loader import config_from_dict
+    from srl_jax.population import initial_hyperparams
+
+    run = load_run(run_dir)
+    members = int(_first(run, f"{CONFIG_PREFIX}population.members") or 0)
+    if not members:
+        raise ValueError(f"{run_dir} is no population run (population.members is 0)")
+    config = config_from_dict(yaml.safe_load((Path(run_dir) / "config.yaml").read_text()))
+    info = [c for c in run.columns if c.startswith((CONFIG_PREFIX, "status.")) or
+            c in ("experiment",)]
+    frames = []
+    for member, start in initial_hyperparams(config).items():
+        rows = _member_rows(run, member)
+        rows.insert(0, "member", member)
+        rows.insert(0, "run", f"{run_dir}:{member}")
+        for column in info:
+            rows[column] = run[column]
+        for key, value in start.items():
+            rows[CONFIG_PREFIX + key] = value
+        frames.append(rows)
+    return pd.concat(frames, ignore_index=True)
+
+
+def load_lineage(run_dir: str | Path) -> pd.DataFrame:
+    """A population run's exploit events (`population.jsonl`), one row each: `time` (s
+    since the run started), `member`, `donor`, `donor_step`, `version`, and the new
+    values as `hp.<key>`."""
+    path = Path(run_dir) / "population.jsonl"
+    events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] \
+        if path.exists() else []
+    status = read_status(Path(run_dir)) or {}
+    started = status.get("started", min((e["time"] for e in events), default=0.0))
+    return pd.DataFrame([{
+        "time": event["time"] - started, "member": event["member"], "donor": event["donor"],
+        "donor_step": event["donor_step"], "version": event["version"],
+        **{f"hp.{key}": value for key, value in event["hyperparams"].items()},
+    } for event in events], columns=["time", "member", "donor", "donor_step", "version"])
+
+
+def plot_population(df: pd.DataFrame, lineage: pd.DataFrame | None = None,
+                    x: str = "time", y: str = RETURN, ax: Axes | None = None) -> Axes:
+    """Each member's curve (`load_population`), and each exploit of `lineage` as an
+    arrow from the donor's curve to the member's at the moment of the copy."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 4.5))
+    colors, series = {}, {}
+    for member, rows in df.groupby("member", sort=True):
+        points = rows[[x, y]].dropna()
+        line, = ax.plot(points[x], points[y], label=member, linewidth=1.5)
+        colors[member], series[member] = line.get_color(), points
+    for _, event in (lineage if lineage is not None else pd.DataFrame()).iterrows():
+        at = {m: np.interp(event["time"], s[x], s[y]) if len(s) else np.nan
+              for m, s in series.items() if m in (event["member"], event["donor"])}
+        if x == "time" and len(at) == 2:
+            ax.annotate("", xy=(event["time"], at[event["member"]]),
+                        xytext=(event["time"], at[event["donor"]]),
+                        arrowprops={"arrowstyle": "->", "color": colors[event["member"]]})
+    ax.set_xlabel(_LABELS.get(x, x))
+    ax.set_ylabel(_LABELS.get(y, y))
+    ax.set_title("population members (arrows: a member copies a donor)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="best")
+    return ax
 
 
 def _expand(item: str | Path) -> list[Path]:

@@ -177,12 +177,21 @@ class Checkpointer:
         step = (steps[-1] if steps else None) if step is None else step
         if step is None:
             return None
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _to_saveable(like))
-        args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
-                                  meta=ocp.args.JsonRestore())
+        args = _restore_args(like)
         restored = _read(checkpoint_root(self.run_dir, True, self.policy), step, args) if best \
             else self._latest.restore(step, args=args)
         return Restored(step, _from_saveable(restored["state"], like), dict(restored["meta"]))
+
+    def restore_from(self, policy: str, like: Any) -> Restored | None:
+        """The newest complete checkpoint of another policy of the run (a population
+        member's donor) shaped like `like`; None if it has none yet."""
+        steps = checkpoint_steps(self.run_dir, False, policy)
+        if not steps:
+            return None
+        restored = _read(checkpoint_root(self.run_dir, False, policy), steps[-1],
+                         _restore_args(like))
+        return Restored(steps[-1], _from_saveable(restored["state"], like),
+                        dict(restored["meta"]))
 
     def wait(self) -> None:
         """Block until every save in flight is on disk (and the best one linked)."""
@@ -192,6 +201,13 @@ class Checkpointer:
     def close(self) -> None:
         self.wait()
         self._latest.close()
+
+
+def _restore_args(like: Any) -> ocp.args.Composite:
+    """Restore a state shaped (and sharded) like the live `like`, with its meta."""
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _to_saveable(like))
+    return ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
+                              meta=ocp.args.JsonRestore())
 
 
 def _read(directory: Path, step: int, args: ocp.args.Composite) -> Any:

@@ -75,6 +75,17 @@ class EnvConfig:
     a partially observable task (CartPole without velocities: [1, 3])."""
 
 
+def member_names(members: int) -> list[str]:
+    """The policy names of a population's members: m0, m1, ..."""
+    return [f"m{i}" for i in range(members)]
+
+
+def run_policies(config: ExperimentConfig) -> list[str]:
+    """Every policy that has its own learner in the run: a population's members, else
+    the env's policies (`policy_names`)."""
+    return member_names(config.population.members) or policy_names(config.env)
+
+
 def policy_names(env: EnvConfig) -> list[str]:
     """The policies that act in `env`, in the order actors serve them: those of
     `env.policies`, else 'default' alone (`actors.envs.check_policies` makes sure that
@@ -257,6 +268,34 @@ class EvaluationConfig:
 
 
 @dataclass
+class PopulationConfig:
+    members: int = 0
+    """Members trained side by side, each a whole pipeline of its own (learner, inference
+    servers, actors, sized by the rest of the config) under the policy name m0, m1, ...;
+    0: no population."""
+    explore: dict[str, Any] = field(default_factory=dict)
+    """Live hyperparameters to explore (`learner.<algorithm>.<name>`, one of the
+    algorithm's `live` ones) and how to draw one: `{log_uniform: [lo, hi]}`,
+    `{uniform: [lo, hi]}`, or a list of choices. Members start from a draw each."""
+    initial: dict[str, list[float]] = field(default_factory=dict)
+    """Start values per member (a list of `members` values) for a key, instead of a draw."""
+    exploit: bool = True
+    """Copy winners into losers at their ready points (false: a sweep, fixed values)."""
+    ready_after_updates: int = 50
+    """A member is ranked again after this many updates since its last change."""
+    window: int = 10
+    """Metrics rows whose member return, since its last change, makes its score."""
+    exploit_fraction: float = 0.25
+    """A ready member in the bottom fraction copies one of the top fraction."""
+    perturb: list[float] = field(default_factory=lambda: [0.8, 1.2])
+    """Explore: each explored value is multiplied by one of these, drawn at random ..."""
+    resample_probability: float = 0.25
+    """... or, with this probability, drawn anew from its `explore` spec."""
+    seed: int = 0
+    """Seed of the draws and the exploit choices (with the run's `seed`)."""
+
+
+@dataclass
 class CheckpointConfig:
     enabled: bool = True
     """Write orbax checkpoints of the learner to `<run_dir>/checkpoints/`."""
@@ -365,6 +404,8 @@ class ExperimentConfig:
     """Learner checkpoints: how often, how many kept."""
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     """An evaluator worker playing deterministic episodes with the latest parameters."""
+    population: PopulationConfig = field(default_factory=PopulationConfig)
+    """Population-based training, or a sweep: several members trained side by side."""
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     """Heartbeats, restarts, logging."""
     transport: TransportConfig = field(default_factory=TransportConfig)

@@ -25,7 +25,7 @@ from typing import Any
 import zmq
 
 from srl_jax.backends import BackendError, LaunchBackend, WorkerHandle
-from srl_jax.config import DEFAULT_POLICY, ExperimentConfig, policy_names
+from srl_jax.config import DEFAULT_POLICY, ExperimentConfig, member_names, run_policies
 from srl_jax.incarnation import Incarnation
 from srl_jax.metrics import DEVICE_MEMORY, MetricsAggregator, MetricsWriter, ProgressDisplay
 from srl_jax.names import worker_name
@@ -126,7 +126,7 @@ class Controller:
                                          restarts=last.get("system/restarts", 0))
         self.resumes = int(last.get("system/resumes", 0)) + int(resumed)
         if resume_row:  # shown until the restored learners report their own
-            for policy in policy_names(config.env):
+            for policy in run_policies(config):
                 version = policy_version(last, policy)
                 self.metrics.observe(worker_name("learner", 0, policy), "learner", {
                     "learner_steps": version, "policy_version": version,
@@ -141,6 +141,7 @@ class Controller:
         self._progress: tuple[int, int] | None = None
         self._progress_at = self._next_stall_log = self.started
         self.started_wall = time.time()
+        self._member_returns: dict[str, float] = {}
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self._finish(f"interrupted by {signal.Signals(signum).name}", EXIT_INTERRUPTED)
@@ -336,9 +337,25 @@ class Controller:
             text += f" waits {now - since:.0f}s on {what}"
         return text
 
+    def _lowest_member_return(self, row: dict[str, Any]) -> float:
+        """A population's progress: the lowest of its members' latest returns (-inf until
+        every member has one)."""
+        for member in member_names(self.config.population.members):
+            key = f"policy/{member}/episode_return_mean"
+            if key in row:
+                self._member_returns[member] = row[key]
+        if len(self._member_returns) < self.config.population.members:
+            return -float("inf")
+        return min(self._member_returns.values())
+
     def _check_stop(self, row: dict[str, Any]) -> None:
         stop = self.config.stop
-        if stop.target_return is not None and row.get("episode_return_mean", -float("inf")) \
+        if self.config.population.members and stop.target_return is not None:
+            if (lowest := self._lowest_member_return(row)) >= stop.target_return:
+                self._finish(f"every member's episode_return_mean reached the target "
+                             f"{stop.target_return:g} (lowest {lowest:.1f}) at "
+                             f"{row['env_frames']} frames, {row['time']:.1f}s", EXIT_OK)
+        elif stop.target_return is not None and row.get("episode_return_mean", -float("inf")) \
                 >= stop.target_return:
             self._finish(f"episode_return_mean {row['episode_return_mean']:.1f} reached the "
                          f"target {stop.target_return:g} at {row['env_frames']} frames, "

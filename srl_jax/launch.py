@@ -28,9 +28,10 @@ from pathlib import Path
 import yaml
 
 from srl_jax.backends import BackendError, LaunchBackend, LocalBackend
-from srl_jax.config import DEFAULT_POLICY, ConfigError, ExperimentConfig, policy_names
+from srl_jax.config import DEFAULT_POLICY, ConfigError, ExperimentConfig, run_policies
 from srl_jax.config_loader import config_to_dict, load_config, resolve_experiment_path
 from srl_jax.placement import describe_host, plan_placement
+from srl_jax.population import check_population, sweep_overrides
 from srl_jax.run_dir import checkpoint_steps, latest_resumable_run, trim_metrics
 
 EXIT_CONFIG = 2
@@ -64,6 +65,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help=f"launch backend: {', '.join(BACKENDS)} (default: local)")
     parser.add_argument("--ray-address", help="with --backend ray: the cluster to join "
                         "(default: ray.address, else a local Ray instance)")
+    parser.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
+                        help="train one population member per value (per combination, with "
+                        "several --sweep), side by side, e.g. "
+                        "learner.ppo.learning_rate=1e-4,3e-4,1e-3")
     parser.add_argument("--resume", action="store_true", help="continue an earlier run")
     parser.add_argument("--quiet", action="store_true", help="no live progress line")
     return parser.parse_args(argv)
@@ -87,7 +92,7 @@ def prepare_resume(args: argparse.Namespace, experiment: ExperimentConfig) -> tu
                           "config.yaml)")
     config = load_config(run_dir / "config.yaml", args.overrides)
     steps = {}
-    for policy in policy_names(config.env):
+    for policy in run_policies(config):
         saved = checkpoint_steps(run_dir, policy=policy)
         if not saved:
             whose = "" if policy == DEFAULT_POLICY else f" of policy '{policy}'"
@@ -119,8 +124,11 @@ def prepare_run(args: argparse.Namespace) -> tuple:
         raise ConfigError("'--backend ray' needs Ray: pip install 'srl-jax[ray]'")
     if args.ray_address and args.backend != "ray":
         raise ConfigError("'--ray-address' needs '--backend ray'")
+    if args.sweep and args.resume:
+        raise ConfigError("'--sweep' starts a new run; '--resume' continues one as it was")
     path = resolve_experiment_path(args.experiment, config_dirs())
-    config = load_config(path, [] if args.resume else args.overrides)
+    sweep = sweep_overrides(args.sweep) if args.sweep else []
+    config = load_config(path, [] if args.resume else [*args.overrides, *sweep])
     if args.resume:
         config, run_dir, steps = prepare_resume(args, config)
     else:
@@ -138,11 +146,13 @@ def check_before_launch(config: ExperimentConfig) -> ExperimentConfig:
     the algorithm's own; returns `config` with its algorithm sections written whole."""
     from actors.env_checks import check_env_id
     from actors.envs import check_policies
-    from learners.algorithms import resolve_algorithms
+    from learners.algorithms import algorithm, resolve_algorithms
 
     check_env_id(config)
     check_policies(config)
-    return resolve_algorithms(config)
+    resolved = resolve_algorithms(config)
+    check_population(resolved, algorithm(resolved.learner.algorithm).live)
+    return resolved
 
 
 def make_backend(name: str, run_dir: Path, config: ExperimentConfig,

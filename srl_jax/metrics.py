@@ -111,12 +111,16 @@ class MetricsAggregator:
                 continue
             else:
                 self.retired[f"{self.kinds[worker]}:{key}"] += value
+                self.retired[f"{self.kinds[worker]}:{key}:{self.policies[worker]}"] += value
         if worker in self.live:
             self.live[worker] = held
 
-    def total(self, kind: str, key: str) -> float:
-        live = sum(c.get(key, 0.0) for w, c in self.live.items() if self.kinds[w] == kind)
-        return live + self.retired.get(f"{kind}:{key}", 0.0)
+    def total(self, kind: str, key: str, policy: str | None = None) -> float:
+        """`key` summed over `kind`'s workers (of `policy`), those retired included."""
+        live = sum(c.get(key, 0.0) for w, c in self.live.items()
+                   if self.kinds[w] == kind and policy in (None, self.policies[w]))
+        retired = f"{kind}:{key}" if policy is None else f"{kind}:{key}:{policy}"
+        return live + self.retired.get(retired, 0.0)
 
     def gauge(self, kind: str, key: str, policy: str | None = None) -> float | None:
         """The largest current value of `key` over `kind`'s workers (of `policy`)."""
@@ -199,6 +203,8 @@ class MetricsAggregator:
                         row[f"{prefix}/{key[len('train/'):]}"] = round(value, 6)
         self._replay_rows(row, delta, window)
         self._device_rows(row)
+        if "population" in self.kinds.values():
+            row["population/exploits"] = int(self.gauge("population", "exploits") or 0)
         self._policy_rows(row)
         row["system/restarts"] = self.restarts
         row["system/learner_restarts"] = self.learner_restarts
@@ -249,6 +255,11 @@ class MetricsAggregator:
                 version = self.gauge("learner", "policy_version", policy)
                 if version is not None:
                     row[f"policy/{policy}/policy_version"] = int(version)
+        members = {self.policies[w] for w, kind in self.kinds.items() if kind == "actor"}
+        if members != {DEFAULT_POLICY}:  # a population: each member's actors are its own
+            for member in sorted(members):
+                row[f"policy/{member}/env_frames"] = int(
+                    self.total("actor", "env_frames", member))
         for policy, chunks in sorted(self._policy_returns.items()):
             returns = np.concatenate(chunks)
             if len(returns):

@@ -7,6 +7,7 @@
                                                                         sampled
     inference    inference (ROUTER)  actor (DEALER)                     infer_request, infer_reply
     params       learner 0 (PUB)     inference, evaluator, actor (SUB)  params
+    control      learner 0 (ROUTER)  population (DEALER)                exploit, exploited
     stats        controller (PULL)   every worker (PUSH)                stats
     coordinator  learner 0           other learner processes            (jax.distributed's gRPC)
 
@@ -27,9 +28,8 @@ worker's `ports` in `status.json`.
 An algorithm that learns from replay (`learners/algorithms.py: Algorithm.source`)
 turns the samples stream into two: actors push their chunks to the replay servers
 (inserts), and the learner asks every server for sampled batches and sends back
-new priorities (replay). Room to grow: population streams (a population
-controller PUBs hyperparameters, learners PUSH their scores) are each one entry
-here, plus their worker kinds and message kinds in `srl_jax.wire`.
+new priorities (replay). A population run adds the control stream: its manager
+tells a member's learner to copy another member (`srl_jax/population.py`).
 """
 
 from __future__ import annotations
@@ -128,9 +128,16 @@ PARAMS = Stream(
     per_policy=True, indexed=False,
     doc="Learner process 0 publishes each new version; subscribers keep the newest (actors "
         "only with inline inference).")
+CONTROL = Stream(
+    name="control", binder="learner", connecters=("population",),
+    bind_type=zmq.ROUTER, connect_type=zmq.DEALER,
+    binder_receives=frozenset({"exploit"}), connecter_receives=frozenset({"exploited"}),
+    per_policy=True, indexed=False,
+    doc="The population manager tells a member's learner to load another member's newest "
+        "checkpoint and take new hyperparameters; the learner says what it loaded.")
 STATS = Stream(
     name="stats", binder="controller",
-    connecters=("actor", "inference", "learner", "evaluator", "replay"),
+    connecters=("actor", "inference", "learner", "evaluator", "replay", "population"),
     bind_type=zmq.PULL, connect_type=zmq.PUSH,
     binder_receives=frozenset({"stats"}), connecter_receives=frozenset(),
     per_policy=False, indexed=False,
@@ -143,7 +150,8 @@ COORDINATOR = Stream(
     doc="host:port of learner process 0's jax.distributed coordinator (gRPC, no CURVE), "
         "for a policy's other learner processes.")
 
-STREAMS: tuple[Stream, ...] = (SAMPLES, INSERTS, REPLAY, INFERENCE, PARAMS, STATS, COORDINATOR)
+STREAMS: tuple[Stream, ...] = (SAMPLES, INSERTS, REPLAY, INFERENCE, PARAMS, CONTROL, STATS,
+                               COORDINATOR)
 """Every name-service key of a run comes from one of these."""
 
 

@@ -43,7 +43,7 @@ import numpy as np
 
 WIRE_VERSION = 1
 KINDS = frozenset({"infer_request", "infer_reply", "samples", "params", "stats",
-                   "sample_request", "sampled", "priorities"})
+                   "sample_request", "sampled", "priorities", "exploit", "exploited"})
 ALLOWED_DTYPES = frozenset(
     np.dtype(name).str
     for name in (

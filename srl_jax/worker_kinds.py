@@ -15,7 +15,7 @@ import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 
-from srl_jax.config import DEFAULT_POLICY, ExperimentConfig, RayConfig, policy_names
+from srl_jax.config import DEFAULT_POLICY, ExperimentConfig, RayConfig, run_policies
 
 HOST_ROLES = ("learner", "inference", "actor")
 """The host roles of the cluster scripts (srl_jax/cluster.py)."""
@@ -47,6 +47,9 @@ class WorkerKind:
     controller stops the others, and all of them restart together."""
     env: dict[str, str] = field(default_factory=dict)
     """Environment its processes start with, where the launcher's own does not set it."""
+    per_member: bool = False
+    """In a population run, each member has its own workers of this kind, though the
+    kind serves every policy otherwise (actors: a member is a whole pipeline)."""
     device_keys: str = ""
     """The config section whose keys put it on devices (`srl_jax/placement.py`):
     'learner' (`learner.devices`, a mesh), or a section with `device` and `device_memory`
@@ -104,11 +107,14 @@ def load_worker_class(name: str) -> type:
 
 def worker_plan(config: ExperimentConfig) -> list[tuple[str, int, str]]:
     """Every worker of the run as (kind, index, policy): each policy its own workers of
-    the per-policy kinds (learners, inference servers), then the shared ones (actors,
-    the evaluator), each kind in registry order."""
-    per_policy = [kind for kind in KINDS.values() if kind.per_policy]
-    shared = [kind for kind in KINDS.values() if not kind.per_policy]
-    plan = [(kind.name, i, policy) for policy in policy_names(config.env)
+    the per-policy kinds (learners, inference servers; in a population, each member its
+    actors too), then the shared ones (actors, the evaluator, the population manager),
+    each kind in registry order."""
+    population = bool(config.population.members)
+    per_policy = [kind for kind in KINDS.values()
+                  if kind.per_policy or (population and kind.per_member)]
+    shared = [kind for kind in KINDS.values() if kind not in per_policy]
+    plan = [(kind.name, i, policy) for policy in run_policies(config)
             for kind in per_policy for i in range(kind.count(config))]
     plan += [(kind.name, i, DEFAULT_POLICY) for kind in shared for i in range(kind.count(config))]
     return plan
@@ -134,6 +140,10 @@ def _evaluators(config: ExperimentConfig) -> int:
     return 1 if config.evaluation.every_updates else 0
 
 
+def _population_managers(config: ExperimentConfig) -> int:
+    return 1 if config.population.members and config.population.exploit else 0
+
+
 # Orbax runs each checkpoint save in new threads: with glibc's default of 8 malloc arenas
 # per core, what they free spreads over all of them and stays resident (srl_jax/checkpoint.py).
 register_kind(WorkerKind(
@@ -149,7 +159,11 @@ register_kind(WorkerKind(
     "stores its policy's transitions and serves prioritized samples to the learner"))
 register_kind(WorkerKind(
     "actor", "actors.actor_worker:ActorWorker", False, _actors, "actor",
-    "steps environments for every policy, sends sample chunks to the learners"))
+    "steps environments for every policy (a population member's: for it alone), sends "
+    "sample chunks to the learners", per_member=True))
 register_kind(WorkerKind(
     "evaluator", "learners.evaluator:EvaluatorWorker", False, _evaluators, "actor",
     "plays evaluation episodes with the latest parameters", device_keys="evaluation"))
+register_kind(WorkerKind(
+    "population", "srl_jax.population_manager:PopulationManager", False, _population_managers,
+    "learner", "ranks the population's members and copies winners into losers (PBT)"))

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from actors.envs import env_spec
-from learners.algorithms import algorithm, algorithm_config, sizes
+from learners.algorithms import algorithm, algorithm_config, live_values, sizes
 from learners.learner import Learner, chunk_inputs
 from learners.mesh import make_learner_mesh
 from learners.networks import make_policy
@@ -27,7 +27,8 @@ def build(checkpointer: Checkpointer | None = None, seed: int = 0) -> Learner:
     optimizer = algo.make_optimizer(algo_config, derived)
     return Learner(spec, network, optimizer,
                    algo.make_update(policy, optimizer, algo_config, derived),
-                   make_learner_mesh(1, B), chunk_inputs(T, B, spec), config.seed, checkpointer)
+                   make_learner_mesh(1, B), chunk_inputs(T, B, spec), config.seed, checkpointer,
+                   hyper=live_values(algo, algo_config))
 
 
 def random_batch(seed: int = 0) -> dict[str, np.ndarray]:

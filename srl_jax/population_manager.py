@@ -1,0 +1,174 @@
+"""The population manager worker: ranks members, tells losers to copy winners (PBT).
+
+It follows the run's `metrics.jsonl`, where every row carries each member's return
+and policy version (`policy/<member>/...`), keeps a `MemberView` per member, and at
+each member's ready point applies `srl_jax.population.decide`. An exploit goes to the
+loser's learner over the control stream; the learner loads the donor's newest
+complete checkpoint, takes the new hyperparameters without restarting, and answers
+with what it loaded. Only then is the event appended to `population.jsonl`, so the
+lineage holds what happened. A restarted manager rebuilds its view from that file and
+the metrics, so it needs no state of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from srl_jax.config import member_names
+from srl_jax.population import (
+    LOG_NAME,
+    VERSION_KEY,
+    Exploit,
+    MemberView,
+    decide,
+    initial_hyperparams,
+    member_rng,
+    member_score,
+)
+from srl_jax.stream_table import CONTROL
+from srl_jax.streams import make_socket, receive, send
+from srl_jax.worker import Worker
+
+POLL_MS = 200
+REPLY_TIMEOUT_S = 60.0
+"""An exploit unanswered this long (its learner died) is dropped and decided again."""
+ROWS_KEPT = 10_000
+
+
+def read_lineage(run_dir: Path) -> list[dict[str, Any]]:
+    """The exploit events of a population run, oldest first ([] before the first)."""
+    path = Path(run_dir) / LOG_NAME
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class PopulationManager(Worker):
+    kind = "population"
+
+    def setup(self) -> None:
+        pop = self.config.population
+        start = initial_hyperparams(self.config)
+        self.views = {m: MemberView(m, start[m], ready_at=pop.ready_after_updates)
+                      for m in member_names(pop.members)}
+        self.events = read_lineage(self.run_dir)
+        for event in self.events:  # a restart or a resume: the lineage so far
+            self._changed(event["member"], event["hyperparams"], event["version"])
+        self.rng = member_rng(self.config, 1, len(self.events), self.incarnation.restarts,
+                              self.incarnation.resumes)
+        self.sockets = {}
+        for member in self.views:
+            socket = make_socket(self.zmq, CONTROL.connect_type)
+            self.connect_to(socket, CONTROL.key(member))
+            self.sockets[member] = socket
+        self.poller = zmq.Poller()
+        for socket in self.sockets.values():
+            self.poller.register(socket, zmq.POLLIN)
+        self.pending: dict[str, tuple[Exploit, float, float, dict[str, float | None]]] = {}
+        """Exploits sent, by member: (exploit, monotonic and wall time sent, scores)."""
+        self.rows: list[dict[str, Any]] = []
+        self._offset = 0
+        self.exploits = len(self.events)
+        self.refused = 0
+        self.log.info("%d members; %d exploit events so far", len(self.views), self.exploits)
+
+    def _changed(self, member: str, hyperparams: dict[str, float], version: int) -> None:
+        view = self.views[member]
+        view.hyperparams, view.changed_at = dict(hyperparams), version
+        view.ready_at = version + self.config.population.ready_after_updates
+        view.version, view.score = max(view.version, version), None
+
+    def _read_rows(self) -> None:
+        """The metrics rows written since the last call (whole lines only)."""
+        path = self.run_dir / "metrics.jsonl"
+        if not path.exists():
+            return
+        with path.open("rb") as file:
+            file.seek(self._offset)
+            data = file.read()
+        complete = data[:data.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        for line in complete.decode(errors="replace").splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict):
+                self.rows.append(row)
+        del self.rows[:-ROWS_KEPT]
+
+    def _update_views(self) -> None:
+        window = self.config.population.window
+        for member, view in self.views.items():
+            versions = [row[VERSION_KEY.format(member=member)] for row in self.rows
+                        if VERSION_KEY.format(member=member) in row]
+            if versions:
+                view.version = max(view.version, int(versions[-1]))
+            view.score = member_score(self.rows, member, view.changed_at, window)
+
+    def run_once(self) -> None:
+        for socket, _ in self.poller.poll(POLL_MS):
+            while (received := receive(socket, CONTROL.connecter_receives,
+                                       self.rejects)) is not None:
+                self._answered(received[1].meta)
+        now = time.monotonic()
+        for member, (_, sent, _, _) in list(self.pending.items()):
+            if now - sent > REPLY_TIMEOUT_S:
+                self.log.warning("no answer from %s's learner in %.0fs; deciding again",
+                                 member, REPLY_TIMEOUT_S)
+                del self.pending[member]
+        self._read_rows()
+        self._update_views()
+        views = [v for v in self.views.values() if v.name not in self.pending]
+        exploits, kept = decide(views, self.config.population, self.rng)
+        for member in kept:
+            view = self.views[member]
+            view.ready_at = view.version + self.config.population.ready_after_updates
+        for exploit in exploits:
+            scores = {m: v.score for m, v in self.views.items()}
+            send(self.sockets[exploit.member], "exploit",
+                 {"member": exploit.member, "donor": exploit.donor,
+                  "hyperparams": exploit.hyperparams})
+            self.pending[exploit.member] = (exploit, time.monotonic(), time.time(), scores)
+            self.log.info("%s (score %.2f) copies %s (score %.2f): %s", exploit.member,
+                          scores[exploit.member], exploit.donor, scores[exploit.donor],
+                          exploit.hyperparams)
+
+    def _answered(self, meta: dict[str, Any]) -> None:
+        member = meta.get("member")
+        if member not in self.pending:
+            return  # an answer to an exploit given up on
+        exploit, _, _, scores = self.pending.pop(member)
+        if not meta.get("ok"):
+            self.refused += 1
+            self.log.info("%s did not copy %s: %s", member, exploit.donor, meta.get("reason"))
+            return
+        version = int(meta["version"])
+        event = {"time": time.time(), "member": member, "donor": exploit.donor,
+                 "donor_step": int(meta["donor_step"]), "version": version,
+                 "old_hyperparams": self.views[member].hyperparams,
+                 "hyperparams": exploit.hyperparams, "scores": scores}
+        with (self.run_dir / LOG_NAME).open("a") as file:
+            file.write(json.dumps(event) + "\n")
+        self.events.append(event)
+        self.exploits += 1
+        self._changed(member, exploit.hyperparams, version)
+
+    def waiting(self) -> tuple[str, float] | None:
+        if self.pending:
+            member, (_, _, since, _) = next(iter(self.pending.items()))
+            return f"{member}'s learner to copy its donor", since
+        return super().waiting()
+
+    def counters(self) -> dict[str, float]:
+        return {"exploits": self.exploits, "exploits_refused": self.refused,
+                "exploits_pending": len(self.pending)}
+
+    def close(self) -> None:
+        for socket in getattr(self, "sockets", {}).values():
+            socket.close()
