@@ -51,6 +51,13 @@ def read_lineage(run_dir: Path) -> list[dict[str, Any]]:
 class PopulationManager(Worker):
     kind = "population"
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pending: dict[str, tuple[Exploit, float, float, dict[str, float | None]]] = {}
+        """Exploits sent, by member: (exploit, monotonic and wall time sent, scores)."""
+        self.exploits = 0
+        self.refused = 0
+
     def setup(self) -> None:
         pop = self.config.population
         start = initial_hyperparams(self.config)
@@ -69,12 +76,9 @@ class PopulationManager(Worker):
         self.poller = zmq.Poller()
         for socket in self.sockets.values():
             self.poller.register(socket, zmq.POLLIN)
-        self.pending: dict[str, tuple[Exploit, float, float, dict[str, float | None]]] = {}
-        """Exploits sent, by member: (exploit, monotonic and wall time sent, scores)."""
         self.rows: list[dict[str, Any]] = []
         self._offset = 0
         self.exploits = len(self.events)
-        self.refused = 0
         self.log.info("%d members; %d exploit events so far", len(self.views), self.exploits)
 
     def _changed(self, member: str, hyperparams: dict[str, float], version: int) -> None:

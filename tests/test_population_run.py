@@ -1,0 +1,96 @@
+"""Population-based training end to end: one run of four CartPole members, two of them
+hopeless, with a member's learner killed mid-run, then a resume of the same run."""
+
+from __future__ import annotations
+
+import ast
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from srl_jax.population_manager import read_lineage
+from tests.conftest import (
+    Processes,
+    launch,
+    read_metrics,
+    read_status,
+    wait_for,
+    wait_restarted,
+    worker,
+)
+
+pytestmark = pytest.mark.slow
+LR = "learner.ppo.learning_rate"
+HOPELESS = ("m2", "m3")
+
+
+def learner_pid(run_dir: Path, member: str) -> int | None:
+    found = worker(read_status(run_dir), f"learner-{member}-0")
+    return found["pid"] if found and found["state"] == "running" else None
+
+
+def reached_together(rows: list[dict], members: tuple[str, ...], target: float) -> bool:
+    """Whether, at some row, every member's latest return was at least `target`."""
+    latest = {}
+    for row in rows:
+        latest.update({m: row[f"policy/{m}/episode_return_mean"] for m in members
+                       if f"policy/{m}/episode_return_mean" in row})
+        if len(latest) == len(members) and min(latest.values()) >= target:
+            return True
+    return False
+
+
+def test_losers_copy_winners_live_and_the_population_survives_a_dead_learner_and_resumes(
+        processes: Processes, tmp_path: Path) -> None:
+    process, run_dir = launch(
+        processes, tmp_path, f"population.initial={{{LR}: [1.0e-3, 1.0e-3, 1.0e-7, 1.0e-7]}}",
+        "population.ready_after_updates=20", "stop.wall_time_s=240",
+        experiment="cartpole_ppo_pbt")
+    pids = wait_for(lambda: all(learner_pid(run_dir, m) for m in HOPELESS) and
+                    {m: learner_pid(run_dir, m) for m in HOPELESS}, 120, "learners running")
+    wait_for(lambda: read_lineage(run_dir), 120, "a first exploit")
+    victim = learner_pid(run_dir, "m1")
+    os.kill(victim, signal.SIGKILL)
+    wait_restarted(run_dir, "learner-m1-0", victim, 90)
+    assert process.wait(timeout=240) == 0, (tmp_path / "launch.log").read_text()
+    status = read_status(run_dir)
+    assert "every member's episode_return_mean reached the target 475" in status["stop_reason"]
+    rows = read_metrics(run_dir)
+    assert reached_together(rows, ("m0", "m1", "m2", "m3"), 475)
+    lineage = read_lineage(run_dir)
+    copied = {event["member"] for event in lineage}
+    assert set(HOPELESS) <= copied, "both hopeless members were replaced"
+    for event in lineage:
+        assert event["donor"] != event["member"] and event["donor_step"] > 0
+        assert event["hyperparams"][LR] > 1e-6 and set(event["scores"]) == {
+            "m0", "m1", "m2", "m3"}
+    first = {m: next(e for e in lineage if e["member"] == m) for m in HOPELESS}
+    assert all(first[m]["old_hyperparams"][LR] == 1e-7 for m in HOPELESS)
+    for member, pid in pids.items():  # copied live: the same process, never restarted
+        record = worker(status, f"learner-{member}-0")
+        assert record["pid"] == pid and record["restarts"] == 0, record
+        log = (run_dir / "logs" / f"learner-{member}-0.log").read_text()
+        assert f"copied {first[member]['donor']}'s step {first[member]['donor_step']}" in log
+    assert rows[-1]["population/exploits"] == len(lineage)
+    assert any(f"learner/{m}/hp/learning_rate" in r for r in rows for m in HOPELESS)
+
+    # Resume: every member continues from its own checkpoint with its current values, and
+    # the manager from the lineage so far.
+    resumed = processes.start(
+        [sys.executable, "-m", "srl_jax.launch", "cartpole_ppo_pbt", "--run-dir", str(run_dir),
+         "--resume", "--set", "stop.target_return=null",
+         "--set", f"stop.wall_time_s={rows[-1]['time'] + 15:.0f}"],  # the run's time goes on
+        log=tmp_path / "resume.log")
+    assert resumed.wait(timeout=180) == 0, (tmp_path / "resume.log").read_text()
+    manager_log = (run_dir / "logs" / "population-0.log").read_text()
+    assert f"{len(lineage)} exploit events so far" in manager_log
+    for member in HOPELESS:
+        current = [e["hyperparams"] for e in lineage if e["member"] == member][-1]
+        log = (run_dir / "logs" / f"learner-{member}-0.log").read_text()
+        resumed_part = log.rsplit("restored checkpoint step", 1)[1]
+        shown = ast.literal_eval(resumed_part.split("hyperparameters ", 1)[1].splitlines()[0])
+        assert shown["learning_rate"] == pytest.approx(current[LR], rel=1e-6)
+        assert shown["ent_coef"] == pytest.approx(current["learner.ppo.ent_coef"], rel=1e-6)
