@@ -139,14 +139,11 @@ def load_population(run_dir: str | Path) -> pd.DataFrame:
             c in ("experiment",)]
     frames = []
     for member, start in initial_hyperparams(config).items():
-        rows = _member_rows(run, member)
-        rows.insert(0, "member", member)
-        rows.insert(0, "run", f"{run_dir}:{member}")
-        for column in info:
-            rows[column] = run[column]
-        for key, value in start.items():
-            rows[CONFIG_PREFIX + key] = value
-        frames.append(rows)
+        labels = pd.DataFrame({"run": f"{run_dir}:{member}", "member": member}, index=run.index)
+        starts = pd.DataFrame({CONFIG_PREFIX + key: value for key, value in start.items()},
+                              index=run.index)
+        shared = run[[c for c in info if c not in starts]]
+        frames.append(pd.concat([labels, _member_rows(run, member), shared, starts], axis=1))
     return pd.concat(frames, ignore_index=True)
 
 
@@ -159,11 +156,13 @@ def load_lineage(run_dir: str | Path) -> pd.DataFrame:
         if path.exists() else []
     status = read_status(Path(run_dir)) or {}
     started = status.get("started", min((e["time"] for e in events), default=0.0))
-    return pd.DataFrame([{
+    records = [{
         "time": event["time"] - started, "member": event["member"], "donor": event["donor"],
         "donor_step": event["donor_step"], "version": event["version"],
         **{f"hp.{key}": value for key, value in event["hyperparams"].items()},
-    } for event in events], columns=["time", "member", "donor", "donor_step", "version"])
+    } for event in events]
+    return pd.DataFrame(records) if records else pd.DataFrame(
+        columns=["time", "member", "donor", "donor_step", "version"])
 
 
 def plot_population(df: pd.DataFrame, lineage: pd.DataFrame | None = None,

@@ -358,3 +358,46 @@ def test_notebook_trains_what_it_lacks_and_saves_curves(tmp_path: Path,
         data = (runs / name).read_bytes()
         assert data.startswith(PNG_SIGNATURE), name
         assert len(data) > 20_000, f"{name}: only {len(data)} bytes"
+
+
+def make_population_run(run_dir: Path) -> Path:
+    """A sweep of three learning rates as the launcher leaves it: m2 learns fastest."""
+    rates = [1e-4, 3e-4, 1e-3]
+    rows = [{"time": float(t), "env_frames": 3000 * t, "fps": 3000.0, "learner_steps": 0,
+             **{f"policy/m{i}/episode_return_mean": 20.0 + 50 * t * (i + 1) for i in range(3)},
+             **{f"policy/m{i}/env_frames": 1000 * t for i in range(3)},
+             **{f"policy/m{i}/policy_version": 2 * t for i in range(3)},
+             **{f"learner/m{i}/hp/learning_rate": rates[i] for i in range(3)}}
+            for t in range(1, 11)]
+    make_run(run_dir, rows)
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    config["population"] = {"members": 3, "exploit": False,
+                            "initial": {"learner.ppo.learning_rate": rates}}
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    status = json.loads((run_dir / STATUS).read_text())
+    (run_dir / STATUS).write_text(json.dumps({**status, "started": 1000.0}))
+    event = {"time": 1005.0, "member": "m0", "donor": "m2", "donor_step": 8, "version": 10,
+             "old_hyperparams": {"learner.ppo.learning_rate": 1e-4},
+             "hyperparams": {"learner.ppo.learning_rate": 8e-4}, "scores": {}}
+    (run_dir / "population.jsonl").write_text(json.dumps(event) + "\n")
+    return run_dir
+
+
+def test_a_population_loads_as_one_run_per_member_and_a_sweep_compares(tmp_path: Path) -> None:
+    run_dir = make_population_run(tmp_path / "sweep")
+    df = analysis.load_population(run_dir)
+    assert sorted(df["member"].unique()) == ["m0", "m1", "m2"]
+    m2 = df[df["member"] == "m2"]
+    assert m2["run"].iloc[0] == f"{run_dir}:m2"
+    assert m2["env_frames"].tolist() == [1000 * t for t in range(1, 11)], "its own frames"
+    assert m2["hp.learning_rate"].iloc[0] == 1e-3
+    ranked = analysis.compare(df, "learner.ppo.learning_rate", target=300.0)
+    assert list(ranked.index) == [1e-4, 3e-4, 1e-3]
+    assert ranked["frames_to_target"].tolist() == [6000.0, 3000.0, 2000.0]
+    lineage = analysis.load_lineage(run_dir)
+    assert lineage[["time", "member", "donor"]].values.tolist() == [[5.0, "m0", "m2"]]
+    assert lineage["hp.learner.ppo.learning_rate"].tolist() == [8e-4]
+    ax = analysis.plot_population(df, lineage)
+    assert len(ax.get_lines()) == 3 and len(ax.texts) == 1, "a curve each, an arrow per copy"
+    with pytest.raises(ValueError, match="is no population run"):
+        analysis.load_population(make_run(tmp_path / "single", rows_linear(0.01)))
