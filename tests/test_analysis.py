@@ -342,6 +342,9 @@ def test_notebook_trains_what_it_lacks_and_saves_curves(tmp_path: Path,
          "episode_return_mean": 20.0 + 5 * i} for i in range(1, 11)],
         seed=2, target=None, frames=frames)
     reused_rows = (reused / "metrics.jsonl").read_bytes()
+    population = make_population_run(runs / "cartpole_ppo_pbt")  # reused, not trained
+    config = yaml.safe_load((population / "config.yaml").read_text())
+    (population / "config.yaml").write_text(yaml.safe_dump({**config, "name": "cartpole_ppo_pbt"}))
     nb = nbformat.read(REPO / "notebooks" / "analysis.ipynb", as_version=4)
     assert all(not cell.get("outputs") for cell in nb.cells if cell.cell_type == "code"), \
         "the committed notebook must have its outputs cleared"
@@ -354,7 +357,7 @@ def test_notebook_trains_what_it_lacks_and_saves_curves(tmp_path: Path,
     assert config["stop"]["env_frames"] == frames and config["stop"]["target_return"] is None
     assert analysis.summarize(trained)["env_frames"] >= frames
     assert (reused / "metrics.jsonl").read_bytes() == reused_rows
-    for name in ("learning_curves_frames.png", "learning_curves_time.png"):
+    for name in ("learning_curves_frames.png", "learning_curves_time.png", "population.png"):
         data = (runs / name).read_bytes()
         assert data.startswith(PNG_SIGNATURE), name
         assert len(data) > 20_000, f"{name}: only {len(data)} bytes"
