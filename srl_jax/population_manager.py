@@ -68,6 +68,7 @@ class PopulationManager(Worker):
             self._changed(event["member"], event["hyperparams"], event["version"])
         self.rng = member_rng(self.config, 1, len(self.events), self.incarnation.restarts,
                               self.incarnation.resumes)
+        self.log.info("%d members; %d exploit events so far", len(self.views), len(self.events))
         self.sockets = {}
         for member in self.views:
             socket = make_socket(self.zmq, CONTROL.connect_type)
@@ -79,7 +80,6 @@ class PopulationManager(Worker):
         self.rows: list[dict[str, Any]] = []
         self._offset = 0
         self.exploits = len(self.events)
-        self.log.info("%d members; %d exploit events so far", len(self.views), self.exploits)
 
     def _changed(self, member: str, hyperparams: dict[str, float], version: int) -> None:
         view = self.views[member]

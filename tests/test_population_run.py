@@ -47,7 +47,7 @@ def test_losers_copy_winners_live_and_the_population_survives_a_dead_learner_and
         processes: Processes, tmp_path: Path) -> None:
     process, run_dir = launch(
         processes, tmp_path, f"population.initial={{{LR}: [1.0e-3, 1.0e-3, 1.0e-7, 1.0e-7]}}",
-        "population.ready_after_updates=20", "stop.wall_time_s=240",
+        "population.ready_after_updates=15", "stop.wall_time_s=240",
         experiment="cartpole_ppo_pbt")
     pids = wait_for(lambda: all(learner_pid(run_dir, m) for m in HOPELESS) and
                     {m: learner_pid(run_dir, m) for m in HOPELESS}, 120, "learners running")
@@ -81,15 +81,17 @@ def test_losers_copy_winners_live_and_the_population_survives_a_dead_learner_and
     # the manager from the lineage so far.
     resumed = processes.start(
         [sys.executable, "-m", "srl_jax.launch", "cartpole_ppo_pbt", "--run-dir", str(run_dir),
-         "--resume", "--set", "stop.target_return=null",
-         "--set", f"stop.wall_time_s={rows[-1]['time'] + 15:.0f}"],  # the run's time goes on
-        log=tmp_path / "resume.log")
-    assert resumed.wait(timeout=180) == 0, (tmp_path / "resume.log").read_text()
-    manager_log = (run_dir / "logs" / "population-0.log").read_text()
-    assert f"{len(lineage)} exploit events so far" in manager_log
+         "--resume", "--set", "stop.target_return=null"], log=tmp_path / "resume.log")
+    logs = run_dir / "logs"
+    wait_for(lambda: f"{len(lineage)} exploit events so far" in
+             (logs / "population-0.log").read_text().rsplit("population-0: 4 members", 1)[-1]
+             and all((logs / f"learner-{m}-0.log").read_text().count("restored checkpoint") == 1
+                     for m in HOPELESS), 120, "the manager and the members resumed")
+    resumed.send_signal(signal.SIGINT)
+    assert resumed.wait(timeout=60) == 130, (tmp_path / "resume.log").read_text()
     for member in HOPELESS:
         current = [e["hyperparams"] for e in lineage if e["member"] == member][-1]
-        log = (run_dir / "logs" / f"learner-{member}-0.log").read_text()
+        log = (logs / f"learner-{member}-0.log").read_text()
         resumed_part = log.rsplit("restored checkpoint step", 1)[1]
         shown = ast.literal_eval(resumed_part.split("hyperparameters ", 1)[1].splitlines()[0])
         assert shown["learning_rate"] == pytest.approx(current[LR], rel=1e-6)

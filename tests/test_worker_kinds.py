@@ -123,11 +123,11 @@ def test_a_kind_declared_wrong_is_refused() -> None:
 
 def test_an_unknown_kind_fails_with_one_line(tmp_path: Path) -> None:
     with pytest.raises(UnknownWorkerKind) as error:
-        worker_kind("population")
-    assert str(error.value) == ("unknown worker kind 'population' (known: learner, "
-                                "inference, replay, actor, evaluator)")
+        worker_kind("archive")
+    assert str(error.value) == ("unknown worker kind 'archive' (known: learner, "
+                                "inference, replay, actor, evaluator, population)")
     write_run_dir(tmp_path, make_config())
-    result = subprocess.run([sys.executable, "-m", "srl_jax.worker", "population", "0",
+    result = subprocess.run([sys.executable, "-m", "srl_jax.worker", "archive", "0",
                              "--run-dir", str(tmp_path)], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 2
