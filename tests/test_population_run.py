@@ -25,6 +25,12 @@ from tests.conftest import (
 pytestmark = pytest.mark.slow
 LR = "learner.ppo.learning_rate"
 HOPELESS = ("m2", "m3")
+MEMBERS = ("m0", "m1", "m2", "m3")
+
+
+def restores(logs: Path, member: str) -> int:
+    """How often the member's learner has restored a checkpoint of its own."""
+    return (logs / f"learner-{member}-0.log").read_text().count("restored checkpoint step")
 
 
 def learner_pid(run_dir: Path, member: str) -> int | None:
@@ -59,14 +65,13 @@ def test_losers_copy_winners_live_and_the_population_survives_a_dead_learner_and
     status = read_status(run_dir)
     assert "every member's episode_return_mean reached the target 475" in status["stop_reason"]
     rows = read_metrics(run_dir)
-    assert reached_together(rows, ("m0", "m1", "m2", "m3"), 475)
+    assert reached_together(rows, MEMBERS, 475)
     lineage = read_lineage(run_dir)
     copied = {event["member"] for event in lineage}
     assert set(HOPELESS) <= copied, "both hopeless members were replaced"
     for event in lineage:
         assert event["donor"] != event["member"] and event["donor_step"] > 0
-        assert event["hyperparams"][LR] > 1e-6 and set(event["scores"]) == {
-            "m0", "m1", "m2", "m3"}
+        assert event["hyperparams"][LR] > 1e-6 and set(event["scores"]) == set(MEMBERS)
     first = {m: next(e for e in lineage if e["member"] == m) for m in HOPELESS}
     assert all(first[m]["old_hyperparams"][LR] == 1e-7 for m in HOPELESS)
     for member, pid in pids.items():  # copied live: the same process, never restarted
@@ -79,14 +84,15 @@ def test_losers_copy_winners_live_and_the_population_survives_a_dead_learner_and
 
     # Resume: every member continues from its own checkpoint with its current values, and
     # the manager from the lineage so far.
+    logs = run_dir / "logs"
+    before = {m: restores(logs, m) for m in MEMBERS}  # m1's restart restored one already
     resumed = processes.start(
         [sys.executable, "-m", "srl_jax.launch", "cartpole_ppo_pbt", "--run-dir", str(run_dir),
          "--resume", "--set", "stop.target_return=null"], log=tmp_path / "resume.log")
-    logs = run_dir / "logs"
     wait_for(lambda: f"{len(lineage)} exploit events so far" in
              (logs / "population-0.log").read_text().rsplit("population-0: 4 members", 1)[-1]
-             and all((logs / f"learner-{m}-0.log").read_text().count("restored checkpoint") == 1
-                     for m in HOPELESS), 120, "the manager and the members resumed")
+             and all(restores(logs, m) > before[m] for m in MEMBERS), 120,
+             "the manager and every member resumed")
     resumed.send_signal(signal.SIGINT)
     assert resumed.wait(timeout=60) == 130, (tmp_path / "resume.log").read_text()
     for member in HOPELESS:
