@@ -17,11 +17,13 @@ In a multi-agent environment it follows every policy's parameter stream and
 plays the policies together; an evaluation is due when every policy has made
 N more versions, its return is the team return (as `episode_return_mean` is),
 and the best evaluation keeps each policy's parameters under that policy's
-`evaluated/`.
+`evaluated/`. In a population it evaluates each member on its own, when that member
+has made N more versions, and reports `policy/<member>/eval_return_mean`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -36,7 +38,7 @@ from learners.param_stream import POLL_MS, ParamSubscriber, subscribe
 from learners.policy import make_runner
 from learners.policy_runner import PolicyRunner
 from srl_jax.checkpoint import save_params
-from srl_jax.config import is_pettingzoo, policy_names
+from srl_jax.config import is_pettingzoo, member_names, policy_names
 from srl_jax.config_loader import config_to_dict
 from srl_jax.run_dir import evaluated_root, step_meta, steps_in
 from srl_jax.worker import Worker
@@ -45,93 +47,113 @@ EVALUATOR_ACTOR_INDEX = 1_000_000
 """Seeds the evaluator's episodes apart from every actor's environments."""
 
 
+@dataclass
+class _Group:
+    """Policies evaluated together: a multi-agent team (or the one policy of a run), or
+    one population member. `label` names its figures ('' for the run's own)."""
+
+    label: str
+    names: list[str]
+    runners: list[PolicyRunner] = field(default_factory=list)
+    team: list[TrainedPolicy] = field(default_factory=list)
+    next_version: int = 0
+    eval_version: int = -1
+    best_return: float = -float("inf")
+    returns: list[float] = field(default_factory=list)
+    """Episode returns not yet sent with a heartbeat."""
+
+
 class EvaluatorWorker(Worker):
     kind = "evaluator"
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self.next_version = 0
         self.evaluations = 0
         self.episodes = 0
-        self.eval_version = -1
-        self.best_return = -float("inf")
-        self._returns: list[float] = []
+        self.groups: list[_Group] = []
 
     def setup(self) -> None:
         configure_jax(self.config.runtime)
         env = self.config.env
-        self.team_names = policy_names(env)
-        self.runners: list[PolicyRunner] = []
-        self.team: list[TrainedPolicy] = []
+        members = member_names(self.config.population.members)
+        self.groups = [_Group(m, [m]) for m in members] or [_Group("", policy_names(env))]
         self.subscribers: list[ParamSubscriber] = []
         self.poller = zmq.Poller()
-        for name in self.team_names:
-            spec = policy_spec(self.config, name)
-            runner = make_runner(self.config, spec, self.config.seed, 1, 1)
-            policy, _ = make_policy(self.config, spec)
-            self.runners.append(runner)
-            self.team.append(TrainedPolicy(self.config, spec, policy, runner.params, step=0))
-            self.subscribers.append(subscribe(self, runner, name))
-            self.poller.register(self.subscribers[-1].socket, zmq.POLLIN)
+        for group in self.groups:
+            for name in group.names:
+                spec = policy_spec(self.config, name)
+                runner = make_runner(self.config, spec, self.config.seed, 1, 1)
+                policy, _ = make_policy(self.config, spec)
+                group.runners.append(runner)
+                group.team.append(TrainedPolicy(self.config, spec, policy, runner.params,
+                                                step=0))
+                self.subscribers.append(subscribe(self, runner, name))
+                self.poller.register(self.subscribers[-1].socket, zmq.POLLIN)
+            first = evaluated_root(self.run_dir, group.names[0])
+            if saved := steps_in(first):  # a restarted evaluator
+                group.best_return = step_meta(first, saved[-1])["eval_return_mean"]
         self.env = None if is_pettingzoo(env.id) else make_env(env)
-        first = evaluated_root(self.run_dir, self.team_names[0])
-        if saved := steps_in(first):  # a restarted evaluator
-            self.best_return = step_meta(first, saved[-1])["eval_return_mean"]
 
     def run_once(self) -> None:
         ready = dict(self.poller.poll(POLL_MS))
         for subscriber in self.subscribers:
             if subscriber.socket in ready:
                 subscriber.poll()
-        version = min(runner.version for runner in self.runners)
-        if all(runner.updates for runner in self.runners) and version >= self.next_version:
-            self._evaluate(version)
+        for group in self.groups:
+            version = min(runner.version for runner in group.runners)
+            if all(runner.updates for runner in group.runners) and \
+                    version >= group.next_version:
+                self._evaluate(group, version)
 
-    def _play(self, seed: int) -> float:
+    def _play(self, team: list[TrainedPolicy], seed: int) -> float:
         if self.env is None:
-            team_return, _ = play_team_episode(self.team, self.config.env, seed,
+            team_return, _ = play_team_episode(team, self.config.env, seed,
                                                deterministic=True, on_step=self.keep_alive)
             return team_return
-        episode_return, _ = play_episode(self.team[0], self.env, seed, deterministic=True,
+        episode_return, _ = play_episode(team[0], self.env, seed, deterministic=True,
                                          on_step=self.keep_alive)
         return episode_return
 
-    def _evaluate(self, version: int) -> None:
-        """Play the episodes with a snapshot of every policy; `version`: the oldest of
-        theirs (the only one in a single-policy run)."""
+    def _evaluate(self, group: _Group, version: int) -> None:
+        """Play the episodes with a snapshot of the group's policies; `version`: the oldest
+        of theirs (the only one of a single policy)."""
         cfg = self.config.evaluation
-        versions = [runner.version for runner in self.runners]
-        for trained, runner in zip(self.team, self.runners, strict=True):
+        versions = [runner.version for runner in group.runners]
+        for trained, runner in zip(group.team, group.runners, strict=True):
             trained.params = runner.params  # stays on the device, a snapshot
         returns = []
         for episode in range(cfg.episodes):  # the same starts every time: comparable figures
-            episode_return = self._play(env_seed(self.config.seed, EVALUATOR_ACTOR_INDEX,
-                                                 episode))
+            episode_return = self._play(group.team, env_seed(
+                self.config.seed, EVALUATOR_ACTOR_INDEX, episode))
             if self.stopping:
                 return  # a cut episode is no evaluation
             returns.append(episode_return)
             self.episodes += 1
         mean = float(np.mean(returns))
-        if mean > self.best_return:
-            self.best_return = mean
-            for name, trained, own in zip(self.team_names, self.team, versions, strict=True):
+        if mean > group.best_return:
+            group.best_return = mean
+            for name, trained, own in zip(group.names, group.team, versions, strict=True):
                 save_params(evaluated_root(self.run_dir, name), own, trained.params, {
                     "version": own, "eval_policy_version": version, "eval_return_mean": mean,
                     "episodes": len(returns), "config": config_to_dict(self.config)})
-        self._returns.extend(returns)
+        group.returns.extend(returns)
         self.evaluations += 1
-        self.eval_version = version
-        self.next_version = version + cfg.every_updates
-        self.log.info("version %d: return %.1f over %d deterministic episodes", version, mean,
-                      len(returns))
+        group.eval_version = version
+        group.next_version = version + cfg.every_updates
+        self.log.info("%sversion %d: return %.1f over %d deterministic episodes",
+                      f"{group.label} " if group.label else "", version, mean, len(returns))
 
     def counters(self) -> dict[str, float]:
         return {"evaluations": self.evaluations, "eval_episodes": self.episodes,
-                "eval_version": self.eval_version, **device_memory_counters()}
+                **{_labelled("eval_version", g.label): g.eval_version for g in self.groups},
+                **device_memory_counters()}
 
     def stats_arrays(self) -> dict[str, np.ndarray]:
-        arrays = {"eval_return": np.asarray(self._returns, np.float32)}
-        self._returns = []
+        arrays = {}
+        for group in self.groups:
+            arrays[_labelled("eval_return", group.label)] = np.asarray(group.returns,
+                                                                      np.float32)
+            group.returns = []
         return arrays
 
     def close(self) -> None:
@@ -139,3 +161,8 @@ class EvaluatorWorker(Worker):
             self.env.close()
         for subscriber in getattr(self, "subscribers", []):
             subscriber.socket.close()
+
+
+def _labelled(key: str, label: str) -> str:
+    """A group's counter or array: `eval_return`, or `eval_return/<member>`."""
+    return f"{key}/{label}" if label else key

@@ -284,7 +284,8 @@ class PopulationConfig:
     ready_after_updates: int = 50
     """A member is ranked again after this many updates since its last change."""
     window: int = 10
-    """Metrics rows whose member return, since its last change, makes its score."""
+    """Metrics rows whose member return since its last change (its evaluation return,
+    when the evaluator runs) make its score."""
     exploit_fraction: float = 0.25
     """A ready member in the bottom fraction copies one of the top fraction."""
     perturb: list[float] = field(default_factory=lambda: [0.8, 1.2])

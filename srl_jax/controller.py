@@ -141,7 +141,8 @@ class Controller:
         self._progress: tuple[int, int] | None = None
         self._progress_at = self._next_stall_log = self.started
         self.started_wall = time.time()
-        self._member_returns: dict[str, float] = {}
+        self._member_latest: dict[str, dict[str, float]] = {}
+        """A population's members' latest value of each stop metric, by metric."""
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self._finish(f"interrupted by {signal.Signals(signum).name}", EXIT_INTERRUPTED)
@@ -337,30 +338,39 @@ class Controller:
             text += f" waits {now - since:.0f}s on {what}"
         return text
 
-    def _lowest_member_return(self, row: dict[str, Any]) -> float:
-        """A population's progress: the lowest of its members' latest returns (-inf until
-        every member has one)."""
+    def _lowest_member(self, row: dict[str, Any], metric: str) -> float:
+        """A population's progress in `metric`: the lowest of its members' latest values
+        (-inf until every member has one)."""
+        latest = self._member_latest.setdefault(metric, {})
         for member in member_names(self.config.population.members):
-            key = f"policy/{member}/episode_return_mean"
-            if key in row:
-                self._member_returns[member] = row[key]
-        if len(self._member_returns) < self.config.population.members:
+            if (key := f"policy/{member}/{metric}") in row:
+                latest[member] = row[key]
+        if len(latest) < self.config.population.members:
             return -float("inf")
-        return min(self._member_returns.values())
+        return min(latest.values())
+
+    def _member_target(self, row: dict[str, Any]) -> str | None:
+        """Why a population run ends on a target: every member's return (or evaluation
+        return) reached it."""
+        stop = self.config.stop
+        for metric, target in (("episode_return_mean", stop.target_return),
+                               ("eval_return_mean", stop.target_eval_return)):
+            if target is not None and (lowest := self._lowest_member(row, metric)) >= target:
+                return (f"every member's {metric} reached the target {target:g} (lowest "
+                        f"{lowest:.1f}) at {row['env_frames']} frames, {row['time']:.1f}s")
+        return None
 
     def _check_stop(self, row: dict[str, Any]) -> None:
         stop = self.config.stop
-        if self.config.population.members and stop.target_return is not None:
-            if (lowest := self._lowest_member_return(row)) >= stop.target_return:
-                self._finish(f"every member's episode_return_mean reached the target "
-                             f"{stop.target_return:g} (lowest {lowest:.1f}) at "
-                             f"{row['env_frames']} frames, {row['time']:.1f}s", EXIT_OK)
-        elif stop.target_return is not None and row.get("episode_return_mean", -float("inf")) \
-                >= stop.target_return:
+        population = bool(self.config.population.members)
+        if population and (reason := self._member_target(row)):
+            self._finish(reason, EXIT_OK)
+        elif not population and stop.target_return is not None and row.get(
+                "episode_return_mean", -float("inf")) >= stop.target_return:
             self._finish(f"episode_return_mean {row['episode_return_mean']:.1f} reached the "
                          f"target {stop.target_return:g} at {row['env_frames']} frames, "
                          f"{row['time']:.1f}s", EXIT_OK)
-        elif stop.target_eval_return is not None and row.get(
+        elif not population and stop.target_eval_return is not None and row.get(
                 "eval_return_mean", -float("inf")) >= stop.target_eval_return:
             self._finish(f"eval_return_mean {row['eval_return_mean']:.1f} of version "
                          f"{row['eval_policy_version']} reached the target "

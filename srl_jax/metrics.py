@@ -40,9 +40,14 @@ POLICY_RETURN = "policy_return/"
 """Heartbeat arrays `policy_return/<policy>`: single agents' episode returns, per policy."""
 
 
+MEMBER_EVAL = "eval_return/"
+"""Heartbeat arrays `eval_return/<member>` (and gauges `eval_version/<member>`): a
+population member's evaluation returns, evaluated apart from the other members."""
+
+
 def _is_held(key: str) -> bool:
     """Kept as last seen when a worker dies, until its successor reports anew."""
-    return key in GAUGES or key in CARRIED or key.startswith("train/")
+    return key in GAUGES or key in CARRIED or key.startswith(("train/", "eval_version/"))
 
 
 class MetricsAggregator:
@@ -63,6 +68,7 @@ class MetricsAggregator:
         self._returns: list[np.ndarray] = []
         self._lengths: list[np.ndarray] = []
         self._eval_returns: list[np.ndarray] = []
+        self._member_evals: dict[str, list[np.ndarray]] = defaultdict(list)
         self._previous: dict[str, float] = {"env_frames": env_frames_base}
         self._previous_time = time_base
         self.restarts = restarts
@@ -95,6 +101,10 @@ class MetricsAggregator:
                     np.asarray(values, np.float64))
         if "eval_return" in arrays:
             self._eval_returns.append(np.asarray(arrays["eval_return"], np.float64))
+        for name, values in arrays.items():
+            if name.startswith(MEMBER_EVAL):
+                self._member_evals[name[len(MEMBER_EVAL):]].append(
+                    np.asarray(values, np.float64))
 
     def retire(self, worker: str) -> None:
         """A worker died: keep its cumulative counters in the totals.
@@ -265,6 +275,13 @@ class MetricsAggregator:
             if len(returns):
                 row[f"policy/{policy}/episode_return_mean"] = round(float(returns.mean()), 3)
         self._policy_returns.clear()
+        for member, chunks in sorted(self._member_evals.items()):
+            returns = np.concatenate(chunks)
+            if len(returns):
+                row[f"policy/{member}/eval_return_mean"] = round(float(returns.mean()), 3)
+                row[f"policy/{member}/eval_policy_version"] = int(
+                    self.gauge("evaluator", f"eval_version/{member}") or 0)
+        self._member_evals.clear()
 
 
 def tensorboard_tag(key: str) -> str | None:

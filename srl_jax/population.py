@@ -3,11 +3,12 @@
 A population run trains `population.members` whole pipelines side by side, each
 under its own policy name (m0, m1, ...), each with its own hyperparameters. The
 population manager (`srl_jax/population_manager.py`) reads the members' returns
-from `metrics.jsonl` and, at each member's ready point, `decide`s: a member in the
-bottom fraction copies a member of the top fraction (exploit: the loser's learner
-loads the donor's newest checkpoint) and perturbs or redraws its hyperparameters
-(explore), as in Jaderberg et al. 2017. A sweep is a population without exploit:
-each member keeps the values it started with (`sweep_overrides`).
+(their evaluation returns when the evaluator runs) from `metrics.jsonl` and, at each
+member's ready point, `decide`s: a member in the bottom fraction copies a member of
+the top fraction (exploit: the loser's learner loads the donor's newest checkpoint)
+and perturbs or redraws its hyperparameters (explore), as in Jaderberg et al. 2017.
+A sweep is a population without exploit: each member keeps the values it started
+with (`sweep_overrides`).
 
 Hyperparameters are named by their config keys, `learner.<algorithm>.<name>`, and
 must be among the algorithm's live ones (`learners.algorithms.Algorithm.live`): a
@@ -27,8 +28,9 @@ import numpy as np
 from srl_jax.config import ConfigError, ExperimentConfig, PopulationConfig, member_names
 
 DRAWS = ("log_uniform", "uniform")
-RETURN_KEY = "policy/{member}/episode_return_mean"
+TRAINING, EVALUATION = "episode_return_mean", "eval_return_mean"
 VERSION_KEY = "policy/{member}/policy_version"
+EVAL_VERSION_KEY = "policy/{member}/eval_policy_version"
 LOG_NAME = "population.jsonl"
 """In the run directory: one JSON line per exploit decision, the lineage."""
 
@@ -84,8 +86,6 @@ def check_population(config: ExperimentConfig, live: Sequence[str]) -> None:
     _require(config.learner.processes == 1,
              "'population.members' needs 'learner.processes' 1 (a member's learner is one "
              "process)")
-    _require(not config.evaluation.every_updates, "the evaluator does not evaluate population "
-             "members yet: set 'evaluation.every_updates' to 0")
     _require(pop.ready_after_updates >= 1, "'population.ready_after_updates' must be at least 1")
     _require(pop.window >= 1, "'population.window' must be at least 1")
     _require(0 < pop.exploit_fraction <= 0.5,
@@ -187,11 +187,19 @@ def decide(views: Sequence[MemberView], pop: PopulationConfig,
     return exploits, kept
 
 
+def ranking_metric(config: ExperimentConfig) -> str:
+    """What members are ranked by: their evaluation return when the evaluator runs
+    (deterministic episodes of one version), else their training return."""
+    return EVALUATION if config.evaluation.every_updates else TRAINING
+
+
 def member_score(rows: Sequence[Mapping[str, Any]], member: str, since: int,
-                 window: int) -> float | None:
-    """The mean of the member's last `window` returns in rows after version `since`."""
-    ret, ver = RETURN_KEY.format(member=member), VERSION_KEY.format(member=member)
-    values = [row[ret] for row in rows if ret in row and row.get(ver, 0) > since]
+                 window: int, metric: str = TRAINING) -> float | None:
+    """The mean of the member's last `window` values of `metric` in rows of versions
+    after `since` (for an evaluation return, the version it evaluated)."""
+    value = f"policy/{member}/{metric}"
+    version = (EVAL_VERSION_KEY if metric == EVALUATION else VERSION_KEY).format(member=member)
+    values = [row[value] for row in rows if value in row and row.get(version, 0) > since]
     return float(np.mean(values[-window:])) if values else None
 
 

@@ -1,7 +1,8 @@
 """The population manager worker: ranks members, tells losers to copy winners (PBT).
 
 It follows the run's `metrics.jsonl`, where every row carries each member's return
-and policy version (`policy/<member>/...`), keeps a `MemberView` per member, and at
+(or evaluation return, when the evaluator runs) and policy version
+(`policy/<member>/...`), keeps a `MemberView` per member, and at
 each member's ready point applies `srl_jax.population.decide`. An exploit goes to the
 loser's learner over the control stream; the learner loads the donor's newest
 complete checkpoint, takes the new hyperparameters without restarting, and answers
@@ -29,6 +30,7 @@ from srl_jax.population import (
     initial_hyperparams,
     member_rng,
     member_score,
+    ranking_metric,
 )
 from srl_jax.stream_table import CONTROL
 from srl_jax.streams import make_socket, receive, send
@@ -107,13 +109,13 @@ class PopulationManager(Worker):
         del self.rows[:-ROWS_KEPT]
 
     def _update_views(self) -> None:
-        window = self.config.population.window
+        window, metric = self.config.population.window, ranking_metric(self.config)
         for member, view in self.views.items():
             versions = [row[VERSION_KEY.format(member=member)] for row in self.rows
                         if VERSION_KEY.format(member=member) in row]
             if versions:
                 view.version = max(view.version, int(versions[-1]))
-            view.score = member_score(self.rows, member, view.changed_at, window)
+            view.score = member_score(self.rows, member, view.changed_at, window, metric)
 
     def run_once(self) -> None:
         for socket, _ in self.poller.poll(POLL_MS):

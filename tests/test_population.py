@@ -15,6 +15,7 @@ from srl_jax.population import (
     explore,
     initial_hyperparams,
     member_score,
+    ranking_metric,
     sweep_overrides,
 )
 from srl_jax.worker_kinds import worker_plan
@@ -81,6 +82,14 @@ def test_a_members_score_counts_only_rows_since_its_last_change() -> None:
     assert member_score(rows, "m1", since=12, window=1) == 40.0
     assert member_score(rows, "m1", since=15, window=10) is None
     assert member_score(rows, "m0", since=0, window=10) is None
+    evaluated = [{"policy/m1/eval_return_mean": 100.0, "policy/m1/eval_policy_version": 9,
+                  "policy/m1/policy_version": 12},
+                 {"policy/m1/eval_return_mean": 300.0, "policy/m1/eval_policy_version": 20,
+                  "policy/m1/policy_version": 21}]
+    assert member_score(evaluated, "m1", 10, 10, "eval_return_mean") == 300.0, \
+        "an evaluation counts by the version it evaluated"
+    assert ranking_metric(population()) == "episode_return_mean"
+    assert ranking_metric(population("evaluation.every_updates=10")) == "eval_return_mean"
 
 
 def test_a_sweep_is_a_population_without_exploit() -> None:
@@ -118,7 +127,6 @@ def test_each_member_is_a_whole_pipeline_and_one_manager_ranks_them() -> None:
     ([f"population.explore={{{LR}: {{log_uniform: [0, 1]}}}}"], "log_uniform needs lo > 0"),
     ([f"population.explore={{{LR}: {{normal: [0, 1]}}}}"], "must be {log_uniform: [lo, hi]}"),
     ([f"population.initial={{{LR}: [1, 2]}}"], "must list 4 values, one per member (got 2)"),
-    (["evaluation.every_updates=10"], "the evaluator does not evaluate population members"),
     (["population.exploit_fraction=0.7"], "'population.exploit_fraction' must be in (0, 0.5]"),
     (["checkpoint.enabled=false"], "copies members through checkpoints"),
 ])

@@ -1,5 +1,6 @@
 """Population-based training end to end: one run of four CartPole members, two of them
-hopeless, with a member's learner killed mid-run, then a resume of the same run."""
+hopeless, ranked by the evaluator's returns, with a member's learner killed mid-run,
+then a resume of the same run."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from srl_jax.population_manager import read_lineage
+from srl_jax.run_dir import evaluated_root, steps_in
 from tests.conftest import (
     Processes,
     launch,
@@ -54,6 +56,7 @@ def test_losers_copy_winners_live_and_the_population_survives_a_dead_learner_and
     process, run_dir = launch(
         processes, tmp_path, f"population.initial={{{LR}: [1.0e-3, 1.0e-3, 1.0e-7, 1.0e-7]}}",
         "population.ready_after_updates=15", "stop.wall_time_s=240",
+        "evaluation.every_updates=10", "evaluation.episodes=2",  # members ranked by it
         experiment="cartpole_ppo_pbt")
     pids = wait_for(lambda: all(learner_pid(run_dir, m) for m in HOPELESS) and
                     {m: learner_pid(run_dir, m) for m in HOPELESS}, 120, "learners running")
@@ -80,6 +83,9 @@ def test_losers_copy_winners_live_and_the_population_survives_a_dead_learner_and
         log = (run_dir / "logs" / f"learner-{member}-0.log").read_text()
         assert f"copied {first[member]['donor']}'s step {first[member]['donor_step']}" in log
     assert rows[-1]["population/exploits"] == len(lineage)
+    for member in MEMBERS:  # the evaluator evaluates each member on its own
+        assert any(f"policy/{member}/eval_return_mean" in r for r in rows), member
+        assert steps_in(evaluated_root(run_dir, member)), member
     assert any(f"learner/{m}/hp/learning_rate" in r for r in rows for m in HOPELESS)
 
     # Resume: every member continues from its own checkpoint with its current values, and
