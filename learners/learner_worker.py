@@ -23,6 +23,7 @@ The worker is a shell with one part per job: `SampleIntake` or `ReplayIntake`
 
 from __future__ import annotations
 
+import math
 import signal
 import time
 from dataclasses import replace
@@ -174,17 +175,19 @@ class LearnerWorker(Worker):
         donor, values = meta.get("donor"), meta.get("hyperparams")
         members = member_names(self.config.population.members)
         if donor not in members or donor == self.policy or not isinstance(values, dict) or \
-                not all(isinstance(v, int | float) for v in values.values()):
+                not all(isinstance(v, int | float) and math.isfinite(v)
+                        for v in values.values()) or \
+                not {field_name(str(k)) for k in values} <= set(self.learner.hyperparams()):
             self.rejects.reject(ValueError(f"exploit with donor {donor!r}, values {values!r}"))
             return {"ok": False, "reason": "malformed exploit"}
         try:
             restored = self.checkpointer.restore_from(donor, self.learner.state)
             if restored is None:
                 return {"ok": False, "reason": f"{donor} has no complete checkpoint yet"}
-            self.learner.adopt(restored.state)
-            self.learner.set_hyperparams({field_name(k): float(v) for k, v in values.items()})
         except (OSError, ValueError) as error:
             return {"ok": False, "reason": f"cannot copy {donor}: {error}"}
+        self.learner.adopt(restored.state)
+        self.learner.set_hyperparams({field_name(k): float(v) for k, v in values.items()})
         self.log.info("copied %s's step %d as version %d; hyperparameters %s", donor,
                       restored.step, self.version, self.learner.hyperparams())
         self._publish()
