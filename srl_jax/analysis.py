@@ -151,9 +151,9 @@ def load_lineage(run_dir: str | Path) -> pd.DataFrame:
     """A population run's exploit events (`population.jsonl`), one row each: `time` (s
     since the run started), `member`, `donor`, `donor_step`, `version`, and the new
     values as `hp.<key>`."""
-    path = Path(run_dir) / "population.jsonl"
-    events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] \
-        if path.exists() else []
+    from srl_jax.population import read_lineage
+
+    events = read_lineage(run_dir)
     status = read_status(Path(run_dir)) or {}
     started = status.get("started", min((e["time"] for e in events), default=0.0))
     records = [{

@@ -18,9 +18,11 @@ learner changes them in its train state without recompiling.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -220,3 +222,12 @@ def sweep_overrides(sweeps: Sequence[str]) -> list[str]:
     initial = {key: [combo[i] for combo in combos] for i, key in enumerate(grid)}
     return [f"population.members={len(combos)}", "population.exploit=false",
             f"population.initial={initial}"]
+
+
+def read_lineage(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The exploit events of a population run (`population.jsonl`), oldest first ([]
+    before the first)."""
+    path = Path(run_dir) / LOG_NAME
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

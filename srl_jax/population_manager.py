@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 import zmq
@@ -31,6 +30,7 @@ from srl_jax.population import (
     member_rng,
     member_score,
     ranking_metric,
+    read_lineage,
 )
 from srl_jax.stream_table import CONTROL
 from srl_jax.streams import make_socket, receive, send
@@ -40,14 +40,6 @@ POLL_MS = 200
 REPLY_TIMEOUT_S = 60.0
 """An exploit unanswered this long (its learner died) is dropped and decided again."""
 ROWS_KEPT = 10_000
-
-
-def read_lineage(run_dir: Path) -> list[dict[str, Any]]:
-    """The exploit events of a population run, oldest first ([] before the first)."""
-    path = Path(run_dir) / LOG_NAME
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 class PopulationManager(Worker):
@@ -89,11 +81,12 @@ class PopulationManager(Worker):
         view.ready_at = version + self.config.population.ready_after_updates
         view.version, view.score = max(view.version, version), None
 
-    def _read_rows(self) -> None:
-        """The metrics rows written since the last call (whole lines only)."""
+    def _read_rows(self) -> bool:
+        """Take the metrics rows written since the last call (whole lines only); whether
+        there were any."""
         path = self.run_dir / "metrics.jsonl"
         if not path.exists():
-            return
+            return False
         with path.open("rb") as file:
             file.seek(self._offset)
             data = file.read()
@@ -107,6 +100,7 @@ class PopulationManager(Worker):
             if isinstance(row, dict):
                 self.rows.append(row)
         del self.rows[:-ROWS_KEPT]
+        return bool(complete)
 
     def _update_views(self) -> None:
         window, metric = self.config.population.window, ranking_metric(self.config)
@@ -118,17 +112,21 @@ class PopulationManager(Worker):
             view.score = member_score(self.rows, member, view.changed_at, window, metric)
 
     def run_once(self) -> None:
+        changed = False
         for socket, _ in self.poller.poll(POLL_MS):
             while (received := receive(socket, CONTROL.connecter_receives,
                                        self.rejects)) is not None:
                 self._answered(received[1].meta)
+                changed = True
         now = time.monotonic()
         for member, (_, sent, _, _) in list(self.pending.items()):
             if now - sent > REPLY_TIMEOUT_S:
                 self.log.warning("no answer from %s's learner in %.0fs; deciding again",
                                  member, REPLY_TIMEOUT_S)
                 del self.pending[member]
-        self._read_rows()
+                changed = True
+        if not (self._read_rows() or changed):
+            return  # nothing new to rank: the views and the decisions would be the same
         self._update_views()
         views = [v for v in self.views.values() if v.name not in self.pending]
         exploits, kept = decide(views, self.config.population, self.rng)

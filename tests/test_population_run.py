@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from srl_jax.population_manager import read_lineage
+from srl_jax.population import read_lineage
 from srl_jax.run_dir import evaluated_root, steps_in
 from tests.conftest import (
     Processes,
