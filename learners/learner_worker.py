@@ -59,7 +59,7 @@ from srl_jax.config import DEFAULT_POLICY, ExperimentConfig, member_names
 from srl_jax.config_loader import config_to_dict
 from srl_jax.metrics import CARRIED
 from srl_jax.names import NameService
-from srl_jax.population import field_name, initial_hyperparams
+from srl_jax.population import append_lineage, field_name, initial_hyperparams
 from srl_jax.replay_spec import replay_layout
 from srl_jax.stream_table import CONTROL, COORDINATOR, PARAMS, REPLAY, SAMPLES
 from srl_jax.streams import make_socket, receive, send
@@ -171,12 +171,18 @@ class LearnerWorker(Worker):
     def _exploit(self, meta: dict[str, Any]) -> dict[str, Any]:
         """Copy the donor member's newest complete checkpoint (weights, optimizer state,
         observation statistics) into this learner, keeping its own version count and
-        counters, and take the new hyperparameters; no restart, no recompile."""
-        donor, values = meta.get("donor"), meta.get("hyperparams")
+        counters, and take the new hyperparameters; no restart, no recompile.
+
+        The copy is checkpointed, and only once that checkpoint is complete does this
+        learner append the event to `population.jsonl`: the lineage then never lists a
+        copy that a restart or a resume would not bring back, nor misses one it would,
+        even when the run stops before the manager hears the answer.
+        """
+        donor, values, old = meta.get("donor"), meta.get("hyperparams"), meta.get("old_hyperparams")
+        scores = meta.get("scores")
         members = member_names(self.config.population.members)
-        if donor not in members or donor == self.policy or not isinstance(values, dict) or \
-                not all(isinstance(v, int | float) and math.isfinite(v)
-                        for v in values.values()) or \
+        if donor not in members or donor == self.policy or \
+                not (_numbers(values) and _numbers(old) and _numbers(scores, missing=True)) or \
                 not {field_name(str(k)) for k in values} <= set(self.learner.hyperparams()):
             self.rejects.reject(ValueError(f"exploit with donor {donor!r}, values {values!r}"))
             return {"ok": False, "reason": "malformed exploit"}
@@ -191,8 +197,14 @@ class LearnerWorker(Worker):
         self.log.info("copied %s's step %d as version %d; hyperparameters %s", donor,
                       restored.step, self.version, self.learner.hyperparams())
         self._publish()
-        self._save()  # a restart now keeps the copy
-        return {"ok": True, "donor_step": restored.step, "version": self.version}
+        self._save()
+        self.checkpointer.wait()
+        append_lineage(self.run_dir, {
+            "time": time.time(), "member": self.policy, "donor": donor,
+            "donor_step": restored.step, "version": self.version,
+            "old_hyperparams": old, "hyperparams": values, "scores": scores})
+        return {"ok": True, "donor_step": restored.step, "version": self.version,
+                "hyperparams": values}
 
     def _connect_replay(self) -> None:
         """A socket to each of the policy's replay servers, and the intake over them."""
@@ -385,3 +397,10 @@ class LearnerWorker(Worker):
         if self.checkpointer is not None:
             self.checkpointer.close()
         shutdown(self.processes)
+
+
+def _numbers(values: Any, missing: bool = False) -> bool:
+    """Whether `values` maps names to finite numbers (or None, where `missing`)."""
+    return isinstance(values, dict) and all(
+        (missing and v is None) or (isinstance(v, int | float) and math.isfinite(v))
+        for v in values.values())

@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -222,6 +223,17 @@ def sweep_overrides(sweeps: Sequence[str]) -> list[str]:
     initial = {key: [combo[i] for combo in combos] for i, key in enumerate(grid)}
     return [f"population.members={len(combos)}", "population.exploit=false",
             f"population.initial={initial}"]
+
+
+def append_lineage(run_dir: str | Path, event: dict[str, Any]) -> None:
+    """Add one exploit event to `population.jsonl`: one write of one line, so the
+    members' learners can append side by side without splitting each other's lines."""
+    line = (json.dumps(event) + "\n").encode()
+    fd = os.open(Path(run_dir) / LOG_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
 
 
 def read_lineage(run_dir: str | Path) -> list[dict[str, Any]]:

@@ -5,10 +5,10 @@ It follows the run's `metrics.jsonl`, where every row carries each member's retu
 (`policy/<member>/...`), keeps a `MemberView` per member, and at
 each member's ready point applies `srl_jax.population.decide`. An exploit goes to the
 loser's learner over the control stream; the learner loads the donor's newest
-complete checkpoint, takes the new hyperparameters without restarting, and answers
-with what it loaded. Only then is the event appended to `population.jsonl`, so the
-lineage holds what happened. A restarted manager rebuilds its view from that file and
-the metrics, so it needs no state of its own.
+complete checkpoint, takes the new hyperparameters without restarting, checkpoints the
+copy, appends the event to `population.jsonl` (so the lineage holds what a restart
+would bring back) and answers with what it loaded. A restarted manager rebuilds its
+view from that file and the metrics, so it needs no state of its own.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import zmq
 
 from srl_jax.config import member_names
 from srl_jax.population import (
-    LOG_NAME,
     VERSION_KEY,
     Exploit,
     MemberView,
@@ -47,8 +46,8 @@ class PopulationManager(Worker):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.pending: dict[str, tuple[Exploit, float, float, dict[str, float | None]]] = {}
-        """Exploits sent, by member: (exploit, monotonic and wall time sent, scores)."""
+        self.pending: dict[str, tuple[Exploit, float, float]] = {}
+        """Exploits sent, by member: (exploit, monotonic and wall time sent)."""
         self.exploits = 0
         self.refused = 0
 
@@ -57,12 +56,12 @@ class PopulationManager(Worker):
         start = initial_hyperparams(self.config)
         self.views = {m: MemberView(m, start[m], ready_at=pop.ready_after_updates)
                       for m in member_names(pop.members)}
-        self.events = read_lineage(self.run_dir)
-        for event in self.events:  # a restart or a resume: the lineage so far
+        events = read_lineage(self.run_dir)
+        for event in events:  # a restart or a resume: the lineage so far
             self._changed(event["member"], event["hyperparams"], event["version"])
-        self.rng = member_rng(self.config, 1, len(self.events), self.incarnation.restarts,
+        self.rng = member_rng(self.config, 1, len(events), self.incarnation.restarts,
                               self.incarnation.resumes)
-        self.log.info("%d members; %d exploit events so far", len(self.views), len(self.events))
+        self.log.info("%d members; %d exploit events so far", len(self.views), len(events))
         self.sockets = {}
         for member in self.views:
             socket = make_socket(self.zmq, CONTROL.connect_type)
@@ -73,7 +72,7 @@ class PopulationManager(Worker):
             self.poller.register(socket, zmq.POLLIN)
         self.rows: list[dict[str, Any]] = []
         self._offset = 0
-        self.exploits = len(self.events)
+        self.exploits = len(events)
 
     def _changed(self, member: str, hyperparams: dict[str, float], version: int) -> None:
         view = self.views[member]
@@ -119,7 +118,7 @@ class PopulationManager(Worker):
                 self._answered(received[1].meta)
                 changed = True
         now = time.monotonic()
-        for member, (_, sent, _, _) in list(self.pending.items()):
+        for member, (_, sent, _) in list(self.pending.items()):
             if now - sent > REPLY_TIMEOUT_S:
                 self.log.warning("no answer from %s's learner in %.0fs; deciding again",
                                  member, REPLY_TIMEOUT_S)
@@ -137,35 +136,36 @@ class PopulationManager(Worker):
             scores = {m: v.score for m, v in self.views.items()}
             send(self.sockets[exploit.member], "exploit",
                  {"member": exploit.member, "donor": exploit.donor,
-                  "hyperparams": exploit.hyperparams})
-            self.pending[exploit.member] = (exploit, time.monotonic(), time.time(), scores)
+                  "hyperparams": exploit.hyperparams,
+                  "old_hyperparams": self.views[exploit.member].hyperparams,
+                  "scores": scores})
+            self.pending[exploit.member] = (exploit, time.monotonic(), time.time())
             self.log.info("%s (score %.2f) copies %s (score %.2f): %s", exploit.member,
                           scores[exploit.member], exploit.donor, scores[exploit.donor],
                           exploit.hyperparams)
 
     def _answered(self, meta: dict[str, Any]) -> None:
-        member = meta.get("member")
-        if member not in self.pending:
-            return  # an answer to an exploit given up on
-        exploit, _, _, scores = self.pending.pop(member)
+        """A learner's answer. A copy counts even when it answers after the manager gave
+        up on it: the learner has logged it and would restore it."""
+        member, values, version = meta.get("member"), meta.get("hyperparams"), meta.get("version")
+        if member not in self.views:
+            self.rejects.reject(ValueError(f"answer from unknown member {member!r}"))
+            return
+        pending = self.pending.pop(member, None)
         if not meta.get("ok"):
             self.refused += 1
-            self.log.info("%s did not copy %s: %s", member, exploit.donor, meta.get("reason"))
+            donor = pending[0].donor if pending else "its donor"
+            self.log.info("%s did not copy %s: %s", member, donor, meta.get("reason"))
             return
-        version = int(meta["version"])
-        event = {"time": time.time(), "member": member, "donor": exploit.donor,
-                 "donor_step": int(meta["donor_step"]), "version": version,
-                 "old_hyperparams": self.views[member].hyperparams,
-                 "hyperparams": exploit.hyperparams, "scores": scores}
-        with (self.run_dir / LOG_NAME).open("a") as file:
-            file.write(json.dumps(event) + "\n")
-        self.events.append(event)
+        if not isinstance(values, dict) or not isinstance(version, int):
+            self.rejects.reject(ValueError(f"answer from {member} without values or version"))
+            return
         self.exploits += 1
-        self._changed(member, exploit.hyperparams, version)
+        self._changed(member, values, version)
 
     def waiting(self) -> tuple[str, float] | None:
         if self.pending:
-            member, (_, _, since, _) = next(iter(self.pending.items()))
+            member, (_, _, since) = next(iter(self.pending.items()))
             return f"{member}'s learner to copy its donor", since
         return super().waiting()
 

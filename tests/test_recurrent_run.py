@@ -50,8 +50,8 @@ def test_lstm_ppo_evaluates_at_500_through_a_killed_actor_and_inference_server(
     """The server dies first: until its successor serves, nothing moves, so the run cannot
     reach its target before both successors are seen running."""
     process, run_dir = launch(processes, tmp_path, "stop.target_return=null",
-                              "stop.target_eval_return=500", "stop.wall_time_s=240",
-                              "evaluation.every_updates=20", "evaluation.episodes=5",
+                              "stop.target_eval_return=500", "stop.wall_time_s=300",
+                              "evaluation.every_updates=10", "evaluation.episodes=5",
                               "actors.inference_timeout_s=1", "runtime.restart_backoff_s=0.2",
                               experiment="cartpole_lstm_ppo")
     wait_for(lambda: all_running(run_dir) and (rows := read_metrics(run_dir))
@@ -62,27 +62,29 @@ def test_lstm_ppo_evaluates_at_500_through_a_killed_actor_and_inference_server(
         Processes.kill(victim)
     for name, victim in reversed(victims.items()):
         wait_restarted(run_dir, name, victim, 60)
-    assert process.wait(timeout=300) == 0, (tmp_path / "launch.log").read_text()
+    assert process.wait(timeout=360) == 0, (tmp_path / "launch.log").read_text()
 
     rows = read_metrics(run_dir)
+    final = read_status(run_dir)
+    # LSTM PPO here peaks at 500 and may fall back for a while: frequent evaluations
+    # catch a peak, and the stop reason says whether one was caught in time.
+    assert "eval_return_mean 500.0" in final["stop_reason"], final["stop_reason"]
     assert all(a["env_frames"] <= b["env_frames"] for a, b in itertools.pairwise(rows))
     assert any("policy_lag_mean" in r for r in rows)
     assert rows[-1]["system/restarts"] == 2
     assert rows[-1]["system/wire_rejected"] == 0, "every request carried a well-formed state"
-    final = read_status(run_dir)
     assert final["state"] == "finished"
     assert sorted(w["kind"] for w in final["workers"]) == [
         "actor", "actor", "evaluator", "inference", "learner"]
     assert len({w["pid"] for w in final["workers"]} | {final["controller_pid"]}) == 6
     assert [worker(final, name)["restarts"] for name in victims] == [1, 1]
-    # The evaluator worker: deterministic episodes every 20 versions, apart from training.
+    # The evaluator worker: deterministic episodes every 10 versions, apart from training.
     evaluated = [r for r in rows if "eval_return_mean" in r]
     assert evaluated and all(0 < r["eval_return_mean"] <= 500 for r in evaluated)
     versions = [r["eval_policy_version"] for r in evaluated]
     assert versions == sorted(versions) and all(
-        b - a >= 20 for a, b in itertools.pairwise(versions))
+        b - a >= 10 for a, b in itertools.pairwise(versions))
     assert evaluated[-1]["eval_return_mean"] == 500
-    assert "eval_return_mean 500.0" in final["stop_reason"]
     assert worker(final, "evaluator-0")["restarts"] == 0
     assert steps_in(evaluated_root(run_dir)) == [evaluated[-1]["eval_policy_version"]]
 
