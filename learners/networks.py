@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from learners.conv import Conv, conv_impl
 from learners.distributions import GREEDY, Distribution, distribution
 from srl_jax.config import ExperimentConfig
 from srl_jax.env_spec import EnvSpec, check_network, core_state_size
@@ -38,14 +39,20 @@ def mlp_torso(x: jax.Array, hidden: Sequence[int], activation: str) -> jax.Array
     return x
 
 
-def nature_torso(obs: jax.Array) -> jax.Array:
+def scale_frames(x: jax.Array) -> jax.Array:
+    """uint8 frames in 0..255 as float32 in [0, 1]."""
+    return x.astype(jnp.float32) * (1.0 / 255.0)
+
+
+def nature_torso(obs: jax.Array, conv: str = "xla") -> jax.Array:
     """The Nature-DQN torso (Mnih et al. 2015) on [N, H, W, C] frames in 0..255: conv 32
-    8x8/4, conv 64 4x4/2, conv 64 3x3/1, dense 512; made in the calling module."""
+    8x8/4, conv 64 4x4/2, conv 64 3x3/1, dense 512; made in the calling module. `conv`
+    is the convolution's implementation (`learners.conv.Conv`); both have the same
+    parameters."""
     init = nn.initializers.orthogonal(np.sqrt(2))
-    x = obs.astype(jnp.float32) * (1.0 / 255.0)
-    x = nn.relu(nn.Conv(32, (8, 8), (4, 4), padding="VALID", kernel_init=init)(x))
-    x = nn.relu(nn.Conv(64, (4, 4), (2, 2), padding="VALID", kernel_init=init)(x))
-    x = nn.relu(nn.Conv(64, (3, 3), (1, 1), padding="VALID", kernel_init=init)(x))
+    x = nn.relu(Conv(32, 8, 4, conv, init, name="Conv_0")(obs, scale_frames))
+    x = nn.relu(Conv(64, 4, 2, conv, init, name="Conv_1")(x))
+    x = nn.relu(Conv(64, 3, 1, conv, init, name="Conv_2")(x))
     return nn.relu(nn.Dense(512, kernel_init=init)(x.reshape(x.shape[0], -1)))
 
 
@@ -110,10 +117,11 @@ class NatureCNN(nn.Module):
     """
 
     action_dim: int
+    conv: str = "xla"
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
-        x = nature_torso(obs)
+        x = nature_torso(obs, self.conv)
         logits = nn.Dense(self.action_dim, kernel_init=nn.initializers.orthogonal(0.01))(x)
         value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0))(x)
         return logits, value[:, 0]
@@ -132,11 +140,12 @@ class QNetwork(nn.Module):
     hidden: Sequence[int] = (64, 64)
     activation: str = "relu"
     dueling: bool = True
+    conv: str = "xla"
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
         if self.kind == "nature_cnn":
-            x = nature_torso(obs)
+            x = nature_torso(obs, self.conv)
         else:
             x = mlp_torso(obs.reshape(obs.shape[0], -1).astype(jnp.float32), self.hidden,
                           self.activation)
@@ -181,6 +190,7 @@ class RecurrentActorCritic(nn.Module):
     activation: str
     core: str
     size: int
+    conv: str = "xla"
 
     @property
     def state_size(self) -> int:
@@ -201,7 +211,7 @@ class RecurrentActorCritic(nn.Module):
         T, B = resets.shape
         rows = obs.reshape(T * B, *obs.shape[2:])
         if self.torso == "nature_cnn":
-            x = nature_torso(rows)
+            x = nature_torso(rows, self.conv)
         else:
             x = mlp_torso(rows.reshape(T * B, -1).astype(jnp.float32), self.hidden,
                           self.activation)
@@ -240,15 +250,16 @@ def make_network(config: ExperimentConfig, spec: EnvSpec) -> nn.Module:
     these spaces."""
     network = config.network
     check_network(network.kind, spec, config.env.id, network.head)
+    conv = conv_impl(network.conv)
     if network.head != "actor_critic":
         return QNetwork(spec.action_dim, network.kind, tuple(network.hidden), network.activation,
-                        network.head == "dueling")
+                        network.head == "dueling", conv)
     if network.core != "none":
         return RecurrentActorCritic(spec.action_dim, spec.continuous, network.kind,
                                     tuple(network.hidden), network.activation, network.core,
-                                    network.core_size)
+                                    network.core_size, conv)
     if network.kind == "nature_cnn":
-        return NatureCNN(spec.action_dim)
+        return NatureCNN(spec.action_dim, conv)
     return ActorCritic(spec.action_dim, spec.continuous, tuple(network.hidden),
                        network.activation)
 

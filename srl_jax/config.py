@@ -16,6 +16,8 @@ from typing import Any
 NETWORKS = ("mlp", "nature_cnn")
 CORES = ("none", "lstm", "gru")
 HEADS = ("actor_critic", "q", "dueling")
+CONVS = ("auto", "xla", "matmul")
+UPDATE_LOOPS = ("auto", "scan", "unrolled")
 ENV_BACKENDS = ("gymnasium", "envpool")
 DEFAULT_POLICY = "default"
 PETTINGZOO_PREFIX = "pettingzoo:"
@@ -191,6 +193,11 @@ class LearnerConfig:
     burn_in: int = 0
     """Recurrent policies: the first K steps of each chunk column only warm up the
     stored state (no loss, no gradient), R2D2's remedy for stale states."""
+    update_loops: str = "auto"
+    """How the update runs its gradient steps (epochs x minibatches): 'scan' (one loop in
+    the compiled program), 'unrolled' (each step written out: the form XLA:CPU runs
+    convolutions fast in, see `learners/update_loops.py`; more compile time) or 'auto'
+    (unrolled where the learner's JAX runs on the CPU, scan on a GPU or TPU)."""
     algorithms: dict[str, dict[str, Any]] = field(
         default_factory=dict, metadata={SECTIONS: True})
     """Algorithm sections as written, `learner.<name>: {...}` (e.g. `learner.ppo`), by
@@ -211,6 +218,11 @@ class NetworkConfig:
     core the MLP torso (`hidden`) is shared by the policy and value heads."""
     core_size: int = 128
     """Units of the recurrent core."""
+    conv: str = "auto"
+    """How the Nature-CNN's strided convolutions are computed: 'xla' (XLA's
+    convolution), 'matmul' (space-to-depth and matmuls, `learners/conv.py`: several
+    times faster on XLA:CPU) or 'auto' (matmul where the worker's JAX runs on the CPU,
+    xla on a GPU or TPU). Both have the same parameters."""
     head: str = "actor_critic"
     """What the network outputs: 'actor_critic' (policy and value, for PPO and IMPALA),
     'q' (action values) or 'dueling' (action values as value plus advantages, Wang et

@@ -9,12 +9,14 @@ section (`learners/algorithms.py`); the launcher runs all three.
 from __future__ import annotations
 
 from srl_jax.config import (
+    CONVS,
     CORES,
     ENV_BACKENDS,
     HEADS,
     NETWORKS,
     POLICY_NAME,
     RESERVED_POLICY_NAMES,
+    UPDATE_LOOPS,
     ConfigError,
     ExperimentConfig,
     NetworkConfig,
@@ -189,11 +191,16 @@ def check_network(config: ExperimentConfig) -> None:
     require(network.core in CORES,
             f"'network.core': unknown '{network.core}' (known: {', '.join(CORES)})")
     require(network.core_size >= 1, "'network.core_size' must be at least 1")
+    require(network.conv in CONVS,
+            f"'network.conv': unknown '{network.conv}' (known: {', '.join(CONVS)})")
     require(network.head in HEADS,
             f"'network.head': unknown '{network.head}' (known: {', '.join(HEADS)})")
     require(network.head == "actor_critic" or network.core == "none",
             f"'network.head': '{network.head}' has no recurrent version; set 'network.core' "
             f"to none (R2D2 is not built yet)")
+    require(config.learner.update_loops in UPDATE_LOOPS,
+            f"'learner.update_loops': unknown '{config.learner.update_loops}' "
+            f"(known: {', '.join(UPDATE_LOOPS)})")
     burn_in, T = config.learner.burn_in, config.actors.trajectory_length
     require(burn_in >= 0, "'learner.burn_in' must not be negative")
     require(burn_in == 0 or network.core != "none",
