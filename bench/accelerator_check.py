@@ -41,7 +41,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_fps import REPO_ROOT, STOP_GRACE_S, read_rows, stop_process
 from learner import RESULT_PREFIX
-from machine import RESULTS_DIR, describe
+from machine import RESULTS_DIR, describe, git_commit
 
 sys.path.insert(0, str(REPO_ROOT))
 from srl_jax.placement import JAX_PLATFORM_NAMES, HostDevices, describe_host
@@ -171,14 +171,6 @@ def show(results: dict[str, Any]) -> None:
             print(f"learner.py {case['case']}: {case['samples_per_s']:.0f} samples/s "
                   f"({case['ms_per_update']:.1f} ms/update, T={case['T']} B={case['B']}, "
                   f"compile {case['compile_s']:.1f}s) on {case['device_kind']}")
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT,
-                              capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,14 +22,18 @@ Cases:
   minibatches of 128) so that the four cases finish in minutes on 2 CPU
   cores; the table says what was used.
 
-On XLA:CPU the CNN update is slow for a reason outside this script: PPO's
-update runs its gradient steps inside `lax.scan` (epochs, minibatches) and
-`lax.cond` (the KL early stop), and XLA:CPU's `ConvCanonicalization` pass only
-visits the entry computation, so the backward convolutions in those loop
-bodies (kernel-gradient ``f01b_i01o->01bf``, input-gradient ``b01f_01oi``)
-are not rewritten to the Eigen layout and run on the naive loop emitter, about
-10x slower than the same gradient outside a loop. GPUs and TPUs are not
-affected. The figures here are what the learner gets as written.
+With ``network.conv: xla`` the CNN update is slow on XLA:CPU: PPO's update runs
+its gradient steps inside `lax.scan` (epochs, minibatches), XLA:CPU's
+`ConvCanonicalization` pass only visits the entry computation, so the backward
+convolutions in those loop bodies run on the naive loop emitter, and even
+unrolled, the 3x3 layer's gradients take most of the update. ``auto`` therefore
+computes the convolutions as matmuls on a CPU (`learners/conv.py`).
+
+``--levers`` runs the CNN case on one device with each ``network.conv`` and,
+in Sample Factory's venv (`bench/sample_factory_peer.py`), the same network,
+PPO loss and minibatches in torch (`bench/torch_cnn.py`), and prints each
+figure as a ratio to torch's; it writes ``bench/results/learner_cnn.json``,
+from which `bench/report.py` makes the README's table.
 
 Each runs on 1 device and on 4 devices. The 4-device case uses forced host CPU
 devices (``--xla_force_host_platform_device_count``), which must be set before
@@ -73,6 +77,7 @@ Run from the repository root::
     .venv/bin/python bench/learner.py            # all 4 cases
     .venv/bin/python bench/learner.py --quick    # smoke run, a few seconds a case
     .venv/bin/python bench/learner.py --cases cnn --devices 1 --cnn-batch-envs 8
+    .venv/bin/python bench/learner.py --levers   # CNN: XLA's vs matmul convs vs torch
 """
 
 from __future__ import annotations
@@ -130,6 +135,7 @@ def case_config(case: str, args: argparse.Namespace) -> ExperimentConfig:
                       f"inference.max_batch={request_rows(ActorConfig(envs=B, splits=1))}",
                       f"learner.ppo.epochs={args.cnn_epochs}",
                       f"learner.ppo.minibatches={args.cnn_minibatches}"]
+    overrides.append(f"network.conv={args.conv}")
     return load_config(args.experiment, overrides)
 
 
@@ -253,7 +259,7 @@ def run_case(case: str, devices: int, args: argparse.Namespace) -> dict[str, Any
 
     first = jax.devices()[0]
     result: dict[str, Any] = {
-        "case": case, "devices": mesh.size, "T": T, "B": B,
+        "case": case, "devices": mesh.size, "T": T, "B": B, "conv": args.conv,
         "epochs": acfg.epochs, "minibatches": acfg.minibatches,
         "obs": f"{np.dtype(spec.obs_dtype).name}{list(spec.obs_shape)}",
         "actions": spec.action_dim, "params": int(n_params),
@@ -309,7 +315,7 @@ def child_args(case: str, devices: int, args: argparse.Namespace) -> list[str]:
             "--pool", str(args.pool),
             "--cnn-batch-envs", str(args.cnn_batch_envs), "--cnn-epochs", str(args.cnn_epochs),
             "--cnn-minibatches", str(args.cnn_minibatches),
-            "--cnn-actions", str(args.cnn_actions)]
+            "--cnn-actions", str(args.cnn_actions), "--conv", args.conv]
 
 
 def run_child(case: str, devices: int, args: argparse.Namespace) -> dict[str, Any] | str:
@@ -445,6 +451,68 @@ def parent_main(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
+LEVERS: tuple[tuple[str, str], ...] = (
+    ("xla", "XLA's convolution (a GPU's or TPU's choice)"),
+    ("matmul", "matmul convolutions (learners/conv.py; a CPU's choice)"),
+)
+"""(network.conv, what it is) of each `--levers` row."""
+TORCH_SCRIPT = Path(__file__).resolve().parent / "torch_cnn.py"
+
+
+def torch_reference(args: argparse.Namespace) -> dict[str, Any] | str:
+    """bench/torch_cnn.py's figures for the CNN case's sizes, in Sample Factory's venv."""
+    from sample_factory_peer import ensure_venv
+
+    updates, repeats, _ = timing("cnn", args)
+    command = [str(ensure_venv()), str(TORCH_SCRIPT), "--T", "32",
+               "--B", str(args.cnn_batch_envs), "--epochs", str(args.cnn_epochs),
+               "--minibatches", str(args.cnn_minibatches), "--actions", str(args.cnn_actions),
+               "--updates", str(updates), "--repeats", str(repeats)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=CASE_TIMEOUT_S)
+    if done.returncode != 0:
+        return f"exit code {done.returncode}: {(done.stderr.strip() or 'no output')[-300:]}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def levers_main(args: argparse.Namespace) -> int:
+    """The CNN case on one device with each (convolution, loop form), and torch's figure
+    for the same network and minibatches; the table, and `bench/results/learner_cnn.json`."""
+    from machine import write_results
+
+    rows = []
+    for conv, what in LEVERS:
+        args.conv = conv
+        print(f"  {what} ...", flush=True)
+        result = run_child("cnn", 1, args)
+        if isinstance(result, str):
+            print(f"  FAILED: {result}")
+            return 1
+        rows.append({"lever": what, **result})
+        print(f"  {result['samples_per_s']:,.0f} samples/s, compile {result['compile_s']:.1f}s",
+              flush=True)
+    print("  torch, the same network and minibatches ...", flush=True)
+    torch_result = torch_reference(args)
+    if isinstance(torch_result, str):
+        print(f"  torch FAILED: {torch_result}")
+        return 1
+    reference = torch_result["samples_per_s"]
+    print()
+    first = rows[0]
+    print(f"Nature-CNN PPO update, T={first['T']} B={first['B']}, {first['epochs']} epoch(s) x "
+          f"{first['minibatches']} minibatches of {first['T'] * first['B'] // first['minibatches']}"
+          f" frames, 1 {first['platform']} device:")
+    for row in rows:
+        row["torch_ratio"] = row["samples_per_s"] / reference
+        print(f"  {row['lever']:54s} {row['samples_per_s']:7,.0f} samples/s  "
+              f"x{row['torch_ratio']:.2f} of torch  (compile {row['compile_s']:.1f}s)")
+    label = f"torch {torch_result['torch']}, {torch_result['threads']} threads"
+    print(f"  {label:54s} {reference:7,.0f} samples/s")
+    path = write_results("learner_cnn", {
+        "command": "python bench/learner.py --levers", "levers": rows, "torch": torch_result})
+    print(f"wrote {path}")
+    return 0
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Learner update throughput (samples/s) for the CartPole MLP and a "
@@ -474,6 +542,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--platform", default=None,
                         help="JAX_PLATFORMS for the children (cases with more than one "
                              "device default to cpu)")
+    parser.add_argument("--levers", action="store_true",
+                        help="the CNN case with each convolution and loop form, beside torch "
+                             "on the same minibatches; writes bench/results/learner_cnn.json")
+    parser.add_argument("--conv", choices=("auto", "xla", "matmul"), default="auto",
+                        help="network.conv of the cases")
     parser.add_argument("--case", choices=CASES, help=argparse.SUPPRESS)
     parser.add_argument("--devices", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -496,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.case:
         return child_main(args)
     try:
-        return parent_main(args)
+        return levers_main(args) if args.levers else parent_main(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -3,10 +3,12 @@ are not comparable, so every results JSON says which one it came from."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
 import shutil
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -57,12 +59,25 @@ def describe() -> dict[str, Any]:
     }
 
 
+def git_commit() -> str:
+    """The commit the figures are measured at (short hash, "+dirty" with local changes)."""
+    try:
+        run = functools.partial(subprocess.run, cwd=Path(__file__).resolve().parent,
+                                capture_output=True, text=True, check=True)
+        commit = run(["git", "rev-parse", "--short", "HEAD"]).stdout.strip()
+        dirty = run(["git", "status", "--porcelain", "--untracked-files=no"]).stdout.strip()
+        return commit + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
 def write_results(name: str, results: dict[str, Any], directory: Path = RESULTS_DIR) -> Path:
-    """`<directory>/<name>.json` with the machine and the date beside the figures."""
+    """`<directory>/<name>.json` with the machine, the date and the commit beside the
+    figures."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{name}.json"
     document = {"benchmark": name, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-                "machine": describe(), **results}
+                "commit": git_commit(), "machine": describe(), **results}
     path.write_text(json.dumps(document, indent=2) + "\n")
     return path
 

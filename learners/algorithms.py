@@ -59,8 +59,6 @@ class Sizes:
     """The policy has a recurrent core (network.core): updates unroll whole columns."""
     burn_in: int = 0
     """Steps at the start of each column that only warm the state (learner.burn_in)."""
-    update_loops: str = "auto"
-    """How the gradient steps loop (learner.update_loops; `learners/update_loops.py`)."""
 
 
 @dataclass(frozen=True)
@@ -151,8 +149,7 @@ def sizes(config: ExperimentConfig) -> Sizes:
                  total_updates=max(1, frames // (T * B)) if frames else 0,
                  reward_scale=config.learner.reward_scale,
                  reward_clip=config.learner.reward_clip,
-                 recurrent=config.network.core != "none", burn_in=config.learner.burn_in,
-                 update_loops=config.learner.update_loops)
+                 recurrent=config.network.core != "none", burn_in=config.learner.burn_in)
 
 
 def _section(config: ExperimentConfig, name: str) -> Any:

@@ -1,14 +1,18 @@
 """Convolutions that stay fast on XLA:CPU, with the parameters of `flax.linen.Conv`.
 
-XLA:CPU runs a convolution on its Eigen path, which is single-threaded for these
-shapes and slow for a strided kernel (the Nature-CNN's 8x8/4 first layer: about
-4x torch's time), and its weight-gradient convolutions inside loop bodies fall back
-to a naive emitter (see `learners/update_loops.py`). A VALID convolution whose
-kernel size is a multiple of its stride is also space-to-depth by the stride
-followed by a stride-1 convolution with a kernel of k/s; and a stride-1 convolution
-is one matmul from every input position to every kernel offset's output, summed
-over shifted windows. Matmuls and elementwise sums are XLA:CPU's fast, multi-threaded
-paths, forward and backward. `bench/learner.py --levers` measures each choice.
+XLA:CPU runs a convolution on its Eigen path, single-threaded for these shapes and
+slow for a strided kernel (the Nature-CNN's 8x8/4 first layer: about 4x torch's
+time). Inside the learner's update it is worse: the weight gradients of convolutions
+in a `lax.scan` body fall back to a naive emitter (JAX issue 12868), and even written
+out unrolled, the 3x3 layer's gradients took 125 ms of a 690 ms update. Matmuls and
+elementwise sums are XLA:CPU's fast, multi-threaded paths, forward and backward, so:
+- a VALID convolution whose kernel size is a multiple of its stride is space-to-depth
+  by the stride, then a stride-1 convolution with a kernel of k/s over s*s*C channels,
+  computed as one matmul from every position to every kernel offset's output summed
+  over shifted windows (`matmul_conv`);
+- a stride-1 convolution is im2col, the k*k shifted windows side by side, and one
+  matmul (`patches_matmul_conv`; on the 9x9 maps it sees, cheaper than the shifted sum).
+`bench/learner.py --levers` measures the update with either implementation beside torch.
 
 `Conv` keeps `flax.linen.Conv`'s parameters ("kernel" [k, k, C, F], "bias" [F], the
 same names and shapes), so a checkpoint moves between platforms whatever each chose.
@@ -20,6 +24,7 @@ from collections.abc import Callable
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 
 
 def conv_impl(setting: str) -> str:
@@ -57,6 +62,17 @@ def shifted_matmul_conv(x: jax.Array, kernel: jax.Array) -> jax.Array:
     return sum(per_offset[:, i:i + ho, j:j + wo, i, j] for i in range(k) for j in range(k))
 
 
+def patches_matmul_conv(x: jax.Array, kernel: jax.Array) -> jax.Array:
+    """A stride-1 VALID convolution as im2col: every kernel offset's window side by side
+    in the channels, then one matmul with the flattened kernel."""
+    k, _, c, f = kernel.shape
+    n, h, w, _ = x.shape
+    ho, wo = h - k + 1, w - k + 1
+    patches = jnp.concatenate([x[:, i:i + ho, j:j + wo] for i in range(k) for j in range(k)],
+                              -1)
+    return (patches.reshape(-1, k * k * c) @ kernel.reshape(k * k * c, f)).reshape(n, ho, wo, f)
+
+
 def matmul_conv(x: jax.Array, kernel: jax.Array, stride: int,
                 prepare: Callable[[jax.Array], jax.Array] = lambda x: x) -> jax.Array:
     """`lax.conv_general_dilated(x, kernel, stride, "VALID")` in NHWC/HWIO, as
@@ -78,10 +94,10 @@ def xla_conv(x: jax.Array, kernel: jax.Array, stride: int) -> jax.Array:
 
 
 class Conv(nn.Module):
-    """A square VALID convolution with `flax.linen.Conv`'s parameters, computed by
-    `matmul_conv` where `impl` is "matmul" and the stride is above 1 and divides the
-    kernel size (a stride-1 kernel is as fast on XLA's own path, once outside loops),
-    otherwise by XLA's convolution. `prepare` is applied to the input first."""
+    """A square VALID convolution with `flax.linen.Conv`'s parameters. Where `impl` is
+    "matmul", a strided one whose kernel size is a multiple of its stride is computed
+    by `matmul_conv` and a stride-1 one by `patches_matmul_conv`; otherwise, and where
+    `impl` is "xla", by XLA's convolution. `prepare` is applied to the input first."""
 
     features: int
     kernel_size: int
@@ -97,4 +113,6 @@ class Conv(nn.Module):
         bias = self.param("bias", nn.initializers.zeros, (self.features,))
         if self.impl == "matmul" and self.stride > 1 and k % self.stride == 0:
             return matmul_conv(x, kernel, self.stride, prepare) + bias
+        if self.impl == "matmul" and self.stride == 1:
+            return patches_matmul_conv(prepare(x), kernel) + bias
         return xla_conv(prepare(x), kernel, self.stride) + bias

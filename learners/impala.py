@@ -28,7 +28,6 @@ from learners.distributions import Distribution
 from learners.networks import Policy
 from learners.sequences import after_burn_in, episode_starts, flat_unroll, warm_state
 from learners.train_state import Batch, TrainState, descend, prepare
-from learners.update_loops import step_loop, unroll_loops
 from srl_jax.config import ConfigError
 
 
@@ -226,9 +225,9 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation, impala:
             info["grad_norm"] = optax.tree.norm(grads)
             return (descend(net, updates, live.learning_rate), opt_state), info
 
-        (net, opt_state), infos = step_loop(
+        (net, opt_state), infos = jax.lax.scan(
             minibatch_step, (params["net"], state.opt_state),
-            split_envs(batch, impala.minibatches), unroll_loops(sizes.update_loops))
+            split_envs(batch, impala.minibatches))
         metrics = jax.tree.map(jnp.mean, infos)
         new_state = state._replace(params={**params, "net": net}, opt_state=opt_state,
                                    version=state.version + 1)

@@ -25,7 +25,6 @@ from learners.distributions import Distribution
 from learners.networks import Policy
 from learners.sequences import episode_starts, flat_unroll, warm_state
 from learners.train_state import Batch, TrainState, descend, prepare
-from learners.update_loops import step_loop, unroll_loops
 from srl_jax.config import ConfigError
 
 
@@ -193,46 +192,37 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation, ppo: PP
                             mb["logp"], mb["values"], mb["advantages"], mb["returns"], live)
 
         grad_fn = jax.grad(loss_of_net, has_aux=True)
-        unrolled = unroll_loops(sizes.update_loops)
-
-        def step(net: Any, opt_state: Any, mb: dict) -> tuple:
-            grads, info = grad_fn(net, mb)
-            updates, new_opt_state = optimizer.update(grads, opt_state, net)
-            return descend(net, updates, live.learning_rate), new_opt_state, info
 
         def minibatch_step(carry: tuple, mb: dict) -> tuple:
             net, opt_state, stopped = carry
-            if ppo.target_kl is None:  # never stops early: no branch around the step
-                net, opt_state, info = step(net, opt_state, mb)
-            elif unrolled:  # a branch would hide the convolutions from XLA:CPU: select
-                stepped = step(net, opt_state, mb)
-                kept = (net, opt_state, jax.tree.map(jnp.zeros_like, stepped[2]))
-                net, opt_state, info = jax.tree.map(
-                    lambda old, new: jnp.where(stopped, old, new), kept, stepped)
-            else:
-                def skip(_: None) -> tuple:
-                    info = jax.tree.map(jnp.zeros_like, jax.eval_shape(grad_fn, net, mb)[1])
-                    return net, opt_state, info
 
-                net, opt_state, info = jax.lax.cond(
-                    stopped, skip, lambda _: step(net, opt_state, mb), None)
+            def step(_: None) -> tuple:
+                grads, info = grad_fn(net, mb)
+                updates, new_opt_state = optimizer.update(grads, opt_state, net)
+                return descend(net, updates, live.learning_rate), new_opt_state, info
+
+            def skip(_: None) -> tuple:
+                info = jax.tree.map(jnp.zeros_like, jax.eval_shape(grad_fn, net, mb)[1])
+                return net, opt_state, info
+
+            net, opt_state, info = jax.lax.cond(stopped, skip, step, None)
             return (net, opt_state, stopped), (info, ~stopped)
 
         def epoch(carry: tuple, key: jax.Array) -> tuple:
             order = jax.random.permutation(key, n)
             shuffled = jax.tree.map(
                 lambda x: x[order].reshape(ppo.minibatches, -1, *x.shape[1:]), samples)
-            (net, opt_state, stopped), (infos, ran) = step_loop(minibatch_step, carry,
-                                                                shuffled, unrolled)
+            (net, opt_state, stopped), (infos, ran) = jax.lax.scan(minibatch_step, carry,
+                                                                   shuffled)
             if ppo.target_kl is not None:
                 kl = jnp.sum(infos["approx_kl"] * ran) / jnp.maximum(ran.sum(), 1)
                 stopped = stopped | (kl > ppo.target_kl)
             return (net, opt_state, stopped), (infos, ran)
 
         key, epoch_key = jax.random.split(state.key)
-        (net, opt_state, _), (infos, ran) = step_loop(
+        (net, opt_state, _), (infos, ran) = jax.lax.scan(
             epoch, (params["net"], state.opt_state, jnp.zeros((), bool)),
-            jax.random.split(epoch_key, ppo.epochs), unrolled)
+            jax.random.split(epoch_key, ppo.epochs))
         steps = jnp.maximum(ran.sum(), 1)
         metrics = jax.tree.map(lambda x: jnp.sum(x * ran) / steps, infos)
         metrics["epochs_run"] = ran.sum() / ppo.minibatches

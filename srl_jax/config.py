@@ -17,7 +17,6 @@ NETWORKS = ("mlp", "nature_cnn")
 CORES = ("none", "lstm", "gru")
 HEADS = ("actor_critic", "q", "dueling")
 CONVS = ("auto", "xla", "matmul")
-UPDATE_LOOPS = ("auto", "scan", "unrolled")
 ENV_BACKENDS = ("gymnasium", "envpool")
 DEFAULT_POLICY = "default"
 PETTINGZOO_PREFIX = "pettingzoo:"
@@ -193,11 +192,6 @@ class LearnerConfig:
     burn_in: int = 0
     """Recurrent policies: the first K steps of each chunk column only warm up the
     stored state (no loss, no gradient), R2D2's remedy for stale states."""
-    update_loops: str = "auto"
-    """How the update runs its gradient steps (epochs x minibatches): 'scan' (one loop in
-    the compiled program), 'unrolled' (each step written out: the form XLA:CPU runs
-    convolutions fast in, see `learners/update_loops.py`; more compile time) or 'auto'
-    (unrolled where the learner's JAX runs on the CPU, scan on a GPU or TPU)."""
     algorithms: dict[str, dict[str, Any]] = field(
         default_factory=dict, metadata={SECTIONS: True})
     """Algorithm sections as written, `learner.<name>: {...}` (e.g. `learner.ppo`), by

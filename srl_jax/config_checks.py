@@ -16,7 +16,6 @@ from srl_jax.config import (
     NETWORKS,
     POLICY_NAME,
     RESERVED_POLICY_NAMES,
-    UPDATE_LOOPS,
     ConfigError,
     ExperimentConfig,
     NetworkConfig,
@@ -198,9 +197,6 @@ def check_network(config: ExperimentConfig) -> None:
     require(network.head == "actor_critic" or network.core == "none",
             f"'network.head': '{network.head}' has no recurrent version; set 'network.core' "
             f"to none (R2D2 is not built yet)")
-    require(config.learner.update_loops in UPDATE_LOOPS,
-            f"'learner.update_loops': unknown '{config.learner.update_loops}' "
-            f"(known: {', '.join(UPDATE_LOOPS)})")
     burn_in, T = config.learner.burn_in, config.actors.trajectory_length
     require(burn_in >= 0, "'learner.burn_in' must not be negative")
     require(burn_in == 0 or network.core != "none",

@@ -56,7 +56,7 @@ LAYERS = (
     Layer("learning", _names(
         "learners.algorithms", "learners.networks", "learners.distributions",
         "learners.train_state", "learners.sequences", "learners.mesh", "learners.param_codec",
-        "learners.sample_queue", "learners.conv", "learners.update_loops",
+        "learners.sample_queue", "learners.conv",
         "learners.learner", "learners.policy_runner", "learners.policy", "learners.distributed",
         "learners.jax_runtime", "srl_jax.checkpoint"),
         may_import=_names("base", "learning"), forbidden=ENV_PACKAGES | {"zmq", "ray"}),

@@ -1,9 +1,7 @@
-"""The CPU paths of the learner: matmul convolutions and unrolled gradient-step loops give
-what XLA's convolution and the scanned loops give, to float tolerance."""
+"""The learner's CPU convolutions (`network.conv: matmul`) give what XLA's convolution
+gives, alone and through whole PPO and IMPALA updates, to float tolerance."""
 
 from __future__ import annotations
-
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +10,7 @@ import pytest
 
 from learners import impala, ppo
 from learners.algorithms import Sizes
-from learners.conv import matmul_conv, xla_conv
+from learners.conv import matmul_conv, patches_matmul_conv, xla_conv
 from learners.networks import init_policy_params, make_policy, scale_frames
 from learners.train_state import Batch, init_train_state
 from srl_jax.config import ConfigError
@@ -32,13 +30,16 @@ def test_matmul_conv_matches_xla_values_and_gradients(height: int, kernel: int,
     rng = np.random.default_rng(height)
     x = jnp.asarray(rng.normal(size=(3, height, height + 2, 5)), jnp.float32)
     w = jnp.asarray(rng.normal(size=(kernel, kernel, 5, 7)) / kernel, jnp.float32)
-    np.testing.assert_allclose(matmul_conv(x, w, stride), xla_conv(x, w, stride),
-                               rtol=1e-4, atol=1e-4)
+    ours = [lambda x, w: matmul_conv(x, w, stride)]
+    if stride == 1:
+        ours.append(patches_matmul_conv)
     g = jnp.asarray(rng.normal(size=xla_conv(x, w, stride).shape), jnp.float32)
-    grads = [jax.grad(lambda x, w, f=f: jnp.sum(f(x, w, stride) * g), (0, 1))(x, w)
-             for f in (matmul_conv, xla_conv)]
-    for ours, xla in zip(*grads, strict=True):
-        np.testing.assert_allclose(ours, xla, rtol=1e-4, atol=1e-3)
+    for conv in ours:
+        np.testing.assert_allclose(conv(x, w), xla_conv(x, w, stride), rtol=1e-4, atol=1e-4)
+        grads = [jax.grad(lambda x, w, f=f: jnp.sum(f(x, w) * g), (0, 1))(x, w)
+                 for f in (conv, lambda x, w: xla_conv(x, w, stride))]
+        for mine, xla in zip(*grads, strict=True):
+            np.testing.assert_allclose(mine, xla, rtol=1e-4, atol=1e-3)
 
 
 def test_matmul_conv_scales_uint8_frames_after_the_reshuffle() -> None:
@@ -93,17 +94,17 @@ UPDATES = {
 
 
 @pytest.mark.parametrize("case", list(UPDATES))
-def test_cpu_path_update_matches_the_scanned_xla_update(case: str) -> None:
-    """The update with matmul convolutions and unrolled loops (what 'auto' picks on a CPU)
-    against XLA's convolution under scans (what a GPU or TPU runs): the same metrics and
-    parameters after two updates. With target_kl, the unrolled form selects where the
-    scanned one branches; the high learning rate makes it stop early."""
+def test_matmul_update_matches_the_xla_update(case: str) -> None:
+    """The update with matmul convolutions (what 'auto' picks on a CPU) against XLA's
+    convolution (a GPU's or TPU's): the same metrics and parameters after two updates of
+    several minibatch steps each; with target_kl, the high learning rate makes both stop
+    early."""
     module, config = UPDATES[case]
+    sizes = Sizes(trajectory_length=T, batch_envs=B, total_updates=0, reward_scale=1.0,
+                  reward_clip=0.0)
     results = []
-    for conv, loops in (("matmul", "unrolled"), ("xla", "scan")):
+    for conv in ("matmul", "xla"):
         policy, network = cnn_policy(conv)
-        sizes = Sizes(trajectory_length=T, batch_envs=B, total_updates=0, reward_scale=1.0,
-                      reward_clip=0.0, update_loops=loops)
         optimizer = module.make_optimizer(config, sizes)
         state = init_train_state(init_policy_params(network, FRAME, seed=1), optimizer, seed=1)
         update = jax.jit(module.make_update(policy, optimizer, config, sizes))
@@ -124,18 +125,13 @@ def test_cpu_path_update_matches_the_scanned_xla_update(case: str) -> None:
         np.testing.assert_allclose(a, b, rtol=2e-3, atol=2e-4)
 
 
-@pytest.mark.parametrize(("override", "message"), [
-    ("network.conv=fast", "'network.conv': unknown 'fast' (known: auto, xla, matmul)"),
-    ("learner.update_loops=while", "'learner.update_loops': unknown 'while' "
-                                   "(known: auto, scan, unrolled)"),
-])
-def test_unknown_cpu_path_settings_are_refused(override: str, message: str) -> None:
+def test_an_unknown_convolution_is_refused() -> None:
     with pytest.raises(ConfigError) as refused:
-        validate(make_config([override]))
-    assert str(refused.value) == message
+        validate(make_config(["network.conv=fast"]))
+    assert str(refused.value) == "'network.conv': unknown 'fast' (known: auto, xla, matmul)"
 
 
-def test_sizes_carry_the_loop_setting() -> None:
-    from learners.algorithms import sizes
-    config = make_config(["learner.update_loops=unrolled"])
-    assert sizes(config) == dataclasses.replace(sizes(make_config()), update_loops="unrolled")
+def test_auto_picks_matmul_on_the_cpu() -> None:
+    assert jax.default_backend() == "cpu"
+    assert isinstance(cnn_policy("auto")[1], type(cnn_policy("matmul")[1]))
+    assert cnn_policy("auto")[1].conv == "matmul" and cnn_policy("xla")[1].conv == "xla"
