@@ -73,19 +73,17 @@ def patches_matmul_conv(x: jax.Array, kernel: jax.Array) -> jax.Array:
     return (patches.reshape(-1, k * k * c) @ kernel.reshape(k * k * c, f)).reshape(n, ho, wo, f)
 
 
-def matmul_conv(x: jax.Array, kernel: jax.Array, stride: int,
-                prepare: Callable[[jax.Array], jax.Array] = lambda x: x) -> jax.Array:
+def matmul_conv(x: jax.Array, kernel: jax.Array, stride: int) -> jax.Array:
     """`lax.conv_general_dilated(x, kernel, stride, "VALID")` in NHWC/HWIO, as
     space-to-depth plus `shifted_matmul_conv`; the kernel size must be a multiple of
-    the stride. `prepare` runs after the space-to-depth (a uint8 frame then moves
-    once, as bytes, and is scaled after)."""
+    the stride."""
     k = kernel.shape[0]
     if k % stride:
         raise ValueError(f"a {k}x{k} kernel is not a multiple of its stride {stride}")
     used_h = (x.shape[1] - k) // stride * stride + k  # VALID reads no row past these
     used_w = (x.shape[2] - k) // stride * stride + k
     x = space_to_depth(x[:, :used_h, :used_w], stride)
-    return shifted_matmul_conv(prepare(x), kernel_to_depth(kernel, stride))
+    return shifted_matmul_conv(x, kernel_to_depth(kernel, stride))
 
 
 def xla_conv(x: jax.Array, kernel: jax.Array, stride: int) -> jax.Array:
@@ -97,7 +95,7 @@ class Conv(nn.Module):
     """A square VALID convolution with `flax.linen.Conv`'s parameters. Where `impl` is
     "matmul", a strided one whose kernel size is a multiple of its stride is computed
     by `matmul_conv` and a stride-1 one by `patches_matmul_conv`; otherwise, and where
-    `impl` is "xla", by XLA's convolution. `prepare` is applied to the input first."""
+    `impl` is "xla", by XLA's convolution."""
 
     features: int
     kernel_size: int
@@ -106,13 +104,12 @@ class Conv(nn.Module):
     kernel_init: Callable = nn.initializers.lecun_normal()
 
     @nn.compact
-    def __call__(self, x: jax.Array,
-                 prepare: Callable[[jax.Array], jax.Array] = lambda x: x) -> jax.Array:
+    def __call__(self, x: jax.Array) -> jax.Array:
         k = self.kernel_size
         kernel = self.param("kernel", self.kernel_init, (k, k, x.shape[-1], self.features))
         bias = self.param("bias", nn.initializers.zeros, (self.features,))
         if self.impl == "matmul" and self.stride > 1 and k % self.stride == 0:
-            return matmul_conv(x, kernel, self.stride, prepare) + bias
+            return matmul_conv(x, kernel, self.stride) + bias
         if self.impl == "matmul" and self.stride == 1:
-            return patches_matmul_conv(prepare(x), kernel) + bias
-        return xla_conv(prepare(x), kernel, self.stride) + bias
+            return patches_matmul_conv(x, kernel) + bias
+        return xla_conv(x, kernel, self.stride) + bias

@@ -39,18 +39,14 @@ def mlp_torso(x: jax.Array, hidden: Sequence[int], activation: str) -> jax.Array
     return x
 
 
-def scale_frames(x: jax.Array) -> jax.Array:
-    """uint8 frames in 0..255 as float32 in [0, 1]."""
-    return x.astype(jnp.float32) * (1.0 / 255.0)
-
-
 def nature_torso(obs: jax.Array, conv: str = "xla") -> jax.Array:
     """The Nature-DQN torso (Mnih et al. 2015) on [N, H, W, C] frames in 0..255: conv 32
     8x8/4, conv 64 4x4/2, conv 64 3x3/1, dense 512; made in the calling module. `conv`
     is the convolution's implementation (`learners.conv.Conv`); both have the same
     parameters."""
     init = nn.initializers.orthogonal(np.sqrt(2))
-    x = nn.relu(Conv(32, 8, 4, conv, init, name="Conv_0")(obs, scale_frames))
+    x = obs.astype(jnp.float32) * (1.0 / 255.0)
+    x = nn.relu(Conv(32, 8, 4, conv, init, name="Conv_0")(x))
     x = nn.relu(Conv(64, 4, 2, conv, init, name="Conv_1")(x))
     x = nn.relu(Conv(64, 3, 1, conv, init, name="Conv_2")(x))
     return nn.relu(nn.Dense(512, kernel_init=init)(x.reshape(x.shape[0], -1)))
