@@ -32,6 +32,7 @@ Every process this script starts is stopped by its pid on Ctrl-C or error.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import signal
@@ -46,7 +47,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_fps import REPO_ROOT, STOP_GRACE_S, BenchError, raise_on_sigterm, run_launcher
-from machine import RESULTS_DIR, describe, in_workdir, write_results
+from machine import RESULTS_DIR, describe, git_commit, in_workdir, write_results
 
 sys.path.insert(0, str(REPO_ROOT))
 import gymnasium as gym
@@ -66,6 +67,8 @@ RESULTS_NAME = "configs"
 FIRST_ROWS = 3
 LAST_ROWS = 10
 RANDOM_ENVS = 8
+CURVE_POINTS = 200
+"""Rows of each run's return curve kept in the results (evenly spaced)."""
 START_MARGIN_S = 300.0
 """Allowed on top of a run's wall-time limit (start-up, final save, shutdown)."""
 
@@ -75,6 +78,11 @@ START_MARGIN_S = 300.0
 
 def shipped(name: str) -> ExperimentConfig:
     return load_config(CONFIGS_DIR / f"{name}.yaml")
+
+
+def config_hash(name: str) -> str:
+    """The shipped config file's sha256 (first 16 hex digits): which version was measured."""
+    return hashlib.sha256((CONFIGS_DIR / f"{name}.yaml").read_bytes()).hexdigest()[:16]
 
 
 def run_config(name: str, max_s: float, run_dir: Path) -> tuple[int, list[str]]:
@@ -123,7 +131,17 @@ def run_figures(run_dir: Path) -> dict[str, Any]:
         "frames_to_target": _number(summary["frames_to_target"]),
         "stop_reason": summary["stop_reason"],
         "restarts": summary["restarts"],
+        "curve": curve(df),
     }
+
+
+def curve(df: pd.DataFrame) -> list[list[float]]:
+    """[time s, env frames, return] of up to CURVE_POINTS rows with a return, evenly
+    spaced, the last included: what `--figure` draws."""
+    rows = df.dropna(subset=[RETURN])
+    picked = np.unique(np.linspace(0, len(rows) - 1, min(len(rows), CURVE_POINTS)).astype(int))
+    return [[round(float(r["time"]), 1), int(r["env_frames"]), round(float(r[RETURN]), 3)]
+            for _, r in rows.iloc[picked].iterrows()]
 
 
 def describe_config(config: ExperimentConfig) -> dict[str, str]:
@@ -204,6 +222,8 @@ def measure(name: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any
           flush=True)
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "commit": git_commit(),
+        "config_sha256": config_hash(name),
         "machine": describe(),
         "overrides": overrides,
         "runs": runs,
