@@ -25,6 +25,7 @@ machine: the figures are wall-clock times.
     .venv/bin/python bench/configs.py                                   # all configs
     .venv/bin/python bench/configs.py cartpole_ppo pendulum_ppo --runs 3
     .venv/bin/python bench/configs.py atari_pong_impala --max-minutes 15
+    .venv/bin/python bench/configs.py atari_breakout_ppo --figure    # its curve, as a PNG
 
 Every process this script starts is stopped by its pid on Ctrl-C or error.
 """
@@ -32,7 +33,6 @@ Every process this script starts is stopped by its pid on Ctrl-C or error.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import signal
@@ -47,7 +47,14 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_fps import REPO_ROOT, STOP_GRACE_S, BenchError, raise_on_sigterm, run_launcher
-from machine import RESULTS_DIR, describe, git_commit, in_workdir, write_results
+from machine import (
+    RESULTS_DIR,
+    config_hash,
+    describe,
+    git_commit,
+    in_workdir,
+    write_results,
+)
 
 sys.path.insert(0, str(REPO_ROOT))
 import gymnasium as gym
@@ -61,6 +68,7 @@ from srl_jax.config_loader import load_config
 from srl_jax.env_spec import EnvSpec
 
 CONFIGS_DIR = REPO_ROOT / "configs"
+FIGURES_DIR = REPO_ROOT / "docs" / "figures"
 EVAL_RETURN = "eval_return_mean"
 """What a config with `stop.target_eval_return` is measured by: its evaluator's return."""
 RESULTS_NAME = "configs"
@@ -79,10 +87,6 @@ START_MARGIN_S = 300.0
 def shipped(name: str) -> ExperimentConfig:
     return load_config(CONFIGS_DIR / f"{name}.yaml")
 
-
-def config_hash(name: str) -> str:
-    """The shipped config file's sha256 (first 16 hex digits): which version was measured."""
-    return hashlib.sha256((CONFIGS_DIR / f"{name}.yaml").read_bytes()).hexdigest()[:16]
 
 
 def run_config(name: str, max_s: float, run_dir: Path) -> tuple[int, list[str]]:
@@ -204,6 +208,7 @@ def measure(name: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any
     """Train config `name` `args.runs` times and play it at random: its results entry."""
     runs = []
     overrides: list[str] = []
+    commit, config_sha256 = git_commit(), config_hash(name)  # what is measured, from the start
     for index in range(args.runs):
         run_dir = workdir / f"{name}-{index}"
         started = time.monotonic()
@@ -222,14 +227,43 @@ def measure(name: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any
           flush=True)
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "commit": git_commit(),
-        "config_sha256": config_hash(name),
+        "commit": commit,
+        "config_sha256": config_sha256,
         "machine": describe(),
         "overrides": overrides,
         "runs": runs,
         "random_return_mean": statistics.fmean(returns),
         "random_episodes": len(returns),
     }
+
+
+def draw_figure(name: str, entry: dict[str, Any]) -> Path:
+    """`docs/figures/<name>.png`: each run's return against wall-clock minutes, from its
+    results entry, with the random policy's mean; what the README shows."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for index, run in enumerate(entry["runs"]):
+        points = np.asarray(run.get("curve") or [], float)
+        if len(points):
+            ax.plot(points[:, 0] / 60, points[:, 2], linewidth=1.5, label=f"run {index}: "
+                    f"{run['env_frames']:,} frames, {run['learner_steps']:,} updates")
+    ax.axhline(entry["random_return_mean"], color="grey", linestyle="--",
+               label=f"random policy ({entry['random_return_mean']:.1f})")
+    machine = entry["machine"]
+    ax.set(xlabel="minutes since the first row", ylabel="episode return (mean of recent)",
+           title=f"{name} as shipped, {machine['cores']} cores ({machine['cpu']}), "
+                 f"commit {entry.get('commit', '?')}")
+    ax.legend(loc="upper left", fontsize=8)
+    ax.grid(alpha=0.3)
+    FIGURES_DIR.mkdir(parents=True, exist_ok=True)
+    path = FIGURES_DIR / f"{name}.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -245,6 +279,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--random-seconds", type=float, default=120.0,
                         help="time cap of the random policy's episodes (default: 120)")
     parser.add_argument("--keep", action="store_true", help="keep the run directories")
+    parser.add_argument("--figure", action="store_true",
+                        help="run nothing: draw docs/figures/<config>.png of each named "
+                             "config from its curves in the results file")
     args = parser.parse_args(argv)
     known = sorted(path.stem for path in CONFIGS_DIR.glob("*.yaml"))
     args.configs = args.configs or known
@@ -261,6 +298,15 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, raise_on_sigterm)
     path = RESULTS_DIR / f"{RESULTS_NAME}.json"
     entries = json.loads(path.read_text())["configs"] if path.exists() else {}
+    if args.figure:
+        missing = [name for name in args.configs if not entries.get(name, {}).get("runs")]
+        if missing:
+            print(f"no results to draw for {', '.join(missing)}: measure them first",
+                  file=sys.stderr)
+            return 1
+        for name in args.configs:
+            print(f"wrote {draw_figure(name, entries[name])}")
+        return 0
 
     def measure_all(workdir: Path) -> int:
         failed = False

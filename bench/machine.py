@@ -4,6 +4,7 @@ are not comparable, so every results JSON says which one it came from."""
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import platform
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "pyzmq", "numpy", "gymnasium", "msgpack")
 
 
@@ -57,6 +59,11 @@ def describe() -> dict[str, Any]:
         "python": platform.python_version(), "packages": versions,
         "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
     }
+
+
+def config_hash(name: str, configs_dir: Path = CONFIGS_DIR) -> str:
+    """A shipped config file's sha256 (first 16 hex digits): which version was measured."""
+    return hashlib.sha256((configs_dir / f"{name}.yaml").read_bytes()).hexdigest()[:16]
 
 
 def git_commit() -> str:

@@ -3,7 +3,8 @@ from the results files in bench/results/.
 
 No figure in the README is typed by hand: `python bench/report.py` rewrites the parts
 of README.md between the marker pairs below from the JSON the benchmarks wrote, and
-`--check` (run by the test suite) fails when the README and the results disagree.
+`--check` (run by the test suite) fails when the README and the results disagree, or
+when a shipped config changed after `bench/configs.py` measured it.
 
     .venv/bin/python bench/report.py            # rewrite the README sections
     .venv/bin/python bench/report.py --check    # exit 1 if it is out of date
@@ -314,6 +315,22 @@ def accelerator(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def learner_cnn(result: dict[str, Any]) -> list[str]:
+    """bench/learner.py --levers: the CNN update with each convolution, beside torch."""
+    first, reference = result["levers"][0], result["torch"]
+    rows = [[f"srl_jax, `network.conv: {r['conv']}`", f"{r['samples_per_s']:,.0f}",
+             f"{r['torch_ratio']:.2f}", f"{r['compile_s']:.1f}"] for r in result["levers"]]
+    rows.append([f"torch {reference['torch']}, {reference['threads']} threads",
+                 f"{reference['samples_per_s']:,.0f}", "1.00", "-"])
+    minibatch = first["T"] * first["B"] // first["minibatches"]
+    lines = [f"Nature-CNN PPO update on {first['obs']} frames, {first['epochs']} epoch(s) x "
+             f"{first['minibatches']} minibatches of {minibatch}, one {first['platform']} "
+             f"device, median of {first['repeats']} repeats (`{result['command']}`, commit "
+             f"{result.get('commit', 'unknown')}):", ""]
+    lines += _table(["learner", "samples/s", "ratio to torch", "compile s"], rows)
+    return [*lines, "", _machine(result)]
+
+
 def render_experiments(results_dir: Path = RESULTS) -> str:
     """The generated experiments table, markers included."""
     path = results_dir / "configs.json"
@@ -323,6 +340,7 @@ def render_experiments(results_dir: Path = RESULTS) -> str:
 
 
 ONE_FILE_BLOCKS = (("sweep", sweep, "bench/sweep.py"),
+                   ("learner_cnn", learner_cnn, "bench/learner.py --levers"),
                    ("accelerator", accelerator, "bench/accelerator_check.py on a GPU or TPU host"))
 """README blocks made from one results file each: (its name, renderer, what writes it)."""
 
@@ -349,6 +367,20 @@ def splice(readme: str, block: str, begin: str = BEGIN, end: str = END) -> str:
     return head + block + rest.split(end, 1)[1]
 
 
+def stale_configs(results_dir: Path = RESULTS) -> list[str]:
+    """Shipped configs whose file changed after `bench/configs.py` measured them (by the
+    hash it recorded; entries measured before hashes were recorded are not checked)."""
+    from machine import CONFIGS_DIR, config_hash
+
+    path = results_dir / "configs.json"
+    entries = json.loads(path.read_text())["configs"] if path.exists() else {}
+    return [f"configs/{name}.yaml changed after its figures were measured at commit "
+            f"{entry.get('commit', '?')}: rerun bench/configs.py {name}"
+            for name, entry in sorted(entries.items())
+            if "config_sha256" in entry and (CONFIGS_DIR / f"{name}.yaml").exists()
+            and entry["config_sha256"] != config_hash(name)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/report.py", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true",
@@ -360,11 +392,13 @@ def main(argv: list[str] | None = None) -> int:
     for name, renderer, source in ONE_FILE_BLOCKS:
         wanted = splice(wanted, render_one(name, renderer, source), *markers(name))
     if args.check:
+        problems = stale_configs()
         if wanted != current:
-            print("README.md's generated tables are out of date: run "
-                  "python bench/report.py", file=sys.stderr)
-            return 1
-        return 0
+            problems.append("README.md's generated tables are out of date: run "
+                            "python bench/report.py")
+        for problem in problems:
+            print(problem, file=sys.stderr)
+        return 1 if problems else 0
     README.write_text(wanted)
     print(f"wrote the performance and experiments tables of {README}")
     return 0

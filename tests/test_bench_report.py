@@ -36,3 +36,18 @@ def test_every_shipped_config_has_measured_figures() -> None:
     for name, entry in measured.items():
         assert entry["runs"] and entry["random_episodes"] > 0, name
         assert entry["machine"]["cores"] >= 1, name
+
+
+def test_a_config_changed_after_its_figures_were_measured_fails_the_check(
+        tmp_path, monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    from bench.machine import config_hash
+    from bench.report import stale_configs
+
+    entries = {"cartpole_ppo": {"config_sha256": config_hash("cartpole_ppo"), "commit": "a"},
+               "pendulum_ppo": {"config_sha256": "0" * 16, "commit": "b"},
+               "cartpole_dqn": {"commit": "c"}}  # measured before hashes: not checked
+    (tmp_path / "configs.json").write_text(json.dumps({"configs": entries}))
+    assert stale_configs(tmp_path) == [
+        "configs/pendulum_ppo.yaml changed after its figures were measured at commit b: "
+        "rerun bench/configs.py pendulum_ppo"]
