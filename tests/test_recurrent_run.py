@@ -51,7 +51,7 @@ def test_lstm_ppo_evaluates_at_500_through_a_killed_actor_and_inference_server(
     reach its target before both successors are seen running."""
     process, run_dir = launch(processes, tmp_path, "stop.target_return=null",
                               "stop.target_eval_return=500", "stop.wall_time_s=300",
-                              "evaluation.every_updates=10", "evaluation.episodes=5",
+                              "evaluation.every_updates=10", "evaluation.episodes=10",
                               "actors.inference_timeout_s=1", "runtime.restart_backoff_s=0.2",
                               experiment="cartpole_lstm_ppo")
     wait_for(lambda: all_running(run_dir) and (rows := read_metrics(run_dir))
@@ -67,7 +67,9 @@ def test_lstm_ppo_evaluates_at_500_through_a_killed_actor_and_inference_server(
     rows = read_metrics(run_dir)
     final = read_status(run_dir)
     # LSTM PPO here peaks at 500 and may fall back for a while: frequent evaluations
-    # catch a peak, and the stop reason says whether one was caught in time.
+    # catch a peak, and the stop reason says whether one was caught in time. Ten episodes
+    # an evaluation keep a lucky peak from passing: the checkpoint that stops the run is
+    # played again below on other seeds.
     assert "eval_return_mean 500.0" in final["stop_reason"], final["stop_reason"]
     assert all(a["env_frames"] <= b["env_frames"] for a, b in itertools.pairwise(rows))
     assert any("policy_lag_mean" in r for r in rows)
