@@ -459,13 +459,14 @@ LEVERS: tuple[tuple[str, str], ...] = (
 TORCH_SCRIPT = Path(__file__).resolve().parent / "torch_cnn.py"
 
 
-def torch_reference(args: argparse.Namespace) -> dict[str, Any] | str:
-    """bench/torch_cnn.py's figures for the CNN case's sizes, in Sample Factory's venv."""
+def torch_reference(case: dict[str, Any], args: argparse.Namespace) -> dict[str, Any] | str:
+    """bench/torch_cnn.py's figures for the sizes of the CNN `case` srl_jax ran, in Sample
+    Factory's venv."""
     from sample_factory_peer import ensure_venv
 
     updates, repeats, _ = timing("cnn", args)
-    command = [str(ensure_venv()), str(TORCH_SCRIPT), "--T", "32",
-               "--B", str(args.cnn_batch_envs), "--epochs", str(args.cnn_epochs),
+    command = [str(ensure_venv()), str(TORCH_SCRIPT), "--T", str(case["T"]),
+               "--B", str(case["B"]), "--epochs", str(args.cnn_epochs),
                "--minibatches", str(args.cnn_minibatches), "--actions", str(args.cnn_actions),
                "--updates", str(updates), "--repeats", str(repeats)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=CASE_TIMEOUT_S)
@@ -491,7 +492,7 @@ def levers_main(args: argparse.Namespace) -> int:
         print(f"  {result['samples_per_s']:,.0f} samples/s, compile {result['compile_s']:.1f}s",
               flush=True)
     print("  torch, the same network and minibatches ...", flush=True)
-    torch_result = torch_reference(args)
+    torch_result = torch_reference(rows[0], args)
     if isinstance(torch_result, str):
         print(f"  torch FAILED: {torch_result}")
         return 1
@@ -507,6 +508,8 @@ def levers_main(args: argparse.Namespace) -> int:
               f"x{row['torch_ratio']:.2f} of torch  (compile {row['compile_s']:.1f}s)")
     label = f"torch {torch_result['torch']}, {torch_result['threads']} threads"
     print(f"  {label:54s} {reference:7,.0f} samples/s")
+    if args.quick:  # a smoke run's figures are not the results
+        return 0
     path = write_results("learner_cnn", {
         "command": "python bench/learner.py --levers", "levers": rows, "torch": torch_result})
     print(f"wrote {path}")
