@@ -48,6 +48,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_fps import REPO_ROOT, STOP_GRACE_S, BenchError, raise_on_sigterm, run_launcher
 from machine import (
+    CONFIGS_DIR,
     RESULTS_DIR,
     config_hash,
     describe,
@@ -67,7 +68,6 @@ from srl_jax.config import EnvConfig, ExperimentConfig, is_pettingzoo, policy_na
 from srl_jax.config_loader import load_config
 from srl_jax.env_spec import EnvSpec
 
-CONFIGS_DIR = REPO_ROOT / "configs"
 FIGURES_DIR = REPO_ROOT / "docs" / "figures"
 EVAL_RETURN = "eval_return_mean"
 """What a config with `stop.target_eval_return` is measured by: its evaluator's return."""
@@ -86,7 +86,6 @@ START_MARGIN_S = 300.0
 
 def shipped(name: str) -> ExperimentConfig:
     return load_config(CONFIGS_DIR / f"{name}.yaml")
-
 
 
 def run_config(name: str, max_s: float, run_dir: Path) -> tuple[int, list[str]]:

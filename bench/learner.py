@@ -476,7 +476,7 @@ def torch_reference(case: dict[str, Any], args: argparse.Namespace) -> dict[str,
 
 
 def levers_main(args: argparse.Namespace) -> int:
-    """The CNN case on one device with each (convolution, loop form), and torch's figure
+    """The CNN case on one device with each convolution, and torch's figure
     for the same network and minibatches; the table, and `bench/results/learner_cnn.json`."""
     from machine import write_results
 
@@ -517,6 +517,8 @@ def levers_main(args: argparse.Namespace) -> int:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from srl_jax.config import CONVS
+
     parser = argparse.ArgumentParser(
         description="Learner update throughput (samples/s) for the CartPole MLP and a "
                     "Nature-CNN, on 1 and 4 devices (4: forced host CPU devices).")
@@ -546,9 +548,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="JAX_PLATFORMS for the children (cases with more than one "
                              "device default to cpu)")
     parser.add_argument("--levers", action="store_true",
-                        help="the CNN case with each convolution and loop form, beside torch "
+                        help="the CNN case with each convolution, beside torch "
                              "on the same minibatches; writes bench/results/learner_cnn.json")
-    parser.add_argument("--conv", choices=("auto", "xla", "matmul"), default="auto",
+    parser.add_argument("--conv", choices=CONVS, default="auto",
                         help="network.conv of the cases")
     parser.add_argument("--case", choices=CASES, help=argparse.SUPPRESS)
     parser.add_argument("--devices", type=int, default=1, help=argparse.SUPPRESS)
