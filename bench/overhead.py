@@ -60,6 +60,7 @@ from e2e_fps import REPO_ROOT, BenchError, raise_on_sigterm
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 from actors.env_ring import ChunkBuilder, StepResult
+from actors.envs import policy_spec
 from srl_jax.stream_table import PARAMS, SAMPLES
 from srl_jax.streams import RejectCounter, make_socket, receive, send
 
@@ -179,7 +180,6 @@ def _take_samples(conn: Connection, case: dict[str, Any], root: Path) -> None:
     """
     import jax
 
-    from actors.envs import policy_spec
     from learners.learner_worker import POLL_MS
     from learners.mesh import make_learner_mesh, put_batch
     from learners.sample_intake import SampleIntake
@@ -361,7 +361,7 @@ def sample_overhead(sink: Sink, name: str, envs: int, seconds: float) -> dict[st
     push = make_socket(zmq.Context.instance(), zmq.PUSH, hwm=4)  # actors.send_queue
     push.connect(endpoint)
     first = np.zeros((envs, *obs_shape), obs_dtype)
-    builder = ChunkBuilder(TRAJECTORY, first)
+    builder = ChunkBuilder(TRAJECTORY, first, policy_spec(micro_config(case)))
     step = StepResult(np.ones(envs, np.float32), np.zeros(envs, bool), np.zeros(envs, bool),
                       first, np.empty(0, np.int64), np.empty((0, *obs_shape), obs_dtype))
     action, values = np.zeros(envs, np.int32), np.zeros(envs, np.float32)
