@@ -33,10 +33,13 @@ This script gives the figures to beat: time to the target return from start,
 frames at that point, steady frames/s and start-up time.
 
 Output: one JSON line per `--report-interval` (1 s) on stdout,
-`{"wall", "time", "env_frames", "episode_return_mean", "episodes"}`, where
-`time` counts from the top of this file (before the heavy imports) and
+`{"wall", "time", "env_frames", "episode_return_mean", "episodes",
+"episode_return_mean_last20", "episode_return_mean_last100"}`, where
+`time` counts from the top of this file (before the heavy imports),
 `episode_return_mean` is the mean return of the episodes that finished since
-the previous row (absent when none did). It stops when that per-row mean
+the previous row (absent when none did), and `episode_return_mean_last<N>` the
+mean of the last N episodes (all while fewer have finished; absent before the
+first), as srl_jax's metrics rows carry them. It stops when that per-row mean
 reaches `--target-return` (the rule of srl_jax's `stop.target_return`), or at
 `--seconds` or `--total-frames` (both checked after each update, so a run can
 pass them by one rollout and update), and prints a last line
@@ -56,6 +59,7 @@ START = time.time()
 import argparse  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
+from collections import deque  # noqa: E402
 from collections.abc import Callable, Sequence  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -65,6 +69,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
+
+from srl_jax.metrics import RETURN_WINDOWS, recent_return_means  # noqa: E402
 
 Params = Any
 
@@ -248,6 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     next_obs, _ = envs.reset(seed=args.seed)
     ep_return = np.zeros(N, np.float64)
     finished: list[float] = []  # returns of episodes finished since the last row
+    recent: deque[float] = deque(maxlen=max(RETURN_WINDOWS))  # the last episodes' returns
     frames = 0
     last_row = time.time()
     done_reason = None
@@ -283,6 +290,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         row["episode_return_mean"] >= args.target_return:
                     done_reason = "target"
             row["episodes"] = len(finished)
+            recent.extend(finished)
+            row.update(recent_return_means(list(recent)))
             emit(row)
             finished.clear()
             last_row = now

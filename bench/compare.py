@@ -7,7 +7,12 @@ Cases (``--cases``, default all):
   ``sf_examples.train_gym_env`` documents (bench/sample_factory_peer.py, in its
   own virtual environment), and the single-process cleanrl-style JAX PPO
   (bench/cleanrl_ppo.py). Figures: steady env frames/s, wall time from launch
-  to the first report of a mean return >= 475, and the env frames it took.
+  to the first report of a mean return >= 475, and the env frames it took, for
+  each return window a system reports: its own row (srl_jax and the baseline:
+  the episodes that ended within a 1 s row; Sample Factory: its last 100
+  episodes), and the mean of the last 20 and of the last 100 episodes
+  (``episode_return_mean_last20`` / ``_last100``, from every episode's return).
+  srl_jax and the baseline run until every window reached 475 (or the budget).
 - ``dqn``: CartPole-v1 to an evaluation return of 475: srl_jax's Ape-X DQN
   (``cartpole_dqn``) against the single-process cleanrl-style DQN with the same
   config, network and update (bench/cleanrl_dqn.py). The return is each side's
@@ -60,12 +65,16 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sample_factory_peer
 from e2e_fps import REPO_ROOT, raw_env_rates, read_rows, stop_process
-from machine import nproc, release_workdir, write_results
+from machine import config_hash, nproc, release_workdir, write_results
 
+from srl_jax.metrics import RETURN_WINDOWS
 from srl_jax.run_dir import read_status
 
 TARGET_RETURN = 475.0
 POLL_S = 0.5
+ROLLING_WINDOWS = {f"last{n}": f"episode_return_mean_last{n}" for n in RETURN_WINDOWS}
+"""Return window -> the row key of the mean over that many last episodes (srl_jax's
+metrics rows and bench/cleanrl_ppo.py's lines carry them)."""
 
 SAMPLING_OVERRIDES = ("stop.target_return=null", "learner.ppo.epochs=1",
                       "learner.ppo.minibatches=1", "checkpoint.enabled=false")
@@ -89,6 +98,9 @@ class Launch:
     stop: Callable[[subprocess.Popen, Path], None] | None = None
     return_key: str = "episode_return_mean"
     """The rows' return that the target is on (`eval_return_mean`: greedy evaluations)."""
+    windows: dict[str, str] = field(default_factory=dict)
+    """Return window ("last20", "last100") -> the row key of the system's mean over it;
+    the run goes on until each of them and `return_key` reached the target."""
 
 
 @dataclass
@@ -100,22 +112,37 @@ class RunFigures:
     time_to_target_s: float | None = None
     frames_to_target: int | None = None
     best_return: float | None = None
+    windows: dict[str, float | int | None] = field(default_factory=dict)
+    """`time_to_target_<window>_s` and `frames_to_target_<window>` of each return window."""
+
+    def figure(self, name: str) -> float | int | None:
+        """A figure by name, a window's included (None where the run has no such figure)."""
+        return self.windows.get(name) if name in self.windows else getattr(self, name, None)
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in vars(self).items()}
+        flat = {**{k: v for k, v in vars(self).items() if k != "windows"}, **self.windows}
+        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in flat.items()}
 
 
 # ------------------------------------------------------------------ systems
 
 
 def srl_jax_launch(experiment: str, workdir: Path, overrides: tuple[str, ...],
-                   seconds: float, return_key: str = "episode_return_mean") -> Launch:
+                   seconds: float, return_key: str = "episode_return_mean",
+                   windows: dict[str, str] | None = None) -> Launch:
     command = [sys.executable, "-m", "srl_jax.launch", experiment, "--run-dir",
                str(workdir / "run"), "--quiet", "--set", f"stop.wall_time_s={seconds:g}"]
     for override in overrides:
         command += ["--set", override]
     return Launch(command, read_srl_jax, stop=lambda p, d: stop_process(p, d / "run"),
-                  return_key=return_key)
+                  return_key=return_key, windows=windows or {})
+
+
+def srl_jax_config(experiment: str, overrides: tuple[str, ...]) -> dict[str, Any]:
+    """What a case ran of srl_jax, for its results: the config, its file's hash and the
+    overrides (besides each round's seed and the budget's wall time)."""
+    return {"experiment": experiment, "config_sha256": config_hash(experiment),
+            "overrides": list(overrides)}
 
 
 def read_srl_jax(workdir: Path) -> list[dict[str, Any]]:
@@ -130,11 +157,15 @@ def read_srl_jax(workdir: Path) -> list[dict[str, Any]]:
 
 
 def cleanrl_launch(workdir: Path, seed: int, seconds: float, script: str = "cleanrl_ppo.py",
-                   return_key: str = "episode_return_mean") -> Launch:
-    """A single-process baseline in bench/ (`script`), which prints JSON lines."""
+                   return_key: str = "episode_return_mean",
+                   windows: dict[str, str] | None = None) -> Launch:
+    """A single-process baseline in bench/ (`script`), which prints JSON lines; with
+    `windows` it does not stop itself at the target: the harness stops it once every
+    window got there."""
+    target = "none" if windows else f"{TARGET_RETURN:g}"
     command = [sys.executable, str(REPO_ROOT / "bench" / script), "--seed", str(seed),
-               "--target-return", f"{TARGET_RETURN:g}", "--seconds", f"{seconds:g}"]
-    return Launch(command, read_json_lines, return_key=return_key)
+               "--target-return", target, "--seconds", f"{seconds:g}"]
+    return Launch(command, read_json_lines, return_key=return_key, windows=windows or {})
 
 
 def read_json_lines(workdir: Path) -> list[dict[str, Any]]:
@@ -154,7 +185,8 @@ def sample_factory_launch(workdir: Path, seed: int, seconds: float,
         python, workdir / "train_dir", "bench", seed=seed, seconds=seconds,
         sampling_only=sampling_only)
     return Launch(command, lambda d: sample_factory_peer.read_trace(
-        (d / "out.log").read_text(errors="replace")), env=env)
+        (d / "out.log").read_text(errors="replace")), env=env,
+        windows={"last100": "episode_return_mean"})  # its --stats_avg of 100 episodes
 
 
 # ------------------------------------------------------------------ one run
@@ -165,9 +197,15 @@ def solved_at(rows: list[dict[str, Any]], target: float,
     return next((r for r in rows if (r.get(key) or -1e30) >= target), None)
 
 
+def all_solved(rows: list[dict[str, Any]], target: float, keys: list[str]) -> bool:
+    """Whether every one of the returns `keys` has reached the target in some row."""
+    return all(solved_at(rows, target, key) for key in keys)
+
+
 def run_once(launch: Launch, workdir: Path, budget_s: float,
              target: float | None) -> RunFigures:
-    """Start the system, stop it at the target or after `budget_s`, and read its figures."""
+    """Start the system, stop it once its return and each window's reached the target or
+    after `budget_s`, and read its figures."""
     workdir.mkdir(parents=True, exist_ok=True)
     launched = time.time()
     with (workdir / "out.log").open("wb") as out:
@@ -176,8 +214,8 @@ def run_once(launch: Launch, workdir: Path, budget_s: float,
                                    env={**os.environ, **launch.env}, start_new_session=True)
     try:
         while process.poll() is None and time.time() - launched < budget_s:
-            if target is not None and solved_at(launch.read(workdir), target,
-                                                launch.return_key):
+            if target is not None and all_solved(
+                    launch.read(workdir), target, [launch.return_key, *launch.windows.values()]):
                 break
             time.sleep(POLL_S)
     finally:
@@ -186,13 +224,14 @@ def run_once(launch: Launch, workdir: Path, budget_s: float,
         else:
             launch.stop(process, workdir)
     rows = launch.read(workdir)
-    return figures(rows, launched, target, launch.return_key)
+    return figures(rows, launched, target, launch.return_key, launch.windows)
 
 
 def figures(rows: list[dict[str, Any]], launched: float, target: float | None,
-            key: str = "episode_return_mean") -> RunFigures:
+            key: str = "episode_return_mean",
+            windows: dict[str, str] | None = None) -> RunFigures:
     """Steady fps from the first row with frames to the last; time to target (a row's
-    `key` >= target) from launch."""
+    `key` >= target) from launch, and so for each window's key."""
     started = next((r for r in rows if r["env_frames"] > 0), None)
     last = rows[-1] if rows else None
     fps = None
@@ -203,9 +242,15 @@ def figures(rows: list[dict[str, Any]], launched: float, target: float | None,
                         frames=last["env_frames"] if last else 0,
                         wall_s=(last["wall"] - launched) if last else 0.0,
                         best_return=max(returns) if returns else None)
-    if target is not None and (hit := solved_at(rows, target, key)):
+    if target is None:
+        return result
+    if hit := solved_at(rows, target, key):
         result.time_to_target_s, result.frames_to_target = hit["wall"] - launched, \
             hit["env_frames"]
+    for window, window_key in (windows or {}).items():
+        hit = solved_at(rows, target, window_key)
+        result.windows[f"time_to_target_{window}_s"] = hit["wall"] - launched if hit else None
+        result.windows[f"frames_to_target_{window}"] = hit["env_frames"] if hit else None
     return result
 
 
@@ -225,7 +270,7 @@ def ratio_rounds(runs: dict[str, list[RunFigures]], ours: str, peer: str,
     """ours / peer of one figure, round by round (a round missing either side is left out)."""
     ratios = []
     for a, b in zip(runs[ours], runs[peer], strict=True):
-        x, y = getattr(a, key), getattr(b, key)
+        x, y = a.figure(key), b.figure(key)
         if x is not None and y:
             ratios.append(x / y)
     return ratios
@@ -282,17 +327,27 @@ def rounds_of(systems: dict[str, Callable[[Path, int], Launch]], args: argparse.
     return runs
 
 
+def window_figures(results: list[RunFigures]) -> list[str]:
+    """The window figures (`time_to_target_last20_s`, ...) the runs have, in order."""
+    return list(dict.fromkeys(name for r in results for name in r.windows))
+
+
 def system_summaries(runs: dict[str, list[RunFigures]]) -> dict[str, Any]:
+    """Each system's figures over the rounds (a window's `n`: the runs that reached it)."""
     return {name: {"fps": spread([r.fps for r in results]),
                    "startup_s": spread([r.startup_s for r in results]),
                    "time_to_target_s": spread([r.time_to_target_s for r in results]),
                    "frames_to_target": spread([r.frames_to_target for r in results]),
                    "solved": sum(r.time_to_target_s is not None for r in results),
+                   **{figure: spread([r.figure(figure) for r in results])
+                      for figure in window_figures(results)},
                    "runs": [r.as_dict() for r in results]} for name, results in runs.items()}
 
 
 RATIO_FIGURES = {"fps": "fps_ratio", "time_to_target_s": "time_to_475_ratio",
-                 "frames_to_target": "frames_to_475_ratio"}
+                 "frames_to_target": "frames_to_475_ratio",
+                 **{f"time_to_target_{w}_s": f"time_to_475_{w}_ratio" for w in ROLLING_WINDOWS},
+                 **{f"frames_to_target_{w}": f"frames_to_475_{w}_ratio" for w in ROLLING_WINDOWS}}
 """RunFigures field -> the name of its srl_jax / peer ratio in the results."""
 
 
@@ -305,13 +360,16 @@ def target_case(args: argparse.Namespace, workdir: Path,
                 systems: dict[str, Callable[[Path, int], Launch]], title: str,
                 ratio_of: tuple[str, ...], budget_s: float) -> dict[str, Any]:
     """Rounds of `systems` (srl_jax first, then its peers) to TARGET_RETURN, their
-    figures, and srl_jax / peer ratios of the `ratio_of` figures (RATIO_FIGURES)."""
+    figures, and srl_jax / peer ratios of the `ratio_of` figures (RATIO_FIGURES) and of
+    the window figures both sides have (the same window on both sides)."""
     runs = rounds_of(systems, args, workdir, budget_s, TARGET_RETURN)
     summary = system_summaries(runs)
     result: dict[str, Any] = {"target_return": TARGET_RETURN, "rounds": args.rounds,
                               "budget_s": budget_s, "systems": summary, "ratios": {}}
+    ours = window_figures(runs["srl_jax"])
     for peer in [name for name in systems if name != "srl_jax"]:
-        for key in ratio_of:
+        shared = [figure for figure in window_figures(runs[peer]) if figure in ours]
+        for key in [*ratio_of, *shared]:
             ratios = spread(ratio_rounds(runs, "srl_jax", peer, key))
             result["ratios"][f"{RATIO_FIGURES[key]}_vs_{peer}"] = ratios
             result[f"{RATIO_FIGURES[key]}_vs_{peer}"] = ratios["median"] if ratios else None
@@ -321,21 +379,35 @@ def target_case(args: argparse.Namespace, workdir: Path,
     print_table(f"{title}: median [min-max] over {args.rounds} rounds",
                 rows, ("system", "env frames/s", "start-up s", f"time to {TARGET_RETURN:g} s",
                        f"frames to {TARGET_RETURN:g}", "solved"))
+    windowed = [figure for results in runs.values() for figure in window_figures(results)]
+    if windowed:
+        columns = list(dict.fromkeys(windowed))
+        print_table(f"to {TARGET_RETURN:g} by the mean of the last N episodes",
+                    [(name, *(_cell(s.get(figure), ",.1f") for figure in columns))
+                     for name, s in summary.items()], ("system", *columns))
     ratio_rows = [(key, _cell(value, ".2f")) for key, value in result["ratios"].items()]
     print_table("srl_jax / peer, round by round", ratio_rows, ("ratio", "median [min-max]"))
     return result
 
 
+CARTPOLE_OVERRIDES = ("stop.target_return=null",)
+"""The default experiment runs on past its own stop (a row's mean of 475) until the
+harness has seen every window reach 475."""
+
+
 def case_cartpole(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     seconds = budget(args, "cartpole")
     systems = {
-        "srl_jax": lambda d, seed: srl_jax_launch("cartpole_ppo", d, (f"seed={seed}",),
-                                                  seconds),
+        "srl_jax": lambda d, seed: srl_jax_launch(
+            "cartpole_ppo", d, (f"seed={seed}", *CARTPOLE_OVERRIDES), seconds,
+            windows=ROLLING_WINDOWS),
         "sample_factory": lambda d, seed: sample_factory_launch(d, seed, seconds),
-        "cleanrl_ppo": lambda d, seed: cleanrl_launch(d, seed, seconds),
+        "cleanrl_ppo": lambda d, seed: cleanrl_launch(d, seed, seconds,
+                                                      windows=ROLLING_WINDOWS),
     }
-    return target_case(args, workdir, systems, f"CartPole-v1 to {TARGET_RETURN:g}",
-                       ("fps", "time_to_target_s"), seconds)
+    result = target_case(args, workdir, systems, f"CartPole-v1 to {TARGET_RETURN:g}",
+                         ("fps", "time_to_target_s"), seconds)
+    return {**result, "srl_jax_config": srl_jax_config("cartpole_ppo", CARTPOLE_OVERRIDES)}
 
 
 def case_dqn(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
@@ -348,7 +420,7 @@ def case_dqn(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     result = target_case(args, workdir, systems,
                          f"CartPole-v1 DQN to an evaluation return of {TARGET_RETURN:g}",
                          ("fps", "time_to_target_s", "frames_to_target"), seconds)
-    return {**result, "return_key": key}
+    return {**result, "return_key": key, "srl_jax_config": srl_jax_config("cartpole_dqn", ())}
 
 
 def case_sampling(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
@@ -368,6 +440,7 @@ def case_sampling(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     ratios = spread(ratio_rounds(runs, "srl_jax", "sample_factory", "fps"))
     peer = summary["sample_factory"]["fps"]
     result = {"seconds": seconds, "rounds": args.rounds, "raw_env_steps_per_s": raw,
+              "srl_jax_config": srl_jax_config("cartpole_ppo", SAMPLING_OVERRIDES),
               "systems": summary, "sampling_efficiency": efficiency,
               "sampling_efficiency_sample_factory": peer["median"] / raw if peer else None,
               "fps_ratio_vs_sample_factory": ratios["median"] if ratios else None,
@@ -398,6 +471,7 @@ def case_pong(args: argparse.Namespace, workdir: Path) -> dict[str, Any] | None:
     summary = system_summaries(runs)
     ours = summary["srl_jax"]["fps"]
     result = {"seconds": seconds, "rounds": args.rounds, "raw_env_steps_per_s": raw,
+              "srl_jax_config": srl_jax_config("atari_pong_impala", PONG_OVERRIDES),
               "systems": summary, "sampling_efficiency": ours["median"] / raw if ours else None}
     rows = [("srl_jax (Nature-CNN, remote inference)", _cell(ours, ",.0f"),
              f"{ours['median'] / raw:.2f}" if ours else "-"),

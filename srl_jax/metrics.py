@@ -8,6 +8,8 @@ grouped by prefix (`actor/`, `inference/`, `learner/`, `replay/`, `policy/`,
 `system/`). In a multi-agent run
 `episode_return_mean` is the team return (all agents' rewards summed) and
 `policy/<name>/episode_return_mean` the mean return of one of that policy's agents.
+`episode_return_mean_last<N>` (N in RETURN_WINDOWS) is the mean over the last N
+episodes the controller received, whichever rows they came in.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections import defaultdict
+from collections import defaultdict, deque
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -38,6 +41,26 @@ platform reports them: levels of the live process, never added to the totals."""
 DEVICE_KINDS = ("learner", "inference", "evaluator")
 POLICY_RETURN = "policy_return/"
 """Heartbeat arrays `policy_return/<policy>`: single agents' episode returns, per policy."""
+
+
+RETURN_WINDOWS = (20, 100)
+"""Episode counts of the rolling return means in every row: 100 is Sample Factory's
+`--stats_avg`, 20 the window bench/compare.py reads the single-process baseline with."""
+
+
+def recent_return_means(recent: Sequence[float],
+                        windows: Sequence[int] = RETURN_WINDOWS) -> dict[str, float]:
+    """`episode_return_mean_last<N>`: the mean of the last N returns of `recent` (all of
+    them while fewer than N have finished, as Sample Factory counts), for each N.
+
+    A row's `episode_return_mean` averages however many episodes ended in its second; a
+    fixed count of episodes is the window a peer's time to a target is read with.
+    """
+    if not len(recent):
+        return {}
+    returns = np.asarray(recent, np.float64)
+    return {f"episode_return_mean_last{n}": round(float(returns[-n:].mean()), 3)
+            for n in windows}
 
 
 MEMBER_EVAL = "eval_return/"
@@ -66,6 +89,7 @@ class MetricsAggregator:
         self._policy_returns: dict[str, list[np.ndarray]] = defaultdict(list)
         self.retired: dict[str, float] = defaultdict(float)
         self._returns: list[np.ndarray] = []
+        self._recent_returns: deque[float] = deque(maxlen=max(RETURN_WINDOWS))
         self._lengths: list[np.ndarray] = []
         self._eval_returns: list[np.ndarray] = []
         self._member_evals: dict[str, list[np.ndarray]] = defaultdict(list)
@@ -175,6 +199,8 @@ class MetricsAggregator:
                 row["episode_return_mean"] = round(float(returns.mean()), 3)
                 row["episode_length_mean"] = round(float(lengths.mean()), 3)
                 row["episodes"] = len(returns)
+                self._recent_returns.extend(returns.tolist())
+        row.update(recent_return_means(list(self._recent_returns)))
         evaluated = np.concatenate(self._eval_returns) if self._eval_returns else np.empty(0)
         self._eval_returns = []
         if len(evaluated):  # deterministic episodes of the evaluator, apart from training

@@ -7,7 +7,12 @@ from pathlib import Path
 
 import numpy as np
 
-from srl_jax.metrics import MetricsAggregator, MetricsWriter, tensorboard_tag
+from srl_jax.metrics import (
+    MetricsAggregator,
+    MetricsWriter,
+    recent_return_means,
+    tensorboard_tag,
+)
 from tests.conftest import read_events
 
 NO_ARRAYS: dict[str, np.ndarray] = {}
@@ -55,6 +60,37 @@ def test_a_resumed_run_continues_frames_and_time() -> None:
     row = metrics.row(22.0)
     assert row["time"] == 22.0 and row["env_frames"] == 10_500
     assert row["fps"] == 250.0 and row["system/restarts"] == 2
+
+
+def test_recent_return_means_average_the_last_n_episodes_or_all_while_fewer() -> None:
+    assert recent_return_means([]) == {}
+    returns = [float(i) for i in range(150)]  # 0 .. 149, oldest first
+    assert recent_return_means(returns) == {"episode_return_mean_last20": 139.5,
+                                            "episode_return_mean_last100": 99.5}
+    assert recent_return_means([10.0, 20.0, 60.0], windows=(2, 5)) == {
+        "episode_return_mean_last2": 40.0, "episode_return_mean_last5": 30.0}
+
+
+def test_rows_carry_rolling_means_over_episodes_not_rows() -> None:
+    metrics = MetricsAggregator()
+
+    def episodes(returns: list[float]) -> dict[str, np.ndarray]:
+        return {"episode_return": np.array(returns), "episode_length": np.ones(len(returns))}
+
+    assert "episode_return_mean_last20" not in metrics.row(1.0)  # no episode yet
+    metrics.observe("actor-0", "actor", {"env_frames": 10}, episodes([0.0] * 90), first=True)
+    metrics.observe("actor-1", "actor", {"env_frames": 10}, episodes([100.0] * 5), first=True)
+    first = metrics.row(2.0)
+    assert first["episode_return_mean_last20"] == 25.0  # 15 zeros, then the 5 hundreds
+    assert first["episode_return_mean_last100"] == round(500 / 95, 3)
+    metrics.observe("actor-0", "actor", {"env_frames": 20}, episodes([200.0] * 15))
+    second = metrics.row(3.0)
+    assert second["episode_return_mean"] == 200.0  # this row's episodes alone
+    assert second["episode_return_mean_last20"] == 175.0  # 5 x 100 and 15 x 200
+    assert second["episode_return_mean_last100"] == 35.0  # 80 zeros of the first row
+    quiet = metrics.row(4.0)  # no episode ended: the windows stand, the row mean is absent
+    assert "episode_return_mean" not in quiet
+    assert quiet["episode_return_mean_last20"] == 175.0
 
 
 def test_rows_go_to_metrics_jsonl_and_tensorboard(tmp_path: Path) -> None:
