@@ -31,6 +31,7 @@ from srl_jax.metrics import DEVICE_MEMORY, MetricsAggregator, MetricsWriter, Pro
 from srl_jax.names import worker_name
 from srl_jax.placement import Placement
 from srl_jax.run_dir import policy_version, write_status
+from srl_jax.startup import StartupTimeline
 from srl_jax.stream_table import COORDINATOR, STATS
 from srl_jax.streams import (
     RejectCounter,
@@ -108,11 +109,13 @@ class Controller:
     def __init__(self, config: ExperimentConfig, run_dir: Path, backend: LaunchBackend,
                  progress: ProgressDisplay | None = None,
                  resume_row: dict[str, Any] | None = None, resumed: bool = False,
-                 keys: CurveKeys | None = None, placement: Placement | None = None) -> None:
+                 keys: CurveKeys | None = None, placement: Placement | None = None,
+                 launched: float | None = None) -> None:
         """`resume_row`: the last metrics row kept by a resume; counters go on from it.
         `keys`: the run's CURVE keys (the backend hands workers the same), None: off.
         `placement`: each worker's devices and the environment that puts it there (None:
-        workers start with the launcher's environment alone)."""
+        workers start with the launcher's environment alone). `launched`: wall time the
+        launcher started, where the start-up timeline counts from (None: now)."""
         self.config = config
         self.placement = placement
         self.keys = keys
@@ -141,6 +144,7 @@ class Controller:
         self._progress: tuple[int, int] | None = None
         self._progress_at = self._next_stall_log = self.started
         self.started_wall = time.time()
+        self.startup = StartupTimeline(launched or self.started_wall)
         self._member_latest: dict[str, dict[str, float]] = {}
         """A population's members' latest value of each stop metric, by metric."""
 
@@ -190,6 +194,7 @@ class Controller:
         if self.keys:
             env[KEYS_ENV] = self.keys.to_env()
         record.handle = self.backend.start(record.kind, record.index, record.policy, env)
+        self.startup.mark(record.name, "spawned")
         record.state, record.started_at = "starting", time.monotonic()
         record.last_heartbeat = record.restart_at = record.exit_code = None
         record.reported, record.waiting, record.ports = False, None, []
@@ -221,10 +226,15 @@ class Controller:
             record.last_heartbeat, record.last_heartbeat_wall = time.monotonic(), time.time()
             record.waiting = _waiting(meta.get("waiting"))
             record.ports = _ports(meta.get("ports")) or record.ports
+            self.startup.mark(record.name, "heard")
             if meta.get("phase") == "setup":
                 continue  # alive, but its counters are not restored yet
             if record.state == "starting":
                 record.state = "running"
+                self.startup.mark(record.name, "running")
+            progress = counters.get(worker_kind(record.kind).progress)
+            if isinstance(progress, int | float) and progress > 0:
+                self.startup.first_frame()
             self.metrics.observe(record.name, record.kind, counters, arrays,
                                  first=not record.reported, policy=record.policy)
             record.reported = True
@@ -389,6 +399,7 @@ class Controller:
             "stop_reason": self.stop_reason, "controller_pid": os.getpid(),
             "started": self.started_wall, "updated": time.time(), "resumes": self.resumes,
             "stalled_for": round(self._stalled_for(), 1),
+            "startup": self.startup.to_json(),
             "ports": self.transport.port_list(),
             "workers": [{
                 "name": r.name, "kind": r.kind, "index": r.index, "policy": r.policy,

@@ -167,6 +167,7 @@ def make_backend(name: str, run_dir: Path, config: ExperimentConfig,
 
 
 def main(argv: list[str] | None = None) -> int:
+    launched = time.time()
     args = parse_args(argv)
     try:
         config, run_dir, resume_steps, placement = prepare_run(args)
@@ -203,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
     print("\n".join(placement.lines()), flush=True)
     return Controller(config, run_dir, backend, progress, resume_row=resume_row,
-                      resumed=resume_steps is not None, keys=keys, placement=placement).run()
+                      resumed=resume_steps is not None, keys=keys, placement=placement,
+                      launched=launched).run()
 
 
 if __name__ == "__main__":

@@ -82,6 +82,10 @@ class Worker:
         self._busy: tuple[str, float] | None = None
         self._heartbeat_lock = threading.Lock()
         """Held while a heartbeat is sent: `busy` sends them from a helper thread."""
+        kind = KINDS.get(self.kind)
+        self._progress = kind.progress if kind else ""
+        """The counter whose first rise sends a heartbeat at once (`WorkerKind.progress`);
+        '' once it has risen."""
 
     def setup(self) -> None:
         """Bind and connect sockets, build environments or programs."""
@@ -181,6 +185,14 @@ class Worker:
                 entry[2] = moved
                 self.log.info("'%s' moved from %s to %s; reconnected", key, endpoint, moved)
 
+    def _first_progress(self) -> bool:
+        """Whether the kind's progress counter has just risen for the first time: the
+        controller then hears of the first env frame within a turn, not a stats interval."""
+        if not self._progress or not self.counters().get(self._progress, 0):
+            return False
+        self._progress = ""
+        return True
+
     def keep_alive(self) -> bool:
         """For long waits: heartbeat, and say whether to keep waiting."""
         self.heartbeat()
@@ -246,7 +258,7 @@ class Worker:
             fault = FaultPlan(self.name)
             while not self._stop:
                 self.run_once()
-                self.heartbeat()
+                self.heartbeat(force=self._first_progress())
                 fault.check()
             self._phase = "finishing"
             self.finish()

@@ -54,6 +54,10 @@ class WorkerKind:
     """The config section whose keys put it on devices (`srl_jax/placement.py`):
     'learner' (`learner.devices`, a mesh), or a section with `device` and `device_memory`
     (one device: 'inference', 'evaluation'); '': it keeps its JAX, if any, on the CPU."""
+    progress: str = ""
+    """The counter whose first rise is the run's first progress (actors: `env_frames`): a
+    worker of this kind heartbeats at once when it rises, so that the controller times
+    the first env frame of the run closely (status.json `startup`)."""
 
     def __post_init__(self) -> None:
         module, _, cls = self.entry.partition(":")
@@ -160,7 +164,7 @@ register_kind(WorkerKind(
 register_kind(WorkerKind(
     "actor", "actors.actor_worker:ActorWorker", False, _actors, "actor",
     "steps environments for every policy (a population member's: for it alone), sends "
-    "sample chunks to the learners", per_member=True))
+    "sample chunks to the learners", per_member=True, progress="env_frames"))
 register_kind(WorkerKind(
     "evaluator", "learners.evaluator:EvaluatorWorker", False, _evaluators, "actor",
     "plays evaluation episodes with the latest parameters", device_keys="evaluation"))

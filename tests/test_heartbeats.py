@@ -114,3 +114,26 @@ def test_busy_heartbeats_end_at_the_bound_so_a_stuck_worker_is_still_killed(
     finally:
         worker._stats_socket.close(linger=0)
         controller.close(linger=0)
+
+
+class FramesWorker(Worker):
+    """An actor-kind worker whose env_frames counter is set by the test."""
+
+    kind = "actor"
+
+    def __init__(self, config: ExperimentConfig, run_dir: Path) -> None:
+        super().__init__(config, 0, run_dir, FileNameService(run_dir / "names"))
+        self.env_frames = 0
+
+    def counters(self) -> dict[str, float]:
+        return {"env_frames": self.env_frames}
+
+
+def test_the_first_env_frame_is_heartbeaten_at_once_and_only_once(tmp_path: Path) -> None:
+    """So the controller times the run's first frame to a loop turn (status.json startup)."""
+    worker = FramesWorker(ExperimentConfig(), tmp_path)
+    assert not worker._first_progress()
+    worker.env_frames = 64
+    assert worker._first_progress()
+    worker.env_frames = 128
+    assert not worker._first_progress()

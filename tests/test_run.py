@@ -57,7 +57,14 @@ def test_ctrl_c_stops_every_worker_within_seconds(processes: Processes, tmp_path
                               "stop.wall_time_s=600")
     wait_for(lambda: all_running(run_dir) and (rows := read_metrics(run_dir))
              and rows[-1]["learner_steps"] > 0, 90, "all workers running and training")
-    pids = [w["pid"] for w in read_status(run_dir)["workers"]]
+    status = read_status(run_dir)
+    startup = status["startup"]
+    for steps in startup["workers"].values():
+        assert startup["controller_s"] <= steps["spawned_s"] <= steps["heard_s"] \
+            <= steps["running_s"], startup
+    assert startup["first_frame_s"] >= min(
+        startup["workers"][f"actor-{i}"]["running_s"] for i in range(2)), startup
+    pids = [w["pid"] for w in status["workers"]]
     started = time.monotonic()
     process.send_signal(signal.SIGINT)
     assert process.wait(timeout=15) == 130, (tmp_path / "launch.log").read_text()
