@@ -41,7 +41,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_fps import REPO_ROOT, STOP_GRACE_S, read_rows, stop_process
 from learner import RESULT_PREFIX
-from machine import RESULTS_DIR, describe, git_commit
+from machine import RESULTS_DIR, config_hash, describe, git_commit
 
 sys.path.insert(0, str(REPO_ROOT))
 from srl_jax.placement import JAX_PLATFORM_NAMES, HostDevices, describe_host
@@ -109,8 +109,8 @@ def run_experiment(experiment: str, seconds: float, run_dir: Path,
                  for key in ("learner/device_memory_peak_mib", "inference/device_memory_peak_mib",
                              "evaluator/device_memory_peak_mib")}
     return {
-        "experiment": experiment, "overrides": overrides, "seconds": seconds,
-        "exit_code": code,
+        "experiment": experiment, "config_sha256": config_hash(experiment),
+        "overrides": overrides, "seconds": seconds, "exit_code": code,
         "log_tail": log_path.read_text(errors="replace").splitlines()[-5:],
         "rows": len(rows), "env_frames": rows[-1]["env_frames"] if rows else 0,
         "learner_steps": rows[-1]["learner_steps"] if rows else 0,

@@ -379,12 +379,15 @@ def target_case(args: argparse.Namespace, workdir: Path,
     print_table(f"{title}: median [min-max] over {args.rounds} rounds",
                 rows, ("system", "env frames/s", "start-up s", f"time to {TARGET_RETURN:g} s",
                        f"frames to {TARGET_RETURN:g}", "solved"))
-    windowed = [figure for results in runs.values() for figure in window_figures(results)]
-    if windowed:
-        columns = list(dict.fromkeys(windowed))
+    windows = [w for w in ROLLING_WINDOWS if any(f"time_to_target_{w}_s" in s
+                                                 for s in summary.values())]
+    if windows:
         print_table(f"to {TARGET_RETURN:g} by the mean of the last N episodes",
-                    [(name, *(_cell(s.get(figure), ",.1f") for figure in columns))
-                     for name, s in summary.items()], ("system", *columns))
+                    [(name, *(cell for w in windows for cell in (
+                        _cell(s.get(f"time_to_target_{w}_s"), ".1f"),
+                        _cell(s.get(f"frames_to_target_{w}"), ",.0f"))))
+                     for name, s in summary.items()],
+                    ("system", *(c for w in windows for c in (f"time, {w} s", f"frames, {w}"))))
     ratio_rows = [(key, _cell(value, ".2f")) for key, value in result["ratios"].items()]
     print_table("srl_jax / peer, round by round", ratio_rows, ("ratio", "median [min-max]"))
     return result

@@ -478,7 +478,7 @@ def torch_reference(case: dict[str, Any], args: argparse.Namespace) -> dict[str,
 def levers_main(args: argparse.Namespace) -> int:
     """The CNN case on one device with each convolution, and torch's figure
     for the same network and minibatches; the table, and `bench/results/learner_cnn.json`."""
-    from machine import write_results
+    from machine import config_hash, write_results
 
     rows = []
     for conv, what in LEVERS:
@@ -511,7 +511,8 @@ def levers_main(args: argparse.Namespace) -> int:
     if args.quick:  # a smoke run's figures are not the results
         return 0
     path = write_results("learner_cnn", {
-        "command": "python bench/learner.py --levers", "levers": rows, "torch": torch_result})
+        "command": "python bench/learner.py --levers", "levers": rows, "torch": torch_result,
+        "experiment": args.experiment.name, "config_sha256": config_hash(args.experiment)})
     print(f"wrote {path}")
     return 0
 

@@ -61,9 +61,13 @@ def describe() -> dict[str, Any]:
     }
 
 
-def config_hash(name: str, configs_dir: Path = CONFIGS_DIR) -> str:
-    """A shipped config file's sha256 (first 16 hex digits): which version was measured."""
-    return hashlib.sha256((configs_dir / f"{name}.yaml").read_bytes()).hexdigest()[:16]
+def config_hash(experiment: str | Path, configs_dir: Path = CONFIGS_DIR) -> str:
+    """A config file's sha256 (first 16 hex digits): which version was measured.
+    `experiment` is a shipped config's name or a YAML file's path."""
+    path = Path(experiment)
+    if path.suffix not in (".yaml", ".yml"):
+        path = configs_dir / f"{experiment}.yaml"
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
 def git_commit() -> str:

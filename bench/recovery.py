@@ -27,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_fps import REPO_ROOT, BenchError, raise_on_sigterm, read_rows, stop_process
-from machine import in_workdir, write_results
+from machine import config_hash, in_workdir, write_results
 
 from srl_jax.run_dir import read_status
 
@@ -139,7 +139,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{fault:<20} {result['running_s']:>12.1f} {result['throughput_s']:>15.1f}"
                       f" {result['fps_before']:>11,}", flush=True)
             results[fault] = result
-        path = write_results("recovery", {"heartbeat_timeout_s": args.heartbeat_timeout,
+        path = write_results("recovery", {"experiment": args.experiment,
+                                          "config_sha256": config_hash(args.experiment),
+                                          "heartbeat_timeout_s": args.heartbeat_timeout,
                                           "faults": results})
         print(f"results: {path}")
         return 1 if any("error" in r for r in results.values()) else 0

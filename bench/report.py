@@ -60,8 +60,12 @@ def _machine(result: dict[str, Any]) -> str:
             f"1-min load average at the start {result['machine']['load_avg_1m']}.*")
 
 
+WINDOWS = (("last20", "last 20 episodes"), ("last100", "last 100 episodes"))
+"""compare.py's return windows (the mean of the last N episodes), with their labels."""
 RATIO_COLUMNS = (("fps_ratio", "frames/s ratio"), ("time_to_475_ratio", "time-to-{target} ratio"),
-                 ("frames_to_475_ratio", "frames-to-{target} ratio"))
+                 ("frames_to_475_ratio", "frames-to-{target} ratio"),
+                 *((f"{kind}_to_475_{window}_ratio", f"{kind}-to-{{target}} ratio, {label}")
+                   for window, label in WINDOWS for kind in ("time", "frames")))
 """compare.py's srl_jax / peer ratios, in table order, with their column headings."""
 
 
@@ -83,12 +87,36 @@ def target_tables(result: dict[str, Any], title: str) -> list[str]:
     lines += _table(["peer", *(heading for _, heading in columns)], [
         [peer, *(_spread(ratios.get(f"{key}_vs_{peer}"), ".2f") for key, _ in columns)]
         for peer in peers])
-    return lines
+    return [*lines, *window_table(result)]
+
+
+def window_table(result: dict[str, Any]) -> list[str]:
+    """Each system's time and frames to the target by the mean of its last N episodes,
+    for the windows the results hold (none before compare.py recorded them)."""
+    target, systems = result["target_return"], result["systems"]
+    windows = [(window, label) for window, label in WINDOWS
+               if any(f"time_to_target_{window}_s" in s for s in systems.values())]
+    if not windows:
+        return []
+    header = ["system", *(f"{kind} to {target:g}, {label}" for _, label in windows
+                          for kind in ("time (s)", "frames"))]
+    rows = [[name, *(cell for window, _ in windows for cell in (
+        _spread(s.get(f"time_to_target_{window}_s"), ".1f"),
+        _spread(s.get(f"frames_to_target_{window}"), ",.0f")))] for name, s in systems.items()]
+    return ["", "By the mean return of the last N episodes, the same window on every side "
+            "(srl_jax's metrics rows and the baseline's lines carry "
+            "`episode_return_mean_last20` and `_last100`, from every episode's return; "
+            "Sample Factory reports its last 100 episodes' mean), over the runs that got "
+            f"there (`-`: none did within {result['budget_s']:g} s):", "", *_table(header, rows)]
 
 
 def cartpole(result: dict[str, Any]) -> list[str]:
     lines = target_tables(result, f"CartPole-v1 to a return of {result['target_return']:g}")
-    return [*lines, "", *cartpole_goals(result), "", _machine(result)]
+    return [*lines, "", "The return each system reports per row, which the time and frames "
+            "to 475 of the first table are read by: srl_jax and the single-process baseline "
+            "(`cleanrl_ppo`) the mean of the episodes that ended within a 1 s row, Sample "
+            "Factory the mean of its last 100 episodes.", "", *cartpole_goals(result), "",
+            _machine(result)]
 
 
 def dqn(result: dict[str, Any]) -> list[str]:
@@ -105,19 +133,30 @@ def _met(ok: bool) -> str:
 
 
 def cartpole_goals(result: dict[str, Any]) -> list[str]:
-    """The project's goals for this case, and whether the medians reach them."""
+    """The project's goals for this case, and whether the medians reach them; a time goal
+    is judged with the same return window on both sides where the results hold one."""
     fps_sf = result.get("fps_ratio_vs_sample_factory")
     time_sf = result.get("time_to_475_ratio_vs_sample_factory")
+    time_sf_100 = result.get("time_to_475_last100_ratio_vs_sample_factory")
     time_clean = result.get("time_to_475_ratio_vs_cleanrl_ppo")
+    time_clean_20 = result.get("time_to_475_last20_ratio_vs_cleanrl_ppo")
     lines = ["Goals (medians of the round-by-round ratios):", ""]
     if fps_sf is not None:
         lines.append(f"- at least 3x Sample Factory's frames/s: {fps_sf:.2f}x, {_met(fps_sf >= 3)}")
     if time_sf is not None:
-        lines.append(f"- at most 1/3 of Sample Factory's time to 475: {time_sf:.2f}, "
-                     f"{_met(time_sf <= 1 / 3)}")
+        lines.append(f"- at most 1/3 of Sample Factory's time to 475 (each side's own "
+                     f"return): {time_sf:.2f}, {_met(time_sf <= 1 / 3)}")
+    if time_sf_100 is not None:
+        lines.append(f"- at most 1/3 of Sample Factory's time to 475, the mean of the last "
+                     f"100 episodes on both sides: {time_sf_100:.2f}, "
+                     f"{_met(time_sf_100 <= 1 / 3)}")
     if time_clean is not None:
-        lines.append(f"- a shorter time to 475 than the single-process baseline: "
-                     f"{time_clean:.2f}, {_met(time_clean < 1)}")
+        lines.append(f"- a shorter time to 475 than the single-process baseline (1 s row "
+                     f"means): {time_clean:.2f}, {_met(time_clean < 1)}")
+    if time_clean_20 is not None:
+        lines.append(f"- at most half of the single-process baseline's time to 475, the mean "
+                     f"of the last 20 episodes on both sides: {time_clean_20:.2f}, "
+                     f"{_met(time_clean_20 <= 1 / 2)}")
     return lines
 
 
@@ -152,49 +191,82 @@ def pong(result: dict[str, Any]) -> list[str]:
     return [*lines, "", _machine(result)]
 
 
-def scale(result: dict[str, Any]) -> list[str]:
-    """The scaling simulation: overheads, throughput against actors, and what they imply."""
+def atari_step_us(pong: dict[str, Any]) -> float:
+    """A core's time per Atari agent step, from compare.py's raw ALE stepping (one
+    process per core, all at once): cores x 1e6 / their summed steps/s."""
+    return pong["machine"]["cores"] * 1e6 / pong["raw_env_steps_per_s"]
+
+
+def scale(result: dict[str, Any], pong: dict[str, Any] | None = None) -> list[str]:
+    """The scaling simulation: overheads, throughput against actors, and what they imply
+    for a 1,000-core run, with the Atari step cost measured in compare_pong.json."""
     rows = [[str(p["actors"]), str(p["servers"]), f"{p['fps']:,.0f}",
              f"{p['inference_requests_per_s']:,.0f}", f"{p['rows_per_batch']:.1f}",
              f"{p['request_latency_ms']:.2f}", f"{p['stream_samples_per_s']:,.0f}",
              f"{p['server_cpu_us_per_request']:.0f}", f"{p['cpu_total_frac']:.2f}"]
             for p in result["sweep"]]
+    servers = sorted({p["servers"] for p in result["sweep"]})
     lines = ["**Scaling simulation** (`bench/scale.py`): actor processes stepping a null env "
-             f"(16 envs each) against 1-2 inference servers and one learner, "
+             f"({result['settings']['envs_per_actor']} envs each) against "
+             f"{'-'.join(str(n) for n in dict.fromkeys([servers[0], servers[-1]]))} "
+             f"inference server{'s' if servers[-1] > 1 else ''} and one learner, "
              f"{result['wall_s']:.0f} s in all:", ""]
     lines += _table(["actors", "servers", "env frames/s", "requests/s", "rows/batch",
                      "latency ms", "samples/s", "server CPU us/request", "CPU used"], rows)
     best = {servers: s["best_actors"] for servers, s in result["saturation"].items()}
     request, sample = result["per_request_overhead_us"], result["per_sample_overhead_us"]
     per_core = result["server_core_requests_per_s"]
+    rows = round(result["server_core_rows_per_s"] / per_core)
     actor_us = 1e6 / result["actor_core_frames_per_s"]
-    atari_us = 500.0
-    steps = 1000 * 1e6 / (atari_us + actor_us)
-    requests = steps / 16
     peaks = ", ".join(f"{a} actors with {s} server(s)" for s, a in best.items())
     lines += ["", f"Throughput stops growing at {peaks} on this machine (its cores are "
               "full). Runtime overhead measured over real sockets "
               f"with the runtime's own code: **{request:.0f} us of server CPU per inference "
-              f"request** (16 rows; {result['per_request_overhead_us_per_row']:.1f} us a row) "
-              f"and **{sample:.2f} us of learner CPU per sample** of a CartPole-sized chunk.",
-              "",
+              f"request** ({rows} rows; {result['per_request_overhead_us_per_row']:.1f} us a "
+              f"row) and **{sample:.2f} us of learner CPU per sample** of a CartPole-sized "
+              "chunk.", "",
               f"What that implies for a 1,000-core run: one server core answers about "
               f"{per_core:,.0f} requests/s before any policy compute, and an actor core spends "
-              f"about {actor_us:.0f} us of runtime per env step. With an Atari-class env step of "
-              f"{atari_us:.0f} us, 1,000 actor cores make about {steps / 1e6:.1f}M steps/s and "
-              f"{requests:,.0f} requests/s at 16 rows each: about {requests / per_core:.0f} "
-              f"server cores of runtime work, plus the policy compute on the accelerators. "
+              f"about {actor_us:.0f} us of runtime per env step. "
+              f"{atari_projection(pong, actor_us, per_core, rows)}"
               f"One learner takes in about {result['learner_intake_samples_per_s'] / 1e6:.1f}M "
               "small samples/s, so its update, not the intake, bounds it; Atari frames cost "
               "far more per sample (see bench/README.md).", "", _machine(result)]
     return lines
 
 
-SECTIONS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
+def atari_projection(pong: dict[str, Any] | None, actor_us: float, per_core: float,
+                     rows: int) -> str:
+    """What 1,000 actor cores of Atari would step and ask of the servers, with the step
+    cost measured by compare.py's pong case (said so when it has not run)."""
+    if pong is None:
+        return ("(No Atari step cost measured yet: `bench/compare.py --cases pong` writes "
+                "it.) ")
+    atari_us = atari_step_us(pong)
+    steps = 1000 * 1e6 / (atari_us + actor_us)
+    requests = steps / rows
+    return (f"With an Atari env step of {atari_us:.0f} us of a core (raw ALE Pong-v5 "
+            f"stepping in `bench/compare.py --cases pong`: {pong['raw_env_steps_per_s']:,.0f} "
+            f"agent steps/s from {pong['machine']['cores']} processes on as many cores, "
+            f"{pong['date']}, 1-min load average {pong['machine']['load_avg_1m']} at the "
+            f"start), 1,000 actor cores make about {steps / 1e6:.1f}M steps/s and "
+            f"{requests:,.0f} requests/s at {rows} rows each: about "
+            f"{requests / per_core:.0f} server cores of runtime work, plus the policy compute "
+            "on the accelerators. ")
+
+
+SECTIONS: dict[str, Callable[..., list[str]]] = {
     "compare_cartpole": cartpole, "compare_dqn": dqn, "compare_sampling": sampling,
     "compare_pong": pong,
     "scale": scale,
 }
+SECTION_INPUTS = {"scale": ("compare_pong",)}
+"""Sections that also take figures from other results files: passed after the section's
+own results, in this order, None where the file is missing."""
+
+
+def _load(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def _median(runs: list[dict[str, Any]], key: str) -> float:
@@ -267,7 +339,9 @@ def render(results_dir: Path = RESULTS) -> str:
     for name, section in SECTIONS.items():
         path = results_dir / f"{name}.json"
         if path.exists():
-            lines += section(json.loads(path.read_text()))
+            inputs = [_load(results_dir / f"{other}.json")
+                      for other in SECTION_INPUTS.get(name, ())]
+            lines += section(json.loads(path.read_text()), *inputs)
         else:
             lines.append(f"*No `bench/results/{name}.json` yet: see the rerun commands below.*")
         lines.append("")

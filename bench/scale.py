@@ -58,7 +58,7 @@ from e2e_fps import (
     read_rows,
     stop_process,
 )
-from machine import nproc, release_workdir, write_results
+from machine import config_hash, nproc, release_workdir, write_results
 from overhead import BATCH_CHUNKS, IN_FLIGHT, NULL_ENV, TRAJECTORY
 
 from srl_jax.config import ActorConfig, request_rows
@@ -566,7 +566,8 @@ def main(argv: list[str] | None = None) -> int:
             path = write_results("scale", _plain({
                 **head,
                 "settings": {
-                    "env": args.env, "experiment": args.experiment, "envs_per_actor": args.envs,
+                    "env": args.env, "experiment": args.experiment,
+                    "config_sha256": config_hash(args.experiment), "envs_per_actor": args.envs,
                     "splits": args.splits, "trajectory_length": TRAJECTORY,
                     "learner_batch_envs": args.envs // args.splits * BATCH_CHUNKS,
                     "max_batch": args.max_batch, "requests_in_flight": IN_FLIGHT,

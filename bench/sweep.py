@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_fps import REPO_ROOT, STOP_GRACE_S, run_launcher
-from machine import write_results
+from machine import config_hash, write_results
 
 sys.path.insert(0, str(REPO_ROOT))
 from srl_jax import analysis
@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
              "time_to_target_s": _number(row["time_to_target"])}
             for value, row in ranked.iterrows()]
     path = write_results("sweep", {"command": f"./run.sh cartpole_ppo --sweep {sweep}",
+                                   "config_sha256": config_hash("cartpole_ppo"),
                                    "key": KEY, "target_return": TARGET, "wall_s": wall,
                                    "members": rows})
     print(f"results: {path}\nfigure: {FIGURE}")

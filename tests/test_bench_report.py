@@ -51,3 +51,73 @@ def test_a_config_changed_after_its_figures_were_measured_fails_the_check(
     assert stale_configs(tmp_path) == [
         "configs/pendulum_ppo.yaml changed after its figures were measured at commit b: "
         "rerun bench/configs.py pendulum_ppo"]
+
+
+MACHINE = {"cores": 2, "cpu": "test CPU", "memory_gib": 8.0, "python": "3.11", "packages": {},
+           "load_avg_1m": 0.5}
+
+
+def spread(median: float) -> dict[str, float]:
+    return {"median": median, "min": median, "max": median, "n": 1}
+
+
+def cartpole_result(windows: bool) -> dict:
+    """compare.py's cartpole results for one round; `windows`: with the return windows."""
+    def system(time_s: float, **extra: dict[str, float]) -> dict:
+        return {"fps": spread(1000.0), "startup_s": spread(5.0), "time_to_target_s":
+                spread(time_s), "frames_to_target": spread(100_000.0), "solved": 1, **extra}
+
+    ours = {"time_to_target_last20_s": spread(12.0), "frames_to_target_last20": spread(9e4),
+            "time_to_target_last100_s": spread(14.0), "frames_to_target_last100": spread(1.1e5)}
+    peer = {"time_to_target_last100_s": spread(60.0), "frames_to_target_last100": spread(3e5)}
+    baseline = {"time_to_target_last20_s": spread(30.0), "frames_to_target_last20": spread(2e5),
+                "time_to_target_last100_s": None, "frames_to_target_last100": None}
+    ratios = {"time_to_475_ratio_vs_cleanrl_ppo": spread(0.6)}
+    if windows:
+        ratios |= {"time_to_475_last20_ratio_vs_cleanrl_ppo": spread(0.4),
+                   "time_to_475_last100_ratio_vs_sample_factory": spread(0.23)}
+    return {"target_return": 475.0, "rounds": 1, "budget_s": 180.0, "date": "today",
+            "machine": MACHINE, "ratios": ratios,
+            **{key: value["median"] for key, value in ratios.items()},
+            "systems": {"srl_jax": system(13.0, **ours if windows else {}),
+                        "sample_factory": system(60.0, **peer if windows else {}),
+                        "cleanrl_ppo": system(22.0, **baseline if windows else {})}}
+
+
+def test_cartpole_renders_each_return_window_and_judges_time_goals_by_the_same_window(
+        monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    from bench.report import cartpole
+
+    text = "\n".join(cartpole(cartpole_result(windows=True)))
+    assert ("| srl_jax | 12.0 (12.0-12.0) | 90,000 (90,000-90,000) | 14.0 (14.0-14.0) | "
+            "110,000 (110,000-110,000) |") in text
+    assert "| cleanrl_ppo | 30.0 (30.0-30.0) | 200,000 (200,000-200,000) | - | - |" in text
+    assert ("at most half of the single-process baseline's time to 475, the mean of the last "
+            "20 episodes on both sides: 0.40, met") in text
+    assert ("at most 1/3 of Sample Factory's time to 475, the mean of the last 100 episodes "
+            "on both sides: 0.23, met") in text
+    assert "time-to-475 ratio, last 20 episodes" in text
+    before = "\n".join(cartpole(cartpole_result(windows=False)))  # results from before windows
+    assert "last 20 episodes" not in before and "1 s row means): 0.60, met" in before
+
+
+def test_the_scale_projection_takes_the_atari_step_cost_from_the_pong_results(
+        monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    from bench.report import atari_step_us, scale
+
+    pong = {"raw_env_steps_per_s": 2000.0, "date": "today",
+            "machine": {**MACHINE, "cores": 4}}
+    assert atari_step_us(pong) == 2000.0  # 4 cores x 1e6 / 2,000 steps/s
+    result = json.loads((REPO / "bench" / "results" / "scale.json").read_text())
+    text = "\n".join(scale(result, pong))
+    assert "Atari env step of 2000 us of a core" in text and "500 us" not in text
+    assert "No Atari step cost measured yet" in "\n".join(scale(result))
+
+
+def test_config_hash_takes_a_shipped_name_or_a_path(monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    from bench.machine import config_hash
+
+    assert config_hash("cartpole_ppo") == config_hash(REPO / "configs" / "cartpole_ppo.yaml")
