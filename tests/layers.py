@@ -50,8 +50,11 @@ LAYERS = (
           forbidden=JAX_PACKAGES | {"ray"}),
     Layer("replay", _names("replay.*"), may_import=_names("base", "actors", "replay"),
           forbidden=ENV_PACKAGES | JAX_PACKAGES | {"ray"}),
+    Layer("algorithm configs", _names(
+        "learners.ppo_config", "learners.impala_config", "learners.dqn_config"),
+        may_import=_names("base", "learning"), only_third_party=frozenset()),
     Layer("algorithms", _names("learners.ppo", "learners.impala", "learners.dqn"),
-          may_import=_names("base", "learning", "algorithms"),
+          may_import=_names("base", "learning", "algorithm configs", "algorithms"),
           only_third_party=frozenset({"jax", "flax", "optax", "numpy"})),
     Layer("learning", _names(
         "learners.algorithms", "learners.networks", "learners.distributions",
@@ -61,11 +64,12 @@ LAYERS = (
         "learners.jax_runtime", "srl_jax.checkpoint"),
         may_import=_names("base", "learning"), forbidden=ENV_PACKAGES | {"zmq", "ray"}),
     Layer("jax workers", _names("learners.*", "actors.inline_policy"),
-          may_import=_names("base", "actors", "learning", "algorithms", "jax workers"),
+          may_import=_names("base", "actors", "learning", "algorithm configs", "algorithms",
+                            "jax workers"),
           forbidden=frozenset({"ray"})),
     Layer("top", _names("srl_jax.*"),
-          may_import=_names("base", "actors", "replay", "learning", "algorithms", "jax workers",
-                            "top")),
+          may_import=_names("base", "actors", "replay", "learning", "algorithm configs",
+                            "algorithms", "jax workers", "top")),
 )
 
 

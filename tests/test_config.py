@@ -234,3 +234,16 @@ def test_resume_errors_are_one_line(tmp_path: Path) -> None:
     assert "'actors.count' must be at least 1" in resume_error(
         tmp_path, "cartpole_ppo", "--resume", "--run-dir", str(run), "--set", "actors.count=0")
     assert not (run / "metrics.jsonl").exists() and not (run / STATUS).exists()
+
+
+def test_the_launcher_checks_a_config_without_importing_jax(tmp_path: Path) -> None:
+    """JAX costs the launcher about a second before any worker starts (start-up time)."""
+    code = ("import sys\n"
+            "from srl_jax.launch import parse_args, prepare_run\n"
+            f"prepare_run(parse_args(['cartpole_ppo', '--run-dir', {str(tmp_path / 'run')!r}]))\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('jax', 'jaxlib', 'flax', 'optax', 'orbax')))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

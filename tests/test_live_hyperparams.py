@@ -14,10 +14,10 @@ import pytest
 
 from actors.envs import policy_spec
 from learners.algorithms import Algorithm, algorithm_config, live_values
-from learners.dqn import ALGORITHM as DQN
-from learners.impala import ALGORITHM as IMPALA
+from learners.dqn_config import ALGORITHM as DQN
+from learners.impala_config import ALGORITHM as IMPALA
 from learners.learner import Learner, build_learner
-from learners.ppo import ALGORITHM as PPO
+from learners.ppo_config import ALGORITHM as PPO
 from srl_jax.checkpoint import Checkpointer
 from srl_jax.config import ExperimentConfig
 from srl_jax.config_loader import load_config
