@@ -9,8 +9,11 @@ What it measures
    than time-to-solve. From each run's ``metrics.jsonl`` it takes the steady
    env-frames-per-second: (env_frames at the last row - env_frames at the first
    row with env_frames > 0) / (time between those rows). Start-up (imports, jit
-   compilation, workers connecting) is left out and reported on its own as the
-   time of the first row with env_frames > 0. It also averages the time-split
+   compilation, workers connecting) is left out and reported on its own: as the
+   time of the first row with env_frames > 0 (``startup_s``, to a 1 s row), and as
+   ``first_frame_s``, seconds from the launcher's start to the first env frame an
+   actor reported (``status.json``'s ``startup``, to a controller loop turn). It also
+   averages the time-split
    fractions the workers report (actor env/wait/send, inference compute,
    learner update) and the inference batch size over the steady rows, which
    tell where the time goes.
@@ -96,6 +99,8 @@ class RunResult:
     steady_frames: int
     fps: float
     splits: dict[str, float] = field(default_factory=dict)
+    first_frame_s: float = math.nan
+    """From the launcher's start to the first env frame (status.json `startup`)."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -220,6 +225,13 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def read_first_frame_s(run_dir: Path) -> float:
+    """Seconds from the launcher's start to the run's first env frame, from status.json
+    (NaN when the run did not record it)."""
+    value = ((read_status(run_dir) or {}).get("startup") or {}).get("first_frame_s")
+    return float(value) if isinstance(value, int | float) else math.nan
+
+
 def steady_figures(index: int, rows: list[dict[str, Any]]) -> RunResult:
     """Steady fps and time splits: from the first row with env_frames > 0 to the last row."""
     start = next((i for i, row in enumerate(rows) if row["env_frames"] > 0), None)
@@ -297,14 +309,16 @@ def _fmt(value: float, spec: str) -> str:
 
 
 def print_table(results: list[RunResult]) -> None:
-    header = (f"{'run':>3}  {'startup_s':>9}  {'steady_s':>8}  {'frames':>10}  "
+    header = (f"{'run':>3}  {'first_frame_s':>13}  {'startup_s':>9}  {'steady_s':>8}  "
+              f"{'frames':>10}  "
               f"{'e2e_fps':>9}  " + "  ".join(f"{name:>6}" for name, _ in SPLIT_COLUMNS))
     print(header)
     print("-" * len(header))
     for r in results:
         splits = "  ".join(f"{_fmt(r.splits[name], '.1f' if name == 'batch' else '.3f'):>6}"
                            for name, _ in SPLIT_COLUMNS)
-        print(f"{r.index:>3}  {r.startup_s:>9.1f}  {r.steady_s:>8.1f}  "
+        print(f"{r.index:>3}  {_fmt(r.first_frame_s, '.2f'):>13}  {r.startup_s:>9.1f}  "
+              f"{r.steady_s:>8.1f}  "
               f"{r.steady_frames:>10,}  {r.fps:>9,.0f}  {splits}")
     print("columns env/wait/send: actor time fractions; infer: inference compute fraction; "
           "update: learner update fraction; batch: mean inference batch rows (steady rows)")
@@ -331,7 +345,9 @@ def main(argv: list[str] | None = None) -> int:
                 code = run_experiment(args, run_dir, log_path)
                 if code != 0:
                     raise BenchError(f"launcher exited with code {code}")
-                results.append(steady_figures(index, read_rows(run_dir / "metrics.jsonl")))
+                result = steady_figures(index, read_rows(run_dir / "metrics.jsonl"))
+                result.first_frame_s = read_first_frame_s(run_dir)
+                results.append(result)
                 if resolved is None:
                     resolved = yaml.safe_load((run_dir / "config.yaml").read_text())
             except (BenchError, OSError) as error:
@@ -360,8 +376,10 @@ def main(argv: list[str] | None = None) -> int:
         print()
         e2e, raw_median = statistics.median(r.fps for r in results), statistics.median(raw)
         startup = statistics.median(r.startup_s for r in results)
+        first = statistics.median(r.first_frame_s for r in results)
         print(f"median e2e fps {e2e:,.0f} | raw env steps/s {raw_median:,.0f} | "
-              f"ratio {e2e / raw_median:.2f} | start-up {startup:.1f}s")
+              f"ratio {e2e / raw_median:.2f} | start-up {startup:.1f}s | first frame "
+              f"{_fmt(first, '.2f')}s")
         print(f"machine: nproc {nproc()} ({platform.processor() or platform.machine()}); "
               f"figures are medians of {len(results)} run(s) and {len(raw)} raw measurements"
               + (f"; {load_at_start}" if load_at_start else ""))
