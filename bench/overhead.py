@@ -97,11 +97,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 # -------------------------------------------------------------------- child
 
 
-def _zero_act(params: Any, obs: np.ndarray, state: np.ndarray, key: Any, counter: Any) -> tuple:
-    """Stands in for the jitted network: zeros for every row, no JAX call."""
-    rows = obs.shape[0]
-    return (np.zeros(rows, np.int32), np.zeros(rows, np.float32), np.zeros(rows, np.float32),
-            state)
+def _zero_act(params: Any, obs: np.ndarray, state: np.ndarray, key: Any,
+              counter: Any) -> np.ndarray:
+    """Stands in for the jitted network, no JAX call: `pack_outputs`' layout for a
+    discrete action (log-probability, value, action: zeros), then the state as it came."""
+    return np.concatenate([np.zeros((obs.shape[0], 3), np.float32), state], axis=1)
 
 
 def zero_runner(config: Any, spec: Any, sampling_seed: int, min_size: int,

@@ -84,6 +84,8 @@ class InferenceServer(Worker):
         self._held: Request | None = None
         """A request that would have overflowed the last batch: it starts the next."""
         self._last_batch_wall = time.time()
+        self._no_state = np.zeros((config.inference.max_batch, 0), np.float32)
+        """The empty state of rows of a policy without a core (shared, never written)."""
 
     def setup(self) -> None:
         configure_jax(self.config.runtime)
@@ -160,7 +162,7 @@ class InferenceServer(Worker):
             return None
         rows = obs.shape[0]
         if state is None and not spec.state_size:
-            state = self.runner.zero_state(rows)
+            state = self._no_state[:rows]
         if state is None or state.shape != (rows, spec.state_size) or state.dtype != np.float32:
             self.rejects.reject(ValueError(
                 f"request state {None if state is None else (state.shape, str(state.dtype))} "

@@ -12,17 +12,37 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from learners.param_codec import arrays_to_params
 from srl_jax.env_spec import EnvSpec
 
-Act = Callable[[Any, Any, Any, jax.Array, np.uint32], tuple[Any, Any, Any, Any]]
-"""(params, obs [N, ...], state [N, S], key, call counter) -> (action [N, ...], logp [N],
-value [N], new state [N, S])."""
-OUTPUTS = ("action", "logp", "value", "state")
-"""The arrays `PolicyRunner.run` returns, as the inference stream's replies name them
-("state" only for a recurrent policy)."""
+Act = Callable[[Any, Any, Any, jax.Array, np.uint32], Any]
+"""(params, obs [N, ...], state [N, S], key, call counter) -> the outputs packed into one
+float32 array [N, 2 + A + S] (`pack_outputs`), so a batch's outputs cross from the device
+in one transfer."""
+def pack_outputs(action: Any, logp: Any, value: Any, state: Any, xp: Any = jnp) -> Any:
+    """[N, 2 + A + S] float32: log-probability, value, the action's A values (one for a
+    discrete action, exact as a float below 2**24) and the new recurrent state. `xp`:
+    the array module (jax.numpy inside a jitted act, numpy in stand-ins)."""
+    rows = logp.shape[0]
+    return xp.concatenate([logp.reshape(rows, 1).astype(xp.float32),
+                           value.reshape(rows, 1).astype(xp.float32),
+                           action.reshape(rows, -1).astype(xp.float32),
+                           state.astype(xp.float32)], axis=1)
+
+
+def unpack_outputs(packed: np.ndarray, spec: EnvSpec) -> dict[str, np.ndarray]:
+    """`pack_outputs`' arrays as the inference stream's replies name them: action, logp,
+    value and, for a recurrent policy, state."""
+    width = spec.action_dim if spec.continuous else 1
+    action = packed[:, 2:2 + width]
+    outputs = {"action": action if spec.continuous else action[:, 0].astype(np.int32),
+               "logp": packed[:, 0], "value": packed[:, 1]}
+    if spec.state_size:
+        outputs["state"] = packed[:, 2 + width:]
+    return outputs
 
 
 def padded_sizes(min_size: int, max_batch: int) -> list[int]:
@@ -103,8 +123,6 @@ class PolicyRunner:
             states = self.zero_state(size)
             states[:rows] = state
         self.calls += 1
-        outputs = jax.device_get(self._act(self.params, batch, states, self._key,
-                                           np.uint32(self.calls)))
-        named = {name: out[:rows] for name, out in zip(OUTPUTS, outputs, strict=True)
-                 if name != "state" or self.spec.state_size}
-        return named, self.version
+        packed = np.asarray(self._act(self.params, batch, states, self._key,
+                                      np.uint32(self.calls)))
+        return unpack_outputs(packed[:rows], self.spec), self.version

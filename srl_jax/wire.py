@@ -44,13 +44,15 @@ import numpy as np
 WIRE_VERSION = 1
 KINDS = frozenset({"infer_request", "infer_reply", "samples", "params", "stats",
                    "sample_request", "sampled", "priorities", "exploit", "exploited"})
-ALLOWED_DTYPES = frozenset(
-    np.dtype(name).str
+DTYPES = {
+    np.dtype(name).str: np.dtype(name)
     for name in (
         "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
         "float16", "float32", "float64",
     )
-)
+}
+"""The dtypes the wire carries, by their string (`np.dtype.str`, byte order included)."""
+ALLOWED_DTYPES = frozenset(DTYPES)
 MAX_HEADER_BYTES = 1 << 16
 MAX_ARRAYS = 4096
 MAX_DIMS = 8
@@ -83,25 +85,30 @@ def encode(kind: str, meta: dict[str, Any] | None = None,
     return [header, *buffers]
 
 
-def _buffer(frame: Any) -> memoryview:
-    view = frame.buffer if hasattr(frame, "buffer") else frame
-    return memoryview(view).cast("B")
+def _buffer(frame: Any) -> Any:
+    """The frame's bytes as a buffer numpy and msgpack read without a copy."""
+    if type(frame) is bytes:
+        return frame
+    view = memoryview(frame.buffer if hasattr(frame, "buffer") else frame)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def _is_dim(d: Any, max_bytes: int) -> bool:
+    return type(d) is int and 0 <= d <= max_bytes
 
 
 def _check_spec(spec: Any, max_bytes: int) -> tuple[str, np.dtype, tuple[int, ...]]:
-    if not (isinstance(spec, list | tuple) and len(spec) == 3):
+    if type(spec) not in (list, tuple) or len(spec) != 3:
         raise WireError("array spec must be [name, dtype, shape]")
     name, dtype_str, shape = spec
-    if not isinstance(name, str):
+    if type(name) is not str:
         raise WireError("array name must be a string")
-    if not isinstance(dtype_str, str) or dtype_str not in ALLOWED_DTYPES:
+    dtype = DTYPES.get(dtype_str) if type(dtype_str) is str else None
+    if dtype is None:
         raise WireError(f"array {name!r}: dtype {dtype_str!r} not allowed")
-    if not isinstance(shape, list | tuple) or len(shape) > MAX_DIMS:
+    if (type(shape) not in (list, tuple) or len(shape) > MAX_DIMS
+            or not all(_is_dim(d, max_bytes) for d in shape)):
         raise WireError(f"array {name!r}: bad shape {shape!r}")
-    if not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= max_bytes
-               for d in shape):
-        raise WireError(f"array {name!r}: bad shape {shape!r}")
-    dtype = np.dtype(dtype_str)
     return name, dtype, tuple(shape)
 
 

@@ -14,7 +14,7 @@ import pytest
 import zmq
 
 from learners.inference_server import InferenceServer
-from learners.policy_runner import PolicyRunner, padded_sizes
+from learners.policy_runner import PolicyRunner, pack_outputs, padded_sizes
 from srl_jax import wire
 from srl_jax.config import ExperimentConfig
 from srl_jax.env_spec import EnvSpec
@@ -50,11 +50,12 @@ class Served:
 
     def runner(self, config: ExperimentConfig, spec: EnvSpec, sampling_seed: int,
                min_size: int, max_size: int) -> PolicyRunner:
-        def act(params: Any, obs: np.ndarray, state: np.ndarray, key: Any, counter: Any) -> tuple:
+        def act(params: Any, obs: np.ndarray, state: np.ndarray, key: Any,
+                counter: Any) -> np.ndarray:
             self.calls.append(obs.shape[0])
             rows = obs.shape[0]
-            return (np.zeros(rows, np.int32), np.zeros(rows, np.float32), obs[:, 0].copy(),
-                    state)
+            return pack_outputs(np.zeros(rows, np.int32), np.zeros(rows, np.float32),
+                                obs[:, 0], state, xp=np)
 
         runner = PolicyRunner(act, {}, spec, padded_sizes(min_size, max_size), sampling_seed)
         runner.set_params({}, version=0)  # taken: the server does not wait for a learner's
