@@ -172,6 +172,40 @@ def _serve_requests(conn: Connection, case: dict[str, Any], root: Path) -> None:
         learner_params.close()
 
 
+def _echo_requests(conn: Connection, case: dict[str, Any], root: Path) -> None:
+    """The floor under the server: plain pyzmq, no runtime code. A ROUTER socket
+    answers each request with the same reply (encoded once: one row per request row)
+    as soon as it arrives, until the parent says 'end'."""
+    from learners.inference_server import POLL_MS
+    from srl_jax.wire import encode
+
+    rows = case["envs"]
+    reply = encode("infer_reply", {"split": 0, "seq": 0, "version": 0, "batch_rows": rows},
+                   {"action": np.zeros(rows, np.int32), "logp": np.zeros(rows, np.float32),
+                    "value": np.zeros(rows, np.float32)})
+    reply = [bytes(frame) for frame in reply]
+    router = make_socket(zmq.Context.instance(), zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    answered = 0
+
+    def step() -> None:
+        nonlocal answered
+        if router.poll(POLL_MS):
+            while True:
+                try:
+                    request = router.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    return
+                router.send_multipart([request[0], *reply])
+                answered += 1
+
+    conn.send(f"tcp://127.0.0.1:{port}")
+    try:
+        _until_end(conn, step, lambda: {"requests": answered, "batches": answered})
+    finally:
+        router.close()
+
+
 def _take_samples(conn: Connection, case: dict[str, Any], root: Path) -> None:
     """The learner's intake without an update, until the parent says 'end'.
 
@@ -226,6 +260,9 @@ def _take_samples(conn: Connection, case: dict[str, Any], root: Path) -> None:
         pull.close()
 
 
+CHILD_ROLES = {"requests": _serve_requests, "echo": _echo_requests, "samples": _take_samples}
+
+
 def sink_main(conn: Connection) -> None:
     """Child process: the server and learner ends of the measurements."""
     for module in ("learners.inference_server", "learners.learner_worker"):
@@ -236,7 +273,7 @@ def sink_main(conn: Connection) -> None:
         while (command := conn.recv()) != "quit":
             role, case = command
             root = Path(tmp) / f"{role}-{case['name']}"
-            (_serve_requests if role == "requests" else _take_samples)(conn, case, root)
+            CHILD_ROLES[role](conn, case, root)
 
 
 # ------------------------------------------------------------------- parent
@@ -293,12 +330,13 @@ def _mark(sink: Sink, message: str = "mark") -> Window:
     wall, cpu_s = time.perf_counter(), time.process_time()
     return Window(wall, cpu_s, sink.call(message))
 def request_overhead(sink: Sink, name: str, envs: int, in_flight: int,
-                     seconds: float) -> dict[str, Any]:
-    """Requests of `envs` rows from `in_flight` DEALERs (one each) to the real server loop."""
+                     seconds: float, role: str = "requests") -> dict[str, Any]:
+    """Requests of `envs` rows from `in_flight` DEALERs (one each) to the real server loop
+    (`role` "requests"), or to the bare pyzmq echo under it ("echo")."""
     obs_shape, obs_dtype = OBS_CASES[name]
-    case = {"name": f"{name}-{in_flight}", "envs": envs, "max_batch": envs * in_flight,
+    case = {"name": f"{role}-{name}-{in_flight}", "envs": envs, "max_batch": envs * in_flight,
             "obs_shape": list(obs_shape), "obs_dtype": obs_dtype}
-    endpoint = sink.call(("requests", case))
+    endpoint = sink.call((role, case))
     context = zmq.Context.instance()
     dealers = [make_socket(context, zmq.DEALER) for _ in range(in_flight)]
     poller = zmq.Poller()
@@ -342,7 +380,8 @@ def request_overhead(sink: Sink, name: str, envs: int, in_flight: int,
     server_cpu = end.child["cpu_s"] - start.child["cpu_s"]
     server_python = end.child["thread_cpu_s"] - start.child["thread_cpu_s"]
     return {
-        "obs": name, "obs_shape": list(obs_shape), "obs_dtype": obs_dtype, "rows": envs,
+        "server": role, "obs": name, "obs_shape": list(obs_shape), "obs_dtype": obs_dtype,
+        "rows": envs,
         "request_bytes": request_bytes, "in_flight": in_flight,
         "requests_per_s": requests / wall, "requests_per_batch": requests / batches,
         "round_trip_us": 1e6 * wall * in_flight / answered,
@@ -419,6 +458,7 @@ def measure_overheads(envs: int, seconds: float) -> dict[str, Any]:
             requests.append(request_overhead(sink, name, envs, 1, seconds))
             requests.append(request_overhead(sink, name, envs, IN_FLIGHT, seconds))
             samples.append(sample_overhead(sink, name, envs, seconds))
+        requests.append(request_overhead(sink, "vector", envs, IN_FLIGHT, seconds, "echo"))
     finally:
         sink.close()
     return {"requests": requests, "samples": samples}
@@ -428,17 +468,21 @@ def measure_overheads(envs: int, seconds: float) -> dict[str, Any]:
 
 
 def print_overheads(overheads: dict[str, Any]) -> None:
-    print(f"{'obs':>7} {'rows':>4} {'bytes':>8} {'inflight':>8} {'req/s':>9} {'req/batch':>9} "
-          f"{'rtt_us':>8} {'server_us':>9} {'(python':>8} {'io)':>6} {'actor_us':>8}")
+    print(f"{'server':>8} {'obs':>7} {'rows':>4} {'bytes':>8} {'inflight':>8} {'req/s':>9} "
+          f"{'req/batch':>9} {'rtt_us':>8} {'server_us':>9} {'(python':>8} {'io)':>6} "
+          f"{'actor_us':>8}")
     for r in overheads["requests"]:
-        print(f"{r['obs']:>7} {r['rows']:>4} {r['request_bytes']:>8,} {r['in_flight']:>8} "
+        print(f"{r.get('server', 'requests'):>8} {r['obs']:>7} {r['rows']:>4} "
+              f"{r['request_bytes']:>8,} {r['in_flight']:>8} "
               f"{r['requests_per_s']:>9,.0f} {r['requests_per_batch']:>9.1f} "
               f"{r['round_trip_us']:>8.0f} {r['server_cpu_us_per_request']:>9.1f} "
               f"{r['server_python_us_per_request']:>8.1f} "
               f"{r['server_zmq_io_us_per_request']:>6.1f} {r['actor_cpu_us_per_request']:>8.1f}")
     print("  server_us: CPU us per request of the server process with a stub policy (python: "
           "its main thread; io: other threads, chiefly ZMQ's I/O thread); actor_us: the same "
-          "on the asking side; rtt_us: wall time per request and request in flight")
+          "on the asking side; rtt_us: wall time per request and request in flight; "
+          "server 'echo': bare pyzmq answering each request with a fixed reply, the floor "
+          "under the runtime's figure")
     print(f"{'obs':>7} {'chunk':>9} {'MB':>6} {'samples/s':>10} {'chunks/s':>8} "
           f"{'learner_us':>10} {'actor_us':>8} {'learner_us/chunk':>16}")
     for s in overheads["samples"]:
@@ -455,8 +499,9 @@ def headline(overheads: dict[str, Any]) -> dict[str, float]:
     """The two headline figures (`vector`: server CPU per request with IN_FLIGHT requests
     in flight, learner CPU per sample), and what one server core and one learner's
     intake take at most besides policy compute and updates."""
-    request = next(r for r in overheads["requests"]
-                   if r["obs"] == "vector" and r["in_flight"] == IN_FLIGHT)
+    request, floor = (next(r for r in overheads["requests"] if r.get("server", "requests")
+                           == server and r["obs"] == "vector" and r["in_flight"] == IN_FLIGHT)
+                      for server in ("requests", "echo"))
     sample = next(s for s in overheads["samples"] if s["obs"] == "vector")
     per_request, per_sample = request["server_cpu_us_per_request"], \
         sample["learner_cpu_us_per_sample"]
@@ -464,6 +509,7 @@ def headline(overheads: dict[str, Any]) -> dict[str, float]:
         "per_request_overhead_us": per_request,
         "per_request_overhead_us_per_row": per_request / request["rows"],
         "per_request_actor_side_us": request["actor_cpu_us_per_request"],
+        "per_request_zmq_floor_us": floor["server_cpu_us_per_request"],
         "per_request_round_trip_us": next(
             r["round_trip_us"] for r in overheads["requests"]
             if r["obs"] == "vector" and r["in_flight"] == 1),
@@ -478,7 +524,8 @@ def headline(overheads: dict[str, Any]) -> dict[str, float]:
 def print_headline(head: dict[str, float], rows: int) -> None:
     print(f"per-request overhead: {head['per_request_overhead_us']:.1f} us of server CPU per "
           f"request of {rows} rows ({head['per_request_overhead_us_per_row']:.2f} us/row), "
-          f"{head['per_request_actor_side_us']:.1f} us on the actor side, round trip "
+          f"{head['per_request_actor_side_us']:.1f} us on the actor side (bare pyzmq's "
+          f"floor: {head['per_request_zmq_floor_us']:.1f} us), round trip "
           f"{head['per_request_round_trip_us']:.0f} us; one server core answers at most "
           f"{head['server_core_requests_per_s']:,.0f} requests/s "
           f"({head['server_core_rows_per_s']:,.0f} rows/s) besides its policy compute")
