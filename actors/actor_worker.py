@@ -324,7 +324,8 @@ class ActorWorker(Worker):
             if chunk is not None:
                 self._send_chunk(p, chunk)
             env_actions.append(self._env_actions(action[:n], p))
-            part.state = np.array(new_state[:n])
+            if part.spec.state_size:
+                part.state = np.array(new_state[:n])
         start = time.perf_counter()
         step = state.split.step(env_actions)
         self.time_env += time.perf_counter() - start
@@ -333,15 +334,18 @@ class ActorWorker(Worker):
             part.chunk.on_step(result)
             part.answer = None
             final_state = part.state[result.truncated_envs]  # valued with their own state
-            part.state[result.terminated | result.truncated] = 0.0  # new episodes start
+            if part.spec.state_size:
+                part.state[result.terminated | result.truncated] = 0.0  # new episodes start
             self._request(state, p, result.final_obs, final_state)
 
     @staticmethod
     def _valid_actions(action: np.ndarray, spec: EnvSpec) -> bool:
+        """Whether every action is in the space (ufunc reductions: no Python wrappers)."""
         if spec.continuous:
-            return action.dtype == np.float32 and bool(np.isfinite(action).all())
+            return action.dtype == np.float32 and bool(
+                np.logical_and.reduce(np.isfinite(action), axis=None))
         return action.dtype.kind in "iu" and bool(
-            ((action >= 0) & (action < spec.action_dim)).all())
+            np.minimum.reduce(action) >= 0 and np.maximum.reduce(action) < spec.action_dim)
 
     def _env_actions(self, action: np.ndarray, p: int) -> list:
         """What the envs receive: ints, or vectors clipped to the action space."""

@@ -73,12 +73,10 @@ class EnvSplit:
         terminated = np.zeros(n, bool)
         truncated = np.zeros(n, bool)
         next_obs = np.empty_like(self.obs)
-        truncated_envs, final_obs, returns, lengths = [], [], [], []
+        truncated_envs, final_obs, ended = [], [], []
         for i, (env, action) in enumerate(zip(self.envs, actions, strict=True)):
             obs, reward, term, trunc, info = env.step(action)
             rewards[i] = reward
-            self.returns[i] += reward
-            self.lengths[i] += 1
             if term or trunc:
                 terminated[i] = term
                 truncated[i] = trunc and not term
@@ -86,13 +84,17 @@ class EnvSplit:
                     truncated_envs.append(i)
                     final_obs.append(np.array(obs, copy=True))  # reset may reuse the buffer
                 if info.get("game_over", True):  # a lost life (EpisodicLife) is not the end
-                    returns.append(float(self.returns[i]))
-                    lengths.append(int(self.lengths[i]))
-                    self.returns[i] = 0.0
-                    self.lengths[i] = 0
+                    ended.append(i)
                 obs, _ = env.reset()
             next_obs[i] = obs
         self.obs = next_obs
+        # Totals once per step, not per env: the per-env loop is the actor's hot path.
+        self.returns += rewards
+        self.lengths += 1
+        returns = self.returns[ended].tolist()
+        lengths = self.lengths[ended].tolist()
+        self.returns[ended] = 0.0
+        self.lengths[ended] = 0
         final = np.stack(final_obs) if final_obs else np.empty((0, *self.obs.shape[1:]),
                                                               self.obs.dtype)
         return StepResult(rewards, terminated, truncated, next_obs,
