@@ -11,7 +11,10 @@ Where the coordinator is, how many processes there are and which one this is
 come from the config (`learner.coordinator_address`, `learner.processes`, the
 worker index), or from the environment (SRL_JAX_COORDINATOR_ADDRESS,
 SRL_JAX_NUM_PROCESSES, SRL_JAX_PROCESS_ID), which wins. With no address given,
-process 0 picks a free loopback port and registers it in the name service.
+process 0 picks a free port and registers it in the name service: on loopback,
+since the coordinator (gRPC) has no authentication, unless the config lets it
+listen on the network (`transport.allow_unauthenticated`, for learners on
+several hosts; `srl_jax.config_checks` refuses such a run without it).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from srl_jax.config import ExperimentConfig
 ENV_COORDINATOR = "SRL_JAX_COORDINATOR_ADDRESS"
 ENV_PROCESSES = "SRL_JAX_NUM_PROCESSES"
 ENV_PROCESS_ID = "SRL_JAX_PROCESS_ID"
+LOOPBACK = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,12 @@ def process_layout(config: ExperimentConfig, worker_index: int,
     )
 
 
+def coordinator_host(config: ExperimentConfig, advertise_host: str) -> str:
+    """Where process 0's coordinator listens: loopback, or with
+    `transport.allow_unauthenticated` the address its peers on other hosts dial."""
+    return advertise_host if config.transport.allow_unauthenticated else LOOPBACK
+
+
 def free_address(host: str) -> str:
     """host:port with a port free on `host` now, for the jax.distributed coordinator."""
     with socket.socket() as probe:
@@ -70,7 +80,10 @@ def initialize(layout: ProcessLayout) -> None:
     jax.distributed.initialize(
         coordinator_address=layout.coordinator, num_processes=layout.count,
         process_id=layout.index,
-        coordinator_bind_address=layout.coordinator if layout.is_chief else None)
+        coordinator_bind_address=layout.coordinator if layout.is_chief else None,
+        # Every parameter is given: no cluster detection, which under Slurm would also
+        # narrow each process to the GPU of its SLURM_LOCALID.
+        cluster_detection_method="deactivate")
 
 
 def agree(ready: bool, stopping: bool, save_due: bool) -> tuple[bool, bool, bool]:

@@ -39,6 +39,7 @@ from learners.device_memory import device_memory_counters
 from learners.distributed import (
     ProcessLayout,
     agree,
+    coordinator_host,
     free_address,
     gather_json,
     initialize,
@@ -226,7 +227,7 @@ class LearnerWorker(Worker):
         layout = self.processes
         if layout.count > 1 and not layout.coordinator:
             if layout.is_chief:
-                address = free_address(self.transport.advertise_host)
+                address = free_address(coordinator_host(self.config, self.transport.advertise_host))
                 self.names.register(COORDINATOR.key(self.policy), address)
                 self.transport.note_port(COORDINATOR.key(self.policy), address)  # gRPC: no CURVE
             else:

@@ -18,6 +18,7 @@ CORES = ("none", "lstm", "gru")
 HEADS = ("actor_critic", "q", "dueling")
 CONVS = ("auto", "xla", "matmul")
 ENV_BACKENDS = ("gymnasium", "envpool")
+NAME_SERVICES = ("auto", "files", "network")
 DEFAULT_POLICY = "default"
 PETTINGZOO_PREFIX = "pettingzoo:"
 POLICY_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
@@ -330,6 +331,12 @@ class TransportConfig:
     """ZMQ CURVE authentication and encryption. null: on unless bound to loopback;
     true (on): always; false (off): never, so a network port is open to whoever reaches
     it (only on a network you trust)."""
+    allow_unauthenticated: bool = False
+    """Let the ports that have no authentication of ours listen off loopback: the
+    jax.distributed coordinator of learners on several hosts (gRPC, never authenticated)
+    and a local Ray instance with token authentication turned off (RAY_AUTH_MODE=disabled).
+    false: the coordinator binds loopback, and a config that would need it off loopback
+    is refused (only on a network you trust)."""
 
 
 def _one_cpu() -> dict[str, float]:
@@ -349,7 +356,9 @@ class RayConfig:
     evaluator: dict[str, float] = field(default_factory=_one_cpu)
     replay: dict[str, float] = field(default_factory=_one_cpu)
     placement_timeout_s: float = 120.0
-    """A worker Ray cannot place this long (no node has its resources) fails the run."""
+    """How long a worker may wait for Ray to place it (no node has its resources free):
+    past it a learner ends the run, any other worker is reported missing ('waiting for
+    capacity' in status.json) while the run goes on without it, until a node joins."""
 
 
 @dataclass
@@ -381,6 +390,13 @@ class RuntimeConfig:
     """Seconds workers get to exit after SIGTERM before SIGKILL."""
     compilation_cache_dir: str = "~/.cache/srl_jax/jax"
     """JAX's persistent compilation cache: later runs skip compiling ('' disables it)."""
+    names: str = "auto"
+    """Where workers find each other's endpoints, their config and where their output goes:
+    files (names as files under the run directory, each worker writes its own log
+    there: every host must see that directory), network (the controller serves names
+    and the config, and takes every worker's output into its run directory: hosts need
+    share nothing but the network), or auto (network with `--backend ray` on a cluster
+    given by address, files otherwise)."""
 
 
 @dataclass

@@ -8,11 +8,14 @@ section (`learners/algorithms.py`); the launcher runs all three.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from srl_jax.config import (
     CONVS,
     CORES,
     ENV_BACKENDS,
     HEADS,
+    NAME_SERVICES,
     NETWORKS,
     POLICY_NAME,
     RESERVED_POLICY_NAMES,
@@ -22,6 +25,11 @@ from srl_jax.config import (
     is_pettingzoo,
     request_rows,
 )
+from srl_jax.transport import is_loopback
+
+RAY_AUTH_MODE = "RAY_AUTH_MODE"
+"""Ray's switch for its token authentication ('token': on, the default of Ray 2.60 for a
+new local instance; 'disabled': off)."""
 
 
 def require(condition: bool, message: str) -> None:
@@ -240,6 +248,32 @@ def check_runtime(config: ExperimentConfig) -> None:
     require(runtime.stall_timeout_s >= 0, "'runtime.stall_timeout_s' must not be negative")
     require(runtime.busy_timeout_s >= 0, "'runtime.busy_timeout_s' must not be negative")
     require(bool(config.transport.bind_host), "'transport.bind_host' must not be empty")
+    require(runtime.names in NAME_SERVICES,
+            f"'runtime.names': unknown '{runtime.names}' (known: {', '.join(NAME_SERVICES)})")
+    coordinator = config.learner.coordinator_address.rpartition(":")[0]
+    require(config.learner.processes == 1 or not coordinator or is_loopback(coordinator)
+            or config.transport.allow_unauthenticated,
+            f"'learner.coordinator_address' {config.learner.coordinator_address}: the "
+            f"jax.distributed coordinator has no authentication; bind it to loopback or set "
+            f"'transport.allow_unauthenticated: true' (a network you trust)")
+
+
+def check_exposure(config: ExperimentConfig, backend: str, ray_address: str,
+                   environ: Mapping[str, str]) -> None:
+    """Refuse a run whose coordinator or local Ray instance would listen off loopback
+    unauthenticated, unless `transport.allow_unauthenticated` says so; it needs the
+    backend and the launcher's environment, which `validate` does not see."""
+    if backend != "ray" or config.transport.allow_unauthenticated:
+        return
+    opt_in = "set 'transport.allow_unauthenticated: true' (a network you trust)"
+    require(config.learner.processes == 1 or not (ray_address or config.ray.address),
+            f"'learner.processes' {config.learner.processes} across a Ray cluster: the "
+            f"jax.distributed coordinator (gRPC, no authentication) would listen on the "
+            f"network; {opt_in}")
+    mode = environ.get(RAY_AUTH_MODE, "token")
+    require(bool(ray_address or config.ray.address) or mode.lower() == "token",
+            f"{RAY_AUTH_MODE}={mode}: the local Ray instance would listen on every interface "
+            f"without token authentication; unset it or {opt_in}")
 
 
 def check_ray(config: ExperimentConfig) -> None:

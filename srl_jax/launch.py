@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import logging
+import os
 import shutil
 import sys
 import time
@@ -29,6 +30,7 @@ import yaml
 
 from srl_jax.backends import BackendError, LaunchBackend, LocalBackend
 from srl_jax.config import DEFAULT_POLICY, ConfigError, ExperimentConfig, run_policies
+from srl_jax.config_checks import check_exposure
 from srl_jax.config_loader import config_to_dict, load_config, resolve_experiment_path
 from srl_jax.placement import describe_host, plan_placement
 from srl_jax.population import check_population, sweep_overrides
@@ -138,6 +140,7 @@ def prepare_run(args: argparse.Namespace) -> tuple:
             raise ConfigError(f"'--run-dir': {run_dir} already holds files; pick an empty or "
                               "new directory (or add --resume to continue it)")
     config = check_before_launch(config)
+    check_exposure(config, args.backend, args.ray_address or "", os.environ)
     return config, run_dir, steps, plan_placement(config, describe_host(), args.backend)
 
 
@@ -153,6 +156,15 @@ def check_before_launch(config: ExperimentConfig) -> ExperimentConfig:
     resolved = resolve_algorithms(config)
     check_population(resolved, algorithm(resolved.learner.algorithm).live)
     return resolved
+
+
+def network_names(config: ExperimentConfig, backend: str, ray_address: str | None) -> bool:
+    """Whether workers use the controller's name service and log stream (`runtime.names`):
+    `auto` does where they may run on hosts that share no run directory with it, a Ray
+    cluster given by address."""
+    if config.runtime.names != "auto":
+        return config.runtime.names == "network"
+    return backend == "ray" and bool(ray_address or config.ray.address)
 
 
 def make_backend(name: str, run_dir: Path, config: ExperimentConfig,
@@ -205,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(placement.lines()), flush=True)
     return Controller(config, run_dir, backend, progress, resume_row=resume_row,
                       resumed=resume_steps is not None, keys=keys, placement=placement,
-                      launched=launched).run()
+                      launched=launched,
+                      network_names=network_names(config, args.backend, args.ray_address)).run()
 
 
 if __name__ == "__main__":
