@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Refresh requirements/dev.lock (./test.sh) and requirements/base.lock (./run.sh) from
+# Refresh requirements/dev.lock (./test.sh), requirements/base.lock (./run.sh) and
+# requirements/cluster.lock (the TPU VM hosts: srl_jax.cluster tpu-vm) from
 # pyproject.toml, for Python 3.11+ on every platform, with hashes. Pins that still fit
 # are kept; `scripts/lock.sh --upgrade` (or --upgrade-package NAME) moves them on.
 # Needs uv: $UV, else a pinned copy installed into .tools/uv on first use.
@@ -27,4 +28,6 @@ mkdir -p requirements
 compile requirements/dev.lock --extra dev "$@"
 # Constrained by the dev lock, so both commands run the same versions of what they share.
 compile requirements/base.lock --constraint requirements/dev.lock "$@"
-echo "locked: requirements/dev.lock requirements/base.lock" >&2
+# What `srl_jax.cluster tpu-vm` installs on every TPU host and CPU VM.
+compile requirements/cluster.lock --extra ray --extra tpu --constraint requirements/dev.lock "$@"
+echo "locked: requirements/dev.lock requirements/base.lock requirements/cluster.lock" >&2

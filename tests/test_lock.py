@@ -20,6 +20,8 @@ from tests.conftest import REPO
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 PROJECT = canonicalize_name(PYPROJECT["project"]["name"])
 LOCKS = {"": REPO / "requirements" / "base.lock", "dev": REPO / "requirements" / "dev.lock"}
+CLUSTER_LOCK = REPO / "requirements" / "cluster.lock"
+"""What `srl_jax.cluster tpu-vm` installs on the hosts: the base, `[ray]` and `[tpu]`."""
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)", re.MULTILINE)
 
 
@@ -60,6 +62,21 @@ def test_lock_pins_every_requirement_within_its_bounds(extra: str) -> None:
         outside = [str(v) for v in versions if v not in requirement.specifier]
         assert not outside, (f"{LOCKS[extra].name} pins {requirement.name} {outside}, outside "
                              f"'{requirement}': run scripts/lock.sh")
+
+
+def test_cluster_lock_pins_the_hosts_requirements_as_the_dev_lock_does() -> None:
+    locked, dev = pins(CLUSTER_LOCK), pins(LOCKS["dev"])
+    for requirement in requirements("ray") + requirements("tpu"):
+        versions = locked.get(canonicalize_name(requirement.name))
+        if canonicalize_name(requirement.name) == "setuptools":
+            continue  # the hosts install a built wheel
+        assert versions and all(v in requirement.specifier for v in versions), \
+            f"{CLUSTER_LOCK.name}: {requirement} ({versions}): run scripts/lock.sh"
+    assert locked.get("libtpu"), "jax[tpu] brings libtpu"
+    differ = {name: (locked[name], dev[name]) for name in locked
+              if name in dev and locked[name] != dev[name]}
+    assert not differ, "the hosts run the versions the tests ran"
+    assert check(REPO / "pyproject.toml", CLUSTER_LOCK).returncode == 0
 
 
 def test_ruff_is_pinned_exactly() -> None:
