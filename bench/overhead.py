@@ -175,7 +175,9 @@ def _serve_requests(conn: Connection, case: dict[str, Any], root: Path) -> None:
 def _echo_requests(conn: Connection, case: dict[str, Any], root: Path) -> None:
     """The floor under the server: plain pyzmq, no runtime code. A ROUTER socket
     answers each request with the same reply (encoded once: one row per request row)
-    as soon as it arrives, until the parent says 'end'."""
+    as soon as it arrives, until the parent says 'end'. Over loopback TCP, or over
+    `ipc://` (a Unix socket under `root`) with `case["ipc"]`: what co-located actors
+    and servers would gain from it."""
     from learners.inference_server import POLL_MS
     from srl_jax.wire import encode
 
@@ -185,7 +187,12 @@ def _echo_requests(conn: Connection, case: dict[str, Any], root: Path) -> None:
                     "value": np.zeros(rows, np.float32)})
     reply = [bytes(frame) for frame in reply]
     router = make_socket(zmq.Context.instance(), zmq.ROUTER)
-    port = router.bind_to_random_port("tcp://127.0.0.1")
+    if case.get("ipc"):
+        root.mkdir(parents=True, exist_ok=True)
+        endpoint = f"ipc://{root / 'echo.sock'}"
+        router.bind(endpoint)
+    else:
+        endpoint = f"tcp://127.0.0.1:{router.bind_to_random_port('tcp://127.0.0.1')}"
     answered = 0
 
     def step() -> None:
@@ -199,7 +206,7 @@ def _echo_requests(conn: Connection, case: dict[str, Any], root: Path) -> None:
                 router.send_multipart([request[0], *reply])
                 answered += 1
 
-    conn.send(f"tcp://127.0.0.1:{port}")
+    conn.send(endpoint)
     try:
         _until_end(conn, step, lambda: {"requests": answered, "batches": answered})
     finally:
@@ -260,7 +267,8 @@ def _take_samples(conn: Connection, case: dict[str, Any], root: Path) -> None:
         pull.close()
 
 
-CHILD_ROLES = {"requests": _serve_requests, "echo": _echo_requests, "samples": _take_samples}
+CHILD_ROLES = {"requests": _serve_requests, "echo": _echo_requests,
+               "echo-ipc": _echo_requests, "samples": _take_samples}
 
 
 def sink_main(conn: Connection) -> None:
@@ -332,10 +340,10 @@ def _mark(sink: Sink, message: str = "mark") -> Window:
 def request_overhead(sink: Sink, name: str, envs: int, in_flight: int,
                      seconds: float, role: str = "requests") -> dict[str, Any]:
     """Requests of `envs` rows from `in_flight` DEALERs (one each) to the real server loop
-    (`role` "requests"), or to the bare pyzmq echo under it ("echo")."""
+    (`role` "requests"), or to the bare pyzmq echo under it ("echo", "echo-ipc")."""
     obs_shape, obs_dtype = OBS_CASES[name]
     case = {"name": f"{role}-{name}-{in_flight}", "envs": envs, "max_batch": envs * in_flight,
-            "obs_shape": list(obs_shape), "obs_dtype": obs_dtype}
+            "obs_shape": list(obs_shape), "obs_dtype": obs_dtype, "ipc": role == "echo-ipc"}
     endpoint = sink.call((role, case))
     context = zmq.Context.instance()
     dealers = [make_socket(context, zmq.DEALER) for _ in range(in_flight)]
@@ -458,7 +466,8 @@ def measure_overheads(envs: int, seconds: float) -> dict[str, Any]:
             requests.append(request_overhead(sink, name, envs, 1, seconds))
             requests.append(request_overhead(sink, name, envs, IN_FLIGHT, seconds))
             samples.append(sample_overhead(sink, name, envs, seconds))
-        requests.append(request_overhead(sink, "vector", envs, IN_FLIGHT, seconds, "echo"))
+        for floor in ("echo", "echo-ipc"):
+            requests.append(request_overhead(sink, "vector", envs, IN_FLIGHT, seconds, floor))
     finally:
         sink.close()
     return {"requests": requests, "samples": samples}
@@ -482,7 +491,7 @@ def print_overheads(overheads: dict[str, Any]) -> None:
           "its main thread; io: other threads, chiefly ZMQ's I/O thread); actor_us: the same "
           "on the asking side; rtt_us: wall time per request and request in flight; "
           "server 'echo': bare pyzmq answering each request with a fixed reply, the floor "
-          "under the runtime's figure")
+          "under the runtime's figure ('echo-ipc': the same over ipc://)")
     print(f"{'obs':>7} {'chunk':>9} {'MB':>6} {'samples/s':>10} {'chunks/s':>8} "
           f"{'learner_us':>10} {'actor_us':>8} {'learner_us/chunk':>16}")
     for s in overheads["samples"]:
@@ -499,9 +508,10 @@ def headline(overheads: dict[str, Any]) -> dict[str, float]:
     """The two headline figures (`vector`: server CPU per request with IN_FLIGHT requests
     in flight, learner CPU per sample), and what one server core and one learner's
     intake take at most besides policy compute and updates."""
-    request, floor = (next(r for r in overheads["requests"] if r.get("server", "requests")
-                           == server and r["obs"] == "vector" and r["in_flight"] == IN_FLIGHT)
-                      for server in ("requests", "echo"))
+    request, floor, floor_ipc = (
+        next(r for r in overheads["requests"] if r.get("server", "requests") == server
+             and r["obs"] == "vector" and r["in_flight"] == IN_FLIGHT)
+        for server in ("requests", "echo", "echo-ipc"))
     sample = next(s for s in overheads["samples"] if s["obs"] == "vector")
     per_request, per_sample = request["server_cpu_us_per_request"], \
         sample["learner_cpu_us_per_sample"]
@@ -510,6 +520,7 @@ def headline(overheads: dict[str, Any]) -> dict[str, float]:
         "per_request_overhead_us_per_row": per_request / request["rows"],
         "per_request_actor_side_us": request["actor_cpu_us_per_request"],
         "per_request_zmq_floor_us": floor["server_cpu_us_per_request"],
+        "per_request_zmq_floor_ipc_us": floor_ipc["server_cpu_us_per_request"],
         "per_request_round_trip_us": next(
             r["round_trip_us"] for r in overheads["requests"]
             if r["obs"] == "vector" and r["in_flight"] == 1),
@@ -525,7 +536,8 @@ def print_headline(head: dict[str, float], rows: int) -> None:
     print(f"per-request overhead: {head['per_request_overhead_us']:.1f} us of server CPU per "
           f"request of {rows} rows ({head['per_request_overhead_us_per_row']:.2f} us/row), "
           f"{head['per_request_actor_side_us']:.1f} us on the actor side (bare pyzmq's "
-          f"floor: {head['per_request_zmq_floor_us']:.1f} us), round trip "
+          f"floor: {head['per_request_zmq_floor_us']:.1f} us, over ipc:// "
+          f"{head['per_request_zmq_floor_ipc_us']:.1f} us), round trip "
           f"{head['per_request_round_trip_us']:.0f} us; one server core answers at most "
           f"{head['server_core_requests_per_s']:,.0f} requests/s "
           f"({head['server_core_rows_per_s']:,.0f} rows/s) besides its policy compute")

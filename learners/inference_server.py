@@ -17,9 +17,9 @@ makes sure actors never send one), and so is one whose observations or state
 do not fit the policy (counted in `rejects`). Each reply carries action,
 log-probability, value (and new state) and the parameter version that produced
 them. Parameters arrive on the
-parameter stream; the newest version wins. Until the first arrives (it waits a
-few seconds for it), the server acts with version 0, which it builds from the
-seed exactly as the learner does.
+parameter stream; the newest version wins. Until the first arrives, the server
+acts with version 0, which it builds from the seed exactly as the learner does
+(a restarted or resumed server first waits a few seconds for the learner's).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import zmq
 
 from learners.policy_runner import PolicyRunner
+from srl_jax.incarnation import FIRST
 from srl_jax.stream_table import PARAMS
 from srl_jax.streams import RejectCounter, make_socket, receive
 
@@ -64,10 +65,17 @@ class ParamSubscriber:
 def subscribe(worker: Worker, runner: PolicyRunner, policy: str | None = None
               ) -> ParamSubscriber:
     """Connect `worker` to the parameters of `policy`'s learner (default: the worker's
-    policy) and take the current ones if they come within FIRST_PARAMS_WAIT_S."""
+    policy); a restarted or resumed worker takes the current ones if they come within
+    FIRST_PARAMS_WAIT_S.
+
+    The first start of a fresh run does not wait: its learner starts from version 0,
+    the parameters every worker builds from the seed, so acting with them at once
+    loses nothing and the first frames come as soon as the worker is up.
+    """
     socket = make_socket(worker.zmq, PARAMS.connect_type, hwm=worker.config.learner.param_queue)
     socket.setsockopt(zmq.SUBSCRIBE, b"")
     worker.connect_to(socket, PARAMS.key(policy or worker.policy))
     subscriber = ParamSubscriber(socket, runner, worker.rejects)
-    subscriber.await_first(FIRST_PARAMS_WAIT_S, worker.keep_alive)
+    if worker.incarnation != FIRST:
+        subscriber.await_first(FIRST_PARAMS_WAIT_S, worker.keep_alive)
     return subscriber

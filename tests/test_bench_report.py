@@ -121,3 +121,12 @@ def test_config_hash_takes_a_shipped_name_or_a_path(monkeypatch) -> None:
     from bench.machine import config_hash
 
     assert config_hash("cartpole_ppo") == config_hash(REPO / "configs" / "cartpole_ppo.yaml")
+
+
+def test_the_scale_text_names_the_bare_pyzmq_floor_where_it_was_measured(monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    from bench.report import zmq_floor
+
+    assert zmq_floor({"per_request_overhead_us": 70.0}) == ""
+    text = zmq_floor({"per_request_zmq_floor_us": 36.4, "per_request_zmq_floor_ipc_us": 33.6})
+    assert "36 us over TCP" in text and "34 us over ipc://" in text
