@@ -67,7 +67,9 @@ def worker_args(kind: str, index: int, run_dir: Path, policy: str) -> list[str]:
 
 
 def spawn_worker(args: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen:
-    """Start `python args...` in its own session, appending its output to `log_path`."""
+    """Start `python args...` in its own session, appending its output to `log_path`
+    (made where missing: a host that shares no run directory has none)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log_file:
         return subprocess.Popen(
             [sys.executable, *args], stdin=subprocess.DEVNULL, stdout=log_file,

@@ -27,8 +27,10 @@ import zmq
 from srl_jax.backends import BackendError, LaunchBackend, WorkerHandle
 from srl_jax.config import DEFAULT_POLICY, ExperimentConfig, member_names, run_policies
 from srl_jax.incarnation import Incarnation
+from srl_jax.log_stream import LogSink
 from srl_jax.metrics import DEVICE_MEMORY, MetricsAggregator, MetricsWriter, ProgressDisplay
-from srl_jax.names import worker_name
+from srl_jax.name_server import NAMES_ENV, NameServer
+from srl_jax.names import NameService, worker_name
 from srl_jax.placement import Placement
 from srl_jax.run_dir import policy_version, write_status
 from srl_jax.startup import StartupTimeline
@@ -110,13 +112,20 @@ class Controller:
                  progress: ProgressDisplay | None = None,
                  resume_row: dict[str, Any] | None = None, resumed: bool = False,
                  keys: CurveKeys | None = None, placement: Placement | None = None,
-                 launched: float | None = None) -> None:
+                 launched: float | None = None, network_names: bool = False) -> None:
         """`resume_row`: the last metrics row kept by a resume; counters go on from it.
         `keys`: the run's CURVE keys (the backend hands workers the same), None: off.
         `placement`: each worker's devices and the environment that puts it there (None:
         workers start with the launcher's environment alone). `launched`: wall time the
-        launcher started, where the start-up timeline counts from (None: now)."""
+        launcher started, where the start-up timeline counts from (None: now).
+        `network_names`: serve names, the config and a log stream to workers over the
+        network (srl_jax/name_server.py, srl_jax/log_stream.py) rather than have them
+        use files in the run directory."""
         self.config = config
+        self.network_names = network_names
+        self.name_server: NameServer | None = None
+        self.log_sink: LogSink | None = None
+        self.names: NameService = backend.name_service()
         self.placement = placement
         self.keys = keys
         self.run_dir = Path(run_dir)
@@ -163,8 +172,14 @@ class Controller:
         transport = self.config.transport
         self.transport = Transport(context, self.backend.bind_host() or transport.bind_host,
                                    transport.advertise_host, self.keys)
+        if self.network_names:
+            self.name_server = NameServer(self.transport,
+                                          (self.run_dir / "config.yaml").read_text())
+            self.names = self.name_server
+            self.log_sink = LogSink(self.transport, self.names, self.run_dir / "logs",
+                                    [record.name for record in self.workers])
         self.stats = make_socket(context, STATS.bind_type, hwm=self.config.runtime.stats_queue)
-        self.transport.bind(self.stats, self.backend.name_service(), STATS.key())
+        self.transport.bind(self.stats, self.names, STATS.key())
         self.writer = MetricsWriter(self.run_dir)
         try:
             for record in self.workers:
@@ -175,6 +190,9 @@ class Controller:
         finally:
             self._shutdown()
             self.stats.close()
+            for service in (self.log_sink, self.name_server):
+                if service is not None:
+                    service.close()
             self.transport.close()
             self.backend.close()
             self.writer.close()
@@ -193,6 +211,8 @@ class Controller:
         env.update(Incarnation(self.resumes, record.restarts).to_env())
         if self.keys:
             env[KEYS_ENV] = self.keys.to_env()
+        if self.name_server is not None:
+            env[NAMES_ENV] = self.name_server.endpoint
         record.handle = self.backend.start(record.kind, record.index, record.policy, env)
         self.startup.mark(record.name, "spawned")
         record.state, record.started_at = "starting", time.monotonic()
@@ -295,7 +315,7 @@ class Controller:
         The others are killed (their collectives would wait forever) and come back
         through `_on_exit` like the first; the stale coordinator address goes.
         """
-        self.backend.name_service().unregister(COORDINATOR.key(record.policy))
+        self.names.unregister(COORDINATOR.key(record.policy))
         for other in self.workers:
             if other.kind == record.kind and other.policy == record.policy \
                     and other.handle is not None and other.state in ("starting", "running") \
@@ -309,7 +329,9 @@ class Controller:
     def _write_row(self, check_stop: bool = True) -> None:
         row = self.metrics.row(self._elapsed())
         row["system/resumes"] = self.resumes
-        row["system/wire_rejected"] = row.get("system/wire_rejected", 0) + self.rejects.count
+        row["system/wire_rejected"] = row.get("system/wire_rejected", 0) + self.rejects.count \
+            + sum(service.rejects.count for service in (self.name_server, self.log_sink)
+                  if service is not None)
         row["system/auth_refused"] = row.get("system/auth_refused", 0) + self.transport.refused
         self.writer.write(row)
         self.progress.show(row)

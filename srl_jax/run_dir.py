@@ -31,7 +31,12 @@ STATUS_READ_TRIES = 5
 
 def read_run_config(run_dir: Path) -> ExperimentConfig:
     """The resolved config a run was started with."""
-    return config_from_dict(yaml.safe_load((Path(run_dir) / "config.yaml").read_text()))
+    return parse_run_config((Path(run_dir) / "config.yaml").read_text())
+
+
+def parse_run_config(text: str) -> ExperimentConfig:
+    """A run's `config.yaml` text (as the network name service hands it out) as a config."""
+    return config_from_dict(yaml.safe_load(text))
 
 
 def checkpoint_root(run_dir: Path, best: bool = False, policy: str = DEFAULT_POLICY) -> Path:

@@ -9,6 +9,8 @@
     params       learner 0 (PUB)     inference, evaluator, actor (SUB)  params
     control      learner 0 (ROUTER)  population (DEALER)                exploit, exploited
     stats        controller (PULL)   every worker (PUSH)                stats
+    names        controller (ROUTER) every worker (DEALER)              name_request, name_reply
+    logs         controller (PULL)   every worker (PUSH)                log
     coordinator  learner 0           other learner processes            (jax.distributed's gRPC)
 
 A worker that binds registers its endpoint in the name service under the
@@ -142,6 +144,20 @@ STATS = Stream(
     binder_receives=frozenset({"stats"}), connecter_receives=frozenset(),
     per_policy=False, indexed=False,
     doc="Heartbeats and counters of every worker to the controller.")
+NAMES = Stream(
+    name="names", binder="controller", connecters=STATS.connecters,
+    bind_type=zmq.ROUTER, connect_type=zmq.DEALER,
+    binder_receives=frozenset({"name_request"}), connecter_receives=frozenset({"name_reply"}),
+    per_policy=False, indexed=False,
+    doc="The name service over the network (`runtime.names`): workers register and look up "
+        "the other streams' keys, and fetch the run's config (srl_jax/name_server.py).")
+LOGS = Stream(
+    name="logs", binder="controller", connecters=STATS.connecters,
+    bind_type=zmq.PULL, connect_type=zmq.PUSH,
+    binder_receives=frozenset({"log"}), connecter_receives=frozenset(),
+    per_policy=False, indexed=False,
+    doc="Each worker's output to `logs/<worker>.log` on the controller's host, with the "
+        "network name service (srl_jax/log_stream.py).")
 COORDINATOR = Stream(
     name="coordinator", binder="learner", connecters=("learner",),
     bind_type=None, connect_type=None,
@@ -151,7 +167,7 @@ COORDINATOR = Stream(
         "for a policy's other learner processes.")
 
 STREAMS: tuple[Stream, ...] = (SAMPLES, INSERTS, REPLAY, INFERENCE, PARAMS, CONTROL, STATS,
-                               COORDINATOR)
+                               NAMES, LOGS, COORDINATOR)
 """Every name-service key of a run comes from one of these."""
 
 

@@ -67,6 +67,20 @@ class CurveKeys:
         return cls(**json.loads(text))
 
 
+def keys_from_env(environ: Mapping[str, str]) -> CurveKeys | None:
+    """The run's keys a launch backend handed this process, or None (CURVE off)."""
+    return CurveKeys.from_env(environ[KEYS_ENV]) if environ.get(KEYS_ENV) else None
+
+
+def curve_connect(socket: zmq.Socket, endpoint: str, keys: CurveKeys | None) -> None:
+    """Connect `socket` to `endpoint`, as a CURVE client of the run when it has `keys`."""
+    if keys:
+        socket.curve_serverkey = keys.server_public.encode()
+        socket.curve_publickey = keys.client_public.encode()
+        socket.curve_secretkey = keys.client_secret.encode()
+    socket.connect(endpoint)
+
+
 def is_loopback(host: str) -> bool:
     return host in LOOPBACK_HOSTS or host.startswith("127.")
 
@@ -124,9 +138,8 @@ class Transport:
                     environ: Mapping[str, str] | None = None) -> Transport:
         """The transport a worker was given: the backend's environment over the config."""
         env = os.environ if environ is None else environ
-        keys = CurveKeys.from_env(env[KEYS_ENV]) if env.get(KEYS_ENV) else None
         return cls(context, env.get(BIND_HOST_ENV) or bind_host,
-                   env.get(ADVERTISE_HOST_ENV) or advertise_host, keys)
+                   env.get(ADVERTISE_HOST_ENV) or advertise_host, keys_from_env(env))
 
     @property
     def authenticated(self) -> bool:
@@ -169,11 +182,7 @@ class Transport:
         self.ports.append(Port(key, address, address, authenticated))
 
     def connect(self, socket: zmq.Socket, endpoint: str) -> None:
-        if self.keys:
-            socket.curve_serverkey = self.keys.server_public.encode()
-            socket.curve_publickey = self.keys.client_public.encode()
-            socket.curve_secretkey = self.keys.client_secret.encode()
-        socket.connect(endpoint)
+        curve_connect(socket, endpoint, self.keys)
 
     def port_list(self) -> list[dict[str, Any]]:
         return [asdict(port) for port in self.ports]

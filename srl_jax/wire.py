@@ -24,6 +24,9 @@ Message kinds (the whole protocol):
 | `sampled`       | replay server -> learner      | a sampled batch (srl_jax.replay_spec),  |
 |                 |                               | or none while the rate limiter waits    |
 | `priorities`    | learner -> replay server      | slots, generations, priorities [n]      |
+| `name_request`  | any worker -> controller      | none (meta: op, id, key, endpoint)      |
+| `name_reply`    | controller -> worker          | none, or the run's config (uint8 text)  |
+| `log`           | any worker -> controller      | text: output bytes (uint8)              |
 
 Metadata worth knowing: `samples` carries `actor` and `episode_returns` (the
 returns of episodes finished since that actor's previous chunk); `params`
@@ -43,7 +46,8 @@ import numpy as np
 
 WIRE_VERSION = 1
 KINDS = frozenset({"infer_request", "infer_reply", "samples", "params", "stats",
-                   "sample_request", "sampled", "priorities", "exploit", "exploited"})
+                   "sample_request", "sampled", "priorities", "exploit", "exploited",
+                   "name_request", "name_reply", "log"})
 DTYPES = {
     np.dtype(name).str: np.dtype(name)
     for name in (

@@ -7,7 +7,12 @@ heartbeat carrying those counters to the controller every
 its controller is gone, so a killed controller leaves no workers behind.
 
 Run one with `python -m srl_jax.worker KIND INDEX --run-dir DIR [--policy P]`; the
-controller does this for you.
+controller does this for you. With `SRL_JAX_NAMES=<endpoint>` in its environment (the
+controller's name service, srl_jax/name_server.py; `SRL_JAX_CURVE_KEYS` too where the
+run uses CURVE) a worker reads nothing from a shared run directory: its config and
+every endpoint come from the controller, its output goes to the controller's
+`logs/<worker>.log` (srl_jax/log_stream.py), and DIR is a scratch directory of its
+own host.
 """
 
 from __future__ import annotations
@@ -33,14 +38,17 @@ from srl_jax.config import DEFAULT_POLICY, ExperimentConfig
 from srl_jax.config_loader import import_plugins
 from srl_jax.faults import FaultPlan
 from srl_jax.incarnation import Incarnation
+from srl_jax.log_stream import LogForwarder
+from srl_jax.name_server import NAMES_ENV, NetworkNameService
 from srl_jax.names import FileNameService, NameService, worker_name
-from srl_jax.run_dir import read_run_config
-from srl_jax.stream_table import STATS
+from srl_jax.run_dir import parse_run_config, read_run_config
+from srl_jax.stream_table import LOGS, STATS
 from srl_jax.streams import RejectCounter, limit_message_size, make_socket, send
-from srl_jax.transport import Transport
+from srl_jax.transport import Transport, keys_from_env
 from srl_jax.worker_kinds import KINDS, UnknownWorkerKind, load_worker_class
 
 LOOKUP_TIMEOUT_S = 120.0
+EXIT_FAILED = 1
 STACKS_SIGNAL = signal.SIGUSR1
 """A worker that gets it writes every thread's Python stack to its log."""
 
@@ -273,6 +281,20 @@ class Worker:
         return 0
 
 
+def names_and_config(run_dir: Path, names_endpoint: str | None,
+                     forwarder: LogForwarder | None) -> tuple[NameService, ExperimentConfig]:
+    """The run directory's names and config; or, given the controller's name service,
+    both from it, with `forwarder` sending this process's output to the controller."""
+    if names_endpoint is None or forwarder is None:
+        return FileNameService(run_dir / "names"), read_run_config(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)  # this host's scratch
+    context, keys = zmq.Context.instance(), keys_from_env(os.environ)
+    names = NetworkNameService(context, names_endpoint, keys)
+    config = parse_run_config(names.run_config())
+    forwarder.connect(context, names.lookup(LOGS.key(), LOOKUP_TIMEOUT_S), keys)
+    return names, config
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -285,19 +307,26 @@ def main(argv: list[str] | None = None) -> int:
                         help="the policy a learner or inference server serves")
     args = parser.parse_args(argv)
     name = worker_name(args.kind, args.index, args.policy)
+    names_endpoint = os.environ.get(NAMES_ENV)
+    forwarder = LogForwarder(name) if names_endpoint else None
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr,
         format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s",
     )
-    config = read_run_config(args.run_dir)
-    import_plugins(config)
-    names = FileNameService(args.run_dir / "names")
     try:
-        worker_class = load_worker_class(args.kind)
-    except UnknownWorkerKind as error:
-        parser.error(str(error))
-    worker = worker_class(config, args.index, args.run_dir, names, args.policy)
-    return worker.run()
+        names, config = names_and_config(args.run_dir, names_endpoint, forwarder)
+        import_plugins(config)
+        try:
+            worker_class = load_worker_class(args.kind)
+        except UnknownWorkerKind as error:
+            parser.error(str(error))
+        return worker_class(config, args.index, args.run_dir, names, args.policy).run()
+    except Exception:
+        logging.getLogger(name).exception("%s failed", name)
+        return EXIT_FAILED
+    finally:
+        if forwarder is not None:
+            forwarder.close()
 
 
 if __name__ == "__main__":

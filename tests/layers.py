@@ -39,7 +39,8 @@ def _names(*modules: str) -> frozenset[str]:
 
 LAYERS = (
     Layer("base", _names(
-        "srl_jax.wire", "srl_jax.names", "srl_jax.streams", "srl_jax.stream_table",
+        "srl_jax.wire", "srl_jax.names", "srl_jax.name_server", "srl_jax.log_stream",
+        "srl_jax.streams", "srl_jax.stream_table",
         "srl_jax.transport", "srl_jax.faults", "srl_jax.worker", "srl_jax.worker_kinds",
         "srl_jax.run_dir", "srl_jax.incarnation", "srl_jax.metrics", "srl_jax.config",
         "srl_jax.config_loader", "srl_jax.config_checks", "srl_jax.chunk_spec",

@@ -1,0 +1,166 @@
+"""The name service, both ways: files in the run directory, and the controller's server.
+
+Every `NameService` runs the same suite: the file service, a worker's network client
+(CURVE on, over TCP to a real `NameServer`), and the server itself as the controller
+uses it in process. The server's own refusals, and a client without the run's key,
+follow.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgpack
+import pytest
+import zmq
+
+from srl_jax.name_server import NameServer, NetworkNameService
+from srl_jax.names import FileNameService, NameService
+from srl_jax.stream_table import INFERENCE, NAMES, PARAMS, SAMPLES, STATS
+from srl_jax.streams import make_socket, receive, send
+from srl_jax.transport import CurveKeys, Transport, curve_connect
+from srl_jax.wire import WIRE_VERSION
+
+RUN_CONFIG = "name: names-test\nseed: 3\n"
+KEY = SAMPLES.key("red", 1)
+"""A key in a policy's namespace: it has a '/'."""
+
+
+class Server:
+    """A `NameServer` on loopback with CURVE on, and clients of it."""
+
+    def __init__(self) -> None:
+        self.context = zmq.Context()
+        self.keys = CurveKeys.generate()
+        self.transport = Transport(self.context, keys=self.keys)
+        self.server = NameServer(self.transport, RUN_CONFIG)
+        self.clients: list[NetworkNameService] = []
+
+    def client(self, keys: CurveKeys | None = None, **options: float) -> NetworkNameService:
+        client = NetworkNameService(self.context, self.server.endpoint, keys or self.keys,
+                                    **options)
+        self.clients.append(client)
+        return client
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+        self.server.close()
+        self.transport.close()
+        self.context.term()
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    served = Server()
+    yield served
+    served.close()
+
+
+@pytest.fixture(params=["files", "network", "in_process"])
+def names(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[NameService,
+                                                                             NameService]]:
+    """(the service under test, another user of the same names)."""
+    if request.param == "files":
+        yield FileNameService(tmp_path / "names"), FileNameService(tmp_path / "names")
+        return
+    served = Server()
+    if request.param == "network":
+        yield served.client(), served.client()
+    else:
+        yield served.server, served.client()
+    served.close()
+
+
+def test_a_registered_endpoint_is_what_another_user_finds(names) -> None:
+    service, other = names
+    service.register(KEY, "tcp://10.0.0.1:5000")
+    assert other.get(KEY) == "tcp://10.0.0.1:5000"
+    assert other.lookup(KEY, timeout_s=1) == "tcp://10.0.0.1:5000"
+    assert service.get(INFERENCE.key(index=0)) is None
+
+
+def test_register_replaces_and_unregister_forgets(names) -> None:
+    service, other = names
+    other.register(PARAMS.key(), "tcp://10.0.0.1:5000")
+    service.register(PARAMS.key(), "tcp://10.0.0.2:6000")
+    assert other.get(PARAMS.key()) == "tcp://10.0.0.2:6000"
+    other.unregister(PARAMS.key())
+    assert service.get(PARAMS.key()) is None
+    service.unregister(PARAMS.key())  # gone already: nothing to do
+
+
+def test_a_lookup_waits_for_a_late_registration(names) -> None:
+    service, other = names
+    late = threading.Timer(0.3, other.register, (KEY, "tcp://10.0.0.3:7000"))
+    started = time.monotonic()
+    late.start()
+    try:
+        assert service.lookup(KEY, timeout_s=20) == "tcp://10.0.0.3:7000"
+    finally:
+        late.join()
+    assert 0.25 <= time.monotonic() - started < 10
+
+
+def test_a_lookup_gives_up_at_its_timeout_naming_the_key(names) -> None:
+    service, _ = names
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=INFERENCE.key(index=4)):
+        service.lookup(INFERENCE.key(index=4), timeout_s=0.3)
+    assert 0.25 <= time.monotonic() - started < 5
+
+
+def test_the_server_hands_out_the_run_config(server: Server) -> None:
+    assert server.client().run_config() == RUN_CONFIG
+
+
+def test_malformed_and_wrong_requests_are_counted_and_the_server_answers_on(
+        server: Server) -> None:
+    raw = make_socket(server.context, NAMES.connect_type)
+    curve_connect(raw, server.server.endpoint, server.keys)
+    try:
+        raw.send(b"\xc1 not msgpack")  # dropped: no reply
+        raw.send(msgpack.packb({"k": "stats", "v": WIRE_VERSION, "m": {}, "a": []}))
+        wrong = [{"op": "rename", "id": 1, "key": KEY},  # no such op
+                 {"op": "get", "key": KEY},  # no id
+                 {"op": "register", "id": 2, "key": "../../etc/passwd", "endpoint": "x"},
+                 {"op": "register", "id": 3, "key": STATS.key(), "endpoint": "tcp://evil:1"},
+                 {"op": "lookup", "id": 4, "key": KEY, "wait_s": "forever"},
+                 {"op": "get", "id": 5, "key": "k" * 10_000}]
+        for meta in wrong:
+            send(raw, "name_request", meta)
+            assert raw.poll(5000), meta
+            reply = receive(raw, NAMES.connecter_receives, server.server.rejects)[1].meta
+            assert reply["id"] == meta.get("id") and reply["error"], (meta, reply)
+        assert server.server.rejects.count == 2 + len(wrong)
+    finally:
+        raw.close()
+    client = server.client()
+    with pytest.raises(ValueError, match="the controller's own"):
+        client.register(STATS.key(), "tcp://evil:1")
+    client.register(KEY, "tcp://10.0.0.1:5000")
+    assert client.get(KEY) == "tcp://10.0.0.1:5000"
+
+
+def test_a_client_without_the_run_key_is_refused(server: Server) -> None:
+    stranger = server.client(keys=CurveKeys.generate(), request_timeout_s=0.5)
+    with pytest.raises(TimeoutError, match="did not answer"):
+        stranger.get(KEY)
+    assert server.transport.refused >= 1
+    assert server.client().get(KEY) is None, "the run's own clients are still answered"
+
+
+def test_a_reply_to_a_request_given_up_on_is_not_taken_for_the_next(server: Server) -> None:
+    """A lookup held at the server past the client's patience is answered later; the
+    client's next request must get its own answer, not that one."""
+    client = server.client(request_timeout_s=0.1)
+    with pytest.raises(TimeoutError):
+        client._ask({"op": "lookup", "key": KEY, "wait_s": 0.5})  # held 0.5 s, waited 0.1
+    server.server.register(KEY, "tcp://10.0.0.9:9")
+    time.sleep(0.1)  # the held lookup's answer is on its way
+    client.request_timeout_s = 5.0
+    assert client.get(PARAMS.key()) is None
+    assert client.get(KEY) == "tcp://10.0.0.9:9"
