@@ -8,7 +8,10 @@ It reads `status.json` and the last row of `metrics.jsonl`, so it works on a
 live run, a stuck one and a finished one alike. `--stacks` sends each worker
 on this host SIGUSR1: workers answer by writing every thread's stack to their
 log (faulthandler), which this prints. A stopped process (SIGSTOP) or one gone
-cannot answer; that is said instead.
+cannot answer; that is said instead. A worker on another host is listed with the
+command that asks it there: with the network name service (`runtime.names`) its log,
+stacks included, streams into this run directory's `logs/`, so the table and the logs
+are all on the controller's host.
 """
 
 from __future__ import annotations
@@ -82,11 +85,18 @@ def render(status: dict[str, Any], row: dict[str, Any] | None, now: float) -> st
 
 
 def dump_stacks(run_dir: Path, status: dict[str, Any]) -> str:
-    """Ask every live worker on this host for its stacks; what each wrote to its log."""
-    here, asked = socket.gethostname(), []
+    """Ask every live worker on this host for its stacks; what each wrote to its log.
+    Those on other hosts are named, with how to ask them there."""
+    here, asked, elsewhere = socket.gethostname(), [], []
     for w in status["workers"]:
         log = run_dir / "logs" / f"{w['name']}.log"
-        if not w.get("pid") or w.get("host") != here or w["state"] in ("stopped", "failed"):
+        if not w.get("pid") or w["state"] in ("stopped", "failed"):
+            continue
+        if w.get("host") != here:
+            elsewhere.append(f"--- {w['name']} (pid {w['pid']} on {w.get('host')}) ---\n"
+                             f"(on another host: run `kill -USR1 {w['pid']}` there; its stacks "
+                             f"go to its log, which with runtime.names=network streams to "
+                             f"{log})\n")
             continue
         try:
             offset = log.stat().st_size if log.exists() else 0
@@ -94,7 +104,8 @@ def dump_stacks(run_dir: Path, status: dict[str, Any]) -> str:
         except ProcessLookupError:
             continue
         asked.append((w, log, offset))
-    time.sleep(STACK_WAIT_S)
+    if asked:
+        time.sleep(STACK_WAIT_S)
     parts = []
     for w, log, offset in asked:
         with open(log, "rb") as f:
@@ -106,7 +117,7 @@ def dump_stacks(run_dir: Path, status: dict[str, Any]) -> str:
             stacks = (f"(no answer within {STACK_WAIT_S:.0f}s: the process is stopped, e.g. "
                       "by SIGSTOP, or not a worker)\n")
         parts.append(f"--- {w['name']} (pid {w['pid']}) ---\n{stacks.rstrip()}\n")
-    return "\n".join(parts) or "no live worker on this host\n"
+    return "\n".join(parts + elsewhere) or "no live worker\n"
 
 
 def show(run_dir: Path, stacks: bool) -> str:

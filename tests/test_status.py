@@ -1,5 +1,10 @@
 """Hang diagnosis: who waits on what, in heartbeats, the controller's log and
-`python -m srl_jax.status`, on a run stalled on purpose."""
+`python -m srl_jax.status`, on a run stalled on purpose.
+
+The stalled run uses the network name service (`runtime.names=network`), as a run
+across hosts that share nothing does: workers' logs, stacks included, reach the
+controller's run directory over the log stream, and the status tool reads them there.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from srl_jax.run_dir import read_status
-from srl_jax.status import render
+from srl_jax.status import dump_stacks, render
 from srl_jax.stream_table import SAMPLES
 from tests.conftest import Processes, all_running, interrupt, launch, read_metrics, wait_for
 
@@ -63,10 +68,19 @@ def test_status_of_a_directory_that_is_no_run_is_one_line(tmp_path):
         "controller has not started yet)"]
 
 
+def test_stacks_of_a_worker_on_another_host_say_how_to_ask_there(tmp_path: Path) -> None:
+    status = {"workers": [{"name": "actor-3", "pid": 4242, "host": "far-away",
+                           "state": "running"}]}
+    stacks = dump_stacks(tmp_path, status)
+    assert "--- actor-3 (pid 4242 on far-away) ---" in stacks
+    assert "`kill -USR1 4242` there" in stacks and str(tmp_path / "logs" / "actor-3.log") in stacks
+
+
 @pytest.mark.slow
 def test_a_stalled_run_says_who_waits_on_whom(processes: Processes, tmp_path: Path):
     process, run_dir = launch(processes, tmp_path, "stop.target_return=null",
                               "stop.wall_time_s=240", "runtime.stall_timeout_s=2",
+                              "runtime.names=network",
                               "runtime.heartbeat_timeout_s=120", "actors.inference_timeout_s=60")
     wait_for(lambda: all_running(run_dir) and read_metrics(run_dir)[-1]["learner_steps"] > 0,
              90, "a training run")
@@ -100,3 +114,8 @@ def test_a_stalled_run_says_who_waits_on_whom(processes: Processes, tmp_path: Pa
     interrupt(process, tmp_path / "launch.log")
     final = read_status(run_dir)
     assert all(w["restarts"] == 0 for w in final["workers"]), json.dumps(final)
+    assert [p["key"] for p in final["ports"]] == ["port.names", "port.logs", "port.stats"]
+    assert not any((run_dir / "names").glob("*")), "names were served, not written"
+    for name in ("actor-0", "inference-0", "learner-0"):
+        log = (run_dir / "logs" / f"{name}.log").read_text()
+        assert log.count(": running\n") == 1 and log.count(": stopped\n") == 1, (name, log)
