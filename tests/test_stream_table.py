@@ -14,6 +14,8 @@ from srl_jax.config import DEFAULT_POLICY
 from srl_jax.stream_table import (
     COORDINATOR,
     INFERENCE,
+    LOGS,
+    NAMES,
     PARAMS,
     SAMPLES,
     STATS,
@@ -31,6 +33,8 @@ SENDERS = {
     "learners/inference_server.py": {INFERENCE.connecter_receives},
     "learners/param_publisher.py": {PARAMS.connecter_receives},
     "srl_jax/worker.py": {STATS.binder_receives},
+    "srl_jax/name_server.py": {NAMES.binder_receives, NAMES.connecter_receives},
+    "srl_jax/log_stream.py": {LOGS.binder_receives},
 }
 """Each worker module and the streams it sends on (as the kinds it may send there)."""
 
