@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from learners.distributed import process_layout
+from learners.distributed import free_address, process_layout
 from srl_jax.run_dir import read_status
 from srl_jax.stream_table import COORDINATOR
 from tests.conftest import Processes, make_config
@@ -23,6 +25,36 @@ def test_layout_comes_from_config_or_environment() -> None:
            "SRL_JAX_PROCESS_ID": "3"}
     layout = process_layout(config, 1, environ=env)
     assert (layout.coordinator, layout.count, layout.index) == ("h:9", 4, 3)
+
+
+JOIN = """
+import jax, sys
+from learners.distributed import ProcessLayout, initialize, shutdown
+layout = ProcessLayout(sys.argv[1], 2, int(sys.argv[2]))
+initialize(layout)
+print(jax.config.values['jax_cuda_visible_devices'], flush=True)
+shutdown(layout)
+"""
+
+
+def test_inside_a_slurm_step_each_process_keeps_every_gpu_of_its_host() -> None:
+    """jax.distributed's Slurm detection would narrow each process to the GPU of its
+    SLURM_LOCALID (jax_cuda_visible_devices); a learner is given all of its parameters,
+    so no detection runs and it keeps its host's GPUs."""
+    slurm = {"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "node-a", "SLURM_NTASKS": "2",
+             "SLURM_PROCID": "0", "SLURM_LOCALID": "1"}
+    address = free_address("127.0.0.1")
+    joined = [subprocess.Popen([sys.executable, "-c", JOIN, address, str(i)],
+                               stdout=subprocess.PIPE, text=True,
+                               env={**os.environ, **slurm, "JAX_PLATFORMS": "cpu"})
+              for i in (0, 1)]
+    try:
+        outputs = [p.communicate(timeout=120)[0].split() for p in joined]
+    finally:
+        for p in joined:
+            p.kill()
+    assert [p.returncode for p in joined] == [0, 0]
+    assert outputs == [["all"], ["all"]]
 
 
 @pytest.mark.slow
