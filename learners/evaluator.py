@@ -8,10 +8,10 @@ action, and reports their returns; the metrics show them as
 `eval_return_mean` (and `eval_policy_version`), apart from the training
 returns. It runs the policy itself on CPU; it does not slow the actors.
 
-The parameters of its best evaluation so far are saved under
-`checkpoints/evaluated/` (what `load_policy(..., best=True)` and
-`srl_jax.evaluate --best` take), and `stop.target_eval_return` can end the run
-on an evaluation.
+The parameters of its best evaluation so far are saved under `evaluated/` of
+the checkpoint location (`checkpoint.dir`: `checkpoints/evaluated/` by default;
+what `load_policy(..., best=True)` and `srl_jax.evaluate --best` take), and
+`stop.target_eval_return` can end the run on an evaluation.
 
 In a multi-agent environment it follows every policy's parameter stream and
 plays the policies together; an evaluation is due when every policy has made
@@ -89,7 +89,7 @@ class EvaluatorWorker(Worker):
                                                 step=0))
                 self.subscribers.append(subscribe(self, runner, name))
                 self.poller.register(self.subscribers[-1].socket, zmq.POLLIN)
-            first = evaluated_root(self.run_dir, group.names[0])
+            first = evaluated_root(self.run_dir, group.names[0], self.config.checkpoint.dir)
             if saved := steps_in(first):  # a restarted evaluator
                 group.best_return = step_meta(first, saved[-1])["eval_return_mean"]
         self.env = None if is_pettingzoo(env.id) else make_env(env)
@@ -132,8 +132,9 @@ class EvaluatorWorker(Worker):
         mean = float(np.mean(returns))
         if mean > group.best_return:
             group.best_return = mean
+            location = self.config.checkpoint.dir
             for name, trained, own in zip(group.names, group.team, versions, strict=True):
-                save_params(evaluated_root(self.run_dir, name), own, trained.params, {
+                save_params(evaluated_root(self.run_dir, name, location), own, trained.params, {
                     "version": own, "eval_policy_version": version, "eval_return_mean": mean,
                     "episodes": len(returns), "config": config_to_dict(self.config)})
         group.returns.extend(returns)

@@ -3,6 +3,9 @@
     policy = load_policy("runs/cartpole_ppo/20261202-120000")
     action = policy.act(observation)
 
+Checkpoints are read where the run wrote them (its `checkpoint.dir`), or from
+`checkpoint_dir` where they are now (say, a copy of a learner host's directory).
+
 The policy is rebuilt from the config saved in the checkpoint and takes the
 checkpoint's parameters (with their observation statistics). It acts on one
 observation or a batch, deterministically (the most likely action) by default.
@@ -25,6 +28,7 @@ from learners.algorithms import algorithm, algorithm_config, live_values, sizes
 from learners.networks import Policy, init_policy_params, make_policy
 from learners.train_state import init_train_state
 from srl_jax.checkpoint import Checkpointer, restore_params
+from srl_jax.checkpoint_location import location_problem
 from srl_jax.config import DEFAULT_POLICY, EnvConfig, ExperimentConfig, policy_names
 from srl_jax.config_loader import config_from_dict, import_plugins
 from srl_jax.env_spec import EnvSpec
@@ -140,36 +144,43 @@ def play_team_episode(policies: Sequence[TrainedPolicy], env: EnvConfig, seed: i
 
 
 def load_team(run_dir: str | Path, step: int | None = None, best: bool = False,
-              seed: int = 0) -> dict[str, TrainedPolicy]:
+              seed: int = 0, checkpoint_dir: str | None = None) -> dict[str, TrainedPolicy]:
     """Every policy of a run by name, in `policy_names` order (`default` alone for a
     single-agent run); the arguments mean what they do for `load_policy`."""
     run_dir = Path(run_dir)
     names = policy_names(read_run_config(run_dir).env) if (run_dir / "config.yaml").is_file() \
         else [DEFAULT_POLICY]  # not a run directory: load_policy says what is missing
-    return {name: load_policy(run_dir, step, best, seed, policy=name) for name in names}
+    return {name: load_policy(run_dir, step, best, seed, name, checkpoint_dir)
+            for name in names}
 
 
 def load_policy(run_dir: str | Path, step: int | None = None, best: bool = False,
-                seed: int = 0, policy: str = DEFAULT_POLICY) -> TrainedPolicy:
+                seed: int = 0, policy: str = DEFAULT_POLICY,
+                checkpoint_dir: str | None = None) -> TrainedPolicy:
     """The policy of a run's newest checkpoint, or of `step`, or the best one.
 
     Best is the evaluator's best evaluation when the run had an evaluator
     (`evaluation.every_updates`), else the best training return. In a run with
     several policies, `policy` names the one to load (its agents' observations).
-    FileNotFoundError names the directory when there is nothing to load.
+    `checkpoint_dir`: where the checkpoints are, as `checkpoint.dir` takes it (None:
+    where the run's config says). FileNotFoundError names the directory when there
+    is nothing to load; ValueError a `checkpoint_dir` that cannot be one.
     """
     run_dir = Path(run_dir)
-    if best and (evaluated := steps_in(evaluated_root(run_dir, policy))):
-        return _load_evaluated(run_dir, evaluated[-1], seed, policy)
-    steps = checkpoint_steps(run_dir, best, policy)
+    location = _location(run_dir, checkpoint_dir)
+    if best and (evaluated := steps_in(evaluated_root(run_dir, policy, location))):
+        return _load_evaluated(evaluated_root(run_dir, policy, location), evaluated[-1], seed,
+                               policy)
+    steps = checkpoint_steps(run_dir, best, policy, location)
     if not steps:
         what = "best checkpoint" if best else "complete checkpoint"
         raise FileNotFoundError(f"{run_dir} holds no {what} (looked in "
-                                f"{checkpoint_root(run_dir, policy=policy)})")
+                                f"{checkpoint_root(run_dir, policy=policy, location=location)})")
     if step is not None and step not in steps:
         raise FileNotFoundError(f"{run_dir} has no checkpoint step {step} (it has {steps})")
     step = steps[-1] if step is None else step
-    config, spec, act, network = _rebuild(checkpoint_meta(run_dir, step, best, policy), policy)
+    config, spec, act, network = _rebuild(
+        checkpoint_meta(run_dir, step, best, policy, location), policy)
     algo = algorithm(config.learner.algorithm)
     algo_config = algorithm_config(config)
     optimizer = algo.make_optimizer(algo_config, sizes(config))
@@ -177,7 +188,7 @@ def load_policy(run_dir: str | Path, step: int | None = None, best: bool = False
     like = init_train_state(params, optimizer, config.seed, algo.init_extra,
                             live_values(algo, algo_config))
     checkpointer = Checkpointer(run_dir, keep=config.checkpoint.keep, keep_best=best,
-                                policy=policy)
+                                policy=policy, location=location)
     try:
         restored = checkpointer.restore(like, step=step, best=best)
     finally:
@@ -193,8 +204,17 @@ def _rebuild(meta: dict[str, Any], policy: str = DEFAULT_POLICY) -> tuple:
     return (config, spec, *make_policy(config, spec))
 
 
-def _load_evaluated(run_dir: Path, step: int, seed: int, name: str) -> TrainedPolicy:
-    root = evaluated_root(run_dir, name)
+def _location(run_dir: Path, checkpoint_dir: str | None) -> str:
+    """`checkpoint_dir`, checked, or the run's own `checkpoint.dir`."""
+    if checkpoint_dir is None:
+        has_config = (run_dir / "config.yaml").is_file()
+        return read_run_config(run_dir).checkpoint.dir if has_config else ""
+    if problem := location_problem(checkpoint_dir):
+        raise ValueError(f"checkpoint directory {problem}")
+    return checkpoint_dir
+
+
+def _load_evaluated(root: Path, step: int, seed: int, name: str) -> TrainedPolicy:
     config, spec, policy, network = _rebuild(step_meta(root, step), name)
     like = init_policy_params(network, spec.obs_shape, config.seed)
     restored = restore_params(root, step, like)

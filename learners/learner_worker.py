@@ -12,9 +12,10 @@ parameters are published with the next version number, and re-sent every
 
 The learner checkpoints its train state and counters (see
 `srl_jax.checkpoint`) every `checkpoint.interval_s` and/or
-`checkpoint.every_updates`, and once more when told to stop. At start it
-restores the newest complete checkpoint of its run directory, if there is one:
-that is how a killed learner recovers and how `--resume` continues a run.
+`checkpoint.every_updates`, and once more when told to stop, to `checkpoint.dir`
+(`srl_jax.checkpoint_location`). At start it restores the newest complete
+checkpoint there, if there is one: that is how a killed learner recovers and how
+`--resume` continues a run.
 
 The worker is a shell with one part per job: `SampleIntake` or `ReplayIntake`
 (receive, check, queue), `Learner` (train state and update), `ParamPublisher`,
@@ -140,7 +141,7 @@ class LearnerWorker(Worker):
         ckpt = self.config.checkpoint
         if ckpt.enabled:
             self.checkpointer = Checkpointer(self.run_dir, ckpt.keep, ckpt.keep_best,
-                                             ckpt.async_save, self.policy)
+                                             ckpt.async_save, self.policy, ckpt.dir)
         with self.busy("building the train state and compiling the update"):
             self.learner = build_learner(self.config, self.spec, self.local_envs,
                                          self.checkpointer)

@@ -1,22 +1,26 @@
 """Learner checkpoints with orbax: asynchronous, atomic, restored exactly.
 
-A checkpoint is one orbax step under `<run_dir>/checkpoints/<step>/` with two
-items: `state`, the learner's TrainState pytree (parameters with their
-observation statistics, optimizer state, RNG key, policy version), and
+A checkpoint is one orbax step under `<location>/<step>/`, where `location` is
+`checkpoint.dir` (`<run_dir>/checkpoints/` by default, else a path on the learner's
+host or a bucket: `srl_jax.checkpoint_location`), with two items: `state`, the
+learner's TrainState pytree (parameters with their observation statistics,
+optimizer state, RNG key, policy version), and
 `meta`, JSON with the learner's counters, the save time and the resolved
 config. The step is the policy version.
 
 Saves are asynchronous: `save` returns once the arrays are copied off the
 devices, and a background thread writes them. Orbax writes into a temporary
-directory and renames it when complete, so a kill during a save leaves no
-step behind (and the next manager deletes the leftovers). Restores go through
+directory and renames it when complete (in a bucket, which cannot rename, it
+adds a commit file last), so a kill during a save leaves no step behind (and the
+next manager deletes the leftovers). Restores go through
 an abstract target built from a live state, so optax's tuples come back as
 tuples and arrays land with the live state's shardings.
 
 The checkpoint with the best training return so far is also kept, under
-`checkpoints/best/<step>/`: once its save is complete, its files are
+`<location>/best/<step>/`: once its save is complete, its files are
 hard-linked there (orbax never rewrites a finished step), which costs the
-learner nothing like a second save.
+learner nothing like a second save. A bucket has no hard links: there the
+files are copied, commit file last.
 
 Saves hand orbax host numpy arrays, written without OCDBT (one zarr directory
 per array). Both keep the save clear of tensorstore's conversion of JSON to
@@ -48,9 +52,11 @@ from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 
+from srl_jax.checkpoint_location import COMMIT_FILE, is_bucket, steps_in
 from srl_jax.config import DEFAULT_POLICY
-from srl_jax.run_dir import checkpoint_meta, checkpoint_root, checkpoint_steps
+from srl_jax.run_dir import checkpoint_root, step_meta
 
 
 @dataclass(frozen=True)
@@ -105,29 +111,40 @@ def _handlers(item: str) -> dict[str, ocp.CheckpointHandler]:
             "meta": ocp.JsonCheckpointHandler()}
 
 
-def _manager(directory: Path, keep: int, async_save: bool) -> ocp.CheckpointManager:
+def _atomicity(directory: epath.Path) -> ocp.options.AtomicityOptions | None:
+    """Orbax's commit-file mode in a bucket (its default only for gs://), so that every
+    bucket's complete steps look alike (`srl_jax.checkpoint_location.steps_in`)."""
+    return ocp.options.AtomicityOptions(mode=ocp.options.AtomicityMode.COMMIT_FILE) \
+        if is_bucket(directory) else None
+
+
+def _manager(directory: epath.Path, keep: int, async_save: bool) -> ocp.CheckpointManager:
     _quiet_orbax()
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep, enable_async_checkpointing=async_save, cleanup_tmp_directories=True,
-        create=True)
-    return ocp.CheckpointManager(directory.resolve(), options=options,
-                                 item_handlers=_handlers("state"))
+        create=True, atomicity_options=_atomicity(directory))
+    return ocp.CheckpointManager(directory, options=options, item_handlers=_handlers("state"))
 
 
 class Checkpointer:
     """Saves and restores one learner's state; the newest `keep` plus the best."""
 
     def __init__(self, run_dir: Path, keep: int = 3, keep_best: bool = True,
-                 async_save: bool = True, policy: str = DEFAULT_POLICY) -> None:
-        """`policy`: whose learner this is (each policy of a run has its own checkpoints)."""
+                 async_save: bool = True, policy: str = DEFAULT_POLICY,
+                 location: str = "") -> None:
+        """`policy`: whose learner this is (each policy of a run has its own checkpoints).
+        `location`: `checkpoint.dir`, where they go ('': `<run_dir>/checkpoints/`)."""
         self.run_dir = Path(run_dir)
         self.policy = policy
-        self._latest = _manager(checkpoint_root(run_dir, policy=policy), keep, async_save)
+        self.location = location
+        self._root = checkpoint_root(run_dir, policy=policy, location=location)
+        self._best_root = checkpoint_root(run_dir, True, policy, location)
+        self._latest = _manager(self._root, keep, async_save)
         self.keep_best = keep_best
         self.best_return = -float("inf")
         self._pending_best: int | None = None
-        if keep_best and (best := checkpoint_steps(run_dir, best=True, policy=policy)):
-            meta = checkpoint_meta(run_dir, best[-1], best=True, policy=policy)
+        if keep_best and (best := steps_in(self._best_root)):
+            meta = step_meta(self._best_root, best[-1])
             self.best_return = meta.get("episode_return_mean", self.best_return)
 
     def latest_step(self) -> int | None:
@@ -156,40 +173,37 @@ class Checkpointer:
         return time.perf_counter() - start
 
     def _promote_best(self) -> None:
-        """Link the pending best step into `best/` (its save is complete)."""
+        """Copy the pending best step into `best/` (its save is complete)."""
         if self._pending_best is None or jax.process_index() != 0:
             return
-        source = checkpoint_root(self.run_dir, policy=self.policy) / str(self._pending_best)
-        root = checkpoint_root(self.run_dir, best=True, policy=self.policy)
-        root.mkdir(exist_ok=True)
-        linking = root / f"{self._pending_best}.linking"
-        shutil.rmtree(linking, ignore_errors=True)
-        shutil.copytree(source, linking, copy_function=os.link)
-        linking.rename(root / str(self._pending_best))
-        for old in checkpoint_steps(self.run_dir, best=True, policy=self.policy):
+        root, step = self._best_root, str(self._pending_best)
+        root.mkdir(parents=True, exist_ok=True)
+        _copy_step(self._root / step, root / step)
+        for old in steps_in(root):
             if old != self._pending_best:
-                shutil.rmtree(root / str(old))
+                (root / str(old)).rmtree()
         self._pending_best = None
 
     def restore(self, like: Any, step: int | None = None, best: bool = False) -> Restored | None:
         """The newest (or given) checkpoint shaped like the live state `like`; None if none."""
-        steps = checkpoint_steps(self.run_dir, best, self.policy)
+        steps = steps_in(self._best_root if best else self._root)
         step = (steps[-1] if steps else None) if step is None else step
         if step is None:
             return None
         args = _restore_args(like)
-        restored = _read(checkpoint_root(self.run_dir, True, self.policy), step, args) if best \
+        restored = _read(self._best_root, step, args) if best \
             else self._latest.restore(step, args=args)
         return Restored(step, _from_saveable(restored["state"], like), dict(restored["meta"]))
 
     def restore_from(self, policy: str, like: Any) -> Restored | None:
         """The newest complete checkpoint of another policy of the run (a population
-        member's donor) shaped like `like`; None if it has none yet."""
-        steps = checkpoint_steps(self.run_dir, False, policy)
+        member's donor, under the same location) shaped like `like`; None if it has none
+        yet."""
+        root = checkpoint_root(self.run_dir, False, policy, self.location)
+        steps = steps_in(root)
         if not steps:
             return None
-        restored = _read(checkpoint_root(self.run_dir, False, policy), steps[-1],
-                         _restore_args(like))
+        restored = _read(root, steps[-1], _restore_args(like))
         return Restored(steps[-1], _from_saveable(restored["state"], like),
                         dict(restored["meta"]))
 
@@ -210,28 +224,59 @@ def _restore_args(like: Any) -> ocp.args.Composite:
                               meta=ocp.args.JsonRestore())
 
 
-def _read(directory: Path, step: int, args: ocp.args.Composite) -> Any:
+def _copy_step(source: epath.Path, target: epath.Path) -> None:
+    """Copy a complete step to `target` so that no reader sees it half copied: locally
+    as hard links, renamed into place; in a bucket file by file, the commit file last."""
+    if not is_bucket(target):
+        linking = target.with_name(f"{target.name}.linking")
+        shutil.rmtree(linking, ignore_errors=True)
+        shutil.copytree(source, linking, copy_function=os.link)
+        linking.rename(target)
+        return
+    files = [f for f in _files(source) if f.name != COMMIT_FILE]
+    for file in [*files, source / COMMIT_FILE]:
+        destination = target / file.relative_to(source)
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        file.copy(destination, overwrite=True)
+
+
+def _files(directory: epath.Path) -> list[epath.Path]:
+    """Every file under `directory` (epath's glob has no `**`)."""
+    return [root / name for root, _, names in directory.walk() for name in names]
+
+
+def _absolute(directory: epath.Path | Path) -> epath.Path:
+    """`directory` for orbax: a bucket as it is, a local path made absolute."""
+    return epath.Path(directory if is_bucket(directory) else os.path.abspath(directory))
+
+
+def _read(directory: epath.Path | Path, step: int, args: ocp.args.Composite) -> Any:
     """Restore one step from a directory no manager of ours writes to."""
-    options = ocp.CheckpointManagerOptions(read_only=True)
-    with ocp.CheckpointManager(Path(directory).resolve(), options=options) as manager:
+    directory = _absolute(directory)
+    options = ocp.CheckpointManagerOptions(read_only=True,
+                                           atomicity_options=_atomicity(directory))
+    with ocp.CheckpointManager(directory, options=options) as manager:
         return manager.restore(step, args=args)
 
 
-def save_params(directory: Path, step: int, params: Any, meta: dict[str, Any]) -> None:
+def save_params(directory: epath.Path | Path, step: int, params: Any,
+                meta: dict[str, Any]) -> None:
     """Save policy parameters alone, as the only step under `directory` (synchronously).
 
     The evaluator keeps the parameters of its best evaluation this way.
     """
     _quiet_orbax()
-    options = ocp.CheckpointManagerOptions(max_to_keep=1, create=True)
-    with ocp.CheckpointManager(Path(directory).resolve(), options=options,
+    directory = _absolute(directory)
+    options = ocp.CheckpointManagerOptions(max_to_keep=1, create=True,
+                                           atomicity_options=_atomicity(directory))
+    with ocp.CheckpointManager(directory, options=options,
                                item_handlers=_handlers("params")) as manager:
         manager.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(_on_host(params)),
                                                    meta=ocp.args.JsonSave(meta)))
         manager.wait_until_finished()
 
 
-def restore_params(directory: Path, step: int, like: Any) -> Restored:
+def restore_params(directory: epath.Path | Path, step: int, like: Any) -> Restored:
     """Parameters saved by `save_params`, shaped like `like`."""
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
     restored = _read(directory, step, ocp.args.Composite(

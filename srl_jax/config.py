@@ -306,7 +306,10 @@ class PopulationConfig:
 @dataclass
 class CheckpointConfig:
     enabled: bool = True
-    """Write orbax checkpoints of the learner to `<run_dir>/checkpoints/`."""
+    """Write orbax checkpoints of the learner (to `dir`)."""
+    dir: str = ""
+    """Where: '' for `<run_dir>/checkpoints/`, an absolute path on the learner's host, or
+    a URI orbax writes to (gs://bucket/run, s3://bucket/run, file:///path)."""
     interval_s: float = 30.0
     """Seconds between checkpoints (0: not by time)."""
     every_updates: int = 0

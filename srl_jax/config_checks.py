@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from srl_jax.checkpoint_location import location_problem
 from srl_jax.config import (
     CONVS,
     CORES,
@@ -235,6 +236,8 @@ def check_checkpoint(config: ExperimentConfig) -> None:
     require(checkpoint.keep >= 1, f"'checkpoint.keep' must be at least 1, got {checkpoint.keep}")
     require(checkpoint.final_save_timeout_s > 0,
             "'checkpoint.final_save_timeout_s' must be positive")
+    problem = location_problem(checkpoint.dir)
+    require(problem is None, f"'checkpoint.dir': {problem}")
 
 
 def check_runtime(config: ExperimentConfig) -> None:

@@ -1,6 +1,7 @@
 """Evaluate a trained policy: `python -m srl_jax.evaluate RUN_DIR --episodes N`.
 
-Loads the newest checkpoint of a run directory (or `--step`, or `--best`),
+Loads the newest checkpoint of a run directory (or `--step`, or `--best`), from
+where the run wrote them (its `checkpoint.dir`) or from `--checkpoint-dir`,
 plays N episodes with the most likely action (or sampled ones with
 `--stochastic`) and prints the mean return. A multi-agent run's policies play
 together, and the return is the team's. With `--video` it also writes an MP4
@@ -35,6 +36,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("run_dir", type=Path, help="a run directory with checkpoints")
     parser.add_argument("--episodes", type=int, default=10, help="episodes to play (10)")
     parser.add_argument("--step", type=int, help="checkpoint step (default: the newest)")
+    parser.add_argument("--checkpoint-dir", metavar="PATH_OR_URI",
+                        help="where the run's checkpoints are, if not where its config says "
+                        "(e.g. a copy of the learner host's directory, or gs://bucket/run)")
     parser.add_argument("--best", action="store_true",
                         help="the checkpoint with the best training return")
     parser.add_argument("--stochastic", action="store_true",
@@ -89,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     from learners.export import load_team
 
     try:
-        policies = load_team(args.run_dir, step=args.step, best=args.best, seed=args.seed)
+        policies = load_team(args.run_dir, step=args.step, best=args.best, seed=args.seed,
+                             checkpoint_dir=args.checkpoint_dir)
         team = list(policies.values())
         play = _make_player(team, args)
     except (FileNotFoundError, ValueError) as error:

@@ -12,7 +12,9 @@ condition; non-zero with a one-line reason otherwise.
 (or the one given with `--run-dir`) from its newest complete checkpoint, with
 the run's own resolved config plus any `--set` overrides (actor and server
 counts, stop limits, ... may change; what the checkpoint's shapes depend on
-may not).
+may not). Checkpoints in a learner host's own directory, which this host does
+not see, are known by the steps the learners reported in metrics.jsonl
+(`srl_jax.run_dir.newest_steps`); the learners restore them themselves.
 """
 
 from __future__ import annotations
@@ -29,12 +31,13 @@ from pathlib import Path
 import yaml
 
 from srl_jax.backends import BackendError, LaunchBackend, LocalBackend
+from srl_jax.checkpoint_location import checkpoint_location, seen_here
 from srl_jax.config import DEFAULT_POLICY, ConfigError, ExperimentConfig, run_policies
 from srl_jax.config_checks import check_exposure
 from srl_jax.config_loader import config_to_dict, load_config, resolve_experiment_path
 from srl_jax.placement import describe_host, plan_placement
 from srl_jax.population import check_population, sweep_overrides
-from srl_jax.run_dir import checkpoint_steps, latest_resumable_run, trim_metrics
+from srl_jax.run_dir import checkpoint_steps, latest_resumable_run, newest_steps, trim_metrics
 
 EXIT_CONFIG = 2
 EXIT_FAILED = 1
@@ -93,14 +96,15 @@ def prepare_resume(args: argparse.Namespace, experiment: ExperimentConfig) -> tu
         raise ConfigError(f"'--run-dir': {run_dir} is not an srl_jax run directory (no "
                           "config.yaml)")
     config = load_config(run_dir / "config.yaml", args.overrides)
-    steps = {}
+    try:
+        steps = newest_steps(run_dir, config)
+    except ValueError as error:
+        raise ConfigError(f"'--resume': {error}") from None
     for policy in run_policies(config):
-        saved = checkpoint_steps(run_dir, policy=policy)
-        if not saved:
+        if policy not in steps:
             whose = "" if policy == DEFAULT_POLICY else f" of policy '{policy}'"
             raise ConfigError(f"'--resume': {run_dir} holds no complete checkpoint{whose} to "
-                              "resume from")
-        steps[policy] = saved[-1]
+                              f"resume from (looked in {_where(run_dir, config)})")
     if config.name != experiment.name:
         raise ConfigError(f"'--run-dir': {run_dir} is a run of '{config.name}', not of "
                           f"'{experiment.name}'")
@@ -111,6 +115,24 @@ def prepare_resume(args: argparse.Namespace, experiment: ExperimentConfig) -> tu
             raise ConfigError(f"'{key}' cannot change on resume: the checkpoint was trained "
                               f"with {_get(saved, key)!r}")
     return config, run_dir, steps
+
+
+def _where(run_dir: Path, config: ExperimentConfig) -> str:
+    """Where `newest_steps` looked for checkpoints."""
+    location = checkpoint_location(run_dir, config.checkpoint.dir)
+    return str(location) if seen_here(location) else \
+        f"its metrics.jsonl, as {location} is not on this host"
+
+
+def check_fresh_location(run_dir: Path, config: ExperimentConfig) -> None:
+    """A new run must not start from another run's checkpoints: its learners would
+    restore them. Checked where this host sees the location."""
+    location = config.checkpoint.dir
+    if location and seen_here(checkpoint_location(run_dir, location)) and \
+            any(checkpoint_steps(run_dir, policy=policy, location=location)
+                for policy in run_policies(config)):
+        raise ConfigError(f"'checkpoint.dir': {config.checkpoint.dir} already holds checkpoints; "
+                          "pick an empty location (or add --resume to continue that run)")
 
 
 def prepare_run(args: argparse.Namespace) -> tuple:
@@ -139,6 +161,7 @@ def prepare_run(args: argparse.Namespace) -> tuple:
         if run_dir.exists() and any(run_dir.iterdir()):
             raise ConfigError(f"'--run-dir': {run_dir} already holds files; pick an empty or "
                               "new directory (or add --resume to continue it)")
+        check_fresh_location(run_dir, config)
     config = check_before_launch(config)
     check_exposure(config, args.backend, args.ray_address or "", os.environ)
     return config, run_dir, steps, plan_placement(config, describe_host(), args.backend)

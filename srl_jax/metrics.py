@@ -284,13 +284,17 @@ class MetricsAggregator:
                     row[f"{kind}/{key}"] = round(sum(values), 1)
 
     def _policy_rows(self, row: dict[str, Any]) -> None:
-        """`policy/<name>/...`: each policy's version, and its agents' mean return."""
+        """`policy/<name>/...`: each policy's version and newest checkpoint step, and its
+        agents' mean return."""
         learners = {self.policies[w] for w, kind in self.kinds.items() if kind == "learner"}
         if learners != {DEFAULT_POLICY}:
             for policy in sorted(learners):
                 version = self.gauge("learner", "policy_version", policy)
                 if version is not None:
                     row[f"policy/{policy}/policy_version"] = int(version)
+                saved = self.gauge("learner", "checkpoint_step", policy)
+                if saved is not None and saved >= 0:
+                    row[f"policy/{policy}/checkpoint_step"] = int(saved)
         members = {self.policies[w] for w, kind in self.kinds.items() if kind == "actor"}
         if members != {DEFAULT_POLICY}:  # a population: each member's actors are its own
             for member in sorted(members):

@@ -1,10 +1,10 @@
 """The run directory's layout, read without JAX: runs, checkpoints, metrics rows, status.
 
 The controller and the launcher use this to find what to resume; the learner
-writes checkpoints through `srl_jax.checkpoint` (orbax). A checkpoint step is
-complete when its directory carries its plain step number: orbax writes into a
-temporary directory and renames it only once every file is on disk, so a save
-torn by a kill never looks like a step here.
+writes checkpoints through `srl_jax.checkpoint` (orbax). Checkpoints live where
+`checkpoint.dir` says (`srl_jax.checkpoint_location`: `<run_dir>/checkpoints/` by
+default, or a path or bucket of the user's); the helpers here take that setting
+as `location`. A save torn by a kill never looks like a complete step here.
 """
 
 from __future__ import annotations
@@ -12,14 +12,17 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from srl_jax.config import DEFAULT_POLICY, ConfigError, ExperimentConfig
+from srl_jax.checkpoint_location import checkpoint_location, seen_here, steps_in
+from srl_jax.config import DEFAULT_POLICY, ConfigError, ExperimentConfig, run_policies
 from srl_jax.config_loader import config_from_dict
 
-CHECKPOINTS = "checkpoints"
+if TYPE_CHECKING:
+    from etils import epath
+
 BEST = "best"
 EVALUATED = "evaluated"
 METRICS = "metrics.jsonl"
@@ -39,39 +42,35 @@ def parse_run_config(text: str) -> ExperimentConfig:
     return config_from_dict(yaml.safe_load(text))
 
 
-def checkpoint_root(run_dir: Path, best: bool = False, policy: str = DEFAULT_POLICY) -> Path:
-    """`checkpoints/`, or `checkpoints/<policy>/` for each policy of a multi-policy run."""
-    root = Path(run_dir) / CHECKPOINTS
+def checkpoint_root(run_dir: Path, best: bool = False, policy: str = DEFAULT_POLICY,
+                    location: str = "") -> epath.Path:
+    """The checkpoint location (`checkpoint.dir`, given as `location`; by default
+    `<run_dir>/checkpoints/`), or its `<policy>/` for each policy of a multi-policy run."""
+    root = checkpoint_location(run_dir, location)
     if policy != DEFAULT_POLICY:
         root = root / policy
     return root / BEST if best else root
 
 
-def evaluated_root(run_dir: Path, policy: str = DEFAULT_POLICY) -> Path:
+def evaluated_root(run_dir: Path, policy: str = DEFAULT_POLICY,
+                   location: str = "") -> epath.Path:
     """Where the evaluator keeps `policy`'s parameters of its best evaluation."""
-    return checkpoint_root(run_dir, policy=policy) / EVALUATED
+    return checkpoint_root(run_dir, policy=policy, location=location) / EVALUATED
 
 
-def checkpoint_steps(run_dir: Path, best: bool = False,
-                     policy: str = DEFAULT_POLICY) -> list[int]:
+def checkpoint_steps(run_dir: Path, best: bool = False, policy: str = DEFAULT_POLICY,
+                     location: str = "") -> list[int]:
     """Steps of the complete checkpoints, oldest first."""
-    return steps_in(checkpoint_root(run_dir, best, policy))
-
-
-def steps_in(root: Path) -> list[int]:
-    """Complete orbax steps under `root`, oldest first."""
-    if not root.is_dir():
-        return []
-    return sorted(int(p.name) for p in root.iterdir() if p.is_dir() and p.name.isdigit())
+    return steps_in(checkpoint_root(run_dir, best, policy, location))
 
 
 def checkpoint_meta(run_dir: Path, step: int, best: bool = False,
-                    policy: str = DEFAULT_POLICY) -> dict[str, Any]:
+                    policy: str = DEFAULT_POLICY, location: str = "") -> dict[str, Any]:
     """The JSON the learner saved beside its state (counters, config, save time)."""
-    return step_meta(checkpoint_root(run_dir, best, policy), step)
+    return step_meta(checkpoint_root(run_dir, best, policy, location), step)
 
 
-def step_meta(root: Path, step: int) -> dict[str, Any]:
+def step_meta(root: epath.Path | Path, step: int) -> dict[str, Any]:
     """The `meta` item (JSON) of step `step` under `root`."""
     return json.loads((root / str(step) / "meta" / "metadata").read_text())
 
@@ -88,11 +87,38 @@ def latest_resumable_run(runs_root: Path, experiment: str) -> Path | None:
 
 def _has_checkpoint(run_dir: Path) -> bool:
     """A complete checkpoint of the default policy, or of any policy of a multi-policy run."""
-    root = checkpoint_root(run_dir)
-    if steps_in(root):
-        return True
-    return root.is_dir() and any(steps_in(sub) for sub in root.iterdir() if sub.is_dir()
-                                 and sub.name not in (BEST, EVALUATED))
+    try:
+        return bool(newest_steps(run_dir, read_run_config(run_dir)))
+    except (OSError, ValueError, yaml.YAMLError):  # no config.yaml, or damaged files
+        return False
+
+
+def newest_steps(run_dir: Path, config: ExperimentConfig) -> dict[str, int]:
+    """Each policy's newest complete checkpoint step (a policy without one left out).
+
+    Read where the checkpoints are when this host sees that location; otherwise (a
+    directory on the learner's own host) the step the learners last reported
+    (`learner/checkpoint_step`, `policy/<name>/checkpoint_step`) in metrics.jsonl. A
+    save that a kill tore leaves that figure a step ahead of what the learner restores.
+    A ValueError names a damaged metrics.jsonl.
+    """
+    location = config.checkpoint.dir
+    if seen_here(checkpoint_location(run_dir, location)):
+        saved = {policy: checkpoint_steps(run_dir, policy=policy, location=location)
+                 for policy in run_policies(config)}
+        return {policy: steps[-1] for policy, steps in saved.items() if steps}
+    recorded: dict[str, int] = {}
+    for row in read_metrics(run_dir):
+        for policy in run_policies(config):
+            if (step := row.get(checkpoint_step_key(policy))) is not None:
+                recorded[policy] = step
+    return recorded
+
+
+def checkpoint_step_key(policy: str) -> str:
+    """The metrics key of `policy`'s newest checkpoint step."""
+    return "learner/checkpoint_step" if policy == DEFAULT_POLICY else \
+        f"policy/{policy}/checkpoint_step"
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

@@ -14,19 +14,33 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 import pytest
+import yaml
 
 from learners.train_state import TrainState
-from srl_jax.checkpoint import Checkpointer, _to_saveable
+from srl_jax.checkpoint import (
+    Checkpointer,
+    _to_saveable,
+    restore_params,
+    save_params,
+)
+from srl_jax.checkpoint_location import location_problem
 from srl_jax.config import ConfigError
+from srl_jax.config_loader import config_from_dict, config_to_dict, load_config
+from srl_jax.launch import SHIPPED_CONFIGS, parse_args, prepare_run
 from srl_jax.run_dir import (
     DISCARDED_METRICS,
     checkpoint_meta,
+    checkpoint_root,
     checkpoint_steps,
+    evaluated_root,
     latest_resumable_run,
+    newest_steps,
     read_metrics,
     trim_metrics,
 )
 from tests.update_checks import small_policy_state
+
+EXPERIMENT = SHIPPED_CONFIGS / "cartpole_ppo.yaml"
 
 
 def trained_state(shift: float = 0.0) -> TrainState:
@@ -177,23 +191,114 @@ def test_trim_metrics_cuts_where_any_policy_went_past_its_checkpoint(tmp_path: P
     assert len(read_metrics(tmp_path)) == 3
 
 
+def write_config(run_dir: Path, **sections: object) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"name": "exp", **sections}))
+
+
 def test_latest_resumable_run_skips_runs_without_checkpoints(tmp_path: Path) -> None:
     root = tmp_path / "runs"
     for name, step in [("20260101-000000", None), ("20260102-000000", 4),
                        ("20260103-000000", None)]:
         run = root / "exp" / name
-        run.mkdir(parents=True)
+        write_config(run)
         if step is not None:
             (run / "checkpoints" / str(step)).mkdir(parents=True)
             (run / "checkpoints" / f"{step + 1}.orbax-checkpoint-tmp").mkdir()
     assert latest_resumable_run(root, "exp") == root / "exp" / "20260102-000000"
     assert latest_resumable_run(root, "other") is None
-    multi = root / "exp" / "20260104-000000" / "checkpoints"
-    (multi / "best" / "3").mkdir(parents=True)
+    multi = root / "exp" / "20260104-000000"
+    write_config(multi, env={"id": "pettingzoo:mpe2.simple_tag_v3",
+                             "policies": {"red": ["a*"], "blue": ["b*"]}})
+    (multi / "checkpoints" / "best" / "3").mkdir(parents=True)
     assert latest_resumable_run(root, "exp") == root / "exp" / "20260102-000000", \
         "a best link alone is no policy's checkpoint"
-    (multi / "red" / "3").mkdir(parents=True)
-    assert latest_resumable_run(root, "exp") == multi.parent, "a policy's own checkpoint"
+    (multi / "checkpoints" / "red" / "3").mkdir(parents=True)
+    assert latest_resumable_run(root, "exp") == multi, "a policy's own checkpoint"
+    elsewhere = root / "exp" / "20260105-000000"
+    write_config(elsewhere, checkpoint={"dir": str(tmp_path / "not-on-this-host")})
+    write_rows(elsewhere, [0, 1])
+    assert latest_resumable_run(root, "exp") == multi, "no checkpoint recorded in its metrics"
+    (elsewhere / "metrics.jsonl").write_text(json.dumps({"learner/checkpoint_step": 1}) + "\n")
+    assert latest_resumable_run(root, "exp") == elsewhere, "its learner reported one"
+
+
+def test_checkpoint_dir_is_a_local_path_or_a_known_uri() -> None:
+    for good in ("", "/data/ckpt", "gs://bucket/run", "s3://bucket/run", "file:///data/ckpt",
+                 "file://localhost/data/ckpt"):
+        assert location_problem(good) is None, good
+    for bad, why in [("ckpt", "must be an absolute path"), ("ftp://host/x", "unknown scheme"),
+                     ("gs://", "names no bucket"), ("file://host/x", "no local file URI"),
+                     ("file://x", "no local file URI")]:
+        assert why in location_problem(bad), bad
+    with pytest.raises(ConfigError, match=r"^'checkpoint.dir': unknown scheme 'hdfs://'"):
+        load_config(EXPERIMENT, ["checkpoint.dir=hdfs://nn/run"])
+
+
+def test_checkpoints_go_to_a_file_uri_outside_the_run_dir(tmp_path: Path) -> None:
+    """Steps, the best copy, donors and the evaluator's parameters all under the location;
+    the run directory holds none of them."""
+    run_dir, elsewhere = tmp_path / "run", tmp_path / "learner-host" / "ckpt"
+    uri = f"file://{elsewhere}"
+    assert checkpoint_root(run_dir, location=uri) == elsewhere
+    assert checkpoint_root(run_dir, best=True, policy="red", location=uri) == \
+        elsewhere / "red" / "best"
+    state = trained_state()
+    for policy in ("red", "blue"):
+        checkpointer = Checkpointer(run_dir, keep=1, policy=policy, location=uri)
+        for step, score in [(1, 5.0), (2, 1.0)]:
+            checkpointer.save(step, state._replace(version=jnp.int32(step)),
+                              {"version": step, "episode_return_mean": score})
+        checkpointer.close()
+        assert checkpoint_steps(run_dir, policy=policy, location=uri) == [2]
+        assert checkpoint_steps(run_dir, best=True, policy=policy, location=uri) == [1]
+    save_params(evaluated_root(run_dir, "red", uri), 2, state.params, {"version": 2})
+    assert not run_dir.exists()
+    reopened = Checkpointer(run_dir, policy="red", location=uri)
+    assert reopened.best_return == 5.0
+    assert int(reopened.restore(state, best=True).state.version) == 1
+    assert reopened.restore_from("blue", state).step == 2, "a donor under the same location"
+    reopened.close()
+    assert restore_params(evaluated_root(run_dir, "red", uri), 2, state.params).step == 2
+    config = config_from_dict({"name": "exp", "checkpoint": {"dir": uri}, "env": {
+        "id": "pettingzoo:mpe2.simple_tag_v3", "policies": {"red": ["a*"], "blue": ["b*"]}}})
+    assert newest_steps(run_dir, config) == {"red": 2, "blue": 2}
+
+
+def test_newest_steps_come_from_the_metrics_when_the_location_is_elsewhere(
+        tmp_path: Path) -> None:
+    """A learner's own directory that this host does not see: the step its learners last
+    reported stands in for a look."""
+    rows = [{"learner_steps": 3}, {"learner_steps": 5, "policy/red/checkpoint_step": 4},
+            {"learner_steps": 6, "policy/blue/checkpoint_step": 2}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = config_from_dict({"name": "exp", "checkpoint": {"dir": "/not/on/this/host"},
+                               "env": {"id": "pettingzoo:mpe2.simple_tag_v3",
+                                       "policies": {"red": ["a*"], "blue": ["b*"]}}})
+    assert newest_steps(tmp_path, config) == {"red": 4, "blue": 2}
+
+
+def test_a_resume_needs_no_view_of_the_learners_directory(tmp_path: Path) -> None:
+    """The launcher resumes a run whose learner checkpointed to its host's own directory
+    from the step the metrics record, and cuts the rows after it; a new run refuses a
+    location that already holds checkpoints."""
+    learner_dir = tmp_path / "learner-host"
+    config = load_config(EXPERIMENT, [f"checkpoint.dir={learner_dir}"])
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(config)))
+    rows = [{"time": float(i), "env_frames": 100 * i, "learner_steps": i,
+             **({"learner/checkpoint_step": i - i % 2} if i else {})} for i in range(6)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = parse_args(["cartpole_ppo", "--resume", "--run-dir", str(run_dir)])
+    _, _, steps, _ = prepare_run(args)
+    assert steps == {"default": 4}
+    assert trim_metrics(run_dir, steps)["learner_steps"] == 4
+    (learner_dir / "7").mkdir(parents=True)
+    assert prepare_run(args)[2] == {"default": 7}, "seen here: the directory itself counts"
+    with pytest.raises(ConfigError, match=r"'checkpoint.dir': .* already holds checkpoints"):
+        prepare_run(parse_args(["cartpole_ppo", "--run-dir", str(tmp_path / "new"), "--set",
+                                f"checkpoint.dir=file://{learner_dir}"]))
 
 
 def test_damaged_metrics_are_a_resume_error_not_a_silent_cut(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
-"""Checkpoints end to end: stop and resume, a killed learner (the evaluator and
-`srl_jax.evaluate` on a trained run are in tests/test_recurrent_run.py).
+"""Checkpoints end to end: stop and resume, a killed learner, checkpoints outside the run
+directory (the evaluator and `srl_jax.evaluate --best` on a trained run are in
+tests/test_recurrent_run.py).
 
 Real launcher, controller, workers and orbax checkpoints on loopback.
 """
@@ -22,6 +23,7 @@ import zmq
 from actors.actor_worker import split_seeds
 from learners.export import load_policy
 from learners.param_codec import params_to_arrays
+from srl_jax.evaluate import main as evaluate_main
 from srl_jax.incarnation import FIRST, Incarnation
 from srl_jax.metrics import tensorboard_tag
 from srl_jax.names import FileNameService
@@ -69,15 +71,23 @@ def assert_continuous(rows: list[dict]) -> None:
         assert a["learner_steps"] <= b["learner_steps"], (a, b)
 
 
+def learner_checkpoints(run_dir: Path) -> Path:
+    """Where `stopped_run`'s learner checkpoints: a directory of its own, outside the run
+    directory (as a learner host's own disk would be)."""
+    return run_dir.parent / "learner-host" / "checkpoints"
+
+
 @pytest.fixture(scope="module")
 def stopped_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A CartPole run stopped with SIGTERM after N frames. Its frame limit is far, so it
-    cannot end on its own before the signal however fast the machine steps."""
+    cannot end on its own before the signal however fast the machine steps. Its
+    checkpoints go to `learner_checkpoints`, given as an absolute path."""
     group = Processes()
     tmp = tmp_path_factory.mktemp("stopped")
     run_dir = tmp / "run"
     process = group.start(launch_args(run_dir, "stop.target_return=null",
-                                      f"stop.env_frames={1000 * N}", "checkpoint.interval_s=3"),
+                                      f"stop.env_frames={1000 * N}", "checkpoint.interval_s=3",
+                                      f"checkpoint.dir={learner_checkpoints(run_dir)}"),
                           log=tmp / "launch.log")
     wait_for(lambda: (rows := read_metrics(run_dir) if (run_dir / "metrics.jsonl").exists()
                       else []) and rows[-1]["env_frames"] >= N, 120, f"{N} env frames")
@@ -155,20 +165,30 @@ def first_params(run_dir: Path) -> dict:
 
 
 def test_sigterm_writes_a_final_checkpoint_and_resumes_continue(
-        stopped_run: Path, processes: Processes, tmp_path: Path) -> None:
-    """Resumed to a new frame limit, then resumed again with more actors."""
+        stopped_run: Path, processes: Processes, tmp_path: Path,
+        capsys: pytest.CaptureFixture) -> None:
+    """Resumed to a new frame limit, then resumed again with more actors. The
+    checkpoints never touch the run directory: the resumes take them from a copy of
+    the learner's own directory, given as a file:// URI, and so does `srl_jax.evaluate`."""
     run_dir = copy_run(stopped_run, tmp_path)
+    assert not (run_dir / "checkpoints").exists()
+    location = tmp_path / "moved" / "checkpoints"
+    shutil.copytree(learner_checkpoints(stopped_run), location)
+    uri = f"file://{location}"
     before = read_metrics(run_dir)
     last = before[-1]
-    step = checkpoint_steps(run_dir)[-1]
+    step = checkpoint_steps(run_dir, location=uri)[-1]
     assert last["env_frames"] >= N
-    assert step == last["learner_steps"] == last["policy_version"] > 0, \
-        "the final checkpoint holds the last update"
+    assert step == last["learner_steps"] == last["policy_version"] == \
+        last["learner/checkpoint_step"] > 0, "the final checkpoint holds the last update"
     assert read_status(run_dir)["state"] == "interrupted"
-    saved = params_to_arrays(load_policy(run_dir, step=step).params)
+    saved = params_to_arrays(load_policy(run_dir, step=step, checkpoint_dir=uri).params)
+    assert evaluate_main([str(run_dir), "--checkpoint-dir", uri, "--episodes", "1"]) == 0
+    assert f"checkpoint step {step} of {run_dir}" in capsys.readouterr().out
 
     goal = last["env_frames"] + N
-    process = processes.start(launch_args(run_dir, f"stop.env_frames={goal}", resume=True),
+    process = processes.start(launch_args(run_dir, f"stop.env_frames={goal}",
+                                          f"checkpoint.dir={uri}", resume=True),
                               log=tmp_path / "resume.log")
     published = first_params(run_dir)
     assert published["meta"]["version"] == step
@@ -209,6 +229,8 @@ def test_sigterm_writes_a_final_checkpoint_and_resumes_continue(
     assert sorted(w["name"] for w in status["workers"] if w["kind"] == "actor") == \
         ["actor-0", "actor-1", "actor-2"]
     assert all(w["restarts"] == 0 for w in status["workers"])
+    assert checkpoint_steps(run_dir, location=uri)[-1] == rows[-1]["learner_steps"]
+    assert not (run_dir / "checkpoints").exists(), "nothing checkpointed into the run directory"
 
 
 def torn_saves(run_dir: Path) -> list[Path]:
