@@ -6,7 +6,9 @@ the run's keys. Custom resources (`host0`, `host1`) place the workers. Every
 port binds a host's own address, so CURVE is on, and the stranger's
 connections are refused and counted. Learning is not what this checks: the run
 ends on Ctrl-C once the stranger was refused and the learner has trained since
-on the other host's frames.
+on the other host's frames. Names, the config and every worker's log come from
+the controller over the network (`runtime.names: auto` picks the network name
+service for a Ray cluster given by address), each log line once.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from pathlib import Path
 
 import pytest
 
-from srl_jax.names import FileNameService
 from srl_jax.run_dir import read_status
 from srl_jax.stream_table import SAMPLES
 from tests.conftest import Processes, last_row, stop_when, wait_for
@@ -50,6 +51,13 @@ def ray_node(processes: Processes, host: Host, tmp_path: Path, head: Host) -> No
         ray, "start", *where, "--node-ip-address", host.address, "--num-cpus", "4",
         "--resources", json.dumps({host.namespace: 100}), "--disable-usage-stats", "--block"),
         log=tmp_path / f"ray-{host.namespace}.log", env=RAY_ENV)
+
+
+def advertised(run_dir: Path, key: str) -> str | None:
+    """The endpoint a worker's heartbeats list under `key` in status.json (the names are
+    the controller's: a Ray cluster given by address uses the network name service)."""
+    workers = (read_status(run_dir) or {}).get("workers", [])
+    return next((p["endpoint"] for w in workers for p in w["ports"] if p["key"] == key), None)
 
 
 def port_open(host: Host, port: int) -> bool:
@@ -88,9 +96,7 @@ def test_training_across_two_hosts_with_curve_refuses_a_stranger(
             args += ["--set", override]
         launch = processes.start(learner_host.command(*args), log=tmp_path / "launch.log",
                                  env=RAY_ENV)
-        key = SAMPLES.key(index=0)  # names/ only once launch has accepted the empty run_dir
-        endpoint = wait_for(lambda: (run_dir / "names").is_dir()
-                            and FileNameService(run_dir / "names").get(key), 180,
+        endpoint = wait_for(lambda: advertised(run_dir, SAMPLES.key(index=0)), 180,
                             "the learner's sample stream")
         stranger = processes.start(stranger_host.command(sys.executable, "-c", STRANGER,
                                                          endpoint), log=tmp_path / "stranger.log")
@@ -110,10 +116,16 @@ def test_training_across_two_hosts_with_curve_refuses_a_stranger(
     placed = {w["name"]: w["host"] for w in status["workers"]}
     assert placed == {"learner-0": learner_host.address, "inference-0": learner_host.address,
                       "actor-0": actor_host.address, "actor-1": actor_host.address}
-    ports = status["ports"] + [p for w in status["workers"] for p in w["ports"]]
-    assert len(ports) == 4
+    ports = [p for p in status["ports"] + [p for w in status["workers"] for p in w["ports"]]
+             if p["key"].startswith("port.")]  # ZMQ's: the controller's and the workers'
+    assert sorted(p["key"] for p in ports) == sorted([
+        "port.names", "port.logs", "port.stats", "port.samples.0", "port.params",
+        "port.inference.0"]), "names and logs are the controller's (runtime.names: auto)"
     for port in ports:
         assert port["authenticated"] and port["bind"].startswith(learner_host.address), port
+    for name in placed:  # every line once, through the log stream
+        log = (run_dir / "logs" / f"{name}.log").read_text()
+        assert log.count(": running\n") == 1 and log.count(": stopped\n") == 1, (name, log)
     fps = statistics.median(r["fps"] for r in rows if r["env_frames"] > 0)
     print(f"across hosts with CURVE: median {fps:,.0f} env frames/s over "
           f"{rows[-1]['time']:.1f}s")
