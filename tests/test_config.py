@@ -74,6 +74,7 @@ def test_default_config_loads_with_typed_overrides() -> None:
     ("plugins=[no_such_plugin]", "'plugins[0]': cannot import 'no_such_plugin'"),
     ("stop.target_eval_return=400", "'stop.target_eval_return' needs the evaluator"),
     ("env.backend=vector", "'env.backend': unknown 'vector'"),
+    ("runtime.names=nfs", "'runtime.names': unknown 'nfs' (known: auto, files, network)"),
 ])
 def test_validation_names_the_key(override: str, key: str) -> None:
     overrides = [override, "learner.algorithm=impala"] if "impala" in override else [override]

@@ -17,12 +17,14 @@ import msgpack
 import pytest
 import zmq
 
+from srl_jax.launch import network_names
 from srl_jax.name_server import NameServer, NetworkNameService
 from srl_jax.names import FileNameService, NameService
 from srl_jax.stream_table import INFERENCE, NAMES, PARAMS, SAMPLES, STATS
 from srl_jax.streams import make_socket, receive, send
 from srl_jax.transport import CurveKeys, Transport, curve_connect
 from srl_jax.wire import WIRE_VERSION
+from tests.conftest import make_config
 
 RUN_CONFIG = "name: names-test\nseed: 3\n"
 KEY = SAMPLES.key("red", 1)
@@ -164,3 +166,17 @@ def test_a_reply_to_a_request_given_up_on_is_not_taken_for_the_next(server: Serv
     client.request_timeout_s = 5.0
     assert client.get(PARAMS.key()) is None
     assert client.get(KEY) == "tcp://10.0.0.9:9"
+
+
+@pytest.mark.parametrize(("names", "backend", "address", "network"), [
+    ("auto", "local", None, False),
+    ("auto", "ray", None, False),  # a local Ray instance: this host only
+    ("auto", "ray", "10.0.0.1:6379", True),  # a cluster: hosts may share nothing
+    ("files", "ray", "10.0.0.1:6379", False),
+    ("network", "local", None, True),
+])
+def test_auto_serves_names_over_the_network_where_hosts_may_share_nothing(
+        names: str, backend: str, address: str | None, network: bool) -> None:
+    assert network_names(make_config([f"runtime.names={names}"]), backend, address) is network
+    assert network_names(make_config(["runtime.names=auto", "ray.address=10.0.0.1:6379"]),
+                         "ray", None)
