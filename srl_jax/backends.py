@@ -36,6 +36,9 @@ class WorkerHandle:
     ref: Any
     """The backend's hold on the process: a Popen, or a Ray host actor and its exit."""
     policy: str = DEFAULT_POLICY
+    lost: str | None = None
+    """Set by `exit_code` where the worker went with its host (its node left the
+    cluster), not by a fault of its own: why."""
 
 
 class LaunchBackend(Protocol):
@@ -46,9 +49,17 @@ class LaunchBackend(Protocol):
         """The address the controller binds, where the backend decides (None: the config's)."""
 
     def start(self, kind: str, index: int, policy: str = DEFAULT_POLICY,
-              env: dict[str, str] | None = None) -> WorkerHandle:
+              env: dict[str, str] | None = None) -> WorkerHandle | None:
         """Start one worker (of `policy`: learners and inference servers) with `env` added
-        to its environment; returns once the process exists."""
+        to its environment; returns once the process exists, or None while no host has
+        room for it yet (the request stands: call again with the same worker)."""
+
+    def placement_wait(self, kind: str) -> str:
+        """What a worker of `kind` that `start` could not place yet waits for."""
+
+    def ports(self) -> list[dict[str, Any]]:
+        """The ports the backend itself listens on (a local Ray instance), as
+        `Transport.port_list` lists them."""
 
     def exit_code(self, handle: WorkerHandle) -> int | None:
         """The worker's exit code, or None while it runs."""
@@ -97,6 +108,12 @@ class LocalBackend:
         process = spawn_worker(worker_args(kind, index, self.run_dir, policy),
                                {**os.environ, **(env or {})}, log_path)
         return WorkerHandle(kind, index, process.pid, socket.gethostname(), process, policy)
+
+    def placement_wait(self, kind: str) -> str:
+        return "nothing: a local process starts at once"
+
+    def ports(self) -> list[dict[str, Any]]:
+        return []
 
     def exit_code(self, handle: WorkerHandle) -> int | None:
         return handle.ref.poll()

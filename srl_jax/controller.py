@@ -6,7 +6,10 @@ with backoff), write a metrics row and `status.json` every log interval, and
 stop everything at the stop condition, on SIGINT/SIGTERM, or when a worker
 fails for good. A learner that dies is restarted too when checkpoints are on:
 it restores the newest checkpoint, while actors and inference servers carry
-on with the parameters they have. On stop the learner gets time to write a
+on with the parameters they have. A worker the backend cannot place yet (no
+Ray node has room) waits for one while the run goes on without it (status.json
+`missing`); a worker lost with its host is placed again at once, not counted
+against `runtime.max_restarts`. On stop the learner gets time to write a
 final checkpoint, and a last metrics row records where the run ended, which
 is where a `--resume` continues.
 """
@@ -49,6 +52,8 @@ log = logging.getLogger("controller")
 MAX_PORTS = 64
 PORT_FIELDS = {"key": str, "endpoint": str, "bind": str, "authenticated": bool}
 LOOP_S = 0.05
+UNPLACED = ("unplaced", "waiting for capacity")
+"""States of a worker that waits for a host with room (`_wait_for_placement`)."""
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 
 
@@ -69,6 +74,10 @@ class WorkerRecord:
     """What its last heartbeat said it waits on, and since when (wall time)."""
     restart_at: float | None = None
     exit_code: int | None = None
+    unplaced_since: float | None = None
+    """Since when (wall time) it waits for the backend to place it, while it does."""
+    losses: int = 0
+    """Of its restarts, those after its host was lost (not counted by max_restarts)."""
     ports: list[dict[str, Any]] = field(default_factory=list)
     """The ports its process listens on, as its heartbeats list them."""
 
@@ -213,12 +222,38 @@ class Controller:
             env[KEYS_ENV] = self.keys.to_env()
         if self.name_server is not None:
             env[NAMES_ENV] = self.name_server.endpoint
-        record.handle = self.backend.start(record.kind, record.index, record.policy, env)
+        handle = self.backend.start(record.kind, record.index, record.policy, env)
+        if handle is None:
+            self._wait_for_placement(record)
+            return
+        record.handle, record.unplaced_since = handle, None
         self.startup.mark(record.name, "spawned")
         record.state, record.started_at = "starting", time.monotonic()
         record.last_heartbeat = record.restart_at = record.exit_code = None
         record.reported, record.waiting, record.ports = False, None, []
         log.info("started %s (pid %d)", record.name, record.handle.pid)
+
+    def _wait_for_placement(self, record: WorkerRecord) -> None:
+        """A worker no host has room for yet: 'unplaced', then past
+        `ray.placement_timeout_s` 'waiting for capacity' while the run goes on without
+        it, placed as soon as a host has room; a learner not placed by then ends the run."""
+        now = time.time()
+        if record.unplaced_since is None:
+            record.handle, record.state, record.unplaced_since = None, "unplaced", now
+            record.waiting = (f"placement: {self.backend.placement_wait(record.kind)}", now)
+            return
+        timeout = self.config.ray.placement_timeout_s
+        if record.state != "unplaced" or now - record.unplaced_since < timeout:
+            return
+        wait = self.backend.placement_wait(record.kind)
+        if worker_kind(record.kind).saves_state:
+            record.state = "failed"
+            self._finish(f"{record.name} was not placed in {timeout:g}s: {wait}", EXIT_FAILED)
+            return
+        record.state = "waiting for capacity"
+        log.warning("%s was not placed in %.0fs (%s); the run goes on without it until a "
+                    "host has room", record.name, timeout, wait)
+        self._write_status()
 
     def _loop(self) -> None:
         next_row = self.started + self.config.runtime.log_interval_s
@@ -267,6 +302,9 @@ class Controller:
                 if now >= record.restart_at:
                     self._start(record)
                 continue
+            if record.state in UNPLACED:
+                self._start(record)
+                continue
             if record.state in ("failed", "stopped") or record.handle is None:
                 continue
             code = self.backend.exit_code(record.handle)
@@ -286,6 +324,9 @@ class Controller:
 
     def _on_exit(self, record: WorkerRecord, code: int, what: str) -> None:
         record.exit_code = code
+        lost = record.handle.lost
+        if lost:
+            what = f"was lost with its host: {lost}"
         self.metrics.retire(record.name)
         log_path = self.run_dir / "logs" / f"{record.name}.log"
         kind = worker_kind(record.kind)
@@ -295,13 +336,15 @@ class Controller:
             record.state = "failed"
             self._finish(f"{record.name} {what}; see {log_path}", EXIT_FAILED)
             return
-        if record.restarts >= self.config.runtime.max_restarts:
+        faults = record.restarts - record.losses
+        if not lost and faults >= self.config.runtime.max_restarts:
             record.state = "failed"
             self._finish(f"{record.name} {what} after {record.restarts} restarts; see {log_path}",
                          EXIT_FAILED)
             return
-        delay = self.config.runtime.restart_backoff_s * 2 ** record.restarts
+        delay = 0.0 if lost else self.config.runtime.restart_backoff_s * 2 ** faults
         record.restarts += 1
+        record.losses += bool(lost)
         self.metrics.restarts += 1
         self.metrics.learner_restarts += record.kind == "learner"
         record.state, record.restart_at = "restarting", time.monotonic() + delay
@@ -333,6 +376,7 @@ class Controller:
             + sum(service.rejects.count for service in (self.name_server, self.log_sink)
                   if service is not None)
         row["system/auth_refused"] = row.get("system/auth_refused", 0) + self.transport.refused
+        row["system/workers_missing"] = len(self._missing())
         self.writer.write(row)
         self.progress.show(row)
         self._watch_progress(row)
@@ -415,6 +459,10 @@ class Controller:
             self._finish(f"wall time {row['time']:.0f}s reached the limit {stop.wall_time_s:g}s",
                          EXIT_OK)
 
+    def _missing(self) -> list[str]:
+        """The workers that wait for a host with room, so the run goes on without them."""
+        return [r.name for r in self.workers if r.state in UNPLACED]
+
     def _write_status(self, state: str = "running") -> None:
         status = {
             "experiment": self.config.name, "run_dir": str(self.run_dir), "state": state,
@@ -422,13 +470,14 @@ class Controller:
             "started": self.started_wall, "updated": time.time(), "resumes": self.resumes,
             "stalled_for": round(self._stalled_for(), 1),
             "startup": self.startup.to_json(),
-            "ports": self.transport.port_list(),
+            "ports": self.transport.port_list() + self.backend.ports(),
+            "missing": self._missing(),
             "workers": [{
                 "name": r.name, "kind": r.kind, "index": r.index, "policy": r.policy,
                 "pid": r.handle.pid if r.handle else None,
                 "host": r.handle.host if r.handle else None, "state": r.state,
                 "restarts": r.restarts, "last_heartbeat": r.last_heartbeat_wall,
-                "exit_code": r.exit_code,
+                "exit_code": r.exit_code, "unplaced_since": r.unplaced_since,
                 "waiting_on": r.waiting[0] if r.waiting else None,
                 "waiting_since": r.waiting[1] if r.waiting else None,
                 "ports": r.ports,

@@ -8,13 +8,23 @@ output appended to `<run_dir>/logs/<worker>.log`) and reports its exit. A
 worker that dies is started again by the controller's usual restart rule, on
 a new host that Ray places, wherever the resources are.
 
+Placement does not block: `start` asks Ray for the host and returns None until
+Ray has placed it, so the run goes on while a worker waits for a node with
+room (the standing request is also what an autoscaler scales up for). A host
+whose node leaves the cluster ends with its worker (which stops when its
+parent goes); `exit_code` marks that worker `lost`, and the controller places
+it again without counting it against `runtime.max_restarts`.
+
 Workers bind their node's address (unless `transport.bind_host` says
 otherwise), so CURVE is on by default. The run directory (names, logs,
 checkpoints) must be one path that every node sees, as on a shared filesystem,
 or one machine. Without `--ray-address` a local Ray instance is started with
 enough logical CPUs for every worker (they share the cores, as with the local
 backend) and shut down at the end; with one, the run joins that cluster and
-leaves it running.
+leaves it running. Ray's servers listen on every interface (Ray binds no
+loopback-only node), so a local instance runs with Ray's token authentication
+(`RAY_AUTH_MODE=token`, its token in `~/.ray/auth_token`); the launcher refuses
+one with it turned off unless `transport.allow_unauthenticated` says so.
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ import os
 import signal
 import socket
 import subprocess
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +43,19 @@ import ray
 
 from srl_jax.backends import BackendError, WorkerHandle, spawn_worker, worker_args
 from srl_jax.config import DEFAULT_POLICY, ExperimentConfig, TransportConfig
+from srl_jax.config_checks import RAY_AUTH_MODE
 from srl_jax.names import FileNameService, NameService, worker_name
-from srl_jax.transport import BIND_HOST_ENV
+from srl_jax.transport import BIND_HOST_ENV, Port
 from srl_jax.worker_kinds import worker_kind, worker_plan
 
 log = logging.getLogger(__name__)
 
 FORWARDED_ENV_PREFIX = "SRL_JAX_"
 """The driver's variables a worker on another node gets too (fault drills, hosts)."""
+AUTOSCALER_METRICS_PORT = 44217
+"""Where the autoscaler monitor of a local instance serves its Prometheus metrics (Ray's
+AUTOSCALER_METRIC_PORT): plain HTTP on every interface, read-only, which `ray.init`
+cannot turn off."""
 
 
 class WorkerHost:
@@ -49,11 +65,12 @@ class WorkerHost:
         self.process: subprocess.Popen | None = None
 
     def start(self, args: list[str], env: dict[str, str], log_path: str,
-              bind_node: bool) -> tuple[int, str]:
+              bind_node: bool) -> tuple[int, str, str]:
+        """(pid, node address, node id) of the worker started."""
         node = ray.util.get_node_ip_address()
         env = {**os.environ, **env, **({BIND_HOST_ENV: node} if bind_node else {})}
         self.process = spawn_worker(args, env, Path(log_path))
-        return self.process.pid, node
+        return self.process.pid, node, ray.get_runtime_context().get_node_id()
 
     def wait(self) -> int:
         return self.process.wait()
@@ -71,6 +88,15 @@ def check_reachable(address: str, timeout_s: float = 10.0) -> None:
         socket.create_connection((host, int(port)), timeout=timeout_s).close()
     except (OSError, ValueError) as error:
         raise BackendError(f"no Ray cluster at '{address}': {error}") from None
+
+
+def listening(host: str, port: int) -> bool:
+    """Whether something accepts connections at host:port now."""
+    try:
+        socket.create_connection((host, port), timeout=1.0).close()
+    except OSError:
+        return False
+    return True
 
 
 def _placement(resources: dict[str, float]) -> dict[str, Any]:
@@ -92,6 +118,7 @@ class RayBackend:
             check_reachable(address)
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
         else:
+            os.environ.setdefault(RAY_AUTH_MODE, "token")  # refused off, unless opted in
             wanted = sum(worker_kind(kind).ray_resources(config).get("CPU", 0.0)
                          for kind, _, _ in worker_plan(config))
             ray.init(address="local",  # a new instance, never one already on this machine
@@ -102,6 +129,9 @@ class RayBackend:
         self._bind_nodes = config.transport.bind_host == TransportConfig.bind_host
         self._host = ray.remote(max_concurrency=2, max_restarts=0)(WorkerHost)
         self._live: dict[int, Any] = {}
+        self._pending: dict[str, tuple[Any, Any]] = {}
+        """Each worker waiting to be placed: its host actor and the ref of its start."""
+        self._ports = self._ray_ports(local=not address)
         log.info("Ray %s: %s", "cluster" if address else "local instance", ray.cluster_resources())
 
     def name_service(self) -> NameService:
@@ -110,34 +140,73 @@ class RayBackend:
     def bind_host(self) -> str | None:
         return self.node if self._bind_nodes else None
 
+    def _ray_ports(self, local: bool) -> list[dict[str, Any]]:
+        """Ray's own ports that this run opened (a local instance: its GCS, raylet, object
+        manager, runtime-env agent and autoscaler metrics) or joins (a cluster: its GCS),
+        token-authenticated where Ray's token authentication is on. Each Ray worker
+        process also serves gRPC, on a port of its own, under the same token."""
+        token = os.environ.get(RAY_AUTH_MODE, "").lower() == "token"
+        gcs = ray.get_runtime_context().gcs_address
+        ports = [Port("ray.gcs", gcs, f"*:{gcs.rpartition(':')[2]}", token)]
+        if not local:
+            return [asdict(ports[0])]
+        node = next(n for n in ray.nodes() if n["NodeID"] == ray.get_runtime_context()
+                    .get_node_id())
+        for key, field in (("ray.raylet", "NodeManagerPort"),
+                           ("ray.object_manager", "ObjectManagerPort"),
+                           ("ray.runtime_env_agent", "RuntimeEnvAgentPort")):
+            if node.get(field, -1) > 0:
+                bind = self.node if field == "RuntimeEnvAgentPort" else "*"
+                ports.append(Port(key, f"{self.node}:{node[field]}",
+                                  f"{bind}:{node[field]}", token))
+        if listening(self.node, AUTOSCALER_METRICS_PORT):
+            ports.append(Port("ray.autoscaler_metrics", f"{self.node}:{AUTOSCALER_METRICS_PORT}",
+                              f"0.0.0.0:{AUTOSCALER_METRICS_PORT}", False))
+        return [asdict(port) for port in ports]
+
+    def ports(self) -> list[dict[str, Any]]:
+        return self._ports
+
+    def placement_wait(self, kind: str) -> str:
+        return f"no node has {worker_kind(kind).ray_resources(self.config)} free (ray.{kind})"
+
     def start(self, kind: str, index: int, policy: str = DEFAULT_POLICY,
-              env: dict[str, str] | None = None) -> WorkerHandle:
+              env: dict[str, str] | None = None) -> WorkerHandle | None:
         name = worker_name(kind, index, policy)
-        resources = worker_kind(kind).ray_resources(self.config)
-        host = self._host.options(**_placement(resources)).remote()
-        forwarded = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIX)}
-        started = host.start.remote(worker_args(kind, index, self.run_dir, policy),
-                                    {**forwarded, **(env or {})},
-                                    str(self.run_dir / "logs" / f"{name}.log"), self._bind_nodes)
-        timeout = self.config.ray.placement_timeout_s
+        if name not in self._pending:
+            resources = worker_kind(kind).ray_resources(self.config)
+            host = self._host.options(**_placement(resources)).remote()
+            forwarded = {k: v for k, v in os.environ.items()
+                         if k.startswith(FORWARDED_ENV_PREFIX)}
+            self._pending[name] = host, host.start.remote(
+                worker_args(kind, index, self.run_dir, policy), {**forwarded, **(env or {})},
+                str(self.run_dir / "logs" / f"{name}.log"), self._bind_nodes)
+        host, started = self._pending[name]
+        if not ray.wait([started], timeout=0)[0]:
+            return None
+        del self._pending[name]
         try:
-            pid, node = ray.get(started, timeout=timeout)
-        except ray.exceptions.GetTimeoutError:
+            pid, node, node_id = ray.get(started)
+        except ray.exceptions.RayError as error:  # its node left before the worker started
+            log.warning("the host placed for %s died before starting it: %s", name,
+                        str(error).splitlines()[0])
             ray.kill(host)
-            raise BackendError(f"Ray placed no {name} in {timeout:g}s: no node has "
-                               f"{resources} free (ray.{kind})") from None
-        handle = WorkerHandle(kind, index, pid, node, (host, host.wait.remote()), policy)
+            return None
+        handle = WorkerHandle(kind, index, pid, node, (host, host.wait.remote(), node_id),
+                              policy)
         self._live[id(handle)] = host
         return handle
 
     def exit_code(self, handle: WorkerHandle) -> int | None:
-        host, exited = handle.ref
+        host, exited, node_id = handle.ref
         if not ray.wait([exited], timeout=0)[0]:
             return None
         try:
             code = ray.get(exited)
         except ray.exceptions.RayError:  # the host itself died: its worker stops by itself
             code = -signal.SIGKILL
+            if not any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes()):
+                handle.lost = f"its Ray node ({handle.host}) left the cluster"
         if self._live.pop(id(handle), None) is not None:
             ray.kill(host)  # frees the resources for the successor
         return code
@@ -147,8 +216,9 @@ class RayBackend:
             handle.ref[0].signal.remote(sig)
 
     def close(self) -> None:
-        for host in self._live.values():
+        for host in [*self._live.values(), *(host for host, _ in self._pending.values())]:
             ray.kill(host)
         self._live.clear()
+        self._pending.clear()
         ray.shutdown()
 
