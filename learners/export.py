@@ -28,7 +28,7 @@ from learners.algorithms import algorithm, algorithm_config, live_values, sizes
 from learners.networks import Policy, init_policy_params, make_policy
 from learners.train_state import init_train_state
 from srl_jax.checkpoint import Checkpointer, restore_params
-from srl_jax.checkpoint_location import location_problem
+from srl_jax.checkpoint_location import filesystem_problem, location_problem
 from srl_jax.config import DEFAULT_POLICY, EnvConfig, ExperimentConfig, policy_names
 from srl_jax.config_loader import config_from_dict, import_plugins
 from srl_jax.env_spec import EnvSpec
@@ -209,7 +209,7 @@ def _location(run_dir: Path, checkpoint_dir: str | None) -> str:
     if checkpoint_dir is None:
         has_config = (run_dir / "config.yaml").is_file()
         return read_run_config(run_dir).checkpoint.dir if has_config else ""
-    if problem := location_problem(checkpoint_dir):
+    if problem := location_problem(checkpoint_dir) or filesystem_problem(checkpoint_dir):
         raise ValueError(f"checkpoint directory {problem}")
     return checkpoint_dir
 

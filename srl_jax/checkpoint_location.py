@@ -15,6 +15,7 @@ and adds `commit_success.txt` last (its commit-file mode, which
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,6 +28,9 @@ CHECKPOINTS = "checkpoints"
 BUCKET_SCHEMES = ("gs", "s3")
 """URI schemes of the stores orbax writes to through tensorstore (and epath reads)."""
 SCHEMES = (*BUCKET_SCHEMES, "file")
+FILESYSTEMS = {"gs": "gcsfs", "s3": "s3fs"}
+"""The fsspec package epath needs for each bucket: orbax lists, creates and deletes steps
+through epath (tensorstore writes the arrays on its own)."""
 COMMIT_FILE = "commit_success.txt"
 """What orbax writes last into a step on a bucket (`orbax.checkpoint` atomicity)."""
 
@@ -45,6 +49,16 @@ def location_problem(directory: str) -> str | None:
         return None if parts.netloc in ("", "localhost") and parts.path.startswith("/") else \
             f"'{directory}' is no local file URI (file:///absolute/path)"
     return None if parts.netloc else f"'{directory}' names no bucket"
+
+
+def filesystem_problem(directory: str) -> str | None:
+    """What this host lacks to read and write `directory`, or None."""
+    scheme = urlsplit(directory).scheme if "://" in directory else ""
+    package = FILESYSTEMS.get(scheme)
+    if package is None or importlib.util.find_spec(package) is not None:
+        return None
+    return f"{scheme}:// needs {package} on every host that reads or writes it: " \
+        f"pip install {package}"
 
 
 def checkpoint_location(run_dir: str | Path, directory: str = "") -> epath.Path:

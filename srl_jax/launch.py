@@ -31,7 +31,7 @@ from pathlib import Path
 import yaml
 
 from srl_jax.backends import BackendError, LaunchBackend, LocalBackend
-from srl_jax.checkpoint_location import checkpoint_location, seen_here
+from srl_jax.checkpoint_location import checkpoint_location, filesystem_problem, seen_here
 from srl_jax.config import DEFAULT_POLICY, ConfigError, ExperimentConfig, run_policies
 from srl_jax.config_checks import check_exposure
 from srl_jax.config_loader import config_to_dict, load_config, resolve_experiment_path
@@ -96,6 +96,7 @@ def prepare_resume(args: argparse.Namespace, experiment: ExperimentConfig) -> tu
         raise ConfigError(f"'--run-dir': {run_dir} is not an srl_jax run directory (no "
                           "config.yaml)")
     config = load_config(run_dir / "config.yaml", args.overrides)
+    require_filesystem(config)
     try:
         steps = newest_steps(run_dir, config)
     except ValueError as error:
@@ -124,9 +125,16 @@ def _where(run_dir: Path, config: ExperimentConfig) -> str:
         f"its metrics.jsonl, as {location} is not on this host"
 
 
+def require_filesystem(config: ExperimentConfig) -> None:
+    """The package a bucket's checkpoints need (the learner's host needs it too)."""
+    if problem := filesystem_problem(config.checkpoint.dir):
+        raise ConfigError(f"'checkpoint.dir': {problem}")
+
+
 def check_fresh_location(run_dir: Path, config: ExperimentConfig) -> None:
     """A new run must not start from another run's checkpoints: its learners would
     restore them. Checked where this host sees the location."""
+    require_filesystem(config)
     location = config.checkpoint.dir
     if location and seen_here(checkpoint_location(run_dir, location)) and \
             any(checkpoint_steps(run_dir, policy=policy, location=location)

@@ -4,6 +4,7 @@ helpers a resume relies on."""
 from __future__ import annotations
 
 import gc
+import importlib.util
 import json
 import tracemalloc
 from pathlib import Path
@@ -233,6 +234,9 @@ def test_checkpoint_dir_is_a_local_path_or_a_known_uri() -> None:
         assert why in location_problem(bad), bad
     with pytest.raises(ConfigError, match=r"^'checkpoint.dir': unknown scheme 'hdfs://'"):
         load_config(EXPERIMENT, ["checkpoint.dir=hdfs://nn/run"])
+    if importlib.util.find_spec("gcsfs") is None:
+        with pytest.raises(ConfigError, match=r"^'checkpoint.dir': gs:// needs gcsfs on every "):
+            prepare_run(parse_args(["cartpole_ppo", "--set", "checkpoint.dir=gs://b/run"]))
 
 
 def test_checkpoints_go_to_a_file_uri_outside_the_run_dir(tmp_path: Path) -> None:

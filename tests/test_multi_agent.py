@@ -87,8 +87,8 @@ def test_policies_get_their_agents_columns_in_the_chunk_layout():
 
 def test_metrics_report_each_policy_and_the_team():
     metrics = MetricsAggregator()
-    metrics.observe("learner-first-0", "learner", {"policy_version": 7, "train/loss": 0.5}, {},
-                    policy="first")
+    metrics.observe("learner-first-0", "learner", {"policy_version": 7, "train/loss": 0.5,
+                                                   "checkpoint_step": 6}, {}, policy="first")
     metrics.observe("learner-others-0", "learner", {"policy_version": 3, "train/loss": 0.25},
                     {}, policy="others")
     metrics.observe("actor-0", "actor", {"env_frames": 100}, {
@@ -101,6 +101,8 @@ def test_metrics_report_each_policy_and_the_team():
     assert row["policy/others/episode_return_mean"] == -25.0
     assert row["policy/first/policy_version"] == 7
     assert row["policy/others/policy_version"] == 3
+    assert row["policy/first/checkpoint_step"] == 6, "what a resume falls back on"
+    assert "policy/others/checkpoint_step" not in row, "none made or restored yet"
     assert row["policy_version"] == 7, "the contract key: the furthest policy"
     assert row["learner/first/loss"] == 0.5 and row["learner/others/loss"] == 0.25
     assert "policy/first/episode_return_mean" not in metrics.row(2.0), "a window's episodes"
