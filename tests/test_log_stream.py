@@ -143,18 +143,19 @@ def test_a_full_stream_drops_with_a_count_and_never_blocks(processes: Processes,
         while pull.poll(1000):
             received.append(receive(pull, LOGS.binder_receives, RejectCounter())[1])
         (tmp_path / "drained").touch()
-        assert pull.poll(30_000)
-        received.append(receive(pull, LOGS.binder_receives, RejectCounter())[1])
         assert flood.wait(timeout=30) == 0
+        later = []
+        while pull.poll(1000):
+            later.append(receive(pull, LOGS.binder_receives, RejectCounter())[1])
     finally:
         pull.close()
-    texts = [m.arrays["text"].tobytes() for m in received]
-    assert texts[0].startswith(b"early, before the stream\n")
-    assert {m.meta["worker"] for m in received} == {"actor-0"}
-    assert b"bytes of this worker's output were dropped" in texts[-1], texts[-1][:200]
-    assert texts[-1].endswith(b"last line\n")
-    delivered = sum(text.count(b"x" * 100) for text in texts)
-    assert 0 < delivered < blocks * 655
+    assert {m.meta["worker"] for m in received + later} == {"actor-0"}
+    flooded = b"".join(m.arrays["text"].tobytes() for m in received)
+    assert flooded.startswith(b"early, before the stream\n")
+    assert 0 < flooded.count(b"x") < blocks * 65535, "some went, some were dropped"
+    after = b"".join(m.arrays["text"].tobytes() for m in later)  # chunks as written
+    assert after.startswith(b"[srl_jax: ") and b"bytes of this worker's output were dropped" \
+        in after and after.endswith(b"last line\n"), after[:200]
     assert (tmp_path / "launcher.log").read_text() == ""
 
 
