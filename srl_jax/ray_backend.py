@@ -23,8 +23,8 @@ enough logical CPUs for every worker (they share the cores, as with the local
 backend) and shut down at the end; with one, the run joins that cluster and
 leaves it running. Ray's servers listen on every interface (Ray binds no
 loopback-only node), so a local instance runs with Ray's token authentication
-(`RAY_AUTH_MODE=token`, its token in `~/.ray/auth_token`); the launcher refuses
-one with it turned off unless `transport.allow_unauthenticated` says so.
+(Ray's default where `RAY_AUTH_MODE` is unset; its token in `~/.ray/auth_token`);
+one with it turned off is refused unless `transport.allow_unauthenticated` says so.
 """
 
 from __future__ import annotations
@@ -90,6 +90,13 @@ def check_reachable(address: str, timeout_s: float = 10.0) -> None:
         raise BackendError(f"no Ray cluster at '{address}': {error}") from None
 
 
+def token_auth() -> bool:
+    """Whether this driver's Ray uses token authentication: Ray 2.60 turns it on for a
+    new local instance where RAY_AUTH_MODE is unset (and says so in the variable); a
+    cluster joined by address uses it where the variable says 'token'."""
+    return os.environ.get(RAY_AUTH_MODE, "").lower() == "token"
+
+
 def listening(host: str, port: int) -> bool:
     """Whether something accepts connections at host:port now."""
     try:
@@ -118,13 +125,16 @@ class RayBackend:
             check_reachable(address)
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
         else:
-            os.environ.setdefault(RAY_AUTH_MODE, "token")  # refused off, unless opted in
             wanted = sum(worker_kind(kind).ray_resources(config).get("CPU", 0.0)
                          for kind, _, _ in worker_plan(config))
             ray.init(address="local",  # a new instance, never one already on this machine
                      num_cpus=max(os.cpu_count() or 1, math.ceil(wanted)),
                      include_dashboard=False, log_to_driver=False,
                      logging_level=logging.WARNING)
+        if not address and not token_auth() and not config.transport.allow_unauthenticated:
+            ray.shutdown()
+            raise BackendError("the local Ray instance started without token authentication "
+                               "(set RAY_AUTH_MODE=token, or transport.allow_unauthenticated)")
         self.node = ray.util.get_node_ip_address()
         self._bind_nodes = config.transport.bind_host == TransportConfig.bind_host
         self._host = ray.remote(max_concurrency=2, max_restarts=0)(WorkerHost)
@@ -145,7 +155,7 @@ class RayBackend:
         manager, runtime-env agent and autoscaler metrics) or joins (a cluster: its GCS),
         token-authenticated where Ray's token authentication is on. Each Ray worker
         process also serves gRPC, on a port of its own, under the same token."""
-        token = os.environ.get(RAY_AUTH_MODE, "").lower() == "token"
+        token = token_auth()
         gcs = ray.get_runtime_context().gcs_address
         ports = [Port("ray.gcs", gcs, f"*:{gcs.rpartition(':')[2]}", token)]
         if not local:
