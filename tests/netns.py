@@ -5,6 +5,12 @@ test that asks for them is skipped with the cause. Each host is a namespace with
 link to a bridge in a switch namespace, loopback up and a default route, so a
 process in it sees one address, as on a machine of its own. Teardown kills
 every process in the namespaces by pid (`ip netns pids`), then deletes them.
+
+`own_disks` also gives each host a filesystem of its own where it matters: every
+command of a host runs in a mount namespace of its own (`unshare --mount`) in which
+the given paths are that host's own directories, bind-mounted, so two hosts see
+different files at one path and nothing that another host writes there. The test,
+outside every host, reads each host's files where `Host.outside` says.
 """
 
 from __future__ import annotations
@@ -14,8 +20,9 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import pytest
 
@@ -26,10 +33,27 @@ SUBNET = "10.77.0"
 class Host:
     namespace: str
     address: str
+    views: tuple[tuple[str, str], ...] = ()
+    """(directory, path): this host sees `directory` at `path` (`own_disks`)."""
 
     def command(self, *args: str) -> list[str]:
-        """`args` run inside this host."""
-        return ["ip", "netns", "exec", self.namespace, *args]
+        """`args` run inside this host, in its view of the filesystem."""
+        if not self.views:
+            return ["ip", "netns", "exec", self.namespace, *args]
+        pairs = [part for view in self.views for part in view]
+        binds = " && ".join(f'mount --bind "${{{i + 1}}}" "${{{i + 2}}}"'
+                            for i in range(0, len(pairs), 2))
+        return ["ip", "netns", "exec", self.namespace, "unshare", "--mount", "--propagation",
+                "private", "sh", "-c", f'{binds} && shift {len(pairs)} && exec "$@"', "sh",
+                *pairs, *args]
+
+    def outside(self, path: str | Path) -> Path:
+        """Where a process outside the hosts finds what this host sees at `path`."""
+        path = Path(path)
+        for directory, inside in self.views:
+            if path.is_relative_to(inside):
+                return Path(directory) / path.relative_to(inside)
+        return path
 
 
 def _ip(*args: str) -> None:
@@ -85,3 +109,26 @@ def hosts(count: int) -> Iterator[list[Host]]:
             _kill_all_in(namespace)
         for namespace in made:
             subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
+
+
+def own_disks(hosts: list[Host], paths: Sequence[Path], disks: Path) -> list[Host]:
+    """`hosts`, each seeing a directory of its own, `disks/<namespace>/<n>` (empty at
+    first), at the n-th of `paths`, which are made where missing. Skips the test with the
+    cause where mount namespaces cannot be made."""
+    if shutil.which("unshare") is None:
+        pytest.skip("a host's own files need a mount namespace: no 'unshare' (util-linux)")
+    disks.mkdir(parents=True, exist_ok=True)
+    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "mount",
+                            "--bind", str(disks), str(disks)], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a mount namespace: {probe.stderr.strip()}")
+    for path in paths:
+        path.mkdir(parents=True, exist_ok=True)
+    result = []
+    for host in hosts:
+        views = tuple((str(disks / host.namespace / str(n)), str(path))
+                      for n, path in enumerate(paths))
+        for directory, _ in views:
+            Path(directory).mkdir(parents=True)
+        result.append(replace(host, views=views))
+    return result
