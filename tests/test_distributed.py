@@ -61,14 +61,16 @@ def test_inside_a_slurm_step_each_process_keeps_every_gpu_of_its_host() -> None:
 def test_two_learner_processes_solve_cartpole_on_the_devices_placed(
         processes: Processes, tmp_path: Path) -> None:
     """Also the placement plan end to end: each process has 4 CPU devices and trains on
-    the two that `learner.devices` names; the server is placed on the CPU explicitly."""
+    the two that `learner.devices` names; the server is placed on the CPU explicitly.
+    And the opt-in to an unauthenticated coordinator off loopback, listed as such."""
     run_dir = tmp_path / "run"
     process = processes.start(
         [sys.executable, "-m", "srl_jax.launch", "cartpole_ppo", "--run-dir", str(run_dir),
          "--set", "learner.processes=2", "--set", "stop.wall_time_s=240",
          # 16-env chunks, so the learner batch of 32 splits over the 2 processes.
          "--set", "actors.splits=4", "--set", "learner.devices=[1, 3]",
-         "--set", "inference.device=cpu"],
+         "--set", "inference.device=cpu", "--set", "transport.bind_host=0.0.0.0",
+         "--set", "transport.allow_unauthenticated=true"],
         log=tmp_path / "launch.log",
         env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
     assert process.wait(timeout=300) == 0, (tmp_path / "launch.log").read_text()
@@ -90,3 +92,5 @@ def test_two_learner_processes_solve_cartpole_on_the_devices_placed(
     coordinator = [p for p in learners[0]["ports"] if p["key"] == COORDINATOR.key()]
     assert len(coordinator) == 1 and coordinator[0]["authenticated"] is False, \
         "status.json lists the jax.distributed port, unauthenticated as it is"
+    assert not coordinator[0]["bind"].startswith("127."), "opted in: on the network"
+    assert all(p["authenticated"] for p in status["ports"]), "CURVE on the rest"
