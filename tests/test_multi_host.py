@@ -90,7 +90,7 @@ def test_hosts_that_share_nothing_train_across_the_link_with_curve(
                          f"ray.learner={{CPU: 1, {learner_host.namespace}: 1}}",
                          f"ray.inference={{CPU: 1, {learner_host.namespace}: 1}}",
                          f"checkpoint.dir={checkpoints}", "checkpoint.interval_s=0",
-                         "checkpoint.every_updates=10",
+                         "checkpoint.every_updates=10", "runtime.restart_backoff_s=0",
                          "stop.target_return=null", "stop.wall_time_s=600"):
             args += ["--set", override]
         launch = processes.start(controller_host.command(*args), log=tmp_path / "launch.log",
