@@ -57,8 +57,9 @@ from learners.save_schedule import SaveSchedule
 from learners.train_state import Batch
 from srl_jax.checkpoint import Checkpointer
 from srl_jax.chunk_spec import run_chunk_layout
-from srl_jax.config import DEFAULT_POLICY, ExperimentConfig, member_names
+from srl_jax.config import DEFAULT_POLICY, ConfigError, ExperimentConfig, member_names
 from srl_jax.config_loader import config_to_dict
+from srl_jax.incarnation import FIRST
 from srl_jax.metrics import CARRIED
 from srl_jax.names import NameService
 from srl_jax.population import append_lineage, field_name, initial_hyperparams
@@ -242,10 +243,20 @@ class LearnerWorker(Worker):
                           layout.coordinator)
 
     def _restore(self) -> None:
-        """Continue from the newest complete checkpoint of this run, if there is one."""
+        """Continue from the newest complete checkpoint of this run, if there is one.
+
+        The first start of a new run has none of its own: steps found then belong to
+        another run (a `checkpoint.dir` reused, on a host the launcher cannot see), and
+        training on from them would mix two runs, so the run is refused.
+        """
         meta = self.learner.restore()
         if meta is None:
             return
+        if self.incarnation == FIRST:
+            raise ConfigError(
+                f"'checkpoint.dir' ({self.config.checkpoint.dir or 'the run directory'}) "
+                f"already holds checkpoints (step {self.version}) of another run; resume "
+                "that run with --resume, or give this one an empty checkpoint.dir")
         self.saves.saved_step = self.version
         counters = restored_counters(meta["processes"], self.processes)
         self.intake.restore(counters, meta.get("recent_returns", []))

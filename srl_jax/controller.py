@@ -45,7 +45,7 @@ from srl_jax.streams import (
     receive,
 )
 from srl_jax.transport import KEYS_ENV, CurveKeys, Transport
-from srl_jax.worker_kinds import worker_kind, worker_plan
+from srl_jax.worker_kinds import EXIT_REFUSED, worker_kind, worker_plan
 
 log = logging.getLogger("controller")
 
@@ -332,7 +332,10 @@ class Controller:
         kind = worker_kind(record.kind)
         if kind.process_group and kind.count(self.config) > 1:
             self._stop_process_group(record)
-        if not self._restartable(record):
+        refused = code == EXIT_REFUSED and not lost
+        if refused:
+            what = "refused the run (a restart would refuse it again)"
+        if refused or not self._restartable(record):
             record.state = "failed"
             self._finish(f"{record.name} {what}; see {log_path}", EXIT_FAILED)
             return

@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 import numpy as np
 import zmq
 
-from srl_jax.config import DEFAULT_POLICY, ExperimentConfig
+from srl_jax.config import DEFAULT_POLICY, ConfigError, ExperimentConfig
 from srl_jax.config_loader import import_plugins
 from srl_jax.faults import FaultPlan
 from srl_jax.incarnation import Incarnation
@@ -45,7 +45,7 @@ from srl_jax.run_dir import parse_run_config, read_run_config
 from srl_jax.stream_table import LOGS, STATS
 from srl_jax.streams import RejectCounter, limit_message_size, make_socket, send
 from srl_jax.transport import Transport, keys_from_env
-from srl_jax.worker_kinds import KINDS, UnknownWorkerKind, load_worker_class
+from srl_jax.worker_kinds import EXIT_REFUSED, KINDS, UnknownWorkerKind, load_worker_class
 
 LOOKUP_TIMEOUT_S = 120.0
 EXIT_FAILED = 1
@@ -321,6 +321,9 @@ def main(argv: list[str] | None = None) -> int:
         except UnknownWorkerKind as error:
             parser.error(str(error))
         return worker_class(config, args.index, args.run_dir, names, args.policy).run()
+    except ConfigError as error:
+        logging.getLogger(name).error("%s refused the run: %s", name, error)
+        return EXIT_REFUSED
     except Exception:
         logging.getLogger(name).exception("%s failed", name)
         return EXIT_FAILED

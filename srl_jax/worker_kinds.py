@@ -21,6 +21,10 @@ HOST_ROLES = ("learner", "inference", "actor")
 """The host roles of the cluster scripts (srl_jax/cluster.py)."""
 DEFAULT_RESOURCES = {"CPU": 1.0}
 """Ray resources of a kind the config has no `ray.<name>` key for."""
+EXIT_REFUSED = 2
+"""Exit code of a worker that refuses what the run asks of it (a `ConfigError` it can
+only see on its host, e.g. a checkpoint directory holding another run's steps): the
+controller ends the run with that worker's reason instead of restarting it."""
 
 
 class UnknownWorkerKind(ValueError):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import itertools
+import os
 import shutil
 import signal
 import subprocess
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 import zmq
 
 from actors.actor_worker import split_seeds
@@ -32,8 +34,9 @@ from srl_jax.run_dir import (
     checkpoint_steps,
     read_run_config,
 )
-from srl_jax.stream_table import PARAMS
-from srl_jax.streams import RejectCounter, make_socket, receive
+from srl_jax.stream_table import PARAMS, STATS
+from srl_jax.streams import LOOPBACK, RejectCounter, make_socket, receive
+from srl_jax.worker_kinds import EXIT_REFUSED
 from tests.conftest import (
     REPO,
     Processes,
@@ -52,6 +55,7 @@ from tests.conftest import (
 pytestmark = pytest.mark.slow
 
 N = 30_000
+UPDATES = 3
 """Frames before the stop; the resumed runs go N and 2N past the frames at the stop."""
 
 
@@ -79,9 +83,10 @@ def learner_checkpoints(run_dir: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def stopped_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A CartPole run stopped with SIGTERM after N frames. Its frame limit is far, so it
-    cannot end on its own before the signal however fast the machine steps. Its
-    checkpoints go to `learner_checkpoints`, given as an absolute path."""
+    """A CartPole run stopped with SIGTERM after N frames and a few updates (actors step
+    before the learner has compiled: frames alone can come first). Its frame limit is
+    far, so it cannot end on its own before the signal however fast the machine steps.
+    Its checkpoints go to `learner_checkpoints`, given as an absolute path."""
     group = Processes()
     tmp = tmp_path_factory.mktemp("stopped")
     run_dir = tmp / "run"
@@ -90,7 +95,8 @@ def stopped_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
                                       f"checkpoint.dir={learner_checkpoints(run_dir)}"),
                           log=tmp / "launch.log")
     wait_for(lambda: (rows := read_metrics(run_dir) if (run_dir / "metrics.jsonl").exists()
-                      else []) and rows[-1]["env_frames"] >= N, 120, f"{N} env frames")
+                      else []) and rows[-1]["env_frames"] >= N
+             and rows[-1]["learner_steps"] >= UPDATES, 120, f"{N} env frames, {UPDATES} updates")
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=90) == 130, (tmp / "launch.log").read_text()
     yield run_dir
@@ -282,3 +288,29 @@ def test_evaluate_without_checkpoints_is_one_line(tmp_path: Path) -> None:
     assert result.stderr.strip().splitlines() == [
         f"srl_jax.evaluate: {tmp_path} holds no complete checkpoint (looked in "
         f"{tmp_path}/checkpoints)"]
+
+
+def test_a_new_runs_learner_refuses_another_runs_checkpoints(stopped_run: Path,
+                                                             tmp_path: Path) -> None:
+    """A learner whose `checkpoint.dir` already holds steps at a new run's first start
+    (a directory the launcher could not look into) exits 2 naming it, rather than train
+    on from another run; the controller ends the run on that code (test_refusal.py)."""
+    config = yaml.safe_load((stopped_run / "config.yaml").read_text())
+    run_dir = tmp_path / "new"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    context = zmq.Context.instance()
+    stats = make_socket(context, STATS.bind_type)
+    port = stats.bind_to_random_port(f"tcp://{LOOPBACK}")
+    FileNameService(run_dir / "names").register(STATS.key(), f"tcp://{LOOPBACK}:{port}")
+    try:
+        refused = subprocess.run(
+            [sys.executable, "-m", "srl_jax.worker", "learner", "0", "--run-dir", str(run_dir)],
+            cwd=REPO, capture_output=True, text=True, timeout=180,
+            env={key: value for key, value in os.environ.items()
+                 if key not in FIRST.to_env()})
+    finally:
+        stats.close()
+    assert refused.returncode == EXIT_REFUSED, refused.stderr[-2000:]
+    assert "learner-0 refused the run: 'checkpoint.dir'" in refused.stderr
+    assert "already holds checkpoints" in refused.stderr

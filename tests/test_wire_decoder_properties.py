@@ -374,15 +374,15 @@ def test_huge_declared_sizes_fail_fast_without_allocating(
     frames = [msgpack.packb({"k": "samples", "v": wire.WIRE_VERSION, "m": {}, "a": specs}),
               *buffers[:len(specs)]]
     tracemalloc.start()
-    try:
-        start = time.perf_counter()
+    try:  # CPU time of this thread: what decode spends, whatever else runs on the machine
+        start = time.thread_time()
         check_decode(frames, max_bytes=max_bytes)
-        elapsed = time.perf_counter() - start
+        elapsed = time.thread_time() - start
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     assert peak < 1 << 20, f"decode allocated {peak} bytes for {specs}"
-    assert elapsed < 1.0, f"decode took {elapsed:.2f}s for {specs}"
+    assert elapsed < 1.0, f"decode spent {elapsed:.2f}s of CPU for {specs}"
 
 
 @pytest.mark.parametrize(("shape", "dtype"), [

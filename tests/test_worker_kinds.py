@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from srl_jax.cluster import placement_overrides
+from srl_jax.cluster_roles import placement_overrides
 from srl_jax.config import ExperimentConfig
 from srl_jax.worker import Worker
 from srl_jax.worker_kinds import (

@@ -1,0 +1,43 @@
+"""A worker that refuses the run (exit code EXIT_REFUSED) ends it; other exits restart it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import zmq
+
+from srl_jax.backends import LocalBackend, WorkerHandle
+from srl_jax.config_loader import load_config
+from srl_jax.controller import EXIT_FAILED, Controller
+from srl_jax.transport import Transport
+from srl_jax.worker_kinds import EXIT_REFUSED
+from tests.conftest import REPO
+
+
+def exited(tmp_path: Path, code: int, lost: str | None = None) -> Controller:
+    """A controller whose learner's process has just exited with `code`."""
+    config = load_config(REPO / "configs" / "cartpole_ppo.yaml")
+    controller = Controller(config, tmp_path, LocalBackend(tmp_path))
+    controller.transport = Transport(zmq.Context.instance())  # what `run` binds with
+    record = next(r for r in controller.workers if r.kind == "learner")
+    record.handle = WorkerHandle("learner", 0, pid=0, host="here", ref=None, lost=lost)
+    controller._on_exit(record, code, f"exited with code {code}")
+    return controller
+
+
+def test_a_refusal_ends_the_run_naming_the_worker_and_its_log(tmp_path: Path) -> None:
+    controller = exited(tmp_path, EXIT_REFUSED)
+    learner = next(r for r in controller.workers if r.kind == "learner")
+    assert learner.state == "failed" and learner.restarts == 0
+    assert controller.exit_code == EXIT_FAILED
+    assert controller.stop_reason.startswith(
+        "learner-0 refused the run (a restart would refuse it again); see ")
+    assert controller.stop_reason.endswith("logs/learner-0.log")
+
+
+def test_a_crash_or_a_lost_host_is_restarted_whatever_its_code(tmp_path: Path) -> None:
+    for code, lost in ((1, None), (EXIT_REFUSED, "node left the cluster")):
+        controller = exited(tmp_path / str(code), code, lost)
+        learner = next(r for r in controller.workers if r.kind == "learner")
+        assert learner.state == "restarting" and learner.restarts == 1, (code, lost)
+        assert controller.stop_reason is None
