@@ -29,5 +29,5 @@ compile requirements/dev.lock --extra dev "$@"
 # Constrained by the dev lock, so both commands run the same versions of what they share.
 compile requirements/base.lock --constraint requirements/dev.lock "$@"
 # What `srl_jax.cluster tpu-vm` installs on every TPU host and CPU VM.
-compile requirements/cluster.lock --extra ray --extra tpu --constraint requirements/dev.lock "$@"
+compile requirements/cluster.lock --extra ray --extra tpu --extra gcs --constraint requirements/dev.lock "$@"
 echo "locked: requirements/dev.lock requirements/base.lock requirements/cluster.lock" >&2
