@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from srl_jax.config import DEFAULT_POLICY
 from srl_jax.names import FileNameService, NameService, worker_name
+from srl_jax.worker_kinds import PARENT_ENV
 
 
 class BackendError(RuntimeError):
@@ -84,7 +85,8 @@ def spawn_worker(args: list[str], env: dict[str, str], log_path: Path) -> subpro
     with open(log_path, "ab") as log_file:
         return subprocess.Popen(
             [sys.executable, *args], stdin=subprocess.DEVNULL, stdout=log_file,
-            stderr=subprocess.STDOUT, env={**env, "PYTHONUNBUFFERED": "1"},
+            stderr=subprocess.STDOUT,
+            env={**env, "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())},
             start_new_session=True)
 
 

@@ -16,9 +16,11 @@ parent goes); `exit_code` marks that worker `lost`, and the controller places
 it again without counting it against `runtime.max_restarts`.
 
 Workers bind their node's address (unless `transport.bind_host` says
-otherwise), so CURVE is on by default. The run directory (names, logs,
-checkpoints) must be one path that every node sees, as on a shared filesystem,
-or one machine. Without `--ray-address` a local Ray instance is started with
+otherwise), so CURVE is on by default. Nodes need not share a filesystem: on a
+cluster given by address the controller serves names, the run's config and a
+log stream over the network (`runtime.names`, srl_jax/name_server.py), and a
+learner checkpoints to `checkpoint.dir` (its own disk or a bucket); a worker's
+`--run-dir` on another node is only its scratch. Without `--ray-address` a local Ray instance is started with
 enough logical CPUs for every worker (they share the cores, as with the local
 backend) and shut down at the end; with one, the run joins that cluster and
 leaves it running. Ray's servers listen on every interface (Ray binds no

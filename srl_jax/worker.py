@@ -45,7 +45,13 @@ from srl_jax.run_dir import parse_run_config, read_run_config
 from srl_jax.stream_table import LOGS, STATS
 from srl_jax.streams import RejectCounter, limit_message_size, make_socket, send
 from srl_jax.transport import Transport, keys_from_env
-from srl_jax.worker_kinds import EXIT_REFUSED, KINDS, UnknownWorkerKind, load_worker_class
+from srl_jax.worker_kinds import (
+    EXIT_REFUSED,
+    KINDS,
+    PARENT_ENV,
+    UnknownWorkerKind,
+    load_worker_class,
+)
 
 LOOKUP_TIMEOUT_S = 120.0
 EXIT_FAILED = 1
@@ -82,7 +88,7 @@ class Worker:
         self._stop = False
         self._followed: list[list[Any]] = []
         """[socket, key, endpoint] of each connection that follows its key (`connect_to`)."""
-        self._parent = os.getppid()
+        self._parent = int(os.environ.get(PARENT_ENV, os.getppid()))
         self._last_stats = 0.0
         self._stats_socket: zmq.Socket | None = None
         self._phase = "setup"

@@ -21,6 +21,9 @@ HOST_ROLES = ("learner", "inference", "actor")
 """The host roles of the cluster scripts (srl_jax/cluster.py)."""
 DEFAULT_RESOURCES = {"CPU": 1.0}
 """Ray resources of a kind the config has no `ray.<name>` key for."""
+PARENT_ENV = "SRL_JAX_PARENT_PID"
+"""The pid of the process that started a worker: the worker stops once its parent is
+no longer that one, even if the parent died before the worker got to look."""
 EXIT_REFUSED = 2
 """Exit code of a worker that refuses what the run asks of it (a `ConfigError` it can
 only see on its host, e.g. a checkpoint directory holding another run's steps): the

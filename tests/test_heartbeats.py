@@ -4,6 +4,7 @@ A worker busy in slow device work heartbeats from a helper thread, up to a bound
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from srl_jax.names import FileNameService
 from srl_jax.stream_table import STATS
 from srl_jax.streams import RejectCounter, make_socket, receive
 from srl_jax.worker import Worker
+from srl_jax.worker_kinds import PARENT_ENV
 
 QUEUE = 2
 
@@ -137,3 +139,17 @@ def test_the_first_env_frame_is_heartbeaten_at_once_and_only_once(tmp_path: Path
     assert worker._first_progress()
     worker.env_frames = 128
     assert not worker._first_progress()
+
+
+def test_a_worker_whose_starter_died_before_it_looked_stops_at_its_first_heartbeat(
+        tmp_path: Path, monkeypatch) -> None:
+    """A worker orphaned while it still imported (its parent pid already 1 when it looks)
+    knows its starter from PARENT_ENV, so it does not take its new parent for it."""
+    monkeypatch.setenv(PARENT_ENV, str(os.getppid() + 1_000_000))  # not this parent
+    orphan = ReturnsWorker(ExperimentConfig(), tmp_path)
+    orphan.heartbeat(force=True)
+    assert orphan.stopping
+    monkeypatch.setenv(PARENT_ENV, str(os.getppid()))
+    started_here = ReturnsWorker(ExperimentConfig(), tmp_path)
+    started_here.heartbeat(force=True)
+    assert not started_here.stopping
