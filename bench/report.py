@@ -223,7 +223,7 @@ def scale(result: dict[str, Any], pong: dict[str, Any] | None = None) -> list[st
               "full). Runtime overhead measured over real sockets "
               f"with the runtime's own code: **{request:.0f} us of server CPU per inference "
               f"request** ({rows} rows; {result['per_request_overhead_us_per_row']:.1f} us a "
-              f"row){zmq_floor(result)} and **{sample:.2f} us of learner CPU per sample** of "
+              f"row{zmq_floor(result)}) and **{sample:.2f} us of learner CPU per sample** of "
               "a CartPole-sized chunk.", "",
               f"What that implies for a 1,000-core run: one server core answers about "
               f"{per_core:,.0f} requests/s before any policy compute, and an actor core spends "
@@ -241,7 +241,7 @@ def zmq_floor(result: dict[str, Any]) -> str:
         return ""
     return (f"; bare pyzmq answering the same requests costs "
             f"{result['per_request_zmq_floor_us']:.0f} us over TCP and "
-            f"{result['per_request_zmq_floor_ipc_us']:.0f} us over ipc://, the floor under it")
+            f"{result['per_request_zmq_floor_ipc_us']:.0f} us over ipc://: the floor under it")
 
 
 def atari_projection(pong: dict[str, Any] | None, actor_us: float, per_core: float,
