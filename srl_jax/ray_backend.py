@@ -20,9 +20,10 @@ otherwise), so CURVE is on by default. Nodes need not share a filesystem: on a
 cluster given by address the controller serves names, the run's config and a
 log stream over the network (`runtime.names`, srl_jax/name_server.py), and a
 learner checkpoints to `checkpoint.dir` (its own disk or a bucket); a worker's
-`--run-dir` on another node is only its scratch. Without `--ray-address` a local Ray instance is started with
-enough logical CPUs for every worker (they share the cores, as with the local
-backend) and shut down at the end; with one, the run joins that cluster and
+`--run-dir` on another node is only its scratch. Without `--ray-address` a
+local Ray instance is started with enough logical CPUs for every worker (they
+share the cores, as with the local backend) and shut down at the end; with
+one, the run joins that cluster and
 leaves it running. Ray's servers listen on every interface (Ray binds no
 loopback-only node), so a local instance runs with Ray's token authentication
 (Ray's default where `RAY_AUTH_MODE` is unset; its token in `~/.ray/auth_token`);
