@@ -23,9 +23,9 @@ learner checkpoints to `checkpoint.dir` (its own disk or a bucket); a worker's
 `--run-dir` on another node is only its scratch. Without `--ray-address` a
 local Ray instance is started with enough logical CPUs for every worker (they
 share the cores, as with the local backend) and shut down at the end; with
-one, the run joins that cluster and
-leaves it running. Ray's servers listen on every interface (Ray binds no
-loopback-only node), so a local instance runs with Ray's token authentication
+one, the run joins that cluster and leaves it running. Ray's servers listen on
+every interface (Ray binds no loopback-only node), so a local instance runs
+with Ray's token authentication
 (Ray's default where `RAY_AUTH_MODE` is unset; its token in `~/.ray/auth_token`);
 one with it turned off is refused unless `transport.allow_unauthenticated` says so.
 """
