@@ -321,14 +321,20 @@ def executed_hosts(tmp_path: Path):
                 os.kill(found["pid"], signal.SIGKILL)
 
 
+def executed_tpu_script(tmp_path: Path, *flags: str) -> Path:
+    """The TPU VM script of two TPU hosts and a CPU VM, for hosts whose python sleeps
+    where Ray or the run would work."""
+    python = str(make_stand_ins(tmp_path) / "sleeper-python")
+    return generate(tmp_path, "tpu-vm", "cartpole_ppo", "--run-dir", "runs/cp", "--tpu", "t",
+                    "--zone", "z", "--hosts", "2", "--actor-vm", "cpu-1",
+                    "--checkpoint-dir", "gs://b/cp", "--no-install", "--python", python,
+                    "--set", "learner.batch_envs=64",
+                    "--set", "transport.allow_unauthenticated=true", *flags)
+
+
 def test_every_remote_start_returns_at_once_and_teardown_stops_the_real_process(
         tmp_path: Path, executed_hosts: Path) -> None:
-    python = str(make_stand_ins(tmp_path) / "sleeper-python")
-    script = generate(tmp_path, "tpu-vm", "cartpole_ppo", "--run-dir", "runs/cp", "--tpu", "t",
-                      "--zone", "z", "--hosts", "2", "--actor-vm", "cpu-1",
-                      "--checkpoint-dir", "gs://b/cp", "--no-install", "--python", python,
-                      "--set", "learner.batch_envs=64",
-                      "--set", "transport.allow_unauthenticated=true", "--detach")
+    script = executed_tpu_script(tmp_path, "--detach")
     env = {"WORKERS": "2", "EXECUTE": "1", "HOSTS": str(executed_hosts), "RUN_SLEEPS": "1"}
     began = time.monotonic()
     run_with_stand_ins(tmp_path, script, env)
@@ -362,12 +368,7 @@ def test_every_remote_start_returns_at_once_and_teardown_stops_the_real_process(
 
 def test_a_foreground_run_stops_ray_on_every_host_when_it_ends(
         tmp_path: Path, executed_hosts: Path) -> None:
-    python = str(make_stand_ins(tmp_path) / "sleeper-python")
-    script = generate(tmp_path, "tpu-vm", "cartpole_ppo", "--run-dir", "runs/cp", "--tpu", "t",
-                      "--zone", "z", "--hosts", "2", "--actor-vm", "cpu-1",
-                      "--checkpoint-dir", "gs://b/cp", "--no-install", "--python", python,
-                      "--set", "learner.batch_envs=64",
-                      "--set", "transport.allow_unauthenticated=true")
+    script = executed_tpu_script(tmp_path)
     run_with_stand_ins(tmp_path, script, {"WORKERS": "2", "EXECUTE": "1",
                                           "HOSTS": str(executed_hosts)})
     rays = sleepers(executed_hosts, "ray")
