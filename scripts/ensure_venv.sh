@@ -27,11 +27,8 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
         fi
         "$PYTHON" -m venv "$VENV"
     fi
-    # --no-compile: Python compiles what is imported, when it is first imported; compiling
-    # every file of every package up front (Ray's, JAX's) took half of the install.
-    "$VENV/bin/python" -m pip install -q --no-compile --require-hashes -r "$LOCK" >&2
+    "$VENV/bin/python" -m pip install -q --require-hashes -r "$LOCK" >&2
     # The lock holds the build backend, so srl_jax installs with nothing fetched unpinned.
-    "$VENV/bin/python" -m pip install -q --no-compile --no-deps --no-build-isolation \
-        -e "$ROOT" >&2
+    "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$ROOT" >&2
     echo "$WANT" > "$STAMP"
 fi
