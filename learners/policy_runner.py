@@ -22,6 +22,8 @@ Act = Callable[[Any, Any, Any, jax.Array, np.uint32], Any]
 """(params, obs [N, ...], state [N, S], key, call counter) -> the outputs packed into one
 float32 array [N, 2 + A + S] (`pack_outputs`), so a batch's outputs cross from the device
 in one transfer."""
+
+
 def pack_outputs(action: Any, logp: Any, value: Any, state: Any, xp: Any = jnp) -> Any:
     """[N, 2 + A + S] float32: log-probability, value, the action's A values (one for a
     discrete action, exact as a float below 2**24) and the new recurrent state. `xp`:
