@@ -19,7 +19,8 @@ checkpoint there, if there is one: that is how a killed learner recovers and how
 
 The worker is a shell with one part per job: `SampleIntake` or `ReplayIntake`
 (receive, check, queue), `Learner` (train state and update), `ParamPublisher`,
-`SaveSchedule`, and `agree` for the multi-process learner (learners/distributed.py).
+`SaveSchedule`, `agree` for the multi-process learner (learners/distributed.py) and,
+when frozen policies play this one's snapshots, `PoolPublisher` (self-play).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from learners.distributed import (
 from learners.jax_runtime import configure_jax
 from learners.learner import PER_ROW, Learner, build_learner
 from learners.param_publisher import ParamPublisher
+from learners.pool_publisher import PoolPublisher
 from learners.replay_intake import ROUTING, ReplayIntake
 from learners.sample_intake import SampleIntake
 from learners.sample_queue import SampleQueue
@@ -62,9 +64,11 @@ from srl_jax.config_loader import config_to_dict
 from srl_jax.incarnation import FIRST
 from srl_jax.metrics import CARRIED
 from srl_jax.names import NameService
+from srl_jax.opponent_pool import SnapshotPool
 from srl_jax.population import append_lineage, field_name, initial_hyperparams
 from srl_jax.replay_spec import replay_layout
-from srl_jax.stream_table import CONTROL, COORDINATOR, PARAMS, REPLAY, SAMPLES
+from srl_jax.run_dir import pool_root
+from srl_jax.stream_table import CONTROL, COORDINATOR, PARAMS, POOL, REPLAY, SAMPLES
 from srl_jax.streams import make_socket, receive, send
 from srl_jax.worker import Worker
 
@@ -117,6 +121,8 @@ class LearnerWorker(Worker):
         self.pub: zmq.Socket | None = None
         self.publisher: ParamPublisher | None = None
         """Only process 0 publishes."""
+        self.pool: PoolPublisher | None = None
+        """Process 0's opponent pool, when frozen policies play this one (self-play)."""
         self.checkpointer: Checkpointer | None = None
         self.learner: Learner | None = None
         self.control: zmq.Socket | None = None
@@ -139,6 +145,8 @@ class LearnerWorker(Worker):
             self.pub = make_socket(self.zmq, PARAMS.bind_type, hwm=self.config.learner.param_queue)
             self.transport.bind(self.pub, self.names, PARAMS.key(self.policy))
             self.publisher = ParamPublisher(self.pub, self.started_ms, self.log)
+            if self.policy in self.config.selfplay.opponents.values():
+                self.pool = self._pool_publisher()
         ckpt = self.config.checkpoint
         if ckpt.enabled:
             self.checkpointer = Checkpointer(self.run_dir, ckpt.keep, ckpt.keep_best,
@@ -156,6 +164,18 @@ class LearnerWorker(Worker):
             self.control = make_socket(self.zmq, CONTROL.bind_type)
             self.transport.bind(self.control, self.names, CONTROL.key(self.policy))
         self._publish()
+        if self.pool is not None:
+            self.pool.start(self.version, self.learner.params)
+
+    def _pool_publisher(self) -> PoolPublisher:
+        """The opponent pool, saved beside the checkpoints (in memory only without them)."""
+        selfplay, ckpt = self.config.selfplay, self.config.checkpoint
+        directory = pool_root(self.run_dir, self.policy, ckpt.dir) if ckpt.enabled else None
+        socket = make_socket(self.zmq, POOL.bind_type, hwm=self.config.learner.param_queue)
+        self.transport.bind(socket, self.names, POOL.key(self.policy))
+        return PoolPublisher(socket, SnapshotPool(selfplay.snapshot_every, selfplay.pool,
+                                                  directory),
+                             self.started_ms, self.config.learner.republish_interval_s, self.log)
 
     def _start_hyperparams(self) -> None:
         """A population member starts from its own values; a checkpoint's win over them."""
@@ -298,6 +318,8 @@ class LearnerWorker(Worker):
     def run_once(self) -> None:
         if self.control is not None:
             self._take_exploits()
+        if self.pool is not None:
+            self.pool.republish()
         timeout = 0 if self._next is not None else POLL_MS
         if isinstance(self.intake, ReplayIntake):
             self.intake.pump(timeout)
@@ -363,6 +385,8 @@ class LearnerWorker(Worker):
         self.train_metrics = metrics
         if self.learner.version % self.config.learner.publish_every_updates == 0:
             self._publish()
+        if self.pool is not None:
+            self.pool.keep(self.version, self.learner.params)
 
     def _send_priorities(self, routing: dict[str, np.ndarray], priorities: np.ndarray) -> None:
         """This process's rows of the (global) batch's new priorities, to their servers."""
@@ -404,7 +428,8 @@ class LearnerWorker(Worker):
     def close(self) -> None:
         replay = [s.socket for s in self.intake.servers] \
             if isinstance(self.intake, ReplayIntake) else []
-        for socket in (self.pull, self.pub, self.control, *replay):
+        pool = [self.pool.socket] if self.pool is not None else []
+        for socket in (self.pull, self.pub, self.control, *replay, *pool):
             if socket is not None:
                 socket.close()
         if self.checkpointer is not None:

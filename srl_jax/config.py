@@ -16,13 +16,14 @@ from typing import Any
 NETWORKS = ("mlp", "nature_cnn")
 CORES = ("none", "lstm", "gru")
 HEADS = ("actor_critic", "q", "dueling")
+CRITICS = ("local", "global")
 CONVS = ("auto", "xla", "matmul")
 ENV_BACKENDS = ("gymnasium", "envpool")
 NAME_SERVICES = ("auto", "files", "network")
 DEFAULT_POLICY = "default"
 PETTINGZOO_PREFIX = "pettingzoo:"
 POLICY_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
-RESERVED_POLICY_NAMES = ("best", "evaluated")
+RESERVED_POLICY_NAMES = ("best", "evaluated", "pool")
 """Directories of `checkpoints/` that a policy's own checkpoints would collide with."""
 SECTIONS = "sections"
 """Field metadata: a `dict[str, dict]` field that gathers the section's other mappings
@@ -84,7 +85,14 @@ def member_names(members: int) -> list[str]:
 
 def run_policies(config: ExperimentConfig) -> list[str]:
     """Every policy that has its own learner in the run: a population's members, else
-    the env's policies (`policy_names`)."""
+    the env's policies (`policy_names`) less the frozen ones (`selfplay.frozen`)."""
+    return member_names(config.population.members) or [
+        policy for policy in policy_names(config.env) if policy not in config.selfplay.frozen]
+
+
+def acting_policies(config: ExperimentConfig) -> list[str]:
+    """Every policy that has its own inference servers: `run_policies` and the frozen
+    policies, in the order actors serve them."""
     return member_names(config.population.members) or policy_names(config.env)
 
 
@@ -218,6 +226,13 @@ class NetworkConfig:
     'matmul' (space-to-depth, im2col and matmuls, `learners/conv.py`: about 16x faster
     through the update on XLA:CPU) or 'auto' (matmul where the worker's JAX runs on the
     CPU, xla on a GPU or TPU). Both have the same parameters."""
+    critic: str = "local"
+    """What the value head reads: 'local' (the agent's own observation) or 'global' (a
+    centralized critic, as MAPPO's: the env's global state, PettingZoo's `state()`, or
+    all agents' observations side by side where the env has none; plus the agent's
+    one-hot id where its policy acts for several agents). Multi-agent envs, PPO and
+    IMPALA, no recurrent core. Actors carry the state once per env step; the learner
+    computes the values from it."""
     head: str = "actor_critic"
     """What the network outputs: 'actor_critic' (policy and value, for PPO and IMPALA),
     'q' (action values) or 'dueling' (action values as value plus advantages, Wang et
@@ -259,6 +274,11 @@ class StopConfig:
     """Stop once `episode_return_mean` of a metrics window reaches this."""
     target_eval_return: float | None = None
     """Stop once an evaluation's `eval_return_mean` reaches this (needs the evaluator)."""
+    policy: str | None = None
+    """A multi-agent run: the policy whose own return (`policy/<name>/episode_return_mean`,
+    `policy/<name>/eval_return_mean`) the targets are read from, e.g. the side of a
+    competitive game that should win. None: every policy's own return must reach them
+    (with one policy: its agents' mean return, as `episode_return_mean`)."""
 
 
 @dataclass
@@ -301,6 +321,22 @@ class PopulationConfig:
     """... or, with this probability, drawn anew from its `explore` spec."""
     seed: int = 0
     """Seed of the draws and the exploit choices (with the run's `seed`)."""
+
+
+@dataclass
+class SelfPlayConfig:
+    frozen: list[str] = field(default_factory=list)
+    """Policies of `env.policies` that only act: no learner trains them, actors send them
+    no chunks. One not in `opponents` acts with version 0 (the seed's parameters) forever."""
+    opponents: dict[str, str] = field(default_factory=dict)
+    """Frozen policy -> the trained policy whose snapshots it plays: each episode (per env)
+    the actor draws one of the snapshot pool, and the frozen agents act with it."""
+    snapshot_every: int = 10
+    """A trained policy of `opponents` adds its parameters to its pool every this many
+    versions (version 0, the seed's, first)."""
+    pool: int = 8
+    """Snapshots a pool keeps: the newest ones (saved under the policy's checkpoints'
+    `pool/`, so a restarted learner keeps its pool)."""
 
 
 @dataclass
@@ -432,6 +468,8 @@ class ExperimentConfig:
     """An evaluator worker playing deterministic episodes with the latest parameters."""
     population: PopulationConfig = field(default_factory=PopulationConfig)
     """Population-based training, or a sweep: several members trained side by side."""
+    selfplay: SelfPlayConfig = field(default_factory=SelfPlayConfig)
+    """Frozen policies and the opponent pools they play from (multi-agent envs)."""
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     """Heartbeats, restarts, logging."""
     transport: TransportConfig = field(default_factory=TransportConfig)

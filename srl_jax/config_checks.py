@@ -14,6 +14,7 @@ from srl_jax.checkpoint_location import location_problem
 from srl_jax.config import (
     CONVS,
     CORES,
+    CRITICS,
     ENV_BACKENDS,
     HEADS,
     NAME_SERVICES,
@@ -24,6 +25,7 @@ from srl_jax.config import (
     ExperimentConfig,
     NetworkConfig,
     is_pettingzoo,
+    policy_names,
     request_rows,
 )
 from srl_jax.transport import is_loopback
@@ -44,7 +46,7 @@ def validate(config: ExperimentConfig) -> None:
     require(config.seed >= 0, "'seed' must not be negative (numpy and gymnasium refuse it)")
     for check in (check_env, check_actors, check_inference, check_learner, check_replay,
                   check_network, check_stop, check_checkpoint, check_runtime, check_ray,
-                  check_placement_keys):
+                  check_placement_keys, check_selfplay):
         check(config)
 
 
@@ -206,6 +208,18 @@ def check_network(config: ExperimentConfig) -> None:
     require(network.head == "actor_critic" or network.core == "none",
             f"'network.head': '{network.head}' has no recurrent version; set 'network.core' "
             f"to none (R2D2 is not built yet)")
+    require(network.critic in CRITICS,
+            f"'network.critic': unknown '{network.critic}' (known: {', '.join(CRITICS)})")
+    if network.critic == "global":
+        require(is_pettingzoo(config.env.id),
+                "'network.critic': 'global' reads a multi-agent env's global state; "
+                f"'{config.env.id}' is a single-agent env")
+        require(network.head == "actor_critic" and network.core == "none",
+                "'network.critic': 'global' needs 'network.head' actor_critic and "
+                "'network.core' none")
+        require(config.learner.algorithm in ("ppo", "impala"),
+                f"'network.critic': 'global' is for ppo and impala, not "
+                f"'{config.learner.algorithm}'")
     burn_in, T = config.learner.burn_in, config.actors.trajectory_length
     require(burn_in >= 0, "'learner.burn_in' must not be negative")
     require(burn_in == 0 or network.core != "none",
@@ -225,6 +239,14 @@ def check_stop(config: ExperimentConfig) -> None:
             "target_eval_return")
     require(stop.target_eval_return is None or evaluation.every_updates > 0,
             "'stop.target_eval_return' needs the evaluator: set 'evaluation.every_updates'")
+    if stop.policy is not None:
+        require(not config.population.members, "'stop.policy': a population stops when "
+                "every member reaches the target; there is no policy to choose")
+        require(is_pettingzoo(config.env.id), "'stop.policy' chooses among a multi-agent "
+                "run's policies; a single-agent run has one return")
+        known = policy_names(config.env)
+        require(stop.policy in known, f"'stop.policy': no policy '{stop.policy}' "
+                                      f"(env.policies: {', '.join(known)})")
     require(evaluation.every_updates >= 0, "'evaluation.every_updates' must not be negative")
     require(evaluation.episodes >= 1, "'evaluation.episodes' must be at least 1")
 
@@ -306,3 +328,32 @@ def check_placement_keys(config: ExperimentConfig) -> None:
         else:
             require(keys.device >= 0, f"'{section}.device' must not be negative")
         _check_memory_share(f"{section}.device_memory", keys.device_memory)
+
+
+def check_selfplay(config: ExperimentConfig) -> None:
+    """Frozen policies name policies of `env.policies`, at least one policy trains, and
+    each opponent pool is drawn from a trained policy."""
+    selfplay = config.selfplay
+    require(selfplay.snapshot_every >= 1, "'selfplay.snapshot_every' must be at least 1")
+    require(selfplay.pool >= 1, "'selfplay.pool' must be at least 1")
+    if not (selfplay.frozen or selfplay.opponents):
+        return
+    policies = list(config.env.policies)
+    require(is_pettingzoo(config.env.id) and bool(policies),
+            "'selfplay' needs a multi-agent env with named policies ('env.policies')")
+    require(not config.population.members, "'selfplay' and 'population' do not mix")
+    for name in selfplay.frozen:
+        require(name in policies, f"'selfplay.frozen': unknown policy '{name}' (policies: "
+                                  f"{', '.join(policies)})")
+    require(len(set(selfplay.frozen)) == len(selfplay.frozen),
+            "'selfplay.frozen' lists a policy twice")
+    trained = [name for name in policies if name not in selfplay.frozen]
+    require(bool(trained), "'selfplay.frozen': every policy is frozen; at least one must train")
+    for frozen, source in selfplay.opponents.items():
+        require(frozen in selfplay.frozen, f"'selfplay.opponents': '{frozen}' is not a frozen "
+                                           f"policy (selfplay.frozen: {selfplay.frozen})")
+        require(source in trained, f"'selfplay.opponents.{frozen}': '{source}' is no trained "
+                                   f"policy (trained: {', '.join(trained)})")
+    require(not config.evaluation.every_updates,
+            "'evaluation.every_updates': the evaluator does not play frozen policies "
+            "('selfplay.frozen') yet; set it to 0")

@@ -5,11 +5,15 @@ adds the last counters of workers that were restarted (so totals never go
 back), and turns differences between rows into rates and time fractions.
 Row keys the README lists under "The run directory" never change; extra keys are
 grouped by prefix (`actor/`, `inference/`, `learner/`, `replay/`, `policy/`,
-`system/`). In a multi-agent run
-`episode_return_mean` is the team return (all agents' rewards summed) and
-`policy/<name>/episode_return_mean` the mean return of one of that policy's agents.
+`system/`). In a multi-agent run `episode_return_mean` is the mean of every agent's
+own return (so that nothing ranks by the team sum unasked: in a competitive game the
+sum says who won, not how well each side plays), `team_return_mean` the team return
+(all agents' rewards summed) and `policy/<name>/episode_return_mean` the mean return
+of one of that policy's agents; `eval_return_mean`, `team_eval_return_mean` and
+`policy/<name>/eval_return_mean` are the evaluator's counterparts.
 `episode_return_mean_last<N>` (N in RETURN_WINDOWS) is the mean over the last N
-episodes the controller received, whichever rows they came in.
+episodes the controller received, whichever rows they came in (likewise
+`team_return_mean_last<N>`).
 """
 
 from __future__ import annotations
@@ -41,6 +45,14 @@ platform reports them: levels of the live process, never added to the totals."""
 DEVICE_KINDS = ("learner", "inference", "evaluator")
 POLICY_RETURN = "policy_return/"
 """Heartbeat arrays `policy_return/<policy>`: single agents' episode returns, per policy."""
+OPPONENT_VERSION = "opponent_version/"
+"""Heartbeat arrays `opponent_version/<policy>` of a frozen policy that plays an opponent
+pool (self-play): the snapshot version each episode played, one per episode begun."""
+TEAM_RETURN = "team_return"
+"""Heartbeat array of a multi-agent actor: each episode's team return (all agents'
+rewards summed); its `episode_return` holds the same episodes' `agent_mean_returns`."""
+TEAM_EVAL_RETURN = "team_eval_return"
+"""The evaluator's counterpart of TEAM_RETURN, beside its `eval_return`."""
 
 
 RETURN_WINDOWS = (20, 100)
@@ -48,9 +60,15 @@ RETURN_WINDOWS = (20, 100)
 `--stats_avg`, 20 the window bench/compare.py reads the single-process baseline with."""
 
 
-def recent_return_means(recent: Sequence[float],
-                        windows: Sequence[int] = RETURN_WINDOWS) -> dict[str, float]:
-    """`episode_return_mean_last<N>`: the mean of the last N returns of `recent` (all of
+def agent_mean_returns(team_returns: Sequence[float], agents: int) -> list[float]:
+    """A multi-agent env's episodes as `episode_return` counts them: the mean of the
+    episode's `agents` agents' own returns, its team return divided among them."""
+    return [float(team) / agents for team in team_returns]
+
+
+def recent_return_means(recent: Sequence[float], windows: Sequence[int] = RETURN_WINDOWS,
+                        key: str = "episode_return_mean") -> dict[str, float]:
+    """`<key>_last<N>`: the mean of the last N returns of `recent` (all of
     them while fewer than N have finished, as Sample Factory counts), for each N.
 
     A row's `episode_return_mean` averages however many episodes ended in its second; a
@@ -59,8 +77,7 @@ def recent_return_means(recent: Sequence[float],
     if not len(recent):
         return {}
     returns = np.asarray(recent, np.float64)
-    return {f"episode_return_mean_last{n}": round(float(returns[-n:].mean()), 3)
-            for n in windows}
+    return {f"{key}_last{n}": round(float(returns[-n:].mean()), 3) for n in windows}
 
 
 MEMBER_EVAL = "eval_return/"
@@ -87,9 +104,13 @@ class MetricsAggregator:
         self.kinds: dict[str, str] = {}
         self.policies: dict[str, str] = {}
         self._policy_returns: dict[str, list[np.ndarray]] = defaultdict(list)
+        self._opponents: dict[str, list[np.ndarray]] = defaultdict(list)
         self.retired: dict[str, float] = defaultdict(float)
         self._returns: list[np.ndarray] = []
         self._recent_returns: deque[float] = deque(maxlen=max(RETURN_WINDOWS))
+        self._team_returns: list[np.ndarray] = []
+        self._recent_team: deque[float] = deque(maxlen=max(RETURN_WINDOWS))
+        self._team_evals: list[np.ndarray] = []
         self._lengths: list[np.ndarray] = []
         self._eval_returns: list[np.ndarray] = []
         self._member_evals: dict[str, list[np.ndarray]] = defaultdict(list)
@@ -119,10 +140,16 @@ class MetricsAggregator:
         if "episode_return" in arrays and "episode_length" in arrays:
             self._returns.append(np.asarray(arrays["episode_return"], np.float64))
             self._lengths.append(np.asarray(arrays["episode_length"], np.float64))
+        if TEAM_RETURN in arrays:
+            self._team_returns.append(np.asarray(arrays[TEAM_RETURN], np.float64))
+        if TEAM_EVAL_RETURN in arrays:
+            self._team_evals.append(np.asarray(arrays[TEAM_EVAL_RETURN], np.float64))
         for name, values in arrays.items():
             if name.startswith(POLICY_RETURN):  # a multi-agent actor's per-agent returns
                 self._policy_returns[name[len(POLICY_RETURN):]].append(
                     np.asarray(values, np.float64))
+            elif name.startswith(OPPONENT_VERSION):
+                self._opponents[name[len(OPPONENT_VERSION):]].append(np.asarray(values))
         if "eval_return" in arrays:
             self._eval_returns.append(np.asarray(arrays["eval_return"], np.float64))
         for name, values in arrays.items():
@@ -201,6 +228,7 @@ class MetricsAggregator:
                 row["episodes"] = len(returns)
                 self._recent_returns.extend(returns.tolist())
         row.update(recent_return_means(list(self._recent_returns)))
+        self._team_rows(row)
         evaluated = np.concatenate(self._eval_returns) if self._eval_returns else np.empty(0)
         self._eval_returns = []
         if len(evaluated):  # deterministic episodes of the evaluator, apart from training
@@ -250,6 +278,19 @@ class MetricsAggregator:
         return row
 
 
+    def _team_rows(self, row: dict[str, Any]) -> None:
+        """`team_return_mean` (with its windows) and `team_eval_return_mean`: a multi-agent
+        run's team returns, all agents' rewards summed."""
+        team = np.concatenate(self._team_returns) if self._team_returns else np.empty(0)
+        evaluated = np.concatenate(self._team_evals) if self._team_evals else np.empty(0)
+        self._team_returns, self._team_evals = [], []
+        if len(team):
+            row["team_return_mean"] = round(float(team.mean()), 3)
+            self._recent_team.extend(team.tolist())
+        row.update(recent_return_means(list(self._recent_team), key="team_return_mean"))
+        if len(evaluated):
+            row["team_eval_return_mean"] = round(float(evaluated.mean()), 3)
+
     def _replay_rows(self, row: dict[str, Any], delta: dict[str, float],
                      window: float) -> None:
         """`replay/...`: the replay servers' contents, rates, waits and memory, summed
@@ -284,8 +325,9 @@ class MetricsAggregator:
                     row[f"{kind}/{key}"] = round(sum(values), 1)
 
     def _policy_rows(self, row: dict[str, Any]) -> None:
-        """`policy/<name>/...`: each policy's version and newest checkpoint step, and its
-        agents' mean return."""
+        """`policy/<name>/...`: each policy's version and newest checkpoint step, its
+        agents' mean return and, for a frozen policy playing an opponent pool, the mean,
+        least and greatest snapshot version its episodes begun in the window play."""
         learners = {self.policies[w] for w, kind in self.kinds.items() if kind == "learner"}
         if learners != {DEFAULT_POLICY}:
             for policy in sorted(learners):
@@ -305,6 +347,13 @@ class MetricsAggregator:
             if len(returns):
                 row[f"policy/{policy}/episode_return_mean"] = round(float(returns.mean()), 3)
         self._policy_returns.clear()
+        for policy, chunks in sorted(self._opponents.items()):
+            versions = np.concatenate(chunks)
+            if len(versions):
+                row[f"policy/{policy}/opponent_version_mean"] = round(float(versions.mean()), 3)
+                row[f"policy/{policy}/opponent_version_min"] = int(versions.min())
+                row[f"policy/{policy}/opponent_version_max"] = int(versions.max())
+        self._opponents.clear()
         for member, chunks in sorted(self._member_evals.items()):
             returns = np.concatenate(chunks)
             if len(returns):

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 BEST = "best"
 EVALUATED = "evaluated"
+POOL = "pool"
 METRICS = "metrics.jsonl"
 DISCARDED_METRICS = "metrics.discarded.jsonl"
 STATUS = "status.json"
@@ -56,6 +57,12 @@ def evaluated_root(run_dir: Path, policy: str = DEFAULT_POLICY,
                    location: str = "") -> epath.Path:
     """Where the evaluator keeps `policy`'s parameters of its best evaluation."""
     return checkpoint_root(run_dir, policy=policy, location=location) / EVALUATED
+
+
+def pool_root(run_dir: Path, policy: str, location: str = "") -> epath.Path:
+    """Where `policy`'s learner keeps the snapshots of its opponent pool
+    (`srl_jax.opponent_pool`)."""
+    return checkpoint_root(run_dir, policy=policy, location=location) / POOL
 
 
 def checkpoint_steps(run_dir: Path, best: bool = False, policy: str = DEFAULT_POLICY,

@@ -7,6 +7,7 @@
                                                                         sampled
     inference    inference (ROUTER)  actor (DEALER)                     infer_request, infer_reply
     params       learner 0 (PUB)     inference, evaluator, actor (SUB)  params
+    pool         learner 0 (PUB)     inference (SUB)                    snapshot
     control      learner 0 (ROUTER)  population (DEALER)                exploit, exploited
     stats        controller (PULL)   every worker (PUSH)                stats
     names        controller (ROUTER) every worker (DEALER)              name_request, name_reply
@@ -130,6 +131,14 @@ PARAMS = Stream(
     per_policy=True, indexed=False,
     doc="Learner process 0 publishes each new version; subscribers keep the newest (actors "
         "only with inline inference).")
+POOL = Stream(
+    name="pool", binder="learner", connecters=("inference",),
+    bind_type=zmq.PUB, connect_type=zmq.SUB,
+    binder_receives=frozenset(), connecter_receives=frozenset({"snapshot"}),
+    per_policy=True, indexed=False,
+    doc="Self-play: the learner of a policy that frozen policies play publishes each new "
+        "snapshot of its opponent pool, and each in turn again now and then; the frozen "
+        "policies' servers hold the pool (srl_jax/opponent_pool.py).")
 CONTROL = Stream(
     name="control", binder="learner", connecters=("population",),
     bind_type=zmq.ROUTER, connect_type=zmq.DEALER,
@@ -166,8 +175,8 @@ COORDINATOR = Stream(
     doc="host:port of learner process 0's jax.distributed coordinator (gRPC, no CURVE), "
         "for a policy's other learner processes.")
 
-STREAMS: tuple[Stream, ...] = (SAMPLES, INSERTS, REPLAY, INFERENCE, PARAMS, CONTROL, STATS,
-                               NAMES, LOGS, COORDINATOR)
+STREAMS: tuple[Stream, ...] = (SAMPLES, INSERTS, REPLAY, INFERENCE, PARAMS, POOL, CONTROL,
+                               STATS, NAMES, LOGS, COORDINATOR)
 """Every name-service key of a run comes from one of these."""
 
 

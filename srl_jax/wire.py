@@ -19,6 +19,7 @@ Message kinds (the whole protocol):
 | `infer_reply`   | inference server -> actor     | action, logp, value [n]                 |
 | `samples`       | actor -> learner or replay    | one trajectory chunk, see actors.chunks |
 | `params`        | learner -> inference servers  | one array per parameter leaf            |
+| `snapshot`      | learner -> inference servers  | one array per parameter leaf            |
 | `stats`         | any worker -> controller      | episode_return, episode_length          |
 | `sample_request`| learner -> replay server      | none (meta: seq, rows, window)          |
 | `sampled`       | replay server -> learner      | a sampled batch (srl_jax.replay_spec),  |
@@ -31,7 +32,11 @@ Message kinds (the whole protocol):
 Metadata worth knowing: `samples` carries `actor` and `episode_returns` (the
 returns of episodes finished since that actor's previous chunk); `params`
 carries `version` and `incarnation` (the learner's start time in ms, so that
-a learner restored from a checkpoint wins over the one that died).
+a learner restored from a checkpoint wins over the one that died); `snapshot`
+(one of a self-play opponent pool) carries those and `pool`, the versions the pool
+holds; an `infer_request` to a frozen policy's server carries `opponent` [n] (the
+snapshot each row plays) and its reply `opponent` [n] (the one that acted) and
+`pool` in its metadata.
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ import numpy as np
 WIRE_VERSION = 1
 KINDS = frozenset({"infer_request", "infer_reply", "samples", "params", "stats",
                    "sample_request", "sampled", "priorities", "exploit", "exploited",
-                   "name_request", "name_reply", "log"})
+                   "name_request", "name_reply", "log", "snapshot"})
 DTYPES = {
     np.dtype(name).str: np.dtype(name)
     for name in (

@@ -15,7 +15,13 @@ import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 
-from srl_jax.config import DEFAULT_POLICY, ExperimentConfig, RayConfig, run_policies
+from srl_jax.config import (
+    DEFAULT_POLICY,
+    ExperimentConfig,
+    RayConfig,
+    acting_policies,
+    run_policies,
+)
 
 HOST_ROLES = ("learner", "inference", "actor")
 """The host roles of the cluster scripts (srl_jax/cluster.py)."""
@@ -61,6 +67,9 @@ class WorkerKind:
     """The config section whose keys put it on devices (`srl_jax/placement.py`):
     'learner' (`learner.devices`, a mesh), or a section with `device` and `device_memory`
     (one device: 'inference', 'evaluation'); '': it keeps its JAX, if any, on the CPU."""
+    frozen_too: bool = False
+    """A per-policy kind that frozen policies (`selfplay.frozen`, which act but do not
+    train) have too: inference servers; learners and replay servers are only trained ones'."""
     progress: str = ""
     """The counter whose first rise is the run's first progress (actors: `env_frames`): a
     worker of this kind heartbeats at once when it rises, so that the controller times
@@ -119,14 +128,16 @@ def load_worker_class(name: str) -> type:
 def worker_plan(config: ExperimentConfig) -> list[tuple[str, int, str]]:
     """Every worker of the run as (kind, index, policy): each policy its own workers of
     the per-policy kinds (learners, inference servers; in a population, each member its
-    actors too), then the shared ones (actors, the evaluator, the population manager),
-    each kind in registry order."""
+    actors too; a frozen policy its inference servers alone), then the shared ones
+    (actors, the evaluator, the population manager), each kind in registry order."""
     population = bool(config.population.members)
     per_policy = [kind for kind in KINDS.values()
                   if kind.per_policy or (population and kind.per_member)]
     shared = [kind for kind in KINDS.values() if kind not in per_policy]
-    plan = [(kind.name, i, policy) for policy in run_policies(config)
-            for kind in per_policy for i in range(kind.count(config))]
+    trained = run_policies(config)
+    plan = [(kind.name, i, policy) for policy in acting_policies(config)
+            for kind in per_policy if kind.frozen_too or policy in trained
+            for i in range(kind.count(config))]
     plan += [(kind.name, i, DEFAULT_POLICY) for kind in shared for i in range(kind.count(config))]
     return plan
 
@@ -164,7 +175,8 @@ register_kind(WorkerKind(
     device_keys="learner"))
 register_kind(WorkerKind(
     "inference", "learners.inference_server:InferenceServer", True, _inference_servers,
-    "inference", "answers the actors' batched policy requests", device_keys="inference"))
+    "inference", "answers the actors' batched policy requests", device_keys="inference",
+    frozen_too=True))
 register_kind(WorkerKind(
     "replay", "replay.replay_worker:ReplayWorker", True, _replay_servers, "learner",
     "stores its policy's transitions and serves prioritized samples to the learner"))

@@ -46,7 +46,7 @@ LAYERS = (
         "srl_jax.metrics", "srl_jax.config",
         "srl_jax.config_loader", "srl_jax.config_checks", "srl_jax.chunk_spec",
         "srl_jax.env_spec", "srl_jax.replay_spec", "srl_jax.memory", "srl_jax.placement",
-        "srl_jax.population"),
+        "srl_jax.population", "srl_jax.opponent_pool"),
         may_import=_names("base"), forbidden=ENV_PACKAGES | JAX_PACKAGES | {"ray"}),
     Layer("actors", _names("actors.*"), may_import=_names("base", "actors"),
           forbidden=JAX_PACKAGES | {"ray"}),
@@ -60,7 +60,8 @@ LAYERS = (
           only_third_party=frozenset({"jax", "flax", "optax", "numpy"})),
     Layer("learning", _names(
         "learners.algorithms", "learners.networks", "learners.distributions",
-        "learners.train_state", "learners.sequences", "learners.mesh", "learners.param_codec",
+        "learners.train_state", "learners.sequences", "learners.critic", "learners.mesh",
+        "learners.param_codec",
         "learners.sample_queue", "learners.conv",
         "learners.learner", "learners.policy_runner", "learners.policy", "learners.distributed",
         "learners.jax_runtime", "srl_jax.checkpoint"),
