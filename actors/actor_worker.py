@@ -9,7 +9,9 @@ inference server. A value-based (greedy) policy's actions are replaced at
 random at each column's rung of Ape-X's epsilon ladder (actors/exploration.py).
 In a multi-agent env each policy has its own servers and learner: a split asks
 every policy for its agents' actions, steps once all have answered, and sends
-each policy the chunk of its own agents.
+each policy the chunk of its own agents. A frozen policy (self-play) gets no
+chunks, and one that plays an opponent pool gets, per env and episode, the
+snapshot it plays (actors/opponents.py).
 With `actors.inline_inference` the actor runs the policy itself instead
 (actors/inline_policy.py) and never talks to a server.
 A recurrent policy's state lives here, one numpy row per column: each request
@@ -33,6 +35,7 @@ from actors.envpool_split import EnvPoolSplit
 from actors.envs import env_seed, make_env, policy_spec
 from actors.exploration import column_epsilons, explore
 from actors.multi_agent import MultiAgentSplit
+from actors.opponents import OpponentDraws, ended_envs
 from srl_jax.config import (
     DEFAULT_POLICY,
     EnvConfig,
@@ -43,7 +46,7 @@ from srl_jax.config import (
 )
 from srl_jax.env_spec import EnvSpec
 from srl_jax.incarnation import Incarnation
-from srl_jax.metrics import POLICY_RETURN
+from srl_jax.metrics import OPPONENT_VERSION, POLICY_RETURN, TEAM_RETURN, agent_mean_returns
 from srl_jax.names import NameService
 from srl_jax.stream_table import INFERENCE, INSERTS, SAMPLES
 from srl_jax.streams import make_socket, receive, send
@@ -55,16 +58,20 @@ if TYPE_CHECKING:
 POLL_MS = 100
 EXPLORE_STREAM = 1 << 20
 """Env index of the exploration generator's seed (beyond any real env's)."""
+OPPONENT_STREAM = EXPLORE_STREAM + 1
+"""Env index of the seed of the generator that draws self-play opponents."""
 SEND_WAIT_LOG_S = 5.0
 MAX_SENT_RETURNS = 256
 """Episode returns a chunk carries to the learner (which ranks checkpoints by them)."""
 
 
-def make_split(env: EnvConfig, count: int, seeds: list[int]) -> OnePolicy | MultiAgentSplit:
+def make_split(env: EnvConfig, count: int, seeds: list[int],
+               global_state: bool = False) -> OnePolicy | MultiAgentSplit:
     """`count` environments of `env` that step together, seeded with `seeds`: the
-    split an actor's ring holds (also what bench/configs.py plays at random)."""
+    split an actor's ring holds (also what bench/configs.py plays at random);
+    `global_state`: a multi-agent split also reports each env's global state."""
     if is_pettingzoo(env.id):
-        return MultiAgentSplit(env, count, seeds)
+        return MultiAgentSplit(env, count, seeds, global_state)
     if env.backend == "envpool":  # one C++ batch (seeds seeds[0] + i)
         return OnePolicy(EnvPoolSplit(env, count, seeds[0]))
     return OnePolicy(EnvSplit([make_env(env) for _ in seeds], seeds))
@@ -83,21 +90,25 @@ def split_seeds(config: ExperimentConfig, actor_index: int,
 class _Part:
     """One policy's share of a split: its columns' chunk and outstanding request."""
 
-    def __init__(self, obs: np.ndarray, length: int, spec: EnvSpec) -> None:
+    def __init__(self, obs: np.ndarray, length: int, spec: EnvSpec, mask: np.ndarray | None,
+                 global_state: np.ndarray | None) -> None:
         self.spec = spec
-        self.chunk = ChunkBuilder(length, obs, spec)
+        self.chunk = ChunkBuilder(length, obs, spec, mask, global_state)
         self.seq = 0
         self.sent_at = 0.0
         self.sent_wall = 0.0
         self.retry_at = 0.0
         self.delivered = False
         self.request_obs = obs
+        self.request_mask = mask
         self.state = np.zeros((len(obs), spec.state_size), np.float32)
         """The recurrent state of each column for its current observation."""
         self.request_state = self.state
         self.answer: tuple[np.ndarray, np.ndarray, np.ndarray, int, np.ndarray] | None = None
         """The policy's reply (action, logp, value, version, new state), held until
         every policy of the split has answered."""
+        self.opponents: OpponentDraws | None = None
+        """A frozen policy's that plays an opponent pool: each env's snapshot (self-play)."""
 
 
 class _SplitState:
@@ -107,8 +118,8 @@ class _SplitState:
                  specs: list[EnvSpec], epsilons: list[np.ndarray]) -> None:
         self.index = index
         self.split = split
-        self.parts = [_Part(obs, length, spec)
-                      for obs, spec in zip(split.obs, specs, strict=True)]
+        self.parts = [_Part(obs, length, spec, mask, split.global_state)
+                      for obs, mask, spec in zip(split.obs, split.masks, specs, strict=True)]
         self.epsilons = epsilons
         """Per policy, each column's exploration rate (empty: act as the policy says)."""
 
@@ -131,11 +142,14 @@ class ActorWorker(Worker):
         self.inline: InlinePolicy | None = None
         self._returns: list[float] = []
         self._lengths: list[int] = []
+        self._team_returns: list[float] = []
         self.multi_agent = is_pettingzoo(config.env.id)
         self.returns_per_policy = self.multi_agent or bool(config.population.members)
         """Heartbeats carry each policy's returns (`policy/<name>/episode_return_mean`)."""
         self.policies: list[str] = []
         self._policy_returns: list[list[float]] = []
+        self.pooled: list[int] = []
+        """The policies (indices) that play an opponent pool: frozen, `selfplay.opponents`."""
         self._blocked: tuple[str, float] | None = None
         """The sample stream this actor is blocked on (stream full), and since when."""
 
@@ -154,7 +168,8 @@ class ActorWorker(Worker):
                       self.incarnation.restarts, seeds)
         self.splits = []
         for s, env_seeds in enumerate(seeds):
-            ring = make_split(env, per_split, env_seeds)
+            ring = make_split(env, per_split, env_seeds,
+                              global_state=self.config.network.critic == "global")
             self.splits.append(_SplitState(s, ring, cfg.trajectory_length, self.specs,
                                            self._epsilons(s, ring)))
         self.explore_rng = np.random.default_rng(
@@ -164,6 +179,9 @@ class ActorWorker(Worker):
         self.destination = "replay servers" if stream is INSERTS else "learner"
         self.samples = []
         for policy in self.policies:
+            if policy in self.config.selfplay.frozen:  # acts only: no chunks
+                self.samples.append(None)
+                continue
             socket = make_socket(self.zmq, stream.connect_type, hwm=cfg.send_queue,
                                  kernel_buffer=stream.kernel_buffer)
             for i in range(count):  # chunks are spread over them
@@ -184,9 +202,24 @@ class ActorWorker(Worker):
                     self.connect_to(socket, INFERENCE.key(policy, i))
                 self.poller.register(socket, zmq.POLLIN)
                 self.inference.append(socket)
+        self._freeze_parts()
         for state in self.splits:
             for p in range(len(self.policies)):
                 self._request(state, p)
+
+    def _freeze_parts(self) -> None:
+        """Frozen policies' parts build no chunks; those playing a pool draw opponents."""
+        selfplay = self.config.selfplay
+        rng = np.random.default_rng(
+            self.incarnation.seed(env_seed(self.config.seed, self.index, OPPONENT_STREAM)))
+        for state in self.splits:
+            for policy, part in zip(self.policies, state.parts, strict=True):
+                if policy in selfplay.frozen:
+                    part.chunk = None
+                if policy in selfplay.opponents:
+                    part.opponents = OpponentDraws(len(state.split), part.spec.agents, rng)
+        self.pooled = [p for p, policy in enumerate(self.policies)
+                       if policy in selfplay.opponents]
 
     def _seed_index(self) -> int:
         """Which actor this is for its env seeds: members' actors step other episodes."""
@@ -208,11 +241,13 @@ class ActorWorker(Worker):
         """Ask for policy `p`'s actions for the split's observations, and the values of
         the truncated episodes' `final_obs` (acting from their episodes' `final_state`)."""
         part = state.parts[p]
-        obs, states = state.split.obs[p], part.state
-        if final_obs is not None and len(final_obs):
+        obs, states, mask = state.split.obs[p], part.state, state.split.masks[p]
+        if final_obs is not None and len(final_obs) and part.chunk is not None:
             obs = np.concatenate([obs, final_obs.astype(obs.dtype, copy=False)])
             states = np.concatenate([states, final_state])
-        part.request_obs, part.request_state = obs, states
+            if mask is not None:  # final observations are only valued: any action will do
+                mask = np.concatenate([mask, np.ones((len(final_obs), mask.shape[1]), bool)])
+        part.request_obs, part.request_state, part.request_mask = obs, states, mask
         if self.inline is None:
             self._send_request(state, p)
         else:
@@ -226,6 +261,10 @@ class ActorWorker(Worker):
         arrays = {"obs": part.request_obs}
         if part.spec.state_size:
             arrays["state"] = part.request_state
+        if part.spec.action_masked:
+            arrays["action_mask"] = part.request_mask
+        if part.opponents is not None:
+            arrays["opponent"] = part.opponents.requested
         try:
             send(self.inference[p], "infer_request", {"split": state.index, "seq": part.seq},
                  arrays, flags=zmq.NOBLOCK)
@@ -258,7 +297,8 @@ class ActorWorker(Worker):
         for state in self.splits:
             part = state.parts[0]
             start = time.perf_counter()
-            meta, arrays = self.inline.act(part.request_obs, part.request_state)
+            meta, arrays = self.inline.act(part.request_obs, part.request_state,
+                                           part.request_mask)
             self.time_wait += time.perf_counter() - start
             self._on_reply(0, {**meta, "split": state.index, "seq": part.seq}, arrays)
 
@@ -301,10 +341,17 @@ class ActorWorker(Worker):
         if not self._valid_actions(action, part.spec):
             self.rejects.reject(ValueError("reply with actions outside the action space"))
             return
+        if part.request_mask is not None and not part.request_mask[np.arange(rows), action].all():
+            self.rejects.reject(ValueError("reply with actions its masks make illegal"))
+            return
         new_state = arrays.get("state") if part.spec.state_size else part.request_state
         if (new_state is None or new_state.shape != (rows, part.spec.state_size)
                 or new_state.dtype != np.float32):
             self.rejects.reject(ValueError("reply without the new state of its rows"))
+            return
+        if part.opponents is not None and \
+                (problem := part.opponents.take_reply(meta, arrays, rows)) is not None:
+            self.rejects.reject(ValueError(problem))
             return
         part.answer = (action, logp, value, version, new_state)
         if all(other.answer is not None for other in state.parts):
@@ -319,10 +366,11 @@ class ActorWorker(Worker):
             if len(state.epsilons[p]):
                 action = explore(action[:n], state.epsilons[p], part.spec.action_dim,
                                  self.explore_rng)
-            chunk = part.chunk.on_policy(action[:n], logp[:n], value[:n], version, value[n:],
-                                         part.request_state[:n])
-            if chunk is not None:
-                self._send_chunk(p, chunk)
+            if part.chunk is not None:
+                chunk = part.chunk.on_policy(action[:n], logp[:n], value[:n], version,
+                                             value[n:], part.request_state[:n])
+                if chunk is not None:
+                    self._send_chunk(p, chunk)
             env_actions.append(self._env_actions(action[:n], p))
             if part.spec.state_size:
                 part.state = np.array(new_state[:n])
@@ -330,8 +378,13 @@ class ActorWorker(Worker):
         step = state.split.step(env_actions)
         self.time_env += time.perf_counter() - start
         self._account(step, len(state.split))
+        if self.pooled:
+            ended = ended_envs(step.results, [spec.agents for spec in self.specs])
+            for p in self.pooled:
+                state.parts[p].opponents.draw(ended)
         for p, (part, result) in enumerate(zip(state.parts, step.results, strict=True)):
-            part.chunk.on_step(result)
+            if part.chunk is not None:
+                part.chunk.on_step(result)
             part.answer = None
             final_state = part.state[result.truncated_envs]  # valued with their own state
             if part.spec.state_size:
@@ -356,10 +409,16 @@ class ActorWorker(Worker):
     def _account(self, step: RingStep, envs: int) -> None:
         self.env_frames += envs
         self.episodes += len(step.episode_returns)
-        self._returns.extend(step.episode_returns)
+        if self.multi_agent:  # the ring step's returns are team returns
+            self._team_returns.extend(step.episode_returns)
+            self._returns.extend(agent_mean_returns(
+                step.episode_returns, sum(spec.agents for spec in self.specs)))
+        else:
+            self._returns.extend(step.episode_returns)
         self._lengths.extend(step.episode_lengths)
         for p, result in enumerate(step.results):
-            self._unsent_returns[p].extend(result.episode_returns)
+            if self.samples[p] is not None:  # a frozen policy's are sent nowhere
+                self._unsent_returns[p].extend(result.episode_returns)
             if self.returns_per_policy:
                 self._policy_returns[p].extend(result.episode_returns)
 
@@ -427,10 +486,19 @@ class ActorWorker(Worker):
         arrays = {"episode_return": np.asarray(self._returns, np.float32),
                   "episode_length": np.asarray(self._lengths, np.int32)}
         self._returns, self._lengths = [], []
+        if self.multi_agent:
+            arrays[TEAM_RETURN] = np.asarray(self._team_returns, np.float32)
+            self._team_returns = []
         if self.returns_per_policy:
             for policy, returns in zip(self.policies, self._policy_returns, strict=True):
                 arrays[POLICY_RETURN + policy] = np.asarray(returns, np.float32)
                 returns.clear()
+        for p in self.pooled:
+            draws = [state.parts[p].opponents for state in self.splits]
+            arrays[OPPONENT_VERSION + self.policies[p]] = np.asarray(
+                [v for d in draws for v in d.played], np.int64)
+            for d in draws:
+                d.played.clear()
         return arrays
 
     def close(self) -> None:
@@ -438,6 +506,7 @@ class ActorWorker(Worker):
             state.split.close()
         for name in ("inference", "samples"):
             for socket in getattr(self, name, []):
-                socket.close()
+                if socket is not None:
+                    socket.close()
         if self.inline is not None:
             self.inline.close()

@@ -38,6 +38,14 @@ class StepResult:
     """Their final observations, one row each, to be valued for bootstrapping."""
     episode_returns: list[float] = field(default_factory=list)
     episode_lengths: list[int] = field(default_factory=list)
+    active: np.ndarray | None = None
+    """Columns whose agent acted this step (None: all; see actors/multi_agent.py)."""
+    action_mask: np.ndarray | None = None
+    """Legal actions of `next_obs`, [n, A] (None: the env masks nothing)."""
+    global_state: np.ndarray | None = None
+    """Each env's global state at `next_obs`, [envs, G] (None: not wanted)."""
+    final_global_state: np.ndarray | None = None
+    """Each env's global state at its final observation where truncated, [envs, G]."""
 
 
 @dataclass
@@ -119,6 +127,11 @@ class OnePolicy:
     def obs(self) -> list[np.ndarray]:
         return [self.split.obs]
 
+    masks: list[None] = [None]
+    """No legal-action masks: single-agent envs leave every action legal."""
+    global_state = None
+    """No global state: a centralized critic is for multi-agent envs."""
+
     def step(self, actions: list[list]) -> RingStep:
         result = self.split.step(actions[0])
         return RingStep([result], result.episode_returns, result.episode_lengths)
@@ -130,18 +143,26 @@ class OnePolicy:
 class ChunkBuilder:
     """Fills [T+1, n] trajectory chunks for one split, one step at a time."""
 
-    def __init__(self, length: int, first_obs: np.ndarray, spec: EnvSpec) -> None:
-        """`first_obs`: the split's current observations, one row per column."""
+    def __init__(self, length: int, first_obs: np.ndarray, spec: EnvSpec,
+                 first_mask: np.ndarray | None = None,
+                 first_state: np.ndarray | None = None) -> None:
+        """`first_obs`: the split's current observations, one row per column; with
+        action masks, `first_mask` their legal actions; with a centralized critic,
+        `first_state` each env's global state."""
         self.length = length
         self.n = first_obs.shape[0]
         self.spec = spec
         self._pending_truncated = np.empty(0, np.int64)
-        self._new_chunk(first_obs)
+        self._mask = first_mask
+        self._new_chunk(first_obs, first_state)
 
-    def _new_chunk(self, first_obs: np.ndarray) -> None:
+    def _new_chunk(self, first_obs: np.ndarray, first_state: np.ndarray | None) -> None:
         self.t = 0
         self.arrays = empty_chunk(self.length, self.n, self.spec)
         self.arrays["obs"][0] = first_obs
+        self.arrays["active"][:] = True
+        if self.spec.global_state_size:
+            self.arrays["global_state"][0] = first_state
 
     def on_policy(self, action: np.ndarray, logp: np.ndarray, value: np.ndarray,
                   version: int, trunc_values: np.ndarray,
@@ -162,11 +183,13 @@ class ChunkBuilder:
         finished = None
         if self.t == self.length:
             finished = a
-            self._new_chunk(a["obs"][self.length])
+            self._new_chunk(a["obs"][self.length], a["global_state"][self.length])
             self.arrays["values"][0] = value
         a = self.arrays
         if self.t == 0:
             a["state"][0] = state
+        if self.spec.action_masked:
+            a["action_mask"][self.t] = self._mask
         a["actions"][self.t] = action
         a["logp"][self.t] = logp
         a["versions"][self.t] = version
@@ -179,5 +202,11 @@ class ChunkBuilder:
         a["terminated"][t] = result.terminated
         a["truncated"][t] = result.truncated
         a["obs"][t + 1] = result.next_obs
+        if result.active is not None:
+            a["active"][t] = result.active
+        if self.spec.global_state_size:
+            a["global_state"][t + 1] = result.global_state
+            a["trunc_global_state"][t] = result.final_global_state
+        self._mask = result.action_mask
         self._pending_truncated = result.truncated_envs
         self.t = t + 1

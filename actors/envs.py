@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import gymnasium as gym
 import numpy as np
 
@@ -16,7 +18,7 @@ from srl_jax.config import (
     policy_names,
 )
 from srl_jax.config_checks import check_request_rows
-from srl_jax.env_spec import EnvSpec, check_network, with_core
+from srl_jax.env_spec import EnvSpec, check_network, with_network
 
 
 def make_env(config: EnvConfig, render_mode: str | None = None) -> gym.Env:
@@ -89,7 +91,7 @@ def env_spec(config: EnvConfig, policy: str = DEFAULT_POLICY) -> EnvSpec:
 
 def policy_spec(config: ExperimentConfig, policy: str = DEFAULT_POLICY) -> EnvSpec:
     """What a worker of `policy` needs to know: its env spaces and its recurrent state size."""
-    return with_core(env_spec(config.env, policy), config.network)
+    return with_network(env_spec(config.env, policy), config.network)
 
 
 def check_policies(config: ExperimentConfig) -> None:
@@ -101,13 +103,23 @@ def check_policies(config: ExperimentConfig) -> None:
         check_network(config.network.kind, spec, config.env.id, config.network.head)
         columns = split_envs * spec.agents  # (config_checks already refused 1-agent misfits)
         step = columns * config.learner.processes
-        if not config.replay.count and config.learner.batch_envs % step:  # replay: rows
+        frozen = policy in config.selfplay.frozen  # no learner
+        if not (config.replay.count or frozen) and config.learner.batch_envs % step:
             raise ConfigError(
                 f"'learner.batch_envs' ({config.learner.batch_envs}) must be a multiple of "
                 f"{step}: policy '{policy}' sends chunks of {columns} columns ({split_envs} "
                 f"envs x {spec.agents} agents) to each of {config.learner.processes} learner "
                 "process(es)")
         check_request_rows(config, spec.agents, policy)
+    for frozen, source in config.selfplay.opponents.items():
+        if _acting_spec(config.env, frozen) != _acting_spec(config.env, source):
+            raise ConfigError(f"'selfplay.opponents.{frozen}': policy '{frozen}' cannot play "
+                              f"'{source}''s snapshots: their agents' spaces differ")
+
+
+def _acting_spec(env: EnvConfig, policy: str) -> EnvSpec:
+    """What a policy's parameters fit: its spec whatever its number of agents."""
+    return dataclasses.replace(env_spec(env, policy), agents=1)
 
 
 def env_seed(seed: int, actor_index: int, env_index: int) -> int:

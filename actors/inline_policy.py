@@ -38,10 +38,11 @@ class InlinePolicy:
             self.runner.compile()
         self.params = subscribe(worker, self.runner)
 
-    def act(self, obs: np.ndarray, state: np.ndarray) -> tuple[dict, dict[str, np.ndarray]]:
+    def act(self, obs: np.ndarray, state: np.ndarray,
+            mask: np.ndarray | None = None) -> tuple[dict, dict[str, np.ndarray]]:
         """A reply as an inference server would send it: (meta, arrays)."""
         self.params.poll()
-        outputs, version = self.runner.run(obs, state)
+        outputs, version = self.runner.run(obs, state, mask)
         return {"version": version}, outputs
 
     def close(self) -> None:

@@ -22,16 +22,27 @@ from collections.abc import Iterable
 from types import ModuleType
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
 from actors.env_ring import RingStep, StepResult
-from actors.spaces import spec_from_spaces
+from actors.spaces import one_hot_discrete, spec_from_spaces
 from srl_jax.config import DEFAULT_POLICY, PETTINGZOO_PREFIX, ConfigError, EnvConfig
 from srl_jax.env_spec import EnvSpec
 
 INSTALL_HINT = "pip install -e '.[multiagent]'"
 _PACKAGES = ("pettingzoo", "mpe2")
 """Top-level packages the multi-agent extra installs."""
+FAMILY_HINTS = {"Box2D": "pip install 'pettingzoo[sisl]'",
+                "pymunk": "pip install 'pettingzoo[butterfly]'",
+                "pygame": "pip install 'pettingzoo[butterfly]'",
+                "chess": "pip install 'pettingzoo[classic]'",
+                "rlcard": "pip install 'pettingzoo[classic]'",
+                "multi_agent_ale_py": "pip install 'pettingzoo[atari]'"}
+"""What installs a dependency of a PettingZoo family that our extra leaves out."""
+OBSERVATION, ACTION_MASK = "observation", "action_mask"
+"""The keys of a Dict observation that carries its legal actions (PettingZoo's classic
+games), and of an `infos[agent]` entry that does."""
 
 
 def _module_name(env_id: str) -> str:
@@ -52,8 +63,9 @@ def _import(env_id: str) -> ModuleType:
                               f"{INSTALL_HINT}") from None
         if missing == name or name.startswith(missing + "."):
             raise ConfigError(f"'env.id': no module '{name}' for '{env_id}'") from None
+        hint = FAMILY_HINTS.get(missing.split(".")[0], f"pip install '{missing}'")
         raise ConfigError(f"'env.id': cannot import '{name}': its dependency '{missing}' is "
-                          f"not installed: {INSTALL_HINT}") from None
+                          f"not installed: {hint}") from None
     except Exception as error:  # an import can fail in any way
         raise ConfigError(f"'env.id': cannot import '{name}': {_one_line(error)}") from None
     if not callable(getattr(module, "parallel_env", None)):
@@ -76,7 +88,7 @@ def make_parallel_env(config: EnvConfig) -> Any:
     """A new PettingZoo parallel environment: `<module>.parallel_env(**config.kwargs)`."""
     module = _import(config.id)
     try:
-        return module.parallel_env(**config.kwargs)
+        return one_hot_discrete(module.parallel_env(**config.kwargs))
     except ConfigError:
         raise
     except Exception as error:  # environments raise many kinds for bad kwargs
@@ -140,28 +152,69 @@ def _freeze(value: Any) -> Any:
 def _specs(config: EnvConfig) -> dict[str, EnvSpec]:
     env = make_parallel_env(config)
     try:
-        mapping = agent_policies(config, list(env.possible_agents))
+        agents = list(env.possible_agents)
+        mapping = agent_policies(config, agents)
+        _, infos = env.reset(seed=0)
+        global_size = _global_state_size(env, agents)
         specs = {}
-        for policy, agents in mapping.items():
-            first = agents[0]
+        for policy, members in mapping.items():
+            first = members[0]
             obs_space, action_space = env.observation_space(first), env.action_space(first)
-            for other in agents[1:]:
+            for other in members[1:]:
                 if (env.observation_space(other) != obs_space
                         or env.action_space(other) != action_space):
                     raise ConfigError(f"'env.policies': agents '{first}' and '{other}' of "
                                       f"policy '{policy}' have different spaces")
+            dict_mask = _is_masked_dict(obs_space)
+            if dict_mask:
+                obs_space = obs_space[OBSERVATION]
             spec = spec_from_spaces(obs_space, action_space, config.id)
             if spec.obs_dtype == np.float64:
                 spec = dataclasses.replace(spec, obs_dtype=np.dtype(np.float32))
-            if config.agent_id and len(agents) > 1:
+            if config.agent_id and len(members) > 1:
                 if len(spec.obs_shape) != 1:
                     raise ConfigError(f"'env.agent_id' needs vector observations; '{config.id}' "
                                       f"observes {list(spec.obs_shape)}: set env.agent_id: false")
-                spec = dataclasses.replace(spec, obs_shape=(spec.obs_shape[0] + len(agents),))
-            specs[policy] = dataclasses.replace(spec, agents=len(agents))
+                spec = dataclasses.replace(spec, obs_shape=(spec.obs_shape[0] + len(members),))
+            masked = dict_mask or any(ACTION_MASK in (infos.get(a) or {}) for a in members)
+            if masked and spec.continuous:
+                raise ConfigError(f"'env.id': '{config.id}' masks the actions of policy "
+                                  f"'{policy}', which are continuous: masks need discrete ones")
+            specs[policy] = dataclasses.replace(spec, agents=len(members), action_masked=masked,
+                                                global_state_size=global_size)
         return specs
     finally:
         env.close()
+
+
+def _is_masked_dict(space: Any) -> bool:
+    """Whether an observation space is a Dict of `observation` and `action_mask`."""
+    return isinstance(space, gym.spaces.Dict) and OBSERVATION in space.spaces \
+        and ACTION_MASK in space.spaces
+
+
+def _global_state_size(env: Any, agents: list[str]) -> int:
+    """Floats of `global_state`: the env's `state()` after a reset, or every agent's
+    observation side by side where the env has none."""
+    state = _env_state(env)
+    if state is not None:
+        return int(np.asarray(state).size)
+    return sum(_flat_size(env.observation_space(a)) for a in agents)
+
+
+def _env_state(env: Any) -> np.ndarray | None:
+    """The env's global state now, or None if it keeps none (PettingZoo's base `state()`
+    raises NotImplementedError; rock-paper-scissors' `state` is a dict, not callable)."""
+    try:
+        return env.state()
+    except (NotImplementedError, AttributeError, TypeError):
+        return None
+
+
+def _flat_size(space: Any) -> int:
+    if _is_masked_dict(space):
+        space = space[OBSERVATION]
+    return int(np.prod(space.shape))
 
 
 class MultiAgentSplit:
@@ -180,15 +233,24 @@ class MultiAgentSplit:
     return (summed over all agents) and the episode's length in env steps.
 
     An agent that is done while others still play, or that is not (yet) among
-    `env.agents`, observes zeros (plus its agent id), gets reward 0 and
-    terminated=True on every step until its env resets; its action is not sent
-    to the environment.
+    `env.agents`, is padding: `active` is false, it observes zeros (plus its
+    agent id), gets reward 0 and terminated=True on every step until it plays
+    again or its env resets, all its actions are legal, and its action is not
+    sent to the environment. Its real last step keeps its own flags.
+
+    With action masks (`EnvSpec.action_masked`) each policy's `masks` hold the
+    legal actions of its current observations. With `global_state`, `global_state`
+    holds each env's state ([count, G]) and every `StepResult` the next ones and,
+    where an episode was truncated, its final one.
     """
 
-    def __init__(self, config: EnvConfig, count: int, seeds: list[int]) -> None:
+    def __init__(self, config: EnvConfig, count: int, seeds: list[int],
+                 global_state: bool = False) -> None:
         specs = multi_agent_specs(config)
+        self.env_id = config.id
         self.envs = [make_parallel_env(config) for _ in range(count)]
-        self.agents = agent_policies(config, list(self.envs[0].possible_agents))
+        self.possible = list(self.envs[0].possible_agents)
+        self.agents = agent_policies(config, self.possible)
         """Policy name -> its agents, in column order within one env."""
         self.policies = list(specs)
         self._sizes = [len(self.agents[p]) for p in self.policies]
@@ -207,25 +269,82 @@ class MultiAgentSplit:
             if ids:
                 blank[:, -ids:] = np.tile(np.eye(n, dtype=spec.obs_dtype), (count, 1))
             self._blank.append(blank)
+        self._mask_source = [self._source_of(self.envs[0], specs[name], self.agents[name][0])
+                             for name in self.policies]
+        """Per policy: where its legal actions come from ('obs', 'infos'), or None."""
+        self._all_legal = [np.ones((count * n, specs[name].action_dim), bool)
+                           if self._mask_source[p] else None
+                           for p, (name, n) in enumerate(zip(self.policies, self._sizes,
+                                                             strict=True))]
+        self._state_size = next(iter(specs.values())).global_state_size if global_state else 0
+        self.reset(seeds)
+
+    def reset(self, seeds: list[int]) -> None:
+        """Start every env anew from `seeds`, dropping the episodes in play: one split
+        replays the same starts again (the evaluator's episodes)."""
+        count = len(self.envs)
         self._returns = [np.zeros(count * n, np.float64) for n in self._sizes]
         self._lengths = [np.zeros(count * n, np.int64) for n in self._sizes]
         self._env_lengths = np.zeros(count, np.int64)
         self.obs = [blank.copy() for blank in self._blank]
         """Per policy: the observations the next actions answer, [count * n_agents, ...]."""
+        self.masks = [None if legal is None else legal.copy() for legal in self._all_legal]
+        """Per policy: the legal actions of `obs` [count * n_agents, A] (None: unmasked)."""
+        self.global_state = np.zeros((count, self._state_size), np.float32)
         for i, (env, seed) in enumerate(zip(self.envs, seeds, strict=True)):
-            first, _ = env.reset(seed=seed)
-            self._put(self.obs, i, first, first)
+            first, infos = env.reset(seed=seed)
+            self._put(self.obs, self.masks, i, first, first, infos)
+            self.global_state[i] = self._state_of(env, first)
 
     def __len__(self) -> int:
         return len(self.envs)
 
-    def _put(self, obs: list[np.ndarray], env_index: int, agents: Iterable[str],
-             observed: dict) -> None:
-        """Write `agents`' observations into their rows, leaving the agent ids in place."""
-        columns = self._columns[env_index]
+    @staticmethod
+    def _source_of(env: Any, spec: EnvSpec, agent: str) -> str | None:
+        if not spec.action_masked:
+            return None
+        return "obs" if _is_masked_dict(env.observation_space(agent)) else "infos"
+
+    def _column(self, env_index: int, agent: str) -> tuple[int, int]:
+        """(policy index, column) of `agent`; a clear error for one the env never declared."""
+        try:
+            return self._columns[env_index][agent]
+        except KeyError:
+            raise ValueError(f"'{self.env_id}' returned agent '{agent}', which is not among "
+                             f"its possible_agents ({', '.join(self.possible)}): every agent "
+                             "must be declared there to get a column") from None
+
+    def _put(self, obs: list[np.ndarray], masks: list[np.ndarray | None], env_index: int,
+             agents: Iterable[str], observed: dict, infos: dict) -> None:
+        """Write `agents`' observations (and legal actions) into their rows, leaving the
+        agent ids in place."""
         for agent in agents:
-            p, c = columns[agent]
-            obs[p][c, self._raw[p]] = observed[agent]
+            p, c = self._column(env_index, agent)
+            source, value = self._mask_source[p], observed[agent]
+            if source == "obs":
+                masks[p][c] = value[ACTION_MASK]
+                value = value[OBSERVATION]
+            elif source == "infos":
+                masks[p][c] = (infos.get(agent) or {}).get(ACTION_MASK, True)
+            obs[p][c, self._raw[p]] = value
+
+    def _state_of(self, env: Any, observed: dict) -> np.ndarray:
+        """The env's global state (`state()`, or every agent's observation side by side,
+        zeros for agents out of play); empty without `global_state`."""
+        if not self._state_size:
+            return self.global_state[0]
+        state = _env_state(env)
+        if state is not None:
+            return np.asarray(state, np.float32).reshape(-1)
+        parts = []
+        for agent in self.possible:
+            value = observed.get(agent)
+            if value is not None and self._mask_source[self._columns[0][agent][0]] == "obs":
+                value = value[OBSERVATION]
+            size = _flat_size(env.observation_space(agent))
+            parts.append(np.zeros(size, np.float32) if value is None
+                         else np.asarray(value, np.float32).reshape(-1))
+        return np.concatenate(parts)
 
     def step(self, actions: list[list]) -> RingStep:
         """Step every env: `actions[p]` holds one action per column of policy p
@@ -236,20 +355,22 @@ class MultiAgentSplit:
         truncated = [np.zeros(count * n, bool) for n in self._sizes]
         acted = [np.zeros(count * n, bool) for n in self._sizes]
         next_obs = [blank.copy() for blank in self._blank]
+        next_masks = [None if legal is None else legal.copy() for legal in self._all_legal]
+        next_state = np.zeros_like(self.global_state)
+        final_state = np.zeros_like(self.global_state)
         truncated_cols: list[list[int]] = [[] for _ in self._sizes]
         final_obs: list[list[np.ndarray]] = [[] for _ in self._sizes]
         finished = []
         for i, env in enumerate(self.envs):
-            columns = self._columns[i]
             sent = {}
             for agent in env.agents:
-                p, c = columns[agent]
+                p, c = self._column(i, agent)
                 sent[agent] = actions[p][c]
                 acted[p][c] = True
-            obs, reward, term, trunc, _ = env.step(sent)
+            obs, reward, term, trunc, infos = env.step(sent)
             remaining = env.agents
             for agent in sent:
-                p, c = columns[agent]
+                p, c = self._column(i, agent)
                 rewards[p][c] = reward.get(agent, 0.0)
                 cut, ended = trunc.get(agent, False), term.get(agent, False)
                 if not (cut or ended) and agent not in remaining:
@@ -260,20 +381,28 @@ class MultiAgentSplit:
                     truncated[p][c] = True
                     truncated_cols[p].append(c)
                     row = self._blank[p][c].copy()
-                    row[self._raw[p]] = obs[agent]
+                    if agent in obs:  # else: nothing to bootstrap from but zeros
+                        value = obs[agent]
+                        row[self._raw[p]] = (value[OBSERVATION]
+                                             if self._mask_source[p] == "obs" else value)
                     final_obs[p].append(row)
+            if self._state_size:
+                next_state[i] = self._state_of(env, obs)
+                if any(trunc.get(a, False) for a in sent):
+                    final_state[i] = next_state[i]
             if remaining:
-                self._put(next_obs, i, remaining, obs)
+                self._put(next_obs, next_masks, i, remaining, obs, infos)
             else:
                 finished.append(i)
-                first, _ = env.reset()
-                self._put(next_obs, i, first, first)
+                first, first_infos = env.reset()
+                self._put(next_obs, next_masks, i, first, first, first_infos)
+                next_state[i] = self._state_of(env, first)
         self._env_lengths += 1
         for p in range(len(self._sizes)):
             terminated[p] |= ~acted[p]  # done earlier, or not yet in play
             self._returns[p] += rewards[p]
             self._lengths[p] += acted[p]
-        self.obs = next_obs
+        self.obs, self.masks, self.global_state = next_obs, next_masks, next_state
         results = []
         for p, n in enumerate(self._sizes):
             returns, lengths = [], []
@@ -285,7 +414,9 @@ class MultiAgentSplit:
                      else np.empty((0, *next_obs[p].shape[1:]), next_obs[p].dtype))
             results.append(StepResult(rewards[p], terminated[p], truncated[p], next_obs[p],
                                       np.asarray(truncated_cols[p], np.int64), final,
-                                      returns, lengths))
+                                      returns, lengths, active=acted[p],
+                                      action_mask=next_masks[p], global_state=next_state,
+                                      final_global_state=final_state))
         team_returns, team_lengths = [], []
         for i in finished:
             team_returns.append(sum(float(self._returns[p][i * n:(i + 1) * n].sum())

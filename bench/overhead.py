@@ -97,7 +97,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 # -------------------------------------------------------------------- child
 
 
-def _zero_act(params: Any, obs: np.ndarray, state: np.ndarray, key: Any,
+def _zero_act(params: Any, obs: np.ndarray, state: np.ndarray, mask: np.ndarray, key: Any,
               counter: Any) -> np.ndarray:
     """Stands in for the jitted network, no JAX call: `pack_outputs`' layout for a
     discrete action (log-probability, value, action: zeros), then the state as it came."""

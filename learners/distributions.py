@@ -2,7 +2,9 @@
 
 The network's policy output is read by a `Distribution`: logits [N, A] for a
 categorical policy; for a Gaussian one, means and log-stds side by side
-[N, 2A]. Continuous actions are sampled unbounded; actors clip them to the
+[N, 2A]. A categorical policy with action masks reads logits masked by
+`mask_logits`, so every use of it (sampling, log-probability, entropy, mode)
+sees only legal actions. Continuous actions are sampled unbounded; actors clip them to the
 action space, which is part of the environment, so the log-probability of the
 sampled action is the one every algorithm needs.
 """
@@ -39,7 +41,10 @@ def _categorical_log_prob(logits: jax.Array, actions: jax.Array) -> jax.Array:
 
 def _categorical_entropy(logits: jax.Array) -> jax.Array:
     log_probs = jax.nn.log_softmax(logits)
-    return -jnp.sum(jnp.exp(log_probs) * log_probs, -1)
+    # Masked actions have log-probability -inf and probability 0: they add nothing, and
+    # replacing their -inf keeps 0 * -inf (NaN) out of the value and the gradient.
+    finite = jnp.where(jnp.isfinite(log_probs), log_probs, 0.0)
+    return -jnp.sum(jnp.exp(log_probs) * finite, -1)
 
 
 def _categorical_mode(logits: jax.Array) -> jax.Array:
@@ -93,6 +98,19 @@ def _no_entropy(q_values: jax.Array) -> jax.Array:
 GREEDY = Distribution(_greedy_sample, _certain_log_prob, _no_entropy, _categorical_mode)
 """A Q-network's policy: the best-scoring action, with certainty. Actors explore around
 it with their own epsilon (actors/exploration.py); the logged log-probability is 0."""
+
+
+def mask_logits(logits: jax.Array, mask: jax.Array) -> jax.Array:
+    """Logits [N, A] with the actions `mask` [N, A] marks illegal set to -inf: the
+    categorical distribution of legal actions only (probability 0, log-probability
+    -inf for the others; sampling, log-probabilities, entropy and their gradients stay
+    finite for legal actions). A row with no legal action is left as it is, so padding
+    rows cannot turn into NaN. A mask of width 0 masks nothing."""
+    if mask.shape[-1] == 0:
+        return logits
+    legal = mask.astype(bool)
+    legal = legal | ~legal.any(-1, keepdims=True)
+    return jnp.where(legal, logits, -jnp.inf)
 
 
 def distribution(continuous: bool) -> Distribution:

@@ -10,7 +10,9 @@ policy-gradient advantages from those values, and takes `minibatches` SGD
 steps in one pass, splitting the batch on the env axis. A recurrent policy is
 unrolled over each column from its stored state (learners/sequences.py), the
 first `burn_in` steps only warming the state. The learner jits it over its
-device mesh. Nothing here knows about processes or sockets.
+device mesh. Rows of agents out of play (`active` false) weigh nothing in any
+mean; masked actions have probability 0; a centralized critic values the
+global state (learners/critic.py). Nothing here knows about processes or sockets.
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ import jax.numpy as jnp
 import optax
 
 from learners.algorithms import Sizes, with_live
-from learners.distributions import Distribution
+from learners.critic import with_critic_values
+from learners.distributions import Distribution, mask_logits
 from learners.impala_config import ImpalaConfig
 from learners.networks import Policy
 from learners.sequences import after_burn_in, episode_starts, flat_unroll, warm_state
-from learners.train_state import Batch, TrainState, descend, prepare
+from learners.train_state import Batch, TrainState, descend, prepare, weighted_mean
 
 
 class VTrace(NamedTuple):
@@ -114,27 +117,41 @@ def impala_loss(params: Any, apply_fn: Callable, dist: Distribution, batch: Batc
     out, values = apply_fn(params, obs)
     values = values.reshape(T + 1, B)
     out = out[:T * B]  # the policy at the bootstrap observation is not needed
+    if batch.action_mask.shape[-1]:
+        out = mask_logits(out, batch.action_mask.reshape(T * B, -1))
     actions = batch.actions.reshape(T * B, *batch.actions.shape[2:])
     logp = dist.log_prob(out, actions).reshape(T, B)
-    entropy = dist.entropy(out).mean()
+    active = batch.active
+    entropy = weighted_mean(dist.entropy(out).reshape(T, B), active)
 
     targets = episode_vtrace(batch.logp, jax.lax.stop_gradient(logp), batch.rewards,
                              jax.lax.stop_gradient(values), batch.terminated, batch.truncated,
                              batch.trunc_values, config.gamma, config.rho_bar, config.c_bar,
                              config.pg_rho_bar)
-    pg_loss = -(logp * targets.pg_advantages).mean()
-    value_loss = 0.5 * jnp.square(targets.vs - values[:-1]).mean()
+    pg_loss = -weighted_mean(logp * targets.pg_advantages, active)
+    value_loss = 0.5 * weighted_mean(jnp.square(targets.vs - values[:-1]), active)
     loss = pg_loss + config.vf_coef * value_loss - config.ent_coef * entropy
     info = {
         "loss": loss, "pg_loss": pg_loss, "value_loss": value_loss, "entropy": entropy,
-        "rho_mean": targets.rhos.mean(),
-        "rho_clip_frac": (targets.rhos > config.rho_bar).mean(),
-        "approx_kl": (batch.logp - logp).mean(),  # KL(behaviour || current), actor's samples
-        "advantage_mean": targets.pg_advantages.mean(),
-        "vs_mean": targets.vs.mean(),
-        "value_mean": values[:-1].mean(),
+        "rho_mean": weighted_mean(targets.rhos, active),
+        "rho_clip_frac": weighted_mean(targets.rhos > config.rho_bar, active),
+        # KL(behaviour || current) on the actor's samples
+        "approx_kl": weighted_mean(batch.logp - logp, active),
+        "advantage_mean": weighted_mean(targets.pg_advantages, active),
+        "vs_mean": weighted_mean(targets.vs, active),
+        "value_mean": weighted_mean(values[:-1], active),
     }
     return loss, info
+
+
+def central_values(policy: Policy, apply_fn: Callable, critic_in: jax.Array) -> Callable:
+    """`apply_fn` with the centralized critic's values of `critic_in` [T+1, B, C]."""
+
+    def apply(params: Any, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        out, _ = apply_fn(params, obs)
+        return out, policy.critic(params, critic_in.reshape(-1, critic_in.shape[-1]))
+
+    return apply
 
 
 def make_optimizer(impala: ImpalaConfig, sizes: Sizes) -> optax.GradientTransformation:
@@ -166,12 +183,15 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation, impala:
         live = with_live(impala, state.hyper)
         params, batch = prepare(state.params, batch, policy, sizes.reward_scale,
                                 sizes.reward_clip)
+        batch = with_critic_values(policy, params, batch)
 
         def loss_of_net(net: Any, mb: Batch) -> tuple[jax.Array, dict]:
             net_params = {**params, "net": net}
             resets = episode_starts(mb.terminated, mb.truncated, mb.obs.shape[0])
             start = warm_state(policy, net_params, mb.obs, mb.state[0], resets, sizes.burn_in)
             apply_fn = flat_unroll(policy, start, resets[sizes.burn_in:])
+            if policy.critic is not None:
+                apply_fn = central_values(policy, apply_fn, mb.global_state)
             return impala_loss(net_params, apply_fn, policy.dist,
                                after_burn_in(mb, sizes.burn_in), live)
 

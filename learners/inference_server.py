@@ -14,12 +14,15 @@ answer any request. A batch never exceeds `max_batch`: a request that would over
 it is held to start the next batch, served on the next turn whether or not more
 requests come; a request larger than `max_batch` is refused (the config check
 makes sure actors never send one), and so is one whose observations or state
-do not fit the policy (counted in `rejects`). Each reply carries action,
+do not fit the policy (counted in `rejects`), as is one whose legal-action mask
+does not match its rows and actions. Each reply carries action,
 log-probability, value (and new state) and the parameter version that produced
 them. Parameters arrive on the
 parameter stream; the newest version wins. Until the first arrives, the server
 acts with version 0, which it builds from the seed exactly as the learner does
 (a restarted or resumed server first waits a few seconds for the learner's).
+A frozen policy's server (self-play) follows an opponent pool instead, each row
+acted by the snapshot it names (learners/pool_runner.py).
 """
 
 from __future__ import annotations
@@ -36,9 +39,10 @@ import zmq
 from actors.envs import policy_spec
 from learners.device_memory import device_memory_counters
 from learners.jax_runtime import configure_jax
-from learners.param_stream import ParamSubscriber, subscribe
+from learners.param_stream import ParamSubscriber
 from learners.policy import make_runner
 from learners.policy_runner import PolicyRunner
+from learners.pool_runner import PoolRunner, PoolSubscriber, follow
 from srl_jax.config import DEFAULT_POLICY, ExperimentConfig
 from srl_jax.env_spec import EnvSpec
 from srl_jax.names import NameService
@@ -58,6 +62,10 @@ class Request(NamedTuple):
     obs: np.ndarray
     state: np.ndarray
     """[rows, S] recurrent state of the rows (S = 0 without a core)."""
+    mask: np.ndarray
+    """[rows, A] legal actions of the rows (A = 0 where the env masks nothing)."""
+    opponent: np.ndarray | None = None
+    """A frozen policy's: [rows] the snapshot of its opponent pool each row plays."""
 
 
 class InferenceServer(Worker):
@@ -79,13 +87,18 @@ class InferenceServer(Worker):
         self.router: zmq.Socket | None = None
         self.endpoint: str | None = None
         """Where the ROUTER socket listens, once `setup` has bound it."""
-        self.params: ParamSubscriber | None = None
+        self.params: ParamSubscriber | PoolSubscriber | None = None
+        """None for a frozen policy without an opponent pool: it acts with version 0."""
+        self.pool: PoolRunner | None = None
+        """A frozen policy's opponent pool (learners/pool_runner.py)."""
         self.poller = zmq.Poller()
         self._held: Request | None = None
         """A request that would have overflowed the last batch: it starts the next."""
         self._last_batch_wall = time.time()
         self._no_state = np.zeros((config.inference.max_batch, 0), np.float32)
         """The empty state of rows of a policy without a core (shared, never written)."""
+        self._no_mask = np.zeros((config.inference.max_batch, 0), bool)
+        """The empty masks of rows of a policy whose env masks no action."""
 
     def setup(self) -> None:
         configure_jax(self.config.runtime)
@@ -101,14 +114,15 @@ class InferenceServer(Worker):
         self.router = make_socket(self.zmq, INFERENCE.bind_type, hwm=cfg.request_queue)
         self.endpoint = self.transport.bind(self.router, self.names,
                                             INFERENCE.key(self.policy, self.index))
-        self.params = subscribe(self, self.runner)
+        self.pool, self.params = follow(self, self.runner)
         self.poller.register(self.router, zmq.POLLIN)
-        self.poller.register(self.params.socket, zmq.POLLIN)
+        if self.params is not None:
+            self.poller.register(self.params.socket, zmq.POLLIN)
 
     def run_once(self) -> None:
         # A held request is served now, with what else comes within max_wait.
         events = dict(self.poller.poll(0 if self._held else POLL_MS))
-        if self.params.socket in events:
+        if self.params is not None and self.params.socket in events:
             self.params.poll()
         if self.router in events or self._held:
             self._serve()
@@ -168,7 +182,22 @@ class InferenceServer(Worker):
                 f"request state {None if state is None else (state.shape, str(state.dtype))} "
                 f"for {rows} rows of a policy with state size {spec.state_size} (float32)"))
             return None
-        return Request(routing, meta, obs, state)
+        mask = arrays.get("action_mask")
+        if not spec.action_masked and mask is None:
+            mask = self._no_mask[:rows]
+        elif mask is None or mask.shape != (rows, spec.action_dim) or mask.dtype != bool:
+            self.rejects.reject(ValueError(
+                f"request action_mask {None if mask is None else (mask.shape, str(mask.dtype))} "
+                f"for {rows} rows of a policy with {spec.action_dim} actions "
+                f"({'masked' if spec.action_masked else 'unmasked'}, bool)"))
+            return None
+        opponent = arrays.get("opponent")
+        if self.pool is not None and (opponent is None or opponent.shape != (rows,)
+                                      or opponent.dtype != np.int64):
+            self.rejects.reject(ValueError(f"request to an opponent pool without opponent "
+                                           f"[{rows}] int64"))
+            return None
+        return Request(routing, meta, obs, state, mask, opponent)
 
     def _serve(self) -> None:
         """Answer one batch of waiting requests."""
@@ -176,20 +205,27 @@ class InferenceServer(Worker):
             self._last_batch_wall = time.time()
             batch = np.concatenate([request.obs for request in pending])
             states = np.concatenate([request.state for request in pending])
+            masks = np.concatenate([request.mask for request in pending])
             rows = batch.shape[0]
             start = time.perf_counter()
-            outputs, version = self.runner.run(batch, states)
+            if self.pool is None:
+                outputs, version = self.runner.run(batch, states, masks)
+            else:
+                outputs, version = self.pool.run(batch, states, masks, np.concatenate(
+                    [request.opponent for request in pending]))
             self.time_compute += time.perf_counter() - start
             self.batches += 1
             self.requests += len(pending)
             self.rows += rows
             self.padded_rows += self.runner.padded_size(rows)
             offset = 0
-            for routing, meta, obs, _ in pending:
+            for routing, meta, obs, *_ in pending:
                 part = slice(offset, offset + obs.shape[0])
                 offset = part.stop
                 reply_meta = {"split": meta.get("split"), "seq": meta.get("seq"),
                               "version": version, "batch_rows": rows}
+                if self.pool is not None:
+                    reply_meta["pool"] = self.pool.versions
                 send(self.router, "infer_reply", reply_meta,
                      {name: out[part] for name, out in outputs.items()}, routing=routing)
 

@@ -87,21 +87,29 @@ class ActorCritic(nn.Module):
     """Separate policy and value MLPs, as in cleanrl's PPO: (policy output, value).
 
     The policy output is logits for discrete actions, or means and a
-    state-independent log-std side by side for continuous ones.
+    state-independent log-std side by side for continuous ones. With
+    `critic_width` (a centralized critic, MAPPO's) the value MLP reads `critic_in`
+    [N, critic_width] instead of the observation; acting passes none and gets zero
+    values, which the learner replaces with the critic's.
     """
 
     action_dim: int
     continuous: bool = False
     hidden: Sequence[int] = (64, 64)
     activation: str = "tanh"
+    critic_width: int = 0
 
     @nn.compact
-    def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def __call__(self, obs: jax.Array,
+                 critic_in: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
         x = obs.reshape(obs.shape[0], -1).astype(jnp.float32)
         out = MLP(self.hidden, self.action_dim, 0.01, self.activation, name="actor")(x)
         if self.continuous:
             out = with_log_std(self, out)
-        value = MLP(self.hidden, 1, 1.0, self.activation, name="critic")(x)
+        if self.critic_width and critic_in is None:
+            return out, jnp.zeros(x.shape[0], jnp.float32)
+        value = MLP(self.hidden, 1, 1.0, self.activation, name="critic")(
+            x if not self.critic_width else critic_in.astype(jnp.float32))
         return out, value[:, 0]
 
 
@@ -235,6 +243,13 @@ class Policy(NamedTuple):
     dist: Distribution
     normalize_obs: bool
     state_size: int
+    critic: Callable[[Any, jax.Array], jax.Array] | None = None
+    """A centralized critic: (params, critic inputs [N, C]) -> values [N]
+    (learners/critic.py builds the inputs); None: `apply`'s values are the critic's."""
+    critic_agents: int = 1
+    """Agent columns per env: each env's global state serves this many columns."""
+    critic_ids: bool = False
+    """Whether the critic also reads each column's one-hot agent id."""
 
     @property
     def recurrent(self) -> bool:
@@ -257,12 +272,25 @@ def make_network(config: ExperimentConfig, spec: EnvSpec) -> nn.Module:
     if network.kind == "nature_cnn":
         return NatureCNN(spec.action_dim, conv)
     return ActorCritic(spec.action_dim, spec.continuous, tuple(network.hidden),
-                       network.activation)
+                       network.activation, critic_width(config, spec))
+
+
+def critic_ids(config: ExperimentConfig, spec: EnvSpec) -> bool:
+    """Whether a centralized critic reads agent ids: as the policy does (`env.agent_id`,
+    for a policy of several agents)."""
+    return config.env.agent_id and spec.agents > 1
+
+
+def critic_width(config: ExperimentConfig, spec: EnvSpec) -> int:
+    """Inputs of a centralized critic: the global state and the agent id; 0 without one."""
+    if not spec.global_state_size:
+        return 0
+    return spec.global_state_size + (spec.agents if critic_ids(config, spec) else 0)
 
 
 def make_policy(config: ExperimentConfig, spec: EnvSpec) -> tuple[Policy, nn.Module]:
     """The policy of `config.network` for `spec`, which must carry that network's state
-    size (`actors.envs.policy_spec` or `srl_jax.env_spec.with_core` gives it)."""
+    size (`actors.envs.policy_spec` or `srl_jax.env_spec.with_network` gives it)."""
     network = make_network(config, spec)
     normalize = config.learner.normalize_obs
     state_size = core_state_size(config.network.core, config.network.core_size)
@@ -295,9 +323,16 @@ def make_policy(config: ExperimentConfig, spec: EnvSpec) -> tuple[Policy, nn.Mod
             out, value, _ = apply(params, obs.reshape(T * B, *obs.shape[2:]), state)
             return out.reshape(T, B, *out.shape[1:]), value.reshape(T, B), state
 
+    critic = None
+    if getattr(network, "critic_width", 0):
+        def critic(params: Any, critic_in: jax.Array) -> jax.Array:
+            rows = critic_in.shape[0]
+            return network.apply(params["net"], jnp.zeros((rows, *spec.obs_shape)),
+                                 critic_in)[1]
+
     dist = GREEDY if isinstance(network, QNetwork) else distribution(spec.continuous)
-    return Policy(apply, unroll, dist, normalize,
-                  spec.state_size), network
+    return Policy(apply, unroll, dist, normalize, spec.state_size, critic, spec.agents,
+                  critic_ids(config, spec)), network
 
 
 def init_policy_params(network: nn.Module, obs_shape: tuple[int, ...], seed: int) -> dict:
@@ -307,6 +342,8 @@ def init_policy_params(network: nn.Module, obs_shape: tuple[int, ...], seed: int
         net = network.init(jax.random.key(seed), obs[None],
                            jnp.zeros((1, network.state_size), jnp.float32),
                            jnp.zeros((1, 1), bool))
+    elif getattr(network, "critic_width", 0):
+        net = network.init(jax.random.key(seed), obs, jnp.zeros((1, network.critic_width)))
     else:
         net = network.init(jax.random.key(seed), obs)
     return {"net": net, "obs_mean": jnp.zeros(obs_shape, jnp.float32),
@@ -314,14 +351,23 @@ def init_policy_params(network: nn.Module, obs_shape: tuple[int, ...], seed: int
             "obs_count": jnp.zeros((), jnp.float32)}
 
 
-def update_obs_stats(params: dict, obs: jax.Array) -> dict:
-    """Merge a batch's observation moments into the running ones (Chan et al.)."""
+def update_obs_stats(params: dict, obs: jax.Array, weights: jax.Array | None = None) -> dict:
+    """Merge a batch's observation moments into the running ones (Chan et al.); with
+    `weights` (one per observation, 0 or 1: the activity mask), only the weighted ones."""
     x = obs.reshape(-1, *params["obs_mean"].shape).astype(jnp.float32)
-    count = jnp.asarray(x.shape[0], jnp.float32)
-    mean, var = x.mean(0), x.var(0)
+    if weights is None:
+        count = jnp.asarray(x.shape[0], jnp.float32)
+        mean, var = x.mean(0), x.var(0)
+    else:
+        w = weights.reshape(-1, *([1] * (x.ndim - 1))).astype(jnp.float32)
+        count = w.sum()
+        mean = (w * x).sum(0) / jnp.maximum(count, 1.0)
+        var = (w * jnp.square(x - mean)).sum(0) / jnp.maximum(count, 1.0)
     total = params["obs_count"] + count
+    safe = jnp.maximum(total, 1.0)  # no observation yet: the statistics stay as they are
     delta = mean - params["obs_mean"]
-    new_mean = params["obs_mean"] + delta * count / total
+    new_mean = params["obs_mean"] + delta * count / safe
     m2 = (params["obs_var"] * params["obs_count"] + var * count
-          + jnp.square(delta) * params["obs_count"] * count / total)
-    return {**params, "obs_mean": new_mean, "obs_var": m2 / total, "obs_count": total}
+          + jnp.square(delta) * params["obs_count"] * count / safe)
+    new_var = jnp.where(total > 0, m2 / safe, params["obs_var"])
+    return {**params, "obs_mean": new_mean, "obs_var": new_var, "obs_count": total}

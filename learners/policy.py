@@ -10,6 +10,7 @@ from typing import Any
 
 import jax
 
+from learners.distributions import mask_logits
 from learners.networks import Policy, init_policy_params, make_policy
 from learners.policy_runner import Act, PolicyRunner, pack_outputs, padded_sizes
 from srl_jax.config import ExperimentConfig
@@ -17,12 +18,13 @@ from srl_jax.env_spec import EnvSpec
 
 
 def make_act(policy: Policy) -> Act:
-    """(params, obs [N, ...], state [N, S], key, counter) -> action, log-probability,
-    value and new state, packed into one array (`pack_outputs`)."""
+    """(params, obs [N, ...], state [N, S], legal actions [N, A or 0], key, counter) ->
+    action, log-probability, value and new state, packed into one array (`pack_outputs`)."""
 
-    def act(params: Any, obs: jax.Array, state: jax.Array, key: jax.Array,
+    def act(params: Any, obs: jax.Array, state: jax.Array, mask: jax.Array, key: jax.Array,
             counter: jax.Array) -> tuple:
         out, value, new_state = policy.apply(params, obs, state)
+        out = mask_logits(out, mask)
         action = policy.dist.sample(jax.random.fold_in(key, counter), out)
         return pack_outputs(action, policy.dist.log_prob(out, action), value, new_state)
 

@@ -18,8 +18,9 @@ import numpy as np
 from learners.param_codec import arrays_to_params
 from srl_jax.env_spec import EnvSpec
 
-Act = Callable[[Any, Any, Any, jax.Array, np.uint32], Any]
-"""(params, obs [N, ...], state [N, S], key, call counter) -> the outputs packed into one
+Act = Callable[[Any, Any, Any, Any, jax.Array, np.uint32], Any]
+"""(params, obs [N, ...], state [N, S], legal actions [N, A] (width 0: all legal), key,
+call counter) -> the outputs packed into one
 float32 array [N, 2 + A + S] (`pack_outputs`), so a batch's outputs cross from the device
 in one transfer."""
 
@@ -79,11 +80,16 @@ class PolicyRunner:
         """Compile the acting call for every padded size."""
         for size in self.sizes:
             self.run(np.zeros((size, *self.spec.obs_shape), self.spec.obs_dtype),
-                     self.zero_state(size))
+                     self.zero_state(size), self.all_legal(size))
 
     def zero_state(self, rows: int) -> np.ndarray:
         """The recurrent state of `rows` columns at the start of their episodes."""
         return np.zeros((rows, self.spec.state_size), np.float32)
+
+    def all_legal(self, rows: int) -> np.ndarray:
+        """Masks of `rows` rows that leave every action legal ([rows, 0] for a policy
+        whose env masks nothing)."""
+        return np.ones((rows, self.spec.action_dim if self.spec.action_masked else 0), bool)
 
     def set_params(self, arrays: dict[str, np.ndarray], version: int,
                    incarnation: int = 0) -> None:
@@ -113,18 +119,24 @@ class PolicyRunner:
             size *= 2
         return size
 
-    def run(self, obs: np.ndarray, state: np.ndarray) -> tuple[dict[str, np.ndarray], int]:
+    def run(self, obs: np.ndarray, state: np.ndarray,
+            mask: np.ndarray | None = None) -> tuple[dict[str, np.ndarray], int]:
         """{action, logp, value, and for a recurrent policy state} for every row of `obs`
-        (acting from `state` [rows, S]), and the version that made them."""
+        (acting from `state` [rows, S], among the legal actions `mask` [rows, A] where
+        the env masks actions; None: all legal), and the version that made them."""
         rows = obs.shape[0]
         size = self.padded_size(rows)
         batch, states = obs, state
+        masks = self.all_legal(rows) if mask is None else mask
         if size != rows:
             batch = np.zeros((size, *self.spec.obs_shape), self.spec.obs_dtype)
             batch[:rows] = obs
             states = self.zero_state(size)
             states[:rows] = state
+            masks = self.all_legal(size)
+            if mask is not None:
+                masks[:rows] = mask
         self.calls += 1
-        packed = np.asarray(self._act(self.params, batch, states, self._key,
+        packed = np.asarray(self._act(self.params, batch, states, masks, self._key,
                                       np.uint32(self.calls)))
         return unpack_outputs(packed[:rows], self.spec), self.version

@@ -1,13 +1,15 @@
 """PPO as pure functions: GAE, the clipped loss, and one update over a batch.
 
-A batch is one [T+1, B] block of trajectory chunks (see actors/env_ring.py for
-the fields). The update computes advantages with the acting policy's values,
-then runs `epochs` passes of `minibatches` clipped-objective steps as nested
-scans; the learner jits it over its device mesh. A feed-forward policy's
+A batch is one [T+1, B] block of trajectory chunks (see srl_jax/chunk_spec.py
+for the fields). The update computes advantages with the acting policy's values
+(with a centralized critic, the current critic's: learners/critic.py), then
+runs `epochs` passes of `minibatches` clipped-objective steps as nested scans;
+the learner jits it over its device mesh. A feed-forward policy's
 minibatches are shuffled steps; a recurrent policy's are whole env columns,
 each unrolled from its stored state (learners/sequences.py), its first
-`burn_in` steps only warming the state. Nothing here knows about processes or
-sockets.
+`burn_in` steps only warming the state. Rows of agents out of play (`active`
+false) weigh nothing in any mean; masked actions have probability 0. Nothing
+here knows about processes or sockets.
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ import jax.numpy as jnp
 import optax
 
 from learners.algorithms import Sizes, with_live
-from learners.distributions import Distribution
+from learners.critic import with_critic_values
+from learners.distributions import Distribution, mask_logits
 from learners.networks import Policy
 from learners.ppo_config import PPOConfig
 from learners.sequences import episode_starts, flat_unroll, warm_state
-from learners.train_state import Batch, TrainState, descend, prepare
+from learners.train_state import Batch, TrainState, descend, prepare, weighted_mean
 
 
 def gae(rewards: jax.Array, values: jax.Array, terminated: jax.Array, truncated: jax.Array,
@@ -51,32 +54,50 @@ def gae(rewards: jax.Array, values: jax.Array, terminated: jax.Array, truncated:
 
 def ppo_loss(params: Any, apply_fn: Callable, dist: Distribution, obs: jax.Array,
              actions: jax.Array, old_logp: jax.Array, old_values: jax.Array,
-             advantages: jax.Array, returns: jax.Array,
+             advantages: jax.Array, returns: jax.Array, active: jax.Array,
              config: PPOConfig) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Clipped surrogate + value loss - entropy bonus over flat [N] samples."""
+    """Clipped surrogate + value loss - entropy bonus over flat [N] samples; every mean
+    (and the advantages' normalisation) is over the `active` ones only."""
     out, values = apply_fn(params, obs)
     logp, entropy = dist.log_prob(out, actions), dist.entropy(out)
-    log_ratio = logp - old_logp
+    log_ratio = jnp.where(active > 0, logp - old_logp, 0.0)  # padding's actions: any
     ratio = jnp.exp(log_ratio)
     if config.normalize_advantages:
-        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-    pg_loss = jnp.maximum(
+        mean = weighted_mean(advantages, active)
+        std = jnp.sqrt(weighted_mean(jnp.square(advantages - mean), active))
+        advantages = (advantages - mean) / (std + 1e-8)
+    pg_loss = weighted_mean(jnp.maximum(
         -advantages * ratio,
         -advantages * jnp.clip(ratio, 1.0 - config.clip_coef, 1.0 + config.clip_coef),
-    ).mean()
+    ), active)
     value_error = jnp.square(values - returns)
     if config.clip_value_loss:
         clipped = old_values + jnp.clip(values - old_values, -config.clip_coef, config.clip_coef)
         value_error = jnp.maximum(value_error, jnp.square(clipped - returns))
-    value_loss = 0.5 * value_error.mean()
-    entropy_mean = entropy.mean()
+    value_loss = 0.5 * weighted_mean(value_error, active)
+    entropy_mean = weighted_mean(entropy, active)
     loss = pg_loss + config.vf_coef * value_loss - config.ent_coef * entropy_mean
     info = {
         "loss": loss, "pg_loss": pg_loss, "value_loss": value_loss, "entropy": entropy_mean,
-        "approx_kl": ((ratio - 1.0) - log_ratio).mean(),
-        "clip_frac": (jnp.abs(ratio - 1.0) > config.clip_coef).mean(),
+        "approx_kl": weighted_mean((ratio - 1.0) - log_ratio, active),
+        "clip_frac": weighted_mean(jnp.abs(ratio - 1.0) > config.clip_coef, active),
     }
     return loss, info
+
+
+def acting(policy: Policy, apply_fn: Callable, samples: dict) -> Callable:
+    """`apply_fn` as the loss needs it for these samples: logits masked to their legal
+    actions (`action_mask`), and values from the centralized critic where there is one."""
+
+    def apply(params: Any, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        out, values = apply_fn(params, obs)
+        if policy.critic is not None:
+            values = policy.critic(params, samples["critic_in"])
+        if "action_mask" in samples:
+            out = mask_logits(out, samples["action_mask"])
+        return out, values
+
+    return apply
 
 
 def make_optimizer(ppo: PPOConfig, sizes: Sizes) -> optax.GradientTransformation:
@@ -98,11 +119,17 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation, ppo: PP
         live = with_live(ppo, state.hyper)
         params, batch = prepare(state.params, batch, policy, sizes.reward_scale,
                                 sizes.reward_clip)
+        batch = with_critic_values(policy, params, batch)
         advantages, returns = gae(batch.rewards, batch.values, batch.terminated,
                                   batch.truncated, batch.trunc_values, ppo.gamma, ppo.gae_lambda)
         T, B = batch.rewards.shape
         steps = {"obs": batch.obs[:-1], "actions": batch.actions, "logp": batch.logp,
-                 "values": batch.values[:-1], "advantages": advantages, "returns": returns}
+                 "values": batch.values[:-1], "advantages": advantages, "returns": returns,
+                 "active": batch.active}
+        if batch.action_mask.shape[-1]:
+            steps["action_mask"] = batch.action_mask
+        if policy.critic is not None:
+            steps["critic_in"] = batch.global_state[:-1]
         if policy.recurrent:  # shuffled as whole columns: [B, T, ...], and their states
             n = B
             samples = {name: jnp.swapaxes(x, 0, 1) for name, x in steps.items()}
@@ -125,8 +152,9 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation, ppo: PP
             else:
                 rows = mb["obs"].shape[0]
                 apply_fn = flat_unroll(policy, jnp.zeros((rows, 0)), jnp.zeros((1, rows), bool))
-            return ppo_loss(net_params, apply_fn, policy.dist, mb["obs"], mb["actions"],
-                            mb["logp"], mb["values"], mb["advantages"], mb["returns"], live)
+            return ppo_loss(net_params, acting(policy, apply_fn, mb), policy.dist, mb["obs"],
+                            mb["actions"], mb["logp"], mb["values"], mb["advantages"],
+                            mb["returns"], mb["active"], live)
 
         grad_fn = jax.grad(loss_of_net, has_aux=True)
 
@@ -163,8 +191,8 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation, ppo: PP
         steps = jnp.maximum(ran.sum(), 1)
         metrics = jax.tree.map(lambda x: jnp.sum(x * ran) / steps, infos)
         metrics["epochs_run"] = ran.sum() / ppo.minibatches
-        metrics["advantage_mean"] = advantages.mean()
-        metrics["return_mean"] = returns.mean()
+        metrics["advantage_mean"] = weighted_mean(advantages, batch.active)
+        metrics["return_mean"] = weighted_mean(returns, batch.active)
         new_state = state._replace(params={**params, "net": net}, opt_state=opt_state, key=key,
                                    version=state.version + 1)
         return new_state, metrics

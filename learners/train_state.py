@@ -70,13 +70,14 @@ def descend(net: Any, updates: Any, learning_rate: float | jax.Array) -> Any:
 
 def prepare(params: Any, batch: Batch, policy: Policy, reward_scale: float,
             reward_clip: float) -> tuple[Any, Batch]:
-    """Fold the batch into the observation statistics; scale, then clip, its rewards.
+    """Fold the batch's active rows into the observation statistics; scale, then clip,
+    its rewards.
 
     Clipping happens here, not in the env, so the returns actors report stay
     the raw game score.
     """
     if policy.normalize_obs:
-        params = update_obs_stats(params, batch.obs[:-1])
+        params = update_obs_stats(params, batch.obs[:-1], batch.active)
     return params, batch._replace(rewards=scale_rewards(batch.rewards, reward_scale,
                                                         reward_clip))
 
@@ -88,3 +89,9 @@ def scale_rewards(rewards: jax.Array, reward_scale: float, reward_clip: float) -
     if reward_clip > 0:
         rewards = jnp.clip(rewards, -reward_clip, reward_clip)
     return rewards
+
+
+def weighted_mean(x: jax.Array, weights: jax.Array) -> jax.Array:
+    """The mean of `x` over the rows whose weight is 1 (the activity mask): padding rows
+    of agents out of play count for nothing; 0 when no row counts."""
+    return jnp.sum(x * weights) / jnp.maximum(jnp.sum(weights), 1.0)

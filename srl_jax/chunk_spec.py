@@ -6,7 +6,8 @@ agents its policy acts for); consecutive chunks overlap by one observation. Each
 plus the next, "1": one for the whole chunk, at its first step), the shape and
 dtype of one column's entry as functions of the `EnvSpec`, and the dtype the
 learner's batch holds it in (None: the learner does not train on it, as for
-`versions`, which only the sample queue reads).
+`versions`, which only the sample queue reads). A per-env field (`per_env`) has
+one column per env rather than one per agent.
 
 From `CHUNK_FIELDS` come the actor's empty chunk (`empty_chunk`), the learner's
 check of a received chunk (`chunk_layout`) and the learner's `Batch` pytree
@@ -39,9 +40,15 @@ class ChunkField:
     dtype: Callable[[EnvSpec], np.dtype]
     batch_dtype: np.dtype | Literal["as sent"] | None
     doc: str
+    per_env: bool = False
+    """One column per env rather than per agent (n / `EnvSpec.agents` columns): what
+    every agent of an env shares, as the global state."""
 
     def rows(self, T: int) -> int:
         return {"T": T, "T+1": T + 1, "1": 1}[self.extent]
+
+    def columns(self, n: int, spec: EnvSpec) -> int:
+        return n // spec.agents if self.per_env else n
 
 
 def _scalar(spec: EnvSpec) -> tuple[int, ...]:
@@ -72,6 +79,17 @@ CHUNK_FIELDS: tuple[ChunkField, ...] = (
                "value of the final observation where truncated"),
     ChunkField("state", "1", lambda s: (s.state_size,), _fixed(np.float32), F32,
                "recurrent state of the acting policy at the first step (width 0: no core)"),
+    ChunkField("active", "T", _scalar, _fixed(bool), F32,
+               "the column's agent acted (false: padding for an agent out of play, which "
+               "no loss, statistic or metric reads)"),
+    ChunkField("action_mask", "T", lambda s: (s.action_dim if s.action_masked else 0,),
+               _fixed(bool), AS_SENT, "legal actions at the step (width 0: all legal)"),
+    ChunkField("global_state", "T+1", lambda s: (s.global_state_size,), _fixed(np.float32),
+               F32, "env's global state at `obs` (width 0: no centralized critic)",
+               per_env=True),
+    ChunkField("trunc_global_state", "T", lambda s: (s.global_state_size,),
+               _fixed(np.float32), F32, "global state of the final observation where "
+               "truncated", per_env=True),
     ChunkField("versions", "T", _scalar, _fixed(np.int32), None,
                "parameter version of the acting policy (read by the staleness cap)"),
 )
@@ -82,7 +100,8 @@ Layout = dict[str, tuple[tuple[int, ...], np.dtype]]
 def chunk_layout(T: int, n: int, spec: EnvSpec,
                  fields: tuple[ChunkField, ...] = CHUNK_FIELDS) -> Layout:
     """Shape and dtype of every array of a chunk of T steps and n columns."""
-    return {f.name: ((f.rows(T), n, *f.shape(spec)), f.dtype(spec)) for f in fields}
+    return {f.name: ((f.rows(T), f.columns(n, spec), *f.shape(spec)), f.dtype(spec))
+            for f in fields}
 
 
 def empty_chunk(T: int, n: int, spec: EnvSpec,

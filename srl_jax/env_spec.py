@@ -29,7 +29,15 @@ class EnvSpec:
     """Agents of one environment this policy acts for: chunk columns per env."""
     state_size: int = 0
     """Floats of recurrent state the policy keeps per column (`network.core`; 0: none),
-    which requests, replies and chunks carry beside the observations (`with_core`)."""
+    which requests, replies and chunks carry beside the observations (`with_network`)."""
+    action_masked: bool = False
+    """Whether the env says which actions are legal at each step (a Dict observation's
+    `action_mask`, or `infos[agent]["action_mask"]`): requests and chunks then carry
+    one bool per action, and illegal actions get probability 0."""
+    global_state_size: int = 0
+    """Floats of the env's global state (multi-agent envs: `state()`, or every agent's
+    observation side by side): what a centralized critic reads. After `with_network`,
+    0 unless the network has one (`network.critic: global`), so chunks carry it only then."""
 
     @property
     def action_shape(self) -> tuple[int, ...]:
@@ -60,7 +68,9 @@ def core_state_size(core: str, size: int) -> int:
     return {"none": 0, "lstm": 2 * size, "gru": size}[core]
 
 
-def with_core(spec: EnvSpec, network: NetworkConfig) -> EnvSpec:
-    """`spec` as a policy with `network`'s core sees it: with its state size."""
-    return dataclasses.replace(spec, state_size=core_state_size(network.core,
-                                                                network.core_size))
+def with_network(spec: EnvSpec, network: NetworkConfig) -> EnvSpec:
+    """`spec` as a policy with `network` sees it: with its core's state size, and the
+    global state only for a centralized critic."""
+    return dataclasses.replace(
+        spec, state_size=core_state_size(network.core, network.core_size),
+        global_state_size=spec.global_state_size if network.critic == "global" else 0)

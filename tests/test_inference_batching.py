@@ -50,7 +50,7 @@ class Served:
 
     def runner(self, config: ExperimentConfig, spec: EnvSpec, sampling_seed: int,
                min_size: int, max_size: int) -> PolicyRunner:
-        def act(params: Any, obs: np.ndarray, state: np.ndarray, key: Any,
+        def act(params: Any, obs: np.ndarray, state: np.ndarray, mask: np.ndarray, key: Any,
                 counter: Any) -> np.ndarray:
             self.calls.append(obs.shape[0])
             rows = obs.shape[0]

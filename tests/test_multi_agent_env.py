@@ -50,7 +50,8 @@ def stacked(observed: list[dict], agents: list[str]) -> np.ndarray:
 
 def test_spread_specs_with_and_without_agent_id():
     assert multi_agent_specs(spread()) == {
-        "default": EnvSpec((21,), np.dtype(np.float32), 5, continuous=False, agents=3)}
+        "default": EnvSpec((21,), np.dtype(np.float32), 5, continuous=False, agents=3,
+                           global_state_size=54)}
     assert multi_agent_specs(spread(agent_id=False))["default"].obs_shape == (18,)
     specs = multi_agent_specs(spread())
     specs.clear()  # callers get a copy of the cached specs
@@ -192,7 +193,13 @@ def test_missing_packages_point_to_the_extra(tmp_path, monkeypatch):
     assert message.startswith("'env.id': ") and "'pettingzoo'" in message
     assert message.endswith(INSTALL_HINT)
     message = _error(lambda: check_pettingzoo_id("pettingzoo:srl_needs_a_dependency"))
-    assert "'srl_not_installed_xyz'" in message and message.endswith(INSTALL_HINT)
+    assert message.endswith("its dependency 'srl_not_installed_xyz' is not installed: "
+                            "pip install 'srl_not_installed_xyz'")
+    (tmp_path / "srl_needs_box2d.py").write_text("import Box2D\n")  # multiwalker's
+    monkeypatch.setitem(sys.modules, "Box2D", None)
+    message = _error(lambda: check_pettingzoo_id("pettingzoo:srl_needs_box2d"))
+    assert message.endswith("its dependency 'Box2D' is not installed: "
+                            "pip install 'pettingzoo[sisl]'")
 
 
 def test_bad_policies_and_kwargs():
@@ -265,7 +272,8 @@ def parallel_env(**kwargs) -> ToyEnv:
 def test_agent_done_early_observes_zeros_until_the_env_resets():
     config = EnvConfig(id=TOY, kwargs={"lives": [2, 4]})
     spec = multi_agent_specs(config)["default"]
-    assert spec == EnvSpec((4,), np.dtype(np.float32), 3, continuous=False, agents=2)
+    assert spec == EnvSpec((4,), np.dtype(np.float32), 3, continuous=False, agents=2,
+                           global_state_size=4)  # no state(): both agents' observations
     split = MultiAgentSplit(config, 2, [0, 1])
     ids = np.tile(np.eye(2, dtype=np.float32), (2, 1))
     np.testing.assert_array_equal(split.obs[0], np.hstack([[[0, 0], [0, 1]] * 2, ids]))

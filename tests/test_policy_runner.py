@@ -10,7 +10,7 @@ from learners.networks import init_policy_params, make_policy
 from learners.param_codec import params_to_arrays
 from learners.policy import make_runner
 from learners.policy_runner import PolicyRunner, padded_sizes
-from srl_jax.env_spec import EnvSpec, with_core
+from srl_jax.env_spec import EnvSpec, with_network
 from tests.conftest import make_config
 
 DISCRETE = EnvSpec((4,), np.dtype(np.float32), 2, continuous=False)
@@ -50,7 +50,7 @@ def test_discrete_outputs_match_the_policy_for_every_row(rows: int, core: str) -
     """Padding rows change nothing; a recurrent policy acts from the state given for each
     row and answers with the next one."""
     config = make_config([f"network.core={core}", "network.core_size=8"])
-    spec = with_core(DISCRETE, config.network)
+    spec = with_network(DISCRETE, config.network)
     runner = make_runner(config, spec, sampling_seed=0, min_size=1, max_size=8)
     obs = observations(rows, spec)
     state = np.random.default_rng(rows).normal(size=(rows, spec.state_size)).astype(np.float32)

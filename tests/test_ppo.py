@@ -73,6 +73,7 @@ ACTIONS = np.array([0, 0, 0], np.int32)
 OLD_LOGP = np.log(np.array([0.5, 0.5, 0.5], np.float32))  # ratios 1.0, 1.5, 0.5
 ADVANTAGES = np.array([1.0, 2.0, -1.0], np.float32)
 RETURNS = np.array([1.0, 1.0, 0.0], np.float32)
+ALL_ACTIVE = np.ones(3, np.float32)
 OBS = np.zeros((3, 4), np.float32)
 
 
@@ -84,7 +85,7 @@ def stub_apply(params, obs):
 def run_loss(config: PPOConfig, params=None):
     params = params or {"logits": jnp.asarray(LOGITS), "values": jnp.asarray(VALUES)}
     return ppo_loss(params, stub_apply, CATEGORICAL, OBS, ACTIONS, OLD_LOGP, VALUES, ADVANTAGES,
-                    RETURNS, config)
+                    RETURNS, ALL_ACTIVE, config)
 
 
 def check(info: dict, key: str, expected: float) -> None:
@@ -187,11 +188,11 @@ def test_value_clipping_takes_the_larger_error():
     old_values = np.array([0.0, 1.0, 3.0], np.float32)
     params = {"logits": jnp.asarray(LOGITS), "values": jnp.asarray(VALUES)}
     _, info = ppo_loss(params, stub_apply, CATEGORICAL, OBS, ACTIONS, OLD_LOGP, old_values,
-                       ADVANTAGES, RETURNS, config)
+                       ADVANTAGES, RETURNS, ALL_ACTIVE, config)
     check(info, "value_loss", 0.5 * 8.48 / 3)
     unclipped = dataclasses.replace(config, clip_value_loss=False)
     _, info = ppo_loss(params, stub_apply, CATEGORICAL, OBS, ACTIONS, OLD_LOGP, old_values,
-                       ADVANTAGES, RETURNS, unclipped)
+                       ADVANTAGES, RETURNS, ALL_ACTIVE, unclipped)
     check(info, "value_loss", 0.5 * 4.25 / 3)
 
 

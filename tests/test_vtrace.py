@@ -237,6 +237,10 @@ def test_impala_loss_gradients():
         truncated=np.zeros((T, B), np.float32),
         trunc_values=np.zeros((T, B), np.float32),
         state=np.zeros((1, B, 0), np.float32),
+        active=np.ones((T, B), np.float32),
+        action_mask=np.ones((T, B, 0), bool),
+        global_state=np.zeros((T + 1, B, 0), np.float32),
+        trunc_global_state=np.zeros((T, B, 0), np.float32),
     )
     params = {"logits": jnp.asarray(rng.normal(size=((T + 1) * B, A)), jnp.float32),
               "values": jnp.asarray(rng.normal(size=(T + 1) * B), jnp.float32)}

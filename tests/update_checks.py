@@ -13,7 +13,7 @@ import optax
 from learners.algorithms import Sizes
 from learners.networks import Policy, init_policy_params, make_policy
 from learners.train_state import Batch, TrainState, init_train_state
-from srl_jax.env_spec import EnvSpec, with_core
+from srl_jax.env_spec import EnvSpec, with_network
 from tests.conftest import make_config
 
 T, B, OBS_SHAPE, ACTIONS_N = 8, 4, (4,), 2
@@ -45,6 +45,10 @@ def random_batch(seed: int = 0, state_size: int = 0) -> Batch:
         truncated=truncated.astype(np.float32),
         trunc_values=rng.normal(size=(T, B)).astype(np.float32),
         state=rng.normal(size=(1, B, state_size)).astype(np.float32),
+        active=np.ones((T, B), np.float32),
+        action_mask=np.ones((T, B, 0), bool),
+        global_state=np.zeros((T + 1, B, 0), np.float32),
+        trunc_global_state=np.zeros((T, B, 0), np.float32),
     )
 
 
@@ -54,7 +58,7 @@ def small_policy_state(optimizer: optax.GradientTransformation,
     train state, from a fixed seed."""
     config = make_config(["network.hidden=[16, 16]", f"network.core={core}",
                           f"network.core_size={CORE_SIZE}"])
-    spec = with_core(EnvSpec(OBS_SHAPE, np.dtype(np.float32), ACTIONS_N, False), config.network)
+    spec = with_network(EnvSpec(OBS_SHAPE, np.dtype(np.float32), ACTIONS_N, False), config.network)
     policy, network = make_policy(config, spec)
     params = init_policy_params(network, OBS_SHAPE, seed=3)
     return policy, init_train_state(params, optimizer, seed=3)
