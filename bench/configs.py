@@ -14,8 +14,9 @@ For every config in ``configs/`` (or those named) it
    why the run stopped;
 3. plays the same environment with uniform random actions through the split an
    actor steps (``actors.actor_worker.make_split``), so episodes are counted as
-   in training: whole Atari games with their raw score, the team return of a
-   multi-agent env. That is the floor a config must rise above.
+   in training: whole Atari games with their raw score, the mean of every agent's
+   own return in a multi-agent env (its `episode_return_mean`). That is the floor a
+   config must rise above.
 
 Results merge into ``bench/results/configs.json`` one config at a time (each
 entry with its own date and machine), so configs can be measured separately;
@@ -67,6 +68,7 @@ from srl_jax.analysis import CONFIG_PREFIX, RETURN, load_run, summarize
 from srl_jax.config import EnvConfig, ExperimentConfig, is_pettingzoo, policy_names
 from srl_jax.config_loader import load_config
 from srl_jax.env_spec import EnvSpec
+from srl_jax.metrics import agent_mean_returns
 
 FIGURES_DIR = REPO_ROOT / "docs" / "figures"
 EVAL_RETURN = "eval_return_mean"
@@ -194,7 +196,8 @@ def random_returns(env: EnvConfig, episodes: int, max_s: float, seed: int = 0) -
         while len(returns) < episodes and time.monotonic() < deadline:
             actions = [random_actions(spec, len(obs), rng)
                        for spec, obs in zip(specs, split.obs, strict=True)]
-            returns += split.step(actions).episode_returns
+            returns += agent_mean_returns(split.step(actions).episode_returns,
+                                          sum(spec.agents for spec in specs))
     finally:
         split.close()
     return returns[:episodes]

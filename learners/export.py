@@ -10,12 +10,14 @@ The policy is rebuilt from the config saved in the checkpoint and takes the
 checkpoint's parameters (with their observation statistics). It acts on one
 observation or a batch, deterministically (the most likely action) by default.
 A multi-agent run's policies load together with `load_team`, and
-`play_team_episode` plays them in their environment.
+`play_team_episode` plays them in their environment (one `MultiAgentSplit` of one
+env, made once and reused for every episode).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +31,10 @@ from learners.networks import Policy, init_policy_params, make_policy
 from learners.train_state import init_train_state
 from srl_jax.checkpoint import Checkpointer, restore_params
 from srl_jax.checkpoint_location import filesystem_problem, location_problem
-from srl_jax.config import DEFAULT_POLICY, EnvConfig, ExperimentConfig, policy_names
+from srl_jax.config import DEFAULT_POLICY, ExperimentConfig, policy_names
 from srl_jax.config_loader import config_from_dict, import_plugins
 from srl_jax.env_spec import EnvSpec
+from srl_jax.metrics import agent_mean_returns
 from srl_jax.run_dir import (
     checkpoint_meta,
     checkpoint_root,
@@ -114,33 +117,51 @@ def play_episode(policy: TrainedPolicy, env: Any, seed: int | None, deterministi
     return total, length
 
 
-def play_team_episode(policies: Sequence[TrainedPolicy], env: EnvConfig, seed: int,
+@dataclass
+class TeamEpisode:
+    """One episode of a multi-agent environment, its returns as training reports them."""
+
+    returns: dict[str, float]
+    """Policy name -> the mean of its agents' own returns."""
+    team_return: float
+    """All agents' rewards summed."""
+    agent_mean: float
+    """The mean of every agent's own return (what `episode_return_mean` counts)."""
+    length: int
+    """Env steps."""
+
+
+def play_team_episode(policies: Sequence[TrainedPolicy], split: MultiAgentSplit, seed: int,
                       deterministic: bool = True, frames: list[np.ndarray] | None = None,
-                      on_step: Callable[[], bool] | None = None) -> tuple[float, int]:
-    """One episode of a multi-agent environment, each of `policies` (in `policy_names`
-    order) acting for its agents: (team return, length in env steps), the team
-    return summed over all agents as training reports it. Appends rendered frames to
-    `frames` if given (`env` must then render, e.g. kwargs render_mode='rgb_array')."""
-    split = MultiAgentSplit(env, 1, [seed])
-    total, length = 0.0, 0
+                      on_step: Callable[[], bool] | None = None) -> TeamEpisode:
+    """One episode of `split`'s one environment, started anew from `seed`, each of
+    `policies` (in `policy_names` order) acting for its agents. Make the split once
+    (`MultiAgentSplit(env, 1, [seed])`) and pass it to every episode; its owner closes
+    it. Appends rendered frames to `frames` if given (the env must then render, e.g.
+    kwargs render_mode='rgb_array'); `on_step` is called after every step and may end
+    the episode early by returning False."""
+    split.reset([seed])
+    sums, length = np.zeros(len(policies)), 0
     for policy in policies:
         policy.reset()
-    try:
-        while True:
-            if frames is not None:
-                frames.append(split.envs[0].render())
-            actions = [policy.act_batch(obs, deterministic)
-                       for policy, obs in zip(policies, split.obs, strict=True)]
-            step = split.step([list(a) if p.spec.continuous else a.tolist()
-                               for p, a in zip(policies, actions, strict=True)])
-            for policy, result in zip(policies, step.results, strict=True):
-                policy.reset(result.terminated | result.truncated)  # agents out of play
-            total += sum(float(result.rewards.sum()) for result in step.results)
-            length += 1
-            if step.episode_returns or (on_step is not None and not on_step()):
-                return total, length
-    finally:
-        split.close()
+    while True:
+        if frames is not None:
+            frames.append(split.envs[0].render())
+        actions = [policy.act_batch(obs, deterministic)
+                   for policy, obs in zip(policies, split.obs, strict=True)]
+        step = split.step([list(a) if p.spec.continuous else a.tolist()
+                           for p, a in zip(policies, actions, strict=True)])
+        for p, (policy, result) in enumerate(zip(policies, step.results, strict=True)):
+            policy.reset(result.terminated | result.truncated)  # agents out of play
+            sums[p] += float(result.rewards.sum())
+        length += 1
+        if step.episode_returns or (on_step is not None and not on_step()):
+            break
+    agents = [len(result.rewards) for result in step.results]  # one env: its agents
+    team = float(sums.sum())
+    return TeamEpisode({name: float(total) / n for name, total, n in
+                        zip(split.policies, sums, agents, strict=True)},
+                       team, agent_mean_returns([team], sum(agents))[0], length)
 
 
 def load_team(run_dir: str | Path, step: int | None = None, best: bool = False,

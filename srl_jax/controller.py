@@ -28,7 +28,14 @@ from typing import Any
 import zmq
 
 from srl_jax.backends import BackendError, LaunchBackend, WorkerHandle
-from srl_jax.config import DEFAULT_POLICY, ExperimentConfig, member_names, run_policies
+from srl_jax.config import (
+    DEFAULT_POLICY,
+    ExperimentConfig,
+    is_pettingzoo,
+    member_names,
+    policy_names,
+    run_policies,
+)
 from srl_jax.incarnation import Incarnation
 from srl_jax.log_stream import LogSink
 from srl_jax.metrics import DEVICE_MEMORY, MetricsAggregator, MetricsWriter, ProgressDisplay
@@ -163,8 +170,8 @@ class Controller:
         self._progress_at = self._next_stall_log = self.started
         self.started_wall = time.time()
         self.startup = StartupTimeline(launched or self.started_wall)
-        self._member_latest: dict[str, dict[str, float]] = {}
-        """A population's members' latest value of each stop metric, by metric."""
+        self._policy_latest: dict[str, dict[str, float]] = {}
+        """Each policy's (population member's) latest value of each stop metric, by metric."""
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self._finish(f"interrupted by {signal.Signals(signum).name}", EXIT_INTERRUPTED)
@@ -417,39 +424,52 @@ class Controller:
             text += f" waits {now - since:.0f}s on {what}"
         return text
 
-    def _lowest_member(self, row: dict[str, Any], metric: str) -> float:
-        """A population's progress in `metric`: the lowest of its members' latest values
-        (-inf until every member has one)."""
-        latest = self._member_latest.setdefault(metric, {})
-        for member in member_names(self.config.population.members):
-            if (key := f"policy/{member}/{metric}") in row:
-                latest[member] = row[key]
-        if len(latest) < self.config.population.members:
+    def _target_policies(self) -> tuple[list[str], str] | None:
+        """Whose own returns the targets read, and how the stop reason names them: a
+        population's members, or a multi-agent run's policies (`stop.policy` alone when
+        set); None: the run's one return (`episode_return_mean`, `eval_return_mean`)."""
+        if members := member_names(self.config.population.members):
+            return members, "every member's"
+        if not is_pettingzoo(self.config.env.id):
+            return None
+        if (chosen := self.config.stop.policy) is not None:
+            return [chosen], f"policy {chosen}'s"
+        return policy_names(self.config.env), "every policy's"
+
+    def _lowest(self, row: dict[str, Any], metric: str, names: list[str]) -> float:
+        """Progress of policies `names` in `metric`: the lowest of their latest
+        `policy/<name>/<metric>` (-inf until every one has one)."""
+        latest = self._policy_latest.setdefault(metric, {})
+        for name in names:
+            if (key := f"policy/{name}/{metric}") in row:
+                latest[name] = row[key]
+        if len(latest) < len(names):
             return -float("inf")
         return min(latest.values())
 
-    def _member_target(self, row: dict[str, Any]) -> str | None:
-        """Why a population run ends on a target: every member's return (or evaluation
-        return) reached it."""
+    def _policy_target(self, row: dict[str, Any], names: list[str], whose: str) -> str | None:
+        """Why a run ends on a target that policies `names` read with their own returns
+        (or evaluation returns): each one's reached it."""
         stop = self.config.stop
         for metric, target in (("episode_return_mean", stop.target_return),
                                ("eval_return_mean", stop.target_eval_return)):
-            if target is not None and (lowest := self._lowest_member(row, metric)) >= target:
-                return (f"every member's {metric} reached the target {target:g} (lowest "
-                        f"{lowest:.1f}) at {row['env_frames']} frames, {row['time']:.1f}s")
+            if target is not None and (lowest := self._lowest(row, metric, names)) >= target:
+                figure = f"lowest {lowest:.1f}" if len(names) > 1 else f"{lowest:.1f}"
+                return (f"{whose} {metric} reached the target {target:g} ({figure}) at "
+                        f"{row['env_frames']} frames, {row['time']:.1f}s")
         return None
 
     def _check_stop(self, row: dict[str, Any]) -> None:
         stop = self.config.stop
-        population = bool(self.config.population.members)
-        if population and (reason := self._member_target(row)):
+        targets = self._target_policies()
+        if targets is not None and (reason := self._policy_target(row, *targets)):
             self._finish(reason, EXIT_OK)
-        elif not population and stop.target_return is not None and row.get(
+        elif targets is None and stop.target_return is not None and row.get(
                 "episode_return_mean", -float("inf")) >= stop.target_return:
             self._finish(f"episode_return_mean {row['episode_return_mean']:.1f} reached the "
                          f"target {stop.target_return:g} at {row['env_frames']} frames, "
                          f"{row['time']:.1f}s", EXIT_OK)
-        elif not population and stop.target_eval_return is not None and row.get(
+        elif targets is None and stop.target_eval_return is not None and row.get(
                 "eval_return_mean", -float("inf")) >= stop.target_eval_return:
             self._finish(f"eval_return_mean {row['eval_return_mean']:.1f} of version "
                          f"{row['eval_policy_version']} reached the target "

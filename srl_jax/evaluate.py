@@ -4,8 +4,11 @@ Loads the newest checkpoint of a run directory (or `--step`, or `--best`), from
 where the run wrote them (its `checkpoint.dir`) or from `--checkpoint-dir`,
 plays N episodes with the most likely action (or sampled ones with
 `--stochastic`) and prints the mean return. A multi-agent run's policies play
-together, and the return is the team's. With `--video` it also writes an MP4
-of the first episode, for environments that render rgb_array frames.
+together in one env made once for all episodes; it prints each policy's own return
+(the mean of its agents'), the team return (all agents' rewards summed) and, as
+"return", the mean of every agent's own return (what `episode_return_mean` counts).
+With `--video` it also writes an MP4 of the first episode, for environments that
+render rgb_array frames.
 Exit code 2 with one line when there is nothing to evaluate.
 """
 
@@ -24,7 +27,7 @@ import numpy as np
 from srl_jax.config import is_pettingzoo
 
 if TYPE_CHECKING:
-    from learners.export import TrainedPolicy
+    from learners.export import TeamEpisode, TrainedPolicy
 
 EXIT_USAGE = 2
 VIDEO_FPS = 30
@@ -61,12 +64,12 @@ def write_video(path: Path, frames: list[np.ndarray]) -> None:
 
 
 def _make_player(team: list[TrainedPolicy], args: argparse.Namespace
-                 ) -> Callable[..., tuple[float, int]]:
-    """play(seed, frames) -> (return, length): one episode of the team's environment (the
-    team return of a multi-agent one); ValueError when the env cannot be made."""
+                 ) -> Callable[..., TeamEpisode]:
+    """play(seed, frames) -> the episode's returns and length, in the team's environment
+    (made here once, closed at exit); ValueError when the env cannot be made."""
     from actors.envs import make_env
-    from actors.multi_agent import make_parallel_env
-    from learners.export import play_episode, play_team_episode
+    from actors.multi_agent import MultiAgentSplit
+    from learners.export import TeamEpisode, play_episode, play_team_episode
 
     config, deterministic = team[0].config.env, not args.stochastic
     render_mode = "rgb_array" if args.video else None
@@ -74,15 +77,25 @@ def _make_player(team: list[TrainedPolicy], args: argparse.Namespace
         if is_pettingzoo(config.id):
             kwargs = dict(config.kwargs, render_mode=render_mode) if render_mode else config.kwargs
             config = dataclasses.replace(config, kwargs=kwargs)
-            make_parallel_env(config).close()  # it can be made, renderer included
-            return lambda seed, frames: play_team_episode(team, config, seed, deterministic,
+            split = MultiAgentSplit(config, 1, [args.seed])  # renderer included
+            atexit.register(split.close)
+            return lambda seed, frames: play_team_episode(team, split, seed, deterministic,
                                                           frames)
         env = make_env(config, render_mode=render_mode)
     except Exception as error:  # a renderer (e.g. pygame) that is not installed
         raise ValueError(f"cannot make '{config.id}'"
                          f"{' with rgb_array rendering' if args.video else ''}: {error}") from None
     atexit.register(env.close)
-    return lambda seed, frames: play_episode(team[0], env, seed, deterministic, frames)
+
+    def play(seed: int, frames: list[np.ndarray] | None) -> TeamEpisode:
+        episode_return, length = play_episode(team[0], env, seed, deterministic, frames)
+        return TeamEpisode({}, episode_return, episode_return, length)
+
+    return play
+
+
+def _spread(values: list[float]) -> str:
+    return f"{np.mean(values):.2f} +- {np.std(values):.2f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,20 +117,27 @@ def main(argv: list[str] | None = None) -> int:
         if len(policies) > 1 else str(team[0].step)
     print(f"{team[0].config.env.id}: checkpoint step {steps} of {args.run_dir}", flush=True)
     frames: list[np.ndarray] | None = [] if args.video else None
-    returns, lengths = [], []
+    episodes = []
     for episode in range(args.episodes):
-        episode_return, length = play(args.seed + episode, frames if episode == 0 else None)
-        returns.append(episode_return)
-        lengths.append(length)
-        print(f"episode {episode + 1}/{args.episodes}: return {episode_return:.1f}, "
-              f"length {length}", flush=True)
+        played = play(args.seed + episode, frames if episode == 0 else None)
+        episodes.append(played)
+        own = "; ".join([*(f"{name} {value:.1f}" for name, value in played.returns.items()),
+                         f"team {played.team_return:.1f}"]) if played.returns else ""
+        print(f"episode {episode + 1}/{args.episodes}: return {played.agent_mean:.1f}"
+              f"{f' ({own})' if own else ''}, length {played.length}", flush=True)
     if frames is not None:
         path = args.video if isinstance(args.video, Path) else \
             args.run_dir / "videos" / f"step-{team[0].step}.mp4"
         write_video(path, frames)
         print(f"video of episode 1: {path}")
-    print(f"mean return {np.mean(returns):.2f} +- {np.std(returns):.2f} over {args.episodes} "
-          f"episodes (mean length {np.mean(lengths):.1f})")
+    print(f"mean return {_spread([e.agent_mean for e in episodes])} over {args.episodes} "
+          f"episodes (mean length {np.mean([e.length for e in episodes]):.1f})")
+    if episodes[0].returns:  # a multi-agent run: "return" is the mean of every agent's own
+        for name in episodes[0].returns:
+            print(f"policy {name}: mean return {_spread([e.returns[name] for e in episodes])}"
+                  " (the mean of its agents' own returns)")
+        print(f"team: mean return {_spread([e.team_return for e in episodes])} "
+              "(all agents' rewards summed)")
     return 0
 
 

@@ -22,7 +22,7 @@ from srl_jax.chunk_spec import run_chunk_layout
 from srl_jax.config import ConfigError, policy_names, request_rows
 from srl_jax.config_loader import load_config
 from srl_jax.launch import check_before_launch
-from srl_jax.metrics import POLICY_RETURN, MetricsAggregator
+from srl_jax.metrics import POLICY_RETURN, TEAM_RETURN, MetricsAggregator
 from srl_jax.run_dir import checkpoint_steps, evaluated_root, read_status, step_meta, steps_in
 from srl_jax.streams import send
 from tests.conftest import REPO, read_metrics, stop_when, write_run_dir
@@ -92,11 +92,13 @@ def test_metrics_report_each_policy_and_the_team():
     metrics.observe("learner-others-0", "learner", {"policy_version": 3, "train/loss": 0.25},
                     {}, policy="others")
     metrics.observe("actor-0", "actor", {"env_frames": 100}, {
-        "episode_return": np.array([-60.0, -90.0]), "episode_length": np.array([25, 25]),
+        "episode_return": np.array([-20.0, -30.0]), "episode_length": np.array([25, 25]),
+        TEAM_RETURN: np.array([-60.0, -90.0]),
         POLICY_RETURN + "first": np.array([-20.0, -30.0]),
         POLICY_RETURN + "others": np.array([-20.0, -20.0, -30.0, -30.0])})
     row = metrics.row(1.0)
-    assert row["episode_return_mean"] == -75.0, "the team return"
+    assert row["episode_return_mean"] == -25.0, "the mean of every agent's own return"
+    assert row["team_return_mean"] == -75.0, "all agents' rewards summed"
     assert row["policy/first/episode_return_mean"] == -25.0
     assert row["policy/others/episode_return_mean"] == -25.0
     assert row["policy/first/policy_version"] == 7
@@ -135,10 +137,12 @@ def test_a_recurrent_shared_policy_streams_every_agent_through_remote_inference(
     assert last["env_frames"] >= 1500 and last["learner_steps"] >= 2
     assert last["system/wire_rejected"] == 0
     assert any(r.get("inference/batch_rows_mean", 0) >= 6 for r in rows), "6 agents a split"
-    team = [r["episode_return_mean"] for r in rows if "episode_return_mean" in r]
-    agent = [r["policy/default/episode_return_mean"] for r in rows
-             if "policy/default/episode_return_mean" in r]
-    assert team and agent and all(t < 0 for t in team)
+    returned = [r for r in rows if "episode_return_mean" in r]
+    assert returned and all(r["episode_return_mean"] < 0 for r in returned)
+    for r in returned:  # one shared policy: its agents' mean return is every agent's
+        assert r["policy/default/episode_return_mean"] == pytest.approx(
+            r["episode_return_mean"], abs=0.002)
+        assert r["team_return_mean"] == pytest.approx(3 * r["episode_return_mean"], abs=0.01)
     assert [w["name"] for w in read_status(run_dir)["workers"]] == [
         "learner-0", "inference-0", "actor-0"]
     assert checkpoint_steps(run_dir), "the default policy checkpoints where it always did"
@@ -165,16 +169,24 @@ def test_each_policy_has_its_own_workers_evaluations_checkpoints_and_resume(proc
     assert not checkpoint_steps(run_dir), "no policy is the default one"
 
     evaluated = [r for r in rows if "eval_return_mean" in r]
-    assert evaluated and all(r["eval_return_mean"] < 0 for r in evaluated), "MPE team returns"
+    assert evaluated and all(r["eval_return_mean"] < 0 for r in evaluated), "MPE returns"
+    for r in evaluated:  # 1 + 2 agents: every agent's mean, and the sum of all three
+        own = r["policy/first/eval_return_mean"] + 2 * r["policy/others/eval_return_mean"]
+        assert r["eval_return_mean"] == pytest.approx(own / 3, abs=0.01)
+        assert r["team_eval_return_mean"] == pytest.approx(own, abs=0.01)
+        assert r["policy/others/eval_policy_version"] >= r["eval_policy_version"]
     saved = {}
     for policy in ("first", "others"):
         steps = steps_in(evaluated_root(run_dir, policy))
-        assert len(steps) == 1, f"{policy}'s parameters of the best evaluation"
+        assert len(steps) == 1, f"{policy}'s parameters of its best evaluation"
         meta = step_meta(evaluated_root(run_dir, policy), steps[0])
-        best = max(r["eval_return_mean"] for r in evaluated)
+        best = max(r[f"policy/{policy}/eval_return_mean"] for r in evaluated)
         # An evaluation that ends while the run stops is saved but reaches no row.
-        assert meta["eval_return_mean"] >= best - 1e-3, "the best evaluation (rows are rounded)"
+        assert meta["eval_return_mean"] >= best - 1e-3, "its own best (rows are rounded)"
         saved[policy] = steps[0]
+    returned = [r for r in rows if "episode_return_mean" in r]
+    assert returned and all(r["team_return_mean"] == pytest.approx(
+        3 * r["episode_return_mean"], abs=0.01) for r in returned), "3 agents: sum = 3 x mean"
     assert not steps_in(evaluated_root(run_dir)), "no policy is the default one"
     team = load_team(run_dir, best=True)
     assert list(team) == ["first", "others"]
@@ -190,7 +202,10 @@ def test_each_policy_has_its_own_workers_evaluations_checkpoints_and_resume(proc
     assert (f"checkpoint step first {saved['first']}, others {saved['others']}" in out)
     episodes = [line for line in out.splitlines() if line.startswith("episode ")]
     assert len(episodes) == 2 and all("length 25" in line for line in episodes), out
+    assert all("(first " in line and "; team " in line for line in episodes), out
     assert float(out.split("mean return ")[1].split()[0]) < 0
+    assert "policy first: mean return" in out and "policy others: mean return" in out
+    assert "team: mean return" in out
     assert video.stat().st_size > 0
 
     steps = {p: checkpoint_steps(run_dir, policy=p)[-1] for p in ("first", "others")}
