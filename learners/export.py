@@ -27,6 +27,7 @@ import numpy as np
 from actors.envs import policy_spec
 from actors.multi_agent import MultiAgentSplit
 from learners.algorithms import algorithm, algorithm_config, live_values, sizes
+from learners.distributions import mask_logits
 from learners.networks import Policy, init_policy_params, make_policy
 from learners.train_state import init_train_state
 from srl_jax.checkpoint import Checkpointer, restore_params
@@ -61,14 +62,15 @@ class TrainedPolicy:
         self.state = np.zeros((0, spec.state_size), np.float32)
         """The recurrent state of each row of the last batch (width 0 without a core)."""
 
-        def act(params: Any, obs: jax.Array, state: jax.Array, key: jax.Array,
+        def act(params: Any, obs: jax.Array, state: jax.Array, mask: jax.Array, key: jax.Array,
                 deterministic: bool) -> tuple[jax.Array, jax.Array]:
             out, _, new_state = policy.apply(params, obs, state)
+            out = mask_logits(out, mask)
             if deterministic:
                 return policy.dist.mode(out), new_state
             return policy.dist.sample(key, out), new_state
 
-        self._act = jax.jit(act, static_argnums=4)
+        self._act = jax.jit(act, static_argnums=5)
 
     def reset(self, rows: np.ndarray | None = None) -> None:
         """Start new episodes: zero the recurrent state of `rows` (all rows if None)."""
@@ -77,15 +79,18 @@ class TrainedPolicy:
         else:
             self.state[rows] = 0.0
 
-    def act_batch(self, obs: np.ndarray, deterministic: bool = True) -> np.ndarray:
-        """Actions for a batch of observations [N, ...], clipped to the action space; a
-        batch of another size than the last starts from a zero state."""
+    def act_batch(self, obs: np.ndarray, deterministic: bool = True,
+                  mask: np.ndarray | None = None) -> np.ndarray:
+        """Actions for a batch of observations [N, ...], among the legal ones of `mask`
+        [N, A] where the env masks actions, clipped to the action space; a batch of
+        another size than the last starts from a zero state."""
         self._calls += 1
         key = jax.random.fold_in(self._key, self._calls)
         batch = np.asarray(obs, self.spec.obs_dtype)
         if len(self.state) != len(batch):
             self.state = np.zeros((len(batch), self.spec.state_size), np.float32)
-        actions, state = self._act(self.params, batch, self.state, key, deterministic)
+        legal = np.ones((len(batch), 0), bool) if mask is None else np.asarray(mask, bool)
+        actions, state = self._act(self.params, batch, self.state, legal, key, deterministic)
         actions, self.state = np.asarray(actions), np.array(state)
         if self.spec.continuous:
             actions = np.clip(actions, self.spec.action_low, self.spec.action_high)
@@ -147,8 +152,8 @@ def play_team_episode(policies: Sequence[TrainedPolicy], split: MultiAgentSplit,
     while True:
         if frames is not None:
             frames.append(split.envs[0].render())
-        actions = [policy.act_batch(obs, deterministic)
-                   for policy, obs in zip(policies, split.obs, strict=True)]
+        actions = [policy.act_batch(obs, deterministic, mask) for policy, obs, mask
+                   in zip(policies, split.obs, split.masks, strict=True)]
         step = split.step([list(a) if p.spec.continuous else a.tolist()
                            for p, a in zip(policies, actions, strict=True)])
         for p, (policy, result) in enumerate(zip(policies, step.results, strict=True)):

@@ -4,6 +4,9 @@ agents appear and die mid-episode and whose legal actions change every step
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,7 +23,7 @@ from learners.ppo_config import PPOConfig
 from learners.train_state import init_train_state, to_batch
 from srl_jax.config import EnvConfig
 from srl_jax.env_spec import with_network
-from tests.conftest import make_config
+from tests.conftest import make_config, stop_when
 
 MASKED = "pettingzoo:tests.masked_env"
 T, ENVS = 8, 3
@@ -186,3 +189,36 @@ def test_the_centralized_critic_reads_the_global_state_and_acting_needs_none():
     states = jnp.asarray(np.random.default_rng(0).normal(size=(4, 12)), jnp.float32)
     values = np.asarray(policy.critic(params, states))
     assert values.shape == (4,) and len(set(values.round(6))) == 4
+
+
+@pytest.mark.slow
+def test_a_masked_env_whose_agents_come_and_go_trains_end_to_end(processes, tmp_path):
+    """PPO with a centralized critic on the masked env: actors, servers, learner and
+    evaluator sample only legal actions (the env raises on any other: a worker would
+    crash and restart), padding rows train nothing, and `srl_jax.evaluate` plays it."""
+    run_dir = tmp_path / "run"
+    args = [sys.executable, "-m", "srl_jax.launch", "mpe_spread_ppo", "--run-dir", str(run_dir),
+            "--quiet"]
+    for override in (f"env.id={MASKED}", "env.kwargs={}", "actors.count=1", "actors.envs=4",
+                     "actors.splits=2", "actors.trajectory_length=8", "inference.max_batch=16",
+                     "learner.batch_envs=8", "learner.ppo.epochs=2", "network.critic=global",
+                     "evaluation.every_updates=2", "evaluation.episodes=2",
+                     "stop.env_frames=10000000"):
+        args += ["--set", override]
+    process = processes.start(args, log=tmp_path / "launch.log")
+    rows = stop_when(process, run_dir, lambda row: row.get("learner_steps", 0) >= 4
+                     and "eval_return_mean" in row, 120, tmp_path / "launch.log")
+    last = rows[-1]
+    assert last["system/restarts"] == 0, "no worker met an illegal action"
+    assert last["system/wire_rejected"] == 0
+    returned = [r for r in rows if "episode_return_mean" in r]
+    assert returned and all(0 <= r["episode_return_mean"] <= 8 for r in returned)
+    entropies = [r["learner/entropy"] for r in rows if "learner/entropy" in r]
+    assert entropies and all(0 < e <= np.log(2) + 1e-3 for e in entropies), \
+        "two legal actions at most"
+    evaluate = subprocess.run([sys.executable, "-m", "srl_jax.evaluate", str(run_dir),
+                               "--episodes", "3", "--stochastic"],
+                              capture_output=True, text=True, timeout=120)
+    assert evaluate.returncode == 0, evaluate.stderr
+    assert len([line for line in evaluate.stdout.splitlines()
+                if line.startswith("episode ")]) == 3
