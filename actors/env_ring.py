@@ -160,7 +160,6 @@ class ChunkBuilder:
         self.t = 0
         self.arrays = empty_chunk(self.length, self.n, self.spec)
         self.arrays["obs"][0] = first_obs
-        self.arrays["active"][:] = True
         if self.spec.global_state_size:
             self.arrays["global_state"][0] = first_state
 

@@ -96,8 +96,11 @@ class ReplayBuffer:
         self.generations[where] = self.inserts
         self.live[where] = True
         leaves = self._leaves(where)
-        self.priorities[leaves] = self.max_priority
-        self.tree.update(leaves, np.full(len(leaves), self.max_priority ** self.alpha))
+        # Rows of agents out of play (multi-agent padding) are kept, for the windows of
+        # their neighbours, but at priority 0: never sampled, so no loss reads them.
+        active = np.swapaxes(chunk["active"], 0, 1).reshape(-1).astype(bool)
+        self.priorities[leaves] = np.where(active, self.max_priority, 0.0)
+        self.tree.update(leaves, np.where(active, self.max_priority ** self.alpha, 0.0))
         if self.frames is not None:
             stale = self.live & (self.obs[:, 0, 0] < self.frames.oldest)
             if stale.any():

@@ -43,6 +43,8 @@ class ChunkField:
     per_env: bool = False
     """One column per env rather than per agent (n / `EnvSpec.agents` columns): what
     every agent of an env shares, as the global state."""
+    fill: int = 0
+    """What an empty chunk holds before an actor writes it."""
 
     def rows(self, T: int) -> int:
         return {"T": T, "T+1": T + 1, "1": 1}[self.extent]
@@ -81,7 +83,7 @@ CHUNK_FIELDS: tuple[ChunkField, ...] = (
                "recurrent state of the acting policy at the first step (width 0: no core)"),
     ChunkField("active", "T", _scalar, _fixed(bool), F32,
                "the column's agent acted (false: padding for an agent out of play, which "
-               "no loss, statistic or metric reads)"),
+               "no loss, statistic or metric reads)", fill=1),
     ChunkField("action_mask", "T", lambda s: (s.action_dim if s.action_masked else 0,),
                _fixed(bool), AS_SENT, "legal actions at the step (width 0: all legal)"),
     ChunkField("global_state", "T+1", lambda s: (s.global_state_size,), _fixed(np.float32),
@@ -106,9 +108,10 @@ def chunk_layout(T: int, n: int, spec: EnvSpec,
 
 def empty_chunk(T: int, n: int, spec: EnvSpec,
                 fields: tuple[ChunkField, ...] = CHUNK_FIELDS) -> dict[str, np.ndarray]:
-    """A zeroed chunk of T steps and n columns, for an actor to fill."""
-    return {name: np.zeros(shape, dtype)
-            for name, (shape, dtype) in chunk_layout(T, n, spec, fields).items()}
+    """An empty chunk of T steps and n columns, for an actor to fill: zeros, but for the
+    fields that say otherwise (every column active)."""
+    layout = chunk_layout(T, n, spec, fields)
+    return {f.name: np.full(layout[f.name][0], f.fill, layout[f.name][1]) for f in fields}
 
 
 def batch_fields(fields: tuple[ChunkField, ...] = CHUNK_FIELDS) -> tuple[str, ...]:

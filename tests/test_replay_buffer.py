@@ -175,3 +175,16 @@ def test_the_epsilon_ladder_is_apex_formula_over_all_columns() -> None:
     explored = explore(actions, np.full(20_000, 0.3), 4, rng)
     assert abs(np.mean(explored != 0) - 0.3 * 3 / 4) < 0.01
     assert explore(actions, np.zeros(20_000), 4, rng) is actions
+
+
+def test_rows_of_agents_out_of_play_are_kept_but_never_sampled() -> None:
+    T, n = 6, 2
+    chunk = _chunk(T, n, VECTOR, np.random.default_rng(5))
+    chunk["active"][:3, 1] = False  # column 1's agent enters play at step 3
+    chunk["terminated"][:3, 1] = True
+    buffer = ReplayBuffer(100, T, n, VECTOR, 1, 0.0, 0.0, seed=0)
+    buffer.insert(chunk)
+    slots = buffer.sample(500, window=2)["slots"]
+    column, start = np.divmod(slots, T)
+    assert not ((column == 1) & (start < 3)).any()
+    assert ((column == 1) & (start >= 3)).any() and (column == 0).any()
