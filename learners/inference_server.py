@@ -182,14 +182,13 @@ class InferenceServer(Worker):
                 f"request state {None if state is None else (state.shape, str(state.dtype))} "
                 f"for {rows} rows of a policy with state size {spec.state_size} (float32)"))
             return None
-        mask = arrays.get("action_mask")
-        if not spec.action_masked and mask is None:
+        mask, width = arrays.get("action_mask"), spec.action_dim if spec.action_masked else 0
+        if mask is None and not width:
             mask = self._no_mask[:rows]
-        elif mask is None or mask.shape != (rows, spec.action_dim) or mask.dtype != bool:
+        elif mask is None or mask.shape != (rows, width) or mask.dtype != bool:
             self.rejects.reject(ValueError(
                 f"request action_mask {None if mask is None else (mask.shape, str(mask.dtype))} "
-                f"for {rows} rows of a policy with {spec.action_dim} actions "
-                f"({'masked' if spec.action_masked else 'unmasked'}, bool)"))
+                f"for {rows} rows of a policy with {width} masked actions (bool)"))
             return None
         opponent = arrays.get("opponent")
         if self.pool is not None and (opponent is None or opponent.shape != (rows,)

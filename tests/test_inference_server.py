@@ -168,6 +168,8 @@ def bad_messages(rng: np.random.Generator) -> list[list[bytes]]:
         request(np.zeros((0, 4), np.float32)),  # no rows
         request(np.zeros((MAX_BATCH + 1, 4), np.float32)),  # more rows than max_batch
         wire.encode("infer_request", {"split": 0, "seq": 0}, {"x": observations(2, rng)}),
+        wire.encode("infer_request", {"split": 0, "seq": 0},  # CartPole masks no action
+                    {"obs": observations(2, rng), "action_mask": np.ones((2, 2), bool)}),
     ]
 
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import zmq
 
 from actors.env_ring import ChunkBuilder
 from actors.multi_agent import MultiAgentSplit, multi_agent_specs
@@ -18,11 +20,16 @@ from learners import impala, ppo
 from learners.algorithms import Sizes
 from learners.distributions import CATEGORICAL, mask_logits
 from learners.impala_config import ImpalaConfig
+from learners.inference_server import InferenceServer
 from learners.networks import init_policy_params, make_policy
 from learners.ppo_config import PPOConfig
 from learners.train_state import init_train_state, to_batch
 from srl_jax.config import EnvConfig
 from srl_jax.env_spec import with_network
+from srl_jax.names import FileNameService
+from srl_jax.stream_table import INFERENCE, PARAMS
+from srl_jax.streams import RejectCounter, make_socket, receive, send
+from srl_jax.transport import Transport
 from tests.conftest import make_config, stop_when
 
 MASKED = "pettingzoo:tests.masked_env"
@@ -222,3 +229,45 @@ def test_a_masked_env_whose_agents_come_and_go_trains_end_to_end(processes, tmp_
     assert evaluate.returncode == 0, evaluate.stderr
     assert len([line for line in evaluate.stdout.splitlines()
                 if line.startswith("episode ")]) == 3
+
+
+def test_the_server_samples_legal_actions_and_drops_requests_whose_mask_does_not_fit(
+        tmp_path):
+    config = make_config([f"env.id={MASKED}", "network.hidden=[16]", "inference.max_batch=8",
+                          "inference.min_padded_batch=2"])
+    names = FileNameService(tmp_path / "names")
+    context = zmq.Context.instance()
+    params = make_socket(context, PARAMS.bind_type)
+    Transport(context).bind(params, names, PARAMS.key())
+    server = InferenceServer(config, 0, tmp_path, names)
+    server.setup()
+    dealer = make_socket(context, INFERENCE.connect_type)
+    dealer.connect(server.endpoint)
+    try:
+        rng = np.random.default_rng(0)
+        obs = rng.random((6, 7)).astype(np.float32)
+        mask = np.zeros((6, 4), bool)
+        mask[np.arange(6), rng.integers(0, 4, 6)] = True  # one legal action a row
+        for bad in ({"action_mask": mask[:, :3]}, {"action_mask": mask.astype(np.uint8)},
+                    {"action_mask": mask[:5]}, {}):
+            send(dealer, "infer_request", {"split": 0, "seq": 0}, {"obs": obs, **bad})
+        for seq in range(1, 4):
+            send(dealer, "infer_request", {"split": 0, "seq": seq},
+                 {"obs": obs, "action_mask": mask})
+        replies = []
+        deadline = time.monotonic() + 20
+        while len(replies) < 3:
+            assert time.monotonic() < deadline, "the good requests were not all answered"
+            server.run_once()
+            while dealer.poll(0):
+                received = receive(dealer, INFERENCE.connecter_receives, RejectCounter())
+                replies.append(received[1])
+        assert [r.meta["seq"] for r in replies] == [1, 2, 3], "no reply to a bad mask"
+        for reply in replies:
+            np.testing.assert_array_equal(reply.arrays["action"], np.flatnonzero(mask) % 4)
+            np.testing.assert_allclose(reply.arrays["logp"], 0.0, atol=1e-6)
+        assert server.rejects.count == 4
+    finally:
+        server.close()
+        dealer.close(linger=0)
+        params.close(linger=0)
