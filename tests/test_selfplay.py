@@ -10,9 +10,11 @@ trained policy's snapshots, and its episodes play several of them.
 from __future__ import annotations
 
 import sys
+import time
 
 import numpy as np
 import pytest
+import zmq
 from etils import epath
 
 from actors.env_ring import StepResult
@@ -21,14 +23,15 @@ from actors.opponents import OpponentDraws, ended_envs
 from learners.export import load_policy
 from learners.param_codec import params_to_arrays
 from learners.policy import make_runner
-from learners.pool_runner import PoolRunner
+from learners.pool_runner import PoolRunner, PoolSubscriber
 from srl_jax.config import ConfigError, acting_policies, run_policies
 from srl_jax.config_loader import load_config
 from srl_jax.launch import check_before_launch
 from srl_jax.opponent_pool import SnapshotPool, nearest_held, pick_version
 from srl_jax.run_dir import checkpoint_steps, pool_root, read_status
+from srl_jax.streams import RejectCounter, send
 from srl_jax.worker_kinds import worker_plan
-from tests.conftest import REPO, stop_when
+from tests.conftest import REPO, stop_when, wait_for
 
 RPS = REPO / "configs" / "rps_selfplay.yaml"
 
@@ -129,6 +132,34 @@ def test_a_pool_server_acts_each_row_with_its_snapshot():
     assert pool.versions == [10, 20], "an older incarnation's snapshot is ignored"
     with pytest.raises(ValueError):
         pool.take(30, 2, [10, 20, 30], {"params/w": np.zeros(2, np.float32)})
+
+
+def test_malformed_snapshots_are_counted_and_dropped():
+    config = load_config(RPS, [])
+    runner = make_runner(config, policy_spec(config, "opponent"), 0, 8, 8)
+    pool, rejects = PoolRunner(runner), RejectCounter()
+    context = zmq.Context()
+    publisher, socket = context.socket(zmq.PUB), context.socket(zmq.SUB)
+    try:
+        publisher.bind("inproc://pool")
+        socket.connect("inproc://pool")
+        socket.setsockopt(zmq.SUBSCRIBE, b"")
+        time.sleep(0.2)  # the subscription reaches the publisher
+        good = params_to_arrays(runner.params)
+        for meta, arrays in (({"version": "7", "incarnation": 1, "pool": [7]}, good),
+                             ({"version": 7, "incarnation": 1, "pool": "7"}, good),
+                             ({"version": 7, "incarnation": 1, "pool": [0, 3]}, good),
+                             ({"version": 7, "incarnation": 1, "pool": [7]},
+                              {"params/w": np.zeros(2, np.float32)}),
+                             ({"version": 7, "incarnation": 1, "pool": [0, 7]}, good)):
+            send(publisher, "snapshot", meta, arrays)
+        subscriber = PoolSubscriber(socket, pool, rejects)
+        wait_for(lambda: subscriber.poll() or pool.updates, 5, "the good snapshot")
+        assert rejects.count == 4 and pool.versions == [0, 7]
+    finally:
+        publisher.close(linger=0)
+        socket.close(linger=0)
+        context.term()
 
 
 def test_a_frozen_policy_has_inference_servers_but_no_learner():
