@@ -169,6 +169,9 @@ def test_chunk_builder_shapes_overlap_versions_and_trunc_values():
             "rewards": ((T, n), np.float32), "terminated": ((T, n), bool),
             "truncated": ((T, n), bool), "trunc_values": ((T, n), np.float32),
             "versions": ((T, n), np.int32), "state": ((1, n, 2), np.float32),
+            "active": ((T, n), bool), "action_mask": ((T, n, 0), bool),
+            "global_state": ((T + 1, n, 0), np.float32),
+            "trunc_global_state": ((T, n, 0), np.float32),
         }
         assert set(chunk) == set(expected)
         for key, (shape, dtype) in expected.items():
@@ -302,7 +305,10 @@ def test_actor_process_streams_consistent_chunks(tmp_path, processes, stats_sock
                       "actions": ((T, N), np.int32), "logp": ((T, N), np.float32),
                       "rewards": ((T, N), np.float32), "terminated": ((T, N), bool),
                       "truncated": ((T, N), bool), "trunc_values": ((T, N), np.float32),
-                      "versions": ((T, N), np.int32), "state": ((1, N, 0), np.float32)}
+                      "versions": ((T, N), np.int32), "state": ((1, N, 0), np.float32),
+                      "active": ((T, N), bool), "action_mask": ((T, N, 0), bool),
+                      "global_state": ((T + 1, N, 0), np.float32),
+                      "trunc_global_state": ((T, N, 0), np.float32)}
             assert set(chunk) == set(shapes)
             for key, (shape, dtype) in shapes.items():
                 assert chunk[key].shape == shape and chunk[key].dtype == dtype, key

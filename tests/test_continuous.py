@@ -34,6 +34,7 @@ from srl_jax.stream_table import STATS
 from srl_jax.streams import RejectCounter, receive, send
 from tests.conftest import REPO, make_config, stop_when, write_run_dir
 from tests.fakes import FakeServerAndLearner
+from tests.update_checks import single_agent_batch
 
 LOG_2PI = math.log(2 * math.pi)
 
@@ -192,7 +193,7 @@ def test_policy_normalizes_and_clips_observations():
 def continuous_batch(T: int, B: int, seed: int = 0) -> Batch:
     rng = np.random.default_rng(seed)
     obs = rng.normal([0.0, 0.5, 2.0], [1.0, 0.3, 4.0], (T + 1, B, 3)).astype(np.float32)
-    return Batch(obs=jnp.asarray(obs),
+    return single_agent_batch(obs=jnp.asarray(obs),
                  actions=jnp.asarray(rng.normal(0, 1.5, (T, B, 1)).astype(np.float32)),
                  logp=jnp.asarray(rng.normal(-1.3, 0.1, (T, B)).astype(np.float32)),
                  values=jnp.zeros((T + 1, B)),

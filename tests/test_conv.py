@@ -17,6 +17,7 @@ from srl_jax.config import ConfigError
 from srl_jax.config_checks import validate
 from srl_jax.env_spec import EnvSpec
 from tests.conftest import make_config
+from tests.update_checks import single_agent_batch
 
 FRAME = (36, 36, 4)
 """Small frames, for speed: the Nature-CNN's layers leave 1x1x64 of them."""
@@ -71,7 +72,7 @@ def test_both_convolutions_share_parameters_and_outputs(head: str) -> None:
 def frame_batch(seed: int = 0) -> Batch:
     rng = np.random.default_rng(seed)
     terminated = rng.random((T, B)) < 0.2
-    return Batch(
+    return single_agent_batch(
         obs=rng.integers(0, 256, (T + 1, B, *FRAME), dtype=np.uint8),
         actions=rng.integers(0, ACTIONS, (T, B)).astype(np.int32),
         logp=np.full((T, B), np.log(1 / ACTIONS), np.float32),

@@ -35,6 +35,7 @@ from srl_jax.transport import Transport
 from tests.conftest import Processes, make_config, wait_for, write_run_dir
 from tests.fakes import FakeServerAndLearner
 from tests.test_config import assert_one_config_error_line
+from tests.update_checks import single_agent_batch
 
 CORE = ["network.core=lstm", "network.core_size=8", "network.hidden=[16]"]
 S = 16
@@ -222,7 +223,7 @@ def burn_in_batch(seed: int = 0) -> Batch:
     terminated = np.zeros((BURN_T, BURN_B), np.float32)
     truncated = np.zeros((BURN_T, BURN_B), np.float32)
     terminated[3, 1] = truncated[0, 2] = 1.0
-    return Batch(
+    return single_agent_batch(
         obs=rng.normal(size=(BURN_T + 1, BURN_B, 4)).astype(np.float32),
         actions=rng.integers(0, 2, (BURN_T, BURN_B)).astype(np.int32),
         logp=np.log(rng.uniform(0.3, 0.7, (BURN_T, BURN_B))).astype(np.float32),

@@ -20,7 +20,6 @@ from learners.impala import (
 from learners.mesh import compile_update, make_learner_mesh, put_batch, replicated
 from learners.ppo import gae
 from learners.sequences import episode_starts, flat_unroll
-from learners.train_state import Batch
 from tests.update_checks import (
     SIZES,
     B,
@@ -28,6 +27,7 @@ from tests.update_checks import (
     check_update_trains_and_repeats,
     check_value_loss_halves,
     random_batch,
+    single_agent_batch,
     sizes_for,
     small_policy_state,
 )
@@ -227,7 +227,7 @@ def stub_apply(params, obs):
 def test_impala_loss_gradients():
     T, B, A = 4, 3, 2
     rng = np.random.default_rng(0)
-    batch = Batch(
+    batch = single_agent_batch(
         obs=np.zeros((T + 1, B, 1), np.float32),
         actions=rng.integers(0, A, (T, B)).astype(np.int32),
         logp=np.log(rng.uniform(0.2, 0.8, (T, B))).astype(np.float32),
@@ -237,10 +237,6 @@ def test_impala_loss_gradients():
         truncated=np.zeros((T, B), np.float32),
         trunc_values=np.zeros((T, B), np.float32),
         state=np.zeros((1, B, 0), np.float32),
-        active=np.ones((T, B), np.float32),
-        action_mask=np.ones((T, B, 0), bool),
-        global_state=np.zeros((T + 1, B, 0), np.float32),
-        trunc_global_state=np.zeros((T, B, 0), np.float32),
     )
     params = {"logits": jnp.asarray(rng.normal(size=((T + 1) * B, A)), jnp.float32),
               "values": jnp.asarray(rng.normal(size=(T + 1) * B), jnp.float32)}

@@ -29,13 +29,23 @@ def sizes_for(core: str, burn_in: int = 0) -> Sizes:
     return dataclasses.replace(SIZES, recurrent=core != "none", burn_in=burn_in)
 
 
+def single_agent_batch(**fields: Any) -> Batch:
+    """A `Batch` of `fields` and, for the fields only multi-agent envs fill, what a
+    single-agent actor sends: every row active, no action mask, no global state."""
+    T1, B = fields["values"].shape[:2]
+    return Batch(**fields, active=np.ones((T1 - 1, B), np.float32),
+                 action_mask=np.ones((T1 - 1, B, 0), bool),
+                 global_state=np.zeros((T1, B, 0), np.float32),
+                 trunc_global_state=np.zeros((T1 - 1, B, 0), np.float32))
+
+
 def random_batch(seed: int = 0, state_size: int = 0) -> Batch:
     """A [T+1, B] CartPole-shaped batch with some terminations and truncations, and a
     random stored state of `state_size` floats per column."""
     rng = np.random.default_rng(seed)
     terminated = rng.random((T, B)) < 0.1
     truncated = (rng.random((T, B)) < 0.1) & ~terminated
-    return Batch(
+    return single_agent_batch(
         obs=rng.normal(size=(T + 1, B, *OBS_SHAPE)).astype(np.float32),
         actions=rng.integers(0, ACTIONS_N, (T, B)).astype(np.int32),
         logp=np.full((T, B), np.log(0.5), np.float32),
@@ -45,10 +55,6 @@ def random_batch(seed: int = 0, state_size: int = 0) -> Batch:
         truncated=truncated.astype(np.float32),
         trunc_values=rng.normal(size=(T, B)).astype(np.float32),
         state=rng.normal(size=(1, B, state_size)).astype(np.float32),
-        active=np.ones((T, B), np.float32),
-        action_mask=np.ones((T, B, 0), bool),
-        global_state=np.zeros((T + 1, B, 0), np.float32),
-        trunc_global_state=np.zeros((T, B, 0), np.float32),
     )
 
 
