@@ -33,7 +33,6 @@ from srl_jax.config import (
     ExperimentConfig,
     is_pettingzoo,
     member_names,
-    policy_names,
     run_policies,
 )
 from srl_jax.incarnation import Incarnation
@@ -426,7 +425,7 @@ class Controller:
 
     def _target_policies(self) -> tuple[list[str], str] | None:
         """Whose own returns the targets read, and how the stop reason names them: a
-        population's members, or a multi-agent run's policies (`stop.policy` alone when
+        population's members, or a multi-agent run's trained policies (`stop.policy` alone when
         set); None: the run's one return (`episode_return_mean`, `eval_return_mean`)."""
         if members := member_names(self.config.population.members):
             return members, "every member's"
@@ -434,7 +433,7 @@ class Controller:
             return None
         if (chosen := self.config.stop.policy) is not None:
             return [chosen], f"policy {chosen}'s"
-        return policy_names(self.config.env), "every policy's"
+        return run_policies(self.config), "every trained policy's"  # frozen ones only act
 
     def _lowest(self, row: dict[str, Any], metric: str, names: list[str]) -> float:
         """Progress of policies `names` in `metric`: the lowest of their latest

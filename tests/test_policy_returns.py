@@ -125,7 +125,7 @@ def test_the_return_targets_read_the_chosen_policys_own_return(tmp_path: Path) -
                  "policy/runner/eval_return_mean": -10.0}
     assert _stop_reason(TAG, tmp_path / "v", [evaluated], "stop.target_eval_return=-12",
                         "evaluation.every_updates=5") == (
-        "every policy's eval_return_mean reached the target -12 (lowest -10.0) at 1000 "
+        "every trained policy's eval_return_mean reached the target -12 (lowest -10.0) at 1000 "
         "frames, 10.0s")
     assert _stop_reason(TAG, tmp_path / "h", [
         {"policy/adversary/episode_return_mean": 9.0},
@@ -134,7 +134,7 @@ def test_the_return_targets_read_the_chosen_policys_own_return(tmp_path: Path) -
     shared = {"episode_return_mean": -20.0, "team_return_mean": -60.0,
               "policy/default/episode_return_mean": -20.0}
     assert _stop_reason(SPREAD, tmp_path / "s", [shared], "stop.target_return=-30") == (
-        "every policy's episode_return_mean reached the target -30 (-20.0) at 1000 frames, "
+        "every trained policy's episode_return_mean reached the target -30 (-20.0) at 1000 frames, "
         "10.0s"), "one shared policy: its agents' mean return, never the team sum"
     cartpole = REPO / "configs" / "cartpole_ppo.yaml"
     assert _stop_reason(cartpole, tmp_path / "c", [{"episode_return_mean": 480.0}]) == (
