@@ -10,7 +10,9 @@ columns, env-major: column `env_index * n_agents + position`, where `position`
 is the agent's place among its policy's agents (in `possible_agents` order).
 Each policy's columns step like an `EnvSplit`'s envs (actors/env_ring.py), so
 the same `ChunkBuilder` fills them. With `env.agent_id`, a policy shared by
-several agents sees a one-hot of `position` appended to every observation.
+several agents sees a one-hot of `position` after every observation, which is
+flattened for that; an image keeps its shape in `EnvSpec.frame_shape`, and the
+network joins the ids after its convolutions, never into the pixels.
 """
 
 from __future__ import annotations
@@ -125,8 +127,9 @@ def multi_agent_specs(config: EnvConfig) -> dict[str, EnvSpec]:
 
     `agents` is the number of the policy's agents in one env (its columns per
     env). Float64 observations are reported (and delivered) as float32; with
-    `config.agent_id`, a policy of n > 1 agents observes n more entries (the
-    one-hot). Cached per (id, kwargs, policies, agent_id): making an env can be slow.
+    `config.agent_id`, a policy of n > 1 agents observes its flattened observation
+    and n more entries (the one-hot), images keeping their shape in `frame_shape`.
+    Cached per (id, kwargs, policies, agent_id): making an env can be slow.
     """
     key = (config.id, _freeze(config.kwargs), _freeze(config.policies), config.agent_id)
     try:
@@ -171,11 +174,11 @@ def _specs(config: EnvConfig) -> dict[str, EnvSpec]:
             spec = spec_from_spaces(obs_space, action_space, config.id)
             if spec.obs_dtype == np.float64:
                 spec = dataclasses.replace(spec, obs_dtype=np.dtype(np.float32))
-            if config.agent_id and len(members) > 1:
-                if len(spec.obs_shape) != 1:
-                    raise ConfigError(f"'env.agent_id' needs vector observations; '{config.id}' "
-                                      f"observes {list(spec.obs_shape)}: set env.agent_id: false")
-                spec = dataclasses.replace(spec, obs_shape=(spec.obs_shape[0] + len(members),))
+            if config.agent_id and len(members) > 1:  # the ids ride after the flat view
+                frame = spec.obs_shape if len(spec.obs_shape) != 1 else ()
+                spec = dataclasses.replace(
+                    spec, obs_shape=(int(np.prod(spec.obs_shape)) + len(members),),
+                    frame_shape=frame)
             masked = dict_mask or any(ACTION_MASK in (infos.get(a) or {}) for a in members)
             if masked and spec.continuous:
                 raise ConfigError(f"'env.id': '{config.id}' masks the actions of policy "
@@ -326,7 +329,7 @@ class MultiAgentSplit:
                 value = value[OBSERVATION]
             elif source == "infos":
                 masks[p][c] = (infos.get(agent) or {}).get(ACTION_MASK, True)
-            obs[p][c, self._raw[p]] = value
+            obs[p][c, self._raw[p]] = np.reshape(value, -1)
 
     def _state_of(self, env: Any, observed: dict) -> np.ndarray:
         """The env's global state (`state()`, or every agent's observation side by side,
@@ -383,8 +386,8 @@ class MultiAgentSplit:
                     row = self._blank[p][c].copy()
                     if agent in obs:  # else: nothing to bootstrap from but zeros
                         value = obs[agent]
-                        row[self._raw[p]] = (value[OBSERVATION]
-                                             if self._mask_source[p] == "obs" else value)
+                        row[self._raw[p]] = np.reshape(
+                            value[OBSERVATION] if self._mask_source[p] == "obs" else value, -1)
                     final_obs[p].append(row)
             if self._state_size:
                 next_state[i] = self._state_of(env, obs)

@@ -39,17 +39,24 @@ def mlp_torso(x: jax.Array, hidden: Sequence[int], activation: str) -> jax.Array
     return x
 
 
-def nature_torso(obs: jax.Array, conv: str = "xla") -> jax.Array:
+def nature_torso(obs: jax.Array, conv: str = "xla",
+                 frame_shape: tuple[int, ...] = ()) -> jax.Array:
     """The Nature-DQN torso (Mnih et al. 2015) on [N, H, W, C] frames in 0..255: conv 32
     8x8/4, conv 64 4x4/2, conv 64 3x3/1, dense 512; made in the calling module. `conv`
     is the convolution's implementation (`learners.conv.Conv`); both have the same
-    parameters."""
+    parameters. With `frame_shape`, `obs` rows are flat frames of that shape followed by
+    one-hot agent ids, which join the 512 features (`EnvSpec.frame_shape`)."""
     init = nn.initializers.orthogonal(np.sqrt(2))
+    if frame_shape:
+        size = int(np.prod(frame_shape))
+        ids = obs[:, size:].astype(jnp.float32)
+        obs = obs[:, :size].reshape(obs.shape[0], *frame_shape)
     x = obs.astype(jnp.float32) * (1.0 / 255.0)
     x = nn.relu(Conv(32, 8, 4, conv, init, name="Conv_0")(x))
     x = nn.relu(Conv(64, 4, 2, conv, init, name="Conv_1")(x))
     x = nn.relu(Conv(64, 3, 1, conv, init, name="Conv_2")(x))
-    return nn.relu(nn.Dense(512, kernel_init=init)(x.reshape(x.shape[0], -1)))
+    x = nn.relu(nn.Dense(512, kernel_init=init)(x.reshape(x.shape[0], -1)))
+    return jnp.concatenate([x, ids], -1) if frame_shape else x
 
 
 def with_log_std(module: nn.Module, means: jax.Array) -> jax.Array:
@@ -122,10 +129,11 @@ class NatureCNN(nn.Module):
 
     action_dim: int
     conv: str = "xla"
+    frame_shape: tuple[int, ...] = ()
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
-        x = nature_torso(obs, self.conv)
+        x = nature_torso(obs, self.conv, self.frame_shape)
         logits = nn.Dense(self.action_dim, kernel_init=nn.initializers.orthogonal(0.01))(x)
         value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0))(x)
         return logits, value[:, 0]
@@ -145,11 +153,12 @@ class QNetwork(nn.Module):
     activation: str = "relu"
     dueling: bool = True
     conv: str = "xla"
+    frame_shape: tuple[int, ...] = ()
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
         if self.kind == "nature_cnn":
-            x = nature_torso(obs, self.conv)
+            x = nature_torso(obs, self.conv, self.frame_shape)
         else:
             x = mlp_torso(obs.reshape(obs.shape[0], -1).astype(jnp.float32), self.hidden,
                           self.activation)
@@ -195,6 +204,7 @@ class RecurrentActorCritic(nn.Module):
     core: str
     size: int
     conv: str = "xla"
+    frame_shape: tuple[int, ...] = ()
 
     @property
     def state_size(self) -> int:
@@ -215,7 +225,7 @@ class RecurrentActorCritic(nn.Module):
         T, B = resets.shape
         rows = obs.reshape(T * B, *obs.shape[2:])
         if self.torso == "nature_cnn":
-            x = nature_torso(rows, self.conv)
+            x = nature_torso(rows, self.conv, self.frame_shape)
         else:
             x = mlp_torso(rows.reshape(T * B, -1).astype(jnp.float32), self.hidden,
                           self.activation)
@@ -262,15 +272,16 @@ def make_network(config: ExperimentConfig, spec: EnvSpec) -> nn.Module:
     network = config.network
     check_network(network.kind, spec, config.env.id, network.head)
     conv = conv_impl(network.conv)
+    frame = spec.frame_shape
     if network.head != "actor_critic":
         return QNetwork(spec.action_dim, network.kind, tuple(network.hidden), network.activation,
-                        network.head == "dueling", conv)
+                        network.head == "dueling", conv, frame)
     if network.core != "none":
         return RecurrentActorCritic(spec.action_dim, spec.continuous, network.kind,
                                     tuple(network.hidden), network.activation, network.core,
-                                    network.core_size, conv)
+                                    network.core_size, conv, frame)
     if network.kind == "nature_cnn":
-        return NatureCNN(spec.action_dim, conv)
+        return NatureCNN(spec.action_dim, conv, frame)
     return ActorCritic(spec.action_dim, spec.continuous, tuple(network.hidden),
                        network.activation, critic_width(config, spec))
 

@@ -34,6 +34,10 @@ class EnvSpec:
     """Whether the env says which actions are legal at each step (a Dict observation's
     `action_mask`, or `infos[agent]["action_mask"]`): requests and chunks then carry
     one bool per action, and illegal actions get probability 0."""
+    frame_shape: tuple[int, ...] = ()
+    """Where agent ids ride beside observations of more than one axis (an image): their
+    own shape. `obs_shape` is then their flattened size plus the `agents` one-hot ids,
+    which the network splits again, joining the ids after its convolutions."""
     global_state_size: int = 0
     """Floats of the env's global state (multi-agent envs: `state()`, or every agent's
     observation side by side): what a centralized critic reads. After `with_network`,
@@ -55,11 +59,12 @@ def check_network(kind: str, spec: EnvSpec, env_id: str, head: str = "actor_crit
     if head != "actor_critic" and spec.continuous:
         raise ConfigError(f"'network.head': '{head}' scores a finite set of actions; "
                           f"'{env_id}' has continuous actions")
-    if kind == "nature_cnn" and (len(spec.obs_shape) != 3 or spec.continuous):
+    if kind == "nature_cnn" and (len(spec.frame_shape or spec.obs_shape) != 3
+                                 or spec.continuous):
         actions = "continuous" if spec.continuous else "discrete"
         raise ConfigError(f"'network.kind': 'nature_cnn' needs image observations [H, W, C] and "
-                          f"discrete actions; '{env_id}' has observations {list(spec.obs_shape)} "
-                          f"and {actions} actions")
+                          f"discrete actions; '{env_id}' has observations "
+                          f"{list(spec.frame_shape or spec.obs_shape)} and {actions} actions")
 
 
 def core_state_size(core: str, size: int) -> int:

@@ -23,8 +23,10 @@ from actors.multi_agent import (
     check_pettingzoo_id,
     multi_agent_specs,
 )
+from learners.networks import init_policy_params, make_policy
 from srl_jax.config import ConfigError, EnvConfig
-from srl_jax.env_spec import EnvSpec
+from srl_jax.env_spec import EnvSpec, with_network
+from tests.conftest import make_config
 
 SPREAD = {"N": 3, "max_cycles": 25, "continuous_actions": False}
 TOY = "pettingzoo:tests.test_multi_agent_env"
@@ -330,13 +332,32 @@ def test_truncation_after_an_agent_is_done():
     split.close()
 
 
-def test_agent_id_needs_vector_observations():
-    config = EnvConfig(id=TOY, kwargs={"lives": [1, 1], "obs_shape": [2, 2]})
-    assert _error(lambda: multi_agent_specs(config)) == (
-        f"'env.agent_id' needs vector observations; '{TOY}' observes [2, 2]: "
-        "set env.agent_id: false")
+def test_agent_ids_ride_after_flattened_observations_of_any_shape():
+    config = EnvConfig(id=TOY, kwargs={"lives": [3, 3], "obs_shape": [2, 2]})
+    spec = multi_agent_specs(config)["default"]
+    assert spec.obs_shape == (6,) and spec.frame_shape == (2, 2)
+    split = MultiAgentSplit(config, 1, [0])
+    np.testing.assert_array_equal(split.obs[0], [[0, 0, 0, 0, 1, 0], [0, 1, 0, 1, 0, 1]])
+    split.close()
     config = EnvConfig(id=TOY, kwargs={"lives": [1, 1], "obs_shape": [2, 2]}, agent_id=False)
-    assert multi_agent_specs(config)["default"].obs_shape == (2, 2)
+    spec = multi_agent_specs(config)["default"]
+    assert spec.obs_shape == (2, 2) and spec.frame_shape == ()
+
+
+def test_a_convolutional_policy_reads_agent_ids_beside_its_frames_not_in_them():
+    config = make_config([f"env.id={TOY}", "env.kwargs={lives: [3, 3], obs_shape: [36, 36, 2]}",
+                          "network.kind=nature_cnn"])
+    spec = with_network(multi_agent_specs(config.env)["default"], config.network)
+    assert spec.obs_shape == (36 * 36 * 2 + 2,) and spec.frame_shape == (36, 36, 2)
+    policy, network = make_policy(config, spec)
+    params = init_policy_params(network, spec.obs_shape, seed=0)
+    assert params["net"]["params"]["Conv_0"]["kernel"].shape[2] == 2, "ids are no channel"
+    frame = np.random.default_rng(0).integers(0, 255, 36 * 36 * 2).astype(np.float32)
+    rows = np.stack([np.concatenate([frame, ids]) for ids in ([1, 0], [0, 1], [1, 0])])
+    out, values, _ = policy.apply(params, rows, np.zeros((3, 0), np.float32))
+    out, values = np.asarray(out), np.asarray(values)
+    assert not np.allclose(out[0], out[1]) and not np.isclose(values[0], values[1])
+    np.testing.assert_array_equal(out[0], out[2])
 
 
 def test_continuous_actions_reach_the_env():
