@@ -26,6 +26,7 @@ machine: the figures are wall-clock times.
     .venv/bin/python bench/configs.py                                   # all configs
     .venv/bin/python bench/configs.py cartpole_ppo pendulum_ppo --runs 3
     .venv/bin/python bench/configs.py atari_pong_impala --max-minutes 15
+    .venv/bin/python bench/configs.py mpe_spread_ppo mpe_spread_mappo --runs 3 --interleave
     .venv/bin/python bench/configs.py atari_breakout_ppo --figure    # its curve, as a PNG
 
 Every process this script starts is stopped by its pid on Ctrl-C or error.
@@ -206,27 +207,31 @@ def random_returns(env: EnvConfig, episodes: int, max_s: float, seed: int = 0) -
 # --------------------------------------------------------------------- main
 
 
-def measure(name: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    """Train config `name` `args.runs` times and play it at random: its results entry."""
-    runs = []
-    overrides: list[str] = []
-    commit, config_sha256 = git_commit(), config_hash(name)  # what is measured, from the start
-    for index in range(args.runs):
-        run_dir = workdir / f"{name}-{index}"
-        started = time.monotonic()
-        code, overrides = run_config(name, args.max_minutes * 60, run_dir)
-        if code != 0:
-            raise BenchError(f"the run exited with {code} (log: {run_dir}.log)")
-        figures = run_figures(run_dir)
-        runs.append(figures)
-        print(f"{name} run {index}: return {figures['first_return']:.1f} -> "
-              f"{figures['final_return']:.1f} (best {figures['max_return']:.1f}) in "
-              f"{figures['time_s']:.0f}s, {figures['env_frames']:,} frames "
-              f"({figures['stop_reason']}; {time.monotonic() - started:.0f}s with start-up)",
-              flush=True)
+def train_once(name: str, index: int, args: argparse.Namespace,
+               workdir: Path) -> tuple[dict[str, Any], list[str]]:
+    """Run `index` of config `name`: (its figures, the overrides it ran with)."""
+    run_dir = workdir / f"{name}-{index}"
+    started = time.monotonic()
+    code, overrides = run_config(name, args.max_minutes * 60, run_dir)
+    if code != 0:
+        raise BenchError(f"the run exited with {code} (log: {run_dir}.log)")
+    figures = run_figures(run_dir)
+    print(f"{name} run {index}: return {figures['first_return']:.1f} -> "
+          f"{figures['final_return']:.1f} (best {figures['max_return']:.1f}) in "
+          f"{figures['time_s']:.0f}s, {figures['env_frames']:,} frames "
+          f"({figures['stop_reason']}; {time.monotonic() - started:.0f}s with start-up)",
+          flush=True)
+    return figures, overrides
+
+
+def results_entry(name: str, runs: list[dict[str, Any]], overrides: list[str],
+                  measured_at: tuple[str, str], args: argparse.Namespace) -> dict[str, Any]:
+    """Config `name`'s results entry from its runs, after playing it at random;
+    `measured_at`: the commit and config hash its runs started from."""
     returns = random_returns(shipped(name).env, args.random_episodes, args.random_seconds)
     print(f"{name} random policy: {statistics.fmean(returns):.1f} over {len(returns)} episodes",
           flush=True)
+    commit, config_sha256 = measured_at
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "commit": commit,
@@ -237,6 +242,23 @@ def measure(name: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any
         "random_return_mean": statistics.fmean(returns),
         "random_episodes": len(returns),
     }
+
+
+def measure(names: list[str], args: argparse.Namespace,
+            workdir: Path) -> dict[str, dict[str, Any]]:
+    """Train each config `args.runs` times and play it at random: their results entries.
+    Config after config; with `args.interleave`, run k of every config before run k+1 of
+    any, so that a comparison's arms see the machine's load drift alike."""
+    started = {name: (git_commit(), config_hash(name)) for name in names}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    overrides: dict[str, list[str]] = {}
+    order = ([(index, name) for index in range(args.runs) for name in names] if args.interleave
+             else [(index, name) for name in names for index in range(args.runs)])
+    for index, name in order:
+        figures, overrides[name] = train_once(name, index, args, workdir)
+        runs[name].append(figures)
+    return {name: results_entry(name, runs[name], overrides[name], started[name], args)
+            for name in names}
 
 
 def draw_figure(name: str, entry: dict[str, Any]) -> Path:
@@ -281,6 +303,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--random-seconds", type=float, default=120.0,
                         help="time cap of the random policy's episodes (default: 120)")
     parser.add_argument("--keep", action="store_true", help="keep the run directories")
+    parser.add_argument("--interleave", action="store_true",
+                        help="run k of every named config before run k+1 of any (for a "
+                             "comparison: the arms see the machine's load alike)")
     parser.add_argument("--figure", action="store_true",
                         help="run nothing: draw docs/figures/<config>.png of each named "
                              "config from its curves in the results file")
@@ -312,11 +337,12 @@ def main(argv: list[str] | None = None) -> int:
 
     def measure_all(workdir: Path) -> int:
         failed = False
-        for name in args.configs:
+        groups = [args.configs] if args.interleave else [[name] for name in args.configs]
+        for names in groups:
             try:
-                entries[name] = measure(name, args, workdir)
+                entries.update(measure(names, args, workdir))
             except BenchError as error:
-                print(f"{name}: {error}", flush=True)
+                print(f"{', '.join(names)}: {error}", flush=True)
                 failed = True
                 continue
             written = write_results(RESULTS_NAME, {"configs": dict(sorted(entries.items()))})
