@@ -34,7 +34,7 @@ from learners.param_codec import host_value
 from learners.train_state import TrainState, init_train_state, to_batch
 from srl_jax.checkpoint import Checkpointer
 from srl_jax.chunk_spec import empty_chunk
-from srl_jax.config import ExperimentConfig
+from srl_jax.config import ConfigError, ExperimentConfig
 from srl_jax.env_spec import EnvSpec
 from srl_jax.placement import planned_learner_devices
 from srl_jax.replay_spec import empty_replay_batch, replay_batch_fields
@@ -68,6 +68,20 @@ def replay_inputs(rows: int, window: int, spec: EnvSpec) -> Inputs:
     return Inputs(empty_replay_batch(rows, window, spec), _replay_input, 0)
 
 
+def check_splits(inputs: Inputs, devices: int) -> None:
+    """ConfigError unless every array of the batch splits evenly over the mesh's devices
+    on its batch axis: a per-env field (the global state) has one column per env, so
+    in a multi-agent env the columns over the agents per env must divide too."""
+    for name, array in inputs.example.items():
+        columns = array.shape[inputs.axis]
+        if columns % devices:
+            raise ConfigError(
+                f"'learner.batch_envs': the batch's '{name}' has {columns} columns (per "
+                f"learner process), which do not divide over its {devices} devices: in a "
+                "multi-agent env, batch_envs / learner.processes / agents per env must "
+                "divide by learner.devices")
+
+
 class Learner:
     """One policy's train state on a mesh, and its compiled update."""
 
@@ -95,6 +109,7 @@ class Learner:
             params = init_policy_params(network, spec.obs_shape, seed)
             return init_train_state(params, optimizer, seed, init_extra, hyper)
 
+        check_splits(inputs, len(mesh.local_devices))
         self.state = jax.jit(init, out_shardings=replicated(mesh))()
         self._update = compile_update(update, mesh, self.state, self.put(inputs.example),
                                       inputs.axis)

@@ -4,6 +4,7 @@ agents appear and die mid-episode and whose legal actions change every step
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import time
@@ -21,10 +22,11 @@ from learners.algorithms import Sizes
 from learners.distributions import CATEGORICAL, mask_logits
 from learners.impala_config import ImpalaConfig
 from learners.inference_server import InferenceServer
+from learners.learner import check_splits, chunk_inputs
 from learners.networks import init_policy_params, make_policy
 from learners.ppo_config import PPOConfig
 from learners.train_state import init_train_state, to_batch
-from srl_jax.config import EnvConfig
+from srl_jax.config import ConfigError, EnvConfig
 from srl_jax.env_spec import with_network
 from srl_jax.names import FileNameService
 from srl_jax.stream_table import INFERENCE, PARAMS
@@ -271,3 +273,10 @@ def test_the_server_samples_legal_actions_and_drops_requests_whose_mask_does_not
         server.close()
         dealer.close(linger=0)
         params.close(linger=0)
+
+
+def test_a_batch_whose_env_columns_do_not_split_over_the_devices_is_refused():
+    spec = dataclasses.replace(multi_agent_specs(EnvConfig(id=MASKED))["default"], agents=3)
+    check_splits(chunk_inputs(T, 12, spec), 4)  # 12 agent columns, 4 env columns
+    with pytest.raises(ConfigError, match=r"'global_state' has 4 columns .* over its 3 devices"):
+        check_splits(chunk_inputs(T, 12, spec), 3)
