@@ -168,6 +168,10 @@ def describe_config(config: ExperimentConfig) -> dict[str, str]:
         specs = [env_spec(env, policy) for policy in policy_names(env)]
         what += (f", {sum(spec.agents for spec in specs)} agents, {len(specs)} "
                  f"polic{'y' if len(specs) == 1 else 'ies'}")
+        if config.selfplay.frozen:
+            what += f" ({len(config.selfplay.frozen)} frozen)"
+        if config.network.critic == "global":
+            what += ", centralized critic"
     elif "mujoco" in str(gym.spec(env.id).entry_point):
         extras.append("mujoco")
     if env.backend == "envpool":
