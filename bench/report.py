@@ -336,7 +336,8 @@ def measured_on(entries: list[dict[str, Any]]) -> str:
     dates = sorted(entry["date"] for entry in entries)
     machines = sorted({_hardware(entry["machine"]) for entry in entries})
     loads = [entry["machine"]["load_avg_1m"] for entry in entries]
-    return (f"*Measured from {dates[0]} to {dates[-1]}, one config at a time, on "
+    return (f"*Measured from {dates[0]} to {dates[-1]}, one config at a time (or, for a "
+            f"comparison, one run of each in turn: `--interleave`), on "
             f"{' / '.join(machines)}; 1-min load average at the starts {min(loads)} to "
             f"{max(loads)}.*")
 
