@@ -297,7 +297,8 @@ class MultiAgentSplit:
         for i, (env, seed) in enumerate(zip(self.envs, seeds, strict=True)):
             first, infos = env.reset(seed=seed)
             self._put(self.obs, self.masks, i, first, first, infos)
-            self.global_state[i] = self._state_of(env, first)
+            if self._state_size:
+                self.global_state[i] = self._state_of(env, first)
 
     def __len__(self) -> int:
         return len(self.envs)
@@ -333,9 +334,7 @@ class MultiAgentSplit:
 
     def _state_of(self, env: Any, observed: dict) -> np.ndarray:
         """The env's global state (`state()`, or every agent's observation side by side,
-        zeros for agents out of play); empty without `global_state`."""
-        if not self._state_size:
-            return self.global_state[0]
+        zeros for agents out of play)."""
         state = _env_state(env)
         if state is not None:
             return np.asarray(state, np.float32).reshape(-1)
@@ -399,7 +398,8 @@ class MultiAgentSplit:
                 finished.append(i)
                 first, first_infos = env.reset()
                 self._put(next_obs, next_masks, i, first, first, first_infos)
-                next_state[i] = self._state_of(env, first)
+                if self._state_size:
+                    next_state[i] = self._state_of(env, first)
         self._env_lengths += 1
         for p in range(len(self._sizes)):
             terminated[p] |= ~acted[p]  # done earlier, or not yet in play
