@@ -101,6 +101,10 @@ def check_policies(config: ExperimentConfig) -> None:
     for policy in policy_names(config.env):
         spec = env_spec(config.env, policy)
         check_network(config.network.kind, spec, config.env.id, config.network.head)
+        if spec.action_masked and config.network.head != "actor_critic":
+            raise ConfigError(f"'network.head': '{config.network.head}' does not read action "
+                              f"masks yet, and policy '{policy}' of '{config.env.id}' has them: "
+                              "use an actor_critic head (PPO, IMPALA)")
         columns = split_envs * spec.agents  # (config_checks already refused 1-agent misfits)
         step = columns * config.learner.processes
         frozen = policy in config.selfplay.frozen  # no learner

@@ -16,6 +16,7 @@ import pytest
 import zmq
 
 from actors.env_ring import ChunkBuilder
+from actors.envs import check_policies
 from actors.multi_agent import MultiAgentSplit, multi_agent_specs
 from learners import impala, ppo
 from learners.algorithms import Sizes
@@ -280,3 +281,10 @@ def test_a_batch_whose_env_columns_do_not_split_over_the_devices_is_refused():
     check_splits(chunk_inputs(T, 12, spec), 4)  # 12 agent columns, 4 env columns
     with pytest.raises(ConfigError, match=r"'global_state' has 4 columns .* over its 3 devices"):
         check_splits(chunk_inputs(T, 12, spec), 3)
+
+
+def test_a_q_network_on_a_masked_env_is_refused_before_launch():
+    config = make_config([f"env.id={MASKED}", "learner.algorithm=dqn", "network.head=q",
+                          "actors.epsilon=0.4", "replay.count=1"])
+    with pytest.raises(ConfigError, match=r"'network\.head': 'q' does not read action masks"):
+        check_policies(config)
