@@ -280,6 +280,11 @@ class MultiAgentSplit:
                            for p, (name, n) in enumerate(zip(self.policies, self._sizes,
                                                              strict=True))]
         self._state_size = next(iter(specs.values())).global_state_size if global_state else 0
+        ends = np.cumsum([_flat_size(self.envs[0].observation_space(a)) for a in self.possible])
+        self._state_parts = {agent: slice(end - size, end) for agent, end, size in zip(
+            self.possible, ends, np.diff(ends, prepend=0), strict=True)}
+        """Per agent: its part of a global state made of every agent's observation (for
+        an env without `state()`), sized once rather than on every step."""
         self.reset(seeds)
 
     def reset(self, seeds: list[int]) -> None:
@@ -338,15 +343,14 @@ class MultiAgentSplit:
         state = _env_state(env)
         if state is not None:
             return np.asarray(state, np.float32).reshape(-1)
-        parts = []
-        for agent in self.possible:
+        row = np.zeros(self._state_size, np.float32)
+        for agent, part in self._state_parts.items():
             value = observed.get(agent)
-            if value is not None and self._mask_source[self._columns[0][agent][0]] == "obs":
-                value = value[OBSERVATION]
-            size = _flat_size(env.observation_space(agent))
-            parts.append(np.zeros(size, np.float32) if value is None
-                         else np.asarray(value, np.float32).reshape(-1))
-        return np.concatenate(parts)
+            if value is not None:
+                if self._mask_source[self._columns[0][agent][0]] == "obs":
+                    value = value[OBSERVATION]
+                row[part] = np.reshape(value, -1)
+        return row
 
     def step(self, actions: list[list]) -> RingStep:
         """Step every env: `actions[p]` holds one action per column of policy p

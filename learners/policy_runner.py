@@ -127,7 +127,7 @@ class PolicyRunner:
         rows = obs.shape[0]
         size = self.padded_size(rows)
         batch, states = obs, state
-        masks = self.all_legal(rows) if mask is None else mask
+        masks = self.all_legal(rows) if mask is None and size == rows else mask
         if size != rows:
             batch = np.zeros((size, *self.spec.obs_shape), self.spec.obs_dtype)
             batch[:rows] = obs
