@@ -13,12 +13,12 @@ each policy the chunk of its own agents. A frozen policy (self-play) gets no
 chunks, and one that plays an opponent pool gets, per env and episode, the
 snapshot it plays (actors/opponents.py).
 With `actors.inline_inference` the actor runs the policy itself instead
-(actors/inline_policy.py) and never talks to a server.
+(learners/workers/inline_policy.py) and never talks to a server.
 A recurrent policy's state lives here, one numpy row per column: each request
 carries it, each reply brings the next one, and a column's state is zeroed
 when its episode ends, so inference servers stay stateless.
 Env seeds derive from the config's seed, the actor's index and its incarnation
-(srl_jax/incarnation.py): a restarted or resumed actor plays new episodes.
+(srl_jax/core/incarnation.py): a restarted or resumed actor plays new episodes.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from actors.envs import env_seed, make_env, policy_spec
 from actors.exploration import column_epsilons, explore
 from actors.multi_agent import MultiAgentSplit
 from actors.opponents import OpponentDraws, ended_envs
-from srl_jax.config import (
+from srl_jax.config.schema import (
     DEFAULT_POLICY,
     EnvConfig,
     ExperimentConfig,
@@ -44,16 +44,21 @@ from srl_jax.config import (
     member_names,
     policy_names,
 )
-from srl_jax.env_spec import EnvSpec
-from srl_jax.incarnation import Incarnation
-from srl_jax.metrics import OPPONENT_VERSION, POLICY_RETURN, TEAM_RETURN, agent_mean_returns
-from srl_jax.names import NameService
-from srl_jax.stream_table import INFERENCE, INSERTS, SAMPLES
-from srl_jax.streams import make_socket, receive, send
-from srl_jax.worker import Worker
+from srl_jax.core.env_spec import EnvSpec
+from srl_jax.core.incarnation import Incarnation
+from srl_jax.core.metrics_table import (
+    OPPONENT_VERSION,
+    POLICY_RETURN,
+    TEAM_RETURN,
+    agent_mean_returns,
+)
+from srl_jax.core.names import NameService
+from srl_jax.core.stream_table import INFERENCE, INSERTS, SAMPLES
+from srl_jax.core.streams import make_socket, receive, send
+from srl_jax.core.worker_base import Worker
 
 if TYPE_CHECKING:
-    from actors.inline_policy import InlinePolicy
+    from learners.workers.inline_policy import InlinePolicy
 
 POLL_MS = 100
 EXPLORE_STREAM = 1 << 20
@@ -188,7 +193,7 @@ class ActorWorker(Worker):
                 self.connect_to(socket, stream.key(policy, i))
             self.samples.append(socket)
         if cfg.inline_inference:
-            from actors.inline_policy import InlinePolicy  # imports JAX
+            from learners.workers.inline_policy import InlinePolicy  # imports JAX
 
             self.inline = InlinePolicy(self, self.specs[0])
         else:

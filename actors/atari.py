@@ -25,7 +25,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from srl_jax.config import ConfigError, EnvConfig
+from srl_jax.config.schema import ConfigError, EnvConfig
 
 ATARI_PREFIX = "ALE/"
 

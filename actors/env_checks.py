@@ -1,7 +1,7 @@
 """Checks of `env.id` that need the environment packages (gymnasium, ALE, PettingZoo).
 
 The config modules import no environment package; the launcher runs these after
-`srl_jax.config_loader.load_config` and before any worker starts.
+`srl_jax.config.loader.load_config` and before any worker starts.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import gymnasium
 
 from actors.atari import is_atari, register_atari
 from actors.multi_agent import check_pettingzoo_id
-from srl_jax.config import ConfigError, ExperimentConfig, is_pettingzoo
+from srl_jax.config.schema import ConfigError, ExperimentConfig, is_pettingzoo
 
 
 def check_env_id(config: ExperimentConfig) -> None:

@@ -27,8 +27,8 @@ import numpy as np
 
 from actors.atari import ATARI_PREFIX, is_atari
 from actors.env_ring import StepResult
-from srl_jax.config import ConfigError, EnvConfig
-from srl_jax.env_spec import EnvSpec
+from srl_jax.config.schema import ConfigError, EnvConfig
+from srl_jax.core.env_spec import EnvSpec
 
 
 def envpool_task(env_id: str) -> str:

@@ -9,7 +9,8 @@ import numpy as np
 
 from actors.atari import is_atari, make_atari
 from actors.spaces import spec_from_spaces
-from srl_jax.config import (
+from srl_jax.config.checks import check_request_rows
+from srl_jax.config.schema import (
     DEFAULT_POLICY,
     ConfigError,
     EnvConfig,
@@ -17,8 +18,7 @@ from srl_jax.config import (
     is_pettingzoo,
     policy_names,
 )
-from srl_jax.config_checks import check_request_rows
-from srl_jax.env_spec import EnvSpec, check_network, with_network
+from srl_jax.core.env_spec import EnvSpec, check_network, with_network
 
 
 def make_env(config: EnvConfig, render_mode: str | None = None) -> gym.Env:

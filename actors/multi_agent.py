@@ -29,8 +29,8 @@ import numpy as np
 
 from actors.env_ring import RingStep, StepResult
 from actors.spaces import one_hot_discrete, spec_from_spaces
-from srl_jax.config import DEFAULT_POLICY, PETTINGZOO_PREFIX, ConfigError, EnvConfig
-from srl_jax.env_spec import EnvSpec
+from srl_jax.config.schema import DEFAULT_POLICY, PETTINGZOO_PREFIX, ConfigError, EnvConfig
+from srl_jax.core.env_spec import EnvSpec
 
 INSTALL_HINT = "pip install -e '.[multiagent]'"
 _PACKAGES = ("pettingzoo", "mpe2")

@@ -3,7 +3,7 @@
 For a frozen policy that plays a pool (`selfplay.opponents`), each env of a split
 draws one uniform number from the actor's own seeded generator when its episode
 starts and maps it to a snapshot of the pool the policy's server last listed
-(`srl_jax.opponent_pool.pick_version`); every request row of the env's frozen
+(`srl_jax.config.opponent_pool.pick_version`); every request row of the env's frozen
 agents names that snapshot. The first reply of an episode says which snapshot
 acted (a server that does not hold it yet acts with the nearest it does): the
 episode keeps that one to its end, and it is what the actor reports
@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from actors.env_ring import StepResult
-from srl_jax.opponent_pool import pick_version
+from srl_jax.config.opponent_pool import pick_version
 
 
 def ended_envs(results: list[StepResult], agents: list[int]) -> np.ndarray:

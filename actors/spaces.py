@@ -11,8 +11,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from srl_jax.config import ConfigError
-from srl_jax.env_spec import EnvSpec
+from srl_jax.config.schema import ConfigError
+from srl_jax.core.env_spec import EnvSpec
 
 
 def spec_from_spaces(obs_space: gym.Space, action_space: gym.Space, env_id: str) -> EnvSpec:

@@ -3,7 +3,7 @@
 For when a machine with an accelerator is at hand (no CI machine has one). It
 
 1. describes the host as the launcher's placement plan sees it
-   (`srl_jax.placement.describe_host`) and stops at once, with one line, where
+   (`srl_jax.config.placement.describe_host`) and stops at once, with one line, where
    there is no accelerator;
 2. runs the default experiment (cartpole_ppo) and atari_pong_impala through
    `python -m srl_jax.launch`, each for a bounded time (`--default-seconds`,
@@ -44,8 +44,8 @@ from learner import RESULT_PREFIX
 from machine import RESULTS_DIR, config_hash, describe, git_commit
 
 sys.path.insert(0, str(REPO_ROOT))
-from srl_jax.placement import JAX_PLATFORM_NAMES, HostDevices, describe_host
-from srl_jax.run_dir import read_status
+from srl_jax.config.placement import JAX_PLATFORM_NAMES, HostDevices, describe_host
+from srl_jax.config.run_dir import read_status
 
 RESULTS_NAME = "accelerator"
 START_MARGIN_S = 240.0

@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_fps import BenchError, read_rows, run_experiment, steady_figures
 
-from srl_jax.config import ActorConfig, request_rows
+from srl_jax.config.schema import ActorConfig, request_rows
 
 GRIDS = {
     "cartpole": ("cartpole_ppo", [(8, 1), (8, 2), (16, 1), (16, 2), (16, 4), (32, 2), (32, 4),

@@ -3,7 +3,7 @@ flight does to the learner's update.
 
 For each case it builds the learner's train state exactly as the learner does
 (the algorithm's optimizer, `init_train_state`, replicated on a one-device
-mesh) and saves it through `srl_jax.checkpoint.Checkpointer`, the class the
+mesh) and saves it through `learners.training.checkpoint.Checkpointer`, the class the
 learner uses:
 
 - ``mlp``: the default experiment's actor-critic MLP (CartPole), PPO's Adam state;
@@ -43,12 +43,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from learner import case_config, case_policy, random_host_batch
 
-from learners.algorithms import algorithm, algorithm_config, live_values, sizes
-from learners.mesh import compile_update, make_learner_mesh, put_batch, replicated
-from learners.networks import init_policy_params
-from learners.train_state import init_train_state, to_batch
-from srl_jax.checkpoint import Checkpointer
-from srl_jax.chunk_spec import run_chunk_layout
+from learners.algorithms.registry import algorithm, algorithm_config, live_values, sizes
+from learners.algorithms.train_state import init_train_state, to_batch
+from learners.models.networks import init_policy_params
+from learners.training.checkpoint import Checkpointer
+from learners.training.mesh import compile_update, make_learner_mesh, put_batch, replicated
+from srl_jax.core.chunk_spec import run_chunk_layout
 
 DEFAULT_EXPERIMENT = Path(__file__).resolve().parent.parent / "configs" / "cartpole_ppo.yaml"
 

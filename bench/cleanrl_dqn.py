@@ -18,22 +18,22 @@ through srl_jax's own loader, so every default not written there is the same too
   (128) rows so that sampled rows / inserted transitions = samples_per_insert
   (8: one update per vector step of 16 envs), each row's new priority its
   |TD error| + epsilon, written back before the next step;
-- the update: learners.dqn's, unchanged (double DQN, dueling head, n-step
+- the update: learners.algorithms.dqn's, unchanged (double DQN, dueling head, n-step
   targets, importance-weighted Huber loss, Adam with eps adam_eps, gradient clip,
   target network copied every target_update_period updates), on the network
   srl_jax builds (network.hidden 128x128, relu, dueling).
 
 It imports srl_jax's pure pieces so that the algorithm is the same and the
 comparison measures the system, not the math: the config loader, the Q-network
-and its parameter init (`learners.networks`), the update and the optimizer
-(`learners.dqn`), the `TrainState` (`learners.train_state`), the sum tree
+and its parameter init (`learners.models.networks`), the update and the optimizer
+(`learners.algorithms.dqn`), the `TrainState` (`learners.algorithms.train_state`), the sum tree
 (`replay.sum_tree`), the epsilon ladder and `explore` (`actors.exploration`) and
 the env factory and seeds (`actors.envs`). The env loop, the replay ring and its
 n-step windows, the samples-per-insert schedule and the evaluation are written
 here, as a user would write them. A time-limit cut bootstraps as srl_jax's does:
 from the acting network's max Q of the final observation, taken when it is seen.
 
-Evaluation, as srl_jax's evaluator (learners/evaluator.py): every
+Evaluation, as srl_jax's evaluator (learners/workers/evaluator.py): every
 evaluation.every_updates (250) updates, evaluation.episodes (5) episodes on envs of
 its own, greedy, from the evaluator's seeds (the same starts every time), their
 mean return `eval_return_mean`. srl_jax's evaluator runs beside the learner in a
@@ -82,13 +82,13 @@ from cleanrl_ppo import target_value  # noqa: E402  (bench/: this script's direc
 
 from actors.envs import env_seed, make_env, policy_spec  # noqa: E402
 from actors.exploration import epsilon_ladder, explore  # noqa: E402
-from learners.algorithms import algorithm, algorithm_config, live_values, sizes  # noqa: E402
-from learners.evaluator import EVALUATOR_ACTOR_INDEX  # noqa: E402
-from learners.networks import init_policy_params, make_policy  # noqa: E402
-from learners.train_state import TrainState, init_train_state  # noqa: E402
+from learners.algorithms.registry import algorithm, algorithm_config, live_values, sizes  # noqa: E402
+from learners.algorithms.train_state import TrainState, init_train_state  # noqa: E402
+from learners.models.networks import init_policy_params, make_policy  # noqa: E402
+from learners.workers.evaluator import EVALUATOR_ACTOR_INDEX  # noqa: E402
 from replay.sum_tree import SumTree  # noqa: E402
-from srl_jax.config import ExperimentConfig  # noqa: E402
-from srl_jax.config_loader import load_config  # noqa: E402
+from srl_jax.config.loader import load_config  # noqa: E402
+from srl_jax.config.schema import ExperimentConfig  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "cartpole_dqn.yaml"
@@ -186,7 +186,7 @@ class PrioritizedReplay:
 
 def make_agent(config: ExperimentConfig, spec: Any) -> tuple[TrainState, Callable, Callable]:
     """The initial train state (online and target network), the jitted `act` (greedy
-    actions and max Q of a batch of observations) and the jitted learners.dqn update."""
+    actions and max Q of a batch of observations) and the jitted learners.algorithms.dqn update."""
     policy, network = make_policy(config, spec)
     algo = algorithm("dqn")
     dqn, derived = algorithm_config(config), sizes(config)

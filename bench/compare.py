@@ -67,8 +67,8 @@ import sample_factory_peer
 from e2e_fps import REPO_ROOT, raw_env_rates, read_rows, stop_process
 from machine import config_hash, nproc, release_workdir, write_results
 
-from srl_jax.metrics import RETURN_WINDOWS
-from srl_jax.run_dir import read_status
+from srl_jax.config.run_dir import read_status
+from srl_jax.core.metrics_table import RETURN_WINDOWS
 
 TARGET_RETURN = 475.0
 POLL_S = 0.5

@@ -66,10 +66,10 @@ from actors.actor_worker import make_split
 from actors.atari import is_atari
 from actors.envs import env_seed, env_spec
 from srl_jax.analysis import CONFIG_PREFIX, RETURN, load_run, summarize
-from srl_jax.config import EnvConfig, ExperimentConfig, is_pettingzoo, policy_names
-from srl_jax.config_loader import load_config
-from srl_jax.env_spec import EnvSpec
-from srl_jax.metrics import agent_mean_returns
+from srl_jax.config.loader import load_config
+from srl_jax.config.schema import EnvConfig, ExperimentConfig, is_pettingzoo, policy_names
+from srl_jax.core.env_spec import EnvSpec
+from srl_jax.core.metrics_table import agent_mean_returns
 
 FIGURES_DIR = REPO_ROOT / "docs" / "figures"
 EVAL_RETURN = "eval_return_mean"

@@ -66,7 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's srl_jax
 from machine import nproc
 
-from srl_jax.run_dir import read_status
+from srl_jax.config.run_dir import read_status
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_EXPERIMENT = "cartpole_ppo"
@@ -260,7 +260,7 @@ def raw_env_rates(env: dict[str, Any], num_envs: int, total_s: float,
     import numpy as np
 
     from actors.envs import make_env
-    from srl_jax.config_loader import config_from_dict
+    from srl_jax.config.loader import config_from_dict
 
     config = config_from_dict({"env": env}).env  # all of it: Atari preprocessing included
     envs = [make_env(config) for _ in range(num_envs)]

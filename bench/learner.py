@@ -3,7 +3,7 @@
 What it measures
 ----------------
 For each case, one (network, device count) pair, it builds the update exactly
-as the learner worker does (`learners/learner_worker.py`): the algorithm's
+as the learner worker does (`learners/workers/learner_worker.py`): the algorithm's
 optimizer and `make_update`, `make_learner_mesh(devices, B)`, the train state
 put replicated on the mesh, `compile_update` on an example batch shaped by
 `chunk_layout`, and batches turned into the update's input by `to_batch` and
@@ -14,7 +14,7 @@ the update is dispatched, the *next* batch is put onto the mesh while it runs
 Cases:
 
 - ``mlp``: the default experiment (``configs/cartpole_ppo.yaml``): the
-  actor-critic MLP from `learners/networks.py`, obs float32 [4], 2 discrete
+  actor-critic MLP from `learners/models/networks.py`, obs float32 [4], 2 discrete
   actions, PPO with its settings (T=32, B=32, 4 epochs x 4 minibatches).
 - ``cnn``: the learner's Nature-CNN (Mnih et al. 2015; `network.kind: nature_cnn`)
   on 84x84x4 uint8 frames with 6 discrete actions, through the same PPO
@@ -27,7 +27,7 @@ its gradient steps inside `lax.scan` (epochs, minibatches), XLA:CPU's
 `ConvCanonicalization` pass only visits the entry computation, so the backward
 convolutions in those loop bodies run on the naive loop emitter, and even
 unrolled, the 3x3 layer's gradients take most of the update. ``auto`` therefore
-computes the convolutions as matmuls on a CPU (`learners/conv.py`).
+computes the convolutions as matmuls on a CPU (`learners/models/conv.py`).
 
 ``--levers`` runs the CNN case on one device with each ``network.conv`` and,
 in Sample Factory's venv (`bench/sample_factory_peer.py`), the same network,
@@ -99,7 +99,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from srl_jax.config import ExperimentConfig
+    from srl_jax.config.schema import ExperimentConfig
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
@@ -123,8 +123,8 @@ TIMING_DEFAULTS: dict[tuple[str, bool], tuple[int, int, int]] = {
 
 def case_config(case: str, args: argparse.Namespace) -> ExperimentConfig:
     """The default experiment's config, with the CNN case's smaller batch and epochs."""
-    from srl_jax.config import ActorConfig, request_rows
-    from srl_jax.config_loader import load_config
+    from srl_jax.config.loader import load_config
+    from srl_jax.config.schema import ActorConfig, request_rows
 
     overrides: list[str] = []
     if case == "cnn":
@@ -142,8 +142,8 @@ def case_config(case: str, args: argparse.Namespace) -> ExperimentConfig:
 def case_policy(case: str, config: ExperimentConfig, args: argparse.Namespace) -> tuple:
     """(env spec, policy, network) of a case: the experiment's MLP or the Nature-CNN."""
     from actors.envs import policy_spec
-    from learners.networks import make_policy
-    from srl_jax.env_spec import EnvSpec
+    from learners.models.networks import make_policy
+    from srl_jax.core.env_spec import EnvSpec
 
     if case == "mlp":
         spec = policy_spec(config)
@@ -184,11 +184,11 @@ def run_case(case: str, devices: int, args: argparse.Namespace) -> dict[str, Any
     """Build the learner's update for `case` on `devices` devices and time it."""
     import jax
 
-    from learners.algorithms import algorithm, algorithm_config, live_values, sizes
-    from learners.mesh import compile_update, make_learner_mesh, put_batch, replicated
-    from learners.networks import init_policy_params
-    from learners.train_state import init_train_state, to_batch
-    from srl_jax.chunk_spec import run_chunk_layout
+    from learners.algorithms.registry import algorithm, algorithm_config, live_values, sizes
+    from learners.algorithms.train_state import init_train_state, to_batch
+    from learners.models.networks import init_policy_params
+    from learners.training.mesh import compile_update, make_learner_mesh, put_batch, replicated
+    from srl_jax.core.chunk_spec import run_chunk_layout
 
     config = case_config(case, args)
     spec, policy, network = case_policy(case, config, args)
@@ -453,7 +453,7 @@ def parent_main(args: argparse.Namespace) -> int:
 
 LEVERS: tuple[tuple[str, str], ...] = (
     ("xla", "XLA's convolution (a GPU's or TPU's choice)"),
-    ("matmul", "matmul convolutions (learners/conv.py; a CPU's choice)"),
+    ("matmul", "matmul convolutions (learners/models/conv.py; a CPU's choice)"),
 )
 """(network.conv, what it is) of each `--levers` row."""
 TORCH_SCRIPT = Path(__file__).resolve().parent / "torch_cnn.py"
@@ -518,7 +518,7 @@ def levers_main(args: argparse.Namespace) -> int:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from srl_jax.config import CONVS
+    from srl_jax.config.schema import CONVS
 
     parser = argparse.ArgumentParser(
         description="Learner update throughput (samples/s) for the CartPole MLP and a "

@@ -17,6 +17,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "pyzmq", "numpy", "gymnasium", "msgpack")
@@ -62,12 +64,14 @@ def describe() -> dict[str, Any]:
 
 
 def config_hash(experiment: str | Path, configs_dir: Path = CONFIGS_DIR) -> str:
-    """A config file's sha256 (first 16 hex digits): which version was measured.
-    `experiment` is a shipped config's name or a YAML file's path."""
+    """The sha256 (first 16 hex digits) of a config's settings, comments and layout aside:
+    which version was measured. `experiment` is a shipped config's name or a YAML file's
+    path."""
     path = Path(experiment)
     if path.suffix not in (".yaml", ".yml"):
         path = configs_dir / f"{experiment}.yaml"
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    settings = json.dumps(yaml.safe_load(path.read_text()), sort_keys=True)
+    return hashlib.sha256(settings.encode()).hexdigest()[:16]
 
 
 def git_commit() -> str:

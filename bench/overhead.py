@@ -5,7 +5,7 @@ own code over real loopback TCP sockets between this process and one child
 process (spawned, and stopped by its pid):
 
 - *per inference request*: this process plays the actors: DEALER sockets send
-  `infer_request` messages (`srl_jax.streams.send`, the real wire encoding)
+  `infer_request` messages (`srl_jax.core.streams.send`, the real wire encoding)
   of `--envs` rows and read the replies (`streams.receive`). The child runs a
   real `InferenceServer`, built by its constructor and its `setup`, whose
   policy runner acts with zeros instead of the jitted network (its
@@ -61,8 +61,8 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 from actors.env_ring import ChunkBuilder, StepResult
 from actors.envs import policy_spec
-from srl_jax.stream_table import PARAMS, SAMPLES
-from srl_jax.streams import RejectCounter, make_socket, receive, send
+from srl_jax.core.stream_table import PARAMS, SAMPLES
+from srl_jax.core.streams import RejectCounter, make_socket, receive, send
 
 NULL_ENV = "bench.null_env:NullEnv-v0"
 TRAJECTORY = 32
@@ -108,7 +108,7 @@ def zero_runner(config: Any, spec: Any, sampling_seed: int, min_size: int,
                 max_size: int) -> Any:
     """A policy runner that acts with `_zero_act`, its (empty) parameters already
     taken, so that the server does not wait for a learner's."""
-    from learners.policy_runner import PolicyRunner, padded_sizes
+    from learners.models.policy_runner import PolicyRunner, padded_sizes
 
     runner = PolicyRunner(_zero_act, {}, spec, padded_sizes(min_size, max_size), sampling_seed)
     runner.set_params({}, version=0)
@@ -117,7 +117,7 @@ def zero_runner(config: Any, spec: Any, sampling_seed: int, min_size: int,
 
 def micro_config(case: dict[str, Any]) -> Any:
     """The experiment config of one measurement: the null env with the case's observation."""
-    from srl_jax.config import (
+    from srl_jax.config.schema import (
         ActorConfig,
         EnvConfig,
         ExperimentConfig,
@@ -153,9 +153,9 @@ def _until_end(conn: Connection, step: Callable[[], None],
 
 def _serve_requests(conn: Connection, case: dict[str, Any], root: Path) -> None:
     """A real inference server acting with zeros, until the parent says 'end'."""
-    from learners.inference_server import InferenceServer
-    from srl_jax.names import FileNameService
-    from srl_jax.transport import Transport
+    from learners.workers.inference_server import InferenceServer
+    from srl_jax.core.names import FileNameService
+    from srl_jax.core.transport import Transport
 
     names = FileNameService(root / "names")
     context = zmq.Context.instance()
@@ -178,8 +178,8 @@ def _echo_requests(conn: Connection, case: dict[str, Any], root: Path) -> None:
     as soon as it arrives, until the parent says 'end'. Over loopback TCP, or over
     `ipc://` (a Unix socket under `root`) with `case["ipc"]`: what co-located actors
     and servers would gain from it."""
-    from learners.inference_server import POLL_MS
-    from srl_jax.wire import encode
+    from learners.workers.inference_server import POLL_MS
+    from srl_jax.core.wire import encode
 
     rows = case["envs"]
     reply = encode("infer_reply", {"split": 0, "seq": 0, "version": 0, "batch_rows": rows},
@@ -221,14 +221,14 @@ def _take_samples(conn: Connection, case: dict[str, Any], root: Path) -> None:
     """
     import jax
 
-    from learners.learner_worker import POLL_MS
-    from learners.mesh import make_learner_mesh, put_batch
-    from learners.sample_intake import SampleIntake
-    from learners.sample_queue import SampleQueue
-    from learners.train_state import to_batch
-    from srl_jax.chunk_spec import run_chunk_layout
-    from srl_jax.names import FileNameService
-    from srl_jax.transport import Transport
+    from learners.algorithms.train_state import to_batch
+    from learners.training.mesh import make_learner_mesh, put_batch
+    from learners.training.sample_queue import SampleQueue
+    from learners.workers.learner_worker import POLL_MS
+    from learners.workers.sample_intake import SampleIntake
+    from srl_jax.core.chunk_spec import run_chunk_layout
+    from srl_jax.core.names import FileNameService
+    from srl_jax.core.transport import Transport
 
     config = micro_config(case)
     cfg = config.learner
@@ -273,7 +273,7 @@ CHILD_ROLES = {"requests": _serve_requests, "echo": _echo_requests,
 
 def sink_main(conn: Connection) -> None:
     """Child process: the server and learner ends of the measurements."""
-    for module in ("learners.inference_server", "learners.learner_worker"):
+    for module in ("learners.workers.inference_server", "learners.workers.learner_worker"):
         importlib.import_module(module)  # JAX and the workers, before any timing
 
     with tempfile.TemporaryDirectory(prefix="srl_overhead_sink_") as tmp:

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_fps import REPO_ROOT, BenchError, raise_on_sigterm, read_rows, stop_process
 from machine import config_hash, in_workdir, write_results
 
-from srl_jax.run_dir import read_status
+from srl_jax.config.run_dir import read_status
 
 FAULTS = ("kill:actor-0", "kill:inference-0", "kill:learner-0", "stop:actor-0",
           "stop:inference-0", "stop:learner-0", "raise:actor-0", "raise:inference-0",

@@ -42,9 +42,8 @@ from e2e_fps import (
 from machine import nproc
 
 from actors.envs import policy_spec
-from srl_jax.chunk_spec import chunk_layout
-from srl_jax.config_loader import load_config, resolve_experiment_path
-from srl_jax.launch import config_dirs
+from srl_jax.config.loader import config_dirs, load_config, resolve_experiment_path
+from srl_jax.core.chunk_spec import chunk_layout
 
 EXPERIMENT = "cartpole_lstm_ppo"
 FEED_FORWARD = "network.core=none"

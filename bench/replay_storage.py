@@ -38,8 +38,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from replay.buffer import ReplayBuffer
-from srl_jax.chunk_spec import empty_chunk
-from srl_jax.env_spec import EnvSpec
+from srl_jax.core.chunk_spec import empty_chunk
+from srl_jax.core.env_spec import EnvSpec
 
 CASES = {
     # name: (spec, T, columns, capacity, rows, window, frame stacks to compare)

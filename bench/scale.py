@@ -61,7 +61,7 @@ from e2e_fps import (
 from machine import config_hash, nproc, release_workdir, write_results
 from overhead import BATCH_CHUNKS, IN_FLIGHT, NULL_ENV, TRAJECTORY
 
-from srl_jax.config import ActorConfig, request_rows
+from srl_jax.config.schema import ActorConfig, request_rows
 
 DEFAULT_EXPERIMENT = "cartpole_ppo"
 SATURATION = 0.9

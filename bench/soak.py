@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's srl_jax
-from srl_jax.memory import resident_mib
-from srl_jax.run_dir import read_status
+from srl_jax.config.run_dir import read_status
+from srl_jax.core.memory import resident_mib
 
 REPO = Path(__file__).resolve().parent.parent
 FD_SLACK = 4

@@ -2,7 +2,7 @@
 
 Runs inside the Sample Factory benchmark venv (`bench/sample_factory_peer.py`), whose
 torch is what Sample Factory's learner runs on a CPU. It builds the network of
-`learners/networks.py`'s `NatureCNN` (conv 32 8x8/4, conv 64 4x4/2, conv 64 3x3/1,
+`learners/models/networks.py`'s `NatureCNN` (conv 32 8x8/4, conv 64 4x4/2, conv 64 3x3/1,
 dense 512, policy and value heads; uint8 frames scaled to [0, 1] in the forward pass)
 and times what srl_jax's PPO update does per minibatch: forward, PPO's clipped
 surrogate, clipped value loss and entropy, backward, global-norm clipping and an Adam

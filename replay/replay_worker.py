@@ -28,13 +28,13 @@ from actors.atari import is_atari
 from actors.envs import policy_spec
 from replay.buffer import ReplayBuffer
 from replay.rate_limiter import RateLimiter, error_buffer
-from srl_jax.chunk_spec import chunk_error, run_chunk_layout
-from srl_jax.config import DEFAULT_POLICY, ExperimentConfig
-from srl_jax.memory import resident_mib
-from srl_jax.names import NameService
-from srl_jax.stream_table import INSERTS, REPLAY
-from srl_jax.streams import make_socket, receive, send
-from srl_jax.worker import Worker
+from srl_jax.config.schema import DEFAULT_POLICY, ExperimentConfig
+from srl_jax.core.chunk_spec import chunk_error, run_chunk_layout
+from srl_jax.core.memory import resident_mib
+from srl_jax.core.names import NameService
+from srl_jax.core.stream_table import INSERTS, REPLAY
+from srl_jax.core.streams import make_socket, receive, send
+from srl_jax.core.worker_base import Worker
 
 POLL_MS = 20
 MAX_DRAIN = 64

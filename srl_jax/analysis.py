@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import yaml
 
-from srl_jax.run_dir import read_metrics, read_status
+from srl_jax.config.run_dir import read_metrics, read_status
 
 try:
     import pandas as pd
@@ -127,8 +127,8 @@ def load_population(run_dir: str | Path) -> pd.DataFrame:
     `member` names it, `env_frames`, `episode_return_mean` and `learner_steps` are the
     member's own, `hp.<name>` its live hyperparameters over time, and the `config.*`
     columns hold its start values, so `compare(df, key)` ranks a sweep's values."""
-    from srl_jax.config_loader import config_from_dict
-    from srl_jax.population import initial_hyperparams
+    from srl_jax.config.loader import config_from_dict
+    from srl_jax.config.population import initial_hyperparams
 
     run = load_run(run_dir)
     members = int(_first(run, f"{CONFIG_PREFIX}population.members") or 0)
@@ -151,7 +151,7 @@ def load_lineage(run_dir: str | Path) -> pd.DataFrame:
     """A population run's exploit events (`population.jsonl`), one row each: `time` (s
     since the run started), `member`, `donor`, `donor_step`, `version`, and the new
     values as `hp.<key>`."""
-    from srl_jax.population import read_lineage
+    from srl_jax.config.population import read_lineage
 
     events = read_lineage(run_dir)
     status = read_status(Path(run_dir)) or {}

@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from srl_jax.config import is_pettingzoo
+from srl_jax.config.schema import is_pettingzoo
 
 if TYPE_CHECKING:
-    from learners.export import TeamEpisode, TrainedPolicy
+    from learners.workers.export import TeamEpisode, TrainedPolicy
 
 EXIT_USAGE = 2
 VIDEO_FPS = 30
@@ -69,7 +69,7 @@ def _make_player(team: list[TrainedPolicy], args: argparse.Namespace
     (made here once, closed at exit); ValueError when the env cannot be made."""
     from actors.envs import make_env
     from actors.multi_agent import MultiAgentSplit
-    from learners.export import TeamEpisode, play_episode, play_team_episode
+    from learners.workers.export import TeamEpisode, play_episode, play_team_episode
 
     config, deterministic = team[0].config.env, not args.stochastic
     render_mode = "rgb_array" if args.video else None
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.episodes < 1:
         print("srl_jax.evaluate: '--episodes' must be at least 1", file=sys.stderr)
         return EXIT_USAGE
-    from learners.export import load_team
+    from learners.workers.export import load_team
 
     try:
         policies = load_team(args.run_dir, step=args.step, best=args.best, seed=args.seed,

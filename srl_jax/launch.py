@@ -14,7 +14,7 @@ the run's own resolved config plus any `--set` overrides (actor and server
 counts, stop limits, ... may change; what the checkpoint's shapes depend on
 may not). Checkpoints in a learner host's own directory, which this host does
 not see, are known by the steps the learners reported in metrics.jsonl
-(`srl_jax.run_dir.newest_steps`); the learners restore them themselves.
+(`srl_jax.config.run_dir.newest_steps`); the learners restore them themselves.
 """
 
 from __future__ import annotations
@@ -30,31 +30,32 @@ from pathlib import Path
 
 import yaml
 
-from srl_jax.backends import BackendError, LaunchBackend, LocalBackend
-from srl_jax.checkpoint_location import checkpoint_location, filesystem_problem, seen_here
-from srl_jax.config import DEFAULT_POLICY, ConfigError, ExperimentConfig, run_policies
-from srl_jax.config_checks import check_exposure
-from srl_jax.config_loader import config_to_dict, load_config, resolve_experiment_path
-from srl_jax.placement import describe_host, plan_placement
-from srl_jax.population import check_population, sweep_overrides
-from srl_jax.run_dir import checkpoint_steps, latest_resumable_run, newest_steps, trim_metrics
+from srl_jax.config.checkpoint_location import checkpoint_location, filesystem_problem, seen_here
+from srl_jax.config.checks import check_exposure
+from srl_jax.config.loader import (
+    EXIT_CONFIG,
+    config_dirs,
+    config_to_dict,
+    load_config,
+    resolve_experiment_path,
+)
+from srl_jax.config.placement import describe_host, plan_placement
+from srl_jax.config.population import check_population, sweep_overrides
+from srl_jax.config.run_dir import (
+    checkpoint_steps,
+    latest_resumable_run,
+    newest_steps,
+    trim_metrics,
+)
+from srl_jax.config.schema import DEFAULT_POLICY, ConfigError, ExperimentConfig, run_policies
+from srl_jax.runtime.backends import BackendError, LaunchBackend, LocalBackend
 
-EXIT_CONFIG = 2
 EXIT_FAILED = 1
-SHIPPED_CONFIGS = Path(__file__).resolve().parent / "configs"
-"""The experiments that come with srl_jax: the repository's configs/ (srl_jax/configs links
-there) or, installed, the package data that carries them."""
 RUNS_ROOT = Path("runs")
 """Relative: run directories go under the current directory."""
 BACKENDS = ("local", "ray")
 FIXED_ON_RESUME = ("env", "network", "learner.algorithm", "learner.normalize_obs")
 """Config keys the checkpointed state depends on; a resume may not change them."""
-
-
-def config_dirs() -> list[Path]:
-    """Where experiment names are looked up: ./configs, then the shipped experiments."""
-    dirs = [Path.cwd() / "configs", SHIPPED_CONFIGS]
-    return list(dict.fromkeys(d.resolve() for d in dirs))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -180,7 +181,7 @@ def check_before_launch(config: ExperimentConfig) -> ExperimentConfig:
     the algorithm's own; returns `config` with its algorithm sections written whole."""
     from actors.env_checks import check_env_id
     from actors.envs import check_policies
-    from learners.algorithms import algorithm, resolve_algorithms
+    from learners.algorithms.registry import algorithm, resolve_algorithms
 
     check_env_id(config)
     check_policies(config)
@@ -203,7 +204,7 @@ def make_backend(name: str, run_dir: Path, config: ExperimentConfig,
     if name == "local":
         return LocalBackend(run_dir)
     if name == "ray":
-        from srl_jax.ray_backend import RayBackend  # imports ray
+        from srl_jax.runtime.ray_backend import RayBackend  # imports ray
 
         return RayBackend(run_dir, config, ray_address)
     raise ValueError(f"unknown backend '{name}'")
@@ -217,9 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"srl_jax.launch: config error: {error}", file=sys.stderr)
         return EXIT_CONFIG
-    from srl_jax.controller import Controller
-    from srl_jax.metrics import ProgressDisplay
-    from srl_jax.transport import CurveKeys, curve_wanted
+    from srl_jax.core.transport import CurveKeys, curve_wanted
+    from srl_jax.runtime.controller import Controller
+    from srl_jax.runtime.metrics import ProgressDisplay
 
     resume_row = None
     if resume_steps is not None:

@@ -1,290 +1,38 @@
-"""Worker base: lifecycle (setup, poll loop, close), heartbeats, clean shutdown.
+"""Run one worker: `python -m srl_jax.worker KIND INDEX --run-dir DIR [--policy P]`.
 
-Every worker kind (srl_jax/worker_kinds.py: actor, inference server, ...) is a subclass that
-implements `setup` and `run_once`, and reports counters. The base sends a
-heartbeat carrying those counters to the controller every
-`runtime.stats_interval_s`, stops on SIGTERM/SIGINT, and stops by itself when
-its controller is gone, so a killed controller leaves no workers behind.
-
-Run one with `python -m srl_jax.worker KIND INDEX --run-dir DIR [--policy P]`; the
-controller does this for you. With `SRL_JAX_NAMES=<endpoint>` in its environment (the
-controller's name service, srl_jax/name_server.py; `SRL_JAX_CURVE_KEYS` too where the
+The controller does this for you. With `SRL_JAX_NAMES=<endpoint>` in its environment (the
+controller's name service, srl_jax/runtime/name_server.py; `SRL_JAX_CURVE_KEYS` too where the
 run uses CURVE) a worker reads nothing from a shared run directory: its config and
 every endpoint come from the controller, its output goes to the controller's
-`logs/<worker>.log` (srl_jax/log_stream.py), and DIR is a scratch directory of its
-own host.
+`logs/<worker>.log` (srl_jax/runtime/log_stream.py), and DIR is a scratch directory of its
+own host. The worker classes' common base is srl_jax/core/worker_base.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import faulthandler
 import logging
 import os
-import signal
-import socket as pysocket
 import sys
-import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar
 
-import numpy as np
 import zmq
 
-from srl_jax.config import DEFAULT_POLICY, ConfigError, ExperimentConfig
-from srl_jax.config_loader import import_plugins
-from srl_jax.faults import FaultPlan
-from srl_jax.incarnation import Incarnation
-from srl_jax.log_stream import LogForwarder
-from srl_jax.name_server import NAMES_ENV, NetworkNameService
-from srl_jax.names import FileNameService, NameService, worker_name
-from srl_jax.run_dir import parse_run_config, read_run_config
-from srl_jax.stream_table import LOGS, STATS
-from srl_jax.streams import RejectCounter, limit_message_size, make_socket, send
-from srl_jax.transport import Transport, keys_from_env
-from srl_jax.worker_kinds import (
+from srl_jax.config.loader import import_plugins
+from srl_jax.config.run_dir import parse_run_config, read_run_config
+from srl_jax.config.schema import DEFAULT_POLICY, ConfigError, ExperimentConfig
+from srl_jax.core.names import FileNameService, NameService, worker_name
+from srl_jax.core.stream_table import LOGS
+from srl_jax.core.transport import keys_from_env
+from srl_jax.core.worker_base import EXIT_FAILED, LOOKUP_TIMEOUT_S
+from srl_jax.core.worker_kinds import (
     EXIT_REFUSED,
     KINDS,
-    PARENT_ENV,
     UnknownWorkerKind,
     load_worker_class,
 )
-
-LOOKUP_TIMEOUT_S = 120.0
-EXIT_FAILED = 1
-STACKS_SIGNAL = signal.SIGUSR1
-"""A worker that gets it writes every thread's Python stack to its log."""
-
-
-class WorkerStopped(Exception):
-    """Raised out of a wait when the worker is told to stop."""
-
-
-class Worker:
-    """One process of the dataflow graph."""
-
-    kind: ClassVar[str] = "worker"
-
-    def __init__(self, config: ExperimentConfig, index: int, run_dir: Path,
-                 names: NameService, policy: str = DEFAULT_POLICY) -> None:
-        """`policy`: the policy a learner, inference server or evaluator serves."""
-        self.config = config
-        self.index = index
-        self.policy = policy
-        self.run_dir = Path(run_dir)
-        self.names = names
-        self.name = worker_name(self.kind, index, policy)
-        self.log = logging.getLogger(self.name)
-        self.zmq = zmq.Context.instance()
-        limit_message_size(self.zmq, config.runtime.max_message_mb)
-        self.rejects = RejectCounter()
-        self.transport = Transport.for_process(self.zmq, config.transport.bind_host,
-                                               config.transport.advertise_host)
-        self.incarnation = Incarnation.from_env(os.environ)
-        """Which start of this worker this process is (the first when started by hand)."""
-        self._stop = False
-        self._followed: list[list[Any]] = []
-        """[socket, key, endpoint] of each connection that follows its key (`connect_to`)."""
-        self._parent = int(os.environ.get(PARENT_ENV, os.getppid()))
-        self._last_stats = 0.0
-        self._stats_socket: zmq.Socket | None = None
-        self._phase = "setup"
-        self._lookup_wait: tuple[str, float] | None = None
-        self._busy: tuple[str, float] | None = None
-        self._heartbeat_lock = threading.Lock()
-        """Held while a heartbeat is sent: `busy` sends them from a helper thread."""
-        kind = KINDS.get(self.kind)
-        self._progress = kind.progress if kind else ""
-        """The counter whose first rise sends a heartbeat at once (`WorkerKind.progress`);
-        '' once it has risen."""
-
-    def setup(self) -> None:
-        """Bind and connect sockets, build environments or programs."""
-
-    def run_once(self) -> None:
-        """One turn of the poll loop; returns within about a stats interval."""
-        raise NotImplementedError
-
-    def counters(self) -> dict[str, float]:
-        """Cumulative counters and current gauges sent with each heartbeat."""
-        return {}
-
-    def stats_arrays(self) -> dict[str, np.ndarray]:
-        """Arrays sent with a heartbeat (e.g. episodes finished since the last one)."""
-        return {}
-
-    def waiting(self) -> tuple[str, float] | None:
-        """What this worker waits on (a stream or a key) and since when (wall time).
-
-        Heartbeats carry it, so that the controller of a run that makes no
-        progress, and `python -m srl_jax.status`, can say who waits on what.
-        """
-        return self._lookup_wait
-
-    @contextlib.contextmanager
-    def busy(self, what: str) -> Iterator[None]:
-        """Heartbeat from a helper thread while the body blocks in slow device work
-        (an XLA compile, a long update on a CPU), for up to `runtime.busy_timeout_s`.
-
-        Slow work is not a hang, so the controller must not kill it; a body that
-        outlasts the bound is left to `runtime.heartbeat_timeout_s` again, so a
-        worker stuck for good is still killed. Heartbeats say `what` it is busy
-        with. The body must not use the worker's sockets (JAX calls release the
-        GIL, so the helper thread runs while they block).
-        """
-        self._busy = (what, time.time())
-        done = threading.Event()
-        bound = self.config.runtime.busy_timeout_s
-        interval = self.config.runtime.stats_interval_s
-
-        def beat() -> None:
-            deadline = time.monotonic() + bound
-            while not done.wait(interval) and time.monotonic() < deadline:
-                self.heartbeat(follow=False)
-
-        helper = threading.Thread(target=beat, name=f"busy: {what}", daemon=True)
-        helper.start()
-        try:
-            yield
-        finally:
-            done.set()
-            helper.join()
-            self._busy = None
-
-    def finish(self) -> None:
-        """After a clean stop, before the last heartbeat (e.g. a final checkpoint)."""
-
-    def close(self) -> None:
-        """Release what `setup` took."""
-
-    def lookup(self, key: str) -> str:
-        """An endpoint from the name service, waiting while still heartbeating.
-
-        Gives up with a line naming the key after LOOKUP_TIMEOUT_S, or as soon
-        as the worker is told to stop or its controller is gone.
-        """
-        deadline = time.monotonic() + LOOKUP_TIMEOUT_S
-        self._lookup_wait = (f"the name service key '{key}'", time.time())
-        while True:
-            try:
-                endpoint = self.names.lookup(key, timeout_s=1.0)
-                self._lookup_wait = None
-                return endpoint
-            except TimeoutError:
-                self.heartbeat()
-                if self._stop:
-                    raise WorkerStopped(f"stopped while waiting for '{key}'") from None
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"no endpoint registered under '{key}' after "
-                                       f"{LOOKUP_TIMEOUT_S:.0f}s") from None
-
-    def connect_to(self, socket: zmq.Socket, key: str) -> None:
-        """Connect `socket` to the endpoint under `key`, and follow the key: a peer
-        restarted on another port or host registers anew, and `socket` moves with it."""
-        endpoint = self.lookup(key)
-        self.transport.connect(socket, endpoint)
-        self._followed.append([socket, key, endpoint])
-
-    def _follow_endpoints(self) -> None:
-        for entry in self._followed:
-            socket, key, endpoint = entry
-            moved = self.names.get(key)
-            if moved and moved != endpoint:
-                with contextlib.suppress(zmq.ZMQError):
-                    socket.disconnect(endpoint)
-                self.transport.connect(socket, moved)
-                entry[2] = moved
-                self.log.info("'%s' moved from %s to %s; reconnected", key, endpoint, moved)
-
-    def _first_progress(self) -> bool:
-        """Whether the kind's progress counter has just risen for the first time: the
-        controller then hears of the first env frame within a turn, not a stats interval."""
-        if not self._progress or not self.counters().get(self._progress, 0):
-            return False
-        self._progress = ""
-        return True
-
-    def keep_alive(self) -> bool:
-        """For long waits: heartbeat, and say whether to keep waiting."""
-        self.heartbeat()
-        return not self._stop
-
-    def request_stop(self, *_: Any) -> None:
-        self._stop = True
-
-    @property
-    def stopping(self) -> bool:
-        return self._stop
-
-    def heartbeat(self, force: bool = False, follow: bool = True) -> None:
-        """Send counters to the controller if a stats interval has passed (and, with
-        `follow`, reconnect to peers that moved)."""
-        with self._heartbeat_lock:
-            self._heartbeat(force, follow)
-
-    def _heartbeat(self, force: bool, follow: bool) -> None:
-        now = time.monotonic()
-        if not force and now - self._last_stats < self.config.runtime.stats_interval_s:
-            return
-        self._last_stats = now
-        if follow:
-            self._follow_endpoints()
-        if os.getppid() != self._parent:
-            self.log.warning("controller (pid %d) is gone; stopping", self._parent)
-            self._stop = True
-        if self._stats_socket is None:
-            return
-        counters = {"wire_rejected": self.rejects.count, "auth_refused": self.transport.refused,
-                    **self.counters()}
-        meta = {"worker": self.name, "kind": self.kind, "index": self.index,
-                "policy": self.policy, "pid": os.getpid(),
-                "host": pysocket.gethostname(), "phase": self._phase, "counters": counters,
-                "ports": self.transport.port_list(),
-                "waiting": list(waiting) if (waiting := self._busy or self.waiting()) else None}
-        try:  # poll first: a skipped heartbeat's episode returns wait for the next one
-            if not self._stats_socket.poll(0, zmq.POLLOUT):
-                raise zmq.Again
-            send(self._stats_socket, "stats", meta, self.stats_arrays(), flags=zmq.NOBLOCK)
-        except zmq.Again:
-            self.log.debug("stats stream full; heartbeat skipped")
-
-    def connect_stats(self) -> None:
-        """Connect the heartbeat stream to the controller, bounded by `runtime.stats_queue`."""
-        self._stats_socket = make_socket(self.zmq, STATS.connect_type,
-                                         hwm=self.config.runtime.stats_queue)
-        self.transport.connect(self._stats_socket, self.names.lookup(STATS.key(), LOOKUP_TIMEOUT_S))
-        self.heartbeat(force=True)
-
-    def run(self) -> int:
-        """The lifecycle: connect to the controller, setup, loop, close."""
-        signal.signal(signal.SIGTERM, self.request_stop)
-        signal.signal(signal.SIGINT, self.request_stop)
-        faulthandler.register(STACKS_SIGNAL, all_threads=True)  # into the log: srl_jax.status
-        self.connect_stats()
-        try:
-            self.setup()
-            self._phase = "running"
-            self.log.info("running")
-            self.heartbeat(force=True)
-            fault = FaultPlan(self.name)
-            while not self._stop:
-                self.run_once()
-                self.heartbeat(force=self._first_progress())
-                fault.check()
-            self._phase = "finishing"
-            self.finish()
-            self.heartbeat(force=True)
-        except WorkerStopped as stopped:
-            self.log.info("%s", stopped)
-        finally:
-            self.close()
-            self._stats_socket.close(linger=500)
-            self.transport.close()
-        self.log.info("stopped")
-        return 0
+from srl_jax.runtime.log_stream import LogForwarder
+from srl_jax.runtime.name_server import NAMES_ENV, NetworkNameService
 
 
 def names_and_config(run_dir: Path, names_endpoint: str | None,
@@ -303,8 +51,9 @@ def names_and_config(run_dir: Path, names_endpoint: str | None,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="worker kinds (srl_jax/worker_kinds.py):\n" + "\n".join(
+        description="Run one worker of the dataflow",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="worker kinds (srl_jax/core/worker_kinds.py):\n" + "\n".join(
             f"  {kind.name}: {kind.doc}" for kind in KINDS.values()))
     parser.add_argument("kind", help="the kind of worker to run (below)")
     parser.add_argument("index", type=int)

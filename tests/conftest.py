@@ -21,15 +21,15 @@ import yaml
 import zmq
 from tensorboardX.proto import event_pb2
 
-from learners.algorithms import resolve_algorithms
-from srl_jax.config import ExperimentConfig
-from srl_jax.config_loader import apply_overrides, config_from_dict, config_to_dict
-from srl_jax.incarnation import Incarnation
-from srl_jax.names import FileNameService
-from srl_jax.run_dir import read_status
-from srl_jax.stream_table import STATS
-from srl_jax.streams import make_socket
-from srl_jax.transport import Transport
+from learners.algorithms.registry import resolve_algorithms
+from srl_jax.config.loader import apply_overrides, config_from_dict, config_to_dict
+from srl_jax.config.run_dir import read_status
+from srl_jax.config.schema import ExperimentConfig
+from srl_jax.core.incarnation import Incarnation
+from srl_jax.core.names import FileNameService
+from srl_jax.core.stream_table import STATS
+from srl_jax.core.streams import make_socket
+from srl_jax.core.transport import Transport
 
 REPO = Path(__file__).resolve().parent.parent
 SEEDS_LOGGED = re.compile(r"resume (\d+), restart (\d+): env seeds by split (\[[\d\[\], ]+\])")

@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from srl_jax.config import DEFAULT_POLICY
-from srl_jax.names import FileNameService
-from srl_jax.stream_table import INFERENCE, SAMPLES
-from srl_jax.streams import RejectCounter, make_socket, receive
-from srl_jax.transport import Transport
-from srl_jax.wire import Message
+from srl_jax.config.schema import DEFAULT_POLICY
+from srl_jax.core.names import FileNameService
+from srl_jax.core.stream_table import INFERENCE, SAMPLES
+from srl_jax.core.streams import RejectCounter, make_socket, receive
+from srl_jax.core.transport import Transport
+from srl_jax.core.wire import Message
 
 
 class FakeServerAndLearner:

@@ -1,15 +1,18 @@
-"""The package's layer rules, checked by reading the source (ast, nothing is imported).
+"""The package's layer rules, stated by folder and checked by reading the source (ast,
+nothing is imported).
 
-Every module of `srl_jax`, `actors`, `learners` and `replay` belongs to one layer; a layer
-may import the layers it names and no third-party package it forbids. Imports
-inside functions count the same as those at the top: a lazy import still ties
-the two modules together. The module graph must also be free of cycles.
-docs/architecture.md explains the layers; this file is what enforces them.
+Every module of `srl_jax`, `actors`, `learners` and `replay` lives in a folder, and every
+folder belongs to one layer (docs/architecture.md draws them): a module may import the
+layers its own layer names and no third-party package it forbids. A module in a folder no
+layer names is refused, so a new file lands in a layer by where it is put, not by a list of
+names. Imports inside functions count the same as those at the top: a lazy import still ties
+the two modules together. Neither the modules nor the layers may import in a cycle.
 """
 
 from __future__ import annotations
 
 import ast
+import fnmatch
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,13 +21,14 @@ PACKAGES = ("srl_jax", "actors", "learners", "replay")
 ENV_PACKAGES = frozenset({"gymnasium", "envpool", "ale_py", "mujoco", "pettingzoo", "mpe2",
                           "cv2", "pygame"})
 JAX_PACKAGES = frozenset({"jax", "jaxlib", "flax", "optax", "orbax"})
+NO_ENGINES = ENV_PACKAGES | JAX_PACKAGES | {"ray"}
 
 
 @dataclass(frozen=True)
 class Layer:
     name: str
-    modules: frozenset[str]
-    """Module names, or `package.*` for every module of a package not named elsewhere."""
+    places: tuple[str, ...]
+    """Folders (every module below them) or file patterns, relative to the repository."""
     may_import: frozenset[str]
     """Layers whose modules it may import (its own included)."""
     forbidden: frozenset[str] = frozenset()
@@ -33,55 +37,34 @@ class Layer:
     """When set, the only third-party packages it may import (the standard library aside)."""
 
 
-def _names(*modules: str) -> frozenset[str]:
-    return frozenset(modules)
+def _names(*layers: str) -> frozenset[str]:
+    return frozenset(layers)
 
 
+DECLARATIONS = ("learners/algorithms/registry.py", "learners/algorithms/*_config.py")
+LEARNING = ("core", "algorithm declarations", "models", "algorithms", "training")
 LAYERS = (
-    Layer("base", _names(
-        "srl_jax.wire", "srl_jax.names", "srl_jax.name_server", "srl_jax.log_stream",
-        "srl_jax.streams", "srl_jax.stream_table",
-        "srl_jax.transport", "srl_jax.faults", "srl_jax.worker", "srl_jax.worker_kinds",
-        "srl_jax.run_dir", "srl_jax.checkpoint_location", "srl_jax.incarnation",
-        "srl_jax.metrics", "srl_jax.config",
-        "srl_jax.config_loader", "srl_jax.config_checks", "srl_jax.chunk_spec",
-        "srl_jax.env_spec", "srl_jax.replay_spec", "srl_jax.memory", "srl_jax.placement",
-        "srl_jax.population", "srl_jax.opponent_pool"),
-        may_import=_names("base"), forbidden=ENV_PACKAGES | JAX_PACKAGES | {"ray"}),
-    Layer("actors", _names("actors.*"), may_import=_names("base", "actors"),
-          forbidden=JAX_PACKAGES | {"ray"}),
-    Layer("replay", _names("replay.*"), may_import=_names("base", "actors", "replay"),
-          forbidden=ENV_PACKAGES | JAX_PACKAGES | {"ray"}),
-    Layer("algorithm configs", _names(
-        "learners.ppo_config", "learners.impala_config", "learners.dqn_config"),
-        may_import=_names("base", "learning"), only_third_party=frozenset()),
-    Layer("algorithms", _names("learners.ppo", "learners.impala", "learners.dqn"),
-          may_import=_names("base", "learning", "algorithm configs", "algorithms"),
+    Layer("core", ("srl_jax/core", "srl_jax/config"), _names("core"), NO_ENGINES),
+    Layer("actors", ("actors",), _names("core", "actors"), JAX_PACKAGES | {"ray"}),
+    Layer("replay", ("replay",), _names("core", "actors", "replay"), NO_ENGINES),
+    Layer("algorithm declarations", DECLARATIONS, _names("core", "algorithm declarations"),
+          only_third_party=frozenset()),
+    Layer("models", ("learners/models",), _names("core", "models"),
+          ENV_PACKAGES | {"zmq", "ray"}),
+    Layer("algorithms", ("learners/algorithms",), _names(*LEARNING[:4]),
           only_third_party=frozenset({"jax", "flax", "optax", "numpy"})),
-    Layer("learning", _names(
-        "learners.algorithms", "learners.networks", "learners.distributions",
-        "learners.train_state", "learners.sequences", "learners.critic", "learners.mesh",
-        "learners.param_codec",
-        "learners.sample_queue", "learners.conv",
-        "learners.learner", "learners.policy_runner", "learners.policy", "learners.distributed",
-        "learners.jax_runtime", "srl_jax.checkpoint"),
-        may_import=_names("base", "learning"), forbidden=ENV_PACKAGES | {"zmq", "ray"}),
-    Layer("jax workers", _names("learners.*", "actors.inline_policy"),
-          may_import=_names("base", "actors", "learning", "algorithm configs", "algorithms",
-                            "jax workers"),
-          forbidden=frozenset({"ray"})),
-    Layer("top", _names("srl_jax.*"),
-          may_import=_names("base", "actors", "replay", "learning", "algorithm configs",
-                            "algorithms", "jax workers", "top")),
+    Layer("training", ("learners/training",), _names(*LEARNING), ENV_PACKAGES | {"zmq", "ray"}),
+    Layer("jax workers", ("learners/workers",), _names(*LEARNING, "actors", "jax workers"),
+          frozenset({"ray"})),
+    Layer("runtime", ("srl_jax/runtime",), _names("core", "runtime"), JAX_PACKAGES),
+    Layer("cluster", ("srl_jax/cluster",), _names("core", "runtime", "cluster"), JAX_PACKAGES),
+    Layer("analysis", ("srl_jax/analysis",), _names("core", "analysis"), NO_ENGINES - {"ray"}),
+    Layer("entry points", ("srl_jax/*.py", "actors/__init__.py", "learners/__init__.py",
+                           "replay/__init__.py"),
+          _names(*LEARNING, "actors", "replay", "jax workers", "runtime", "cluster", "analysis",
+                 "entry points")),
 )
-
-
-LAZY_ONLY = {
-    ("actors.actor_worker", "actors.inline_policy"):
-        "inline inference: an actor imports JAX only when it runs the policy itself",
-}
-"""Edges across layers that are allowed only as lazy imports (in a function, or for type
-checking), with the reason."""
+"""Bottom to top; the first layer whose place holds a module is its layer."""
 
 
 def module_files(root: Path) -> dict[str, Path]:
@@ -89,19 +72,21 @@ def module_files(root: Path) -> dict[str, Path]:
     as the package name)."""
     files = {}
     for package in PACKAGES:
-        for path in sorted((root / package).glob("*.py")):
-            name = package if path.stem == "__init__" else f"{package}.{path.stem}"
-            files[name] = path
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return files
 
 
-def layer_of(module: str) -> Layer | None:
-    """The layer naming `module` itself, else the first whose `package.*` covers it."""
+def layer_of(where: Path) -> Layer | None:
+    """The first layer one of whose places holds the file at `where` (repository-relative):
+    a folder holds every module below it, a pattern the files it matches."""
+    posix = where.as_posix()
     for layer in LAYERS:
-        if module in layer.modules:
-            return layer
-    package = module.split(".")[0]
-    return next((layer for layer in LAYERS if f"{package}.*" in layer.modules), None)
+        for place in layer.places:
+            if posix.startswith(place + "/") or fnmatch.fnmatchcase(posix, place):
+                return layer
+    return None
 
 
 def imports(path: Path) -> list[tuple[int, str, bool]]:
@@ -138,7 +123,7 @@ def _is_type_checking(test: ast.expr) -> bool:
 
 
 def _internal(imported: str, modules: dict[str, Path]) -> str | None:
-    """The module of ours an import names (`from srl_jax.config import X` -> srl_jax.config)."""
+    """The module of ours an import names (`from srl_jax.config.schema import X` -> srl_jax.config.schema)."""
     parts = imported.split(".")
     for end in range(len(parts), 0, -1):
         name = ".".join(parts[:end])
@@ -152,21 +137,19 @@ def violations(root: Path) -> list[str]:
     modules = module_files(root)
     problems, graph = [], {name: set() for name in modules}
     for name, path in modules.items():
-        layer = layer_of(name)
         where = path.relative_to(root)
+        layer = layer_of(where)
         if layer is None:
-            problems.append(f"{where}: module {name} belongs to no layer (add it to "
-                            "tests/layers.py and docs/architecture.md)")
+            problems.append(f"{where}: module {name} is in no layer's folder (move it into "
+                            "one, or give its folder a layer in tests/layers.py)")
             continue
         for line, imported, eager in imports(path):
             target = _internal(imported, modules)
             top = imported.split(".")[0]
             if target is not None:
                 graph[name].add(target)
-                target_layer = layer_of(target)
-                lazy_allowed = (name, target) in LAZY_ONLY and not eager
-                if target_layer is not None and target_layer.name not in layer.may_import \
-                        and not lazy_allowed:
+                target_layer = layer_of(modules[target].relative_to(root))
+                if target_layer is not None and target_layer.name not in layer.may_import:
                     problems.append(f"{where}:{line}: {name} ({layer.name}) imports {imported} "
                                     f"({target_layer.name})")
             elif top in PACKAGES:
@@ -179,6 +162,8 @@ def violations(root: Path) -> list[str]:
                                 f"may only use {sorted(layer.only_third_party)} and the "
                                 "standard library")
     problems += [f"import cycle: {' -> '.join(cycle)}" for cycle in cycles(graph)]
+    allowed = {layer.name: set(layer.may_import) - {layer.name} for layer in LAYERS}
+    problems += [f"layer cycle: {' -> '.join(cycle)}" for cycle in cycles(allowed)]
     return problems
 
 

@@ -12,8 +12,8 @@ import jax
 import numpy as np
 
 from actors.envs import env_spec
-from learners.learner import Learner, build_learner
-from learners.mesh import MeshError, make_learner_mesh
+from learners.training.learner import Learner, build_learner
+from learners.training.mesh import MeshError, make_learner_mesh
 from tests.conftest import make_config
 
 

@@ -24,7 +24,7 @@ import optax
 import pytest
 import yaml
 
-from learners.algorithms import (
+from learners.algorithms.registry import (
     Algorithm,
     Sizes,
     algorithm,
@@ -32,12 +32,12 @@ from learners.algorithms import (
     check_inputs,
     register,
 )
-from learners.networks import Policy
-from learners.sequences import episode_starts
-from learners.train_state import Batch, TrainState, prepare
-from srl_jax.config import ConfigError
-from srl_jax.config_loader import config_from_dict
-from srl_jax.run_dir import read_status
+from learners.algorithms.sequences import episode_starts
+from learners.algorithms.train_state import Batch, TrainState, prepare
+from learners.models.networks import Policy
+from srl_jax.config.loader import config_from_dict
+from srl_jax.config.run_dir import read_status
+from srl_jax.config.schema import ConfigError
 from tests.conftest import Processes, launch, read_metrics
 from tests.update_checks import (
     SIZES,

@@ -17,18 +17,16 @@ import orbax.checkpoint as ocp
 import pytest
 import yaml
 
-from learners.train_state import TrainState
-from srl_jax.checkpoint import (
+from learners.algorithms.train_state import TrainState
+from learners.training.checkpoint import (
     Checkpointer,
     _to_saveable,
     restore_params,
     save_params,
 )
-from srl_jax.checkpoint_location import location_problem
-from srl_jax.config import ConfigError
-from srl_jax.config_loader import config_from_dict, config_to_dict, load_config
-from srl_jax.launch import SHIPPED_CONFIGS, parse_args, prepare_run
-from srl_jax.run_dir import (
+from srl_jax.config.checkpoint_location import location_problem
+from srl_jax.config.loader import SHIPPED_CONFIGS, config_from_dict, config_to_dict, load_config
+from srl_jax.config.run_dir import (
     DISCARDED_METRICS,
     checkpoint_meta,
     checkpoint_root,
@@ -39,6 +37,8 @@ from srl_jax.run_dir import (
     read_metrics,
     trim_metrics,
 )
+from srl_jax.config.schema import ConfigError
+from srl_jax.launch import parse_args, prepare_run
 from tests.update_checks import small_policy_state
 
 EXPERIMENT = SHIPPED_CONFIGS / "cartpole_ppo.yaml"

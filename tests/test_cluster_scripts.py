@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from srl_jax.cluster import main as cluster_main
-from srl_jax.config_loader import load_config, resolve_experiment_path
-from srl_jax.launch import config_dirs, parse_args
-from srl_jax.remote_shell import detached, stop_group
-from srl_jax.worker_kinds import worker_kind, worker_plan
+from srl_jax.cluster.cli import main as cluster_main
+from srl_jax.cluster.remote_shell import detached, stop_group
+from srl_jax.config.loader import config_dirs, load_config, resolve_experiment_path
+from srl_jax.core.worker_kinds import worker_kind, worker_plan
+from srl_jax.launch import parse_args
 
 SHELLCHECK = Path(sys.executable).parent / "shellcheck"
 RECORDER = """#!{python}
@@ -161,7 +161,7 @@ def test_the_slurm_job_gives_each_role_its_hosts_and_the_run_asks_for_them(
         "the interpreter is checked on every host"
     assert all(c[c.index("-c") - 1] == python for c in checks)
     calls = [c[1:-1] for c in commands if c[0] == "fake-python"]
-    assert [c[:2] for c in calls] == [["-m", "srl_jax.ray_nodes"], ["-m", "srl_jax.launch"]]
+    assert [c[:2] for c in calls] == [["-m", "srl_jax.cluster.ray_nodes"], ["-m", "srl_jax.launch"]]
     assert calls[0][2:] == ["10.0.0.1:6379", "6", "--timeout-s", "300"], "every node joins"
     parsed, config = checked_launch(calls[1])
     assert parsed.ray_address == "10.0.0.1:6379" and parsed.run_dir == run_dir
@@ -260,7 +260,7 @@ def test_the_tpu_vm_script_provisions_every_host_then_puts_one_learner_on_each(
     head = starts["--worker=0"]
     assert "--head" in head and "--node-ip-address=10.0.0.5" in head
     wait, run = remote["--worker=0"][1:3]
-    assert "-m srl_jax.ray_nodes 10.0.0.5:6379 6 --timeout-s 300" in wait
+    assert "-m srl_jax.cluster.ray_nodes 10.0.0.5:6379 6 --timeout-s 300" in wait
     words = shlex.split(run)
     assert words[:3] == ["env", "RAY_AUTH_MODE=token",
                          "RAY_AUTH_TOKEN_PATH=$HOME/srl_jax/ray_token"]

@@ -10,17 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from learners.algorithms import algorithm_config
-from srl_jax.config import ConfigError
-from srl_jax.config_loader import (
+from learners.algorithms.registry import algorithm_config
+from srl_jax.config.loader import (
+    SHIPPED_CONFIGS,
+    config_dirs,
     config_from_dict,
     config_to_dict,
     load_config,
     resolve_experiment_path,
 )
-from srl_jax.launch import SHIPPED_CONFIGS, check_before_launch, config_dirs
+from srl_jax.config.run_dir import STATUS
+from srl_jax.config.schema import ConfigError
+from srl_jax.launch import check_before_launch
 from srl_jax.launch import main as launch_main
-from srl_jax.run_dir import STATUS
 from tests.conftest import REPO, make_config, write_run_dir
 
 DEFAULT = REPO / "configs" / "cartpole_ppo.yaml"

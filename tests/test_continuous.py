@@ -23,15 +23,15 @@ import numpy as np
 import pytest
 
 from actors.envs import env_seed, env_spec
-from learners.algorithms import algorithm_config, sizes
-from learners.distributions import CATEGORICAL, GAUSSIAN, distribution
-from learners.networks import OBS_CLIP, init_policy_params, make_policy, update_obs_stats
-from learners.ppo import make_optimizer, make_update
-from learners.train_state import Batch, init_train_state, prepare
-from srl_jax.config import EnvConfig
-from srl_jax.config_loader import load_config
-from srl_jax.stream_table import STATS
-from srl_jax.streams import RejectCounter, receive, send
+from learners.algorithms.ppo import make_optimizer, make_update
+from learners.algorithms.registry import algorithm_config, sizes
+from learners.algorithms.train_state import Batch, init_train_state, prepare
+from learners.models.distributions import CATEGORICAL, GAUSSIAN, distribution
+from learners.models.networks import OBS_CLIP, init_policy_params, make_policy, update_obs_stats
+from srl_jax.config.loader import load_config
+from srl_jax.config.schema import EnvConfig
+from srl_jax.core.stream_table import STATS
+from srl_jax.core.streams import RejectCounter, receive, send
 from tests.conftest import REPO, make_config, stop_when, write_run_dir
 from tests.fakes import FakeServerAndLearner
 from tests.update_checks import single_agent_batch

@@ -8,14 +8,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from learners import impala, ppo
-from learners.algorithms import Sizes
-from learners.conv import matmul_conv, patches_matmul_conv, xla_conv
-from learners.networks import init_policy_params, make_policy
-from learners.train_state import Batch, init_train_state
-from srl_jax.config import ConfigError
-from srl_jax.config_checks import validate
-from srl_jax.env_spec import EnvSpec
+from learners.algorithms import impala, ppo
+from learners.algorithms.registry import Sizes
+from learners.algorithms.train_state import Batch, init_train_state
+from learners.models.conv import matmul_conv, patches_matmul_conv, xla_conv
+from learners.models.networks import init_policy_params, make_policy
+from srl_jax.config.checks import validate
+from srl_jax.config.schema import ConfigError
+from srl_jax.core.env_spec import EnvSpec
 from tests.conftest import make_config
 from tests.update_checks import single_agent_batch
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from learners.distributed import free_address, process_layout
-from srl_jax.run_dir import read_status
-from srl_jax.stream_table import COORDINATOR
+from learners.training.distributed import free_address, process_layout
+from srl_jax.config.run_dir import read_status
+from srl_jax.core.stream_table import COORDINATOR
 from tests.conftest import Processes, make_config
 
 
@@ -29,7 +29,7 @@ def test_layout_comes_from_config_or_environment() -> None:
 
 JOIN = """
 import jax, sys
-from learners.distributed import ProcessLayout, initialize, shutdown
+from learners.training.distributed import ProcessLayout, initialize, shutdown
 layout = ProcessLayout(sys.argv[1], 2, int(sys.argv[2]))
 initialize(layout)
 print(jax.config.values['jax_cuda_visible_devices'], flush=True)

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from actors.envs import policy_spec
-from learners.distributions import GREEDY
-from learners.dqn import nstep_targets
-from learners.learner import build_learner
-from learners.networks import QNetwork, make_policy
-from srl_jax.config import ConfigError, ExperimentConfig
-from srl_jax.config_loader import load_config
+from learners.algorithms.dqn import nstep_targets
+from learners.models.distributions import GREEDY
+from learners.models.networks import QNetwork, make_policy
+from learners.training.learner import build_learner
+from srl_jax.config.loader import load_config
+from srl_jax.config.schema import ConfigError, ExperimentConfig
 from srl_jax.launch import check_before_launch
 from tests.conftest import REPO
 

@@ -25,8 +25,8 @@ from actors.actor_worker import make_split
 from actors.env_ring import ChunkBuilder, EnvSplit
 from actors.envpool_split import EnvPoolSplit, check_envpool, envpool_task
 from actors.envs import env_spec, make_env
-from srl_jax.chunk_spec import run_chunk_layout
-from srl_jax.config import ConfigError, EnvConfig
+from srl_jax.config.schema import ConfigError, EnvConfig
+from srl_jax.core.chunk_spec import run_chunk_layout
 from tests.conftest import make_config
 
 N = 4

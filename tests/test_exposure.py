@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from learners.distributed import coordinator_host
-from srl_jax.config_checks import check_exposure
+from learners.training.distributed import coordinator_host
+from srl_jax.config.checks import check_exposure
 from srl_jax.launch import main as launch_main
 from tests.conftest import make_config
 from tests.test_config import assert_one_config_error_line

@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from srl_jax.config import ExperimentConfig
-from srl_jax.names import FileNameService
-from srl_jax.stream_table import STATS
-from srl_jax.streams import RejectCounter, make_socket, receive
-from srl_jax.worker import Worker
-from srl_jax.worker_kinds import PARENT_ENV
+from srl_jax.config.schema import ExperimentConfig
+from srl_jax.core.names import FileNameService
+from srl_jax.core.stream_table import STATS
+from srl_jax.core.streams import RejectCounter, make_socket, receive
+from srl_jax.core.worker_base import Worker
+from srl_jax.core.worker_kinds import PARENT_ENV
 
 QUEUE = 2
 

@@ -13,15 +13,15 @@ import numpy as np
 import pytest
 import zmq
 
-from learners.inference_server import InferenceServer
-from learners.policy_runner import PolicyRunner, pack_outputs, padded_sizes
-from srl_jax import wire
-from srl_jax.config import ExperimentConfig
-from srl_jax.env_spec import EnvSpec
-from srl_jax.names import FileNameService
-from srl_jax.stream_table import INFERENCE, PARAMS
-from srl_jax.streams import RejectCounter, make_socket, receive, send
-from srl_jax.transport import Transport
+from learners.models.policy_runner import PolicyRunner, pack_outputs, padded_sizes
+from learners.workers.inference_server import InferenceServer
+from srl_jax.config.schema import ExperimentConfig
+from srl_jax.core import wire
+from srl_jax.core.env_spec import EnvSpec
+from srl_jax.core.names import FileNameService
+from srl_jax.core.stream_table import INFERENCE, PARAMS
+from srl_jax.core.streams import RejectCounter, make_socket, receive, send
+from srl_jax.core.transport import Transport
 from tests.conftest import make_config
 
 MAX_BATCH = 8

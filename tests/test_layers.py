@@ -27,17 +27,17 @@ def test_a_planted_bad_import_fails_naming_the_file_and_the_import(tmp_path: Pat
     lines = wire.read_text().splitlines()
     wire.write_text("\n".join([*lines, "", "def _late() -> None:", "    import jax", ""]))
     bad_line = len(lines) + 3
-    assert violations(root) == [f"srl_jax/wire.py:{bad_line}: srl_jax.wire (base) imports jax"]
+    assert violations(root) == [f"srl_jax/core/wire.py:{bad_line}: srl_jax.core.wire (base) imports jax"]
 
 
 def test_an_actor_module_importing_a_learner_module_is_refused(tmp_path: Path) -> None:
     root = _copy_packages(tmp_path)
     ring = root / "actors" / "env_ring.py"
-    ring.write_text(ring.read_text() + "\nfrom learners.networks import make_policy\n")
+    ring.write_text(ring.read_text() + "\nfrom learners.models.networks import make_policy\n")
     problems = violations(root)
     assert len(problems) == 1
     assert problems[0].startswith("actors/env_ring.py:")
-    assert "actors.env_ring (actors) imports learners.networks (learning)" in problems[0]
+    assert "actors.env_ring (actors) imports learners.models.networks (learning)" in problems[0]
 
 
 def test_a_module_outside_every_layer_is_named(tmp_path: Path) -> None:
@@ -53,7 +53,7 @@ def test_a_module_outside_every_layer_is_named(tmp_path: Path) -> None:
     (tmp_path / "srl_jax" / "wire.py").write_text("import srl_jax.launch\n")
     (tmp_path / "srl_jax" / "launch.py").write_text("")
     assert violations(tmp_path) == [
-        "srl_jax/wire.py:1: srl_jax.wire (base) imports srl_jax.launch (top)"]
+        "srl_jax/core/wire.py:1: srl_jax.core.wire (base) imports srl_jax.launch (top)"]
 
 
 def test_cycles_are_found_through_lazy_imports_too() -> None:

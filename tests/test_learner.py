@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from actors.envs import env_spec
-from learners.algorithms import algorithm, algorithm_config, live_values, sizes
-from learners.learner import Learner, chunk_inputs
-from learners.mesh import make_learner_mesh
-from learners.networks import make_policy
-from srl_jax.checkpoint import Checkpointer
-from srl_jax.chunk_spec import empty_chunk, run_chunk_layout
+from learners.algorithms.registry import algorithm, algorithm_config, live_values, sizes
+from learners.models.networks import make_policy
+from learners.training.checkpoint import Checkpointer
+from learners.training.learner import Learner, chunk_inputs
+from learners.training.mesh import make_learner_mesh
+from srl_jax.core.chunk_spec import empty_chunk, run_chunk_layout
 from tests.conftest import make_config
 
 T, B = 8, 4

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 
 from actors.envs import policy_spec
-from learners.algorithms import Algorithm, algorithm_config, live_values
-from learners.dqn_config import ALGORITHM as DQN
-from learners.impala_config import ALGORITHM as IMPALA
-from learners.learner import Learner, build_learner
-from learners.ppo_config import ALGORITHM as PPO
-from srl_jax.checkpoint import Checkpointer
-from srl_jax.config import ExperimentConfig
-from srl_jax.config_loader import load_config
+from learners.algorithms.dqn_config import ALGORITHM as DQN
+from learners.algorithms.impala_config import ALGORITHM as IMPALA
+from learners.algorithms.ppo_config import ALGORITHM as PPO
+from learners.algorithms.registry import Algorithm, algorithm_config, live_values
+from learners.training.checkpoint import Checkpointer
+from learners.training.learner import Learner, build_learner
+from srl_jax.config.loader import load_config
+from srl_jax.config.schema import ExperimentConfig
 from tests.conftest import REPO, make_config
 from tests.test_learner import B, T, random_batch
 from tests.update_checks import SIZES, small_policy_state

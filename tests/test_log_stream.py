@@ -22,12 +22,12 @@ import numpy as np
 import pytest
 import zmq
 
-from srl_jax.log_stream import LogSink
-from srl_jax.name_server import NAMES_ENV, NameServer
-from srl_jax.names import FileNameService
-from srl_jax.stream_table import LOGS, STATS
-from srl_jax.streams import RejectCounter, make_socket, receive, send
-from srl_jax.transport import KEYS_ENV, CurveKeys, Transport
+from srl_jax.core.names import FileNameService
+from srl_jax.core.stream_table import LOGS, STATS
+from srl_jax.core.streams import RejectCounter, make_socket, receive, send
+from srl_jax.core.transport import KEYS_ENV, CurveKeys, Transport
+from srl_jax.runtime.log_stream import LogSink
+from srl_jax.runtime.name_server import NAMES_ENV, NameServer
 from tests.conftest import Processes, make_config, wait_for, write_run_dir
 
 
@@ -85,7 +85,7 @@ def test_a_worker_with_a_private_directory_logs_into_the_controllers_run(
     waiting = wait_for(controller.waiting_on, 60, "the actor's heartbeat, waiting on its peers")
     assert "port.inference.0" in waiting or "port.samples.0" in waiting, waiting
     log = run_dir / "logs" / "actor-0.log"
-    actor.send_signal(signal.SIGUSR1)  # stacks, as `srl_jax.status --stacks` asks
+    actor.send_signal(signal.SIGUSR1)  # stacks, as `srl_jax.runtime.status --stacks` asks
     wait_for(lambda: log.exists() and "Thread 0x" in log.read_text(), 30, "the actor's stacks")
     actor.send_signal(signal.SIGTERM)
     assert actor.wait(timeout=30) == 0
@@ -107,7 +107,7 @@ def test_a_worker_with_a_private_directory_logs_into_the_controllers_run(
 FLOOD = """
 import os, sys, time, zmq
 from pathlib import Path
-from srl_jax.log_stream import LogForwarder
+from srl_jax.runtime.log_stream import LogForwarder
 forwarder = LogForwarder("actor-0")
 print("early, before the stream", flush=True)
 forwarder.connect(zmq.Context.instance(), sys.argv[1], None)
@@ -164,7 +164,7 @@ def test_a_full_stream_drops_with_a_count_and_never_blocks(processes: Processes,
 
 
 NEVER_CONNECTED = """
-from srl_jax.log_stream import LogForwarder
+from srl_jax.runtime.log_stream import LogForwarder
 forwarder = LogForwarder("actor-0")
 print("said before the controller was found", flush=True)
 forwarder.close()

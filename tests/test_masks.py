@@ -18,21 +18,21 @@ import zmq
 from actors.env_ring import ChunkBuilder
 from actors.envs import check_policies
 from actors.multi_agent import MultiAgentSplit, multi_agent_specs
-from learners import impala, ppo
-from learners.algorithms import Sizes
-from learners.distributions import CATEGORICAL, mask_logits
-from learners.impala_config import ImpalaConfig
-from learners.inference_server import InferenceServer
-from learners.learner import check_splits, chunk_inputs
-from learners.networks import init_policy_params, make_policy
-from learners.ppo_config import PPOConfig
-from learners.train_state import init_train_state, to_batch
-from srl_jax.config import ConfigError, EnvConfig
-from srl_jax.env_spec import with_network
-from srl_jax.names import FileNameService
-from srl_jax.stream_table import INFERENCE, PARAMS
-from srl_jax.streams import RejectCounter, make_socket, receive, send
-from srl_jax.transport import Transport
+from learners.algorithms import impala, ppo
+from learners.algorithms.impala_config import ImpalaConfig
+from learners.algorithms.ppo_config import PPOConfig
+from learners.algorithms.registry import Sizes
+from learners.algorithms.train_state import init_train_state, to_batch
+from learners.models.distributions import CATEGORICAL, mask_logits
+from learners.models.networks import init_policy_params, make_policy
+from learners.training.learner import check_splits, chunk_inputs
+from learners.workers.inference_server import InferenceServer
+from srl_jax.config.schema import ConfigError, EnvConfig
+from srl_jax.core.env_spec import with_network
+from srl_jax.core.names import FileNameService
+from srl_jax.core.stream_table import INFERENCE, PARAMS
+from srl_jax.core.streams import RejectCounter, make_socket, receive, send
+from srl_jax.core.transport import Transport
 from tests.conftest import make_config, stop_when
 
 MASKED = "pettingzoo:tests.masked_env"

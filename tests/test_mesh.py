@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from learners.mesh import make_learner_mesh
+from learners.training.mesh import make_learner_mesh
 from tests.conftest import FAST_COMPILES, REPO
 
 CASES = [

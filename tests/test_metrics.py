@@ -7,12 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from srl_jax.metrics import (
-    MetricsAggregator,
-    MetricsWriter,
-    recent_return_means,
-    tensorboard_tag,
-)
+from srl_jax.core.metrics_table import recent_return_means
+from srl_jax.runtime.metrics import MetricsAggregator, MetricsWriter, tensorboard_tag
 from tests.conftest import read_events
 
 NO_ARRAYS: dict[str, np.ndarray] = {}

@@ -23,9 +23,9 @@ from actors.multi_agent import (
     check_pettingzoo_id,
     multi_agent_specs,
 )
-from learners.networks import init_policy_params, make_policy
-from srl_jax.config import ConfigError, EnvConfig
-from srl_jax.env_spec import EnvSpec, with_network
+from learners.models.networks import init_policy_params, make_policy
+from srl_jax.config.schema import ConfigError, EnvConfig
+from srl_jax.core.env_spec import EnvSpec, with_network
 from tests.conftest import make_config
 
 SPREAD = {"N": 3, "max_cycles": 25, "continuous_actions": False}

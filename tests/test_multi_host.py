@@ -28,9 +28,9 @@ from pathlib import Path
 
 import pytest
 
-from srl_jax.checkpoint_location import steps_in
-from srl_jax.run_dir import read_status
-from srl_jax.stream_table import SAMPLES
+from srl_jax.config.checkpoint_location import steps_in
+from srl_jax.config.run_dir import read_status
+from srl_jax.core.stream_table import SAMPLES
 from tests.conftest import Processes, last_row, stop_when, wait_for, wait_restarted, worker
 from tests.netns import Host, hosts, own_disks
 

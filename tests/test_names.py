@@ -17,13 +17,13 @@ import msgpack
 import pytest
 import zmq
 
+from srl_jax.core.names import FileNameService, NameService
+from srl_jax.core.stream_table import INFERENCE, NAMES, PARAMS, SAMPLES, STATS
+from srl_jax.core.streams import make_socket, receive, send
+from srl_jax.core.transport import CurveKeys, Transport, curve_connect
+from srl_jax.core.wire import WIRE_VERSION
 from srl_jax.launch import network_names
-from srl_jax.name_server import NameServer, NetworkNameService
-from srl_jax.names import FileNameService, NameService
-from srl_jax.stream_table import INFERENCE, NAMES, PARAMS, SAMPLES, STATS
-from srl_jax.streams import make_socket, receive, send
-from srl_jax.transport import CurveKeys, Transport, curve_connect
-from srl_jax.wire import WIRE_VERSION
+from srl_jax.runtime.name_server import NameServer, NetworkNameService
 from tests.conftest import make_config
 
 RUN_CONFIG = "name: names-test\nseed: 3\n"

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import zmq
 
-from learners.param_codec import params_to_arrays
-from learners.param_stream import ParamSubscriber
-from learners.policy import make_runner
-from learners.policy_runner import PolicyRunner
-from srl_jax.streams import RejectCounter, make_socket, send
+from learners.models.param_codec import params_to_arrays
+from learners.models.policy import make_runner
+from learners.models.policy_runner import PolicyRunner
+from learners.workers.param_stream import ParamSubscriber
+from srl_jax.core.streams import RejectCounter, make_socket, send
 from tests.conftest import make_config, wait_for
 
 

@@ -6,11 +6,8 @@ import re
 
 import pytest
 
-from srl_jax.config import ConfigError
-from srl_jax.config_checks import validate
-from srl_jax.launch import main
-from srl_jax.metrics import MetricsAggregator
-from srl_jax.placement import (
+from srl_jax.config.checks import validate
+from srl_jax.config.placement import (
     LEARNER_DEVICES_ENV,
     HostDevices,
     PlacementError,
@@ -20,6 +17,9 @@ from srl_jax.placement import (
     plan_placement,
     planned_learner_devices,
 )
+from srl_jax.config.schema import ConfigError
+from srl_jax.launch import main
+from srl_jax.runtime.metrics import MetricsAggregator
 from tests.conftest import make_config
 
 

@@ -13,15 +13,16 @@ import numpy as np
 import pytest
 
 from actors.multi_agent import MultiAgentSplit
-from learners.evaluator import Evaluated, keep_best
-from srl_jax.backends import LocalBackend
-from srl_jax.checkpoint import restore_params
-from srl_jax.config import ConfigError
-from srl_jax.config_loader import load_config
-from srl_jax.controller import Controller
+from learners.training.checkpoint import restore_params
+from learners.workers.evaluator import Evaluated, keep_best
+from srl_jax.config.loader import load_config
+from srl_jax.config.run_dir import evaluated_root, step_meta, steps_in
+from srl_jax.config.schema import ConfigError
+from srl_jax.core.metrics_table import POLICY_RETURN, TEAM_RETURN, agent_mean_returns
 from srl_jax.launch import check_before_launch
-from srl_jax.metrics import POLICY_RETURN, TEAM_RETURN, MetricsAggregator, agent_mean_returns
-from srl_jax.run_dir import evaluated_root, step_meta, steps_in
+from srl_jax.runtime.backends import LocalBackend
+from srl_jax.runtime.controller import Controller
+from srl_jax.runtime.metrics import MetricsAggregator
 from tests.conftest import REPO
 
 TAG = REPO / "configs" / "mpe_tag_ppo.yaml"

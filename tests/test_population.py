@@ -7,8 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from srl_jax.config import ConfigError, PopulationConfig
-from srl_jax.population import (
+from srl_jax.config.population import (
     MemberView,
     check_population,
     decide,
@@ -18,7 +17,8 @@ from srl_jax.population import (
     ranking_metric,
     sweep_overrides,
 )
-from srl_jax.worker_kinds import worker_plan
+from srl_jax.config.schema import ConfigError, PopulationConfig
+from srl_jax.core.worker_kinds import worker_plan
 from tests.conftest import make_config
 
 LR = "learner.ppo.learning_rate"

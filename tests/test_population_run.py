@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import zmq
 
-from srl_jax.population import read_lineage
-from srl_jax.run_dir import evaluated_root, steps_in
-from srl_jax.stream_table import CONTROL
-from srl_jax.streams import RejectCounter, receive, send
+from srl_jax.config.population import read_lineage
+from srl_jax.config.run_dir import evaluated_root, steps_in
+from srl_jax.core.stream_table import CONTROL
+from srl_jax.core.streams import RejectCounter, receive, send
 from tests.conftest import (
     Processes,
     launch,

@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from learners.algorithms import Sizes
-from learners.distributions import CATEGORICAL
-from learners.ppo import PPOConfig, gae, make_optimizer, make_update, ppo_loss
+from learners.algorithms.ppo import PPOConfig, gae, make_optimizer, make_update, ppo_loss
+from learners.algorithms.registry import Sizes
+from learners.models.distributions import CATEGORICAL
 from tests.update_checks import (
     SIZES,
     check_update_trains_and_repeats,

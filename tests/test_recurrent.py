@@ -20,18 +20,18 @@ import zmq
 
 import tests.test_inference_server as inference_test
 from actors.envs import make_env, policy_spec
-from learners.algorithms import algorithm, algorithm_config, sizes
-from learners.export import TrainedPolicy
-from learners.networks import init_policy_params, make_policy
-from learners.policy import make_runner
-from learners.policy_runner import PolicyRunner
-from learners.sequences import episode_starts
-from learners.train_state import Batch, init_train_state
+from learners.algorithms.registry import algorithm, algorithm_config, sizes
+from learners.algorithms.sequences import episode_starts
+from learners.algorithms.train_state import Batch, init_train_state
+from learners.models.networks import init_policy_params, make_policy
+from learners.models.policy import make_runner
+from learners.models.policy_runner import PolicyRunner
+from learners.workers.export import TrainedPolicy
+from srl_jax.core.names import FileNameService
+from srl_jax.core.stream_table import PARAMS
+from srl_jax.core.streams import make_socket, send
+from srl_jax.core.transport import Transport
 from srl_jax.launch import main as launch_main
-from srl_jax.names import FileNameService
-from srl_jax.stream_table import PARAMS
-from srl_jax.streams import make_socket, send
-from srl_jax.transport import Transport
 from tests.conftest import Processes, make_config, wait_for, write_run_dir
 from tests.fakes import FakeServerAndLearner
 from tests.test_config import assert_one_config_error_line

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import zmq
 
-from srl_jax.backends import LocalBackend, WorkerHandle
-from srl_jax.config_loader import load_config
-from srl_jax.controller import EXIT_FAILED, Controller
-from srl_jax.transport import Transport
-from srl_jax.worker_kinds import EXIT_REFUSED
+from srl_jax.config.loader import load_config
+from srl_jax.core.transport import Transport
+from srl_jax.core.worker_kinds import EXIT_REFUSED
+from srl_jax.runtime.backends import LocalBackend, WorkerHandle
+from srl_jax.runtime.controller import EXIT_FAILED, Controller
 from tests.conftest import REPO
 
 

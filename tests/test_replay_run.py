@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 import zmq
 
-from learners.export import load_policy
-from srl_jax.memory import resident_mib
-from srl_jax.run_dir import read_status
-from srl_jax.stream_table import INSERTS, REPLAY
-from srl_jax.streams import send
+from learners.workers.export import load_policy
+from srl_jax.config.run_dir import read_status
+from srl_jax.core.memory import resident_mib
+from srl_jax.core.stream_table import INSERTS, REPLAY
+from srl_jax.core.streams import send
 from tests.conftest import (
     Processes,
     all_running,

@@ -23,20 +23,20 @@ import yaml
 import zmq
 
 from actors.actor_worker import split_seeds
-from learners.export import load_policy
-from learners.param_codec import params_to_arrays
-from srl_jax.evaluate import main as evaluate_main
-from srl_jax.incarnation import FIRST, Incarnation
-from srl_jax.metrics import tensorboard_tag
-from srl_jax.names import FileNameService
-from srl_jax.run_dir import (
+from learners.models.param_codec import params_to_arrays
+from learners.workers.export import load_policy
+from srl_jax.config.run_dir import (
     checkpoint_root,
     checkpoint_steps,
     read_run_config,
 )
-from srl_jax.stream_table import PARAMS, STATS
-from srl_jax.streams import LOOPBACK, RejectCounter, make_socket, receive
-from srl_jax.worker_kinds import EXIT_REFUSED
+from srl_jax.core.incarnation import FIRST, Incarnation
+from srl_jax.core.names import FileNameService
+from srl_jax.core.stream_table import PARAMS, STATS
+from srl_jax.core.streams import LOOPBACK, RejectCounter, make_socket, receive
+from srl_jax.core.worker_kinds import EXIT_REFUSED
+from srl_jax.evaluate import main as evaluate_main
+from srl_jax.runtime.metrics import tensorboard_tag
 from tests.conftest import (
     REPO,
     Processes,

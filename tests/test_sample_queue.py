@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from learners.sample_intake import SampleIntake
-from learners.sample_queue import SampleQueue
-from srl_jax.streams import RejectCounter
+from learners.training.sample_queue import SampleQueue
+from learners.workers.sample_intake import SampleIntake
+from srl_jax.core.streams import RejectCounter
 
 T = 3
 FRAMES = T * 2

@@ -20,17 +20,17 @@ from etils import epath
 from actors.env_ring import StepResult
 from actors.envs import policy_spec
 from actors.opponents import OpponentDraws, ended_envs
-from learners.export import load_policy
-from learners.param_codec import params_to_arrays
-from learners.policy import make_runner
-from learners.pool_runner import PoolRunner, PoolSubscriber
-from srl_jax.config import ConfigError, acting_policies, run_policies
-from srl_jax.config_loader import load_config
+from learners.models.param_codec import params_to_arrays
+from learners.models.policy import make_runner
+from learners.workers.export import load_policy
+from learners.workers.pool_runner import PoolRunner, PoolSubscriber
+from srl_jax.config.loader import load_config
+from srl_jax.config.opponent_pool import SnapshotPool, nearest_held, pick_version
+from srl_jax.config.run_dir import checkpoint_steps, pool_root, read_status
+from srl_jax.config.schema import ConfigError, acting_policies, run_policies
+from srl_jax.core.streams import RejectCounter, send
+from srl_jax.core.worker_kinds import worker_plan
 from srl_jax.launch import check_before_launch
-from srl_jax.opponent_pool import SnapshotPool, nearest_held, pick_version
-from srl_jax.run_dir import checkpoint_steps, pool_root, read_status
-from srl_jax.streams import RejectCounter, send
-from srl_jax.worker_kinds import worker_plan
 from tests.conftest import REPO, stop_when, wait_for
 
 RPS = REPO / "configs" / "rps_selfplay.yaml"

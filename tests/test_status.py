@@ -1,5 +1,5 @@
 """Hang diagnosis: who waits on what, in heartbeats, the controller's log and
-`python -m srl_jax.status`, on a run stalled on purpose.
+`python -m srl_jax.runtime.status`, on a run stalled on purpose.
 
 The stalled run uses the network name service (`runtime.names=network`), as a run
 across hosts that share nothing does: workers' logs, stacks included, reach the
@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from srl_jax.run_dir import read_status
-from srl_jax.status import dump_stacks, render
-from srl_jax.stream_table import SAMPLES
+from srl_jax.config.run_dir import read_status
+from srl_jax.core.stream_table import SAMPLES
+from srl_jax.runtime.status import dump_stacks, render
 from tests.conftest import Processes, all_running, interrupt, launch, read_metrics, wait_for
 
 
 def status_of(run_dir: Path, *args: str) -> str:
-    result = subprocess.run([sys.executable, "-m", "srl_jax.status", str(run_dir), *args],
+    result = subprocess.run([sys.executable, "-m", "srl_jax.runtime.status", str(run_dir), *args],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     return result.stdout
@@ -60,11 +60,11 @@ def test_render_shows_rates_restarts_and_waits():
 
 
 def test_status_of_a_directory_that_is_no_run_is_one_line(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "srl_jax.status", str(tmp_path)],
+    result = subprocess.run([sys.executable, "-m", "srl_jax.runtime.status", str(tmp_path)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        f"srl_jax.status: {tmp_path} has no status.json (not a run directory, or its "
+        f"srl_jax.runtime.status: {tmp_path} has no status.json (not a run directory, or its "
         "controller has not started yet)"]
 
 

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import zmq
 
-from srl_jax.names import FileNameService
-from srl_jax.run_dir import read_status
-from srl_jax.stream_table import INFERENCE, PARAMS, SAMPLES, STATS
-from srl_jax.streams import RejectCounter, make_socket, receive, send
-from srl_jax.transport import (
+from srl_jax.config.run_dir import read_status
+from srl_jax.core.names import FileNameService
+from srl_jax.core.stream_table import INFERENCE, PARAMS, SAMPLES, STATS
+from srl_jax.core.streams import RejectCounter, make_socket, receive, send
+from srl_jax.core.transport import (
     KEYS_ENV,
     CurveKeys,
     Transport,
@@ -21,7 +21,7 @@ from srl_jax.transport import (
     curve_wanted,
     primary_address,
 )
-from srl_jax.wire import Message
+from srl_jax.core.wire import Message
 from tests.conftest import Processes, last_row, launch, stop_when, wait_for
 
 

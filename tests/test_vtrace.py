@@ -9,17 +9,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from learners.distributions import CATEGORICAL
-from learners.impala import (
+from learners.algorithms.impala import (
     ImpalaConfig,
     episode_vtrace,
     impala_loss,
     make_optimizer,
     make_update,
 )
-from learners.mesh import compile_update, make_learner_mesh, put_batch, replicated
-from learners.ppo import gae
-from learners.sequences import episode_starts, flat_unroll
+from learners.algorithms.ppo import gae
+from learners.algorithms.sequences import episode_starts, flat_unroll
+from learners.models.distributions import CATEGORICAL
+from learners.training.mesh import compile_update, make_learner_mesh, put_batch, replicated
 from tests.update_checks import (
     SIZES,
     B,

@@ -26,11 +26,11 @@ import numpy as np
 import pytest
 import zmq
 
-from srl_jax import streams, wire
-from srl_jax.memory import resident_mib
-from srl_jax.run_dir import read_status
-from srl_jax.stream_table import INFERENCE, PARAMS, SAMPLES, STATS, Stream, stream_of
-from srl_jax.wire import WireError, decode, encode
+from srl_jax.config.run_dir import read_status
+from srl_jax.core import streams, wire
+from srl_jax.core.memory import resident_mib
+from srl_jax.core.stream_table import INFERENCE, PARAMS, SAMPLES, STATS, Stream, stream_of
+from srl_jax.core.wire import WireError, decode, encode
 from tests.conftest import (
     Processes,
     all_running,

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from srl_jax.cluster_roles import placement_overrides
-from srl_jax.config import ExperimentConfig
-from srl_jax.worker import Worker
-from srl_jax.worker_kinds import (
+from srl_jax.cluster.roles import placement_overrides
+from srl_jax.config.schema import ExperimentConfig
+from srl_jax.core.worker_base import Worker
+from srl_jax.core.worker_kinds import (
     KINDS,
     UnknownWorkerKind,
     WorkerKind,
@@ -89,7 +89,7 @@ def test_every_built_in_kind_names_an_importable_module() -> None:
 
 
 def test_learners_start_with_two_malloc_arenas_unless_the_launcher_says_otherwise() -> None:
-    """What each checkpoint save's threads free stays reusable (see srl_jax/checkpoint.py)."""
+    """What each checkpoint save's threads free stays reusable (learners/training/checkpoint.py)."""
     assert worker_kind("learner").start_env({"PATH": "/bin"}) == {"MALLOC_ARENA_MAX": "2"}
     assert worker_kind("learner").start_env({"MALLOC_ARENA_MAX": "8"}) == {}
     assert worker_kind("actor").start_env({}) == {}

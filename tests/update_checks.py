@@ -10,10 +10,10 @@ import jax
 import numpy as np
 import optax
 
-from learners.algorithms import Sizes
-from learners.networks import Policy, init_policy_params, make_policy
-from learners.train_state import Batch, TrainState, init_train_state
-from srl_jax.env_spec import EnvSpec, with_network
+from learners.algorithms.registry import Sizes
+from learners.algorithms.train_state import Batch, TrainState, init_train_state
+from learners.models.networks import Policy, init_policy_params, make_policy
+from srl_jax.core.env_spec import EnvSpec, with_network
 from tests.conftest import make_config
 
 T, B, OBS_SHAPE, ACTIONS_N = 8, 4, (4,), 2

@@ -1,0 +1,52 @@
+"""The centralized critic's inputs and values (MAPPO's `network.critic: global`).
+
+Actors carry each env's global state once per env step (the per-env chunk fields
+`global_state` and `trunc_global_state`); the update hands it to every agent
+column of its env, with the column's one-hot agent id where the policy acts for
+several agents, and values every step with the current critic. Acting needs no
+critic, so inference servers never see the global state. Pure functions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from learners.algorithms.train_state import Batch
+from learners.models.networks import Policy
+
+
+def critic_inputs(global_state: jax.Array, agents: int, ids: bool) -> jax.Array:
+    """[R, E, G] per-env states -> [R, E * agents, G (+ agents)] per-column inputs.
+
+    Columns are env-major (column e * agents + k is agent k of env e, as
+    actors/multi_agent.py lays them out), so each state repeats `agents` times.
+    """
+    rows, envs = global_state.shape[:2]
+    x = jnp.repeat(global_state, agents, axis=1)
+    if ids:
+        eye = jnp.tile(jnp.eye(agents, dtype=x.dtype), (envs, 1))
+        x = jnp.concatenate([x, jnp.broadcast_to(eye, (rows, *eye.shape))], -1)
+    return x
+
+
+def with_critic_values(policy: Policy, params: Any, batch: Batch) -> Batch:
+    """The batch with per-column critic inputs in `global_state` / `trunc_global_state`
+    and the current critic's `values` / `trunc_values` of them (without a centralized
+    critic: those fields emptied, the values as acted). Either way every field then
+    has one column per agent. Values are targets' inputs: no gradient flows through them."""
+    if policy.critic is None:  # per-column too, so that every field splits alike
+        T1, B = batch.values.shape
+        return batch._replace(global_state=jnp.zeros((T1, B, 0)),
+                              trunc_global_state=jnp.zeros((T1 - 1, B, 0)))
+    states = critic_inputs(batch.global_state, policy.critic_agents, policy.critic_ids)
+    final = critic_inputs(batch.trunc_global_state, policy.critic_agents, policy.critic_ids)
+
+    def value(x: jax.Array) -> jax.Array:
+        flat = policy.critic(params, x.reshape(-1, x.shape[-1]))
+        return jax.lax.stop_gradient(flat.reshape(x.shape[:2]))
+
+    return batch._replace(global_state=states, trunc_global_state=final,
+                          values=value(states), trunc_values=value(final))

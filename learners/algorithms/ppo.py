@@ -1,0 +1,200 @@
+"""PPO as pure functions: GAE, the clipped loss, and one update over a batch.
+
+A batch is one [T+1, B] block of trajectory chunks (see srl_jax/core/chunk_spec.py
+for the fields). The update computes advantages with the acting policy's values
+(with a centralized critic, the current critic's: learners/algorithms/critic.py), then
+runs `epochs` passes of `minibatches` clipped-objective steps as nested scans;
+the learner jits it over its device mesh. A feed-forward policy's
+minibatches are shuffled steps; a recurrent policy's are whole env columns,
+each unrolled from its stored state (learners/algorithms/sequences.py), its first
+`burn_in` steps only warming the state. Rows of agents out of play (`active`
+false) weigh nothing in any mean; masked actions have probability 0. Nothing
+here knows about processes or sockets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from learners.algorithms.critic import with_critic_values
+from learners.algorithms.ppo_config import PPOConfig
+from learners.algorithms.registry import Sizes, with_live
+from learners.algorithms.sequences import episode_starts, flat_unroll, warm_state
+from learners.algorithms.train_state import Batch, TrainState, descend, prepare, weighted_mean
+from learners.models.distributions import Distribution, mask_logits
+from learners.models.networks import Policy
+
+
+def gae(rewards: jax.Array, values: jax.Array, terminated: jax.Array, truncated: jax.Array,
+        trunc_values: jax.Array, gamma: float, lam: float) -> tuple[jax.Array, jax.Array]:
+    """Generalized advantage estimation over [T, B] (values: [T+1, B]).
+
+    A terminated step has no future; a truncated step bootstraps from the value
+    of its final observation (`trunc_values`), not from the next observation,
+    which already belongs to the next episode. Either way the recursion stops.
+    """
+    next_values = jnp.where(truncated, trunc_values, values[1:])
+    deltas = rewards + gamma * next_values * (1.0 - terminated) - values[:-1]
+    continues = 1.0 - jnp.maximum(terminated, truncated)
+
+    def backward(carry: jax.Array, step: tuple[jax.Array, jax.Array]) -> tuple:
+        delta, cont = step
+        advantage = delta + gamma * lam * cont * carry
+        return advantage, advantage
+
+    _, advantages = jax.lax.scan(backward, jnp.zeros_like(deltas[0]),
+                                 (deltas, continues), reverse=True)
+    return advantages, advantages + values[:-1]
+
+
+def ppo_loss(params: Any, apply_fn: Callable, dist: Distribution, obs: jax.Array,
+             actions: jax.Array, old_logp: jax.Array, old_values: jax.Array,
+             advantages: jax.Array, returns: jax.Array, active: jax.Array,
+             config: PPOConfig) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Clipped surrogate + value loss - entropy bonus over flat [N] samples; every mean
+    (and the advantages' normalisation) is over the `active` ones only."""
+    out, values = apply_fn(params, obs)
+    logp, entropy = dist.log_prob(out, actions), dist.entropy(out)
+    log_ratio = jnp.where(active > 0, logp - old_logp, 0.0)  # padding's actions: any
+    ratio = jnp.exp(log_ratio)
+    if config.normalize_advantages:
+        mean = weighted_mean(advantages, active)
+        std = jnp.sqrt(weighted_mean(jnp.square(advantages - mean), active))
+        advantages = (advantages - mean) / (std + 1e-8)
+    pg_loss = weighted_mean(jnp.maximum(
+        -advantages * ratio,
+        -advantages * jnp.clip(ratio, 1.0 - config.clip_coef, 1.0 + config.clip_coef),
+    ), active)
+    value_error = jnp.square(values - returns)
+    if config.clip_value_loss:
+        clipped = old_values + jnp.clip(values - old_values, -config.clip_coef, config.clip_coef)
+        value_error = jnp.maximum(value_error, jnp.square(clipped - returns))
+    value_loss = 0.5 * weighted_mean(value_error, active)
+    entropy_mean = weighted_mean(entropy, active)
+    loss = pg_loss + config.vf_coef * value_loss - config.ent_coef * entropy_mean
+    info = {
+        "loss": loss, "pg_loss": pg_loss, "value_loss": value_loss, "entropy": entropy_mean,
+        "approx_kl": weighted_mean((ratio - 1.0) - log_ratio, active),
+        "clip_frac": weighted_mean(jnp.abs(ratio - 1.0) > config.clip_coef, active),
+    }
+    return loss, info
+
+
+def acting(policy: Policy, apply_fn: Callable, samples: dict) -> Callable:
+    """`apply_fn` as the loss needs it for these samples: logits masked to their legal
+    actions (`action_mask`), and values from the centralized critic where there is one."""
+
+    def apply(params: Any, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        out, values = apply_fn(params, obs)
+        if policy.critic is not None:
+            values = policy.critic(params, samples["critic_in"])
+        if "action_mask" in samples:
+            out = mask_logits(out, samples["action_mask"])
+        return out, values
+
+    return apply
+
+
+def make_optimizer(ppo: PPOConfig, sizes: Sizes) -> optax.GradientTransformation:
+    """Adam's direction without its step size, which the update applies from
+    `TrainState.hyper`; annealing is a factor going from 1 to 0 over the run."""
+    stages = [optax.clip_by_global_norm(ppo.max_grad_norm), optax.scale_by_adam(eps=1e-5)]
+    if ppo.anneal_lr:
+        steps = sizes.total_updates * ppo.epochs * ppo.minibatches
+        stages.append(optax.scale_by_schedule(optax.linear_schedule(1.0, 0.0, steps)))
+    return optax.chain(*stages)
+
+
+def make_update(policy: Policy, optimizer: optax.GradientTransformation, ppo: PPOConfig,
+                sizes: Sizes) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
+    """The PPO update: (state, batch) -> (state, metrics); pure, for the learner to jit.
+    The `live` fields are read from `state.hyper` where it has them."""
+
+    def update(state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+        live = with_live(ppo, state.hyper)
+        params, batch = prepare(state.params, batch, policy, sizes.reward_scale,
+                                sizes.reward_clip)
+        batch = with_critic_values(policy, params, batch)
+        advantages, returns = gae(batch.rewards, batch.values, batch.terminated,
+                                  batch.truncated, batch.trunc_values, ppo.gamma, ppo.gae_lambda)
+        T, B = batch.rewards.shape
+        steps = {"obs": batch.obs[:-1], "actions": batch.actions, "logp": batch.logp,
+                 "values": batch.values[:-1], "advantages": advantages, "returns": returns,
+                 "active": batch.active}
+        if batch.action_mask.shape[-1]:
+            steps["action_mask"] = batch.action_mask
+        if policy.critic is not None:
+            steps["critic_in"] = batch.global_state[:-1]
+        if policy.recurrent:  # shuffled as whole columns: [B, T, ...], and their states
+            n = B
+            samples = {name: jnp.swapaxes(x, 0, 1) for name, x in steps.items()}
+            samples["resets"] = jnp.swapaxes(
+                episode_starts(batch.terminated, batch.truncated, T), 0, 1)
+            samples["state"] = batch.state[0]
+        else:  # shuffled as single steps
+            n = T * B
+            samples = {name: x.reshape(n, *x.shape[2:]) for name, x in steps.items()}
+
+        def loss_of_net(net: Any, mb: dict) -> tuple[jax.Array, dict]:
+            net_params = {**params, "net": net}
+            if policy.recurrent:
+                seq = {name: jnp.swapaxes(x, 0, 1) for name, x in mb.items() if name != "state"}
+                start = warm_state(policy, net_params, seq["obs"], mb["state"], seq["resets"],
+                                   sizes.burn_in)
+                seq = {name: x[sizes.burn_in:] for name, x in seq.items()}
+                apply_fn = flat_unroll(policy, start, seq["resets"])
+                mb = {name: x.reshape(-1, *x.shape[2:]) for name, x in seq.items()}
+            else:
+                rows = mb["obs"].shape[0]
+                apply_fn = flat_unroll(policy, jnp.zeros((rows, 0)), jnp.zeros((1, rows), bool))
+            return ppo_loss(net_params, acting(policy, apply_fn, mb), policy.dist, mb["obs"],
+                            mb["actions"], mb["logp"], mb["values"], mb["advantages"],
+                            mb["returns"], mb["active"], live)
+
+        grad_fn = jax.grad(loss_of_net, has_aux=True)
+
+        def minibatch_step(carry: tuple, mb: dict) -> tuple:
+            net, opt_state, stopped = carry
+
+            def step(_: None) -> tuple:
+                grads, info = grad_fn(net, mb)
+                updates, new_opt_state = optimizer.update(grads, opt_state, net)
+                return descend(net, updates, live.learning_rate), new_opt_state, info
+
+            def skip(_: None) -> tuple:
+                info = jax.tree.map(jnp.zeros_like, jax.eval_shape(grad_fn, net, mb)[1])
+                return net, opt_state, info
+
+            net, opt_state, info = jax.lax.cond(stopped, skip, step, None)
+            return (net, opt_state, stopped), (info, ~stopped)
+
+        def epoch(carry: tuple, key: jax.Array) -> tuple:
+            order = jax.random.permutation(key, n)
+            shuffled = jax.tree.map(
+                lambda x: x[order].reshape(ppo.minibatches, -1, *x.shape[1:]), samples)
+            (net, opt_state, stopped), (infos, ran) = jax.lax.scan(minibatch_step, carry,
+                                                                   shuffled)
+            if ppo.target_kl is not None:
+                kl = jnp.sum(infos["approx_kl"] * ran) / jnp.maximum(ran.sum(), 1)
+                stopped = stopped | (kl > ppo.target_kl)
+            return (net, opt_state, stopped), (infos, ran)
+
+        key, epoch_key = jax.random.split(state.key)
+        (net, opt_state, _), (infos, ran) = jax.lax.scan(
+            epoch, (params["net"], state.opt_state, jnp.zeros((), bool)),
+            jax.random.split(epoch_key, ppo.epochs))
+        steps = jnp.maximum(ran.sum(), 1)
+        metrics = jax.tree.map(lambda x: jnp.sum(x * ran) / steps, infos)
+        metrics["epochs_run"] = ran.sum() / ppo.minibatches
+        metrics["advantage_mean"] = weighted_mean(advantages, batch.active)
+        metrics["return_mean"] = weighted_mean(returns, batch.active)
+        new_state = state._replace(params={**params, "net": net}, opt_state=opt_state, key=key,
+                                   version=state.version + 1)
+        return new_state, metrics
+
+    return update

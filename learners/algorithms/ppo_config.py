@@ -1,0 +1,82 @@
+"""PPO's declaration: its config (`learner.ppo`), its checks, the batch fields it reads.
+
+It imports no JAX, so the launcher checks a config with it before any worker starts;
+the math (its optimizer and update builders) is in `learners/algorithms/ppo.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from learners.algorithms.registry import Algorithm, Sizes, lazy
+from srl_jax.config.schema import ConfigError
+
+
+@dataclass
+class PPOConfig:
+    """PPO hyperparameters: the `learner.ppo` section of the experiment config."""
+
+    learning_rate: float = 2.5e-4
+    """Adam step size."""
+    gamma: float = 0.99
+    """Discount factor."""
+    gae_lambda: float = 0.95
+    """GAE lambda."""
+    clip_coef: float = 0.2
+    """PPO ratio clipping."""
+    vf_coef: float = 0.5
+    """Weight of the value loss."""
+    ent_coef: float = 0.01
+    """Weight of the entropy bonus."""
+    epochs: int = 4
+    """Passes over each batch."""
+    minibatches: int = 4
+    """Minibatches per epoch; they must divide the batch of T * B samples (of B env
+    columns for a recurrent policy, whose minibatches are whole columns)."""
+    max_grad_norm: float = 0.5
+    """Global gradient-norm clip."""
+    normalize_advantages: bool = True
+    """Normalize advantages per minibatch."""
+    clip_value_loss: bool = True
+    """Clip the value update around the acting policy's value, as cleanrl does."""
+    anneal_lr: bool = False
+    """Decay the step size linearly to 0 over the run (needs stop.env_frames)."""
+    target_kl: float | None = None
+    """Stop an update's remaining epochs once an epoch's approximate KL exceeds this."""
+
+    def __post_init__(self) -> None:
+        if self.minibatches < 1:
+            raise ConfigError("'learner.ppo.minibatches' must be at least 1")
+        if self.epochs < 1:
+            raise ConfigError("'learner.ppo.epochs' must be at least 1")
+        if not 0 < self.gamma <= 1:
+            raise ConfigError("'learner.ppo.gamma' must be in (0, 1]")
+        if not 0 <= self.gae_lambda <= 1:
+            raise ConfigError("'learner.ppo.gae_lambda' must be in [0, 1]")
+        if self.learning_rate <= 0:
+            raise ConfigError("'learner.ppo.learning_rate' must be positive")
+
+
+def check(config: PPOConfig, sizes: Sizes) -> None:
+    """The minibatches split the batch; annealing knows the length of the run."""
+    samples = sizes.batch_envs * sizes.trajectory_length
+    if sizes.recurrent and sizes.batch_envs % config.minibatches:
+        raise ConfigError(
+            f"'learner.ppo.minibatches' ({config.minibatches}) must divide "
+            f"'learner.batch_envs' ({sizes.batch_envs}): a recurrent policy's minibatches are "
+            f"whole env columns")
+    if samples % config.minibatches:
+        raise ConfigError(
+            f"'learner.ppo.minibatches' ({config.minibatches}) must divide the batch of "
+            f"{samples} samples (learner.batch_envs * actors.trajectory_length)")
+    if config.anneal_lr and sizes.total_updates == 0:
+        raise ConfigError(
+            "'learner.ppo.anneal_lr' needs 'stop.env_frames' to know the length of the run")
+
+
+ALGORITHM = Algorithm(
+    name="ppo", config=PPOConfig, make_optimizer=lazy("learners.algorithms.ppo", "make_optimizer"),
+    make_update=lazy("learners.algorithms.ppo", "make_update"),
+    fields=("obs", "actions", "logp", "values", "rewards", "terminated", "truncated",
+            "trunc_values", "state"),
+    check=check, live=("learning_rate", "ent_coef", "vf_coef", "clip_coef"))

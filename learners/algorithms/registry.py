@@ -1,0 +1,241 @@
+"""The algorithm registry: one `Algorithm` object per algorithm, found by name.
+
+An algorithm is one module. It exports one `Algorithm`: its name, its own config
+dataclass (its section `learner.<name>` of the experiment YAML, every field with a
+one-line doc, checked in `__post_init__`), the builders of its optimizer and of its
+pure (TrainState, Batch) -> (TrainState, metrics) update, which get that config and
+the derived `Sizes` (never the whole experiment config), the fields the update
+reads, the stream it learns from (fresh chunks on `samples`, or sampled batches
+from the replay servers on `replay`), the network heads it can train and the
+config fields that may change during a run (`live`: the update reads their current
+values from `TrainState.hyper`, so changing one recompiles nothing). The
+built-in ones (`BUILT_IN`) are imported on first use; any other module registers
+its algorithm with `register(...)` when it is imported, which the experiment's
+`plugins` list makes happen in every process.
+
+This module imports no JAX: the launcher checks configs with it before any worker
+starts. A built-in algorithm's `Algorithm` lives with its config in a module of its own
+that imports no JAX either (`learners/algorithms/ppo_config.py` beside the math in
+`learners/algorithms/ppo.py`),
+and names its builders with `lazy`: the launcher, which imports JAX nowhere else, starts
+about a second sooner.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from srl_jax.config.loader import build_dataclass
+from srl_jax.config.schema import ConfigError, ExperimentConfig, LearnerConfig
+from srl_jax.core.chunk_spec import batch_fields
+from srl_jax.core.replay_spec import replay_batch_fields
+from srl_jax.core.stream_table import REPLAY, SAMPLES
+
+BUILT_IN = {"ppo": "learners.algorithms.ppo_config", "impala": "learners.algorithms.impala_config",
+            "dqn": "learners.algorithms.dqn_config"}
+"""Name -> module exporting `ALGORITHM` (imported on first use; it imports no JAX)."""
+SOURCES = {SAMPLES.name: batch_fields, REPLAY.name: replay_batch_fields}
+"""Streams a learner can take its batches from, and the fields each one's batch has."""
+_REGISTERED: dict[str, Algorithm] = {}
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """What an algorithm needs of the rest of the experiment, derived once (`sizes`)."""
+
+    trajectory_length: int
+    """T: steps per chunk; a batch is [T+1, B]."""
+    batch_envs: int
+    """B: env columns per update (over all learner processes)."""
+    total_updates: int
+    """Updates in the whole run (stop.env_frames / (T * B)); 0 when the run has no
+    frame limit."""
+    reward_scale: float
+    """Rewards are multiplied by this before the update (learner.reward_scale)."""
+    reward_clip: float
+    """Rewards are clipped to [-c, c] before the update (0: no clipping)."""
+    recurrent: bool = False
+    """The policy has a recurrent core (network.core): updates unroll whole columns."""
+    burn_in: int = 0
+    """Steps at the start of each column that only warm the state (learner.burn_in)."""
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One learning algorithm, as the learner worker and the config checks see it."""
+
+    name: str
+    """Its name in `learner.algorithm`, and its section `learner.<name>`."""
+    config: type
+    """Its config dataclass; every field has a default and a one-line doc, and
+    `__post_init__` raises `srl_jax.config.schema.ConfigError` naming `learner.<name>.<key>`."""
+    make_optimizer: Callable[[Any, Sizes], Any]
+    """(config, sizes) -> optax.GradientTransformation over the network parameters."""
+    make_update: Callable[[Any, Any, Any, Sizes], Callable]
+    """(policy, optimizer, config, sizes) -> pure update (TrainState, Batch) ->
+    (TrainState, metrics) for the learner to jit over its mesh."""
+    fields: tuple[str, ...]
+    """The batch fields its update reads (chunk fields, or sampled replay fields)."""
+    source: str = SAMPLES.name
+    """The stream it takes data from: one of SOURCES ('replay' needs `replay.count`)."""
+    check: Callable[[Any, Sizes], None] | None = None
+    """Checks of its config against the sizes (ConfigError with one line), if any."""
+    heads: tuple[str, ...] = ("actor_critic",)
+    """The `network.head`s it can train (srl_jax.config.schema.HEADS)."""
+    init_extra: Callable[[Any], Any] | None = None
+    """Its own train state beside params and optimizer (DQN: the target network),
+    from the initial parameters; kept in `TrainState.extra` and checkpointed."""
+    replay_window: Callable[[Any], int] | None = None
+    """With source 'replay': (config) -> n, the steps of each sampled window."""
+    live: tuple[str, ...] = ()
+    """Float fields of its config that may change during a run (population-based
+    training): kept in `TrainState.hyper` and read from there by the update, so a new
+    value takes effect at the next update without recompiling."""
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.live) - {f.name for f in dataclasses.fields(self.config)})
+        if unknown:
+            raise ValueError(f"algorithm '{self.name}': live {unknown} are not fields of "
+                             f"{self.config.__name__}")
+
+
+def lazy(module: str, name: str) -> Callable:
+    """`module.name`, imported at its first call: how an algorithm's declaration names
+    builders that live in a module that imports JAX."""
+
+    def call(*args: Any) -> Any:
+        return getattr(importlib.import_module(module), name)(*args)
+
+    call.__qualname__ = f"{module}.{name}"
+    return call
+
+
+def live_values(algo: Algorithm, config: Any) -> dict[str, float]:
+    """The starting values of `algo`'s live hyperparameters, from its `config`."""
+    return {name: float(getattr(config, name)) for name in algo.live}
+
+
+def with_live(config: Any, hyper: Any) -> Any:
+    """`config` with the live fields set from `hyper` (name -> value; inside the update,
+    traced scalars), the others kept. `__post_init__` is skipped: its checks need
+    concrete values, and a population may set a step size of 0."""
+    live = copy.copy(config)
+    vars(live).update(hyper)
+    return live
+
+
+def register(algo: Algorithm) -> None:
+    """Make `algo` known by its name (called by a plugin module when it is imported)."""
+    reserved = {f.name for f in dataclasses.fields(LearnerConfig)} | set(BUILT_IN)
+    if algo.name in reserved:
+        raise ValueError(f"algorithm name '{algo.name}' is taken by 'learner.{algo.name}'")
+    if _REGISTERED.get(algo.name, algo) is not algo:
+        raise ValueError(f"another algorithm is registered as '{algo.name}'")
+    _REGISTERED[algo.name] = algo
+
+
+def known() -> list[str]:
+    """Names of the built-in and the registered algorithms."""
+    return sorted(set(BUILT_IN) | set(_REGISTERED))
+
+
+def algorithm(name: str) -> Algorithm:
+    """The algorithm called `name`; ConfigError naming `learner.algorithm` if none is."""
+    if name not in _REGISTERED and name in BUILT_IN:
+        _REGISTERED[name] = importlib.import_module(BUILT_IN[name]).ALGORITHM
+    if name not in _REGISTERED:
+        close = difflib.get_close_matches(name, known(), n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise ConfigError(f"'learner.algorithm': unknown '{name}'{hint} (known: "
+                          f"{', '.join(known())}; others register through 'plugins')")
+    return _REGISTERED[name]
+
+
+def sizes(config: ExperimentConfig) -> Sizes:
+    """The sizes every algorithm may depend on, from the experiment config."""
+    T, B = config.actors.trajectory_length, config.learner.batch_envs
+    frames = config.stop.env_frames
+    return Sizes(trajectory_length=T, batch_envs=B,
+                 total_updates=max(1, frames // (T * B)) if frames else 0,
+                 reward_scale=config.learner.reward_scale,
+                 reward_clip=config.learner.reward_clip,
+                 recurrent=config.network.core != "none", burn_in=config.learner.burn_in)
+
+
+def _section(config: ExperimentConfig, name: str) -> Any:
+    """Section `learner.<name>` built with its algorithm's config class."""
+    values = config.learner.algorithms.get(name, {})
+    return build_dataclass(algorithm(name).config, values, f"learner.{name}")
+
+
+def check_inputs(algo: Algorithm) -> None:
+    """ConfigError unless the learner can feed `algo`: its source is a known stream, and
+    the fields it reads are declared for that stream's batch (srl_jax/core/chunk_spec.py,
+    srl_jax/core/replay_spec.py)."""
+    if algo.source not in SOURCES:
+        raise ConfigError(f"'learner.algorithm': '{algo.name}' takes its data from "
+                          f"'{algo.source}'; a learner takes it from {', '.join(SOURCES)}")
+    if (algo.source == REPLAY.name) != (algo.replay_window is not None):
+        raise ConfigError(f"'learner.algorithm': '{algo.name}' needs a replay_window exactly "
+                          "when it learns from replay")
+    available = SOURCES[algo.source]()
+    missing = sorted(set(algo.fields) - set(available))
+    if missing:
+        raise ConfigError(f"'learner.algorithm': '{algo.name}' reads fields {missing} that "
+                          f"the {algo.source} batch does not carry (it has "
+                          f"{', '.join(available)})")
+
+
+def check_dataflow(algo: Algorithm, config: ExperimentConfig) -> None:
+    """ConfigError unless the run is built for `algo`: replay servers exactly when it
+    learns from replay, a network head it trains, epsilon only for a greedy head."""
+    head, replay = config.network.head, config.replay.count
+    if head not in algo.heads:
+        raise ConfigError(f"'network.head': '{algo.name}' trains {' or '.join(algo.heads)}, "
+                          f"not '{head}'")
+    if algo.source == REPLAY.name and replay < 1:
+        raise ConfigError(f"'replay.count': '{algo.name}' learns from replay; it needs at "
+                          "least 1 replay server")
+    if algo.source != REPLAY.name and replay:
+        raise ConfigError(f"'replay.count': '{algo.name}' learns from fresh samples; replay "
+                          f"servers would get no data (set it to 0, not {replay})")
+    if config.actors.epsilon and head == "actor_critic":
+        raise ConfigError("'actors.epsilon' explores around a greedy policy (network.head "
+                          "'q' or 'dueling'); an actor-critic samples its own actions")
+
+
+def algorithm_config(config: ExperimentConfig) -> Any:
+    """The chosen algorithm's config, built from `learner.<name>` (defaults for what is not
+    written) and checked against the sizes and the learner's inputs; ConfigError with one
+    line naming the key."""
+    algo = algorithm(config.learner.algorithm)
+    check_inputs(algo)
+    check_dataflow(algo, config)
+    built = _section(config, algo.name)
+    if algo.check is not None:
+        algo.check(built, sizes(config))
+    return built
+
+
+def resolve_algorithms(config: ExperimentConfig) -> ExperimentConfig:
+    """`config` with every algorithm section written, and the chosen one's, built and
+    checked and written back whole (defaults filled in), as the run's config.yaml keeps
+    it; ConfigError for a section no algorithm owns or a bad value in one."""
+    sections = dict(config.learner.algorithms)
+    for name in sections:
+        if name not in known():
+            close = difflib.get_close_matches(name, known(), n=1)
+            hint = f" (did you mean 'learner.{close[0]}'?)" if close else ""
+            raise ConfigError(f"unknown key 'learner.{name}'{hint}: not a learner setting nor "
+                              f"an algorithm (known: {', '.join(known())})")
+    chosen = config.learner.algorithm
+    resolved = {name: dataclasses.asdict(_section(config, name)) for name in sections}
+    resolved[chosen] = dataclasses.asdict(algorithm_config(config))
+    return dataclasses.replace(
+        config, learner=dataclasses.replace(config.learner, algorithms=resolved))

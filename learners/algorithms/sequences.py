@@ -1,0 +1,61 @@
+"""Recurrent policies in the learner: where episodes start inside a chunk, burn-in,
+and the unrolled network in the form the losses call it.
+
+A chunk column is a sequence of T steps that may hold several episodes: its
+stored state (`Batch.state`) is the one the actor acted from at its first step,
+and the core restarts from zeros after every step that ended an episode
+(termination or truncation), as the actor's did. Without a core these reduce to
+the feed-forward network on every row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from learners.algorithms.train_state import Batch
+from learners.models.networks import Policy
+
+ApplyFn = Callable[[Any, jax.Array], tuple[jax.Array, jax.Array]]
+"""(params, obs [N, ...]) -> (policy output [N, ...], value [N]): what the losses call."""
+
+
+def episode_starts(terminated: jax.Array, truncated: jax.Array, steps: int) -> jax.Array:
+    """[steps, B] resets: true at step t > 0 where step t - 1 ended an episode. Step 0
+    never resets: the stored state already starts its episode when one starts there."""
+    ended = jnp.maximum(terminated, truncated) > 0
+    return jnp.concatenate([jnp.zeros_like(ended[:1]), ended])[:steps]
+
+
+def warm_state(policy: Policy, params: Any, obs: jax.Array, state: jax.Array,
+               resets: jax.Array, burn_in: int) -> jax.Array:
+    """The state after the first `burn_in` steps of [T, B] `obs`, unrolled from `state`;
+    no gradient flows back through it (R2D2's burn-in)."""
+    if burn_in == 0:
+        return state
+    _, _, warm = policy.unroll(params, obs[:burn_in], state, resets[:burn_in])
+    return jax.lax.stop_gradient(warm)
+
+
+def after_burn_in(batch: Batch, burn_in: int) -> Batch:
+    """`batch` without its first `burn_in` steps (every per-step field; the stored state
+    is not per step and stays)."""
+    if burn_in == 0:
+        return batch
+    return batch._replace(**{name: value[burn_in:] for name, value in batch._asdict().items()
+                             if name != "state"})
+
+
+def flat_unroll(policy: Policy, state: jax.Array, resets: jax.Array) -> ApplyFn:
+    """The losses' `apply_fn` over the T * B rows (time-major) of [T, B] sequences:
+    the policy unrolled from `state` [B, S] with `resets` [T, B]."""
+    T, B = resets.shape
+
+    def apply(params: Any, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        out, values, _ = policy.unroll(params, obs.reshape(T, B, *obs.shape[1:]), state, resets)
+        return out.reshape(T * B, *out.shape[2:]), values.reshape(T * B)
+
+    return apply

@@ -1,0 +1,97 @@
+"""What every algorithm trains on and keeps: the batch and the train state pytrees."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from learners.models.networks import Policy, update_obs_stats
+from srl_jax.core.chunk_spec import CHUNK_FIELDS, ChunkField, batch_arrays, batch_fields
+
+
+def batch_type(fields: tuple[ChunkField, ...] = CHUNK_FIELDS) -> type:
+    """A NamedTuple pytree of the fields the learner trains on (`srl_jax.core.chunk_spec`)."""
+    return NamedTuple("Batch", [(name, jax.Array) for name in batch_fields(fields)])
+
+
+Batch = batch_type()
+"""A [T+1, B] block of trajectory chunks: the update's input, one field per trained-on
+chunk field (`CHUNK_FIELDS`), in its batch dtype (flags as float)."""
+
+
+def to_batch(arrays: dict[str, np.ndarray]) -> Batch:
+    """Host arrays of a [T+1, B] batch (as the sample queue gives them) as the update's input."""
+    return Batch(**batch_arrays(arrays))
+
+
+class TrainState(NamedTuple):
+    """Everything the learner trains and saves: one pytree.
+
+    `params` are the policy parameters as published (network weights and
+    observation statistics); the optimizer only sees `params["net"]`.
+    """
+
+    params: Any
+    opt_state: Any
+    key: jax.Array
+    version: jax.Array  # int32 scalar: number of updates so far
+    extra: Any = ()
+    """The algorithm's own state (`Algorithm.init_extra`; DQN: its target network)."""
+    hyper: Any = ()
+    """The live hyperparameters' current values (`Algorithm.live`): name -> float32
+    scalar. Data, not constants of the compiled update, so they can change between
+    updates (population-based training) and are checkpointed with the rest."""
+
+
+def init_train_state(params: Any, optimizer: optax.GradientTransformation, seed: int,
+                     init_extra: Callable[[Any], Any] | None = None,
+                     hyper: dict[str, float] | None = None) -> TrainState:
+    """Version 0 of the state; `init_extra`: the algorithm's own state from the initial
+    parameters (`Algorithm.init_extra`), or none; `hyper`: the live hyperparameters'
+    starting values (`algorithms.live_values`), or none (the update then uses its
+    config's)."""
+    extra = init_extra(params) if init_extra is not None else ()
+    live = {name: jnp.asarray(value, jnp.float32) for name, value in (hyper or {}).items()}
+    return TrainState(params, optimizer.init(params["net"]), jax.random.key(seed + 1),
+                      jnp.zeros((), jnp.int32), extra, live or ())
+
+
+def descend(net: Any, updates: Any, learning_rate: float | jax.Array) -> Any:
+    """`net` moved by `-learning_rate * updates`: the step size applied outside the
+    optimizer, so it can be a traced value of `TrainState.hyper` (optax.adam(lr) is
+    scale_by_adam followed by exactly this)."""
+    return optax.apply_updates(net, jax.tree.map(lambda u: -learning_rate * u, updates))
+
+
+def prepare(params: Any, batch: Batch, policy: Policy, reward_scale: float,
+            reward_clip: float) -> tuple[Any, Batch]:
+    """Fold the batch's active rows into the observation statistics; scale, then clip,
+    its rewards.
+
+    Clipping happens here, not in the env, so the returns actors report stay
+    the raw game score.
+    """
+    if policy.normalize_obs:
+        params = update_obs_stats(params, batch.obs[:-1], batch.active)
+    return params, batch._replace(rewards=scale_rewards(batch.rewards, reward_scale,
+                                                        reward_clip))
+
+
+def scale_rewards(rewards: jax.Array, reward_scale: float, reward_clip: float) -> jax.Array:
+    """Rewards times `reward_scale`, then clipped to [-reward_clip, reward_clip] (0: not)."""
+    if reward_scale != 1.0:
+        rewards = rewards * reward_scale
+    if reward_clip > 0:
+        rewards = jnp.clip(rewards, -reward_clip, reward_clip)
+    return rewards
+
+
+def weighted_mean(x: jax.Array, weights: jax.Array) -> jax.Array:
+    """The mean of `x` over the rows whose weight is 1 (the activity mask): padding rows
+    of agents out of play count for nothing; 0 when no row counts."""
+    return jnp.sum(x * weights) / jnp.maximum(jnp.sum(weights), 1.0)

@@ -1,0 +1,384 @@
+"""Networks (flax linen): the actor-critic MLP, the Nature-CNN, their recurrent
+versions, the Q-network of value-based algorithms, and the policy the workers share.
+
+A policy's parameters are one pytree: the network's weights under "net" and
+the running observation statistics under "obs_mean", "obs_var", "obs_count".
+They travel together to the inference servers (and into checkpoints), so the
+servers normalize observations exactly as the learner does.
+
+A policy with a recurrent core (`network.core`) maps (observation, state) to
+(distribution, value, new state). Its state is one float32 vector per column
+(an LSTM's cell and hidden vectors side by side, a GRU's hidden vector), so it
+travels in requests and chunks as one [N, S] array; zeros start an episode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from learners.models.conv import Conv, conv_impl
+from learners.models.distributions import GREEDY, Distribution, distribution
+from srl_jax.config.schema import ExperimentConfig
+from srl_jax.core.env_spec import EnvSpec, check_network, core_state_size
+
+ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu}
+OBS_CLIP = 10.0
+
+
+def mlp_torso(x: jax.Array, hidden: Sequence[int], activation: str) -> jax.Array:
+    """Dense layers with orthogonal init (scale sqrt 2), made in the calling module."""
+    act = ACTIVATIONS[activation]
+    for width in hidden:
+        x = act(nn.Dense(width, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
+    return x
+
+
+def nature_torso(obs: jax.Array, conv: str = "xla",
+                 frame_shape: tuple[int, ...] = ()) -> jax.Array:
+    """The Nature-DQN torso (Mnih et al. 2015) on [N, H, W, C] frames in 0..255: conv 32
+    8x8/4, conv 64 4x4/2, conv 64 3x3/1, dense 512; made in the calling module. `conv`
+    is the convolution's implementation (`learners.models.conv.Conv`); both have the same
+    parameters. With `frame_shape`, `obs` rows are flat frames of that shape followed by
+    one-hot agent ids, which join the 512 features (`EnvSpec.frame_shape`)."""
+    init = nn.initializers.orthogonal(np.sqrt(2))
+    if frame_shape:
+        size = int(np.prod(frame_shape))
+        ids = obs[:, size:].astype(jnp.float32)
+        obs = obs[:, :size].reshape(obs.shape[0], *frame_shape)
+    x = obs.astype(jnp.float32) * (1.0 / 255.0)
+    x = nn.relu(Conv(32, 8, 4, conv, init, name="Conv_0")(x))
+    x = nn.relu(Conv(64, 4, 2, conv, init, name="Conv_1")(x))
+    x = nn.relu(Conv(64, 3, 1, conv, init, name="Conv_2")(x))
+    x = nn.relu(nn.Dense(512, kernel_init=init)(x.reshape(x.shape[0], -1)))
+    return jnp.concatenate([x, ids], -1) if frame_shape else x
+
+
+def with_log_std(module: nn.Module, means: jax.Array) -> jax.Array:
+    """Gaussian means and the module's state-independent log-std ("log_std"), side by side."""
+    log_std = module.param("log_std", nn.initializers.zeros, (means.shape[-1],))
+    return jnp.concatenate([means, jnp.broadcast_to(log_std, means.shape)], -1)
+
+
+def heads(module: nn.Module, x: jax.Array, action_dim: int,
+          continuous: bool) -> tuple[jax.Array, jax.Array]:
+    """Linear policy output (orthogonal 0.01) and value (orthogonal 1) on shared features;
+    continuous actions add a state-independent log-std, as `ActorCritic` does."""
+    out = nn.Dense(action_dim, kernel_init=nn.initializers.orthogonal(0.01), name="policy_head")(x)
+    if continuous:
+        out = with_log_std(module, out)
+    value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0), name="value_head")(x)
+    return out, value[:, 0]
+
+
+class MLP(nn.Module):
+    """Hidden layers with orthogonal init (scale sqrt 2), then a linear head."""
+
+    hidden: Sequence[int]
+    outputs: int
+    head_scale: float
+    activation: str = "tanh"
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = mlp_torso(x, self.hidden, self.activation)
+        return nn.Dense(self.outputs, kernel_init=nn.initializers.orthogonal(self.head_scale))(x)
+
+
+class ActorCritic(nn.Module):
+    """Separate policy and value MLPs, as in cleanrl's PPO: (policy output, value).
+
+    The policy output is logits for discrete actions, or means and a
+    state-independent log-std side by side for continuous ones. With
+    `critic_width` (a centralized critic, MAPPO's) the value MLP reads `critic_in`
+    [N, critic_width] instead of the observation; acting passes none and gets zero
+    values, which the learner replaces with the critic's.
+    """
+
+    action_dim: int
+    continuous: bool = False
+    hidden: Sequence[int] = (64, 64)
+    activation: str = "tanh"
+    critic_width: int = 0
+
+    @nn.compact
+    def __call__(self, obs: jax.Array,
+                 critic_in: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+        x = obs.reshape(obs.shape[0], -1).astype(jnp.float32)
+        out = MLP(self.hidden, self.action_dim, 0.01, self.activation, name="actor")(x)
+        if self.continuous:
+            out = with_log_std(self, out)
+        if self.critic_width and critic_in is None:
+            return out, jnp.zeros(x.shape[0], jnp.float32)
+        value = MLP(self.hidden, 1, 1.0, self.activation, name="critic")(
+            x if not self.critic_width else critic_in.astype(jnp.float32))
+        return out, value[:, 0]
+
+
+class NatureCNN(nn.Module):
+    """The Nature-DQN torso (Mnih et al. 2015) shared by policy and value, as in
+    cleanrl's PPO-Atari: conv 32 8x8/4, conv 64 4x4/2, conv 64 3x3/1, dense 512.
+
+    Takes uint8 frames [N, H, W, C] and scales them to [0, 1] itself.
+    """
+
+    action_dim: int
+    conv: str = "xla"
+    frame_shape: tuple[int, ...] = ()
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        x = nature_torso(obs, self.conv, self.frame_shape)
+        logits = nn.Dense(self.action_dim, kernel_init=nn.initializers.orthogonal(0.01))(x)
+        value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0))(x)
+        return logits, value[:, 0]
+
+
+class QNetwork(nn.Module):
+    """Action values on the MLP or Nature-CNN torso: (Q-values [N, A], max_a Q [N]).
+
+    `dueling` splits the head into a state value and advantages recombined as
+    V + A - mean(A) (Wang et al. 2016). The max is the policy's value: the inference
+    server reports it, and actors store it as the bootstrap of a time-limit cut.
+    """
+
+    action_dim: int
+    kind: str = "mlp"
+    hidden: Sequence[int] = (64, 64)
+    activation: str = "relu"
+    dueling: bool = True
+    conv: str = "xla"
+    frame_shape: tuple[int, ...] = ()
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        if self.kind == "nature_cnn":
+            x = nature_torso(obs, self.conv, self.frame_shape)
+        else:
+            x = mlp_torso(obs.reshape(obs.shape[0], -1).astype(jnp.float32), self.hidden,
+                          self.activation)
+        advantages = nn.Dense(self.action_dim, name="q_head")(x)
+        if self.dueling:
+            value = nn.Dense(1, name="value_head")(x)
+            q = value + advantages - advantages.mean(-1, keepdims=True)
+        else:
+            q = advantages
+        return q, q.max(-1)
+
+
+class ResettingCell(nn.Module):
+    """One step of the recurrent core; a column whose episode starts at this step
+    (`reset`) begins from a zero state."""
+
+    kind: str
+    size: int
+
+    @nn.compact
+    def __call__(self, carry: Any, inputs: tuple[jax.Array, jax.Array]) -> tuple[Any, jax.Array]:
+        x, reset = inputs
+        carry = jax.tree.map(lambda c: jnp.where(reset[:, None], 0.0, c), carry)
+        if self.kind == "lstm":
+            return nn.OptimizedLSTMCell(self.size, name="lstm")(carry, x)
+        return nn.GRUCell(self.size, name="gru")(carry, x)
+
+
+class RecurrentActorCritic(nn.Module):
+    """Torso (the MLP's hidden layers or the Nature-CNN's), an LSTM or GRU core, and
+    linear policy and value heads, over [T, B] sequences: (obs [T, B, ...], state
+    [B, S], resets [T, B]) -> (policy output [T, B, A], value [T, B], state [B, S]).
+
+    The torso and the heads run on all T * B rows at once; only the core steps
+    through time. Acting is the case T = 1.
+    """
+
+    action_dim: int
+    continuous: bool
+    torso: str
+    hidden: Sequence[int]
+    activation: str
+    core: str
+    size: int
+    conv: str = "xla"
+    frame_shape: tuple[int, ...] = ()
+
+    @property
+    def state_size(self) -> int:
+        return core_state_size(self.core, self.size)
+
+    def unpack(self, state: jax.Array) -> Any:
+        """[B, S] -> the cell's carry: (c, h) for an LSTM, h for a GRU."""
+        if self.core == "lstm":
+            return state[:, :self.size], state[:, self.size:]
+        return state
+
+    def pack(self, carry: Any) -> jax.Array:
+        return jnp.concatenate(carry, -1) if self.core == "lstm" else carry
+
+    @nn.compact
+    def __call__(self, obs: jax.Array, state: jax.Array,
+                 resets: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        T, B = resets.shape
+        rows = obs.reshape(T * B, *obs.shape[2:])
+        if self.torso == "nature_cnn":
+            x = nature_torso(rows, self.conv, self.frame_shape)
+        else:
+            x = mlp_torso(rows.reshape(T * B, -1).astype(jnp.float32), self.hidden,
+                          self.activation)
+        core = nn.scan(ResettingCell, variable_broadcast="params", split_rngs={"params": False},
+                       in_axes=0, out_axes=0)(self.core, self.size, name="core")
+        carry, h = core(self.unpack(state), (x.reshape(T, B, -1), resets))
+        out, value = heads(self, h.reshape(T * B, self.size), self.action_dim, self.continuous)
+        return out.reshape(T, B, -1), value.reshape(T, B), self.pack(carry)
+
+
+class Policy(NamedTuple):
+    """What algorithms and acting need: the network with normalization, one step and
+    unrolled, and the distribution.
+
+    `apply(params, obs [N, ...], state [N, S])` -> (output, value, new state);
+    `unroll(params, obs [T, B, ...], state [B, S], resets [T, B])` -> (output [T, B, ...],
+    value [T, B], state after the last step), the state zeroed before each step whose
+    `resets` is true. Without a core S is 0, the state passes through untouched and
+    `unroll` is `apply` on the T * B rows.
+    """
+
+    apply: Callable[[Any, jax.Array, jax.Array], tuple[jax.Array, jax.Array, jax.Array]]
+    unroll: Callable[[Any, jax.Array, jax.Array, jax.Array],
+                     tuple[jax.Array, jax.Array, jax.Array]]
+    dist: Distribution
+    normalize_obs: bool
+    state_size: int
+    critic: Callable[[Any, jax.Array], jax.Array] | None = None
+    """A centralized critic: (params, critic inputs [N, C]) -> values [N]
+    (learners/algorithms/critic.py builds the inputs); None: `apply`'s values are the critic's."""
+    critic_agents: int = 1
+    """Agent columns per env: each env's global state serves this many columns."""
+    critic_ids: bool = False
+    """Whether the critic also reads each column's one-hot agent id."""
+
+    @property
+    def recurrent(self) -> bool:
+        return self.state_size > 0
+
+
+def make_network(config: ExperimentConfig, spec: EnvSpec) -> nn.Module:
+    """The network `network.kind` and `network.core` name; ConfigError if it cannot take
+    these spaces."""
+    network = config.network
+    check_network(network.kind, spec, config.env.id, network.head)
+    conv = conv_impl(network.conv)
+    frame = spec.frame_shape
+    if network.head != "actor_critic":
+        return QNetwork(spec.action_dim, network.kind, tuple(network.hidden), network.activation,
+                        network.head == "dueling", conv, frame)
+    if network.core != "none":
+        return RecurrentActorCritic(spec.action_dim, spec.continuous, network.kind,
+                                    tuple(network.hidden), network.activation, network.core,
+                                    network.core_size, conv, frame)
+    if network.kind == "nature_cnn":
+        return NatureCNN(spec.action_dim, conv, frame)
+    return ActorCritic(spec.action_dim, spec.continuous, tuple(network.hidden),
+                       network.activation, critic_width(config, spec))
+
+
+def critic_ids(config: ExperimentConfig, spec: EnvSpec) -> bool:
+    """Whether a centralized critic reads agent ids: as the policy does (`env.agent_id`,
+    for a policy of several agents)."""
+    return config.env.agent_id and spec.agents > 1
+
+
+def critic_width(config: ExperimentConfig, spec: EnvSpec) -> int:
+    """Inputs of a centralized critic: the global state and the agent id; 0 without one."""
+    if not spec.global_state_size:
+        return 0
+    return spec.global_state_size + (spec.agents if critic_ids(config, spec) else 0)
+
+
+def make_policy(config: ExperimentConfig, spec: EnvSpec) -> tuple[Policy, nn.Module]:
+    """The policy of `config.network` for `spec`, which must carry that network's state
+    size (`actors.envs.policy_spec` or `srl_jax.core.env_spec.with_network` gives it)."""
+    network = make_network(config, spec)
+    normalize = config.learner.normalize_obs
+    state_size = core_state_size(config.network.core, config.network.core_size)
+    if spec.state_size != state_size:
+        raise ValueError(f"the spec says {spec.state_size} floats of recurrent state, "
+                         f"network.core '{config.network.core}' keeps {state_size}: build "
+                         f"the spec with actors.envs.policy_spec")
+
+    def normalized(params: Any, obs: jax.Array) -> jax.Array:
+        x = obs.astype(jnp.float32)
+        if normalize:
+            x = jnp.clip((x - params["obs_mean"]) * jax.lax.rsqrt(params["obs_var"] + 1e-8),
+                         -OBS_CLIP, OBS_CLIP)
+        return x
+
+    if isinstance(network, RecurrentActorCritic):
+        def unroll(params: Any, obs: jax.Array, state: jax.Array, resets: jax.Array) -> tuple:
+            return network.apply(params["net"], normalized(params, obs), state, resets)
+
+        def apply(params: Any, obs: jax.Array, state: jax.Array) -> tuple:
+            out, value, new_state = unroll(params, obs[None], state,
+                                           jnp.zeros((1, obs.shape[0]), bool))
+            return out[0], value[0], new_state
+    else:
+        def apply(params: Any, obs: jax.Array, state: jax.Array) -> tuple:
+            return (*network.apply(params["net"], normalized(params, obs)), state)
+
+        def unroll(params: Any, obs: jax.Array, state: jax.Array, resets: jax.Array) -> tuple:
+            T, B = resets.shape
+            out, value, _ = apply(params, obs.reshape(T * B, *obs.shape[2:]), state)
+            return out.reshape(T, B, *out.shape[1:]), value.reshape(T, B), state
+
+    critic = None
+    if getattr(network, "critic_width", 0):
+        def critic(params: Any, critic_in: jax.Array) -> jax.Array:
+            rows = critic_in.shape[0]
+            return network.apply(params["net"], jnp.zeros((rows, *spec.obs_shape)),
+                                 critic_in)[1]
+
+    dist = GREEDY if isinstance(network, QNetwork) else distribution(spec.continuous)
+    return Policy(apply, unroll, dist, normalize, spec.state_size, critic, spec.agents,
+                  critic_ids(config, spec)), network
+
+
+def init_policy_params(network: nn.Module, obs_shape: tuple[int, ...], seed: int) -> dict:
+    """Parameters from the seed alone, so every worker can build version 0 itself."""
+    obs = jnp.zeros((1, *obs_shape), jnp.float32)
+    if isinstance(network, RecurrentActorCritic):
+        net = network.init(jax.random.key(seed), obs[None],
+                           jnp.zeros((1, network.state_size), jnp.float32),
+                           jnp.zeros((1, 1), bool))
+    elif getattr(network, "critic_width", 0):
+        net = network.init(jax.random.key(seed), obs, jnp.zeros((1, network.critic_width)))
+    else:
+        net = network.init(jax.random.key(seed), obs)
+    return {"net": net, "obs_mean": jnp.zeros(obs_shape, jnp.float32),
+            "obs_var": jnp.ones(obs_shape, jnp.float32),
+            "obs_count": jnp.zeros((), jnp.float32)}
+
+
+def update_obs_stats(params: dict, obs: jax.Array, weights: jax.Array | None = None) -> dict:
+    """Merge a batch's observation moments into the running ones (Chan et al.); with
+    `weights` (one per observation, 0 or 1: the activity mask), only the weighted ones."""
+    x = obs.reshape(-1, *params["obs_mean"].shape).astype(jnp.float32)
+    if weights is None:
+        count = jnp.asarray(x.shape[0], jnp.float32)
+        mean, var = x.mean(0), x.var(0)
+    else:
+        w = weights.reshape(-1, *([1] * (x.ndim - 1))).astype(jnp.float32)
+        count = w.sum()
+        mean = (w * x).sum(0) / jnp.maximum(count, 1.0)
+        var = (w * jnp.square(x - mean)).sum(0) / jnp.maximum(count, 1.0)
+    total = params["obs_count"] + count
+    safe = jnp.maximum(total, 1.0)  # no observation yet: the statistics stay as they are
+    delta = mean - params["obs_mean"]
+    new_mean = params["obs_mean"] + delta * count / safe
+    m2 = (params["obs_var"] * params["obs_count"] + var * count
+          + jnp.square(delta) * params["obs_count"] * count / safe)
+    new_var = jnp.where(total > 0, m2 / safe, params["obs_var"])
+    return {**params, "obs_mean": new_mean, "obs_var": new_var, "obs_count": total}

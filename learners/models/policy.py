@@ -1,0 +1,42 @@
+"""Acting with the experiment's policy: the jitted acting function and its runner.
+
+Used by the inference server, by actors in inline-inference mode and by the
+evaluator; the batching itself is `learners.models.policy_runner.PolicyRunner`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from learners.models.distributions import mask_logits
+from learners.models.networks import Policy, init_policy_params, make_policy
+from learners.models.policy_runner import Act, PolicyRunner, pack_outputs, padded_sizes
+from srl_jax.config.schema import ExperimentConfig
+from srl_jax.core.env_spec import EnvSpec
+
+
+def make_act(policy: Policy) -> Act:
+    """(params, obs [N, ...], state [N, S], legal actions [N, A or 0], key, counter) ->
+    action, log-probability, value and new state, packed into one array (`pack_outputs`)."""
+
+    def act(params: Any, obs: jax.Array, state: jax.Array, mask: jax.Array, key: jax.Array,
+            counter: jax.Array) -> tuple:
+        out, value, new_state = policy.apply(params, obs, state)
+        out = mask_logits(out, mask)
+        action = policy.dist.sample(jax.random.fold_in(key, counter), out)
+        return pack_outputs(action, policy.dist.log_prob(out, action), value, new_state)
+
+    return jax.jit(act)
+
+
+def make_runner(config: ExperimentConfig, spec: EnvSpec, sampling_seed: int, min_size: int,
+                max_size: int) -> PolicyRunner:
+    """A runner of the configured network with version 0 of its parameters (from the
+    seed, as the learner builds them), padded from `min_size` to `max_size` rows;
+    not compiled yet (`PolicyRunner.compile`)."""
+    policy, network = make_policy(config, spec)
+    params = init_policy_params(network, spec.obs_shape, config.seed)
+    return PolicyRunner(make_act(policy), params, spec, padded_sizes(min_size, max_size),
+                        sampling_seed)

@@ -1,0 +1,250 @@
+"""The inference server: batches actors' observations and answers with actions.
+
+A process shell around a `PolicyRunner` (learners/models/policy_runner.py, which holds
+the parameters and runs the padded policy call): it gathers requests on its
+ROUTER socket, follows the parameter stream, replies, and reports counters.
+
+Requests from many actors are gathered, whole, until `inference.max_batch`
+rows are waiting or `inference.max_wait_ms` has passed since the first one,
+padded to the next of a few fixed sizes (powers of two up to the first that
+holds `max_batch`, all compiled before serving), and run through one jitted
+policy call. A recurrent policy's request carries the state of each of its
+rows and its reply the new state: the server keeps none, so any server can
+answer any request. A batch never exceeds `max_batch`: a request that would overflow
+it is held to start the next batch, served on the next turn whether or not more
+requests come; a request larger than `max_batch` is refused (the config check
+makes sure actors never send one), and so is one whose observations or state
+do not fit the policy (counted in `rejects`), as is one whose legal-action mask
+does not match its rows and actions. Each reply carries action,
+log-probability, value (and new state) and the parameter version that produced
+them. Parameters arrive on the
+parameter stream; the newest version wins. Until the first arrives, the server
+acts with version 0, which it builds from the seed exactly as the learner does
+(a restarted or resumed server first waits a few seconds for the learner's).
+A frozen policy's server (self-play) follows an opponent pool instead, each row
+acted by the snapshot it names (learners/workers/pool_runner.py).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import zmq
+
+from actors.envs import policy_spec
+from learners.models.policy import make_runner
+from learners.models.policy_runner import PolicyRunner
+from learners.training.device_memory import device_memory_counters
+from learners.training.jax_runtime import configure_jax
+from learners.workers.param_stream import ParamSubscriber
+from learners.workers.pool_runner import PoolRunner, PoolSubscriber, follow
+from srl_jax.config.schema import DEFAULT_POLICY, ExperimentConfig
+from srl_jax.core.env_spec import EnvSpec
+from srl_jax.core.names import NameService
+from srl_jax.core.stream_table import INFERENCE
+from srl_jax.core.streams import make_socket, receive, send
+from srl_jax.core.worker_base import Worker
+
+POLL_MS = 100
+
+RunnerFactory = Callable[[ExperimentConfig, EnvSpec, int, int, int], PolicyRunner]
+"""(config, spec, sampling seed, min padded size, max batch) -> an uncompiled runner."""
+
+
+class Request(NamedTuple):
+    routing: list[bytes]
+    meta: dict
+    obs: np.ndarray
+    state: np.ndarray
+    """[rows, S] recurrent state of the rows (S = 0 without a core)."""
+    mask: np.ndarray
+    """[rows, A] legal actions of the rows (A = 0 where the env masks nothing)."""
+    opponent: np.ndarray | None = None
+    """A frozen policy's: [rows] the snapshot of its opponent pool each row plays."""
+
+
+class InferenceServer(Worker):
+    kind = "inference"
+
+    def __init__(self, config: ExperimentConfig, index: int, run_dir: Path,
+                 names: NameService, policy: str = DEFAULT_POLICY,
+                 runner_factory: RunnerFactory = make_runner) -> None:
+        """`runner_factory`: how `setup` builds the policy runner (a benchmark passes
+        one that acts without JAX, to measure the server's own work)."""
+        super().__init__(config, index, run_dir, names, policy)
+        self.runner_factory = runner_factory
+        self.requests = 0
+        self.rows = 0
+        self.batches = 0
+        self.padded_rows = 0
+        self.time_compute = 0.0
+        self.runner: PolicyRunner | None = None
+        self.router: zmq.Socket | None = None
+        self.endpoint: str | None = None
+        """Where the ROUTER socket listens, once `setup` has bound it."""
+        self.params: ParamSubscriber | PoolSubscriber | None = None
+        """None for a frozen policy without an opponent pool: it acts with version 0."""
+        self.pool: PoolRunner | None = None
+        """A frozen policy's opponent pool (learners/workers/pool_runner.py)."""
+        self.poller = zmq.Poller()
+        self._held: Request | None = None
+        """A request that would have overflowed the last batch: it starts the next."""
+        self._last_batch_wall = time.time()
+        self._no_state = np.zeros((config.inference.max_batch, 0), np.float32)
+        """The empty state of rows of a policy without a core (shared, never written)."""
+        self._no_mask = np.zeros((config.inference.max_batch, 0), bool)
+        """The empty masks of rows of a policy whose env masks no action."""
+
+    def setup(self) -> None:
+        configure_jax(self.config.runtime)
+        spec = policy_spec(self.config, self.policy)
+        cfg = self.config.inference
+        # Building the network initialises its parameters, itself XLA work that can outlast
+        # a heartbeat timeout on a loaded CPU (a Nature-CNN): it is busy time too.
+        with self.busy("building and compiling the policy"):
+            self.runner = self.runner_factory(
+                self.config, spec, self.incarnation.seed(self.config.seed + 1000 + self.index),
+                cfg.min_padded_batch, cfg.max_batch)
+            self.runner.compile()
+        self.router = make_socket(self.zmq, INFERENCE.bind_type, hwm=cfg.request_queue)
+        self.endpoint = self.transport.bind(self.router, self.names,
+                                            INFERENCE.key(self.policy, self.index))
+        self.pool, self.params = follow(self, self.runner)
+        self.poller.register(self.router, zmq.POLLIN)
+        if self.params is not None:
+            self.poller.register(self.params.socket, zmq.POLLIN)
+
+    def run_once(self) -> None:
+        # A held request is served now, with what else comes within max_wait.
+        events = dict(self.poller.poll(0 if self._held else POLL_MS))
+        if self.params is not None and self.params.socket in events:
+            self.params.poll()
+        if self.router in events or self._held:
+            self._serve()
+
+    def _gather(self) -> list[Request]:
+        """Whole requests, the held one first, until the next would overflow max_batch
+        (it is held for the next batch), max_batch rows are waiting, or max_wait has
+        passed since the first."""
+        cfg = self.config.inference
+        pending = [self._held] if self._held else []
+        rows = sum(request.obs.shape[0] for request in pending)
+        self._held = None
+        deadline = None
+        while rows < cfg.max_batch:
+            received = receive(self.router, INFERENCE.binder_receives, self.rejects, envelope=1)
+            if received is None:
+                if not pending:
+                    if self.router.poll(0) == 0:
+                        return pending
+                    continue
+                deadline = deadline or time.perf_counter() + cfg.max_wait_ms / 1000
+                remaining_ms = (deadline - time.perf_counter()) * 1000
+                # zmq polls in whole milliseconds and truncates: round up, or a wait
+                # under 1 ms (the default max_wait_ms) would never wait at all.
+                if remaining_ms <= 0 or self.router.poll(math.ceil(remaining_ms)) == 0:
+                    break
+                continue
+            routing, message = received
+            request = self._checked(routing, message.meta, message.arrays)
+            if request is None:
+                continue
+            obs = request.obs
+            if rows + obs.shape[0] > cfg.max_batch:
+                self._held = request
+                break
+            pending.append(request)
+            rows += obs.shape[0]
+        return pending
+
+    def _checked(self, routing: list[bytes], meta: dict,
+                 arrays: dict[str, np.ndarray]) -> Request | None:
+        """The request, if its observations and state fit the policy; else None, counted
+        in `rejects`."""
+        obs, state = arrays.get("obs"), arrays.get("state")
+        spec = self.runner.spec
+        if (obs is None or obs.shape[1:] != spec.obs_shape or obs.dtype != spec.obs_dtype
+                or obs.ndim != 1 + len(spec.obs_shape)
+                or not 1 <= obs.shape[0] <= self.config.inference.max_batch):
+            self.rejects.reject(ValueError(f"request obs of shape "
+                                           f"{None if obs is None else obs.shape}"))
+            return None
+        rows = obs.shape[0]
+        if state is None and not spec.state_size:
+            state = self._no_state[:rows]
+        if state is None or state.shape != (rows, spec.state_size) or state.dtype != np.float32:
+            self.rejects.reject(ValueError(
+                f"request state {None if state is None else (state.shape, str(state.dtype))} "
+                f"for {rows} rows of a policy with state size {spec.state_size} (float32)"))
+            return None
+        mask, width = arrays.get("action_mask"), spec.action_dim if spec.action_masked else 0
+        if mask is None and not width:
+            mask = self._no_mask[:rows]
+        elif mask is None or mask.shape != (rows, width) or mask.dtype != bool:
+            self.rejects.reject(ValueError(
+                f"request action_mask {None if mask is None else (mask.shape, str(mask.dtype))} "
+                f"for {rows} rows of a policy with {width} masked actions (bool)"))
+            return None
+        opponent = arrays.get("opponent")
+        if self.pool is not None and (opponent is None or opponent.shape != (rows,)
+                                      or opponent.dtype != np.int64):
+            self.rejects.reject(ValueError(f"request to an opponent pool without opponent "
+                                           f"[{rows}] int64"))
+            return None
+        return Request(routing, meta, obs, state, mask, opponent)
+
+    def _serve(self) -> None:
+        """Answer one batch of waiting requests."""
+        if pending := self._gather():
+            self._last_batch_wall = time.time()
+            batch = np.concatenate([request.obs for request in pending])
+            states = np.concatenate([request.state for request in pending])
+            masks = np.concatenate([request.mask for request in pending])
+            rows = batch.shape[0]
+            start = time.perf_counter()
+            if self.pool is None:
+                outputs, version = self.runner.run(batch, states, masks)
+            else:
+                outputs, version = self.pool.run(batch, states, masks, np.concatenate(
+                    [request.opponent for request in pending]))
+            self.time_compute += time.perf_counter() - start
+            self.batches += 1
+            self.requests += len(pending)
+            self.rows += rows
+            self.padded_rows += self.runner.padded_size(rows)
+            offset = 0
+            for routing, meta, obs, *_ in pending:
+                part = slice(offset, offset + obs.shape[0])
+                offset = part.stop
+                reply_meta = {"split": meta.get("split"), "seq": meta.get("seq"),
+                              "version": version, "batch_rows": rows}
+                if self.pool is not None:
+                    reply_meta["pool"] = self.pool.versions
+                send(self.router, "infer_reply", reply_meta,
+                     {name: out[part] for name, out in outputs.items()}, routing=routing)
+
+    def waiting(self) -> tuple[str, float] | None:
+        """Requests from actors (the time since the last batch it served)."""
+        if self.router is not None:
+            return "requests from actors", self._last_batch_wall
+        return super().waiting()
+
+    def counters(self) -> dict[str, float]:
+        return {
+            "requests": self.requests, "rows": self.rows, "batches": self.batches,
+            "padded_rows": self.padded_rows, "time_compute": self.time_compute,
+            "param_updates": self.runner.updates if self.runner else 0,
+            "policy_version": self.runner.version if self.runner else 0,
+            **device_memory_counters(),
+        }
+
+    def close(self) -> None:
+        if self.router is not None:
+            self.router.close()
+        if self.params is not None:
+            self.params.socket.close()

@@ -1,0 +1,95 @@
+"""The learner's intake: chunks from the sample stream, checked, counted and queued.
+
+Each chunk must match the layout `srl_jax.core.chunk_spec` gives for this run (T steps,
+the columns of one actor split); anything else is counted as rejected and dropped.
+Accepted chunks wait in the `SampleQueue`, which enforces the staleness cap.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any
+
+import numpy as np
+import zmq
+
+from learners.training.sample_queue import SampleQueue
+from srl_jax.core.chunk_spec import Layout, chunk_error
+from srl_jax.core.stream_table import SAMPLES
+from srl_jax.core.streams import RejectCounter, receive
+
+MAX_DRAIN = 256
+"""Chunks taken off the socket per turn at most."""
+RETURN_WINDOW = 100
+"""Training returns averaged to rank checkpoints for `checkpoint.keep_best`."""
+
+
+class SampleIntake:
+    """Receives, checks and queues chunks; counts frames, episodes and returns."""
+
+    def __init__(self, layout: Layout, queue: SampleQueue, rejects: RejectCounter) -> None:
+        self.layout = layout
+        self.queue = queue
+        self.rejects = rejects
+        self.frames_received = 0
+        self.frames_consumed = 0
+        self.episodes_received = 0
+        self.recent_returns: deque[float] = deque(maxlen=RETURN_WINDOW)
+
+    def drain(self, socket: zmq.Socket, version: int) -> None:
+        """Take what `socket` holds now (up to MAX_DRAIN chunks) into the queue."""
+        for _ in range(MAX_DRAIN):
+            received = receive(socket, SAMPLES.binder_receives, self.rejects)
+            if received is None:
+                return
+            self.take(received[1].arrays, received[1].meta, version)
+
+    def take(self, arrays: dict[str, np.ndarray], meta: dict[str, Any], version: int) -> None:
+        """One chunk and its metadata, as received while the learner is at `version`."""
+        error = chunk_error(arrays, self.layout)
+        if error is not None:
+            self.rejects.reject(ValueError(error))
+            return
+        self.frames_received += arrays["rewards"].size
+        self._take_episode_returns(meta)
+        self.queue.put(arrays, version)
+
+    def _take_episode_returns(self, meta: dict[str, Any]) -> None:
+        """Training returns from a chunk's metadata (they rank checkpoints for `best`)."""
+        returns = meta.get("episode_returns", [])
+        if not isinstance(returns, list) or not all(
+                isinstance(r, int | float) and math.isfinite(r) for r in returns):
+            self.rejects.reject(ValueError("samples metadata 'episode_returns' is not a list "
+                                           "of finite numbers"))
+            return
+        self.recent_returns.extend(float(r) for r in returns)
+        self.episodes_received += len(returns)
+
+    def take_batch(self, version: int) -> dict[str, np.ndarray] | None:
+        """The next [T+1, B] batch of host arrays within the staleness cap, or None."""
+        batch = self.queue.take_batch(version)
+        if batch is not None:
+            self.frames_consumed += batch["rewards"].size
+        return batch
+
+    @property
+    def queued(self) -> int:
+        """Chunks waiting in the queue."""
+        return len(self.queue)
+
+    def counters(self) -> dict[str, int]:
+        """Its run counters (see `srl_jax.runtime.metrics.CARRIED`), all in frames."""
+        return {"frames_consumed": self.frames_consumed, "frames_received": self.frames_received,
+                "episodes_received": self.episodes_received,
+                "samples_dropped_stale": self.queue.dropped_stale,
+                "samples_dropped_full": self.queue.dropped_full}
+
+    def restore(self, counters: dict[str, float], recent_returns: list[float]) -> None:
+        """Continue the counters (and the returns window) of a checkpoint."""
+        self.frames_consumed = int(counters["frames_consumed"])
+        self.frames_received = int(counters["frames_received"])
+        self.episodes_received = int(counters["episodes_received"])
+        self.queue.dropped_stale = int(counters["samples_dropped_stale"])
+        self.queue.dropped_full = int(counters["samples_dropped_full"])
+        self.recent_returns.extend(recent_returns)

@@ -1,0 +1,1 @@
+"""srl_jax/cluster"""

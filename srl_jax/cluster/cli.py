@@ -1,0 +1,152 @@
+"""Launch scripts for clusters: a Ray cluster on a Slurm job or on TPU VMs, then the run.
+
+    python -m srl_jax.cluster slurm  EXPERIMENT --run-dir /shared/runs/x [--set k=v ...]
+    python -m srl_jax.cluster tpu-vm EXPERIMENT --run-dir runs/x --tpu NAME --zone ZONE \\
+        --hosts 4 --actor-vm cpu-1 [--actor-vm cpu-2 ...] --checkpoint-dir gs://bucket/x
+
+Both print a bash script (the dry run: every command it will run, complete and
+quoted) or, with `--output FILE`, write it; `--submit` then hands it to
+`sbatch` or `bash`. The script starts Ray on every host, each host offering a
+custom resource for its role (`srl_jax.cluster.roles`), waits until every node
+joined, and runs `python -m srl_jax.launch EXPERIMENT --backend ray` with
+`ray.<kind>` set to ask for those roles. The experiment config is read here:
+counts and hosts agree, and a bad `--set` or layout stops with one line (exit 2)
+before anything is written. The scripts themselves: `srl_jax.cluster.slurm`,
+`srl_jax.cluster.tpu`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from srl_jax.cluster.slurm import slurm_script
+from srl_jax.cluster.tpu import LOCK, tpu_vm_script
+from srl_jax.config.loader import EXIT_CONFIG, config_dirs, load_config, resolve_experiment_path
+from srl_jax.config.schema import ConfigError
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+"""Where the TPU VM script builds srl_jax's wheel from: the checkout this runs from."""
+SCRIPTS = {"slurm": (slurm_script, "sbatch"), "tpu-vm": (tpu_vm_script, "bash")}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m srl_jax.cluster",
+                                     description=__doc__.splitlines()[0])
+    kinds = parser.add_subparsers(dest="kind", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("experiment")
+    common.add_argument("--run-dir", required=True,
+                        help="the run directory, on the host that runs the experiment")
+    common.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY=VALUE")
+    common.add_argument("--port", type=int, default=6379, help="Ray's head port")
+    common.add_argument("--join-timeout-s", type=float, default=300.0,
+                        help="how long every Ray node has to join (default: 300)")
+    common.add_argument("--output", type=Path, help="write the script here (default: print)")
+    common.add_argument("--submit", action="store_true",
+                        help="run it (sbatch, or bash for tpu-vm); needs --output")
+    slurm = kinds.add_parser("slurm", parents=[common], help="a heterogeneous Slurm job")
+    slurm.add_argument("--python", default=sys.executable,
+                       help="absolute path of the interpreter with srl_jax and Ray on every "
+                            "host (default: this one, %(default)s)")
+    slurm.add_argument("--time", default="04:00:00")
+    slurm.add_argument("--partition", default="")
+    slurm.add_argument("--cpus-per-host", type=int, default=8,
+                       help="CPUs of each host for Ray (default: 8)")
+    slurm.add_argument("--actor-hosts", type=int, default=1)
+    slurm.add_argument("--inference-hosts", type=int, default=0,
+                       help="0: the servers run on the learner hosts")
+    slurm.add_argument("--gpus-per-learner-host", type=float, default=0.0)
+    slurm.add_argument("--gpus-per-inference-host", type=float, default=0.0,
+                       help="GPUs of each inference host, shared by its servers")
+    slurm.add_argument("--gpus-for-inference", type=float, default=0.0,
+                       help="with no inference hosts: GPUs of each learner host kept for its "
+                            "servers, shared by them (default 0: the servers run on the CPU)")
+    tpu = kinds.add_parser("tpu-vm", parents=[common], help="a TPU VM slice and CPU VMs")
+    tpu.add_argument("--tpu", required=True, help="the TPU VM (slice) name")
+    tpu.add_argument("--zone", required=True)
+    tpu.add_argument("--hosts", type=int, required=True,
+                     help="hosts in the slice (checked against it): one learner process each")
+    tpu.add_argument("--tpu-chips-per-host", type=int, default=4,
+                     help="TPU chips of each host, all the learner's (default: 4)")
+    tpu.add_argument("--actor-vm", action="append", default=[],
+                     help="a CPU VM for actors and inference servers (at least one)")
+    tpu.add_argument("--tpu-inference", action="store_true",
+                     help="run the inference servers on the TPU hosts, on their CPUs "
+                          "(JAX_PLATFORMS=cpu), instead of on the CPU VMs")
+    tpu.add_argument("--checkpoint-dir", required=True,
+                     help="where the learners checkpoint: a bucket (gs://bucket/run) or an "
+                          "absolute path on the TPU hosts")
+    tpu.add_argument("--remote-dir", default="srl_jax",
+                     help="srl_jax's directory on every host: its venv, Ray's log and pid "
+                          "(relative: under the login directory; default: srl_jax)")
+    tpu.add_argument("--host-python", default="/usr/bin/python3",
+                     help="the hosts' Python 3.11+ that the venv is made from "
+                          "(default: /usr/bin/python3)")
+    tpu.add_argument("--no-install", dest="install", action="store_false",
+                     help="the hosts have srl_jax and Ray already, at --python")
+    tpu.add_argument("--python", default="",
+                     help="with --no-install: absolute path of the hosts' interpreter")
+    tpu.add_argument("--local-python", default=sys.executable,
+                     help="the workstation's interpreter that builds the wheel "
+                          "(default: this one)")
+    tpu.add_argument("--detach", action="store_true",
+                     help="start the run and return; `bash SCRIPT stop` ends it")
+    args = parser.parse_args(argv)
+    args.banner = "# Generated by: " + shlex.join(["python", "-m", "srl_jax.cluster", *argv])
+    args.checkout = CHECKOUT
+    if args.kind == "tpu-vm":  # one learner process per TPU host
+        args.overrides += [f"learner.processes={args.hosts}",
+                           f"checkpoint.dir={args.checkpoint_dir}"]
+    return args
+
+
+def check_layout(args: argparse.Namespace) -> None:
+    """One line for a layout that cannot work, before the config is read."""
+    if args.kind == "tpu-vm":
+        if not args.actor_vm:
+            raise ConfigError("'--actor-vm': at least one CPU VM for the actors and servers")
+        if args.hosts < 1 or args.tpu_chips_per_host < 1:
+            raise ConfigError("'--hosts' and '--tpu-chips-per-host' must be at least 1")
+        if not args.install and not args.python.startswith("/"):
+            raise ConfigError("'--no-install' needs '--python', the absolute path of the "
+                              "hosts' interpreter")
+        if args.install and not (args.checkout / LOCK).is_file():
+            raise ConfigError(f"provisioning builds srl_jax from a checkout, but {LOCK} is "
+                              f"not in {args.checkout}: run from a clone, or use "
+                              "'--no-install'")
+    if args.kind == "slurm":
+        if args.actor_hosts < 1 or args.inference_hosts < 0 or args.cpus_per_host < 1:
+            raise ConfigError("'--actor-hosts' and '--cpus-per-host' must be at least 1, "
+                              "'--inference-hosts' at least 0")
+        if not args.python.startswith("/"):
+            raise ConfigError(f"'--python' must be an absolute path (not '{args.python}'): "
+                              "batch jobs do not read your shell's PATH setup")
+    if args.submit and not args.output:
+        raise ConfigError("'--submit' needs '--output FILE'")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    make, submit = SCRIPTS[args.kind]
+    try:
+        check_layout(args)
+        config = load_config(resolve_experiment_path(args.experiment, config_dirs()),
+                             args.overrides)
+        script = make(config, args)
+    except ConfigError as error:
+        print(f"srl_jax.cluster: config error: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.output is None:
+        print(script, end="")
+        return 0
+    args.output.write_text(script)
+    args.output.chmod(0o755)
+    if args.submit:
+        return subprocess.run([submit, str(args.output)]).returncode
+    return 0

@@ -1,0 +1,245 @@
+"""Population-based training as pure functions: draws, start values, ranking, explore.
+
+A population run trains `population.members` whole pipelines side by side, each
+under its own policy name (m0, m1, ...), each with its own hyperparameters. The
+population manager (`srl_jax/runtime/population_manager.py`) reads the members' returns
+(their evaluation returns when the evaluator runs) from `metrics.jsonl` and, at each
+member's ready point, `decide`s: a member in the bottom fraction copies a member of
+the top fraction (exploit: the loser's learner loads the donor's newest checkpoint)
+and perturbs or redraws its hyperparameters (explore), as in Jaderberg et al. 2017.
+A sweep is a population without exploit: each member keeps the values it started
+with (`sweep_overrides`).
+
+Hyperparameters are named by their config keys, `learner.<algorithm>.<name>`, and
+must be among the algorithm's live ones (`learners.algorithms.registry.Algorithm.live`): a
+learner changes them in its train state without recompiling.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from srl_jax.config.schema import ConfigError, ExperimentConfig, PopulationConfig, member_names
+
+DRAWS = ("log_uniform", "uniform")
+TRAINING, EVALUATION = "episode_return_mean", "eval_return_mean"
+VERSION_KEY = "policy/{member}/policy_version"
+EVAL_VERSION_KEY = "policy/{member}/eval_policy_version"
+LOG_NAME = "population.jsonl"
+"""In the run directory: one JSON line per exploit decision, the lineage."""
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+def check_spec(key: str, spec: Any) -> None:
+    """ConfigError unless `spec` is a draw: {log_uniform: [lo, hi]}, {uniform: [lo, hi]}
+    or a non-empty list of numbers."""
+    where = f"'population.explore.{key}'"
+    if isinstance(spec, list):
+        _require(bool(spec) and all(isinstance(v, int | float) for v in spec),
+                 f"{where} must list at least one number")
+        return
+    _require(isinstance(spec, dict) and len(spec) == 1 and next(iter(spec)) in DRAWS,
+             f"{where} must be {{log_uniform: [lo, hi]}}, {{uniform: [lo, hi]}} or a list")
+    (draw, bounds), = spec.items()
+    _require(isinstance(bounds, list) and len(bounds) == 2
+             and all(isinstance(v, int | float) for v in bounds) and bounds[0] < bounds[1],
+             f"{where}.{draw} must be [lo, hi] with lo < hi")
+    _require(draw != "log_uniform" or bounds[0] > 0, f"{where}.log_uniform needs lo > 0")
+
+
+def draw(spec: Any, rng: np.random.Generator) -> float:
+    """One value of a checked spec."""
+    if isinstance(spec, list):
+        return float(spec[rng.integers(len(spec))])
+    (kind, (low, high)), = spec.items()
+    if kind == "log_uniform":
+        return float(math.exp(rng.uniform(math.log(low), math.log(high))))
+    return float(rng.uniform(low, high))
+
+
+def field_name(key: str) -> str:
+    """The algorithm config field a population key names: learner.ppo.ent_coef -> ent_coef."""
+    return key.rsplit(".", 1)[-1]
+
+
+def check_population(config: ExperimentConfig, live: Sequence[str]) -> None:
+    """ConfigError (one line) for a population the run cannot train: `live` are the
+    chosen algorithm's live hyperparameters."""
+    pop = config.population
+    if not pop.members:
+        _require(not pop.explore and not pop.initial,
+                 "'population.explore' and 'population.initial' need 'population.members'")
+        return
+    _require(pop.members >= 2, "'population.members' must be 0 (off) or at least 2")
+    _require(not config.env.policies, "a population trains single-policy members: "
+             "'population.members' cannot go with 'env.policies'")
+    _require(config.learner.processes == 1,
+             "'population.members' needs 'learner.processes' 1 (a member's learner is one "
+             "process)")
+    _require(pop.ready_after_updates >= 1, "'population.ready_after_updates' must be at least 1")
+    _require(pop.window >= 1, "'population.window' must be at least 1")
+    _require(0 < pop.exploit_fraction <= 0.5,
+             "'population.exploit_fraction' must be in (0, 0.5]")
+    _require(bool(pop.perturb) and all(f > 0 for f in pop.perturb),
+             "'population.perturb' must list positive factors")
+    _require(0 <= pop.resample_probability <= 1,
+             "'population.resample_probability' must be in [0, 1]")
+    _require(not pop.exploit or config.checkpoint.enabled,
+             "'population.exploit' copies members through checkpoints: enable 'checkpoint'")
+    prefix = f"learner.{config.learner.algorithm}."
+    for section, keys in (("explore", pop.explore), ("initial", pop.initial)):
+        for key in keys:
+            _require(key.startswith(prefix) and field_name(key) in live and
+                     key.count(".") == 2,
+                     f"'population.{section}.{key}' is not a live hyperparameter of "
+                     f"'{config.learner.algorithm}' (live: "
+                     f"{', '.join(prefix + name for name in live) or 'none'})")
+    for key, spec in pop.explore.items():
+        check_spec(key, spec)
+    for key, values in pop.initial.items():
+        _require(len(values) == pop.members, f"'population.initial.{key}' must list "
+                 f"{pop.members} values, one per member (got {len(values)})")
+
+
+def member_rng(config: ExperimentConfig, *stream: int) -> np.random.Generator:
+    """A reproducible generator for the population's draws and choices."""
+    return np.random.default_rng([config.seed, config.population.seed, *stream])
+
+
+def initial_hyperparams(config: ExperimentConfig) -> dict[str, dict[str, float]]:
+    """Each member's start values of the explored and listed keys (member -> key -> value)."""
+    pop = config.population
+    start = {}
+    for i, member in enumerate(member_names(pop.members)):
+        rng = member_rng(config, 0, i)
+        values = {key: draw(spec, rng) for key, spec in pop.explore.items()}
+        values.update({key: float(listed[i]) for key, listed in pop.initial.items()})
+        start[member] = values
+    return start
+
+
+def explore(values: Mapping[str, float], pop: PopulationConfig,
+            rng: np.random.Generator) -> dict[str, float]:
+    """New values from a donor's: each explored key redrawn with `resample_probability`,
+    else multiplied by one of `perturb`; keys not explored are kept."""
+    new = dict(values)
+    for key, spec in pop.explore.items():
+        if key not in new or rng.random() < pop.resample_probability:
+            new[key] = draw(spec, rng)
+        else:
+            new[key] = float(new[key] * pop.perturb[rng.integers(len(pop.perturb))])
+    return new
+
+
+@dataclass
+class MemberView:
+    """What the manager knows of one member."""
+
+    name: str
+    hyperparams: dict[str, float]
+    version: int = 0
+    """Its learner's latest policy version seen in the metrics."""
+    changed_at: int = 0
+    """The version its weights were last replaced at (0: never): its score counts from here."""
+    ready_at: int = 0
+    """The version at which it is ranked next."""
+    score: float | None = None
+
+
+@dataclass(frozen=True)
+class Exploit:
+    member: str
+    donor: str
+    hyperparams: dict[str, float]
+
+
+def decide(views: Sequence[MemberView], pop: PopulationConfig,
+           rng: np.random.Generator) -> tuple[list[Exploit], list[str]]:
+    """(exploits, members ranked without a change) for the members at their ready point.
+
+    Members are ranked by score (those without one yet are not ranked); a ready member
+    among the bottom `exploit_fraction` copies one of the top `exploit_fraction`.
+    """
+    scored = sorted((v for v in views if v.score is not None), key=lambda v: v.score)
+    cut = max(1, round(len(scored) * pop.exploit_fraction)) if len(scored) >= 2 else 0
+    bottom, top = scored[:cut], scored[len(scored) - cut:]
+    losers = {v.name for v in bottom} - {v.name for v in top}
+    exploits, kept = [], []
+    for view in views:
+        if view.score is None or view.version < view.ready_at:
+            continue
+        if view.name in losers:
+            donor = top[rng.integers(len(top))]
+            exploits.append(Exploit(view.name, donor.name,
+                                    explore(donor.hyperparams, pop, rng)))
+        else:
+            kept.append(view.name)
+    return exploits, kept
+
+
+def ranking_metric(config: ExperimentConfig) -> str:
+    """What members are ranked by: their evaluation return when the evaluator runs
+    (deterministic episodes of one version), else their training return."""
+    return EVALUATION if config.evaluation.every_updates else TRAINING
+
+
+def member_score(rows: Sequence[Mapping[str, Any]], member: str, since: int,
+                 window: int, metric: str = TRAINING) -> float | None:
+    """The mean of the member's last `window` values of `metric` in rows of versions
+    after `since` (for an evaluation return, the version it evaluated)."""
+    value = f"policy/{member}/{metric}"
+    version = (EVAL_VERSION_KEY if metric == EVALUATION else VERSION_KEY).format(member=member)
+    values = [row[value] for row in rows if value in row and row.get(version, 0) > since]
+    return float(np.mean(values[-window:])) if values else None
+
+
+def sweep_overrides(sweeps: Sequence[str]) -> list[str]:
+    """`--sweep KEY=V1,V2,...` (each key once) as config overrides: a population without
+    exploit whose members take every combination of the values, in order."""
+    grid = {}
+    for text in sweeps:
+        key, sep, values = text.partition("=")
+        _require(bool(sep) and bool(values), f"'--sweep {text}' must look like KEY=V1,V2,...")
+        _require(key not in grid, f"'--sweep': '{key}' is given twice")
+        try:
+            grid[key] = [float(v) for v in values.split(",")]
+        except ValueError:
+            raise ConfigError(f"'--sweep {text}': the values must be numbers") from None
+    combos = list(itertools.product(*grid.values()))
+    _require(len(combos) >= 2, "'--sweep' needs at least two values in all")
+    initial = {key: [combo[i] for combo in combos] for i, key in enumerate(grid)}
+    return [f"population.members={len(combos)}", "population.exploit=false",
+            f"population.initial={initial}"]
+
+
+def append_lineage(run_dir: str | Path, event: dict[str, Any]) -> None:
+    """Add one exploit event to `population.jsonl`: one write of one line, so the
+    members' learners can append side by side without splitting each other's lines."""
+    line = (json.dumps(event) + "\n").encode()
+    fd = os.open(Path(run_dir) / LOG_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def read_lineage(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The exploit events of a population run (`population.jsonl`), oldest first ([]
+    before the first)."""
+    path = Path(run_dir) / LOG_NAME
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

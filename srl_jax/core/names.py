@@ -1,0 +1,86 @@
+"""Name service: how workers find each other's endpoints.
+
+A worker that binds a socket registers its endpoint under its stream's key
+(`srl_jax.core.stream_table`); a worker that connects looks the key up, waiting
+until it appears. The local backend keeps names as files in the run
+directory; a cluster backend implements the same two-method interface.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Protocol
+
+from srl_jax.config.schema import DEFAULT_POLICY
+
+log = logging.getLogger(__name__)
+
+def policy_key(policy: str, key: str) -> str:
+    """`key` in `policy`'s namespace: each policy has its own learner and servers.
+
+    The default policy (the only one of a single-agent run) keeps the plain key.
+    """
+    return key if policy == DEFAULT_POLICY else f"{policy}/{key}"
+
+
+def worker_name(kind: str, index: int, policy: str = DEFAULT_POLICY) -> str:
+    """A worker's name in logs, status.json and metrics: `learner-0`, `learner-red-0`."""
+    return f"{kind}-{index}" if policy == DEFAULT_POLICY else f"{kind}-{policy}-{index}"
+
+
+class NameService(Protocol):
+    def register(self, key: str, endpoint: str) -> None:
+        """Publish `endpoint` under `key`, replacing an older entry."""
+
+    def lookup(self, key: str, timeout_s: float) -> str:
+        """The endpoint under `key`, waiting up to `timeout_s` for it to appear."""
+
+    def get(self, key: str) -> str | None:
+        """The endpoint under `key` now, or None."""
+
+    def unregister(self, key: str) -> None:
+        """Forget `key` (its owner is gone and will register anew)."""
+
+
+class FileNameService:
+    """Names as small files under `<run_dir>/names/`, written atomically."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        return self.root / key.replace("/", "__")
+
+    def register(self, key: str, endpoint: str) -> None:
+        path = self._path(key)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(endpoint)
+        tmp.replace(path)
+
+    def unregister(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
+    def get(self, key: str) -> str | None:
+        try:
+            return self._path(key).read_text().strip() or None
+        except FileNotFoundError:
+            return None
+
+    def lookup(self, key: str, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        next_log = time.monotonic() + 5.0
+        while True:
+            endpoint = self.get(key)
+            if endpoint:
+                return endpoint
+            now = time.monotonic()
+            if now >= deadline:
+                raise TimeoutError(f"no endpoint registered under '{key}' after {timeout_s:.0f}s")
+            if now >= next_log:
+                log.info("waiting for '%s' to register in %s", key, self.root)
+                next_log = now + 5.0
+            time.sleep(0.02)

@@ -1,0 +1,129 @@
+"""Launch backends: how the controller starts, watches and stops worker processes.
+
+The controller only needs the small `LaunchBackend` interface. The local
+backend runs each worker as its own Python process on this machine
+(`python -m srl_jax.worker`, a fresh interpreter: nothing is forked from a
+process that imported JAX); the Ray backend (srl_jax/runtime/ray_backend.py) has Ray
+place a host for each worker on a node, which runs the same command there.
+`srl_jax.launch` picks one (`--backend`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from srl_jax.config.schema import DEFAULT_POLICY
+from srl_jax.core.names import FileNameService, NameService, worker_name
+from srl_jax.core.worker_kinds import PARENT_ENV
+
+
+class BackendError(RuntimeError):
+    """The backend cannot start a worker (e.g. no node has the resources it asks for)."""
+
+
+@dataclass
+class WorkerHandle:
+    kind: str
+    index: int
+    pid: int
+    host: str
+    ref: Any
+    """The backend's hold on the process: a Popen, or a Ray host actor and its exit."""
+    policy: str = DEFAULT_POLICY
+    lost: str | None = None
+    """Set by `exit_code` where the worker went with its host (its node left the
+    cluster), not by a fault of its own: why."""
+
+
+class LaunchBackend(Protocol):
+    def name_service(self) -> NameService:
+        """Where workers of this backend register and find endpoints."""
+
+    def bind_host(self) -> str | None:
+        """The address the controller binds, where the backend decides (None: the config's)."""
+
+    def start(self, kind: str, index: int, policy: str = DEFAULT_POLICY,
+              env: dict[str, str] | None = None) -> WorkerHandle | None:
+        """Start one worker (of `policy`: learners and inference servers) with `env` added
+        to its environment; returns once the process exists, or None while no host has
+        room for it yet (the request stands: call again with the same worker)."""
+
+    def placement_wait(self, kind: str) -> str:
+        """What a worker of `kind` that `start` could not place yet waits for."""
+
+    def ports(self) -> list[dict[str, Any]]:
+        """The ports the backend itself listens on (a local Ray instance), as
+        `Transport.port_list` lists them."""
+
+    def exit_code(self, handle: WorkerHandle) -> int | None:
+        """The worker's exit code, or None while it runs."""
+
+    def send_signal(self, handle: WorkerHandle, sig: int) -> None:
+        """Deliver `sig` to the worker (ignored if it is gone)."""
+
+    def close(self) -> None:
+        """Release what the backend holds (after every worker has exited)."""
+
+
+def worker_args(kind: str, index: int, run_dir: Path, policy: str) -> list[str]:
+    """The worker's command line after the interpreter."""
+    return ["-m", "srl_jax.worker", kind, str(index), "--run-dir", str(run_dir),
+            "--policy", policy]
+
+
+def spawn_worker(args: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen:
+    """Start `python args...` in its own session, appending its output to `log_path`
+    (made where missing: a host that shares no run directory has none)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log_file:
+        return subprocess.Popen(
+            [sys.executable, *args], stdin=subprocess.DEVNULL, stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env={**env, "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())},
+            start_new_session=True)
+
+
+class LocalBackend:
+    """One process per worker on this machine; logs to `<run_dir>/logs/<worker>.log`."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = Path(run_dir)
+        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        self._names = FileNameService(self.run_dir / "names")
+
+    def name_service(self) -> NameService:
+        return self._names
+
+    def bind_host(self) -> str | None:
+        return None
+
+    def start(self, kind: str, index: int, policy: str = DEFAULT_POLICY,
+              env: dict[str, str] | None = None) -> WorkerHandle:
+        log_path = self.run_dir / "logs" / f"{worker_name(kind, index, policy)}.log"
+        process = spawn_worker(worker_args(kind, index, self.run_dir, policy),
+                               {**os.environ, **(env or {})}, log_path)
+        return WorkerHandle(kind, index, process.pid, socket.gethostname(), process, policy)
+
+    def placement_wait(self, kind: str) -> str:
+        return "nothing: a local process starts at once"
+
+    def ports(self) -> list[dict[str, Any]]:
+        return []
+
+    def exit_code(self, handle: WorkerHandle) -> int | None:
+        return handle.ref.poll()
+
+    def send_signal(self, handle: WorkerHandle, sig: int) -> None:
+        if handle.ref.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(handle.pid, sig)
+
+    def close(self) -> None:
+        """Nothing held: every worker process has been waited for."""

@@ -1,0 +1,178 @@
+"""The population manager worker: ranks members, tells losers to copy winners (PBT).
+
+It follows the run's `metrics.jsonl`, where every row carries each member's return
+(or evaluation return, when the evaluator runs) and policy version
+(`policy/<member>/...`), keeps a `MemberView` per member, and at
+each member's ready point applies `srl_jax.config.population.decide`. An exploit goes to the
+loser's learner over the control stream; the learner loads the donor's newest
+complete checkpoint, takes the new hyperparameters without restarting, checkpoints the
+copy, appends the event to `population.jsonl` (so the lineage holds what a restart
+would bring back) and answers with what it loaded. A restarted manager rebuilds its
+view from that file and the metrics, so it needs no state of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import zmq
+
+from srl_jax.config.population import (
+    VERSION_KEY,
+    Exploit,
+    MemberView,
+    decide,
+    initial_hyperparams,
+    member_rng,
+    member_score,
+    ranking_metric,
+    read_lineage,
+)
+from srl_jax.config.schema import member_names
+from srl_jax.core.stream_table import CONTROL
+from srl_jax.core.streams import make_socket, receive, send
+from srl_jax.core.worker_base import Worker
+
+POLL_MS = 200
+REPLY_TIMEOUT_S = 60.0
+"""An exploit unanswered this long (its learner died) is dropped and decided again."""
+ROWS_KEPT = 10_000
+
+
+class PopulationManager(Worker):
+    kind = "population"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pending: dict[str, tuple[Exploit, float, float]] = {}
+        """Exploits sent, by member: (exploit, monotonic and wall time sent)."""
+        self.exploits = 0
+        self.refused = 0
+
+    def setup(self) -> None:
+        pop = self.config.population
+        start = initial_hyperparams(self.config)
+        self.views = {m: MemberView(m, start[m], ready_at=pop.ready_after_updates)
+                      for m in member_names(pop.members)}
+        events = read_lineage(self.run_dir)
+        for event in events:  # a restart or a resume: the lineage so far
+            self._changed(event["member"], event["hyperparams"], event["version"])
+        self.rng = member_rng(self.config, 1, len(events), self.incarnation.restarts,
+                              self.incarnation.resumes)
+        self.log.info("%d members; %d exploit events so far", len(self.views), len(events))
+        self.sockets = {}
+        for member in self.views:
+            socket = make_socket(self.zmq, CONTROL.connect_type)
+            self.connect_to(socket, CONTROL.key(member))
+            self.sockets[member] = socket
+        self.poller = zmq.Poller()
+        for socket in self.sockets.values():
+            self.poller.register(socket, zmq.POLLIN)
+        self.rows: list[dict[str, Any]] = []
+        self._offset = 0
+        self.exploits = len(events)
+
+    def _changed(self, member: str, hyperparams: dict[str, float], version: int) -> None:
+        view = self.views[member]
+        view.hyperparams, view.changed_at = dict(hyperparams), version
+        view.ready_at = version + self.config.population.ready_after_updates
+        view.version, view.score = max(view.version, version), None
+
+    def _read_rows(self) -> bool:
+        """Take the metrics rows written since the last call (whole lines only); whether
+        there were any."""
+        path = self.run_dir / "metrics.jsonl"
+        if not path.exists():
+            return False
+        with path.open("rb") as file:
+            file.seek(self._offset)
+            data = file.read()
+        complete = data[:data.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        for line in complete.decode(errors="replace").splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict):
+                self.rows.append(row)
+        del self.rows[:-ROWS_KEPT]
+        return bool(complete)
+
+    def _update_views(self) -> None:
+        window, metric = self.config.population.window, ranking_metric(self.config)
+        for member, view in self.views.items():
+            versions = [row[VERSION_KEY.format(member=member)] for row in self.rows
+                        if VERSION_KEY.format(member=member) in row]
+            if versions:
+                view.version = max(view.version, int(versions[-1]))
+            view.score = member_score(self.rows, member, view.changed_at, window, metric)
+
+    def run_once(self) -> None:
+        changed = False
+        for socket, _ in self.poller.poll(POLL_MS):
+            while (received := receive(socket, CONTROL.connecter_receives,
+                                       self.rejects)) is not None:
+                self._answered(received[1].meta)
+                changed = True
+        now = time.monotonic()
+        for member, (_, sent, _) in list(self.pending.items()):
+            if now - sent > REPLY_TIMEOUT_S:
+                self.log.warning("no answer from %s's learner in %.0fs; deciding again",
+                                 member, REPLY_TIMEOUT_S)
+                del self.pending[member]
+                changed = True
+        if not (self._read_rows() or changed):
+            return  # nothing new to rank: the views and the decisions would be the same
+        self._update_views()
+        views = [v for v in self.views.values() if v.name not in self.pending]
+        exploits, kept = decide(views, self.config.population, self.rng)
+        for member in kept:
+            view = self.views[member]
+            view.ready_at = view.version + self.config.population.ready_after_updates
+        for exploit in exploits:
+            scores = {m: v.score for m, v in self.views.items()}
+            send(self.sockets[exploit.member], "exploit",
+                 {"member": exploit.member, "donor": exploit.donor,
+                  "hyperparams": exploit.hyperparams,
+                  "old_hyperparams": self.views[exploit.member].hyperparams,
+                  "scores": scores})
+            self.pending[exploit.member] = (exploit, time.monotonic(), time.time())
+            self.log.info("%s (score %.2f) copies %s (score %.2f): %s", exploit.member,
+                          scores[exploit.member], exploit.donor, scores[exploit.donor],
+                          exploit.hyperparams)
+
+    def _answered(self, meta: dict[str, Any]) -> None:
+        """A learner's answer. A copy counts even when it answers after the manager gave
+        up on it: the learner has logged it and would restore it."""
+        member, values, version = meta.get("member"), meta.get("hyperparams"), meta.get("version")
+        if member not in self.views:
+            self.rejects.reject(ValueError(f"answer from unknown member {member!r}"))
+            return
+        pending = self.pending.pop(member, None)
+        if not meta.get("ok"):
+            self.refused += 1
+            donor = pending[0].donor if pending else "its donor"
+            self.log.info("%s did not copy %s: %s", member, donor, meta.get("reason"))
+            return
+        if not isinstance(values, dict) or not isinstance(version, int):
+            self.rejects.reject(ValueError(f"answer from {member} without values or version"))
+            return
+        self.exploits += 1
+        self._changed(member, values, version)
+
+    def waiting(self) -> tuple[str, float] | None:
+        if self.pending:
+            member, (_, _, since) = next(iter(self.pending.items()))
+            return f"{member}'s learner to copy its donor", since
+        return super().waiting()
+
+    def counters(self) -> dict[str, float]:
+        return {"exploits": self.exploits, "exploits_refused": self.refused,
+                "exploits_pending": len(self.pending)}
+
+    def close(self) -> None:
+        for socket in getattr(self, "sockets", {}).values():
+            socket.close()

@@ -1,0 +1,237 @@
+"""The Ray launch backend: Ray places each worker, ZMQ still carries the data.
+
+For every worker the controller asks Ray for a `WorkerHost` actor with the
+resources the config gives that kind (`ray.actor`, `ray.learner`, ...: CPUs,
+GPUs, TPUs, a node type's custom resource). The host starts the worker on its
+node as the local backend would (`python -m srl_jax.worker`, its own session,
+output appended to `<run_dir>/logs/<worker>.log`) and reports its exit. A
+worker that dies is started again by the controller's usual restart rule, on
+a new host that Ray places, wherever the resources are.
+
+Placement does not block: `start` asks Ray for the host and returns None until
+Ray has placed it, so the run goes on while a worker waits for a node with
+room (the standing request is also what an autoscaler scales up for). A host
+whose node leaves the cluster ends with its worker (which stops when its
+parent goes); `exit_code` marks that worker `lost`, and the controller places
+it again without counting it against `runtime.max_restarts`.
+
+Workers bind their node's address (unless `transport.bind_host` says
+otherwise), so CURVE is on by default. Nodes need not share a filesystem: on a
+cluster given by address the controller serves names, the run's config and a
+log stream over the network (`runtime.names`, srl_jax/runtime/name_server.py), and a
+learner checkpoints to `checkpoint.dir` (its own disk or a bucket); a worker's
+`--run-dir` on another node is only its scratch. Without `--ray-address` a
+local Ray instance is started with enough logical CPUs for every worker (they
+share the cores, as with the local backend) and shut down at the end; with
+one, the run joins that cluster and leaves it running. Ray's servers listen on
+every interface (Ray binds no loopback-only node), so a local instance runs
+with Ray's token authentication
+(Ray's default where `RAY_AUTH_MODE` is unset; its token in `~/.ray/auth_token`);
+one with it turned off is refused unless `transport.allow_unauthenticated` says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import socket
+import subprocess
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from srl_jax.config.checks import RAY_AUTH_MODE
+from srl_jax.config.schema import DEFAULT_POLICY, ExperimentConfig, TransportConfig
+from srl_jax.core.names import FileNameService, NameService, worker_name
+from srl_jax.core.transport import BIND_HOST_ENV, Port
+from srl_jax.core.worker_kinds import worker_kind, worker_plan
+from srl_jax.runtime.backends import BackendError, WorkerHandle, spawn_worker, worker_args
+
+log = logging.getLogger(__name__)
+
+FORWARDED_ENV_PREFIX = "SRL_JAX_"
+"""The driver's variables a worker on another node gets too (fault drills, hosts)."""
+AUTOSCALER_METRICS_PORT = 44217
+"""Where the autoscaler monitor of a local instance serves its Prometheus metrics (Ray's
+AUTOSCALER_METRIC_PORT): plain HTTP on every interface, read-only, which `ray.init`
+cannot turn off."""
+
+
+class WorkerHost:
+    """One worker process on the node Ray placed this actor on."""
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen | None = None
+
+    def start(self, args: list[str], env: dict[str, str], log_path: str,
+              bind_node: bool) -> tuple[int, str, str]:
+        """(pid, node address, node id) of the worker started."""
+        node = ray.util.get_node_ip_address()
+        env = {**os.environ, **env, **({BIND_HOST_ENV: node} if bind_node else {})}
+        self.process = spawn_worker(args, env, Path(log_path))
+        return self.process.pid, node, ray.get_runtime_context().get_node_id()
+
+    def wait(self) -> int:
+        return self.process.wait()
+
+    def signal(self, sig: int) -> None:
+        if self.process.poll() is None:
+            os.kill(self.process.pid, sig)
+
+
+def check_reachable(address: str, timeout_s: float = 10.0) -> None:
+    """Fail in seconds with one line where nothing listens at `address` (host:port);
+    ray.init would wait minutes."""
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except (OSError, ValueError) as error:
+        raise BackendError(f"no Ray cluster at '{address}': {error}") from None
+
+
+def token_auth() -> bool:
+    """Whether this driver's Ray uses token authentication: Ray 2.60 turns it on for a
+    new local instance where RAY_AUTH_MODE is unset (and says so in the variable); a
+    cluster joined by address uses it where the variable says 'token'."""
+    return os.environ.get(RAY_AUTH_MODE, "").lower() == "token"
+
+
+def listening(host: str, port: int) -> bool:
+    """Whether something accepts connections at host:port now."""
+    try:
+        socket.create_connection((host, port), timeout=1.0).close()
+    except OSError:
+        return False
+    return True
+
+
+def _placement(resources: dict[str, float]) -> dict[str, Any]:
+    """Ray actor options for a resource request ({CPU: 1, GPU: 1, node_a: 1})."""
+    custom = {k: v for k, v in resources.items() if k not in ("CPU", "GPU")}
+    return {"num_cpus": resources.get("CPU", 0.0), "num_gpus": resources.get("GPU", 0.0),
+            **({"resources": custom} if custom else {})}
+
+
+class RayBackend:
+    def __init__(self, run_dir: Path, config: ExperimentConfig,
+                 address: str | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        self.config = config
+        self._names = FileNameService(self.run_dir / "names")
+        address = address or config.ray.address
+        if address:
+            check_reachable(address)
+            ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+        else:
+            wanted = sum(worker_kind(kind).ray_resources(config).get("CPU", 0.0)
+                         for kind, _, _ in worker_plan(config))
+            ray.init(address="local",  # a new instance, never one already on this machine
+                     num_cpus=max(os.cpu_count() or 1, math.ceil(wanted)),
+                     include_dashboard=False, log_to_driver=False,
+                     logging_level=logging.WARNING)
+        if not address and not token_auth() and not config.transport.allow_unauthenticated:
+            ray.shutdown()
+            raise BackendError("the local Ray instance started without token authentication "
+                               "(set RAY_AUTH_MODE=token, or transport.allow_unauthenticated)")
+        self.node = ray.util.get_node_ip_address()
+        self._bind_nodes = config.transport.bind_host == TransportConfig.bind_host
+        self._host = ray.remote(max_concurrency=2, max_restarts=0)(WorkerHost)
+        self._live: dict[int, Any] = {}
+        self._pending: dict[str, tuple[Any, Any]] = {}
+        """Each worker waiting to be placed: its host actor and the ref of its start."""
+        self._ports = self._ray_ports(local=not address)
+        log.info("Ray %s: %s", "cluster" if address else "local instance", ray.cluster_resources())
+
+    def name_service(self) -> NameService:
+        return self._names
+
+    def bind_host(self) -> str | None:
+        return self.node if self._bind_nodes else None
+
+    def _ray_ports(self, local: bool) -> list[dict[str, Any]]:
+        """Ray's own ports that this run opened (a local instance: its GCS, raylet, object
+        manager, runtime-env agent and autoscaler metrics) or joins (a cluster: its GCS),
+        token-authenticated where Ray's token authentication is on. Each Ray worker
+        process also serves gRPC, on a port of its own, under the same token."""
+        token = token_auth()
+        gcs = ray.get_runtime_context().gcs_address
+        ports = [Port("ray.gcs", gcs, f"*:{gcs.rpartition(':')[2]}", token)]
+        if not local:
+            return [asdict(ports[0])]
+        node = next(n for n in ray.nodes() if n["NodeID"] == ray.get_runtime_context()
+                    .get_node_id())
+        for key, field in (("ray.raylet", "NodeManagerPort"),
+                           ("ray.object_manager", "ObjectManagerPort"),
+                           ("ray.runtime_env_agent", "RuntimeEnvAgentPort")):
+            if node.get(field, -1) > 0:
+                bind = self.node if field == "RuntimeEnvAgentPort" else "*"
+                ports.append(Port(key, f"{self.node}:{node[field]}",
+                                  f"{bind}:{node[field]}", token))
+        if listening(self.node, AUTOSCALER_METRICS_PORT):
+            ports.append(Port("ray.autoscaler_metrics", f"{self.node}:{AUTOSCALER_METRICS_PORT}",
+                              f"0.0.0.0:{AUTOSCALER_METRICS_PORT}", False))
+        return [asdict(port) for port in ports]
+
+    def ports(self) -> list[dict[str, Any]]:
+        return self._ports
+
+    def placement_wait(self, kind: str) -> str:
+        return f"no node has {worker_kind(kind).ray_resources(self.config)} free (ray.{kind})"
+
+    def start(self, kind: str, index: int, policy: str = DEFAULT_POLICY,
+              env: dict[str, str] | None = None) -> WorkerHandle | None:
+        name = worker_name(kind, index, policy)
+        if name not in self._pending:
+            resources = worker_kind(kind).ray_resources(self.config)
+            host = self._host.options(**_placement(resources)).remote()
+            forwarded = {k: v for k, v in os.environ.items()
+                         if k.startswith(FORWARDED_ENV_PREFIX)}
+            self._pending[name] = host, host.start.remote(
+                worker_args(kind, index, self.run_dir, policy), {**forwarded, **(env or {})},
+                str(self.run_dir / "logs" / f"{name}.log"), self._bind_nodes)
+        host, started = self._pending[name]
+        if not ray.wait([started], timeout=0)[0]:
+            return None
+        del self._pending[name]
+        try:
+            pid, node, node_id = ray.get(started)
+        except ray.exceptions.RayError as error:  # its node left before the worker started
+            log.warning("the host placed for %s died before starting it: %s", name,
+                        str(error).splitlines()[0])
+            ray.kill(host)
+            return None
+        handle = WorkerHandle(kind, index, pid, node, (host, host.wait.remote(), node_id),
+                              policy)
+        self._live[id(handle)] = host
+        return handle
+
+    def exit_code(self, handle: WorkerHandle) -> int | None:
+        host, exited, node_id = handle.ref
+        if not ray.wait([exited], timeout=0)[0]:
+            return None
+        try:
+            code = ray.get(exited)
+        except ray.exceptions.RayError:  # the host itself died: its worker stops by itself
+            code = -signal.SIGKILL
+            if not any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes()):
+                handle.lost = f"its Ray node ({handle.host}) left the cluster"
+        if self._live.pop(id(handle), None) is not None:
+            ray.kill(host)  # frees the resources for the successor
+        return code
+
+    def send_signal(self, handle: WorkerHandle, sig: int) -> None:
+        if id(handle) in self._live:
+            handle.ref[0].signal.remote(sig)
+
+    def close(self) -> None:
+        for host in [*self._live.values(), *(host for host, _ in self._pending.values())]:
+            ray.kill(host)
+        self._live.clear()
+        self._pending.clear()
+        ray.shutdown()
+
