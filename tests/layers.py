@@ -89,41 +89,20 @@ def layer_of(where: Path) -> Layer | None:
     return None
 
 
-def imports(path: Path) -> list[tuple[int, str, bool]]:
-    """(line, imported module, eager) for every import statement in the file; eager ones run
-    when the module is imported (not inside a function, nor under `if TYPE_CHECKING`)."""
-    tree = ast.parse(path.read_text(), str(path))
-    eager = set()
-
-    def top_level(statements: list[ast.stmt]) -> None:
-        for node in statements:
-            if isinstance(node, ast.Import | ast.ImportFrom):
-                eager.add(id(node))
-            elif isinstance(node, ast.If) and not _is_type_checking(node.test):
-                top_level(node.body)
-                top_level(node.orelse)
-            elif isinstance(node, ast.Try):
-                for block in (node.body, node.orelse, node.finalbody,
-                              *(handler.body for handler in node.handlers)):
-                    top_level(block)
-
-    top_level(tree.body)
+def imports(path: Path) -> list[tuple[int, str]]:
+    """(line, imported module) for every absolute import statement in the file, wherever it
+    stands (in a function or under `if TYPE_CHECKING` too)."""
     found = []
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name, id(node) in eager) for alias in node.names]
+            found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.append((node.lineno, node.module, id(node) in eager))
+            found.append((node.lineno, node.module))
     return found
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
-        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
 def _internal(imported: str, modules: dict[str, Path]) -> str | None:
-    """The module of ours an import names (`from srl_jax.config.schema import X` -> srl_jax.config.schema)."""
+    """The module of ours an import names (`from srl_jax.core.wire import X`: srl_jax.core.wire)."""
     parts = imported.split(".")
     for end in range(len(parts), 0, -1):
         name = ".".join(parts[:end])
@@ -143,7 +122,7 @@ def violations(root: Path) -> list[str]:
             problems.append(f"{where}: module {name} is in no layer's folder (move it into "
                             "one, or give its folder a layer in tests/layers.py)")
             continue
-        for line, imported, eager in imports(path):
+        for line, imported in imports(path):
             target = _internal(imported, modules)
             top = imported.split(".")[0]
             if target is not None:
