@@ -33,7 +33,7 @@ from srl_jax.core.chunk_spec import chunk_error, run_chunk_layout
 from srl_jax.core.memory import resident_mib
 from srl_jax.core.names import NameService
 from srl_jax.core.stream_table import INSERTS, REPLAY
-from srl_jax.core.streams import make_socket, receive, send
+from srl_jax.core.streams import receive, send
 from srl_jax.core.worker_base import Worker
 
 POLL_MS = 20
@@ -105,11 +105,8 @@ class ReplayWorker(Worker):
         self.router: zmq.Socket | None = None
 
     def setup(self) -> None:
-        self.pull = make_socket(self.zmq, INSERTS.bind_type, hwm=self.config.actors.send_queue,
-                                kernel_buffer=INSERTS.kernel_buffer)
-        self.transport.bind(self.pull, self.names, INSERTS.key(self.policy, self.index))
-        self.router = make_socket(self.zmq, REPLAY.bind_type)
-        self.transport.bind(self.router, self.names, REPLAY.key(self.policy, self.index))
+        self.pull = self.socket(INSERTS, hwm=self.config.actors.send_queue)
+        self.router = self.socket(REPLAY)
         self.poller = zmq.Poller()
         self.poller.register(self.router, zmq.POLLIN)
         self.log.info("capacity %d transitions in %.1f MiB (frame stack %d)",

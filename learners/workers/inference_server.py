@@ -47,7 +47,7 @@ from srl_jax.config.schema import DEFAULT_POLICY, ExperimentConfig
 from srl_jax.core.env_spec import EnvSpec
 from srl_jax.core.names import NameService
 from srl_jax.core.stream_table import INFERENCE
-from srl_jax.core.streams import make_socket, receive, send
+from srl_jax.core.streams import receive, send
 from srl_jax.core.worker_base import Worker
 
 POLL_MS = 100
@@ -85,7 +85,6 @@ class InferenceServer(Worker):
         self.time_compute = 0.0
         self.runner: PolicyRunner | None = None
         self.router: zmq.Socket | None = None
-        self.endpoint: str | None = None
         """Where the ROUTER socket listens, once `setup` has bound it."""
         self.params: ParamSubscriber | PoolSubscriber | None = None
         """None for a frozen policy without an opponent pool: it acts with version 0."""
@@ -111,9 +110,7 @@ class InferenceServer(Worker):
                 self.config, spec, self.incarnation.seed(self.config.seed + 1000 + self.index),
                 cfg.min_padded_batch, cfg.max_batch)
             self.runner.compile()
-        self.router = make_socket(self.zmq, INFERENCE.bind_type, hwm=cfg.request_queue)
-        self.endpoint = self.transport.bind(self.router, self.names,
-                                            INFERENCE.key(self.policy, self.index))
+        self.router = self.socket(INFERENCE, hwm=cfg.request_queue)
         self.pool, self.params = follow(self, self.runner)
         self.poller.register(self.router, zmq.POLLIN)
         if self.params is not None:

@@ -11,7 +11,7 @@ import zmq
 from learners.models.policy_runner import PolicyRunner
 from srl_jax.core.incarnation import FIRST
 from srl_jax.core.stream_table import PARAMS
-from srl_jax.core.streams import RejectCounter, make_socket, receive
+from srl_jax.core.streams import RejectCounter, receive
 
 if TYPE_CHECKING:
     from srl_jax.core.worker_base import Worker
@@ -72,9 +72,7 @@ def subscribe(worker: Worker, runner: PolicyRunner, policy: str | None = None
     the parameters every worker builds from the seed, so acting with them at once
     loses nothing and the first frames come as soon as the worker is up.
     """
-    socket = make_socket(worker.zmq, PARAMS.connect_type, hwm=worker.config.learner.param_queue)
-    socket.setsockopt(zmq.SUBSCRIBE, b"")
-    worker.connect_to(socket, PARAMS.key(policy or worker.policy))
+    socket = worker.socket(PARAMS, policy, hwm=worker.config.learner.param_queue)
     subscriber = ParamSubscriber(socket, runner, worker.rejects)
     if worker.incarnation != FIRST:
         subscriber.await_first(FIRST_PARAMS_WAIT_S, worker.keep_alive)

@@ -26,7 +26,7 @@ from learners.models.policy_runner import PolicyRunner
 from learners.workers.param_stream import ParamSubscriber, subscribe
 from srl_jax.config.opponent_pool import nearest_held
 from srl_jax.core.stream_table import POOL
-from srl_jax.core.streams import RejectCounter, make_socket, receive
+from srl_jax.core.streams import RejectCounter, receive
 
 if TYPE_CHECKING:
     from srl_jax.core.worker_base import Worker
@@ -125,7 +125,5 @@ def follow(worker: Worker, runner: PolicyRunner
         frozen = worker.policy in selfplay.frozen
         return None, None if frozen else subscribe(worker, runner)
     pool = PoolRunner(runner)
-    socket = make_socket(worker.zmq, POOL.connect_type, hwm=worker.config.learner.param_queue)
-    socket.setsockopt(zmq.SUBSCRIBE, b"")
-    worker.connect_to(socket, POOL.key(source))
+    socket = worker.socket(POOL, source, hwm=worker.config.learner.param_queue)
     return pool, PoolSubscriber(socket, pool, worker.rejects)

@@ -73,6 +73,10 @@ class Stream:
     """Bytes of kernel socket buffer at each end (SO_SNDBUF, SO_RCVBUF); None: the OS's
     own, which grows to megabytes. Small where the binder's reading pace must hold the
     connecters back: then only the high-water marks' messages are in flight."""
+    connect_immediate: bool = False
+    """The connecting side queues messages only on finished connections (ZMQ_IMMEDIATE):
+    a request waits for no binder that is not up, and with none up a send raises
+    `zmq.Again` instead of parking the message."""
 
     @property
     def kinds(self) -> frozenset[str]:
@@ -106,7 +110,8 @@ INFERENCE = Stream(
     binder_receives=frozenset({"infer_request"}), connecter_receives=frozenset({"infer_reply"}),
     per_policy=True, indexed=True,
     doc="Observations to a policy's servers (spread over all of them), actions back to the "
-        "asking actor.")
+        "asking actor.",
+    connect_immediate=True)
 INSERTS = Stream(
     name="inserts", binder="replay", connecters=("actor",),
     bind_type=zmq.PULL, connect_type=zmq.PUSH,

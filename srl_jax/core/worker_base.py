@@ -36,13 +36,10 @@ from srl_jax.config.schema import DEFAULT_POLICY, ExperimentConfig
 from srl_jax.core.faults import FaultPlan
 from srl_jax.core.incarnation import Incarnation
 from srl_jax.core.names import NameService, worker_name
-from srl_jax.core.stream_table import STATS
+from srl_jax.core.stream_table import STATS, Stream
 from srl_jax.core.streams import RejectCounter, limit_message_size, make_socket, send
 from srl_jax.core.transport import Transport
-from srl_jax.core.worker_kinds import (
-    KINDS,
-    PARENT_ENV,
-)
+from srl_jax.core.worker_kinds import KINDS, PARENT_ENV, worker_kind
 
 LOOKUP_TIMEOUT_S = 120.0
 EXIT_FAILED = 1
@@ -171,6 +168,42 @@ class Worker:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"no endpoint registered under '{key}' after "
                                        f"{LOOKUP_TIMEOUT_S:.0f}s") from None
+
+    def socket(self, stream: Stream, policy: str | None = None, index: int | None = None,
+               hwm: int | None = None) -> zmq.Socket:
+        """A socket on `stream`, bound or connected as its row of the stream table says
+        for this worker's kind: every worker opens its streams here, and nowhere else.
+
+        The stream's binder binds it and registers `stream.key(policy, index)` (an indexed
+        stream's own index by default); a connecter connects it to that key and follows it
+        (`connect_to`) or, on an indexed stream without `index`, to every binder the run
+        has (the binder kind's count), over which its messages spread. `policy`: whose
+        stream (default: this worker's); `hwm`: messages queued each way.
+        """
+        policy = self.policy if policy is None else policy
+        binds = stream.binder == self.kind
+        if not binds and self.kind not in stream.connecters:
+            raise ValueError(f"a worker of kind '{self.kind}' neither binds nor connects "
+                             f"stream '{stream.name}' (srl_jax/core/stream_table.py)")
+        if not stream.is_zmq:
+            raise ValueError(f"stream '{stream.name}' is no ZMQ socket")
+        socket_type = stream.bind_type if binds else stream.connect_type
+        socket = make_socket(self.zmq, socket_type, hwm=hwm, kernel_buffer=stream.kernel_buffer)
+        if socket_type == zmq.SUB:  # every message of the stream
+            socket.setsockopt(zmq.SUBSCRIBE, b"")
+        if binds:
+            own = self.index if stream.indexed and index is None else index
+            self.transport.bind(socket, self.names, stream.key(policy, own))
+            return socket
+        if stream.connect_immediate:
+            socket.setsockopt(zmq.IMMEDIATE, 1)
+        if stream.indexed and index is None:
+            binders = range(worker_kind(stream.binder).count(self.config))
+        else:
+            binders = [index]
+        for binder in binders:
+            self.connect_to(socket, stream.key(policy, binder))
+        return socket
 
     def connect_to(self, socket: zmq.Socket, key: str) -> None:
         """Connect `socket` to the endpoint under `key`, and follow the key: a peer

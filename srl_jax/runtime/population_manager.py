@@ -32,7 +32,7 @@ from srl_jax.config.population import (
 )
 from srl_jax.config.schema import member_names
 from srl_jax.core.stream_table import CONTROL
-from srl_jax.core.streams import make_socket, receive, send
+from srl_jax.core.streams import receive, send
 from srl_jax.core.worker_base import Worker
 
 POLL_MS = 200
@@ -62,11 +62,7 @@ class PopulationManager(Worker):
         self.rng = member_rng(self.config, 1, len(events), self.incarnation.restarts,
                               self.incarnation.resumes)
         self.log.info("%d members; %d exploit events so far", len(self.views), len(events))
-        self.sockets = {}
-        for member in self.views:
-            socket = make_socket(self.zmq, CONTROL.connect_type)
-            self.connect_to(socket, CONTROL.key(member))
-            self.sockets[member] = socket
+        self.sockets = {member: self.socket(CONTROL, member) for member in self.views}
         self.poller = zmq.Poller()
         for socket in self.sockets.values():
             self.poller.register(socket, zmq.POLLIN)
