@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from srl_jax import analysis
+from srl_jax.analysis.runs import t_quantile
 from srl_jax.config.run_dir import STATUS, read_status
 
 REPO = Path(__file__).resolve().parent.parent
@@ -286,10 +287,10 @@ def test_plot_curves_draws_the_mean_thick_only_where_every_run_counts(tmp_path: 
 
 
 def test_t_quantile() -> None:
-    assert analysis.t_quantile(1) == pytest.approx(12.706)
-    assert analysis.t_quantile(10) == pytest.approx(2.228)
-    assert analysis.t_quantile(1000) == 1.96
-    assert math.isnan(analysis.t_quantile(0))
+    assert t_quantile(1) == pytest.approx(12.706)
+    assert t_quantile(10) == pytest.approx(2.228)
+    assert t_quantile(1000) == 1.96
+    assert math.isnan(t_quantile(0))
 
 
 def test_plot_curves_draws_one_line_and_band_per_group(tmp_path: Path) -> None:

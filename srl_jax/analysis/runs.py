@@ -1,18 +1,7 @@
-"""Analysis of finished runs: load run directories into pandas, summarize, compare, plot.
-
-A run directory holds everything needed to judge a run after the fact
-(`config.yaml`, `metrics.jsonl`, `status.json`), but each question (did it
-learn, how fast, did seed 2 do as well as seed 1, does doubling the actors
-help) otherwise means hand-written parsing. This module turns one or many run
-directories into a single DataFrame (one row per metrics row, with the run's
-flattened config as `config.<dotted.key>` columns), and answers the usual
-questions with small pure functions over it: `summarize` one run, `compare`
-runs grouped by a config key, and `plot_curves` with a mean and a confidence
-band over seeds.
-
-It needs pandas and matplotlib (`pip install srl-jax[analysis]`) and never
-imports JAX, so it runs anywhere the run directory can be read.
-"""
+"""Runs as DataFrames: one or many run directories loaded into pandas (one row per metrics
+row, the run's flattened config as `config.<dotted.key>` columns), and the usual questions
+answered by small pure functions over them: `summarize` one run, `compare` runs grouped by
+a config key, `curves` with a mean and a confidence band over seeds."""
 
 from __future__ import annotations
 
@@ -21,7 +10,7 @@ import json
 import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import yaml
@@ -33,23 +22,6 @@ try:
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError("srl_jax.analysis needs pandas and matplotlib: "
                       "pip install srl-jax[analysis]") from error
-
-if TYPE_CHECKING:
-    from matplotlib.axes import Axes
-
-__all__ = [
-    "compare",
-    "curves",
-    "flatten_config",
-    "load_lineage",
-    "load_population",
-    "load_run",
-    "load_runs",
-    "plot_curves",
-    "plot_population",
-    "summarize",
-    "summary_table",
-]
 
 RETURN = "episode_return_mean"
 CONFIG_PREFIX = "config."
@@ -163,34 +135,6 @@ def load_lineage(run_dir: str | Path) -> pd.DataFrame:
     } for event in events]
     return pd.DataFrame(records) if records else pd.DataFrame(
         columns=["time", "member", "donor", "donor_step", "version"])
-
-
-def plot_population(df: pd.DataFrame, lineage: pd.DataFrame | None = None,
-                    x: str = "time", y: str = RETURN, ax: Axes | None = None) -> Axes:
-    """Each member's curve (`load_population`), and each exploit of `lineage` as an
-    arrow from the donor's curve to the member's at the moment of the copy."""
-    import matplotlib.pyplot as plt
-
-    if ax is None:
-        _, ax = plt.subplots(figsize=(7, 4.5))
-    colors, series = {}, {}
-    for member, rows in df.groupby("member", sort=True):
-        points = rows[[x, y]].dropna()
-        line, = ax.plot(points[x], points[y], label=member, linewidth=1.5)
-        colors[member], series[member] = line.get_color(), points
-    for _, event in (lineage if lineage is not None else pd.DataFrame()).iterrows():
-        at = {m: np.interp(event["time"], s[x], s[y]) if len(s) else np.nan
-              for m, s in series.items() if m in (event["member"], event["donor"])}
-        if x == "time" and len(at) == 2:
-            ax.annotate("", xy=(event["time"], at[event["member"]]),
-                        xytext=(event["time"], at[event["donor"]]),
-                        arrowprops={"arrowstyle": "->", "color": colors[event["member"]]})
-    ax.set_xlabel(_LABELS.get(x, x))
-    ax.set_ylabel(_LABELS.get(y, y))
-    ax.set_title("population members (arrows: a member copies a donor)")
-    ax.grid(True, alpha=0.3)
-    ax.legend(loc="best")
-    return ax
 
 
 def _expand(item: str | Path) -> list[Path]:
@@ -396,78 +340,3 @@ def curves(df: pd.DataFrame, x: str = "env_frames", y: str = RETURN, by: str | N
     if not frames:
         raise ValueError(f"no run has both {x!r} and {y!r}")
     return pd.concat(frames, ignore_index=True)
-
-
-def _next_to(mask: np.ndarray) -> np.ndarray:
-    """`mask` and its neighbours, so that a stretch drawn from it joins the line beside it."""
-    out = mask.copy()
-    out[1:] |= mask[:-1]
-    out[:-1] |= mask[1:]
-    return out
-
-
-_LABELS = {"env_frames": "environment frames", "time": "wall time (s)",
-           RETURN: "episode return (mean)", "fps": "env frames per second"}
-
-
-def plot_curves(df: pd.DataFrame, x: str = "env_frames", y: str = RETURN,
-                by: str | None = None, ax: Axes | None = None, band: str | None = "ci95",
-                points: int = 200, span: str = "all", show_runs: bool = False) -> Axes:
-    """One mean curve per group of `by` (a config key) with its band; see `curves`.
-
-    Draws on `ax` (a new figure when None) and returns it, with axes labelled
-    and a legend naming each group and its number of runs. `show_runs` also
-    draws each run's own points as a thin line in its group's colour. With the
-    default `span="all"`, the mean is a thick line only where all the group's
-    runs (those with data) count; where only some of them do, it is the mean
-    of those, dotted, since it jumps where a run starts or stops (against wall
-    time runs often start learning at different moments); where none does, it
-    breaks. Runs that never overlap are thus drawn side by side, dotted. The
-    band is drawn where two or more runs count.
-    """
-    import matplotlib.pyplot as plt
-
-    data = curves(df, x=x, y=y, by=by, band=band, points=points, span=span)
-    if ax is None:
-        _, ax = plt.subplots(figsize=(7, 4.5))
-    column = config_column(df, by) if by is not None else None
-    any_partial = False
-    for group, rows in data.groupby("group", sort=True, dropna=False):
-        selected = df[df[column] == group] if column else df
-        runs = selected["run"].nunique()
-        counted = rows["n"].to_numpy()
-        full = counted == selected[["run", x, y]].dropna()["run"].nunique()
-        mean = rows["mean"].to_numpy()
-        if column:
-            label = f"{by}={group} ({runs} run{'s' if runs != 1 else ''})"
-        else:
-            names = ", ".join(sorted(map(str, selected["experiment"].dropna().unique())))
-            label = f"{names or 'runs'} (mean of {runs})" if runs > 1 else names or "run"
-        line, = ax.plot(rows["x"], np.where(full, mean, np.nan), label=label, linewidth=2)
-        some = ~full & (counted > 0)
-        if some.any():
-            any_partial = True
-            joined = _next_to(some) & (counted > 0)
-            ax.plot(rows["x"], np.where(joined, mean, np.nan), color=line.get_color(),
-                    linewidth=1.5, linestyle=":", label="_nolegend_")
-        if show_runs:
-            for _, run in selected[["run", x, y]].dropna().groupby("run"):
-                ax.plot(run[x], run[y], color=line.get_color(), linewidth=0.8, alpha=0.5,
-                        linestyle="--", label="_nolegend_")
-        lo, hi = rows["lo"].to_numpy(), rows["hi"].to_numpy()
-        shown = np.isfinite(lo) & np.isfinite(hi)
-        if shown.any():
-            ax.fill_between(rows["x"], lo, hi, where=shown, color=line.get_color(), alpha=0.25,
-                            linewidth=0)
-    if any_partial:
-        ax.plot([], [], color="gray", linewidth=1.5, linestyle=":",
-                label="mean where not all runs have data")
-    if show_runs:
-        ax.plot([], [], color="gray", linewidth=0.8, linestyle="--", label="single runs")
-    ax.set_xlabel(_LABELS.get(x, x))
-    ax.set_ylabel(_LABELS.get(y, y))
-    title = {"ci95": "mean, 95% confidence band", "std": "mean +/- one std"}.get(band or "")
-    ax.set_title(f"{_LABELS.get(y, y)} ({title or 'mean'} over runs)")
-    ax.grid(True, alpha=0.3)
-    ax.legend(loc="best")
-    return ax
