@@ -44,7 +44,8 @@ from learner import RESULT_PREFIX
 from machine import RESULTS_DIR, config_hash, describe, git_commit
 
 sys.path.insert(0, str(REPO_ROOT))
-from srl_jax.config.placement import JAX_PLATFORM_NAMES, HostDevices, describe_host
+from srl_jax.config.host_devices import HostDevices, describe_host
+from srl_jax.config.placement import JAX_PLATFORM_NAMES
 from srl_jax.config.run_dir import read_status
 
 RESULTS_NAME = "accelerator"

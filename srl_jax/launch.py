@@ -32,6 +32,7 @@ import yaml
 
 from srl_jax.config.checkpoint_location import checkpoint_location, filesystem_problem, seen_here
 from srl_jax.config.checks import check_exposure
+from srl_jax.config.host_devices import describe_host
 from srl_jax.config.loader import (
     EXIT_CONFIG,
     config_dirs,
@@ -39,7 +40,7 @@ from srl_jax.config.loader import (
     load_config,
     resolve_experiment_path,
 )
-from srl_jax.config.placement import describe_host, plan_placement
+from srl_jax.config.placement import plan_placement
 from srl_jax.config.population import check_population, sweep_overrides
 from srl_jax.config.run_dir import (
     checkpoint_steps,

@@ -7,13 +7,10 @@ import re
 import pytest
 
 from srl_jax.config.checks import validate
+from srl_jax.config.host_devices import HostDevices, _visible, describe_host, parse_gpu_query
 from srl_jax.config.placement import (
     LEARNER_DEVICES_ENV,
-    HostDevices,
     PlacementError,
-    _visible,
-    describe_host,
-    parse_gpu_query,
     plan_placement,
     planned_learner_devices,
 )
