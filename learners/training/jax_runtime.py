@@ -7,7 +7,7 @@ import os
 
 import jax
 
-from srl_jax.config.schema import RuntimeConfig
+from srl_jax.config.operations import RuntimeConfig
 
 
 def configure_jax(runtime: RuntimeConfig) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from srl_jax.config.schema import CheckpointConfig
+from srl_jax.config.operations import CheckpointConfig
 
 
 class SaveSchedule:

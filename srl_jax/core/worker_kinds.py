@@ -15,10 +15,10 @@ import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 
+from srl_jax.config.operations import RayConfig
 from srl_jax.config.schema import (
     DEFAULT_POLICY,
     ExperimentConfig,
-    RayConfig,
     acting_policies,
     run_policies,
 )

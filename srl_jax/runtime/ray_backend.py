@@ -45,7 +45,8 @@ from typing import Any
 import ray
 
 from srl_jax.config.checks import RAY_AUTH_MODE
-from srl_jax.config.schema import DEFAULT_POLICY, ExperimentConfig, TransportConfig
+from srl_jax.config.operations import TransportConfig
+from srl_jax.config.schema import DEFAULT_POLICY, ExperimentConfig
 from srl_jax.core.names import FileNameService, NameService, worker_name
 from srl_jax.core.transport import BIND_HOST_ENV, Port
 from srl_jax.core.worker_kinds import worker_kind, worker_plan
