@@ -4,9 +4,11 @@ the unit of its drop counters (frames)."""
 from __future__ import annotations
 
 import numpy as np
+import zmq
 
 from learners.training.sample_queue import SampleQueue
 from learners.workers.sample_intake import SampleIntake
+from srl_jax.core.stream_table import SAMPLES
 from srl_jax.core.streams import RejectCounter
 
 T = 3
@@ -125,7 +127,9 @@ def test_chunks_acted_by_versions_a_restored_learner_never_made_are_dropped():
 def test_dropped_sample_counters_count_frames_like_samples_per_s():
     """`samples_dropped_*` and `frames_consumed` (`learner/samples_per_s`) share one unit."""
     wide = chunk(1, 0, n=5)
-    intake = SampleIntake({name: (a.shape, a.dtype) for name, a in wide.items()},
+    socket = zmq.Context.instance().socket(zmq.PULL)  # never bound: chunks come by `take`
+    intake = SampleIntake(socket, SAMPLES.key(index=0),
+                          {name: (a.shape, a.dtype) for name, a in wide.items()},
                           SampleQueue(capacity=1, batch_envs=5, staleness_cap=1),
                           RejectCounter())
     intake.take(wide, {}, version=0)
@@ -136,3 +140,4 @@ def test_dropped_sample_counters_count_frames_like_samples_per_s():
     assert counters["frames_consumed"] == T * 5
     assert counters["samples_dropped_full"] == T * 5
     assert counters["samples_dropped_stale"] == T * 5
+    intake.close()

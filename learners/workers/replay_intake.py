@@ -1,11 +1,12 @@
-"""The learner's intake from replay: sampled batches from its policy's replay servers.
+"""The learner's intake from replay (an `Intake`, learners/workers/intake.py): sampled
+batches from its policy's replay servers.
 
 A learner process asks every replay server for parts of `rows` transitions
 (`sample_request`, at most `INFLIGHT` outstanding each) and builds a batch from
 any `parts` parts that came back, so that while one server is dead or refilling,
 the others fill its share. Each reply is checked against the sampled-batch layout
 (`srl_jax.core.replay_spec`); anything else is counted and dropped. After the update,
-`send_priorities` returns each row's new priority to the server it came from.
+`trained` returns each row's new priority to the server it came from.
 
 A server that holds a request (its rate limiter waits) says so every second; one
 that says nothing for `SILENCE_S` while asked is presumed gone, and asked again
@@ -30,8 +31,6 @@ INFLIGHT = 2
 """Sample requests outstanding per replay server."""
 SILENCE_S = 5.0
 """A server asked but silent this long is presumed gone; its requests are sent again."""
-ROUTING = ("slots", "generations", "shards")
-"""Host arrays of a batch that route its new priorities back (never put on the mesh)."""
 
 
 @dataclass
@@ -53,12 +52,17 @@ class Part(NamedTuple):
 class ReplayIntake:
     """Asks, receives, checks and assembles sampled batches; sends back priorities."""
 
+    kept = ("slots", "generations", "shards")
+    """Where each row came from: its new priority goes back there (never put on the mesh)."""
+
     def __init__(self, sockets: list[zmq.Socket], keys: list[str], rows: int, window: int,
-                 layout: Layout, rejects: RejectCounter) -> None:
-        """`rows` per part, one part per server in a batch; `layout`: one part's arrays."""
+                 layout: Layout, rejects: RejectCounter, process_index: int) -> None:
+        """`rows` per part, one part per server in a batch; `layout`: one part's arrays;
+        `process_index`: this learner process's place in a multi-process batch."""
         now = time.monotonic()
         self.servers = [_Server(s, k, last_heard=now) for s, k in zip(sockets, keys, strict=True)]
         self.rows, self.window, self.layout = rows, window, layout
+        self.process_index = process_index
         self.rejects = rejects
         self.ready: deque[Part] = deque()
         self.poller = zmq.Poller()
@@ -83,8 +87,9 @@ class ReplayIntake:
         """Parts received and not yet trained on."""
         return len(self.ready)
 
-    def pump(self, timeout_ms: int) -> None:
-        """Ask whoever has room, wait up to `timeout_ms` for replies, take them."""
+    def pump(self, timeout_ms: int, version: int) -> None:
+        """Ask whoever has room, wait up to `timeout_ms` for replies, take them (sampled
+        rows have no versions to check)."""
         self._ask()
         if len(self.ready) >= self.parts:
             timeout_ms = 0
@@ -138,7 +143,7 @@ class ReplayIntake:
                 server.waiting = "silent: asked again"
                 self.timeouts += 1
 
-    def take_batch(self) -> dict[str, np.ndarray] | None:
+    def take_batch(self, version: int) -> dict[str, np.ndarray] | None:
         """A batch of `parts` parts (from any servers), or None while fewer are ready;
         its `shards` array says which server each row came from."""
         if len(self.ready) < self.parts:
@@ -150,9 +155,17 @@ class ReplayIntake:
         self.frames_consumed += len(batch["shards"])
         return batch
 
-    def send_priorities(self, routing: dict[str, np.ndarray], priorities: np.ndarray) -> None:
-        """Each row's new priority to the server that sampled it (`routing`: a batch's
-        ROUTING arrays); a server that cannot take it now loses that update."""
+    def trained(self, kept: dict[str, np.ndarray], per_row: np.ndarray | None) -> None:
+        """Each row's new priority (this process's rows of `per_row`, over the global
+        batch) to the server that sampled it; a server that cannot take it now loses
+        that update."""
+        if per_row is None:
+            return
+        local = len(kept["shards"])
+        start = self.process_index * local if len(per_row) > local else 0
+        self._send_priorities(kept, per_row[start:start + local])
+
+    def _send_priorities(self, routing: dict[str, np.ndarray], priorities: np.ndarray) -> None:
         for index, server in enumerate(self.servers):
             rows = routing["shards"] == index
             if not rows.any():
@@ -171,7 +184,7 @@ class ReplayIntake:
         return f"sampled batches from replay ({'; '.join(said) or 'asked'})"
 
     def counters(self) -> dict[str, int]:
-        """Its run counters (`srl_jax.runtime.metrics.CARRIED` that apply) and its own."""
+        """Its run counters (`srl_jax.core.metrics_table.CARRIED` that apply) and its own."""
         return {"frames_consumed": self.frames_consumed, "replay_requests": self.requests,
                 "replay_timeouts": self.timeouts, "replay_parts_ready": len(self.ready),
                 "priorities_sent": self.priorities_sent,
@@ -180,3 +193,7 @@ class ReplayIntake:
     def restore(self, counters: dict[str, float], recent_returns: list[float]) -> None:
         """Continue the counters of a checkpoint."""
         self.frames_consumed = int(counters.get("frames_consumed", 0))
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.socket.close()

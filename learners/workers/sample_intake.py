@@ -1,4 +1,5 @@
-"""The learner's intake: chunks from the sample stream, checked, counted and queued.
+"""The learner's intake from the sample stream (an `Intake`, learners/workers/intake.py):
+chunks, checked, counted and queued.
 
 Each chunk must match the layout `srl_jax.core.chunk_spec` gives for this run (T steps,
 the columns of one actor split); anything else is counted as rejected and dropped.
@@ -28,7 +29,14 @@ RETURN_WINDOW = 100
 class SampleIntake:
     """Receives, checks and queues chunks; counts frames, episodes and returns."""
 
-    def __init__(self, layout: Layout, queue: SampleQueue, rejects: RejectCounter) -> None:
+    kept = ("versions",)
+    """The versions that acted each step: the learner's policy lag."""
+
+    def __init__(self, socket: zmq.Socket, key: str, layout: Layout, queue: SampleQueue,
+                 rejects: RejectCounter) -> None:
+        """`socket`: bound under `key` on the sample stream."""
+        self.socket = socket
+        self.key = key
         self.layout = layout
         self.queue = queue
         self.rejects = rejects
@@ -37,10 +45,13 @@ class SampleIntake:
         self.episodes_received = 0
         self.recent_returns: deque[float] = deque(maxlen=RETURN_WINDOW)
 
-    def drain(self, socket: zmq.Socket, version: int) -> None:
-        """Take what `socket` holds now (up to MAX_DRAIN chunks) into the queue."""
+    def pump(self, timeout_ms: int, version: int) -> None:
+        """Wait up to `timeout_ms` for chunks, then take what the socket holds (up to
+        MAX_DRAIN chunks) into the queue, as received by the learner at `version`."""
+        if not self.socket.poll(timeout_ms):
+            return
         for _ in range(MAX_DRAIN):
-            received = receive(socket, SAMPLES.binder_receives, self.rejects)
+            received = receive(self.socket, SAMPLES.binder_receives, self.rejects)
             if received is None:
                 return
             self.take(received[1].arrays, received[1].meta, version)
@@ -73,13 +84,19 @@ class SampleIntake:
             self.frames_consumed += batch["rewards"].size
         return batch
 
+    def trained(self, kept: dict[str, np.ndarray], per_row: np.ndarray | None) -> None:
+        """Nothing goes back to the actors."""
+
     @property
     def queued(self) -> int:
         """Chunks waiting in the queue."""
         return len(self.queue)
 
+    def waiting_on(self) -> str:
+        return f"samples on {self.key} ({len(self.queue)} chunks queued)"
+
     def counters(self) -> dict[str, int]:
-        """Its run counters (see `srl_jax.runtime.metrics.CARRIED`), all in frames."""
+        """Its run counters (see `srl_jax.core.metrics_table.CARRIED`), all in frames."""
         return {"frames_consumed": self.frames_consumed, "frames_received": self.frames_received,
                 "episodes_received": self.episodes_received,
                 "samples_dropped_stale": self.queue.dropped_stale,
@@ -93,3 +110,6 @@ class SampleIntake:
         self.queue.dropped_stale = int(counters["samples_dropped_stale"])
         self.queue.dropped_full = int(counters["samples_dropped_full"])
         self.recent_returns.extend(recent_returns)
+
+    def close(self) -> None:
+        self.socket.close()

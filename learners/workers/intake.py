@@ -1,0 +1,85 @@
+"""The learner's intake: where its training batches come from, as one small interface.
+
+A learner trains on what its algorithm's declared source names (`Algorithm.source`):
+chunks the actors push on the sample stream (`SampleIntake`,
+learners/workers/sample_intake.py), or transitions sampled by the policy's replay servers
+(`ReplayIntake`, learners/workers/replay_intake.py), which take each row's new priority
+back. The learner worker knows only `Intake`; `open_intake` picks the one and opens its
+sockets.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Protocol
+
+import numpy as np
+
+from learners.training.sample_queue import SampleQueue
+from learners.workers.replay_intake import ReplayIntake
+from learners.workers.sample_intake import SampleIntake
+from srl_jax.config.algorithms import algorithm, algorithm_config
+from srl_jax.core.chunk_spec import run_chunk_layout
+from srl_jax.core.env_spec import EnvSpec
+from srl_jax.core.replay_spec import replay_layout
+from srl_jax.core.stream_table import REPLAY, SAMPLES
+from srl_jax.core.worker_base import Worker
+
+
+class Intake(Protocol):
+    """Receives, checks and counts what a learner process trains on; hands it out in
+    batches of host arrays."""
+
+    kept: tuple[str, ...]
+    """Host arrays of a batch that the learner keeps past putting it on the mesh, and
+    hands back to `trained` (`versions`, the versions that acted, also give the policy lag)."""
+    recent_returns: deque[float]
+    """Training episode returns, newest last: they rank checkpoints (`checkpoint.keep_best`)."""
+
+    @property
+    def queued(self) -> int:
+        """Received and not trained on yet (chunks, or parts of batches)."""
+
+    def pump(self, timeout_ms: int, version: int) -> None:
+        """Receive what is waiting, waiting up to `timeout_ms` for something; `version`:
+        the learner's, as it receives."""
+
+    def take_batch(self, version: int) -> dict[str, np.ndarray] | None:
+        """The next batch for the learner at `version`, or None while too little is here."""
+
+    def trained(self, kept: dict[str, np.ndarray], per_row: np.ndarray | None) -> None:
+        """After the update on a batch: its `kept` arrays and the update's per-row
+        results over the global batch (new priorities), where the algorithm has them."""
+
+    def waiting_on(self) -> str:
+        """What the learner waits for while no batch is ready (heartbeats say it)."""
+
+    def counters(self) -> dict[str, float]:
+        """Its counters: those in `srl_jax.core.metrics_table.CARRIED` belong to the run
+        and are checkpointed; the rest are its own."""
+
+    def restore(self, counters: dict[str, float], recent_returns: list[float]) -> None:
+        """Continue the counters (and the returns window) a checkpoint carried."""
+
+    def close(self) -> None:
+        """Close its sockets."""
+
+
+def open_intake(worker: Worker, spec: EnvSpec, local_envs: int, process_index: int) -> Intake:
+    """The intake of `worker`'s algorithm for `local_envs` env columns (or sampled rows)
+    of each batch, its sockets bound or connected through `worker`."""
+    config = worker.config
+    cfg = config.learner
+    algo = algorithm(cfg.algorithm)
+    if algo.source == REPLAY.name:
+        servers = config.replay.count
+        sockets = [worker.socket(REPLAY, index=i) for i in range(servers)]
+        keys = [REPLAY.key(worker.policy, i) for i in range(servers)]
+        window = algo.replay_window(algorithm_config(config))
+        rows = local_envs // servers
+        return ReplayIntake(sockets, keys, rows, window, replay_layout(rows, window, spec),
+                            worker.rejects, process_index)
+    return SampleIntake(worker.socket(SAMPLES, hwm=cfg.sample_queue),
+                        SAMPLES.key(worker.policy, worker.index), run_chunk_layout(config, spec),
+                        SampleQueue(cfg.sample_queue, local_envs, cfg.staleness_cap),
+                        worker.rejects)

@@ -1,0 +1,121 @@
+"""A learner as a member of a population (PBT): its starting hyperparameters, and its
+side of the exploit protocol with the population manager
+(srl_jax/runtime/population_manager.py).
+
+On the control stream the manager tells a losing member to copy a winner (the donor)
+and take new hyperparameters; the member answers what it loaded. The copy comes from
+the donor's newest complete checkpoint, so it needs no word with the donor's learner,
+and a member records each copy in the run's lineage (`population.jsonl`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from learners.training.checkpoint import Checkpointer
+from learners.training.learner import Learner
+from srl_jax.config.population import append_lineage, field_name, initial_hyperparams
+from srl_jax.config.schema import ExperimentConfig, member_names
+from srl_jax.core.stream_table import CONTROL
+from srl_jax.core.streams import RejectCounter, receive, send
+from srl_jax.core.worker_base import Worker
+
+
+def start_hyperparams(config: ExperimentConfig, policy: str, learner: Learner) -> None:
+    """A population member starts from its own values (a checkpoint's win over them)."""
+    if config.population.members:
+        start = initial_hyperparams(config)[policy]
+        learner.set_hyperparams({field_name(k): v for k, v in start.items()})
+
+
+class PopulationMember:
+    """Answers the population manager's exploits: copies the donor, reports, records."""
+
+    def __init__(self, socket: zmq.Socket, member: str, members: list[str], learner: Learner,
+                 checkpointer: Checkpointer, run_dir: Path, rejects: RejectCounter,
+                 log: logging.Logger, save_copy: Callable[[], None]) -> None:
+        """`socket`: bound on the control stream; `save_copy` publishes the learner's
+        parameters and starts checkpointing its state with the run's counters."""
+        self.socket = socket
+        self.member = member
+        self.members = members
+        self.learner = learner
+        self.checkpointer = checkpointer
+        self.run_dir = run_dir
+        self.rejects = rejects
+        self.log = log
+        self.save_copy = save_copy
+
+    def answer(self) -> None:
+        """Answer the exploits that are waiting (see `exploit`)."""
+        while (received := receive(self.socket, CONTROL.binder_receives, self.rejects,
+                                   envelope=1)) is not None:
+            routing, message = received
+            reply = {"member": self.member, **self.exploit(message.meta)}
+            send(self.socket, "exploited", reply, routing=routing)
+
+    def exploit(self, meta: dict[str, Any]) -> dict[str, Any]:
+        """Copy the donor member's newest complete checkpoint (weights, optimizer state,
+        observation statistics) into this learner, keeping its own version count and
+        counters, and take the new hyperparameters; no restart, no recompile.
+
+        The copy is checkpointed, and only once that checkpoint is complete does this
+        learner append the event to `population.jsonl`: the lineage then never lists a
+        copy that a restart or a resume would not bring back, nor misses one it would,
+        even when the run stops before the manager hears the answer.
+        """
+        donor, values, old = meta.get("donor"), meta.get("hyperparams"), meta.get("old_hyperparams")
+        scores = meta.get("scores")
+        if donor not in self.members or donor == self.member or \
+                not (_numbers(values) and _numbers(old) and _numbers(scores, missing=True)) or \
+                not {field_name(str(k)) for k in values} <= set(self.learner.hyperparams()):
+            self.rejects.reject(ValueError(f"exploit with donor {donor!r}, values {values!r}"))
+            return {"ok": False, "reason": "malformed exploit"}
+        try:
+            restored = self.checkpointer.restore_from(donor, self.learner.state)
+            if restored is None:
+                return {"ok": False, "reason": f"{donor} has no complete checkpoint yet"}
+        except (OSError, ValueError) as error:
+            return {"ok": False, "reason": f"cannot copy {donor}: {error}"}
+        self.learner.adopt(restored.state)
+        self.learner.set_hyperparams({field_name(k): float(v) for k, v in values.items()})
+        version = self.learner.version
+        self.log.info("copied %s's step %d as version %d; hyperparameters %s", donor,
+                      restored.step, version, self.learner.hyperparams())
+        self.save_copy()
+        self.checkpointer.wait()
+        append_lineage(self.run_dir, {
+            "time": time.time(), "member": self.member, "donor": donor,
+            "donor_step": restored.step, "version": version,
+            "old_hyperparams": old, "hyperparams": values, "scores": scores})
+        return {"ok": True, "donor_step": restored.step, "version": version,
+                "hyperparams": values}
+
+    def close(self) -> None:
+        self.socket.close()
+
+
+def open_population_member(worker: Worker, learner: Learner, checkpointer: Checkpointer,
+                           save_copy: Callable[[], None]) -> PopulationMember | None:
+    """`worker`'s part in its population's exploits, its control socket bound; None where
+    the run has no population that exploits (one that does has checkpoints: config checks)."""
+    population = worker.config.population
+    if not (population.members and population.exploit):
+        return None
+    return PopulationMember(worker.socket(CONTROL), worker.policy,
+                            member_names(population.members), learner, checkpointer,
+                            worker.run_dir, worker.rejects, worker.log, save_copy)
+
+
+def _numbers(values: Any, missing: bool = False) -> bool:
+    """Whether `values` maps names to finite numbers (or None, where `missing`)."""
+    return isinstance(values, dict) and all(
+        (missing and v is None) or (isinstance(v, int | float) and math.isfinite(v))
+        for v in values.values())
