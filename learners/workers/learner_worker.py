@@ -280,7 +280,8 @@ class LearnerWorker(Worker):
         return super().waiting()
 
     def counters(self) -> dict[str, float]:
-        """None during setup: the controller reads a learner's only once it has restored."""
+        """Nothing before the learner is built: the controller takes a learner's counters
+        only after setup, once a checkpoint's are restored."""
         if self.learner is None:
             return {}
         return {
