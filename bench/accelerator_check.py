@@ -13,14 +13,14 @@ For when a machine with an accelerator is at hand (no CI machine has one). It
    frames/s and learner samples/s over the rows after the first update, the last
    return), its placement from `status.json`, and the peak device memory each JAX
    worker reported from its allocator's statistics (`<kind>/device_memory_peak_mib`);
-3. runs `bench/learner.py`'s CNN and MLP cases on one device of the accelerator
+3. runs `bench.learner`'s CNN and MLP cases on one device of the accelerator
    (the compiled update alone: samples/s, compile time);
 4. prints the figures and writes `bench/results/accelerator.json` (or `--out`).
 
 This parent process never imports JAX, so it holds no device memory itself.
 
-    python bench/accelerator_check.py                      # about 5 minutes
-    python bench/accelerator_check.py --atari-seconds 300  # longer Atari run
+    python -m bench.accelerator_check                      # about 5 minutes
+    python -m bench.accelerator_check --atari-seconds 300  # longer Atari run
 """
 
 from __future__ import annotations
@@ -38,12 +38,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e_fps import REPO_ROOT, STOP_GRACE_S, read_rows, stop_process
-from learner import RESULT_PREFIX
-from machine import RESULTS_DIR, config_hash, describe, git_commit
-
-sys.path.insert(0, str(REPO_ROOT))
+from bench.harness.launcher import STOP_GRACE_S, stop_process
+from bench.harness.machine import REPO_ROOT, RESULTS_DIR, config_hash, describe, git_commit
+from bench.harness.run_rows import read_rows
+from bench.learner.case import RESULT_PREFIX
 from srl_jax.config.host_devices import HostDevices, describe_host
 from srl_jax.config.placement import JAX_PLATFORM_NAMES
 from srl_jax.config.run_dir import read_status
@@ -128,8 +126,8 @@ def run_experiment(experiment: str, seconds: float, run_dir: Path,
 
 
 def learner_case(case: str, host: HostDevices, extra: list[str]) -> dict[str, Any]:
-    """`bench/learner.py`'s case on one device of the accelerator, in a child process."""
-    command = [sys.executable, str(REPO_ROOT / "bench" / "learner.py"), "--case", case,
+    """`bench.learner`'s case on one device of the accelerator, in a child process."""
+    command = [sys.executable, "-m", "bench.learner", "--case", case,
                "--devices", "1", *extra]
     env = {**os.environ, "JAX_PLATFORMS": JAX_PLATFORM_NAMES[host.platform]}
     try:
@@ -167,9 +165,9 @@ def show(results: dict[str, Any]) -> None:
             print(f"    allocator peaks (MiB): {run['allocator_memory_peak_mib']}")
     for case in results["learner"]:
         if "error" in case:
-            print(f"learner.py {case['case']}: failed: {case['error'][-300:]}")
+            print(f"bench.learner {case['case']}: failed: {case['error'][-300:]}")
         else:
-            print(f"learner.py {case['case']}: {case['samples_per_s']:.0f} samples/s "
+            print(f"bench.learner {case['case']}: {case['samples_per_s']:.0f} samples/s "
                   f"({case['ms_per_update']:.1f} ms/update, T={case['T']} B={case['B']}, "
                   f"compile {case['compile_s']:.1f}s) on {case['device_kind']}")
 
@@ -179,14 +177,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--default-seconds", type=float, default=60.0)
     parser.add_argument("--atari-seconds", type=float, default=150.0)
     parser.add_argument("--cnn-batch-envs", type=int, default=32,
-                        help="B of learner.py's CNN case (1 epoch x 2 minibatches of T=32 x B)")
+                        help="B of bench.learner's CNN case (1 epoch x 2 minibatches of T=32 x B)")
     parser.add_argument("--updates", type=int, default=20,
-                        help="timed updates per repeat of learner.py's cases")
+                        help="timed updates per repeat of bench.learner's cases")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / f"{RESULTS_NAME}.json")
     parser.add_argument("--only", nargs="+", choices=[label for label, _, _ in RUNS],
                         default=[label for label, _, _ in RUNS], help="which runs (default: all)")
     parser.add_argument("--skip-learner", action="store_true",
-                        help="leave out bench/learner.py's cases")
+                        help="leave out bench.learner's cases")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE", help="an override for every run "
                         "(e.g. inference.device_memory=on_demand)")
@@ -217,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         cases = [] if args.skip_learner else [
             ("mlp", timing), ("cnn", [*timing, "--cnn-batch-envs", str(args.cnn_batch_envs)])]
         for case, extra in cases:
-            print(f"bench/learner.py {case} ...", flush=True)
+            print(f"bench.learner {case} ...", flush=True)
             results["learner"].append(learner_case(case, host, extra))
     finally:
         args.out.parent.mkdir(parents=True, exist_ok=True)

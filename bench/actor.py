@@ -8,13 +8,13 @@ remote inference, not the learner's training rate. Each batch is one split
 (`learner.batch_envs` = K/S), so any (K, S) makes a valid config.
 
 Printed per pair, over the steady rows (start-up excluded, as in
-`e2e_fps.py`): frames/s of the one actor, and where its time goes
+`bench.e2e_fps`): frames/s of the one actor, and where its time goes
 (`env`: stepping envs, `wait`: waiting for actions, `send`: pushing samples),
 and the inference batch size. Cases: `cartpole` (cartpole_ppo) and `pong`
 (atari_pong_impala; needs the [atari] extra).
 
-    .venv/bin/python bench/actor.py                       # both, the default grids
-    .venv/bin/python bench/actor.py --cases cartpole --seconds 15
+    .venv/bin/python -m bench.actor                       # both, the default grids
+    .venv/bin/python -m bench.actor --cases cartpole --seconds 15
 """
 
 from __future__ import annotations
@@ -24,9 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e_fps import BenchError, read_rows, run_experiment, steady_figures
-
+from bench.harness.launcher import BenchError, run_experiment
+from bench.harness.run_rows import read_rows, steady_figures
 from srl_jax.config.schema import ActorConfig, request_rows
 
 GRIDS = {

@@ -7,7 +7,7 @@ mesh) and saves it through `learners.training.checkpoint.Checkpointer`, the clas
 learner uses:
 
 - ``mlp``: the default experiment's actor-critic MLP (CartPole), PPO's Adam state;
-- ``cnn``: the Nature-CNN of `bench/learner.py` on 84x84x4 frames, 6 actions.
+- ``cnn``: the Nature-CNN of `bench.learner` on 84x84x4 frames, 6 actions.
 
 Per case, ``--repeats`` times (medians printed):
 
@@ -24,7 +24,7 @@ Per case, ``--repeats`` times (medians printed):
 observation statistics, optimizer moments); ``disk_MB`` is one checkpoint
 directory on disk. Run from the repository root:
 
-    .venv/bin/python bench/checkpoint.py [--repeats 5] [--cases mlp cnn]
+    .venv/bin/python -m bench.checkpoint [--repeats 5] [--cases mlp cnn]
 """
 
 from __future__ import annotations
@@ -40,17 +40,13 @@ from typing import Any
 import jax
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from learner import case_config, case_policy, random_host_batch
-
-from learners.algorithms.registry import algorithm, algorithm_config, live_values, sizes
+from bench.learner.case import DEFAULT_EXPERIMENT, case_config, case_policy, random_host_batch
 from learners.algorithms.train_state import init_train_state, to_batch
 from learners.models.networks import init_policy_params
 from learners.training.checkpoint import Checkpointer
 from learners.training.mesh import compile_update, make_learner_mesh, put_batch, replicated
+from srl_jax.config.algorithms import algorithm, algorithm_config, live_values, sizes
 from srl_jax.core.chunk_spec import run_chunk_layout
-
-DEFAULT_EXPERIMENT = Path(__file__).resolve().parent.parent / "configs" / "cartpole_ppo.yaml"
 
 
 def build(case: str, args: argparse.Namespace) -> tuple[Any, Any, Any]:

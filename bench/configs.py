@@ -13,21 +13,21 @@ For every config in ``configs/`` (or those named) it
    ``stop.target_return`` (or to its evaluator's ``stop.target_eval_return``), and
    why the run stopped;
 3. plays the same environment with uniform random actions through the split an
-   actor steps (``actors.actor_worker.make_split``), so episodes are counted as
+   actor steps (``actors.envs.make_split``), so episodes are counted as
    in training: whole Atari games with their raw score, the mean of every agent's
    own return in a multi-agent env (its `episode_return_mean`). That is the floor a
    config must rise above.
 
 Results merge into ``bench/results/configs.json`` one config at a time (each
 entry with its own date and machine), so configs can be measured separately;
-``bench/report.py`` writes the README table from that file. Run it alone on the
+``python -m bench.report`` writes the README table from that file. Run it alone on the
 machine: the figures are wall-clock times.
 
-    .venv/bin/python bench/configs.py                                   # all configs
-    .venv/bin/python bench/configs.py cartpole_ppo pendulum_ppo --runs 3
-    .venv/bin/python bench/configs.py atari_pong_impala --max-minutes 15
-    .venv/bin/python bench/configs.py mpe_spread_ppo mpe_spread_mappo --runs 3 --interleave
-    .venv/bin/python bench/configs.py atari_breakout_ppo --figure    # its curve, as a PNG
+    .venv/bin/python -m bench.configs                                   # all configs
+    .venv/bin/python -m bench.configs cartpole_ppo pendulum_ppo --runs 3
+    .venv/bin/python -m bench.configs atari_pong_impala --max-minutes 15
+    .venv/bin/python -m bench.configs mpe_spread_ppo mpe_spread_mappo --runs 3 --interleave
+    .venv/bin/python -m bench.configs atari_breakout_ppo --figure    # its curve, as a PNG
 
 Every process this script starts is stopped by its pid on Ctrl-C or error.
 """
@@ -47,27 +47,27 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e_fps import REPO_ROOT, STOP_GRACE_S, BenchError, raise_on_sigterm, run_launcher
-from machine import (
+from actors.envs import env_seed, env_spec, make_split
+from bench.harness.launcher import (
+    STOP_GRACE_S,
+    BenchError,
+    in_workdir,
+    raise_on_sigterm,
+    run_launcher,
+)
+from bench.harness.machine import (
     CONFIGS_DIR,
+    REPO_ROOT,
     RESULTS_DIR,
     config_hash,
     describe,
     git_commit,
-    in_workdir,
     write_results,
 )
-
-sys.path.insert(0, str(REPO_ROOT))
-import gymnasium as gym
-
-from actors.actor_worker import make_split
-from actors.atari import is_atari
-from actors.envs import env_seed, env_spec
 from srl_jax.analysis import CONFIG_PREFIX, RETURN, load_run, summarize
+from srl_jax.config.env_families import extras_of, family_of
 from srl_jax.config.loader import load_config
-from srl_jax.config.schema import EnvConfig, ExperimentConfig, is_pettingzoo, policy_names
+from srl_jax.config.schema import EnvConfig, ExperimentConfig, policy_names
 from srl_jax.core.env_spec import EnvSpec
 from srl_jax.core.metrics_table import agent_mean_returns
 
@@ -151,20 +151,18 @@ def curve(df: pd.DataFrame) -> list[list[float]]:
 
 
 def describe_config(config: ExperimentConfig) -> dict[str, str]:
-    """What a config trains and which extras it needs (bench/report.py puts it in the README)."""
+    """What a config trains and which extras it needs (bench.report puts it in the README)."""
     env, learner = config.env, config.learner
-    what = f"{learner.algorithm.upper()}, {env.id.removeprefix('pettingzoo:')}"
+    multi_agent = family_of(env).multi_agent
+    shown = env.id.partition(":")[2] if multi_agent else env.id  # the module of 'family:module'
+    what = f"{learner.algorithm.upper()}, {shown}"
     if config.network.kind != "mlp":
         what += f", {config.network.kind}"
     if config.network.core != "none":
         what += f", {config.network.core} {config.network.core_size}"
     if env.mask_obs:
         what += f", observation entries {env.mask_obs} masked"
-    extras = []
-    if is_atari(env.id):
-        extras.append("atari")
-    elif is_pettingzoo(env.id):
-        extras.append("multiagent")
+    if multi_agent:
         specs = [env_spec(env, policy) for policy in policy_names(env)]
         what += (f", {sum(spec.agents for spec in specs)} agents, {len(specs)} "
                  f"polic{'y' if len(specs) == 1 else 'ies'}")
@@ -172,11 +170,7 @@ def describe_config(config: ExperimentConfig) -> dict[str, str]:
             what += f" ({len(config.selfplay.frozen)} frozen)"
         if config.network.critic == "global":
             what += ", centralized critic"
-    elif "mujoco" in str(gym.spec(env.id).entry_point):
-        extras.append("mujoco")
-    if env.backend == "envpool":
-        extras.append("envpool")
-    return {"what": what, "needs": ", ".join(f"[{e}]" for e in extras)}
+    return {"what": what, "needs": ", ".join(f"[{e}]" for e in extras_of(env))}
 
 
 # ------------------------------------------------------------------- random
@@ -295,7 +289,7 @@ def draw_figure(name: str, entry: dict[str, Any]) -> Path:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="bench/configs.py",
+    parser = argparse.ArgumentParser(prog="python -m bench.configs",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("configs", nargs="*", metavar="CONFIG",
                         help="config names (default: every file in configs/)")

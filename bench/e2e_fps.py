@@ -35,7 +35,7 @@ added somewhere in the dataflow (wire format, streams, batching, the ring).
 
 Run from the repository root::
 
-    .venv/bin/python bench/e2e_fps.py --runs 3 --seconds 30 [--set actors.count=4 ...]
+    .venv/bin/python -m bench.e2e_fps --runs 3 --seconds 30 [--set actors.count=4 ...]
 
 Every process this script starts is stopped by its pid on Ctrl-C or error.
 """
@@ -43,69 +43,35 @@ Every process this script starts is stopped by its pid on Ctrl-C or error.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import math
-import os
 import platform
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's srl_jax
-from machine import nproc
-
-from srl_jax.config.run_dir import read_status
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_EXPERIMENT = "cartpole_ppo"
-STOP_GRACE_S = 20.0
-"""How long the launcher gets to stop its workers after SIGTERM before it is killed."""
-RUN_TIMEOUT_MARGIN_S = 180.0
-"""Allowed on top of --seconds for start-up and shutdown before a run counts as hung."""
-RAW_REPEATS = 3
-
-SPLIT_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("env", "actor/time_env_frac"),
-    ("wait", "actor/time_wait_frac"),
-    ("send", "actor/time_send_frac"),
-    ("infer", "inference/time_compute_frac"),
-    ("update", "learner/time_update_frac"),
-    ("batch", "inference/batch_rows_mean"),
+from bench.harness.launcher import BenchError, busy_warning, raise_on_sigterm, run_experiment
+from bench.harness.machine import nproc
+from bench.harness.raw_stepping import raw_env_rates
+from bench.harness.run_rows import (
+    SPLIT_COLUMNS,
+    RunResult,
+    read_first_frame_s,
+    read_rows,
+    steady_figures,
 )
-"""(table header, metrics key): mean over the steady rows of each run."""
 
-
-class BenchError(RuntimeError):
-    """A run that produced no usable figures."""
-
-
-@dataclass
-class RunResult:
-    index: int
-    startup_s: float
-    steady_s: float
-    steady_frames: int
-    fps: float
-    splits: dict[str, float] = field(default_factory=dict)
-    first_frame_s: float = math.nan
-    """From the launcher's start to the first env frame (status.json `startup`)."""
+DEFAULT_EXPERIMENT = "cartpole_ppo"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="bench/e2e_fps.py",
+        prog="python -m bench.e2e_fps",
         description="Steady end-to-end env frames/s of an srl_jax experiment, compared with "
                     "the raw single-process env stepping rate on this machine.",
         epilog="Figures printed at the end are medians over the runs (and over 3 raw "
@@ -130,178 +96,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def raise_on_sigterm(signum: int, _frame: FrameType | None) -> None:
-    raise SystemExit(128 + signum)
-
-
-# ---------------------------------------------------------------- processes
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def is_worker_of(pid: int, run_dir: Path) -> bool:
-    """Whether `pid` is still an srl_jax worker of `run_dir` (guards against pid reuse)."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except OSError:
-        return False
-    return "srl_jax.worker" in cmdline and str(run_dir) in cmdline
-
-
-def _leftover_workers(run_dir: Path) -> list[int]:
-    """Worker pids from `status.json` that still run as workers of this run directory."""
-    status = read_status(run_dir) or {}
-    pids = [w.get("pid") for w in status.get("workers", [])]
-    return [p for p in pids if isinstance(p, int) and _alive(p) and is_worker_of(p, run_dir)]
-
-
-def stop_process(process: subprocess.Popen[bytes], run_dir: Path) -> None:
-    """SIGTERM the launcher (it stops its workers), SIGKILL it after a grace period.
-
-    The launcher runs in its own session, so a Ctrl-C here does not reach it; it
-    is stopped only through its pid. Workers it leaves behind (only if it had to
-    be killed) are looked up by pid in the run's `status.json` and killed too.
-    """
-    if process.poll() is None:
-        try:
-            process.send_signal(signal.SIGTERM)
-            process.wait(timeout=STOP_GRACE_S)
-        except (subprocess.TimeoutExpired, KeyboardInterrupt):
-            process.kill()
-            process.wait()
-    deadline = time.monotonic() + 5.0
-    while (leftover := _leftover_workers(run_dir)) and time.monotonic() < deadline:
-        time.sleep(0.2)  # workers stop by themselves once their controller is gone
-    for pid in leftover:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-
-def run_experiment(args: argparse.Namespace, run_dir: Path, log_path: Path) -> int:
-    """One launcher run to its wall-time limit; returns its exit code."""
-    command = [sys.executable, "-m", "srl_jax.launch", args.experiment,
-               "--run-dir", str(run_dir), "--quiet",
-               "--set", "stop.target_return=null",
-               "--set", f"stop.wall_time_s={args.seconds:g}"]
-    for override in args.overrides:
-        command += ["--set", override]
-    return run_launcher(command, run_dir, log_path, args.seconds + RUN_TIMEOUT_MARGIN_S)
-
-
-def run_launcher(command: list[str], run_dir: Path, log_path: Path, timeout_s: float) -> int:
-    """Run a launcher command in its own session, logging to `log_path`; its exit code.
-    BenchError past `timeout_s`; the launcher and its workers are stopped by pid either way."""
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, start_new_session=True)
-        try:
-            return process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            raise BenchError(f"did not finish within {timeout_s:.0f}s") from None
-        finally:
-            stop_process(process, run_dir)
-
-
-# ------------------------------------------------------------------ metrics
-
-
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue  # a torn last line
-        if isinstance(row, dict) and "time" in row and "env_frames" in row:
-            rows.append(row)
-    return rows
-
-
-def read_first_frame_s(run_dir: Path) -> float:
-    """Seconds from the launcher's start to the run's first env frame, from status.json
-    (NaN when the run did not record it)."""
-    value = ((read_status(run_dir) or {}).get("startup") or {}).get("first_frame_s")
-    return float(value) if isinstance(value, int | float) else math.nan
-
-
-def steady_figures(index: int, rows: list[dict[str, Any]]) -> RunResult:
-    """Steady fps and time splits: from the first row with env_frames > 0 to the last row."""
-    start = next((i for i, row in enumerate(rows) if row["env_frames"] > 0), None)
-    if start is None:
-        raise BenchError("no env frames were recorded; is --seconds long enough for start-up?")
-    first, last = rows[start], rows[-1]
-    span = last["time"] - first["time"]
-    if span <= 0:
-        raise BenchError(f"no steady window after a start-up of {first['time']:.1f}s; "
-                         "raise --seconds")
-    frames = last["env_frames"] - first["env_frames"]
-    steady = rows[start + 1:]
-    splits = {}
-    for name, key in SPLIT_COLUMNS:
-        values = [row[key] for row in steady if isinstance(row.get(key), (int, float))]
-        splits[name] = statistics.fmean(values) if values else math.nan
-    return RunResult(index, first["time"], span, frames, frames / span, splits)
-
-
-# ---------------------------------------------------------------- raw envs
-
-
-def raw_env_rates(env: dict[str, Any], num_envs: int, total_s: float,
-                  repeats: int = RAW_REPEATS, seed: int = 0) -> list[float]:
-    """Steps/s of `num_envs` environments stepped in one loop: `repeats` measurements."""
-    import numpy as np
-
-    from actors.envs import make_env
-    from srl_jax.config.loader import config_from_dict
-
-    config = config_from_dict({"env": env}).env  # all of it: Atari preprocessing included
-    envs = [make_env(config) for _ in range(num_envs)]
-    try:
-        for i, e in enumerate(envs):
-            e.reset(seed=seed + i)
-        num_actions = int(envs[0].action_space.n)
-        rng = np.random.default_rng(seed)
-
-        def measure(seconds: float) -> float:
-            steps, started = 0, time.perf_counter()
-            deadline = started + seconds
-            while (now := time.perf_counter()) < deadline or steps == 0:
-                actions = rng.integers(num_actions, size=num_envs)
-                for e, action in zip(envs, actions.tolist(), strict=True):
-                    _, _, terminated, truncated, _ = e.step(action)
-                    if terminated or truncated:
-                        e.reset()
-                steps += num_envs
-            return steps / (now - started)
-
-        measure(min(0.2, total_s / 10))  # warm-up
-        return [measure(total_s / repeats) for _ in range(repeats)]
-    finally:
-        for e in envs:
-            e.close()
-
-
 # ------------------------------------------------------------------ output
-
-
-def busy_warning() -> str | None:
-    """A warning when the machine is already busy (figures would come out low), else None."""
-    if not hasattr(os, "getloadavg"):
-        return None
-    load = os.getloadavg()[0]
-    if load < 0.5 * nproc():
-        return None
-    message = f"WARNING: 1-min load average was {load:.1f} at start: the machine was busy"
-    print(message, flush=True)
-    return message
 
 
 def _fmt(value: float, spec: str) -> str:

@@ -1,4 +1,4 @@
-"""A trivially cheap gymnasium environment for runtime benchmarks (bench/scale.py, overhead.py).
+"""A trivially cheap gymnasium environment for runtime benchmarks (bench.scale, bench.overhead).
 
 Registered on import as `NullEnv-v0`; a run selects it with
 `--set env.id=bench.null_env:NullEnv-v0` from the repository root (workers start

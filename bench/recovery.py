@@ -1,7 +1,7 @@
 """Recovery times: inject each fault into a live run and time the way back.
 
-    python bench/recovery.py                        # every fault, one run each
-    python bench/recovery.py --faults kill:actor-0 stop:learner-0
+    python -m bench.recovery                        # every fault, one run each
+    python -m bench.recovery --faults kill:actor-0 stop:learner-0
 
 A fault is `KIND:WORKER`: `kill` (SIGKILL), `stop` (SIGSTOP: frozen; found at
 `runtime.heartbeat_timeout_s`, which this sets to --heartbeat-timeout) or
@@ -25,10 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e_fps import REPO_ROOT, BenchError, raise_on_sigterm, read_rows, stop_process
-from machine import config_hash, in_workdir, write_results
-
+from bench.harness.launcher import BenchError, in_workdir, raise_on_sigterm, stop_process
+from bench.harness.machine import REPO_ROOT, config_hash, write_results
+from bench.harness.run_rows import read_rows
 from srl_jax.config.run_dir import read_status
 
 FAULTS = ("kill:actor-0", "kill:inference-0", "kill:learner-0", "stop:actor-0",
@@ -112,7 +111,8 @@ def measure(fault: str, args: argparse.Namespace, workdir: Path) -> dict[str, An
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench/recovery.py", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.recovery",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--experiment", default="cartpole_ppo")
     parser.add_argument("--faults", nargs="+", default=list(FAULTS), metavar="KIND:WORKER")
     parser.add_argument("--heartbeat-timeout", type=float, default=10.0,

@@ -4,13 +4,13 @@ same config with `network.core=none`, in one invocation.
 Each pair of runs is the recurrent config and then its feed-forward twin, for
 ``--seconds`` each with ``stop.target_return=null`` (so both run the whole
 time), ``--pairs`` times, alternating so that both see the same machine. The
-steady frames/s of each run come from its metrics exactly as in `e2e_fps.py`
+steady frames/s of each run come from its metrics exactly as in `bench.e2e_fps`
 (start-up left out). It prints each run, the medians and the ratio recurrent /
 feed-forward, and the bytes a request row and a chunk column carry with and
 without the state (from the chunk spec), which is the state's cost on the wire.
 
-    .venv/bin/python bench/recurrent_fps.py                 # 3 pairs of 30 s
-    .venv/bin/python bench/recurrent_fps.py --pairs 5 --seconds 60 --set network.core=gru
+    .venv/bin/python -m bench.recurrent_fps                 # 3 pairs of 30 s
+    .venv/bin/python -m bench.recurrent_fps --pairs 5 --seconds 60 --set network.core=gru
 
 Every process this script starts is stopped by its pid on Ctrl-C or error.
 """
@@ -28,20 +28,10 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's srl_jax
-from e2e_fps import (
-    BenchError,
-    RunResult,
-    busy_warning,
-    raise_on_sigterm,
-    read_rows,
-    run_experiment,
-    steady_figures,
-)
-from machine import nproc
-
 from actors.envs import policy_spec
+from bench.harness.launcher import BenchError, busy_warning, raise_on_sigterm, run_experiment
+from bench.harness.machine import nproc
+from bench.harness.run_rows import RunResult, read_rows, steady_figures
 from srl_jax.config.loader import config_dirs, load_config, resolve_experiment_path
 from srl_jax.core.chunk_spec import chunk_layout
 
@@ -51,7 +41,7 @@ FEED_FORWARD = "network.core=none"
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="bench/recurrent_fps.py",
+        prog="python -m bench.recurrent_fps",
         description="Env frames/s of a recurrent config beside its feed-forward twin.")
     parser.add_argument("--pairs", type=int, default=3, help="run pairs (default: 3)")
     parser.add_argument("--seconds", type=float, default=30.0,

@@ -22,8 +22,8 @@ samples each followed by a priority update of its rows (as the learner sends bac
 priority updates. ``B/transition`` is the preallocated storage over the capacity.
 Medians over repeats.
 
-    .venv/bin/python bench/replay_storage.py
-    .venv/bin/python bench/replay_storage.py --cases atari --repeats 5
+    .venv/bin/python -m bench.replay_storage
+    .venv/bin/python -m bench.replay_storage --cases atari --repeats 5
 """
 
 from __future__ import annotations
@@ -32,11 +32,9 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from replay.buffer import ReplayBuffer
 from srl_jax.core.chunk_spec import empty_chunk
 from srl_jax.core.env_spec import EnvSpec

@@ -1,8 +1,8 @@
 """Soak: run an experiment for a long time and watch every process's memory and files.
 
-    python bench/soak.py                    # cartpole_ppo for 30 minutes
-    python bench/soak.py --minutes 1.2 --warmup-minutes 0.4   # the short version CI runs
-    python bench/soak.py --set checkpoint.interval_s=5   # the learner saving every 5 s
+    python -m bench.soak                    # cartpole_ppo for 30 minutes
+    python -m bench.soak --minutes 1.2 --warmup-minutes 0.4   # the short version CI runs
+    python -m bench.soak --set checkpoint.interval_s=5   # the learner saving every 5 s
 
 It starts `python -m srl_jax.launch` (the target return is switched off, so the
 run trains for the whole time), samples each worker's resident memory (RSS) and
@@ -27,11 +27,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's srl_jax
+from bench.harness.machine import REPO_ROOT
 from srl_jax.config.run_dir import read_status
 from srl_jax.core.memory import resident_mib
 
-REPO = Path(__file__).resolve().parent.parent
 FD_SLACK = 4
 """Open files may move by a few (a log rotation, a socket reconnecting) without a leak."""
 
@@ -129,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     tracks: dict[str, Track] = {}
     start = time.monotonic()
     with open(run_dir.parent / "launch.log", "w") as log:
-        process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
         try:
             while process.poll() is None:
                 elapsed = time.monotonic() - start

@@ -6,11 +6,11 @@ It runs ``python -m srl_jax.launch cartpole_ppo --sweep learner.ppo.learning_rat
 member reaches 475 or at ``--seconds``), loads the run with
 ``srl_jax.analysis.load_population``, ranks the values with ``analysis.compare`` and
 writes ``bench/results/sweep.json`` and the figure ``docs/figures/sweep_learning_rate.png``
-(each member's return against its own frames). ``bench/report.py`` puts the table in
+(each member's return against its own frames). ``python -m bench.report`` puts the table in
 the README.
 
-    .venv/bin/python bench/sweep.py
-    .venv/bin/python bench/sweep.py --rates 1e-4 1e-3 --seconds 120
+    .venv/bin/python -m bench.sweep
+    .venv/bin/python -m bench.sweep --rates 1e-4 1e-3 --seconds 120
 """
 
 from __future__ import annotations
@@ -21,11 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e_fps import REPO_ROOT, STOP_GRACE_S, run_launcher
-from machine import config_hash, write_results
-
-sys.path.insert(0, str(REPO_ROOT))
+from bench.harness.launcher import STOP_GRACE_S, run_launcher
+from bench.harness.machine import REPO_ROOT, config_hash, write_results
 from srl_jax import analysis
 
 KEY = "learner.ppo.learning_rate"

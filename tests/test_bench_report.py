@@ -10,7 +10,7 @@ from tests.conftest import REPO
 
 
 def test_readme_performance_tables_match_the_results_files() -> None:
-    check = subprocess.run([sys.executable, str(REPO / "bench" / "report.py"), "--check"],
+    check = subprocess.run([sys.executable, "-m", "bench.report", "--check"], cwd=REPO,
                            capture_output=True, text=True, timeout=60)
     assert check.returncode == 0, check.stderr
 
@@ -32,17 +32,15 @@ def test_every_results_file_names_its_machine_and_the_fps_ratio_is_there() -> No
 def test_every_shipped_config_has_measured_figures() -> None:
     measured = json.loads((REPO / "bench" / "results" / "configs.json").read_text())["configs"]
     shipped = {path.stem for path in (REPO / "configs").glob("*.yaml")}
-    assert set(measured) == shipped, "run bench/configs.py for the new config"
+    assert set(measured) == shipped, "run python -m bench.configs for the new config"
     for name, entry in measured.items():
         assert entry["runs"] and entry["random_episodes"] > 0, name
         assert entry["machine"]["cores"] >= 1, name
 
 
-def test_a_config_changed_after_its_figures_were_measured_fails_the_check(
-        tmp_path, monkeypatch) -> None:
-    monkeypatch.syspath_prepend(str(REPO / "bench"))
-    from bench.machine import config_hash
-    from bench.report import stale_configs
+def test_a_config_changed_after_its_figures_were_measured_fails_the_check(tmp_path) -> None:
+    from bench.harness.machine import config_hash
+    from bench.report.experiments import stale_configs
 
     entries = {"cartpole_ppo": {"config_sha256": config_hash("cartpole_ppo"), "commit": "a"},
                "pendulum_ppo": {"config_sha256": "0" * 16, "commit": "b"},
@@ -50,7 +48,7 @@ def test_a_config_changed_after_its_figures_were_measured_fails_the_check(
     (tmp_path / "configs.json").write_text(json.dumps({"configs": entries}))
     assert stale_configs(tmp_path) == [
         "configs/pendulum_ppo.yaml changed after its figures were measured at commit b: "
-        "rerun bench/configs.py pendulum_ppo"]
+        "rerun python -m bench.configs pendulum_ppo"]
 
 
 MACHINE = {"cores": 2, "cpu": "test CPU", "memory_gib": 8.0, "python": "3.11", "packages": {},
@@ -62,7 +60,7 @@ def spread(median: float) -> dict[str, float]:
 
 
 def cartpole_result(windows: bool) -> dict:
-    """compare.py's cartpole results for one round; `windows`: with the return windows."""
+    """bench.peers.compare's cartpole results for one round; `windows`: with the return windows."""
     def system(time_s: float, **extra: dict[str, float]) -> dict:
         return {"fps": spread(1000.0), "startup_s": spread(5.0), "time_to_target_s":
                 spread(time_s), "frames_to_target": spread(100_000.0), "solved": 1, **extra}
@@ -84,10 +82,8 @@ def cartpole_result(windows: bool) -> dict:
                         "cleanrl_ppo": system(22.0, **baseline if windows else {})}}
 
 
-def test_cartpole_renders_each_return_window_and_judges_time_goals_by_the_same_window(
-        monkeypatch) -> None:
-    monkeypatch.syspath_prepend(str(REPO / "bench"))
-    from bench.report import cartpole
+def test_cartpole_renders_each_return_window_and_judges_time_goals_by_the_same_window() -> None:
+    from bench.report.performance import cartpole
 
     text = "\n".join(cartpole(cartpole_result(windows=True)))
     assert ("| srl_jax | 12.0 (12.0-12.0) | 90,000 (90,000-90,000) | 14.0 (14.0-14.0) | "
@@ -102,10 +98,8 @@ def test_cartpole_renders_each_return_window_and_judges_time_goals_by_the_same_w
     assert "last 20 episodes" not in before and "1 s row means): 0.60, met" in before
 
 
-def test_the_scale_projection_takes_the_atari_step_cost_from_the_pong_results(
-        monkeypatch) -> None:
-    monkeypatch.syspath_prepend(str(REPO / "bench"))
-    from bench.report import atari_step_us, scale
+def test_the_scale_projection_takes_the_atari_step_cost_from_the_pong_results() -> None:
+    from bench.report.scaling import atari_step_us, scale
 
     pong = {"raw_env_steps_per_s": 2000.0, "date": "today",
             "machine": {**MACHINE, "cores": 4}}
@@ -116,16 +110,14 @@ def test_the_scale_projection_takes_the_atari_step_cost_from_the_pong_results(
     assert "No Atari step cost measured yet" in "\n".join(scale(result))
 
 
-def test_config_hash_takes_a_shipped_name_or_a_path(monkeypatch) -> None:
-    monkeypatch.syspath_prepend(str(REPO / "bench"))
-    from bench.machine import config_hash
+def test_config_hash_takes_a_shipped_name_or_a_path() -> None:
+    from bench.harness.machine import config_hash
 
     assert config_hash("cartpole_ppo") == config_hash(REPO / "configs" / "cartpole_ppo.yaml")
 
 
-def test_the_scale_text_names_the_bare_pyzmq_floor_where_it_was_measured(monkeypatch) -> None:
-    monkeypatch.syspath_prepend(str(REPO / "bench"))
-    from bench.report import zmq_floor
+def test_the_scale_text_names_the_bare_pyzmq_floor_where_it_was_measured() -> None:
+    from bench.report.scaling import zmq_floor
 
     assert zmq_floor({"per_request_overhead_us": 70.0}) == ""
     text = zmq_floor({"per_request_zmq_floor_us": 36.4, "per_request_zmq_floor_ipc_us": 33.6})

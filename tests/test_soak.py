@@ -1,4 +1,4 @@
-"""A 90-second soak (bench/soak.py): no process's memory or open files grow after its
+"""A 90-second soak (`python -m bench.soak`): no process's memory or open files grow after its
 30-second warm-up (startup and compiles). The 30-minute one is the benchmark's default."""
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ def test_growth_reads_floors_so_a_save_in_flight_is_no_leak():
 
 @pytest.mark.slow
 def test_short_soak_keeps_memory_and_files_flat():
-    result = subprocess.run([sys.executable, str(REPO / "bench" / "soak.py"), "--minutes", "1.2",
-                             "--warmup-minutes", "0.4", "--every", "2"],
+    result = subprocess.run([sys.executable, "-m", "bench.soak", "--minutes", "1.2",
+                             "--warmup-minutes", "0.4", "--every", "2"], cwd=REPO,
                             capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
     table = result.stdout.splitlines()

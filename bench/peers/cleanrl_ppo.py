@@ -45,9 +45,9 @@ reaches `--target-return` (the rule of srl_jax's `stop.target_return`), or at
 pass them by one rollout and update), and prints a last line
 `{"done": "target"|"seconds"|"frames", ...}`; it exits 0 in all three cases.
 
-    .venv/bin/python bench/cleanrl_ppo.py                      # seed 1, stop at 475
-    .venv/bin/python bench/cleanrl_ppo.py --seed 2 --num-envs 8
-    .venv/bin/python bench/cleanrl_ppo.py --target-return none --seconds 30   # steady fps
+    .venv/bin/python -m bench.peers.cleanrl_ppo                # seed 1, stop at 475
+    .venv/bin/python -m bench.peers.cleanrl_ppo --seed 2 --num-envs 8
+    .venv/bin/python -m bench.peers.cleanrl_ppo --target-return none --seconds 30   # steady fps
 """
 
 from __future__ import annotations

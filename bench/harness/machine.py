@@ -8,19 +8,18 @@ import hashlib
 import json
 import os
 import platform
-import shutil
 import subprocess
-import tempfile
 import time
-from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
-CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+"""The checkout the benchmarks measure: launcher runs start here."""
+RESULTS_DIR = REPO_ROOT / "bench" / "results"
+CONFIGS_DIR = REPO_ROOT / "configs"
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "pyzmq", "numpy", "gymnasium", "msgpack")
 
 
@@ -95,23 +94,3 @@ def write_results(name: str, results: dict[str, Any], directory: Path = RESULTS_
                 "commit": git_commit(), "machine": describe(), **results}
     path.write_text(json.dumps(document, indent=2) + "\n")
     return path
-
-
-def in_workdir(prefix: str, keep: bool, body: Callable[[Path], int]) -> int:
-    """`body(workdir)` in a new scratch directory, released after (see `release_workdir`);
-    Ctrl-C returns 130 once the body's own cleanup has stopped its processes."""
-    workdir = Path(tempfile.mkdtemp(prefix=prefix))
-    try:
-        return body(workdir)
-    except KeyboardInterrupt:
-        return 130
-    finally:
-        release_workdir(workdir, keep)
-
-
-def release_workdir(workdir: Path, keep: bool) -> None:
-    """Remove a harness's scratch run directories, or say where they were kept."""
-    if keep:
-        print(f"run directories kept in {workdir}")
-    else:
-        shutil.rmtree(workdir, ignore_errors=True)

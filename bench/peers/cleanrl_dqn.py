@@ -56,9 +56,9 @@ after each evaluation, `{"wall", "time", "env_frames", "updates",
 or stop.env_frames (checked after each vector step), and prints a last line
 `{"done": "target"|"seconds"|"frames", ...}`; it exits 0 in all three cases.
 
-    .venv/bin/python bench/cleanrl_dqn.py                      # seed 1, stop at 475
-    .venv/bin/python bench/cleanrl_dqn.py --seed 2 --set replay.samples_per_insert=4
-    .venv/bin/python bench/cleanrl_dqn.py --target-return none --seconds 30   # steady fps
+    .venv/bin/python -m bench.peers.cleanrl_dqn                # seed 1, stop at 475
+    .venv/bin/python -m bench.peers.cleanrl_dqn --seed 2 --set replay.samples_per_insert=4
+    .venv/bin/python -m bench.peers.cleanrl_dqn --target-return none --seconds 30   # steady fps
 """
 
 from __future__ import annotations
@@ -78,20 +78,20 @@ import gymnasium as gym  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from cleanrl_ppo import target_value  # noqa: E402  (bench/: this script's directory)
 
 from actors.envs import env_seed, make_env, policy_spec  # noqa: E402
 from actors.exploration import epsilon_ladder, explore  # noqa: E402
-from learners.algorithms.registry import algorithm, algorithm_config, live_values, sizes  # noqa: E402
+from bench.harness.machine import CONFIGS_DIR  # noqa: E402
+from bench.peers.cleanrl_ppo import target_value  # noqa: E402
 from learners.algorithms.train_state import TrainState, init_train_state  # noqa: E402
 from learners.models.networks import init_policy_params, make_policy  # noqa: E402
 from learners.workers.evaluator import EVALUATOR_ACTOR_INDEX  # noqa: E402
 from replay.sum_tree import SumTree  # noqa: E402
+from srl_jax.config.algorithms import algorithm, algorithm_config, live_values, sizes  # noqa: E402
 from srl_jax.config.loader import load_config  # noqa: E402
 from srl_jax.config.schema import ExperimentConfig  # noqa: E402
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_CONFIG = REPO_ROOT / "configs" / "cartpole_dqn.yaml"
+DEFAULT_CONFIG = CONFIGS_DIR / "cartpole_dqn.yaml"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -36,9 +36,9 @@ fixed release.
 
 Progress comes from Sample Factory's own log on stdout/stderr (see ``read_trace``).
 
-    .venv/bin/python bench/sample_factory_peer.py                  # 60 s smoke run
-    .venv/bin/python bench/sample_factory_peer.py --seconds 180
-    .venv/bin/python bench/sample_factory_peer.py --sampling-only --seconds 30
+    .venv/bin/python -m bench.peers.sample_factory                 # 60 s smoke run
+    .venv/bin/python -m bench.peers.sample_factory --seconds 180
+    .venv/bin/python -m bench.peers.sample_factory --sampling-only --seconds 30
 """
 
 from __future__ import annotations
@@ -175,7 +175,9 @@ def train_command(python: Path, train_dir: Path, experiment: str, *, seed: int, 
     "Samples collected: N, throughput: X FPS" lines, which ``read_trace`` reads.
 
     Both run under ``timeout --foreground -s INT`` (module docstring), with ``python -P`` so that
-    the caller's working directory and this file's directory do not shadow imports.
+    the caller's working directory and this file's directory do not shadow imports. The
+    sampler runs this file by its path, not as ``bench.peers.sample_factory``: the venv holds
+    neither srl_jax nor this repository, so this file imports only the standard library.
     The env vars: ``WANDB_MODE=disabled`` (no Weights & Biases), ``TZ=UTC`` (the log's
     timestamps are local time; ``read_trace`` reads them as UTC), ``NO_COLOR=1`` (no
     ANSI colour codes in the log) and ``PYTHONUNBUFFERED=1``.
@@ -362,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == [SAMPLER_CHILD]:
         return _sampler_child(argv[1:])
     parser = argparse.ArgumentParser(
-        prog="bench/sample_factory_peer.py",
+        prog="python -m bench.peers.sample_factory",
         description="Smoke run of the Sample Factory peer: set up its venv, run APPO on "
                     "CartPole-v1 for --seconds, print what read_trace gets from its log.")
     parser.add_argument("--seconds", type=float, default=60.0, help="run time (default: 60)")

@@ -1,6 +1,6 @@
-"""The torch reference of `bench/learner.py --levers`: the same Nature-CNN PPO step in torch.
+"""The torch reference of `python -m bench.learner --levers`: the same Nature-CNN PPO step in torch.
 
-Runs inside the Sample Factory benchmark venv (`bench/sample_factory_peer.py`), whose
+Runs inside the Sample Factory benchmark venv (`bench.peers.sample_factory`), whose
 torch is what Sample Factory's learner runs on a CPU. It builds the network of
 `learners/models/networks.py`'s `NatureCNN` (conv 32 8x8/4, conv 64 4x4/2, conv 64 3x3/1,
 dense 512, policy and value heads; uint8 frames scaled to [0, 1] in the forward pass)
@@ -8,9 +8,9 @@ and times what srl_jax's PPO update does per minibatch: forward, PPO's clipped
 surrogate, clipped value loss and entropy, backward, global-norm clipping and an Adam
 step, over `epochs` x `minibatches` minibatches of random frames, with `threads` intra-op
 threads. It prints one JSON line: samples/s per repeat (T * B samples through every
-epoch count once, as in `bench/learner.py`).
+epoch count once, as in `bench.learner`).
 
-    <sf-venv>/bin/python bench/torch_cnn.py --T 32 --B 8 --epochs 1 --minibatches 2
+    <sf-venv>/bin/python -P bench/peers/torch_cnn.py --T 32 --B 8 --epochs 1 --minibatches 2
 """
 
 from __future__ import annotations

@@ -1,0 +1,2 @@
+"""What the benchmarks share: the machine and results files, launcher runs and their
+metrics, the raw env stepping rate."""

@@ -1,0 +1,170 @@
+"""The measuring ends of the overhead measurements, in this process: actors' requests to
+the child's server and chunks into its learner intake, timed by CPU and wall clock."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import zmq
+
+from actors.env_ring import ChunkBuilder, StepResult
+from actors.envs import policy_spec
+from bench.harness.launcher import BenchError
+from bench.overhead.cases import IN_FLIGHT, OBS_CASES, TRAJECTORY, micro_config
+from bench.overhead.sink import Sink
+from srl_jax.core.streams import RejectCounter, make_socket, receive, send
+
+
+@dataclass
+class Window:
+    """This process's clock and CPU time when it asked, and the child's answer."""
+
+    wall: float
+    cpu_s: float
+    child: dict[str, float]
+
+
+def _mark(sink: Sink, message: str = "mark") -> Window:
+    """Clock and CPU as the command goes out: the child answers after its current step,
+    which may wait out a poll once the traffic has stopped."""
+    wall, cpu_s = time.perf_counter(), time.process_time()
+    return Window(wall, cpu_s, sink.call(message))
+
+
+def request_overhead(sink: Sink, name: str, envs: int, in_flight: int,
+                     seconds: float, role: str = "requests") -> dict[str, Any]:
+    """Requests of `envs` rows from `in_flight` DEALERs (one each) to the real server loop
+    (`role` "requests"), or to the bare pyzmq echo under it ("echo", "echo-ipc")."""
+    obs_shape, obs_dtype = OBS_CASES[name]
+    case = {"name": f"{role}-{name}-{in_flight}", "envs": envs, "max_batch": envs * in_flight,
+            "obs_shape": list(obs_shape), "obs_dtype": obs_dtype, "ipc": role == "echo-ipc"}
+    endpoint = sink.call((role, case))
+    context = zmq.Context.instance()
+    dealers = [make_socket(context, zmq.DEALER) for _ in range(in_flight)]
+    poller = zmq.Poller()
+    for dealer in dealers:
+        dealer.connect(endpoint)
+        poller.register(dealer, zmq.POLLIN)
+    obs = np.zeros((envs, *obs_shape), obs_dtype)
+    rejects = RejectCounter()
+    seqs = dict.fromkeys(dealers, 0)
+
+    def ask(dealer: zmq.Socket) -> None:
+        seqs[dealer] += 1
+        send(dealer, "infer_request", {"split": 0, "seq": seqs[dealer]}, {"obs": obs})
+
+    def run(duration: float) -> int:
+        answered, deadline = 0, time.perf_counter() + duration
+        while time.perf_counter() < deadline:
+            for dealer, _ in poller.poll(100):
+                while receive(dealer, frozenset({"infer_reply"}), rejects) is not None:
+                    answered += 1
+                    ask(dealer)
+        return answered
+
+    try:
+        for dealer in dealers:
+            ask(dealer)
+        run(min(0.3, seconds / 3))  # warm-up: connections, first batches
+        start = _mark(sink)
+        answered = run(seconds)
+        end = _mark(sink, "end")
+    finally:
+        for dealer in dealers:
+            dealer.close()
+    wall = end.wall - start.wall
+    requests = end.child["requests"] - start.child["requests"]
+    batches = max(end.child["batches"] - start.child["batches"], 1)
+    if requests <= 0 or answered <= 0 or rejects.count:
+        raise BenchError(f"request measurement {case['name']}: {requests} requests served, "
+                         f"{rejects.count} replies rejected")
+    request_bytes = int(obs.nbytes)
+    server_cpu = end.child["cpu_s"] - start.child["cpu_s"]
+    server_python = end.child["thread_cpu_s"] - start.child["thread_cpu_s"]
+    return {
+        "server": role, "obs": name, "obs_shape": list(obs_shape), "obs_dtype": obs_dtype,
+        "rows": envs,
+        "request_bytes": request_bytes, "in_flight": in_flight,
+        "requests_per_s": requests / wall, "requests_per_batch": requests / batches,
+        "round_trip_us": 1e6 * wall * in_flight / answered,
+        "server_cpu_us_per_request": 1e6 * server_cpu / requests,
+        "server_python_us_per_request": 1e6 * server_python / requests,
+        "server_zmq_io_us_per_request": 1e6 * (server_cpu - server_python) / requests,
+        "actor_cpu_us_per_request": 1e6 * (end.cpu_s - start.cpu_s) / answered,
+    }
+
+
+def sample_overhead(sink: Sink, name: str, envs: int, seconds: float) -> dict[str, Any]:
+    """Chunks of T x `envs` steps from the actor's ChunkBuilder into the real learner loop."""
+    obs_shape, obs_dtype = OBS_CASES[name]
+    case = {"name": name, "envs": envs, "obs_shape": list(obs_shape), "obs_dtype": obs_dtype}
+    endpoint = sink.call(("samples", case))
+    push = make_socket(zmq.Context.instance(), zmq.PUSH, hwm=4)  # actors.send_queue
+    push.connect(endpoint)
+    first = np.zeros((envs, *obs_shape), obs_dtype)
+    builder = ChunkBuilder(TRAJECTORY, first, policy_spec(micro_config(case)))
+    step = StepResult(np.ones(envs, np.float32), np.zeros(envs, bool), np.zeros(envs, bool),
+                      first, np.empty(0, np.int64), np.empty((0, *obs_shape), obs_dtype))
+    action, values = np.zeros(envs, np.int32), np.zeros(envs, np.float32)
+    no_values = np.empty(0, np.float32)
+    no_state = np.zeros((envs, 0), np.float32)
+    chunk_bytes = 0
+
+    def run(duration: float) -> int:
+        nonlocal chunk_bytes
+        steps = 0
+        deadline = time.perf_counter() + duration
+        while time.perf_counter() < deadline:
+            chunk = builder.on_policy(action, values, values, 0, no_values, no_state)
+            if chunk is not None:
+                chunk_bytes = sum(a.nbytes for a in chunk.values())
+                send(push, "samples", {"actor": 0, "episode_returns": []}, chunk)
+            builder.on_step(step)
+            steps += 1
+        return steps
+
+    try:
+        run(min(0.3, seconds / 3))
+        start = _mark(sink)
+        steps = run(seconds)
+        end = _mark(sink, "end")
+    finally:
+        push.close()
+    wall = end.wall - start.wall
+    received = end.child["frames_received"] - start.child["frames_received"]
+    if received <= 0 or end.child["rejected"]:
+        raise BenchError(f"sample measurement {name}: {received} samples received, "
+                         f"{end.child['rejected']} chunks rejected")
+    chunk_samples = TRAJECTORY * envs
+    learner_us = 1e6 * (end.child["cpu_s"] - start.child["cpu_s"]) / received
+    actor_us = 1e6 * (end.cpu_s - start.cpu_s) / (steps * envs)
+    return {
+        "obs": name, "obs_shape": list(obs_shape), "obs_dtype": obs_dtype,
+        "chunk": f"[{TRAJECTORY}+1, {envs}]", "chunk_samples": chunk_samples,
+        "chunk_bytes": chunk_bytes, "samples_per_s": received / wall,
+        "chunks_per_s": received / chunk_samples / wall,
+        "learner_cpu_us_per_sample": learner_us,
+        "learner_cpu_us_per_chunk": learner_us * chunk_samples,
+        "actor_cpu_us_per_sample": actor_us, "actor_cpu_us_per_chunk": actor_us * chunk_samples,
+        "samples_consumed_frac": (end.child["frames_consumed"] - start.child["frames_consumed"])
+        / received,
+    }
+
+
+def measure_overheads(envs: int, seconds: float) -> dict[str, Any]:
+    """Per request and per sample, for each observation case, `seconds` each."""
+    sink = Sink()
+    try:
+        requests, samples = [], []
+        for name in OBS_CASES:
+            requests.append(request_overhead(sink, name, envs, 1, seconds))
+            requests.append(request_overhead(sink, name, envs, IN_FLIGHT, seconds))
+            samples.append(sample_overhead(sink, name, envs, seconds))
+        for floor in ("echo", "echo-ipc"):
+            requests.append(request_overhead(sink, "vector", envs, IN_FLIGHT, seconds, floor))
+    finally:
+        sink.close()
+    return {"requests": requests, "samples": samples}

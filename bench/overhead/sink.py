@@ -1,0 +1,225 @@
+"""The child process of the overhead measurements: the server and learner ends (a real
+`InferenceServer` acting with zeros, a bare pyzmq echo, the learner's intake without an
+update), and the handle the measuring process starts and stops it by."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import multiprocessing
+import tempfile
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zmq
+
+from actors.envs import policy_spec
+from bench.harness.launcher import BenchError
+from bench.overhead.cases import START_TIMEOUT_S, micro_config
+from srl_jax.core.stream_table import PARAMS, SAMPLES
+from srl_jax.core.streams import RejectCounter, make_socket
+
+
+def _zero_act(params: Any, obs: np.ndarray, state: np.ndarray, mask: np.ndarray, key: Any,
+              counter: Any) -> np.ndarray:
+    """Stands in for the jitted network, no JAX call: `pack_outputs`' layout for a
+    discrete action (log-probability, value, action: zeros), then the state as it came."""
+    return np.concatenate([np.zeros((obs.shape[0], 3), np.float32), state], axis=1)
+
+
+def zero_runner(config: Any, spec: Any, sampling_seed: int, min_size: int,
+                max_size: int) -> Any:
+    """A policy runner that acts with `_zero_act`, its (empty) parameters already
+    taken, so that the server does not wait for a learner's."""
+    from learners.models.policy_runner import PolicyRunner, padded_sizes
+
+    runner = PolicyRunner(_zero_act, {}, spec, padded_sizes(min_size, max_size), sampling_seed)
+    runner.set_params({}, version=0)
+    return runner
+
+
+def _until_end(conn: Connection, step: Callable[[], None],
+               counters: Callable[[], dict[str, float]]) -> None:
+    """`step` until the parent says 'end'; each command ('mark', 'end') is answered
+    with this process's CPU times and the measured side's counters."""
+    while True:
+        step()
+        if conn.poll():
+            command = conn.recv()
+            conn.send({"cpu_s": time.process_time(), "thread_cpu_s": time.thread_time(),
+                       **counters()})
+            if command == "end":
+                return
+
+
+def _serve_requests(conn: Connection, case: dict[str, Any], root: Path) -> None:
+    """A real inference server acting with zeros, until the parent says 'end'."""
+    from learners.workers.inference_server import InferenceServer
+    from srl_jax.core.names import FileNameService
+    from srl_jax.core.transport import Transport
+
+    names = FileNameService(root / "names")
+    context = zmq.Context.instance()
+    # the learner's end, which sends nothing
+    learner_params = make_socket(context, PARAMS.bind_type)
+    Transport(context).bind(learner_params, names, PARAMS.key())
+    server = InferenceServer(micro_config(case), 0, root, names, runner_factory=zero_runner)
+    try:
+        server.setup()
+        conn.send(server.endpoint)
+        _until_end(conn, server.run_once, server.counters)
+    finally:
+        server.close()
+        learner_params.close()
+
+
+def _echo_requests(conn: Connection, case: dict[str, Any], root: Path) -> None:
+    """The floor under the server: plain pyzmq, no runtime code. A ROUTER socket
+    answers each request with the same reply (encoded once: one row per request row)
+    as soon as it arrives, until the parent says 'end'. Over loopback TCP, or over
+    `ipc://` (a Unix socket under `root`) with `case["ipc"]`: what co-located actors
+    and servers would gain from it."""
+    from learners.workers.inference_server import POLL_MS
+    from srl_jax.core.wire import encode
+
+    rows = case["envs"]
+    reply = encode("infer_reply", {"split": 0, "seq": 0, "version": 0, "batch_rows": rows},
+                   {"action": np.zeros(rows, np.int32), "logp": np.zeros(rows, np.float32),
+                    "value": np.zeros(rows, np.float32)})
+    reply = [bytes(frame) for frame in reply]
+    router = make_socket(zmq.Context.instance(), zmq.ROUTER)
+    if case.get("ipc"):
+        root.mkdir(parents=True, exist_ok=True)
+        endpoint = f"ipc://{root / 'echo.sock'}"
+        router.bind(endpoint)
+    else:
+        endpoint = f"tcp://127.0.0.1:{router.bind_to_random_port('tcp://127.0.0.1')}"
+    answered = 0
+
+    def step() -> None:
+        nonlocal answered
+        if router.poll(POLL_MS):
+            while True:
+                try:
+                    request = router.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    return
+                router.send_multipart([request[0], *reply])
+                answered += 1
+
+    conn.send(endpoint)
+    try:
+        _until_end(conn, step, lambda: {"requests": answered, "batches": answered})
+    finally:
+        router.close()
+
+
+def _take_samples(conn: Connection, case: dict[str, Any], root: Path) -> None:
+    """The learner's intake without an update, until the parent says 'end'.
+
+    Built from the learner's public parts (its `SampleIntake`, the mesh); it
+    follows `LearnerWorker.run_once` up to the update.
+    """
+    import jax
+
+    from learners.algorithms.train_state import to_batch
+    from learners.training.mesh import make_learner_mesh, put_batch
+    from learners.training.sample_queue import SampleQueue
+    from learners.workers.learner_worker import POLL_MS
+    from learners.workers.sample_intake import SampleIntake
+    from srl_jax.core.chunk_spec import run_chunk_layout
+    from srl_jax.core.names import FileNameService
+    from srl_jax.core.transport import Transport
+
+    config = micro_config(case)
+    cfg = config.learner
+    rejects = RejectCounter()
+    mesh = make_learner_mesh(cfg.devices, cfg.batch_envs)
+    context = zmq.Context.instance()
+    pull = make_socket(context, SAMPLES.bind_type, hwm=cfg.sample_queue)
+    key = SAMPLES.key(index=0)
+    endpoint = Transport(context).bind(pull, FileNameService(root / "names"), key)
+    intake = SampleIntake(pull, key, run_chunk_layout(config, policy_spec(config)),
+                          SampleQueue(cfg.sample_queue, cfg.batch_envs, cfg.staleness_cap),
+                          rejects)
+
+    def prefetch() -> Any:
+        """The next batch on its way to the device (None while too few chunks wait)."""
+        batch = intake.take_batch(0)
+        return None if batch is None else put_batch(to_batch(batch), mesh)
+
+    on_device = None
+
+    def step() -> None:
+        nonlocal on_device
+        intake.pump(0 if on_device is not None else POLL_MS, 0)
+        if on_device is None:
+            on_device = prefetch()
+        if on_device is not None:
+            jax.block_until_ready(on_device)  # where the update would run
+            on_device = prefetch()  # overlaps the transfer with the next receive
+
+    conn.send(endpoint)
+    try:
+        _until_end(conn, step, lambda: {"frames_received": intake.frames_received,
+                                        "frames_consumed": intake.frames_consumed,
+                                        "rejected": rejects.count})
+    finally:
+        intake.close()
+
+
+CHILD_ROLES = {"requests": _serve_requests, "echo": _echo_requests,
+               "echo-ipc": _echo_requests, "samples": _take_samples}
+
+
+def sink_main(conn: Connection) -> None:
+    """Child process: the server and learner ends of the measurements."""
+    for module in ("learners.workers.inference_server", "learners.workers.learner_worker"):
+        importlib.import_module(module)  # JAX and the workers, before any timing
+
+    with tempfile.TemporaryDirectory(prefix="srl_overhead_sink_") as tmp:
+        conn.send("ready")
+        while (command := conn.recv()) != "quit":
+            role, case = command
+            root = Path(tmp) / f"{role}-{case['name']}"
+            CHILD_ROLES[role](conn, case, root)
+
+
+class Sink:
+    """The child process of the measurements, stopped by its pid."""
+
+    def __init__(self) -> None:
+        context = multiprocessing.get_context("spawn")  # the child imports JAX; never fork
+        self.conn, child_conn = context.Pipe()
+        self.process = context.Process(target=sink_main, args=(child_conn,), daemon=True,
+                                       name="overhead-sink")
+        self.process.start()
+        child_conn.close()
+        if not self.conn.poll(START_TIMEOUT_S) or self.conn.recv() != "ready":
+            self.close()
+            raise BenchError("the overhead child did not start")
+
+    def call(self, message: Any, timeout_s: float = 60.0) -> Any:
+        """Send a command to the child and return its answer."""
+        self.conn.send(message)
+        if not self.conn.poll(timeout_s):
+            raise BenchError(f"the overhead child did not answer {message!r}")
+        return self.conn.recv()
+
+    def close(self) -> None:
+        """Ask the child to quit; SIGTERM, then SIGKILL, its pid if it does not."""
+        with contextlib.suppress(OSError, BrokenPipeError):
+            if self.process.is_alive():
+                self.conn.send("quit")
+        self.process.join(5)
+        if self.process.is_alive():
+            self.process.terminate()  # SIGTERM to its pid
+            self.process.join(5)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+        self.conn.close()

@@ -1,0 +1,260 @@
+"""srl_jax against its peers, side by side on this machine, in one run.
+
+Cases (``--cases``, default all):
+
+- ``cartpole``: CartPole-v1 to a return of 475. srl_jax (``cartpole_ppo``, the
+  default experiment), Sample Factory's APPO with the CartPole settings its
+  ``sf_examples.train_gym_env`` documents (``bench.peers.sample_factory``, in its
+  own virtual environment), and the single-process cleanrl-style JAX PPO
+  (``bench.peers.cleanrl_ppo``). Figures: steady env frames/s, wall time from launch
+  to the first report of a mean return >= 475, and the env frames it took, for
+  each return window a system reports: its own row (srl_jax and the baseline:
+  the episodes that ended within a 1 s row; Sample Factory: its last 100
+  episodes), and the mean of the last 20 and of the last 100 episodes
+  (``episode_return_mean_last20`` / ``_last100``, from every episode's return).
+  srl_jax and the baseline run until every window reached 475 (or the budget).
+- ``dqn``: CartPole-v1 to an evaluation return of 475: srl_jax's Ape-X DQN
+  (``cartpole_dqn``) against the single-process cleanrl-style DQN with the same
+  config, network and update (``bench.peers.cleanrl_dqn``). The return is each side's
+  greedy evaluation (``eval_return_mean``: 5 episodes, the evaluator's seeds);
+  the figures as for ``cartpole``, and srl_jax / peer ratios of all three.
+- ``sampling``: pure sampling throughput, learning negligible: srl_jax with a
+  one-epoch, one-minibatch learner and Sample Factory in its sampling mode, for
+  ``--sampling-seconds`` each, against the raw env stepping rate on the same
+  cores (one stepping process per core, random actions, no sockets, no policy:
+  the physical limit for that env on this machine).
+- ``pong``: ALE Pong-v5 sampling through remote batched inference with the
+  Nature-CNN (``atari_pong_impala``, samples dropped rather than waited on when
+  the CPU learner lags), against raw ALE stepping on the same cores. Needs the
+  ``[atari]`` extra; skipped with a message without it.
+
+The systems run alternately (A B C, A B C, ... ``--rounds`` times, at least 3),
+each from a fresh process, and each side's figures come from its own logs. A
+ratio is srl_jax / peer within one round; the table gives the median with min
+and max over rounds. Results go to ``bench/results/compare_<case>.json`` with the
+machine's description; ``python -m bench.report`` turns them into the README tables.
+
+    .venv/bin/python -m bench.peers.compare                 # every case, 3 rounds
+    .venv/bin/python -m bench.peers.compare --cases cartpole --rounds 5
+    .venv/bin/python -m bench.peers.compare --cases dqn
+
+Every process is started in its own session and stopped by its pid (process
+group), never by name; Ctrl-C stops the one running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.harness.launcher import release_workdir
+from bench.harness.machine import REPO_ROOT, nproc, write_results
+from bench.harness.raw_stepping import raw_rate_on_all_cores
+from bench.peers.rounds import rounds_of
+from bench.peers.summary import (
+    RATIO_FIGURES,
+    cell,
+    print_table,
+    ratio_rounds,
+    spread,
+    system_summaries,
+    window_figures,
+)
+from bench.peers.systems import (
+    ROLLING_WINDOWS,
+    TARGET_RETURN,
+    Launch,
+    cleanrl_launch,
+    sample_factory_launch,
+    srl_jax_config,
+    srl_jax_launch,
+)
+
+SAMPLING_OVERRIDES = ("stop.target_return=null", "learner.ppo.epochs=1",
+                      "learner.ppo.minibatches=1", "checkpoint.enabled=false")
+"""srl_jax with learning negligible: one gradient step per batch, no checkpoints."""
+PONG_OVERRIDES = ("actors.count=2", "actors.envs=16", "actors.splits=2",
+                  "actors.send_policy=drop", "inference.max_batch=16", "learner.batch_envs=32",
+                  "checkpoint.enabled=false", "stop.env_frames=0")
+"""Two actors of 16 Pongs in two splits (the best K, S of bench.actor); an actor
+drops a chunk rather than waiting for the CPU learner, so this is the sampling rate."""
+
+
+def budget(args: argparse.Namespace, case: str) -> float:
+    """Seconds a run of `case` may take to reach its target: --budget, or the case's own."""
+    return args.budget if args.budget is not None else BUDGETS_S[case]
+
+
+def target_case(args: argparse.Namespace, workdir: Path,
+                systems: dict[str, Callable[[Path, int], Launch]], title: str,
+                ratio_of: tuple[str, ...], budget_s: float) -> dict[str, Any]:
+    """Rounds of `systems` (srl_jax first, then its peers) to TARGET_RETURN, their
+    figures, and srl_jax / peer ratios of the `ratio_of` figures (RATIO_FIGURES) and of
+    the window figures both sides have (the same window on both sides)."""
+    runs = rounds_of(systems, args, workdir, budget_s, TARGET_RETURN)
+    summary = system_summaries(runs)
+    result: dict[str, Any] = {"target_return": TARGET_RETURN, "rounds": args.rounds,
+                              "budget_s": budget_s, "systems": summary, "ratios": {}}
+    ours = window_figures(runs["srl_jax"])
+    for peer in [name for name in systems if name != "srl_jax"]:
+        shared = [figure for figure in window_figures(runs[peer]) if figure in ours]
+        for key in [*ratio_of, *shared]:
+            ratios = spread(ratio_rounds(runs, "srl_jax", peer, key))
+            result["ratios"][f"{RATIO_FIGURES[key]}_vs_{peer}"] = ratios
+            result[f"{RATIO_FIGURES[key]}_vs_{peer}"] = ratios["median"] if ratios else None
+    rows = [(name, cell(s["fps"], ",.0f"), cell(s["startup_s"], ".1f"),
+             cell(s["time_to_target_s"], ".1f"), cell(s["frames_to_target"], ",.0f"),
+             f"{s['solved']}/{args.rounds}") for name, s in summary.items()]
+    print_table(f"{title}: median [min-max] over {args.rounds} rounds",
+                rows, ("system", "env frames/s", "start-up s", f"time to {TARGET_RETURN:g} s",
+                       f"frames to {TARGET_RETURN:g}", "solved"))
+    windows = [w for w in ROLLING_WINDOWS if any(f"time_to_target_{w}_s" in s
+                                                 for s in summary.values())]
+    if windows:
+        print_table(f"to {TARGET_RETURN:g} by the mean of the last N episodes",
+                    [(name, *(cell for w in windows for cell in (
+                        cell(s.get(f"time_to_target_{w}_s"), ".1f"),
+                        cell(s.get(f"frames_to_target_{w}"), ",.0f"))))
+                     for name, s in summary.items()],
+                    ("system", *(c for w in windows for c in (f"time, {w} s", f"frames, {w}"))))
+    ratio_rows = [(key, cell(value, ".2f")) for key, value in result["ratios"].items()]
+    print_table("srl_jax / peer, round by round", ratio_rows, ("ratio", "median [min-max]"))
+    return result
+
+
+CARTPOLE_OVERRIDES = ("stop.target_return=null",)
+"""The default experiment runs on past its own stop (a row's mean of 475) until the
+harness has seen every window reach 475."""
+
+
+def case_cartpole(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    seconds = budget(args, "cartpole")
+    systems = {
+        "srl_jax": lambda d, seed: srl_jax_launch(
+            "cartpole_ppo", d, (f"seed={seed}", *CARTPOLE_OVERRIDES), seconds,
+            windows=ROLLING_WINDOWS),
+        "sample_factory": lambda d, seed: sample_factory_launch(d, seed, seconds),
+        "cleanrl_ppo": lambda d, seed: cleanrl_launch(d, seed, seconds,
+                                                      windows=ROLLING_WINDOWS),
+    }
+    result = target_case(args, workdir, systems, f"CartPole-v1 to {TARGET_RETURN:g}",
+                         ("fps", "time_to_target_s"), seconds)
+    return {**result, "srl_jax_config": srl_jax_config("cartpole_ppo", CARTPOLE_OVERRIDES)}
+
+
+def case_dqn(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    key, seconds = "eval_return_mean", budget(args, "dqn")
+    systems = {
+        "srl_jax": lambda d, seed: srl_jax_launch("cartpole_dqn", d, (f"seed={seed}",),
+                                                  seconds, key),
+        "cleanrl_dqn": lambda d, seed: cleanrl_launch(d, seed, seconds, "cleanrl_dqn", key),
+    }
+    result = target_case(args, workdir, systems,
+                         f"CartPole-v1 DQN to an evaluation return of {TARGET_RETURN:g}",
+                         ("fps", "time_to_target_s", "frames_to_target"), seconds)
+    return {**result, "return_key": key, "srl_jax_config": srl_jax_config("cartpole_dqn", ())}
+
+
+def case_sampling(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    seconds = args.sampling_seconds
+    systems = {
+        "srl_jax": lambda d, seed: srl_jax_launch("cartpole_ppo", d,
+                                                  (f"seed={seed}", *SAMPLING_OVERRIDES), seconds),
+        "sample_factory": lambda d, seed: sample_factory_launch(d, seed, seconds,
+                                                                sampling_only=True),
+    }
+    runs = rounds_of(systems, args, workdir, seconds + 60, None)
+    print(f"  raw env stepping: {nproc()} processes x 16 CartPoles ...", flush=True)
+    raw = raw_rate_on_all_cores({"id": "CartPole-v1"}, 16, args.raw_seconds)
+    summary = system_summaries(runs)
+    ours = summary["srl_jax"]["fps"]
+    efficiency = ours["median"] / raw if ours else None
+    ratios = spread(ratio_rounds(runs, "srl_jax", "sample_factory", "fps"))
+    peer = summary["sample_factory"]["fps"]
+    result = {"seconds": seconds, "rounds": args.rounds, "raw_env_steps_per_s": raw,
+              "srl_jax_config": srl_jax_config("cartpole_ppo", SAMPLING_OVERRIDES),
+              "systems": summary, "sampling_efficiency": efficiency,
+              "sampling_efficiency_sample_factory": peer["median"] / raw if peer else None,
+              "fps_ratio_vs_sample_factory": ratios["median"] if ratios else None,
+              "ratios": {"fps_ratio_vs_sample_factory": ratios}}
+    rows = [(name, cell(s["fps"], ",.0f"),
+             f"{s['fps']['median'] / raw:.2f}" if s["fps"] else "-")
+            for name, s in summary.items()]
+    rows.append((f"raw env stepping ({nproc()} procs)", f"{raw:,.0f}", "1.00"))
+    print_table(f"CartPole-v1 sampling, learning negligible, {seconds:g}s runs",
+                rows, ("system", "env frames/s", "/ raw"))
+    print(f"srl_jax / sample_factory fps: {cell(ratios, '.2f')}")
+    return result
+
+
+def case_pong(args: argparse.Namespace, workdir: Path) -> dict[str, Any] | None:
+    try:
+        import ale_py  # noqa: F401
+    except ImportError:
+        print("  skipped: needs the [atari] extra (pip install 'srl-jax[atari]')")
+        return None
+    seconds = args.pong_seconds
+    systems = {"srl_jax": lambda d, seed: srl_jax_launch(
+        "atari_pong_impala", d, (f"seed={seed}", *PONG_OVERRIDES), seconds)}
+    runs = rounds_of(systems, args, workdir, seconds + 120, None)
+    config = yaml.safe_load((REPO_ROOT / "configs" / "atari_pong_impala.yaml").read_text())
+    print(f"  raw ALE stepping: {nproc()} processes x 8 Pongs ...", flush=True)
+    raw = raw_rate_on_all_cores(config["env"], 8, args.raw_seconds)
+    summary = system_summaries(runs)
+    ours = summary["srl_jax"]["fps"]
+    result = {"seconds": seconds, "rounds": args.rounds, "raw_env_steps_per_s": raw,
+              "srl_jax_config": srl_jax_config("atari_pong_impala", PONG_OVERRIDES),
+              "systems": summary, "sampling_efficiency": ours["median"] / raw if ours else None}
+    rows = [("srl_jax (Nature-CNN, remote inference)", cell(ours, ",.0f"),
+             f"{ours['median'] / raw:.2f}" if ours else "-"),
+            (f"raw ALE stepping ({nproc()} procs)", f"{raw:,.0f}", "1.00")]
+    print_table(f"ALE Pong-v5 sampling (agent steps/s; 4 emulator frames each), {seconds:g}s runs",
+                rows, ("system", "steps/s", "/ raw"))
+    return result
+
+
+BUDGETS_S = {"cartpole": 180.0, "dqn": 300.0}
+"""Default --budget per case."""
+CASES = {"cartpole": case_cartpole, "dqn": case_dqn, "sampling": case_sampling,
+         "pong": case_pong}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.peers.compare",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
+    parser.add_argument("--rounds", type=int, default=3, help="A B C rounds (at least 3)")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds a CartPole run (cartpole, dqn) may take to reach 475 "
+                             "(default: 180 for cartpole; 300 for dqn, its issue's bound)")
+    parser.add_argument("--sampling-seconds", type=float, default=30.0)
+    parser.add_argument("--pong-seconds", type=float, default=60.0)
+    parser.add_argument("--raw-seconds", type=float, default=6.0)
+    parser.add_argument("--keep", action="store_true", help="keep the run directories")
+    args = parser.parse_args(argv)
+    if args.rounds < 3:
+        parser.error("--rounds must be at least 3: a ratio from fewer rounds is noise")
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+    workdir = Path(tempfile.mkdtemp(prefix="srl_compare_"))
+    try:
+        for case in args.cases:
+            print(f"case {case}:", flush=True)
+            result = CASES[case](args, workdir / case)
+            if result is not None:
+                print(f"results: {write_results(f'compare_{case}', result)}", flush=True)
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        release_workdir(workdir, args.keep)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""Blocks made from one results file each: the learning-rate sweep, the CNN update beside
+torch, and the accelerator check."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.report.markdown import machine_note, number, table
+
+
+def sweep(result: dict[str, Any]) -> list[str]:
+    """bench/sweep.py's members: each value's frames and time to the target."""
+    target = result["target_return"]
+    rows = [[f"{m['value']:g}", number(m["frames_to_target"], ",.0f"),
+             number(m["time_to_target_s"], ".1f"), number(m["final_return"], ".1f")]
+            for m in result["members"]]
+    lines = [f"`{result['command']}`: {len(rows)} members sharing the machine for "
+             f"{result['wall_s']:.0f} s (one run, `bench/sweep.py`):", ""]
+    lines += table([result["key"].rsplit(".", 1)[-1].replace("_", " "),
+                     f"frames to {target:g}", f"time to {target:g} s", "final return"], rows)
+    return [*lines, "", machine_note(result)]
+
+
+def accelerator(result: dict[str, Any]) -> list[str]:
+    """bench/accelerator_check.py's runs and learner cases on one accelerator host."""
+    host = result["host"]
+    rows = []
+    for run in result["runs"].values():
+        placement = run["placement"]["workers"] if run.get("placement") else {}
+        shares = ", ".join(f"{name} {place['platform']} {place['memory'] or ''}".rstrip()
+                           for name, place in placement.items()
+                           if not name.startswith("actor"))
+        memory = ", ".join(f"{name} {mib:,.0f}"
+                           for name, mib in sorted(run["driver_memory_peak_mib"].items()))
+        rows.append([f"`{run['experiment']}` {' '.join(run.get('overrides', []))}".rstrip(),
+                     f"{run['seconds']:g} s, {run['learner_steps']:,} updates", shares,
+                     number(run["fps_median"], ",.0f"),
+                     number(run["learner_samples_per_s_median"], ",.0f"), memory or "-"])
+    lines = [f"**{host['count']} x {host['name']}** ({host['memory_mib']:,} MiB each), jax "
+             f"{result['jax']}, at commit {result['commit']}, one run each "
+             "(`bench/accelerator_check.py`):", ""]
+    lines += table(["run", "length", "placement (memory share)", "env frames/s",
+                     "learner samples/s", "device memory, driver peak MiB"], rows)
+    cases = [f"{c['case']} {c['samples_per_s']:,.0f} samples/s (T={c['T']}, B={c['B']}, "
+             f"{c['epochs']} epoch(s) x {c['minibatches']} minibatches)"
+             for c in result["learner"] if "samples_per_s" in c]
+    lines += ["", f"`bench/learner.py` on one {host['name']}: {'; '.join(cases)}.", "",
+              machine_note(result)]
+    return lines
+
+
+def learner_cnn(result: dict[str, Any]) -> list[str]:
+    """bench/learner.py --levers: the CNN update with each convolution, beside torch."""
+    first, reference = result["levers"][0], result["torch"]
+    rows = [[f"srl_jax, `network.conv: {r['conv']}`", f"{r['samples_per_s']:,.0f}",
+             f"{r['torch_ratio']:.2f}", f"{r['compile_s']:.1f}"] for r in result["levers"]]
+    rows.append([f"torch {reference['torch']}, {reference['threads']} threads",
+                 f"{reference['samples_per_s']:,.0f}", "1.00", "-"])
+    minibatch = first["T"] * first["B"] // first["minibatches"]
+    lines = [f"Nature-CNN PPO update on {first['obs']} frames, {first['epochs']} epoch(s) x "
+             f"{first['minibatches']} minibatches of {minibatch}, one {first['platform']} "
+             f"device, median of {first['repeats']} repeats (`{result['command']}`, commit "
+             f"{result.get('commit', 'unknown')}):", ""]
+    lines += table(["learner", "samples/s", "ratio to torch", "compile s"], rows)
+    return [*lines, "", machine_note(result)]

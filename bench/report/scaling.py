@@ -1,0 +1,81 @@
+"""The scaling section from `bench.scale`'s results, and what they imply for a 1,000-core
+run with the Atari step cost `bench.peers.compare --cases pong` measured."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.report.markdown import machine_note, table
+
+
+def atari_step_us(pong: dict[str, Any]) -> float:
+    """A core's time per Atari agent step, from compare.py's raw ALE stepping (one
+    process per core, all at once): cores x 1e6 / their summed steps/s."""
+    return pong["machine"]["cores"] * 1e6 / pong["raw_env_steps_per_s"]
+
+
+def scale(result: dict[str, Any], pong: dict[str, Any] | None = None) -> list[str]:
+    """The scaling simulation: overheads, throughput against actors, and what they imply
+    for a 1,000-core run, with the Atari step cost measured in compare_pong.json."""
+    rows = [[str(p["actors"]), str(p["servers"]), f"{p['fps']:,.0f}",
+             f"{p['inference_requests_per_s']:,.0f}", f"{p['rows_per_batch']:.1f}",
+             f"{p['request_latency_ms']:.2f}", f"{p['stream_samples_per_s']:,.0f}",
+             f"{p['server_cpu_us_per_request']:.0f}", f"{p['cpu_total_frac']:.2f}"]
+            for p in result["sweep"]]
+    servers = sorted({p["servers"] for p in result["sweep"]})
+    lines = ["**Scaling simulation** (`bench/scale.py`): actor processes stepping a null env "
+             f"({result['settings']['envs_per_actor']} envs each) against "
+             f"{'-'.join(str(n) for n in dict.fromkeys([servers[0], servers[-1]]))} "
+             f"inference server{'s' if servers[-1] > 1 else ''} and one learner, "
+             f"{result['wall_s']:.0f} s in all:", ""]
+    lines += table(["actors", "servers", "env frames/s", "requests/s", "rows/batch",
+                     "latency ms", "samples/s", "server CPU us/request", "CPU used"], rows)
+    best = {servers: s["best_actors"] for servers, s in result["saturation"].items()}
+    request, sample = result["per_request_overhead_us"], result["per_sample_overhead_us"]
+    per_core = result["server_core_requests_per_s"]
+    rows = round(result["server_core_rows_per_s"] / per_core)
+    actor_us = 1e6 / result["actor_core_frames_per_s"]
+    peaks = ", ".join(f"{a} actors with {s} server(s)" for s, a in best.items())
+    lines += ["", f"Throughput stops growing at {peaks} on this machine (its cores are "
+              "full). Runtime overhead measured over real sockets "
+              f"with the runtime's own code: **{request:.0f} us of server CPU per inference "
+              f"request** ({rows} rows; {result['per_request_overhead_us_per_row']:.1f} us a "
+              f"row{zmq_floor(result)}) and **{sample:.2f} us of learner CPU per sample** of "
+              "a CartPole-sized chunk.", "",
+              f"What that implies for a 1,000-core run: one server core answers about "
+              f"{per_core:,.0f} requests/s before any policy compute, and an actor core spends "
+              f"about {actor_us:.0f} us of runtime per env step. "
+              f"{atari_projection(pong, actor_us, per_core, rows)}"
+              f"One learner takes in about {result['learner_intake_samples_per_s'] / 1e6:.1f}M "
+              "small samples/s, so its update, not the intake, bounds it; Atari frames cost "
+              "far more per sample (see bench/README.md).", "", machine_note(result)]
+    return lines
+
+
+def zmq_floor(result: dict[str, Any]) -> str:
+    """The bare pyzmq echo under the server's figure, where the results have it."""
+    if "per_request_zmq_floor_us" not in result:
+        return ""
+    return (f"; bare pyzmq answering the same requests costs "
+            f"{result['per_request_zmq_floor_us']:.0f} us over TCP and "
+            f"{result['per_request_zmq_floor_ipc_us']:.0f} us over ipc://: the floor under it")
+
+
+def atari_projection(pong: dict[str, Any] | None, actor_us: float, per_core: float,
+                     rows: int) -> str:
+    """What 1,000 actor cores of Atari would step and ask of the servers, with the step
+    cost measured by compare.py's pong case (said so when it has not run)."""
+    if pong is None:
+        return ("(No Atari step cost measured yet: `bench/compare.py --cases pong` writes "
+                "it.) ")
+    atari_us = atari_step_us(pong)
+    steps = 1000 * 1e6 / (atari_us + actor_us)
+    requests = steps / rows
+    return (f"With an Atari env step of {atari_us:.0f} us of a core (raw ALE Pong-v5 "
+            f"stepping in `bench/compare.py --cases pong`: {pong['raw_env_steps_per_s']:,.0f} "
+            f"agent steps/s from {pong['machine']['cores']} processes on as many cores, "
+            f"{pong['date']}, 1-min load average {pong['machine']['load_avg_1m']} at the "
+            f"start), 1,000 actor cores make about {steps / 1e6:.1f}M steps/s and "
+            f"{requests:,.0f} requests/s at {rows} rows each: about "
+            f"{requests / per_core:.0f} server cores of runtime work, plus the policy compute "
+            "on the accelerators. ")
