@@ -30,17 +30,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 import zmq
 
-from actors.env_ring import ChunkBuilder, EnvSplit, OnePolicy, RingStep
-from actors.envpool_split import EnvPoolSplit
-from actors.envs import env_seed, make_env, policy_spec
+from actors.env_families.multi_agent import MultiAgentSplit
+from actors.env_ring import ChunkBuilder, OnePolicy, RingStep
+from actors.envs import env_seed, make_split, policy_spec
 from actors.exploration import column_epsilons, explore
-from actors.multi_agent import MultiAgentSplit
 from actors.opponents import OpponentDraws, ended_envs
+from srl_jax.config.env_families import family_of
 from srl_jax.config.schema import (
     DEFAULT_POLICY,
-    EnvConfig,
     ExperimentConfig,
-    is_pettingzoo,
     member_names,
     policy_names,
 )
@@ -68,18 +66,6 @@ OPPONENT_STREAM = EXPLORE_STREAM + 1
 SEND_WAIT_LOG_S = 5.0
 MAX_SENT_RETURNS = 256
 """Episode returns a chunk carries to the learner (which ranks checkpoints by them)."""
-
-
-def make_split(env: EnvConfig, count: int, seeds: list[int],
-               global_state: bool = False) -> OnePolicy | MultiAgentSplit:
-    """`count` environments of `env` that step together, seeded with `seeds`: the
-    split an actor's ring holds (also what bench/configs.py plays at random);
-    `global_state`: a multi-agent split also reports each env's global state."""
-    if is_pettingzoo(env.id):
-        return MultiAgentSplit(env, count, seeds, global_state)
-    if env.backend == "envpool":  # one C++ batch (seeds seeds[0] + i)
-        return OnePolicy(EnvPoolSplit(env, count, seeds[0]))
-    return OnePolicy(EnvSplit([make_env(env) for _ in seeds], seeds))
 
 
 def split_seeds(config: ExperimentConfig, actor_index: int,
@@ -148,7 +134,7 @@ class ActorWorker(Worker):
         self._returns: list[float] = []
         self._lengths: list[int] = []
         self._team_returns: list[float] = []
-        self.multi_agent = is_pettingzoo(config.env.id)
+        self.multi_agent = family_of(config.env).multi_agent
         self.returns_per_policy = self.multi_agent or bool(config.population.members)
         """Heartbeats carry each policy's returns (`policy/<name>/episode_return_mean`)."""
         self.policies: list[str] = []

@@ -1,92 +1,49 @@
-"""Environment adapters: build gymnasium environments and describe their spaces."""
+"""Environments by family: make, check and describe the env of a config, whatever its
+family (`srl_jax/config/env_families.py` finds it; `actors/env_families/` implements it).
+"""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
-import gymnasium as gym
 import numpy as np
 
-from actors.atari import is_atari, make_atari
-from actors.spaces import spec_from_spaces
+from actors.env_families.implementation import implementation_of
 from srl_jax.config.checks import check_request_rows
 from srl_jax.config.schema import (
     DEFAULT_POLICY,
     ConfigError,
     EnvConfig,
     ExperimentConfig,
-    is_pettingzoo,
     policy_names,
 )
 from srl_jax.core.env_spec import EnvSpec, check_network, with_network
 
 
-def make_env(config: EnvConfig, render_mode: str | None = None) -> gym.Env:
-    """A gymnasium environment, or an Atari game with its preprocessing (actors/atari.py)."""
-    if is_atari(config.id):
-        if config.mask_obs:
-            raise ConfigError("'env.mask_obs' is for vector observations, not Atari frames")
-        return make_atari(config, render_mode)
-    kwargs = dict(config.kwargs, render_mode=render_mode) if render_mode else config.kwargs
-    env = gym.make(config.id, **kwargs)
-    space = env.observation_space
-    if isinstance(space, gym.spaces.Box) and space.dtype == np.float64:
-        # MuJoCo and others observe float64; the networks compute in float32, and
-        # float32 halves the bytes on the wire.
-        limit = np.finfo(np.float32).max
-        bounds = [np.where(np.isinf(b), b, np.clip(b, -limit, limit)).astype(np.float32)
-                  for b in (space.low, space.high)]
-        env = gym.wrappers.TransformObservation(
-            env, lambda obs: np.asarray(obs, np.float32),
-            gym.spaces.Box(*bounds, space.shape, np.float32))
-    return mask_observations(env, config.mask_obs) if config.mask_obs else env
+def make_env(config: EnvConfig, render_mode: str | None = None) -> Any:
+    """One gymnasium env of a single-agent family (evaluation, benchmarks)."""
+    return implementation_of(config).make_env(config, render_mode)
 
 
-def mask_observations(env: gym.Env, indices: list[int]) -> gym.Env:
-    """`env` with the observation entries at `indices` (flat) replaced by zeros: a
-    partially observable version of it. ConfigError naming `env.mask_obs` if the
-    indices do not fit its observations."""
-    space = env.observation_space
-    if not isinstance(space, gym.spaces.Box):
-        raise ConfigError(f"'env.mask_obs' needs Box observations; '{env.spec.id}' has {space}")
-    size = int(np.prod(space.shape))
-    bad = [i for i in indices if not isinstance(i, int) or not 0 <= i < size]
-    if bad:
-        raise ConfigError(f"'env.mask_obs': {bad} are not indices of the {size} observation "
-                          f"entries of '{env.spec.id}'")
-    keep = np.ones(size, bool)
-    keep[indices] = False
-    keep = keep.reshape(space.shape)
-    masked = gym.spaces.Box(np.where(keep, space.low, 0).astype(space.dtype),
-                            np.where(keep, space.high, 0).astype(space.dtype), space.shape,
-                            space.dtype)
-    return gym.wrappers.TransformObservation(
-        env, lambda obs: np.where(keep, obs, 0).astype(space.dtype, copy=False), masked)
+def make_split(config: EnvConfig, count: int, seeds: list[int],
+               global_state: bool = False) -> Any:
+    """`count` environments of `config` that step together, seeded with `seeds`: the split
+    an actor's ring holds (an `actors.env_ring.OnePolicy` or a `MultiAgentSplit`);
+    `global_state`: a multi-agent split also reports each env's global state."""
+    return implementation_of(config).make_split(config, count, seeds, global_state)
 
 
 def env_spec(config: EnvConfig, policy: str = DEFAULT_POLICY) -> EnvSpec:
     """Spaces of `config`'s environment as `policy` sees them; ConfigError if this
     version cannot run it. A single-agent environment has one policy, the default."""
-    if is_pettingzoo(config.id):
-        from actors.multi_agent import multi_agent_specs
+    return implementation_of(config).spec(config, policy)
 
-        return multi_agent_specs(config)[policy]
-    try:
-        env = make_env(config)
-    except ConfigError:
-        raise
-    except Exception as error:  # gymnasium raises many kinds for bad kwargs
-        raise ConfigError(f"'env.kwargs': cannot make '{config.id}': {error}") from None
-    try:
-        obs_space, action_space = env.observation_space, env.action_space
-    finally:
-        env.close()
-    spec = spec_from_spaces(obs_space, action_space, config.id)
-    if config.backend == "envpool":
-        from actors.envpool_split import check_envpool
 
-        check_envpool(config, spec)
-    return spec
+def check_env_id(config: ExperimentConfig) -> None:
+    """ConfigError unless `env.id` names an environment this installation can make (the
+    launcher runs it after `srl_jax.config.loader.load_config`, before any worker starts)."""
+    implementation_of(config.env).check_id(config.env)
 
 
 def policy_spec(config: ExperimentConfig, policy: str = DEFAULT_POLICY) -> EnvSpec:

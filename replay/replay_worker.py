@@ -24,7 +24,6 @@ from typing import NamedTuple
 import numpy as np
 import zmq
 
-from actors.atari import is_atari
 from actors.envs import policy_spec
 from replay.buffer import ReplayBuffer
 from replay.rate_limiter import RateLimiter, error_buffer
@@ -54,11 +53,6 @@ class Pending(NamedTuple):
     since: float
 
 
-def frame_stack(config: ExperimentConfig) -> int:
-    """Frames stacked on an observation's last axis (Atari), stored once each; else 1."""
-    return config.env.atari.frame_stack if is_atari(config.env.id) else 1
-
-
 def priorities_error(arrays: dict[str, np.ndarray]) -> str | None:
     """What is wrong with a `priorities` message's arrays; None if nothing is."""
     expected = {"slots": "iu", "generations": "iu", "priorities": "f"}
@@ -83,7 +77,7 @@ class ReplayWorker(Worker):
         self.spec = policy_spec(config, policy)
         self.layout = run_chunk_layout(config, self.spec)
         T, columns = self.layout["actions"][0][:2]
-        self.buffer = ReplayBuffer(cfg.capacity, T, columns, self.spec, frame_stack(config),
+        self.buffer = ReplayBuffer(cfg.capacity, T, columns, self.spec, self.spec.frame_stack,
                                    cfg.priority_exponent, cfg.importance_exponent,
                                    config.seed * 1009 + index + self.incarnation.seed(0))
         self.limiter = RateLimiter(cfg.min_size, cfg.samples_per_insert,
@@ -111,7 +105,7 @@ class ReplayWorker(Worker):
         self.poller.register(self.router, zmq.POLLIN)
         self.log.info("capacity %d transitions in %.1f MiB (frame stack %d)",
                       self.config.replay.capacity, self.buffer.nbytes / 2**20,
-                      frame_stack(self.config))
+                      self.spec.frame_stack)
 
     def run_once(self) -> None:
         can_insert = self.limiter.can_insert()

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from srl_jax.config.schema import is_pettingzoo
+from srl_jax.config.env_families import family_of
 
 if TYPE_CHECKING:
     from learners.workers.export import TeamEpisode, TrainedPolicy
@@ -67,17 +67,16 @@ def _make_player(team: list[TrainedPolicy], args: argparse.Namespace
                  ) -> Callable[..., TeamEpisode]:
     """play(seed, frames) -> the episode's returns and length, in the team's environment
     (made here once, closed at exit); ValueError when the env cannot be made."""
-    from actors.envs import make_env
-    from actors.multi_agent import MultiAgentSplit
+    from actors.envs import make_env, make_split
     from learners.workers.export import TeamEpisode, play_episode, play_team_episode
 
     config, deterministic = team[0].config.env, not args.stochastic
     render_mode = "rgb_array" if args.video else None
     try:
-        if is_pettingzoo(config.id):
+        if family_of(config).multi_agent:
             kwargs = dict(config.kwargs, render_mode=render_mode) if render_mode else config.kwargs
             config = dataclasses.replace(config, kwargs=kwargs)
-            split = MultiAgentSplit(config, 1, [args.seed])  # renderer included
+            split = make_split(config, 1, [args.seed])  # renderer included
             atexit.register(split.close)
             return lambda seed, frames: play_team_episode(team, split, seed, deterministic,
                                                           frames)

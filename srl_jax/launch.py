@@ -180,8 +180,7 @@ def prepare_run(args: argparse.Namespace) -> tuple:
 def check_before_launch(config: ExperimentConfig) -> ExperimentConfig:
     """The checks `load_config` leaves out: those that need the environment packages and
     the algorithm's own; returns `config` with its algorithm sections written whole."""
-    from actors.env_checks import check_env_id
-    from actors.envs import check_policies
+    from actors.envs import check_env_id, check_policies
     from learners.algorithms.registry import algorithm, resolve_algorithms
 
     check_env_id(config)

@@ -11,7 +11,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from actors.atari import register_atari
+from actors.env_families.atari import register_atari
 from actors.env_ring import EnvSplit
 from actors.envs import env_spec, make_env
 from srl_jax.config.loader import load_config
@@ -113,6 +113,7 @@ def test_atari_specs_are_uint8_frames_and_chunks_carry_them() -> None:
         config = load_config(REPO / "configs" / f"{name}.yaml")
         spec = env_spec(config.env)
         assert spec.obs_shape == (SIZE, SIZE, 4) and spec.obs_dtype == np.uint8
+        assert spec.frame_stack == 4, "replay stores each frame once"
         T, n = config.actors.trajectory_length, config.actors.envs // config.actors.splits
         assert run_chunk_layout(config, spec)["obs"] == ((T + 1, n, SIZE, SIZE, 4),
                                                      np.dtype(np.uint8))

@@ -21,10 +21,9 @@ import itertools
 import numpy as np
 import pytest
 
-from actors.actor_worker import make_split
+from actors.env_families.envpool_split import EnvPoolSplit, check_envpool, envpool_task
 from actors.env_ring import ChunkBuilder, EnvSplit
-from actors.envpool_split import EnvPoolSplit, check_envpool, envpool_task
-from actors.envs import env_spec, make_env
+from actors.envs import env_spec, make_env, make_split
 from srl_jax.config.schema import ConfigError, EnvConfig
 from srl_jax.core.chunk_spec import run_chunk_layout
 from tests.conftest import make_config
@@ -33,7 +32,7 @@ N = 4
 
 
 def test_task_names_follow_gymnasium_ids() -> None:
-    assert envpool_task("ALE/Pong-v5") == "Pong-v5"
+    assert envpool_task("ALE/Pong-v5", atari=True) == "Pong-v5"
     assert envpool_task("HalfCheetah-v5") == "HalfCheetah-v5"
 
 
@@ -82,7 +81,7 @@ def test_breakout_counts_whole_games_with_episodic_life() -> None:
     config.atari = dataclasses.replace(config.atari, episodic_life=True, sticky_actions=0.0)
     spec = env_spec(config)
     assert spec.obs_shape == (84, 84, 4) and spec.obs_dtype == np.uint8
-    split = EnvPoolSplit(config, 1, seed=7)
+    split = EnvPoolSplit(config, 1, seed=7, atari=True)
     rng = np.random.default_rng(1)
     raw, life_ends, games = 0.0, 0, []
     for _ in itertools.count():

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from actors.actor_worker import ActorWorker, make_split, split_seeds
-from actors.envs import env_seed
+from actors.actor_worker import ActorWorker, split_seeds
+from actors.envs import env_seed, make_split
 from srl_jax.core.incarnation import FIRST, RESTARTS_ENV, RESUMES_ENV, Incarnation
 from srl_jax.core.names import FileNameService
 from tests.conftest import make_config

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 import zmq
 
+from actors.env_families.multi_agent import MultiAgentSplit
+from actors.env_families.parallel_envs import multi_agent_specs
 from actors.env_ring import ChunkBuilder
 from actors.envs import check_policies
-from actors.multi_agent import MultiAgentSplit, multi_agent_specs
 from learners.algorithms import impala, ppo
 from learners.algorithms.impala_config import ImpalaConfig
 from learners.algorithms.ppo_config import PPOConfig

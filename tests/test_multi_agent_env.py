@@ -16,9 +16,9 @@ import pytest
 from mpe2 import simple_adversary_v3, simple_spread_v3
 from pettingzoo import ParallelEnv
 
-from actors.multi_agent import (
+from actors.env_families.multi_agent import MultiAgentSplit
+from actors.env_families.parallel_envs import (
     INSTALL_HINT,
-    MultiAgentSplit,
     agent_policies,
     check_pettingzoo_id,
     multi_agent_specs,

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from actors.multi_agent import MultiAgentSplit
+from actors.env_families.multi_agent import MultiAgentSplit
 from learners.training.checkpoint import restore_params
 from learners.workers.evaluator import Evaluated, keep_best
 from srl_jax.config.loader import load_config

@@ -35,8 +35,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from actors.envs import env_seed, make_env, policy_spec
-from actors.multi_agent import MultiAgentSplit
+from actors.envs import env_seed, make_env, make_split, policy_spec
 from learners.models.networks import make_policy
 from learners.models.policy import make_runner
 from learners.models.policy_runner import PolicyRunner
@@ -45,9 +44,10 @@ from learners.training.device_memory import device_memory_counters
 from learners.training.jax_runtime import configure_jax
 from learners.workers.export import TeamEpisode, TrainedPolicy, play_episode, play_team_episode
 from learners.workers.param_stream import POLL_MS, ParamSubscriber, subscribe
+from srl_jax.config.env_families import family_of
 from srl_jax.config.loader import config_to_dict
 from srl_jax.config.run_dir import evaluated_root, step_meta, steps_in
-from srl_jax.config.schema import is_pettingzoo, member_names, policy_names
+from srl_jax.config.schema import member_names, policy_names
 from srl_jax.core.metrics_table import TEAM_EVAL_RETURN
 from srl_jax.core.worker_base import Worker
 
@@ -108,7 +108,7 @@ class EvaluatorWorker(Worker):
         self.evaluations = 0
         self.episodes = 0
         self.groups: list[_Group] = []
-        self.multi_agent = is_pettingzoo(self.config.env.id)
+        self.multi_agent = family_of(self.config.env).multi_agent
 
     def setup(self) -> None:
         configure_jax(self.config.runtime)
@@ -130,7 +130,7 @@ class EvaluatorWorker(Worker):
                 root = evaluated_root(self.run_dir, name, self.config.checkpoint.dir)
                 if saved := steps_in(root):  # a restarted evaluator
                     group.best[name] = step_meta(root, saved[-1])["eval_return_mean"]
-        self.env = MultiAgentSplit(env, 1, [self.config.seed]) if self.multi_agent \
+        self.env = make_split(env, 1, [self.config.seed]) if self.multi_agent \
             else make_env(env)
 
     def run_once(self) -> None:

@@ -24,8 +24,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from actors.env_families.multi_agent import MultiAgentSplit
 from actors.envs import policy_spec
-from actors.multi_agent import MultiAgentSplit
 from learners.algorithms.registry import algorithm, algorithm_config, live_values, sizes
 from learners.algorithms.train_state import init_train_state
 from learners.models.distributions import mask_logits
@@ -141,7 +141,7 @@ def play_team_episode(policies: Sequence[TrainedPolicy], split: MultiAgentSplit,
                       on_step: Callable[[], bool] | None = None) -> TeamEpisode:
     """One episode of `split`'s one environment, started anew from `seed`, each of
     `policies` (in `policy_names` order) acting for its agents. Make the split once
-    (`MultiAgentSplit(env, 1, [seed])`) and pass it to every episode; its owner closes
+    (`actors.envs.make_split(env, 1, [seed])`) and pass it to every episode; its owner closes
     it. Appends rendered frames to `frames` if given (the env must then render, e.g.
     kwargs render_mode='rgb_array'); `on_step` is called after every step and may end
     the episode early by returning False."""

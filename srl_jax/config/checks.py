@@ -2,7 +2,7 @@
 
 `validate` rejects what cannot run before a single worker starts, each message
 one line naming the key. Checks that must build or import an environment live
-with the actors (`actors/env_checks.py`), and each algorithm checks its own
+with the actors (`actors.envs.check_env_id`), and each algorithm checks its own
 section (`learners/algorithms/registry.py`); the launcher runs all three.
 """
 
@@ -11,11 +11,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from srl_jax.config.checkpoint_location import location_problem
+from srl_jax.config.env_families import backends, families, family_of, implementation_name
 from srl_jax.config.schema import (
     CONVS,
     CORES,
     CRITICS,
-    ENV_BACKENDS,
+    DEFAULT_BACKEND,
     HEADS,
     NAME_SERVICES,
     NETWORKS,
@@ -24,7 +25,6 @@ from srl_jax.config.schema import (
     ConfigError,
     ExperimentConfig,
     NetworkConfig,
-    is_pettingzoo,
     policy_names,
     request_rows,
 )
@@ -52,7 +52,11 @@ def validate(config: ExperimentConfig) -> None:
 
 def check_env(config: ExperimentConfig) -> None:
     env = config.env
-    if is_pettingzoo(env.id):
+    known = backends()
+    require(env.backend in known,
+            f"'env.backend': unknown '{env.backend}' (known: {', '.join(known)})")
+    implementation_name(env)  # ConfigError unless the family steps with this backend
+    if family_of(env).multi_agent:
         for name, patterns in env.policies.items():
             require(bool(POLICY_NAME.fullmatch(str(name))) and name not in RESERVED_POLICY_NAMES,
                     f"'env.policies': policy name '{name}' must start with a letter, hold only "
@@ -60,17 +64,14 @@ def check_env(config: ExperimentConfig) -> None:
             require(isinstance(patterns, list) and bool(patterns)
                     and all(isinstance(p, str) for p in patterns),
                     f"'env.policies.{name}' must be a list of agent name patterns")
-        require(env.backend == "gymnasium",
-                "'env.backend': PettingZoo environments step with 'gymnasium'")
         require(not config.actors.inline_inference,
                 "'actors.inline_inference' is for single-agent environments")
         require(not env.mask_obs, "'env.mask_obs' is for single-agent gymnasium environments")
-    else:
-        require(not env.policies,
-                "'env.policies' is for multi-agent (PettingZoo 'pettingzoo:...') environments")
-    require(env.backend in ENV_BACKENDS,
-            f"'env.backend': unknown '{env.backend}' (known: {', '.join(ENV_BACKENDS)})")
-    require(not env.mask_obs or env.backend == "gymnasium",
+    elif env.policies:
+        ids = ", ".join(f"'{pattern}'" for family in families() if family.multi_agent
+                        for pattern in family.ids)
+        raise ConfigError(f"'env.policies' is for multi-agent environments ({ids})")
+    require(not env.mask_obs or env.backend == DEFAULT_BACKEND,
             "'env.mask_obs' is applied by gymnasium envs: it needs 'env.backend' gymnasium")
     atari = env.atari
     require(atari.noop_max >= 0, "'env.atari.noop_max' must not be negative")
@@ -211,7 +212,7 @@ def check_network(config: ExperimentConfig) -> None:
     require(network.critic in CRITICS,
             f"'network.critic': unknown '{network.critic}' (known: {', '.join(CRITICS)})")
     if network.critic == "global":
-        require(is_pettingzoo(config.env.id),
+        require(family_of(config.env).multi_agent,
                 "'network.critic': 'global' reads a multi-agent env's global state; "
                 f"'{config.env.id}' is a single-agent env")
         require(network.head == "actor_critic" and network.core == "none",
@@ -242,7 +243,7 @@ def check_stop(config: ExperimentConfig) -> None:
     if stop.policy is not None:
         require(not config.population.members, "'stop.policy': a population stops when "
                 "every member reaches the target; there is no policy to choose")
-        require(is_pettingzoo(config.env.id), "'stop.policy' chooses among a multi-agent "
+        require(family_of(config.env).multi_agent, "'stop.policy' chooses among a multi-agent "
                 "run's policies; a single-agent run has one return")
         known = policy_names(config.env)
         require(stop.policy in known, f"'stop.policy': no policy '{stop.policy}' "
@@ -339,7 +340,7 @@ def check_selfplay(config: ExperimentConfig) -> None:
     if not (selfplay.frozen or selfplay.opponents):
         return
     policies = list(config.env.policies)
-    require(is_pettingzoo(config.env.id) and bool(policies),
+    require(family_of(config.env).multi_agent and bool(policies),
             "'selfplay' needs a multi-agent env with named policies ('env.policies')")
     require(not config.population.members, "'selfplay' and 'population' do not mix")
     for name in selfplay.frozen:

@@ -21,21 +21,16 @@ CORES = ("none", "lstm", "gru")
 HEADS = ("actor_critic", "q", "dueling")
 CRITICS = ("local", "global")
 CONVS = ("auto", "xla", "matmul")
-ENV_BACKENDS = ("gymnasium", "envpool")
+DEFAULT_BACKEND = "gymnasium"
+"""The `env.backend` that every env family has (others: `srl_jax.config.env_families`)."""
 NAME_SERVICES = ("auto", "files", "network")
 DEFAULT_POLICY = "default"
-PETTINGZOO_PREFIX = "pettingzoo:"
 POLICY_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 RESERVED_POLICY_NAMES = ("best", "evaluated", "pool")
 """Directories of `checkpoints/` that a policy's own checkpoints would collide with."""
 SECTIONS = "sections"
 """Field metadata: a `dict[str, dict]` field that gathers the section's other mappings
 (`learner.ppo: {...}`) by name, for a plugin to build; it has no key of its own."""
-
-
-def is_pettingzoo(env_id: str) -> bool:
-    """Whether `env_id` names a PettingZoo parallel environment ('pettingzoo:<module>')."""
-    return env_id.startswith(PETTINGZOO_PREFIX)
 
 
 class ConfigError(ValueError):
@@ -62,12 +57,13 @@ class AtariConfig:
 class EnvConfig:
     id: str = "CartPole-v1"
     """A registered gymnasium environment id, an Atari game as 'ALE/<Game>-v5', or a
-    PettingZoo parallel environment as 'pettingzoo:<module>' (a module with `parallel_env`)."""
+    PettingZoo parallel environment as 'pettingzoo:<module>' (a module with `parallel_env`):
+    an id of a family of `srl_jax.config.env_families` (plugins may add families)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments passed to `gymnasium.make` (or to PettingZoo's `parallel_env`)."""
     atari: AtariConfig = field(default_factory=AtariConfig)
     """Atari preprocessing (used for 'ALE/...' ids)."""
-    backend: str = "gymnasium"
+    backend: str = DEFAULT_BACKEND
     """How actors step a split: 'gymnasium' (one env object each) or 'envpool' (one C++ batch)."""
     policies: dict[str, list[str]] = field(default_factory=dict)
     """Multi-agent envs: policy name -> patterns (fnmatch) of the agents it acts for; an

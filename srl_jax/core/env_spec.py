@@ -1,6 +1,6 @@
 """What every worker needs to know about an environment's spaces, without building it.
 
-Actors derive it from a live environment (`actors.envs.env_spec`); learners, servers
+Env families derive it from a live environment (`actors.envs.env_spec`); learners, servers
 and the chunk spec only read it, so it lives here and imports no environment package.
 """
 
@@ -42,6 +42,9 @@ class EnvSpec:
     """Floats of the env's global state (multi-agent envs: `state()`, or every agent's
     observation side by side): what a centralized critic reads. After `with_network`,
     0 unless the network has one (`network.critic: global`), so chunks carry it only then."""
+    frame_stack: int = 1
+    """Frames an observation stacks on its last axis (Atari's `env.atari.frame_stack`), which
+    replay stores once each; 1: observations are not frame stacks."""
 
     @property
     def action_shape(self) -> tuple[int, ...]:

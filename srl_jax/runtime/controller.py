@@ -27,12 +27,12 @@ from typing import Any
 
 import zmq
 
+from srl_jax.config.env_families import family_of
 from srl_jax.config.placement import Placement
 from srl_jax.config.run_dir import policy_version, write_status
 from srl_jax.config.schema import (
     DEFAULT_POLICY,
     ExperimentConfig,
-    is_pettingzoo,
     member_names,
     run_policies,
 )
@@ -430,7 +430,7 @@ class Controller:
         set); None: the run's one return (`episode_return_mean`, `eval_return_mean`)."""
         if members := member_names(self.config.population.members):
             return members, "every member's"
-        if not is_pettingzoo(self.config.env.id):
+        if not family_of(self.config.env).multi_agent:
             return None
         if (chosen := self.config.stop.policy) is not None:
             return [chosen], f"policy {chosen}'s"

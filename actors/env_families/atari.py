@@ -1,4 +1,5 @@
-"""Atari: ALE v5 games with the DeepMind preprocessing, uint8 end to end.
+"""The Atari family: ALE v5 games ('ALE/<Game>-v5') with the DeepMind preprocessing,
+uint8 end to end.
 
 The stack, in the order the frames go through it (Mnih et al. 2015; Machado et
 al. 2018 for sticky actions):
@@ -20,18 +21,15 @@ the wire, and the returns in the metrics, are the raw game score.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
+from actors.env_families.gymnasium_envs import GymnasiumEnvs
 from srl_jax.config.schema import ConfigError, EnvConfig
-
-ATARI_PREFIX = "ALE/"
-
-
-def is_atari(env_id: str) -> bool:
-    return env_id.startswith(ATARI_PREFIX)
+from srl_jax.core.env_spec import EnvSpec
 
 
 class EpisodicLife(gym.Wrapper):
@@ -112,3 +110,23 @@ def make_atari(config: EnvConfig, render_mode: str | None = None) -> gym.Env:
         env = FireReset(env)
     env = gym.wrappers.FrameStackObservation(env, atari.frame_stack)
     return _channels_last(env)
+
+
+class AtariEnvs(GymnasiumEnvs):
+    """ALE games through `make_atari`; their observations stack `env.atari.frame_stack`
+    frames, which replay stores once each (`EnvSpec.frame_stack`)."""
+
+    def check_id(self, env: EnvConfig) -> None:
+        register_atari(env.id)
+        super().check_id(env)
+
+    def spec(self, env: EnvConfig, policy: str) -> EnvSpec:
+        return dataclasses.replace(super().spec(env, policy), frame_stack=env.atari.frame_stack)
+
+    def make_env(self, env: EnvConfig, render_mode: str | None = None) -> gym.Env:
+        if env.mask_obs:
+            raise ConfigError("'env.mask_obs' is for vector observations, not Atari frames")
+        return make_atari(env, render_mode)
+
+
+ATARI = AtariEnvs()
