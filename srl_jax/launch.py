@@ -181,7 +181,7 @@ def check_before_launch(config: ExperimentConfig) -> ExperimentConfig:
     """The checks `load_config` leaves out: those that need the environment packages and
     the algorithm's own; returns `config` with its algorithm sections written whole."""
     from actors.envs import check_env_id, check_policies
-    from learners.algorithms.registry import algorithm, resolve_algorithms
+    from srl_jax.config.algorithms import algorithm, resolve_algorithms
 
     check_env_id(config)
     check_policies(config)

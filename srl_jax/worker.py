@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         names, config = names_and_config(args.run_dir, names_endpoint, forwarder)
         import_plugins(config)
         try:
-            worker_class = load_worker_class(args.kind)
+            worker_class = load_worker_class(args.kind, config)
         except UnknownWorkerKind as error:
             parser.error(str(error))
         return worker_class(config, args.index, args.run_dir, names, args.policy).run()

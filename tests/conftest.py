@@ -21,7 +21,7 @@ import yaml
 import zmq
 from tensorboardX.proto import event_pb2
 
-from learners.algorithms.registry import resolve_algorithms
+from srl_jax.config.algorithms import resolve_algorithms
 from srl_jax.config.loader import apply_overrides, config_from_dict, config_to_dict
 from srl_jax.config.run_dir import read_status
 from srl_jax.config.schema import ExperimentConfig

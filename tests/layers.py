@@ -41,7 +41,7 @@ def _names(*layers: str) -> frozenset[str]:
     return frozenset(layers)
 
 
-DECLARATIONS = ("learners/algorithms/registry.py", "learners/algorithms/*_config.py")
+DECLARATIONS = ("learners/algorithms/*_config.py",)
 LEARNING = ("core", "algorithm declarations", "models", "algorithms", "training")
 LAYERS = (
     Layer("core", ("srl_jax/core", "srl_jax/config"), _names("core"), NO_ENGINES),

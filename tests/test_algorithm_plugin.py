@@ -24,7 +24,10 @@ import optax
 import pytest
 import yaml
 
-from learners.algorithms.registry import (
+from learners.algorithms.sequences import episode_starts
+from learners.algorithms.train_state import Batch, TrainState, prepare
+from learners.models.networks import Policy
+from srl_jax.config.algorithms import (
     Algorithm,
     Sizes,
     algorithm,
@@ -32,9 +35,6 @@ from learners.algorithms.registry import (
     check_inputs,
     register,
 )
-from learners.algorithms.sequences import episode_starts
-from learners.algorithms.train_state import Batch, TrainState, prepare
-from learners.models.networks import Policy
 from srl_jax.config.loader import config_from_dict
 from srl_jax.config.run_dir import read_status
 from srl_jax.config.schema import ConfigError

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from learners.algorithms.registry import algorithm_config
+from srl_jax.config.algorithms import algorithm_config
 from srl_jax.config.loader import (
     SHIPPED_CONFIGS,
     config_dirs,

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from learners.algorithms import impala, ppo
-from learners.algorithms.registry import Sizes
 from learners.algorithms.train_state import Batch, init_train_state
 from learners.models.conv import matmul_conv, patches_matmul_conv, xla_conv
 from learners.models.networks import init_policy_params, make_policy
+from srl_jax.config.algorithms import Sizes
 from srl_jax.config.checks import validate
 from srl_jax.config.schema import ConfigError
 from srl_jax.core.env_spec import EnvSpec

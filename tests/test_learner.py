@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from actors.envs import env_spec
-from learners.algorithms.registry import algorithm, algorithm_config, live_values, sizes
 from learners.models.networks import make_policy
 from learners.training.checkpoint import Checkpointer
 from learners.training.learner import Learner, chunk_inputs
 from learners.training.mesh import make_learner_mesh
+from srl_jax.config.algorithms import algorithm, algorithm_config, live_values, sizes
 from srl_jax.core.chunk_spec import empty_chunk, run_chunk_layout
 from tests.conftest import make_config
 

@@ -16,9 +16,9 @@ from actors.envs import policy_spec
 from learners.algorithms.dqn_config import ALGORITHM as DQN
 from learners.algorithms.impala_config import ALGORITHM as IMPALA
 from learners.algorithms.ppo_config import ALGORITHM as PPO
-from learners.algorithms.registry import Algorithm, algorithm_config, live_values
 from learners.training.checkpoint import Checkpointer
 from learners.training.learner import Learner, build_learner
+from srl_jax.config.algorithms import Algorithm, algorithm_config, live_values
 from srl_jax.config.loader import load_config
 from srl_jax.config.schema import ExperimentConfig
 from tests.conftest import REPO, make_config

@@ -22,12 +22,12 @@ from actors.envs import check_policies
 from learners.algorithms import impala, ppo
 from learners.algorithms.impala_config import ImpalaConfig
 from learners.algorithms.ppo_config import PPOConfig
-from learners.algorithms.registry import Sizes
 from learners.algorithms.train_state import init_train_state, to_batch
 from learners.models.distributions import CATEGORICAL, mask_logits
 from learners.models.networks import init_policy_params, make_policy
 from learners.training.learner import check_splits, chunk_inputs
 from learners.workers.inference_server import InferenceServer
+from srl_jax.config.algorithms import Sizes
 from srl_jax.config.schema import ConfigError, EnvConfig
 from srl_jax.core.env_spec import with_network
 from srl_jax.core.names import FileNameService

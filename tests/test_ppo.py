@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from learners.algorithms.ppo import PPOConfig, gae, make_optimizer, make_update, ppo_loss
-from learners.algorithms.registry import Sizes
 from learners.models.distributions import CATEGORICAL
+from srl_jax.config.algorithms import Sizes
 from tests.update_checks import (
     SIZES,
     check_update_trains_and_repeats,

@@ -20,13 +20,13 @@ import zmq
 
 import tests.test_inference_server as inference_test
 from actors.envs import make_env, policy_spec
-from learners.algorithms.registry import algorithm, algorithm_config, sizes
 from learners.algorithms.sequences import episode_starts
 from learners.algorithms.train_state import Batch, init_train_state
 from learners.models.networks import init_policy_params, make_policy
 from learners.models.policy import make_runner
 from learners.models.policy_runner import PolicyRunner
 from learners.workers.export import TrainedPolicy
+from srl_jax.config.algorithms import algorithm, algorithm_config, sizes
 from srl_jax.core.names import FileNameService
 from srl_jax.core.stream_table import PARAMS
 from srl_jax.core.streams import make_socket, send

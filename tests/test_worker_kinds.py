@@ -102,7 +102,7 @@ def test_a_registered_kind_joins_the_plan_and_its_class_loads(
                                                     ("archive", 1, "default")]
     assert plan.index(("archive", 0, "default")) < plan.index(("actor", 0, "default")), \
         "per-policy kinds come first"
-    assert load_worker_class("archive") is ArchiveWorker
+    assert load_worker_class("archive", make_config()) is ArchiveWorker
     assert register_kind(ARCHIVE) is ARCHIVE, "registering the same kind again is a no-op"
     assert archive_registered.ray_resources(make_config()) == {"CPU": 1.0}, "no ray.archive key"
     assert not any(o.startswith("ray.archive=") for o in placement_overrides())

@@ -10,9 +10,9 @@ import jax
 import numpy as np
 import optax
 
-from learners.algorithms.registry import Sizes
 from learners.algorithms.train_state import Batch, TrainState, init_train_state
 from learners.models.networks import Policy, init_policy_params, make_policy
+from srl_jax.config.algorithms import Sizes
 from srl_jax.core.env_spec import EnvSpec, with_network
 from tests.conftest import make_config
 

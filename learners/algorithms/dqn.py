@@ -24,9 +24,9 @@ import jax.numpy as jnp
 import optax
 
 from learners.algorithms.dqn_config import DQNConfig
-from learners.algorithms.registry import Sizes, with_live
 from learners.algorithms.train_state import TrainState, descend, scale_rewards
 from learners.models.networks import Policy, update_obs_stats
+from srl_jax.config.algorithms import Sizes, with_live
 
 
 def nstep_targets(rewards: jax.Array, steps: jax.Array, terminated: jax.Array,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from learners.algorithms.registry import Algorithm, Sizes, lazy
+from srl_jax.config.algorithms import Algorithm, Sizes, lazy
 from srl_jax.config.schema import ConfigError
 
 

@@ -23,11 +23,11 @@ import optax
 
 from learners.algorithms.critic import with_critic_values
 from learners.algorithms.ppo_config import PPOConfig
-from learners.algorithms.registry import Sizes, with_live
 from learners.algorithms.sequences import episode_starts, flat_unroll, warm_state
 from learners.algorithms.train_state import Batch, TrainState, descend, prepare, weighted_mean
 from learners.models.distributions import Distribution, mask_logits
 from learners.models.networks import Policy
+from srl_jax.config.algorithms import Sizes, with_live
 
 
 def gae(rewards: jax.Array, values: jax.Array, terminated: jax.Array, truncated: jax.Array,

@@ -27,7 +27,6 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from learners.algorithms.registry import algorithm, algorithm_config, live_values, sizes
 from learners.algorithms.train_state import TrainState, init_train_state, to_batch
 from learners.models.networks import init_policy_params, make_policy
 from learners.models.param_codec import host_value
@@ -39,6 +38,7 @@ from learners.training.mesh import (
     put_batch,
     replicated,
 )
+from srl_jax.config.algorithms import algorithm, algorithm_config, live_values, sizes
 from srl_jax.config.placement import planned_learner_devices
 from srl_jax.config.schema import ConfigError, ExperimentConfig
 from srl_jax.core.chunk_spec import empty_chunk

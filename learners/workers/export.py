@@ -26,11 +26,11 @@ import numpy as np
 
 from actors.env_families.multi_agent import MultiAgentSplit
 from actors.envs import policy_spec
-from learners.algorithms.registry import algorithm, algorithm_config, live_values, sizes
 from learners.algorithms.train_state import init_train_state
 from learners.models.distributions import mask_logits
 from learners.models.networks import Policy, init_policy_params, make_policy
 from learners.training.checkpoint import Checkpointer, restore_params
+from srl_jax.config.algorithms import algorithm, algorithm_config, live_values, sizes
 from srl_jax.config.checkpoint_location import filesystem_problem, location_problem
 from srl_jax.config.loader import config_from_dict, import_plugins
 from srl_jax.config.run_dir import (

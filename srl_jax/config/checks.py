@@ -3,7 +3,7 @@
 `validate` rejects what cannot run before a single worker starts, each message
 one line naming the key. Checks that must build or import an environment live
 with the actors (`actors.envs.check_env_id`), and each algorithm checks its own
-section (`learners/algorithms/registry.py`); the launcher runs all three.
+section (`srl_jax/config/algorithms.py`); the launcher runs all three.
 """
 
 from __future__ import annotations

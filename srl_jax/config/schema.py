@@ -5,7 +5,7 @@ docstring. `srl_jax.config.loader` turns YAML plus `--set key=value` overrides
 into an `ExperimentConfig`, `srl_jax.config.checks` rejects what cannot run, and
 the sections about operating a run are in `srl_jax.config.operations`;
 each algorithm owns the schema of its section under `learner`
-(`learners/algorithms/registry.py`). Errors are `ConfigError` with one line naming the key.
+(`srl_jax/config/algorithms.py`). Errors are `ConfigError` with one line naming the key.
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ class InferenceConfig:
 @dataclass
 class LearnerConfig:
     algorithm: str = "ppo"
-    """Learning algorithm: a name in the registry of `learners/algorithms/registry.py` (built in:
+    """Learning algorithm: a name in the registry of `srl_jax/config/algorithms.py` (built in:
     'ppo', 'impala', 'dqn'; more from `plugins`). Its hyperparameters are `learner.<name>`."""
     batch_envs: int = 32
     """B: env columns per update, a batch of [T+1, B]; for an algorithm that learns from
@@ -203,7 +203,7 @@ class LearnerConfig:
     algorithms: dict[str, dict[str, Any]] = field(
         default_factory=dict, metadata={SECTIONS: True})
     """Algorithm sections as written, `learner.<name>: {...}` (e.g. `learner.ppo`), by
-    name; `learners.algorithms.registry.algorithm_config` builds and checks the chosen one with
+    name; `srl_jax.config.algorithms.algorithm_config` builds and checks the chosen one with
     that algorithm's own config class. Not a key of its own in the YAML."""
 
 
@@ -347,7 +347,7 @@ class ExperimentConfig:
     plugins: list[str] = field(default_factory=list)
     """Modules imported (by the launcher and by every worker process) before the config
     is checked: importing one registers what it adds, e.g. an algorithm
-    (`learners.algorithms.registry.register`). Every process imports them, actors included."""
+    (`srl_jax.config.algorithms.register`). Every process imports them, actors included."""
     env: EnvConfig = field(default_factory=EnvConfig)
     """Environment."""
     actors: ActorConfig = field(default_factory=ActorConfig)

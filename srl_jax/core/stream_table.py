@@ -28,7 +28,7 @@ from message kinds (`params`), so a grep for `port.` finds every key written
 by hand. Keys show up as files under `<run_dir>/names/` and as `key` of each
 worker's `ports` in `status.json`.
 
-An algorithm that learns from replay (`learners/algorithms/registry.py: Algorithm.source`)
+An algorithm that learns from replay (`srl_jax/config/algorithms.py: Algorithm.source`)
 turns the samples stream into two: actors push their chunks to the replay servers
 (inserts), and the learner asks every server for sampled batches and sends back
 new priorities (replay). A population run adds the control stream: its manager

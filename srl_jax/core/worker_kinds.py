@@ -75,11 +75,16 @@ class WorkerKind:
     worker of this kind heartbeats at once when it rises, so that the controller times
     the first env frame of the run closely (status.json `startup`)."""
 
+    variant: tuple[Callable[[ExperimentConfig], bool], str] | None = None
+    """(when, "module:Class"): the class the kind runs instead of `entry` where `when(config)`
+    holds (an actor with inline inference: a JAX-side subclass that runs the policy)."""
+
     def __post_init__(self) -> None:
-        module, _, cls = self.entry.partition(":")
-        if not module or not cls:
-            raise ValueError(f"worker kind '{self.name}': entry '{self.entry}' is not "
-                             "'module:Class'")
+        for entry in [self.entry] + ([self.variant[1]] if self.variant else []):
+            module, _, cls = entry.partition(":")
+            if not module or not cls:
+                raise ValueError(f"worker kind '{self.name}': entry '{entry}' is not "
+                                 "'module:Class'")
         if self.host_role not in HOST_ROLES:
             raise ValueError(f"worker kind '{self.name}': host role '{self.host_role}' is not "
                              f"one of {', '.join(HOST_ROLES)}")
@@ -119,9 +124,11 @@ def worker_kind(name: str) -> WorkerKind:
                                 f"{', '.join(KINDS)})") from None
 
 
-def load_worker_class(name: str) -> type:
-    """Import the worker class of the kind `name`, in the process that runs it."""
-    module, _, cls = worker_kind(name).entry.partition(":")
+def load_worker_class(name: str, config: ExperimentConfig) -> type:
+    """Import the worker class of the kind `name` for `config`, in the process that runs it."""
+    kind = worker_kind(name)
+    variant = kind.variant is not None and kind.variant[0](config)
+    module, _, cls = (kind.variant[1] if variant else kind.entry).partition(":")
     return getattr(importlib.import_module(module), cls)
 
 
@@ -158,6 +165,10 @@ def _actors(config: ExperimentConfig) -> int:
     return config.actors.count
 
 
+def _inline_inference(config: ExperimentConfig) -> bool:
+    return config.actors.inline_inference
+
+
 def _evaluators(config: ExperimentConfig) -> int:
     return 1 if config.evaluation.every_updates else 0
 
@@ -184,7 +195,8 @@ register_kind(WorkerKind(
 register_kind(WorkerKind(
     "actor", "actors.actor_worker:ActorWorker", False, _actors, "actor",
     "steps environments for every policy (a population member's: for it alone), sends "
-    "sample chunks to the learners", per_member=True, progress="env_frames"))
+    "sample chunks to the learners", per_member=True, progress="env_frames",
+    variant=(_inline_inference, "learners.workers.inline_policy:InlineActorWorker")))
 register_kind(WorkerKind(
     "evaluator", "learners.workers.evaluator:EvaluatorWorker", False, _evaluators, "actor",
     "plays evaluation episodes with the latest parameters", device_keys="evaluation"))

@@ -18,7 +18,8 @@ starts. A built-in algorithm's `Algorithm` lives with its config in a module of 
 that imports no JAX either (`learners/algorithms/ppo_config.py` beside the math in
 `learners/algorithms/ppo.py`),
 and names its builders with `lazy`: the launcher, which imports JAX nowhere else, starts
-about a second sooner.
+about a second sooner. It sits with the config, below actors and learners, so that the
+learner and the actors read the same declared source (`chunk_stream`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from srl_jax.config.loader import build_dataclass
 from srl_jax.config.schema import ConfigError, ExperimentConfig, LearnerConfig
 from srl_jax.core.chunk_spec import batch_fields
 from srl_jax.core.replay_spec import replay_batch_fields
-from srl_jax.core.stream_table import REPLAY, SAMPLES
+from srl_jax.core.stream_table import INSERTS, REPLAY, SAMPLES, Stream
 
 BUILT_IN = {"ppo": "learners.algorithms.ppo_config", "impala": "learners.algorithms.impala_config",
             "dqn": "learners.algorithms.dqn_config"}
@@ -155,6 +156,13 @@ def algorithm(name: str) -> Algorithm:
         raise ConfigError(f"'learner.algorithm': unknown '{name}'{hint} (known: "
                           f"{', '.join(known())}; others register through 'plugins')")
     return _REGISTERED[name]
+
+
+def chunk_stream(config: ExperimentConfig) -> Stream:
+    """Where the actors send their chunks, as the run's algorithm declares its source: to
+    the learners (samples), or to the replay servers (inserts) for one that learns from
+    replay."""
+    return INSERTS if algorithm(config.learner.algorithm).source == REPLAY.name else SAMPLES
 
 
 def sizes(config: ExperimentConfig) -> Sizes:
