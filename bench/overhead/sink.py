@@ -20,7 +20,7 @@ import zmq
 from actors.envs import policy_spec
 from bench.harness.launcher import BenchError
 from bench.overhead.cases import START_TIMEOUT_S, micro_config
-from srl_jax.core.stream_table import PARAMS, SAMPLES
+from srl_jax.core.stream_table import INFERENCE, PARAMS, SAMPLES
 from srl_jax.core.streams import RejectCounter, make_socket
 
 
@@ -70,7 +70,7 @@ def _serve_requests(conn: Connection, case: dict[str, Any], root: Path) -> None:
     server = InferenceServer(micro_config(case), 0, root, names, runner_factory=zero_runner)
     try:
         server.setup()
-        conn.send(server.endpoint)
+        conn.send(names.get(INFERENCE.key(server.policy, server.index)))
         _until_end(conn, server.run_once, server.counters)
     finally:
         server.close()
