@@ -9,7 +9,7 @@ from bench.report.markdown import machine_note, number, table
 
 
 def sweep(result: dict[str, Any]) -> list[str]:
-    """bench/sweep.py's members: each value's frames and time to the target."""
+    """`bench.sweep`'s members: each value's frames and time to the target."""
     target = result["target_return"]
     rows = [[f"{m['value']:g}", number(m["frames_to_target"], ",.0f"),
              number(m["time_to_target_s"], ".1f"), number(m["final_return"], ".1f")]
@@ -22,7 +22,7 @@ def sweep(result: dict[str, Any]) -> list[str]:
 
 
 def accelerator(result: dict[str, Any]) -> list[str]:
-    """bench/accelerator_check.py's runs and learner cases on one accelerator host."""
+    """`bench.accelerator_check`'s runs and learner cases on one accelerator host."""
     host = result["host"]
     rows = []
     for run in result["runs"].values():
@@ -50,7 +50,7 @@ def accelerator(result: dict[str, Any]) -> list[str]:
 
 
 def learner_cnn(result: dict[str, Any]) -> list[str]:
-    """bench/learner.py --levers: the CNN update with each convolution, beside torch."""
+    """`bench.learner --levers`: the CNN update with each convolution, beside torch."""
     first, reference = result["levers"][0], result["torch"]
     rows = [[f"srl_jax, `network.conv: {r['conv']}`", f"{r['samples_per_s']:,.0f}",
              f"{r['torch_ratio']:.2f}", f"{r['compile_s']:.1f}"] for r in result["levers"]]
