@@ -7,7 +7,18 @@ from pathlib import Path
 
 import numpy as np
 
-from srl_jax.core.metrics_table import recent_return_means
+from srl_jax.core.metrics_table import (
+    COMMON,
+    CONTRACT_KEYS,
+    OTHER_ROWS,
+    Aggregate,
+    Counter,
+    Row,
+    Shown,
+    recent_return_means,
+    row_keys,
+)
+from srl_jax.core.worker_kinds import KINDS, WorkerKind, metrics_reference_markdown
 from srl_jax.runtime.metrics import MetricsAggregator, MetricsWriter, tensorboard_tag
 from tests.conftest import read_events
 
@@ -109,3 +120,54 @@ def test_rows_go_to_metrics_jsonl_and_tensorboard(tmp_path: Path) -> None:
         ("actor/time_env_frac", 300): 0.5, ("learner/loss", 300): 0.5}
     assert tensorboard_tag("time") is None and tensorboard_tag("system/restarts") == \
         "system/restarts"
+
+
+def test_the_table_makes_each_row_key_once_and_the_contract_keys_all() -> None:
+    keys = [key for kind in KINDS.values() for key in row_keys(kind.counters)]
+    keys += row_keys(COMMON) + [row.key for row in OTHER_ROWS]
+    assert len(keys) == len(set(keys)), "a row key made twice"
+    assert set(CONTRACT_KEYS) <= set(keys)
+    for kind in KINDS.values():
+        names = {counter.name: counter for counter in kind.counters}
+        assert len(names) == len(kind.counters), f"{kind.name}: a counter declared twice"
+        overs = [row.over for counter in kind.counters for row in counter.rows if row.over]
+        assert set(overs) <= set(names), f"{kind.name}: a ratio over an undeclared counter"
+
+
+def test_the_metrics_reference_lists_every_kind_counter_and_row() -> None:
+    reference = metrics_reference_markdown()
+    for kind in KINDS.values():
+        assert f"### {kind.name}" in reference
+        assert all(f"`{counter.name}`" in reference for counter in kind.counters)
+        assert all(f"`{key}`" in reference for key in row_keys(kind.counters))
+    assert all(f"`{row.key}`" in reference for row in OTHER_ROWS)
+
+
+ARCHIVE_COUNTERS = (
+    Counter("episodes_archived", "episodes", Aggregate.SUM, "episodes written to the archive",
+            (Row("archive/episodes_archived"), Row("archive/episodes_per_s", Shown.RATE))),
+    Counter("archive_mb", "MiB", Aggregate.LEVEL, "the archive's size",
+            (Row("archive/size_mb", digits=1),)),
+)
+
+
+def test_a_new_kinds_declared_counters_become_rows_once_it_reports() -> None:
+    """Declared with its kind, a counter reaches the rows with no change to the aggregator;
+    a dead worker's sum stays in the total, its level goes."""
+    archive = WorkerKind("archive", "tests.test_metrics:Archive", False, lambda _: 1,
+                         "learner", "keeps episodes", counters=ARCHIVE_COUNTERS)
+    KINDS["archive"] = archive
+    try:
+        metrics = MetricsAggregator()
+        assert "archive/episodes_archived" not in metrics.row(1.0), "no archive reported yet"
+        metrics.observe("archive-0", "archive", {"episodes_archived": 10, "archive_mb": 2.25},
+                        NO_ARRAYS, first=True)
+        row = metrics.row(3.0)
+        assert row["archive/episodes_archived"] == 10 and row["archive/episodes_per_s"] == 5.0
+        assert row["archive/size_mb"] == 2.2
+        metrics.retire("archive-0")
+        metrics.observe("archive-0", "archive", {"episodes_archived": 4}, NO_ARRAYS, first=True)
+        row = metrics.row(4.0)
+        assert row["archive/episodes_archived"] == 14 and row["archive/size_mb"] == 0
+    finally:
+        del KINDS["archive"]

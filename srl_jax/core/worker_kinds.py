@@ -5,8 +5,8 @@ runs it (so an actor never imports JAX), says whether each policy has its own
 workers of the kind, how many the config asks for, and which hosts of a cluster
 script run it. The controller, the launch backends, the cluster scripts and
 `python -m srl_jax.worker` all read this registry. A new kind (a population
-worker) is its module, one `register_kind` call and its streams in
-the stream table; its Ray resources are `ray.<name>` where the config has that key.
+worker) is its module, one `register_kind` call (its counters with it) and its
+streams in the stream table; its Ray resources are `ray.<name>` where the config has that key.
 """
 
 from __future__ import annotations
@@ -21,6 +21,16 @@ from srl_jax.config.schema import (
     ExperimentConfig,
     acting_policies,
     run_policies,
+)
+from srl_jax.core.metrics_table import (
+    ACTOR,
+    EVALUATOR,
+    INFERENCE,
+    LEARNER,
+    POPULATION,
+    REPLAY,
+    Counter,
+    metrics_markdown,
 )
 
 HOST_ROLES = ("learner", "inference", "actor")
@@ -74,6 +84,10 @@ class WorkerKind:
     """The counter whose first rise is the run's first progress (actors: `env_frames`): a
     worker of this kind heartbeats at once when it rises, so that the controller times
     the first env frame of the run closely (status.json `startup`)."""
+    counters: tuple[Counter, ...] = ()
+    """Its heartbeat counters, declared once: what each is and the rows of metrics.jsonl
+    it becomes (srl_jax/core/metrics_table.py); those it sends undeclared add up as sums
+    and make no row."""
 
     variant: tuple[Callable[[ExperimentConfig], bool], str] | None = None
     """(when, "module:Class"): the class the kind runs instead of `entry` where `when(config)`
@@ -122,6 +136,12 @@ def worker_kind(name: str) -> WorkerKind:
     except KeyError:
         raise UnknownWorkerKind(f"unknown worker kind '{name}' (known: "
                                 f"{', '.join(KINDS)})") from None
+
+
+def metrics_reference_markdown() -> str:
+    """The metrics reference of the docs: every registered kind's counters and the rows of
+    metrics.jsonl they become, as markdown tables."""
+    return metrics_markdown({kind.name: kind.counters for kind in KINDS.values()})
 
 
 def load_worker_class(name: str, config: ExperimentConfig) -> type:
@@ -184,23 +204,27 @@ register_kind(WorkerKind(
     "learner", "learners.workers.learner_worker:LearnerWorker", True, _learners, "learner",
     "trains its policy on sample chunks and publishes its parameters",
     saves_state=True, process_group=True, env={"MALLOC_ARENA_MAX": "2"},
-    device_keys="learner"))
+    device_keys="learner", counters=LEARNER))
 register_kind(WorkerKind(
     "inference", "learners.workers.inference_server:InferenceServer", True, _inference_servers,
     "inference", "answers the actors' batched policy requests", device_keys="inference",
-    frozen_too=True))
+    frozen_too=True, counters=INFERENCE))
 register_kind(WorkerKind(
     "replay", "replay.replay_worker:ReplayWorker", True, _replay_servers, "learner",
-    "stores its policy's transitions and serves prioritized samples to the learner"))
+    "stores its policy's transitions and serves prioritized samples to the learner",
+    counters=REPLAY))
 register_kind(WorkerKind(
     "actor", "actors.actor_worker:ActorWorker", False, _actors, "actor",
     "steps environments for every policy (a population member's: for it alone), sends "
     "sample chunks to the learners", per_member=True, progress="env_frames",
-    variant=(_inline_inference, "learners.workers.inline_policy:InlineActorWorker")))
+    variant=(_inline_inference, "learners.workers.inline_policy:InlineActorWorker"),
+    counters=ACTOR))
 register_kind(WorkerKind(
     "evaluator", "learners.workers.evaluator:EvaluatorWorker", False, _evaluators, "actor",
-    "plays evaluation episodes with the latest parameters", device_keys="evaluation"))
+    "plays evaluation episodes with the latest parameters", device_keys="evaluation",
+    counters=EVALUATOR))
 register_kind(WorkerKind(
     "population", "srl_jax.runtime.population_manager:PopulationManager", False,
     _population_managers, "learner",
-    "ranks the population's members and copies winners into losers (PBT)"))
+    "ranks the population's members and copies winners into losers (PBT)",
+    counters=POPULATION))
