@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Lint and run the whole test suite (slow multi-process tests included), installing what it needs.
+# Lint, build the documentation site and run the whole test suite (slow multi-process tests
+# included), installing what it needs.
 #   ./test.sh                 # everything, as CI runs it
 #   ./test.sh -m "not slow"   # the quick part
 source "$(dirname "$0")/scripts/ensure_venv.sh" dev
 cd "$ROOT"
 "$VENV/bin/ruff" check .
+# --strict: a broken link or anchor fails; the site goes to build/site/ (ignored by git).
+NO_MKDOCS_2_WARNING=1 "$VENV/bin/mkdocs" build --strict --quiet
 exec "$VENV/bin/python" -m pytest "$@"

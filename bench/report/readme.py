@@ -14,7 +14,7 @@ from bench.report.experiments import experiments
 from bench.report.performance import cartpole, dqn, pong, sampling
 from bench.report.scaling import scale
 
-TARGET = REPO_ROOT / "README.md"
+TARGET = REPO_ROOT / "docs" / "benchmarks.md"
 """The file whose marked blocks are generated: every marker pair below must be in it."""
 GENERATOR = "bench/report.py"
 """How the markers name their generator: the target file holds them verbatim, so this
