@@ -25,7 +25,6 @@ ROLLING_WINDOWS = {f"last{n}": f"episode_return_mean_last{n}" for n in RETURN_WI
 metrics rows and bench.peers.cleanrl_ppo's lines carry them)."""
 
 
-
 @dataclass
 class Launch:
     """One system's process for one run: how to start it, read it and stop it."""

@@ -31,12 +31,10 @@ from bench.scale.summary import (
     print_saturation,
     print_sweep,
 )
-from bench.scale.sweep import Point, sweep_overrides, sweep_servers
+from bench.scale.sweep import Point, run_sweep, sweep_overrides
 from srl_jax.config.schema import ActorConfig, request_rows
 
 DEFAULT_EXPERIMENT = "cartpole_ppo"
-STARTUP_GUESS_S = 20.0
-"""Start-up assumed for the budget before the first launch has shown its own."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -96,29 +94,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.window <= 0 or args.warmup < 0 or args.micro_seconds <= 0:
         parser.error("--window and --micro-seconds must be positive, --warmup not negative")
     return args
-
-
-def run_sweep(args: argparse.Namespace, workdir: Path, deadline: float,
-              failures: list[str]) -> tuple[list[Point], dict[str, float]]:
-    """Every server count's launch, within the budget; failures are noted, not raised.
-    Returns the points and each launch's start-up time."""
-    print(f"sweep: actors {args.actors} x servers {args.servers}, {args.env}, K={args.envs} "
-          f"S={args.splits}, warm-up {args.warmup:g}s, window {args.window:g}s ...", flush=True)
-    points: list[Point] = []
-    startups: dict[str, float] = {}
-    for servers in args.servers:
-        expected = max(startups.values(), default=STARTUP_GUESS_S) + args.warmup + args.window
-        if time.monotonic() + expected > deadline:
-            failures.append(f"{servers} server(s): skipped, --budget reached")
-            continue
-        try:
-            launch_points, startups[str(servers)] = sweep_servers(args, servers, workdir,
-                                                                  deadline)
-            points += launch_points
-        except BenchError as error:
-            failures.append(f"{servers} server(s): {error}")
-            print(f"  {servers} server(s) failed: {error}", file=sys.stderr, flush=True)
-    return points, startups
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,6 +24,8 @@ from srl_jax.config.run_dir import read_status
 LAUNCH_SAFETY_S = 900
 """stop.wall_time_s of a sweep launch: the script stops it long before, by its pid."""
 START_TIMEOUT_S = 150.0
+STARTUP_GUESS_S = 20.0
+"""Start-up assumed for the budget before the first launch has shown its own."""
 ROW_TIMEOUT_S = 10.0
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -278,3 +280,26 @@ def sweep_servers(args: argparse.Namespace, servers: int, workdir: Path,
             _signal_actors(paused, run_dir, signal.SIGCONT)  # a stopped process cannot exit
             stop_process(process, run_dir)
     return points, startup
+
+
+def run_sweep(args: argparse.Namespace, workdir: Path, deadline: float,
+              failures: list[str]) -> tuple[list[Point], dict[str, float]]:
+    """Every server count's launch, within the budget; failures are noted, not raised.
+    Returns the points and each launch's start-up time."""
+    print(f"sweep: actors {args.actors} x servers {args.servers}, {args.env}, K={args.envs} "
+          f"S={args.splits}, warm-up {args.warmup:g}s, window {args.window:g}s ...", flush=True)
+    points: list[Point] = []
+    startups: dict[str, float] = {}
+    for servers in args.servers:
+        expected = max(startups.values(), default=STARTUP_GUESS_S) + args.warmup + args.window
+        if time.monotonic() + expected > deadline:
+            failures.append(f"{servers} server(s): skipped, --budget reached")
+            continue
+        try:
+            launch_points, startups[str(servers)] = sweep_servers(args, servers, workdir,
+                                                                  deadline)
+            points += launch_points
+        except BenchError as error:
+            failures.append(f"{servers} server(s): {error}")
+            print(f"  {servers} server(s) failed: {error}", file=sys.stderr, flush=True)
+    return points, startups
