@@ -171,22 +171,17 @@ class Worker:
 
     def socket(self, stream: Stream, policy: str | None = None, index: int | None = None,
                hwm: int | None = None) -> zmq.Socket:
-        """A socket on `stream`, bound or connected as its row of the stream table says
-        for this worker's kind: every worker opens its streams here, and nowhere else.
-
-        The stream's binder binds it and registers `stream.key(policy, index)` (an indexed
-        stream's own index by default); a connecter connects it to that key and follows it
-        (`connect_to`) or, on an indexed stream without `index`, to every binder the run
-        has (the binder kind's count), over which its messages spread. `policy`: whose
-        stream (default: this worker's); `hwm`: messages queued each way.
-        """
+        """A socket on `stream`, bound or connected as its stream-table row says for this
+        kind: the one place workers open streams. The binder binds it and registers
+        `stream.key(policy, index)` (by default its own index); a connecter connects it to
+        that key and follows it, or on an indexed stream without `index` to every binder of
+        the run (the binder kind's count). `policy`: by default this worker's; `hwm`:
+        messages queued each way."""
         policy = self.policy if policy is None else policy
         binds = stream.binder == self.kind
-        if not binds and self.kind not in stream.connecters:
-            raise ValueError(f"a worker of kind '{self.kind}' neither binds nor connects "
-                             f"stream '{stream.name}' (srl_jax/core/stream_table.py)")
-        if not stream.is_zmq:
-            raise ValueError(f"stream '{stream.name}' is no ZMQ socket")
+        if not stream.is_zmq or not (binds or self.kind in stream.connecters):
+            raise ValueError(f"a worker of kind '{self.kind}' opens no ZMQ socket on stream "
+                             f"'{stream.name}' (srl_jax/core/stream_table.py)")
         socket_type = stream.bind_type if binds else stream.connect_type
         socket = make_socket(self.zmq, socket_type, hwm=hwm, kernel_buffer=stream.kernel_buffer)
         if socket_type == zmq.SUB:  # every message of the stream
@@ -197,11 +192,8 @@ class Worker:
             return socket
         if stream.connect_immediate:
             socket.setsockopt(zmq.IMMEDIATE, 1)
-        if stream.indexed and index is None:
-            binders = range(worker_kind(stream.binder).count(self.config))
-        else:
-            binders = [index]
-        for binder in binders:
+        every = stream.indexed and index is None
+        for binder in range(worker_kind(stream.binder).count(self.config)) if every else [index]:
             self.connect_to(socket, stream.key(policy, binder))
         return socket
 
