@@ -5,7 +5,7 @@ adds the last counters of workers that were restarted (so totals never go
 back), and turns differences between rows into rates and time fractions. Which
 counters become which row keys, and how, is the metrics table each worker kind
 declares (srl_jax/core/metrics_table.py): this module reads it and knows no counter
-by name. Row keys the README lists under "The run directory" never change; extra keys
+by name. Row keys docs/metrics.md lists as always there never change; extra keys
 are grouped by prefix (`actor/`, `inference/`, `learner/`, `replay/`, `policy/`,
 `system/`). The episode keys come from the heartbeat arrays (srl_jax/runtime/episodes.py).
 """
