@@ -131,7 +131,7 @@ class ActorConfig:
 def request_rows(actors: ActorConfig, agents: int = 1) -> int:
     """The most rows one inference request can carry: a split's columns (its envs x
     `agents` of the policy per env), twice over on a step where a time limit ends
-    episodes, whose final observations ride along for bootstrapping (`ActorWorker._request`)."""
+    episodes, whose final observations ride along for bootstrapping (`actors/actor_core.py`)."""
     return 2 * (actors.envs // actors.splits) * agents
 
 
