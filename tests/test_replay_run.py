@@ -7,7 +7,7 @@ full server's memory stays flat; a killed server is restarted empty and training
 on from the other shard meanwhile; a killed learner comes back from its checkpoint and
 samples the contents that survived; the greedy policy learns; and the checkpoints load
 as a policy. The time to 475
-itself is a benchmark (bench/compare.py --cases dqn), not a test.
+itself is a benchmark (python -m bench.peers.compare --cases dqn), not a test.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ elementwise sums are XLA:CPU's fast, multi-threaded paths, forward and backward,
   over shifted windows (`matmul_conv`);
 - a stride-1 convolution is im2col, the k*k shifted windows side by side, and one
   matmul (`patches_matmul_conv`; on the 9x9 maps it sees, cheaper than the shifted sum).
-`bench/learner.py --levers` measures the update with either implementation beside torch.
+`python -m bench.learner --levers` measures the update with either implementation beside torch.
 
 `Conv` keeps `flax.linen.Conv`'s parameters ("kernel" [k, k, C, F], "bias" [F], the
 same names and shapes), so a checkpoint moves between platforms whatever each chose.

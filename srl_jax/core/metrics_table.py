@@ -279,7 +279,7 @@ MEMBER_EVAL = "eval_return/"
 population member's evaluation returns, evaluated apart from the other members."""
 RETURN_WINDOWS = (20, 100)
 """Episode counts of the rolling return means in every row: 100 is Sample Factory's
-`--stats_avg`, 20 the window bench/compare.py reads the single-process baseline with."""
+`--stats_avg`, 20 the window bench/peers/compare.py reads the single-process baseline with."""
 
 OTHER_ROWS = (
     OtherRow("time", "s", "controller", "seconds since the run started (resumes continue it)"),
