@@ -10,7 +10,7 @@ A `ChunkBuilder` fills one split's chunk of T steps with the arrays that
 `srl_jax.core.chunk_spec.CHUNK_FIELDS` declares (names, shapes, dtypes and meanings).
 
 Consecutive chunks overlap by one observation: the last of one is the first of
-the next. In a multi-agent env (actors/multi_agent.py) every agent is a column
+the next. In a multi-agent env (actors/env_families/multi_agent.py) every agent is a column
 of its policy's chunk, so `n` is envs times that policy's agents.
 """
 
@@ -39,7 +39,7 @@ class StepResult:
     episode_returns: list[float] = field(default_factory=list)
     episode_lengths: list[int] = field(default_factory=list)
     active: np.ndarray | None = None
-    """Columns whose agent acted this step (None: all; see actors/multi_agent.py)."""
+    """Columns whose agent acted this step (None: all; see actors/env_families/multi_agent.py)."""
     action_mask: np.ndarray | None = None
     """Legal actions of `next_obs`, [n, A] (None: the env masks nothing)."""
     global_state: np.ndarray | None = None

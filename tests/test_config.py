@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from srl_jax.config.algorithms import algorithm_config
+from srl_jax.config.env_families import family_of
 from srl_jax.config.loader import (
     SHIPPED_CONFIGS,
     config_dirs,
@@ -20,7 +21,7 @@ from srl_jax.config.loader import (
     resolve_experiment_path,
 )
 from srl_jax.config.run_dir import STATUS
-from srl_jax.config.schema import ConfigError
+from srl_jax.config.schema import ConfigError, EnvConfig
 from srl_jax.launch import check_before_launch
 from srl_jax.launch import main as launch_main
 from tests.conftest import REPO, make_config, write_run_dir
@@ -144,6 +145,8 @@ def assert_one_config_error_line(code: int, stdout: str, stderr: str, fragment: 
     (["cartpole_ppo", "--set", "network.kind=resnet"], "'network.kind': unknown 'resnet'"),
     (["cartpole_ppo", "--set", "env.policies={a: ['*']}"],
      "'env.policies' is for multi-agent environments ('pettingzoo:*')"),
+    (["mpe_spread_ppo", "--set", "env.backend=envpool"],
+     "'env.backend': pettingzoo environments step with 'gymnasium', not 'envpool'"),
     (["mpe_spread_ppo", "--set", "learner.batch_envs=32"],
      "'learner.batch_envs' (32) must be a multiple of 24: policy 'default' sends chunks of 24 "
      "columns (8 envs x 3 agents)"),
@@ -246,6 +249,28 @@ def test_the_launcher_checks_a_config_without_importing_jax(tmp_path: Path) -> N
             f"prepare_run(parse_args(['cartpole_ppo', '--run-dir', {str(tmp_path / 'run')!r}]))\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('jax', 'jaxlib', 'flax', 'optax', 'orbax')))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(("env_id", "family"), [
+    ("CartPole-v1", "gymnasium"), ("gymnasium_robotics:FetchReach-v4", "gymnasium"),
+    ("ALE/Pong-v5", "atari"), ("HalfCheetah-v5", "mujoco"),
+    ("pettingzoo:mpe2.simple_spread_v3", "pettingzoo")])
+def test_an_env_id_finds_its_family_by_the_longest_pattern(env_id: str, family: str) -> None:
+    assert family_of(EnvConfig(id=env_id)).name == family
+    assert family_of(EnvConfig(id=env_id)).multi_agent == (family == "pettingzoo")
+
+
+def test_the_config_checks_read_the_family_table_without_importing_an_env_package() -> None:
+    code = ("import sys\n"
+            "from pathlib import Path\n"
+            "from srl_jax.config.loader import load_config\n"
+            "load_config(Path('configs/mpe_spread_ppo.yaml'))\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('actors', 'gymnasium', 'pettingzoo', 'mpe2', 'ale_py', 'envpool', 'mujoco')))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=60, cwd=REPO)
     assert result.returncode == 0, result.stderr

@@ -1,7 +1,7 @@
 """The EnvSpec of a gymnasium environment's spaces (single-agent envs and each PettingZoo agent).
 
 A PettingZoo agent's Discrete observations reach the networks one-hot encoded
-(`one_hot_discrete`, applied where `actors.multi_agent` makes its envs).
+(`one_hot_discrete`, applied where `actors.env_families.parallel_envs` makes its envs).
 """
 
 from __future__ import annotations

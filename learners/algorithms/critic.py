@@ -22,7 +22,7 @@ def critic_inputs(global_state: jax.Array, agents: int, ids: bool) -> jax.Array:
     """[R, E, G] per-env states -> [R, E * agents, G (+ agents)] per-column inputs.
 
     Columns are env-major (column e * agents + k is agent k of env e, as
-    actors/multi_agent.py lays them out), so each state repeats `agents` times.
+    actors/env_families/multi_agent.py lays them out), so each state repeats `agents` times.
     """
     rows, envs = global_state.shape[:2]
     x = jnp.repeat(global_state, agents, axis=1)
