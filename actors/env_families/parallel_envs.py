@@ -26,9 +26,6 @@ from actors.env_families.spaces import one_hot_discrete, spec_from_spaces
 from srl_jax.config.schema import DEFAULT_POLICY, ConfigError, EnvConfig
 from srl_jax.core.env_spec import EnvSpec
 
-PREFIX = "pettingzoo:"
-"""What the ids of the family start with (`srl_jax/config/env_families.py`), before the
-module's name."""
 INSTALL_HINT = "pip install -e '.[multiagent]'"
 _PACKAGES = ("pettingzoo", "mpe2")
 """Top-level packages the multi-agent extra installs."""
@@ -45,7 +42,9 @@ games), and of an `infos[agent]` entry that does."""
 
 
 def _module_name(env_id: str) -> str:
-    return env_id.removeprefix(PREFIX)
+    """The module of 'pettingzoo:<module>' (the family's pattern in
+    `srl_jax/config/env_families.py`)."""
+    return env_id.partition(":")[2]
 
 
 def _import(env_id: str) -> ModuleType:
