@@ -7,5 +7,5 @@ source "$(dirname "$0")/scripts/ensure_venv.sh" dev
 cd "$ROOT"
 "$VENV/bin/ruff" check .
 # --strict: a broken link or anchor fails; the site goes to build/site/ (ignored by git).
-NO_MKDOCS_2_WARNING=1 "$VENV/bin/mkdocs" build --strict --quiet
+NO_MKDOCS_2_WARNING=1 "$VENV/bin/mkdocs" build --strict
 exec "$VENV/bin/python" -m pytest "$@"
