@@ -20,9 +20,8 @@ from srl_jax.config.run_dir import evaluated_root, step_meta, steps_in
 from srl_jax.config.schema import ConfigError
 from srl_jax.core.metrics_table import POLICY_RETURN, TEAM_RETURN, agent_mean_returns
 from srl_jax.launch import check_before_launch
-from srl_jax.runtime.backends import LocalBackend
-from srl_jax.runtime.controller import Controller
 from srl_jax.runtime.metrics import MetricsAggregator
+from srl_jax.runtime.stop_rule import StopRule
 from tests.conftest import REPO
 
 TAG = REPO / "configs" / "mpe_tag_ppo.yaml"
@@ -98,47 +97,45 @@ def test_a_multi_agent_heartbeat_gives_the_team_sum_and_every_agents_mean() -> N
     assert not any(key.startswith("team_") for key in single.row(1.0)), "a single agent's"
 
 
-def _stop_reason(config_path: Path, tmp_path: Path, rows: list[dict],
-                 *overrides: str) -> str | None:
-    config = check_before_launch(load_config(config_path, list(overrides)))
-    controller = Controller(config, tmp_path, LocalBackend(tmp_path))
-    for row in rows:
-        controller._check_stop({"env_frames": 1000, "time": 10.0, **row})
-    return controller.stop_reason
+def _stop_reason(config_path: Path, rows: list[dict], *overrides: str) -> str | None:
+    """Why the run ends at the first of `rows` it ends at, or None."""
+    rule = StopRule(check_before_launch(load_config(config_path, list(overrides))))
+    reasons = [rule.reason({"env_frames": 1000, "time": 10.0, **row}) for row in rows]
+    return next((reason for reason in reasons if reason), None)
 
 
-def test_the_return_targets_read_the_chosen_policys_own_return(tmp_path: Path) -> None:
+def test_the_return_targets_read_the_chosen_policys_own_return() -> None:
     """A won game for the adversaries is a lost one for the runner: `stop.policy` names
     whose return ends the run; without it every policy's own return must reach it."""
     winning = {"episode_return_mean": 0.0, "team_return_mean": 20.0,
                "policy/adversary/episode_return_mean": 10.0,
                "policy/runner/episode_return_mean": -10.0}
-    assert _stop_reason(TAG, tmp_path / "a", [winning], "stop.target_return=5",
+    assert _stop_reason(TAG, [winning], "stop.target_return=5",
                         "stop.policy=adversary") == (
         "policy adversary's episode_return_mean reached the target 5 (10.0) at 1000 "
         "frames, 10.0s")
-    assert _stop_reason(TAG, tmp_path / "r", [winning], "stop.target_return=5",
+    assert _stop_reason(TAG, [winning], "stop.target_return=5",
                         "stop.policy=runner") is None
-    assert _stop_reason(TAG, tmp_path / "e", [winning], "stop.target_return=5") is None, \
+    assert _stop_reason(TAG, [winning], "stop.target_return=5") is None, \
         "every policy: the runner has not"
     evaluated = {"eval_return_mean": -1.0, "team_eval_return_mean": -4.0,
                  "policy/adversary/eval_return_mean": 2.0,
                  "policy/runner/eval_return_mean": -10.0}
-    assert _stop_reason(TAG, tmp_path / "v", [evaluated], "stop.target_eval_return=-12",
+    assert _stop_reason(TAG, [evaluated], "stop.target_eval_return=-12",
                         "evaluation.every_updates=5") == (
         "every trained policy's eval_return_mean reached the target -12 (lowest -10.0) at 1000 "
         "frames, 10.0s")
-    assert _stop_reason(TAG, tmp_path / "h", [
+    assert _stop_reason(TAG, [
         {"policy/adversary/episode_return_mean": 9.0},
         {"policy/runner/episode_return_mean": 8.0}], "stop.target_return=8") is not None, \
         "each policy's latest figure counts, whichever row brought it"
     shared = {"episode_return_mean": -20.0, "team_return_mean": -60.0,
               "policy/default/episode_return_mean": -20.0}
-    assert _stop_reason(SPREAD, tmp_path / "s", [shared], "stop.target_return=-30") == (
+    assert _stop_reason(SPREAD, [shared], "stop.target_return=-30") == (
         "every trained policy's episode_return_mean reached the target -30 (-20.0) at 1000 frames, "
         "10.0s"), "one shared policy: its agents' mean return, never the team sum"
     cartpole = REPO / "configs" / "cartpole_ppo.yaml"
-    assert _stop_reason(cartpole, tmp_path / "c", [{"episode_return_mean": 480.0}]) == (
+    assert _stop_reason(cartpole, [{"episode_return_mean": 480.0}]) == (
         "episode_return_mean 480.0 reached the target 475 at 1000 frames, 10.0s")
 
 

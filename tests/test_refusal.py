@@ -10,7 +10,8 @@ from srl_jax.config.loader import load_config
 from srl_jax.core.transport import Transport
 from srl_jax.core.worker_kinds import EXIT_REFUSED
 from srl_jax.runtime.backends import LocalBackend, WorkerHandle
-from srl_jax.runtime.controller import EXIT_FAILED, Controller
+from srl_jax.runtime.controller import Controller
+from srl_jax.runtime.supervisor import EXIT_FAILED
 from tests.conftest import REPO
 
 
@@ -21,7 +22,7 @@ def exited(tmp_path: Path, code: int, lost: str | None = None) -> Controller:
     controller.transport = Transport(zmq.Context.instance())  # what `run` binds with
     record = next(r for r in controller.workers if r.kind == "learner")
     record.handle = WorkerHandle("learner", 0, pid=0, host="here", ref=None, lost=lost)
-    controller._on_exit(record, code, f"exited with code {code}")
+    controller.supervisor.on_exit(record, code, f"exited with code {code}")
     return controller
 
 

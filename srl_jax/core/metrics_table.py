@@ -118,9 +118,9 @@ class OtherRow:
     doc: str
 
 
-SHOWN_ALWAYS = frozenset({"actor", "inference", "learner"})
-"""Kinds whose rows every row has (0 until a worker reports); another kind's rows appear
-once one of its workers has reported."""
+SHOWN_ALWAYS = ("actor", "inference", "learner")
+"""Kinds whose rows every row has (0 until a worker reports), in this order; another
+kind's rows follow once one of its workers has reported."""
 CONTRACT_KEYS = ("time", "env_frames", "fps", "learner_steps", "policy_version",
                  "episode_return_mean", "episode_length_mean", "policy_lag_mean",
                  "samples_dropped_stale")

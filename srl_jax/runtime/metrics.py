@@ -24,6 +24,7 @@ import numpy as np
 from srl_jax.config.schema import DEFAULT_POLICY
 from srl_jax.core.metrics_table import (
     COMMON,
+    CONTRACT_KEYS,
     POLICY,
     SHOWN_ALWAYS,
     Aggregate,
@@ -139,8 +140,9 @@ class MetricsAggregator:
 
     def row(self, elapsed: float) -> dict[str, Any]:
         """One metrics row over the window since the previous row: every shown kind's
-        declared rows, the episodes', and the counters every worker sends."""
-        shown = [kind for kind in KINDS if kind in SHOWN_ALWAYS] + [
+        declared rows, the episodes', and the counters every worker sends (the contract's
+        keys first, for a reader of metrics.jsonl)."""
+        shown = [kind for kind in SHOWN_ALWAYS if kind in KINDS] + [
             kind for kind in dict.fromkeys(self.kinds.values()) if kind not in SHOWN_ALWAYS]
         totals = {f"{kind}:{name}": self.bases.get(f"{kind}:{name}", 0.0)
                   + self.total(kind, name) for kind in shown for name in self._windowed(kind)}
@@ -159,7 +161,7 @@ class MetricsAggregator:
             for common_row in counter.rows:
                 row[common_row.key] = int(sum(
                     self.total(kind, counter.name) for kind in set(self.kinds.values())))
-        return row
+        return {**{key: row[key] for key in CONTRACT_KEYS if key in row}, **row}
 
     def _windowed(self, kind: str) -> set[str]:
         """`kind`'s counters some row shows by their rise in the window (or divides by)."""

@@ -1,0 +1,203 @@
+"""Supervision: start the run's workers and keep them going until the run stops.
+
+A worker that exits or goes silent is restarted with exponential backoff, up to
+`runtime.max_restarts` times. A learner that dies is restarted too when checkpoints are
+on: it restores the newest checkpoint, while actors and inference servers carry on with
+the parameters they have. One that refuses the run (EXIT_REFUSED) ends it with its
+reason. A worker the backend cannot place yet (no Ray node has room) waits for one
+while the run goes on without it; a worker lost with its host is placed again at once,
+not counted against `runtime.max_restarts`. At the end every worker gets SIGTERM and its
+grace period (a learner: time for its final checkpoint), then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from srl_jax.config.schema import ExperimentConfig
+from srl_jax.core.worker_kinds import EXIT_REFUSED, worker_kind
+from srl_jax.runtime.backends import LaunchBackend
+from srl_jax.runtime.metrics import MetricsAggregator
+from srl_jax.runtime.startup import StartupTimeline
+from srl_jax.runtime.worker_records import UNPLACED, WorkerRecord
+
+log = logging.getLogger("controller")
+
+LOOP_S = 0.05
+EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+
+
+class Supervisor:
+    """Moves each worker record through its states: starting, running, restarting,
+    unplaced or waiting for capacity, failed, stopped.
+
+    `start_env(record)`: the environment a worker starts with. `finish(reason, code)`:
+    end the run. `changed()`: a record changed in a way status.json should show now.
+    `group_stopped(policy)`: a policy's process group (its learners) was stopped.
+    """
+
+    def __init__(self, config: ExperimentConfig, run_dir: Path, backend: LaunchBackend,
+                 workers: list[WorkerRecord], metrics: MetricsAggregator,
+                 startup: StartupTimeline, start_env: Callable[[WorkerRecord], dict[str, str]],
+                 finish: Callable[[str, int], None], changed: Callable[[], None],
+                 group_stopped: Callable[[str], None]) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.backend = backend
+        self.workers = workers
+        self.metrics = metrics
+        self.startup = startup
+        self.start_env = start_env
+        self.finish = finish
+        self.changed = changed
+        self.group_stopped = group_stopped
+
+    def start(self, record: WorkerRecord) -> None:
+        """Start `record`'s worker (or wait for a place for it)."""
+        handle = self.backend.start(record.kind, record.index, record.policy,
+                                    self.start_env(record))
+        if handle is None:
+            self._place(record)
+            return
+        record.handle, record.unplaced_since = handle, None
+        self.startup.mark(record.name, "spawned")
+        record.state, record.started_at = "starting", time.monotonic()
+        record.last_heartbeat = record.restart_at = record.exit_code = None
+        record.reported, record.waiting, record.ports = False, None, []
+        log.info("started %s (pid %d)", record.name, record.handle.pid)
+
+    def _place(self, record: WorkerRecord) -> None:
+        """A worker no host has room for yet: 'unplaced', then past
+        `ray.placement_timeout_s` 'waiting for capacity' while the run goes on without
+        it, placed as soon as a host has room; a learner not placed by then ends the run."""
+        now = time.time()
+        if record.unplaced_since is None:
+            record.handle, record.state, record.unplaced_since = None, "unplaced", now
+            record.waiting = (f"placement: {self.backend.placement_wait(record.kind)}", now)
+            return
+        timeout = self.config.ray.placement_timeout_s
+        if record.state != "unplaced" or now - record.unplaced_since < timeout:
+            return
+        wait = self.backend.placement_wait(record.kind)
+        if worker_kind(record.kind).saves_state:
+            record.state = "failed"
+            self.finish(f"{record.name} was not placed in {timeout:g}s: {wait}", EXIT_FAILED)
+            return
+        record.state = "waiting for capacity"
+        log.warning("%s was not placed in %.0fs (%s); the run goes on without it until a "
+                    "host has room", record.name, timeout, wait)
+        self.changed()
+
+    def missing(self) -> list[str]:
+        """The workers that wait for a host with room, so the run goes on without them."""
+        return [r.name for r in self.workers if r.state in UNPLACED]
+
+    def watch(self) -> None:
+        """Start what is due to restart or waits for a place; notice exits and silence."""
+        now = time.monotonic()
+        timeout = self.config.runtime.heartbeat_timeout_s
+        for record in self.workers:
+            if record.state == "restarting":
+                if now >= record.restart_at:
+                    self.start(record)
+                continue
+            if record.state in UNPLACED:
+                self.start(record)
+                continue
+            if record.state in ("failed", "stopped") or record.handle is None:
+                continue
+            code = self.backend.exit_code(record.handle)
+            if code is not None:
+                self.on_exit(record, code, f"exited with code {code}")
+                continue
+            last = record.last_heartbeat or record.started_at
+            allowed = timeout if record.last_heartbeat else 2 * timeout
+            if now - last > allowed:
+                log.warning("no heartbeat from %s for %.0fs; killing it", record.name, now - last)
+                self.backend.send_signal(record.handle, signal.SIGKILL)
+
+    def _restartable(self, record: WorkerRecord) -> bool:
+        """Stateless kinds always; one that saves its state when it has checkpoints to come
+        back from."""
+        return not worker_kind(record.kind).saves_state or self.config.checkpoint.enabled
+
+    def on_exit(self, record: WorkerRecord, code: int, what: str) -> None:
+        """`record`'s process ended with `code`: restart it later, or end the run."""
+        record.exit_code = code
+        lost = record.handle.lost
+        if lost:
+            what = f"was lost with its host: {lost}"
+        self.metrics.retire(record.name)
+        log_path = self.run_dir / "logs" / f"{record.name}.log"
+        kind = worker_kind(record.kind)
+        if kind.process_group and kind.count(self.config) > 1:
+            self._stop_process_group(record)
+        refused = code == EXIT_REFUSED and not lost
+        if refused:
+            what = "refused the run (a restart would refuse it again)"
+        if refused or not self._restartable(record):
+            record.state = "failed"
+            self.finish(f"{record.name} {what}; see {log_path}", EXIT_FAILED)
+            return
+        faults = record.restarts - record.losses
+        if not lost and faults >= self.config.runtime.max_restarts:
+            record.state = "failed"
+            self.finish(f"{record.name} {what} after {record.restarts} restarts; see {log_path}",
+                        EXIT_FAILED)
+            return
+        delay = 0.0 if lost else self.config.runtime.restart_backoff_s * 2 ** faults
+        record.restarts += 1
+        record.losses += bool(lost)
+        self.metrics.restarts += 1
+        self.metrics.learner_restarts += record.kind == "learner"
+        record.state, record.restart_at = "restarting", time.monotonic() + delay
+        log.warning("%s %s; restart %d in %.1fs", record.name, what, record.restarts, delay)
+        self.changed()
+
+    def _stop_process_group(self, record: WorkerRecord) -> None:
+        """A policy's learner processes share one jax.distributed job: one gone means
+        all restart.
+
+        The others are killed (their collectives would wait forever) and come back
+        through `on_exit` like the first; the stale coordinator address goes.
+        """
+        self.group_stopped(record.policy)
+        for other in self.workers:
+            if other.kind == record.kind and other.policy == record.policy \
+                    and other.handle is not None and other.state in ("starting", "running") \
+                    and self.backend.exit_code(other.handle) is None:
+                log.warning("%s leaves with the learner group", other.name)
+                self.backend.send_signal(other.handle, signal.SIGKILL)
+
+    def _grace_s(self, record: WorkerRecord) -> float:
+        """How long a worker may take to exit after SIGTERM (the learner saves first)."""
+        grace = self.config.runtime.stop_grace_s
+        if worker_kind(record.kind).saves_state and self.config.checkpoint.enabled:
+            grace += self.config.checkpoint.final_save_timeout_s
+        return grace
+
+    def stop_all(self, while_waiting: Callable[[], None]) -> None:
+        """SIGTERM every live worker, wait for its grace period (calling `while_waiting`
+        meanwhile), then SIGKILL; every worker not failed ends 'stopped'."""
+        live = [r for r in self.workers if r.handle and self.backend.exit_code(r.handle) is None]
+        for record in live:
+            self.backend.send_signal(record.handle, signal.SIGTERM)
+        started = time.monotonic()
+        while any(self.backend.exit_code(r.handle) is None
+                  and time.monotonic() - started < self._grace_s(r) for r in live):
+            while_waiting()
+            time.sleep(LOOP_S)
+        for record in live:
+            if self.backend.exit_code(record.handle) is None:
+                log.warning("%s did not stop in %.0fs; killing it", record.name,
+                            self._grace_s(record))
+                self.backend.send_signal(record.handle, signal.SIGKILL)
+                while self.backend.exit_code(record.handle) is None:
+                    time.sleep(LOOP_S)
+            if record.state != "failed":
+                record.state = "stopped"
+                record.exit_code = self.backend.exit_code(record.handle)

@@ -1,0 +1,112 @@
+"""A worker as the controller sees it: its process, state and restarts, and what its last
+heartbeat said (when it came, what it waits on, the ports it listens on).
+
+The supervisor (srl_jax/runtime/supervisor.py) moves a record through its states, the
+controller fills it from heartbeats, and each record writes its own line of status.json.
+A heartbeat's fields come from another process: they are checked here before they are
+kept, and a malformed one is dropped.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from srl_jax.config.schema import DEFAULT_POLICY
+from srl_jax.core.names import worker_name
+from srl_jax.runtime.backends import WorkerHandle
+
+MAX_PORTS = 64
+PORT_FIELDS = {"key": str, "endpoint": str, "bind": str, "authenticated": bool}
+UNPLACED = ("unplaced", "waiting for capacity")
+"""States of a worker that waits for a host with room (the supervisor's `place`)."""
+
+
+@dataclass
+class WorkerRecord:
+    kind: str
+    index: int
+    policy: str = DEFAULT_POLICY
+    handle: WorkerHandle | None = None
+    state: str = "starting"
+    restarts: int = 0
+    started_at: float = 0.0
+    last_heartbeat: float | None = None
+    last_heartbeat_wall: float | None = None
+    reported: bool = False
+    """Whether this process has sent counters yet (heartbeats during setup carry none)."""
+    waiting: tuple[str, float] | None = None
+    """What its last heartbeat said it waits on, and since when (wall time)."""
+    restart_at: float | None = None
+    exit_code: int | None = None
+    unplaced_since: float | None = None
+    """Since when (wall time) it waits for the backend to place it, while it does."""
+    losses: int = 0
+    """Of its restarts, those after its host was lost (not counted by max_restarts)."""
+    ports: list[dict[str, Any]] = field(default_factory=list)
+    """The ports its process listens on, as its heartbeats list them."""
+
+    @property
+    def name(self) -> str:
+        return worker_name(self.kind, self.index, self.policy)
+
+    def describe(self) -> str:
+        """`actor-0 (running, heartbeat 0.4s ago) waits 61s on an inference reply ...`."""
+        now = time.time()
+        seen = "no heartbeat yet" if self.last_heartbeat_wall is None else \
+            f"heartbeat {now - self.last_heartbeat_wall:.1f}s ago"
+        text = f"{self.name} ({self.state}, {seen})"
+        if self.waiting is not None:
+            what, since = self.waiting
+            text += f" waits {now - since:.0f}s on {what}"
+        return text
+
+    def status(self) -> dict[str, Any]:
+        """Its entry in status.json's `workers`."""
+        return {
+            "name": self.name, "kind": self.kind, "index": self.index, "policy": self.policy,
+            "pid": self.handle.pid if self.handle else None,
+            "host": self.handle.host if self.handle else None, "state": self.state,
+            "restarts": self.restarts, "last_heartbeat": self.last_heartbeat_wall,
+            "exit_code": self.exit_code, "unplaced_since": self.unplaced_since,
+            "waiting_on": self.waiting[0] if self.waiting else None,
+            "waiting_since": self.waiting[1] if self.waiting else None,
+            "ports": self.ports,
+        }
+
+    def heard(self, meta: dict[str, Any]) -> None:
+        """A heartbeat came: when, what it waits on, and its ports (kept if it lists none)."""
+        self.last_heartbeat, self.last_heartbeat_wall = time.monotonic(), time.time()
+        self.waiting = waiting_field(meta.get("waiting"))
+        self.ports = ports_field(meta.get("ports")) or self.ports
+
+
+def waiting_field(value: Any) -> tuple[str, float] | None:
+    """A heartbeat's `waiting` field, [what, since], if it is one."""
+    if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) \
+            and isinstance(value[1], int | float) and not isinstance(value[1], bool):
+        return value[0], float(value[1])
+    return None
+
+
+def ports_field(value: Any) -> list[dict[str, Any]] | None:
+    """A heartbeat's `ports` field, if it is a list of ports (see transport.Port)."""
+    if isinstance(value, list) and len(value) <= MAX_PORTS and all(
+            isinstance(port, dict) and port.keys() == PORT_FIELDS.keys()
+            and all(type(port[k]) is t for k, t in PORT_FIELDS.items()) for port in value):
+        return value
+    return None
+
+
+def heartbeat_problem(counters: dict, arrays: dict[str, Any]) -> str | None:
+    """Why the metrics cannot take a heartbeat's counters and arrays, or None."""
+    if not all(isinstance(key, str) for key in counters):
+        return "counter names must be strings"
+    if any(array.ndim != 1 for array in arrays.values()):
+        return "heartbeat arrays must be one-dimensional"
+    returns, lengths = arrays.get("episode_return"), arrays.get("episode_length")
+    if (returns is None) != (lengths is None) or (
+            returns is not None and len(returns) != len(lengths)):
+        return "episode_return and episode_length must come together, of one length"
+    return None
