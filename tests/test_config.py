@@ -145,8 +145,6 @@ def assert_one_config_error_line(code: int, stdout: str, stderr: str, fragment: 
     (["cartpole_ppo", "--set", "network.kind=resnet"], "'network.kind': unknown 'resnet'"),
     (["cartpole_ppo", "--set", "env.policies={a: ['*']}"],
      "'env.policies' is for multi-agent environments ('pettingzoo:*')"),
-    (["mpe_spread_ppo", "--set", "env.backend=envpool"],
-     "'env.backend': pettingzoo environments step with 'gymnasium', not 'envpool'"),
     (["mpe_spread_ppo", "--set", "learner.batch_envs=32"],
      "'learner.batch_envs' (32) must be a multiple of 24: policy 'default' sends chunks of 24 "
      "columns (8 envs x 3 agents)"),

@@ -57,7 +57,8 @@ frames do not race far ahead of updates while the learner compiles."""
     ((TWO_POLICIES, "inference.max_batch=24"),
      "'inference.max_batch' (24) must hold the 32 rows of one request for policy 'others': "
      "8 envs a split x 2 agents"),
-    ("env.backend=envpool", "'env.backend': PettingZoo environments step with 'gymnasium'"),
+    ("env.backend=envpool", "'env.backend': pettingzoo environments step with 'gymnasium', "
+                            "not 'envpool'"),
     ("env.kwargs.N=two", "'env.kwargs': cannot make"),
 ])
 def test_multi_agent_config_errors_name_the_key(override, message):
