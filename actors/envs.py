@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from actors.actor_core import RingSplit
 from actors.env_families.implementation import implementation_of
 from srl_jax.config.checks import check_request_rows
 from srl_jax.config.schema import (
@@ -27,7 +28,7 @@ def make_env(config: EnvConfig, render_mode: str | None = None) -> Any:
 
 
 def make_split(config: EnvConfig, count: int, seeds: list[int],
-               global_state: bool = False) -> Any:
+               global_state: bool = False) -> RingSplit:
     """`count` environments of `config` that step together, seeded with `seeds`: the split
     an actor's ring holds (an `actors.env_ring.OnePolicy` or a `MultiAgentSplit`);
     `global_state`: a multi-agent split also reports each env's global state."""

@@ -10,6 +10,7 @@ import importlib
 from abc import ABC, abstractmethod
 from typing import Any
 
+from actors.actor_core import RingSplit
 from srl_jax.config.env_families import implementation_name
 from srl_jax.config.schema import ConfigError, EnvConfig
 from srl_jax.core.env_spec import EnvSpec
@@ -30,9 +31,9 @@ class EnvFamilyImplementation(ABC):
 
     @abstractmethod
     def make_split(self, env: EnvConfig, count: int, seeds: list[int],
-                   global_state: bool = False) -> Any:
-        """`count` envs that step together, seeded with `seeds`: a ring split, an
-        `actors.env_ring.OnePolicy` or a multi-agent split with its interface;
+                   global_state: bool = False) -> RingSplit:
+        """`count` envs that step together, seeded with `seeds`: the split an actor's ring
+        holds (`actors.env_ring.OnePolicy` around the envs of a single-agent family);
         `global_state`: a multi-agent split also reports each env's global state."""
 
     def make_env(self, env: EnvConfig, render_mode: str | None = None) -> Any:
