@@ -1,5 +1,6 @@
-"""The machine a benchmark ran on, for its results file: figures from two machines
-are not comparable, so every results JSON says which one it came from."""
+"""The machine a benchmark ran on, and the results files that record it: figures from
+two machines are not comparable, so every results JSON says which one it came from, at
+which commit, and which version of a config it measured (`config_hash`)."""
 
 from __future__ import annotations
 
