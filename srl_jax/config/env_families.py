@@ -43,11 +43,13 @@ def register_family(family: EnvFamily) -> None:
 
 
 def families() -> list[EnvFamily]:
+    """Every registered family, the shipped ones first."""
     return list(_FAMILIES.values())
 
 
 def family_of(env: EnvConfig) -> EnvFamily:
-    """The family of `env.id`: the row whose longest matching pattern is the longest."""
+    """The family of `env.id`: of the rows with a pattern that matches it, the one whose
+    matching pattern is the longest (a specific pattern wins over '*')."""
     best, best_length = None, -1
     for family in _FAMILIES.values():
         for pattern in family.ids:
