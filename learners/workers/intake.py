@@ -1,7 +1,7 @@
 """The learner's intake: where its training batches come from, as one small interface.
 
-A learner trains on what its algorithm's declared source names (`Algorithm.source`):
-chunks the actors push on the sample stream (`SampleIntake`,
+A learner trains on what its algorithm's declared source names (`chunk_stream`, the
+same choice the actors make): chunks the actors push on the sample stream (`SampleIntake`,
 learners/workers/sample_intake.py), or transitions sampled by the policy's replay servers
 (`ReplayIntake`, learners/workers/replay_intake.py), which take each row's new priority
 back. The learner worker knows only `Intake`; `open_intake` picks the one and opens its
@@ -18,7 +18,7 @@ import numpy as np
 from learners.training.sample_queue import SampleQueue
 from learners.workers.replay_intake import ReplayIntake
 from learners.workers.sample_intake import SampleIntake
-from srl_jax.config.algorithms import algorithm, algorithm_config
+from srl_jax.config.algorithms import algorithm, algorithm_config, chunk_stream
 from srl_jax.core.chunk_spec import run_chunk_layout
 from srl_jax.core.env_spec import EnvSpec
 from srl_jax.core.replay_spec import replay_layout
@@ -70,16 +70,16 @@ def open_intake(worker: Worker, spec: EnvSpec, local_envs: int, process_index: i
     of each batch, its sockets bound or connected through `worker`."""
     config = worker.config
     cfg = config.learner
-    algo = algorithm(cfg.algorithm)
-    if algo.source == REPLAY.name:
-        servers = config.replay.count
-        sockets = [worker.socket(REPLAY, index=i) for i in range(servers)]
-        keys = [REPLAY.key(worker.policy, i) for i in range(servers)]
-        window = algo.replay_window(algorithm_config(config))
-        rows = local_envs // servers
-        return ReplayIntake(sockets, keys, rows, window, replay_layout(rows, window, spec),
-                            worker.rejects, process_index)
-    return SampleIntake(worker.socket(SAMPLES, hwm=cfg.sample_queue),
-                        SAMPLES.key(worker.policy, worker.index), run_chunk_layout(config, spec),
-                        SampleQueue(cfg.sample_queue, local_envs, cfg.staleness_cap),
-                        worker.rejects)
+    if chunk_stream(config) is SAMPLES:
+        return SampleIntake(worker.socket(SAMPLES, hwm=cfg.sample_queue),
+                            SAMPLES.key(worker.policy, worker.index),
+                            run_chunk_layout(config, spec),
+                            SampleQueue(cfg.sample_queue, local_envs, cfg.staleness_cap),
+                            worker.rejects)
+    servers = config.replay.count
+    sockets = [worker.socket(REPLAY, index=i) for i in range(servers)]
+    keys = [REPLAY.key(worker.policy, i) for i in range(servers)]
+    window = algorithm(cfg.algorithm).replay_window(algorithm_config(config))
+    rows = local_envs // servers
+    return ReplayIntake(sockets, keys, rows, window, replay_layout(rows, window, spec),
+                        worker.rejects, process_index)
