@@ -46,6 +46,7 @@ from learners.models.networks import init_policy_params
 from learners.training.checkpoint import Checkpointer
 from learners.training.mesh import compile_update, make_learner_mesh, put_batch, replicated
 from srl_jax.config.algorithms import algorithm, algorithm_config, live_values, sizes
+from srl_jax.config.schema import CONVS
 from srl_jax.core.chunk_spec import run_chunk_layout
 
 
@@ -134,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cnn-epochs", type=int, default=1)
     parser.add_argument("--cnn-minibatches", type=int, default=2)
     parser.add_argument("--cnn-actions", type=int, default=6)
+    parser.add_argument("--conv", choices=CONVS, default="auto",
+                        help="network.conv of the cases (as bench.learner's)")
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
