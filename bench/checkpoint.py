@@ -40,7 +40,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from bench.learner.case import DEFAULT_EXPERIMENT, case_config, case_policy, random_host_batch
+from bench.learner.case import DEFAULT_CONFIG, case_config, case_policy, random_host_batch
 from learners.algorithms.train_state import init_train_state, to_batch
 from learners.models.networks import init_policy_params
 from learners.training.checkpoint import Checkpointer
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", nargs="+", choices=["mlp", "cnn"], default=["mlp", "cnn"])
     parser.add_argument("--repeats", type=int, default=5, help="saves per case (median)")
-    parser.add_argument("--experiment", type=Path, default=DEFAULT_EXPERIMENT)
+    parser.add_argument("--experiment", type=Path, default=DEFAULT_CONFIG)
     parser.add_argument("--cnn-batch-envs", type=int, default=8)
     parser.add_argument("--cnn-epochs", type=int, default=1)
     parser.add_argument("--cnn-minibatches", type=int, default=2)

@@ -56,7 +56,7 @@ from typing import Any
 import yaml
 
 from bench.harness.launcher import BenchError, busy_warning, raise_on_sigterm, run_experiment
-from bench.harness.machine import nproc
+from bench.harness.machine import DEFAULT_EXPERIMENT, nproc
 from bench.harness.raw_stepping import raw_env_rates
 from bench.harness.run_rows import (
     SPLIT_COLUMNS,
@@ -65,8 +65,6 @@ from bench.harness.run_rows import (
     read_rows,
     steady_figures,
 )
-
-DEFAULT_EXPERIMENT = "cartpole_ppo"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness.launcher import BenchError, in_workdir, raise_on_sigterm, stop_process
-from bench.harness.machine import REPO_ROOT, config_hash, write_results
+from bench.harness.machine import DEFAULT_EXPERIMENT, REPO_ROOT, config_hash, write_results
 from bench.harness.run_rows import read_rows
 from srl_jax.config.run_dir import read_status
 
@@ -113,7 +113,7 @@ def measure(fault: str, args: argparse.Namespace, workdir: Path) -> dict[str, An
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.recovery",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--experiment", default="cartpole_ppo")
+    parser.add_argument("--experiment", default=DEFAULT_EXPERIMENT)
     parser.add_argument("--faults", nargs="+", default=list(FAULTS), metavar="KIND:WORKER")
     parser.add_argument("--heartbeat-timeout", type=float, default=10.0,
                         help="runtime.heartbeat_timeout_s for the runs (default: 10)")

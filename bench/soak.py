@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.harness.machine import REPO_ROOT
+from bench.harness.machine import DEFAULT_EXPERIMENT, REPO_ROOT
 from srl_jax.config.run_dir import read_status
 from srl_jax.core.memory import resident_mib
 
@@ -102,7 +102,7 @@ def report(tracks: dict[str, Track], warmup_s: float, window_s: float,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--experiment", default="cartpole_ppo")
+    parser.add_argument("--experiment", default=DEFAULT_EXPERIMENT)
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--warmup-minutes", type=float, default=None,
                         help="ignored for growth (default: a fifth of the run, at most 5)")

@@ -21,6 +21,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 """The checkout the benchmarks measure: launcher runs start here."""
 RESULTS_DIR = REPO_ROOT / "bench" / "results"
 CONFIGS_DIR = REPO_ROOT / "configs"
+DEFAULT_EXPERIMENT = "cartpole_ppo"
+"""The project's default experiment: what `./run.sh` runs without an argument."""
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "pyzmq", "numpy", "gymnasium", "msgpack")
 
 

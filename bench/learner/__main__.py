@@ -14,7 +14,7 @@ from types import FrameType
 from typing import Any
 
 from bench.harness.machine import cpu_model
-from bench.learner.case import CASES, CNN_OBS_SHAPE, DEFAULT_EXPERIMENT, child_main
+from bench.learner.case import CASES, CNN_OBS_SHAPE, DEFAULT_CONFIG, child_main
 from bench.learner.children import run_child, timing
 from bench.learner.levers import levers_main
 
@@ -135,7 +135,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="untimed updates first (default: mlp 2, cnn 1)")
     parser.add_argument("--pool", type=int, default=4,
                         help="distinct random host batches cycled through")
-    parser.add_argument("--experiment", type=Path, default=DEFAULT_EXPERIMENT,
+    parser.add_argument("--experiment", type=Path, default=DEFAULT_CONFIG,
                         help="config file of the MLP case (and base of the CNN case)")
     parser.add_argument("--cnn-batch-envs", type=int, default=None,
                         help="B of the CNN case (default 8; 4 with --quick)")

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bench.harness.machine import CONFIGS_DIR
+from bench.harness.machine import CONFIGS_DIR, DEFAULT_EXPERIMENT
 
 if TYPE_CHECKING:
     from srl_jax.config.schema import ExperimentConfig
 
-DEFAULT_EXPERIMENT = CONFIGS_DIR / "cartpole_ppo.yaml"
+DEFAULT_CONFIG = CONFIGS_DIR / f"{DEFAULT_EXPERIMENT}.yaml"
 CASES = ("mlp", "cnn")
 CNN_OBS_SHAPE = (84, 84, 4)
 RESULT_PREFIX = "BENCH_RESULT "

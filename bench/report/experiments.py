@@ -8,11 +8,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from bench.harness.machine import CONFIGS_DIR, RESULTS_DIR, config_hash
+from bench.harness.machine import CONFIGS_DIR, DEFAULT_EXPERIMENT, RESULTS_DIR, config_hash
 from bench.report.markdown import hardware, table
-
-DEFAULT_EXPERIMENT = "cartpole_ppo"
-"""What `./run.sh` runs without an argument."""
 
 
 def _median(runs: list[dict[str, Any]], key: str) -> float:

@@ -19,7 +19,13 @@ from bench.harness.launcher import (
     raise_on_sigterm,
     release_workdir,
 )
-from bench.harness.machine import REPO_ROOT, config_hash, nproc, write_results
+from bench.harness.machine import (
+    DEFAULT_EXPERIMENT,
+    REPO_ROOT,
+    config_hash,
+    nproc,
+    write_results,
+)
 from bench.overhead.cases import BATCH_CHUNKS, IN_FLIGHT, NULL_ENV, TRAJECTORY
 from bench.overhead.measure import measure_overheads
 from bench.overhead.summary import print_overheads
@@ -33,8 +39,6 @@ from bench.scale.summary import (
 )
 from bench.scale.sweep import Point, run_sweep, sweep_overrides
 from srl_jax.config.schema import ActorConfig, request_rows
-
-DEFAULT_EXPERIMENT = "cartpole_ppo"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
