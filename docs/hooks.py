@@ -150,7 +150,9 @@ def dataflow_page() -> str:
                "as sent" if f.batch_dtype == AS_SENT else
                "not in the batch" if f.batch_dtype is None else str(f.batch_dtype), f.doc)
               for f in CHUNK_FIELDS]
-    kinds = [(f"`{k.name}`", f"`{k.entry}`", "yes" if k.per_policy else "no", k.host_role,
+    kinds = [(f"`{k.name}`", f"`{k.entry}`" + (f" (some configs: `{k.variant[1]}`)"
+                                                 if k.variant else ""),
+              "yes" if k.per_policy else "no", k.host_role,
               "yes" if k.saves_state else "no", k.doc) for k in KINDS.values()]
     return "\n".join([
         "# Dataflow tables", "", GENERATED, "",
