@@ -1,9 +1,9 @@
 """The actor worker: the shell that moves its `ActorCore`'s requests, replies and chunks.
 
 The core (actors/actor_core.py) steps the ring and decides what to ask and what to
-send; this shell owns the sockets. Requests go to every inference server of the
-policy (spread by the DEALER, `Worker.socket`); finished chunks go on the stream the
-algorithm's declared source chooses (`srl_jax.config.algorithms.chunk_stream`): to
+send; this shell owns the sockets. Requests are spread over the policy's inference
+servers (one DEALER connected to all of them by `Worker.socket`); finished chunks go
+on the stream the algorithm's declared source chooses (`srl_jax.config.algorithms.chunk_stream`): to
 the learner on the samples stream, or to the replay servers on the inserts stream.
 A full sample stream drops the chunk or blocks (heartbeating), as
 `actors.send_policy` says.
