@@ -6,7 +6,7 @@ makes the actor's splits. An experiment names the module in `plugins`, so the la
 and every worker process import it before the config is checked; nothing in the package
 is edited. A countdown episode lasts exactly n steps and pays 1 a step, so its return
 and length are both n whatever the policy does: a run's metrics show that its episodes
-were played.
+were played (tests/test_plugin_kind.py runs `EXPERIMENT`, with a plugin worker kind too).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from srl_jax.config.env_families import EnvFamily, family_of, register_family
 from srl_jax.config.loader import load_config
 from srl_jax.config.schema import DEFAULT_POLICY, ConfigError, EnvConfig, ExperimentConfig
 from srl_jax.core.env_spec import EnvSpec
-from tests.conftest import Processes, launch, read_metrics
 
 PREFIX = "countdown:"
 
@@ -120,15 +119,3 @@ def test_its_config_errors_name_the_key(tmp_path: Path) -> None:
     config = _config(tmp_path, (f"env.id={PREFIX}none",))
     with pytest.raises(ConfigError, match=r"^'env.id': 'countdown:none' is no countdown"):
         check_env_id(config)
-
-
-@pytest.mark.slow
-def test_its_episodes_reach_a_real_runs_metrics(processes: Processes, tmp_path: Path) -> None:
-    path = tmp_path / "countdown_ppo.yaml"
-    path.write_text(yaml.safe_dump(EXPERIMENT))
-    process, run_dir = launch(processes, tmp_path, experiment=str(path))
-    assert process.wait(timeout=300) == 0, (tmp_path / "launch.log").read_text()
-    rows = [row for row in read_metrics(run_dir) if "episode_return_mean" in row]
-    assert rows, "no finished episode reached metrics.jsonl"
-    assert {row["episode_return_mean"] for row in rows} == {STEPS}
-    assert {row["episode_length_mean"] for row in rows} == {STEPS}

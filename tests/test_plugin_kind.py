@@ -40,6 +40,7 @@ def test_a_plugin_kinds_counters_and_a_plugin_familys_episodes_reach_metrics(
     episodes = [row for row in rows if "episode_return_mean" in row]
     assert episodes, "no countdown episode reached metrics.jsonl"
     assert {row["episode_return_mean"] for row in episodes} == {STEPS}
+    assert {row["episode_length_mean"] for row in episodes} == {STEPS}
     workers = {w["name"]: w for w in read_status(run_dir)["workers"]}
     assert workers["disk-0"]["kind"] == "disk" and workers["disk-0"]["state"] == "stopped"
 
