@@ -24,8 +24,9 @@ import optax
 import pytest
 import yaml
 
+from learners.algorithms.prepare import prepare
 from learners.algorithms.sequences import episode_starts
-from learners.algorithms.train_state import Batch, TrainState, prepare
+from learners.algorithms.train_state import Batch, TrainState
 from learners.models.networks import Policy
 from srl_jax.config.algorithms import (
     Algorithm,

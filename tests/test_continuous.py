@@ -24,7 +24,8 @@ import pytest
 
 from actors.envs import env_seed, env_spec
 from learners.algorithms.ppo import make_optimizer, make_update
-from learners.algorithms.train_state import Batch, init_train_state, prepare
+from learners.algorithms.prepare import prepare
+from learners.algorithms.train_state import Batch, init_train_state
 from learners.models.distributions import CATEGORICAL, GAUSSIAN, distribution
 from learners.models.networks import OBS_CLIP, init_policy_params, make_policy, update_obs_stats
 from srl_jax.config.algorithms import algorithm_config, sizes

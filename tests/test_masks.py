@@ -24,7 +24,7 @@ from learners.algorithms.impala_config import ImpalaConfig
 from learners.algorithms.ppo_config import PPOConfig
 from learners.algorithms.train_state import init_train_state, to_batch
 from learners.models.distributions import CATEGORICAL, mask_logits
-from learners.models.networks import init_policy_params, make_policy
+from learners.models.networks import Policy, init_policy_params, make_policy
 from learners.training.learner import check_splits, chunk_inputs
 from learners.workers.inference_server import InferenceServer
 from srl_jax.config.algorithms import Sizes
@@ -35,6 +35,7 @@ from srl_jax.core.stream_table import INFERENCE, PARAMS
 from srl_jax.core.streams import RejectCounter, make_socket, receive, send
 from srl_jax.core.transport import Transport
 from tests.conftest import make_config, stop_when
+from tests.update_checks import check_pinned
 
 MASKED = "pettingzoo:tests.masked_env"
 T, ENVS = 8, 3
@@ -151,6 +152,19 @@ def _garbled(chunk: dict, rng: np.random.Generator) -> dict:
     return out
 
 
+def _update(algorithm: str, policy: Policy, columns: int) -> tuple:
+    """(optimizer, jitted update) of `algorithm` for a [T+1, columns] batch of this env:
+    PPO of two epochs or IMPALA, one minibatch each."""
+    sizes = Sizes(trajectory_length=T, batch_envs=columns, total_updates=0, reward_scale=1.0,
+                  reward_clip=0.0)
+    if algorithm == "ppo":
+        conf, module = PPOConfig(epochs=2, minibatches=1), ppo
+    else:
+        conf, module = ImpalaConfig(minibatches=1), impala
+    optimizer = module.make_optimizer(conf, sizes)
+    return optimizer, jax.jit(module.make_update(policy, optimizer, conf, sizes))
+
+
 @pytest.mark.parametrize("algorithm,critic", [("ppo", "local"), ("ppo", "global"),
                                               ("impala", "global")])
 def test_inactive_rows_change_neither_parameters_nor_statistics_nor_metrics(algorithm,
@@ -163,17 +177,8 @@ def test_inactive_rows_change_neither_parameters_nor_statistics_nor_metrics(algo
     policy, network = make_policy(config, spec)
     results = []
     for arrays in (chunk, garbled):
-        B = arrays["actions"].shape[1]
-        sizes = Sizes(trajectory_length=T, batch_envs=B, total_updates=0, reward_scale=1.0,
-                      reward_clip=0.0)
-        if algorithm == "ppo":
-            conf = PPOConfig(epochs=2, minibatches=1)
-            optimizer, module = ppo.make_optimizer(conf, sizes), ppo
-        else:
-            conf = ImpalaConfig(minibatches=1)
-            optimizer, module = impala.make_optimizer(conf, sizes), impala
+        optimizer, update = _update(algorithm, policy, arrays["actions"].shape[1])
         state = init_train_state(init_policy_params(network, spec.obs_shape, 3), optimizer, 3)
-        update = jax.jit(module.make_update(policy, optimizer, conf, sizes))
         new_state, metrics = update(state, to_batch(arrays))
         results.append((jax.device_get(new_state.params), jax.device_get(metrics)))
     (params, metrics), (padded_params, padded_metrics) = results
@@ -187,6 +192,23 @@ def test_inactive_rows_change_neither_parameters_nor_statistics_nor_metrics(algo
     init = init_policy_params(network, spec.obs_shape, 3)  # the update did train
     assert not np.allclose(jax.tree.leaves(init["net"])[0],
                            jax.tree.leaves(params["net"])[0])
+
+
+PINNED = {  # what the updates computed before their sample preparation moved to prepare.py
+    "ppo": {"loss": 1.0554838, "pg_loss": -1.6206503e-3, "value_loss": 2.1280713,
+            "entropy": 0.69312644, "moved": 2.4149497e-3},
+    "impala": {"loss": 2.4628983, "pg_loss": 1.1396674, "value_loss": 2.6603246,
+               "entropy": 0.69312775, "moved": 1.1894577e-3},
+}
+
+
+@pytest.mark.parametrize("algorithm", sorted(PINNED))
+def test_masks_and_the_centralized_critic_give_the_numbers_they_always_have(algorithm):
+    config, spec, chunk = _chunk("global")
+    policy, network = make_policy(config, spec)
+    optimizer, update = _update(algorithm, policy, chunk["actions"].shape[1])
+    state = init_train_state(init_policy_params(network, spec.obs_shape, 3), optimizer, 3)
+    check_pinned(update, state, to_batch(chunk), PINNED[algorithm])
 
 
 def test_the_centralized_critic_reads_the_global_state_and_acting_needs_none():
@@ -246,7 +268,7 @@ def test_the_server_samples_legal_actions_and_drops_requests_whose_mask_does_not
     server = InferenceServer(config, 0, tmp_path, names)
     server.setup()
     dealer = make_socket(context, INFERENCE.connect_type)
-    dealer.connect(server.endpoint)
+    dealer.connect(names.lookup(INFERENCE.key(index=0), timeout_s=5))
     try:
         rng = np.random.default_rng(0)
         obs = rng.random((6, 7)).astype(np.float32)

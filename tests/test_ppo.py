@@ -14,6 +14,7 @@ from learners.models.distributions import CATEGORICAL
 from srl_jax.config.algorithms import Sizes
 from tests.update_checks import (
     SIZES,
+    check_pinned,
     check_update_trains_and_repeats,
     check_value_loss_halves,
     random_batch,
@@ -170,6 +171,22 @@ def test_make_update_trains_a_real_network_deterministically(core, burn_in):
                               batch.trunc_values, PPO.gamma, PPO.gae_lambda)
     assert metrics["advantage_mean"] == pytest.approx(float(advantages.mean()), rel=1e-5)
     assert metrics["return_mean"] == pytest.approx(float(returns.mean()), rel=1e-5)
+
+
+PINNED = {  # what the update computed before its sample preparation moved to prepare.py
+    ("none", 0): {"loss": 2.1555793, "pg_loss": -3.0877953e-4, "value_loss": 4.3256388,
+                  "entropy": 0.69312572, "moved": -0.056779729},
+    ("lstm", 2): {"loss": 1.7132289, "pg_loss": -1.6101245e-3, "value_loss": 3.4435408,
+                  "entropy": 0.69313943, "moved": -0.10128465},
+}
+
+
+@pytest.mark.parametrize(("core", "burn_in"), sorted(PINNED))
+def test_the_update_computes_the_numbers_it_always_has(core, burn_in):
+    policy, optimizer, state = fresh_state(core=core)
+    update = jax.jit(make_update(policy, optimizer, PPO, sizes_for(core, burn_in)))
+    check_pinned(update, state, random_batch(state_size=policy.state_size),
+                 PINNED[core, burn_in])
 
 
 def test_make_update_reduces_the_value_loss_on_a_fixed_batch():

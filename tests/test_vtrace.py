@@ -24,6 +24,7 @@ from tests.update_checks import (
     SIZES,
     B,
     T,
+    check_pinned,
     check_update_trains_and_repeats,
     check_value_loss_halves,
     random_batch,
@@ -302,6 +303,22 @@ def test_one_minibatch_update_is_the_loss_gradient_step(core):
     _, metrics = jax.jit(make_update(policy, optimizer, config, sizes_for(core)))(state, batch)
     for key in ("loss", "pg_loss", "value_loss", "entropy", "rho_mean"):
         assert float(metrics[key]) == pytest.approx(float(info[key]), rel=1e-5, abs=1e-6), key
+
+
+PINNED = {  # what the update computed before its sample preparation moved to prepare.py
+    ("none", 0): {"loss": 2.9718881, "pg_loss": 1.3621204, "value_loss": 3.2333980,
+                  "entropy": 0.69313514, "moved": 1.3648862e-3},
+    ("lstm", 2): {"loss": 2.0541878, "pg_loss": 1.1073325, "value_loss": 1.9075735,
+                  "entropy": 0.69314629, "moved": -0.025574019},
+}
+
+
+@pytest.mark.parametrize(("core", "burn_in"), sorted(PINNED))
+def test_the_update_computes_the_numbers_it_always_has(core, burn_in):
+    policy, optimizer, state = fresh_state(core=core)
+    update = jax.jit(make_update(policy, optimizer, IMPALA, sizes_for(core, burn_in)))
+    check_pinned(update, state, random_batch(state_size=policy.state_size),
+                 PINNED[core, burn_in])
 
 
 def test_make_update_reduces_the_value_loss_on_a_fixed_batch():

@@ -9,6 +9,7 @@ from typing import Any
 import jax
 import numpy as np
 import optax
+import pytest
 
 from learners.algorithms.train_state import Batch, TrainState, init_train_state
 from learners.models.networks import Policy, init_policy_params, make_policy
@@ -109,3 +110,19 @@ def check_value_loss_halves(update: Callable, state: Any, batch: Any, steps: int
         losses.append(float(metrics["value_loss"]))
     assert int(state.version) == steps
     assert losses[-1] < 0.5 * losses[0], losses
+
+
+def check_pinned(update: Callable, state: Any, batch: Any, pinned: dict[str, float]) -> None:
+    """One update's metrics and where it moved the parameters (`moved`: their change
+    along a fixed random direction) are the `pinned` numbers, which an earlier version
+    of the update computed: a restructuring of the update must leave them as they are.
+    Matrix products in full float32 (no TF32 on a GPU), so every backend agrees."""
+    before = jax.tree.map(np.array, state.params["net"])  # host copies: the state is donated
+    with jax.default_matmul_precision("float32"):
+        new_state, metrics = update(state, batch)
+    after = jax.tree.leaves(jax.device_get(new_state.params["net"]))
+    direction = np.random.default_rng(0)
+    moved = sum(float(np.sum((np.asarray(a, np.float64) - b) * direction.normal(size=b.shape)))
+                for a, b in zip(after, jax.tree.leaves(before), strict=True))
+    got = {**{key: float(metrics[key]) for key in pinned if key != "moved"}, "moved": moved}
+    assert got == pytest.approx(pinned, rel=1e-4, abs=1e-6)

@@ -24,7 +24,8 @@ import jax.numpy as jnp
 import optax
 
 from learners.algorithms.dqn_config import DQNConfig
-from learners.algorithms.train_state import TrainState, descend, scale_rewards
+from learners.algorithms.prepare import scale_rewards
+from learners.algorithms.train_state import TrainState, descend
 from learners.models.networks import Policy, update_obs_stats
 from srl_jax.config.algorithms import Sizes, with_live
 

@@ -4,15 +4,15 @@ Espeholt et al. 2018, "IMPALA: Scalable Distributed Deep-RL with Importance
 Weighted Actor-Learner Architectures". Actors act with a policy that may be
 several versions behind the learner; V-trace corrects for that lag with
 truncated importance weights. A batch is one [T+1, B] block of trajectory
-chunks (see actors/env_ring.py for the fields). The update evaluates the
+chunks (see srl_jax/core/chunk_spec.py for the fields). The update evaluates the
 *current* network on every observation, computes V-trace targets and
 policy-gradient advantages from those values, and takes `minibatches` SGD
-steps in one pass, splitting the batch on the env axis. A recurrent policy is
-unrolled over each column from its stored state (learners/algorithms/sequences.py), the
-first `burn_in` steps only warming the state. The learner jits it over its
-device mesh. Rows of agents out of play (`active` false) weigh nothing in any
-mean; masked actions have probability 0; a centralized critic values the
-global state (learners/algorithms/critic.py). Nothing here knows about processes or sockets.
+steps in one pass, splitting the batch on the env axis. How the policy reads a
+minibatch (a recurrent one unrolled over each column from its stored state, the
+first `burn_in` steps only warming the state; masked actions; a centralized
+critic's values of the global state) comes from learners/algorithms/prepare.py.
+The learner jits it over its device mesh. Rows of agents out of play (`active`
+false) weigh nothing in any mean. Nothing here knows about processes or sockets.
 """
 
 from __future__ import annotations
@@ -24,11 +24,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from learners.algorithms.critic import with_critic_values
 from learners.algorithms.impala_config import ImpalaConfig
-from learners.algorithms.sequences import after_burn_in, episode_starts, flat_unroll, warm_state
-from learners.algorithms.train_state import Batch, TrainState, descend, prepare, weighted_mean
-from learners.models.distributions import Distribution, mask_logits
+from learners.algorithms.prepare import policy_over, prepare_actor_critic
+from learners.algorithms.train_state import Batch, TrainState, descend, weighted_mean
+from learners.models.distributions import Distribution
 from learners.models.networks import Policy
 from srl_jax.config.algorithms import Sizes, with_live
 
@@ -111,14 +110,14 @@ def episode_vtrace(behaviour_logp: jax.Array, target_logp: jax.Array, rewards: j
 
 def impala_loss(params: Any, apply_fn: Callable, dist: Distribution, batch: Batch,
                 config: ImpalaConfig) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Policy gradient with V-trace advantages + value loss - entropy bonus, on [T+1, B]."""
+    """Policy gradient with V-trace advantages + value loss - entropy bonus, on [T+1, B].
+    `apply_fn` answers the (T+1) * B observations, time-major, with logits already
+    masked to the legal actions (`prepare.policy_over`)."""
     T, B = batch.rewards.shape
     obs = batch.obs.reshape((T + 1) * B, *batch.obs.shape[2:])
     out, values = apply_fn(params, obs)
     values = values.reshape(T + 1, B)
     out = out[:T * B]  # the policy at the bootstrap observation is not needed
-    if batch.action_mask.shape[-1]:
-        out = mask_logits(out, batch.action_mask.reshape(T * B, -1))
     actions = batch.actions.reshape(T * B, *batch.actions.shape[2:])
     logp = dist.log_prob(out, actions).reshape(T, B)
     active = batch.active
@@ -142,16 +141,6 @@ def impala_loss(params: Any, apply_fn: Callable, dist: Distribution, batch: Batc
         "value_mean": weighted_mean(values[:-1], active),
     }
     return loss, info
-
-
-def central_values(policy: Policy, apply_fn: Callable, critic_in: jax.Array) -> Callable:
-    """`apply_fn` with the centralized critic's values of `critic_in` [T+1, B, C]."""
-
-    def apply(params: Any, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
-        out, _ = apply_fn(params, obs)
-        return out, policy.critic(params, critic_in.reshape(-1, critic_in.shape[-1]))
-
-    return apply
 
 
 def make_optimizer(impala: ImpalaConfig, sizes: Sizes) -> optax.GradientTransformation:
@@ -181,19 +170,12 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation, impala:
 
     def update(state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
         live = with_live(impala, state.hyper)
-        params, batch = prepare(state.params, batch, policy, sizes.reward_scale,
-                                sizes.reward_clip)
-        batch = with_critic_values(policy, params, batch)
+        params, batch = prepare_actor_critic(state.params, batch, policy, sizes)
 
         def loss_of_net(net: Any, mb: Batch) -> tuple[jax.Array, dict]:
             net_params = {**params, "net": net}
-            resets = episode_starts(mb.terminated, mb.truncated, mb.obs.shape[0])
-            start = warm_state(policy, net_params, mb.obs, mb.state[0], resets, sizes.burn_in)
-            apply_fn = flat_unroll(policy, start, resets[sizes.burn_in:])
-            if policy.critic is not None:
-                apply_fn = central_values(policy, apply_fn, mb.global_state)
-            return impala_loss(net_params, apply_fn, policy.dist,
-                               after_burn_in(mb, sizes.burn_in), live)
+            apply_fn, seqs = policy_over(policy, net_params, mb._asdict(), sizes.burn_in)
+            return impala_loss(net_params, apply_fn, policy.dist, Batch(**seqs), live)
 
         grad_fn = jax.grad(loss_of_net, has_aux=True)
 

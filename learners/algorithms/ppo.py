@@ -1,16 +1,15 @@
 """PPO as pure functions: GAE, the clipped loss, and one update over a batch.
 
 A batch is one [T+1, B] block of trajectory chunks (see srl_jax/core/chunk_spec.py
-for the fields). The update computes advantages with the acting policy's values
-(with a centralized critic, the current critic's: learners/algorithms/critic.py), then
-runs `epochs` passes of `minibatches` clipped-objective steps as nested scans;
-the learner jits it over its device mesh. A feed-forward policy's
-minibatches are shuffled steps; a recurrent policy's are whole env columns,
-each unrolled from its stored state (learners/algorithms/sequences.py), its first
-`burn_in` steps only warming the state. Rows of agents out of play (`active`
-false) weigh nothing in any mean; masked actions have probability 0. Nothing
-here knows about processes or sockets.
-"""
+for the fields). The update reads top to bottom: prepare the batch, compute
+advantages with the acting policy's values (with a centralized critic, the
+current critic's), then run `epochs` passes of `minibatches` clipped-objective
+steps as nested scans; the learner jits it over its device mesh. What the
+minibatches are (shuffled steps, or whole env columns of a recurrent policy
+unrolled from their stored state after a burn-in), how the policy reads them,
+and the masks and critic inputs come from learners/algorithms/prepare.py.
+Rows of agents out of play (`active` false) weigh nothing in any mean. Nothing
+here knows about processes or sockets."""
 
 from __future__ import annotations
 
@@ -21,11 +20,16 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from learners.algorithms.critic import with_critic_values
 from learners.algorithms.ppo_config import PPOConfig
-from learners.algorithms.sequences import episode_starts, flat_unroll, warm_state
-from learners.algorithms.train_state import Batch, TrainState, descend, prepare, weighted_mean
-from learners.models.distributions import Distribution, mask_logits
+from learners.algorithms.prepare import (
+    policy_over,
+    prepare_actor_critic,
+    rows,
+    time_major,
+    units,
+)
+from learners.algorithms.train_state import Batch, TrainState, descend, weighted_mean
+from learners.models.distributions import Distribution
 from learners.models.networks import Policy
 from srl_jax.config.algorithms import Sizes, with_live
 
@@ -85,21 +89,6 @@ def ppo_loss(params: Any, apply_fn: Callable, dist: Distribution, obs: jax.Array
     return loss, info
 
 
-def acting(policy: Policy, apply_fn: Callable, samples: dict) -> Callable:
-    """`apply_fn` as the loss needs it for these samples: logits masked to their legal
-    actions (`action_mask`), and values from the centralized critic where there is one."""
-
-    def apply(params: Any, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
-        out, values = apply_fn(params, obs)
-        if policy.critic is not None:
-            values = policy.critic(params, samples["critic_in"])
-        if "action_mask" in samples:
-            out = mask_logits(out, samples["action_mask"])
-        return out, values
-
-    return apply
-
-
 def make_optimizer(ppo: PPOConfig, sizes: Sizes) -> optax.GradientTransformation:
     """Adam's direction without its step size, which the update applies from
     `TrainState.hyper`; annealing is a factor going from 1 to 0 over the run."""
@@ -117,44 +106,18 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation, ppo: PP
 
     def update(state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
         live = with_live(ppo, state.hyper)
-        params, batch = prepare(state.params, batch, policy, sizes.reward_scale,
-                                sizes.reward_clip)
-        batch = with_critic_values(policy, params, batch)
+        params, batch = prepare_actor_critic(state.params, batch, policy, sizes)
         advantages, returns = gae(batch.rewards, batch.values, batch.terminated,
                                   batch.truncated, batch.trunc_values, ppo.gamma, ppo.gae_lambda)
-        T, B = batch.rewards.shape
-        steps = {"obs": batch.obs[:-1], "actions": batch.actions, "logp": batch.logp,
-                 "values": batch.values[:-1], "advantages": advantages, "returns": returns,
-                 "active": batch.active}
-        if batch.action_mask.shape[-1]:
-            steps["action_mask"] = batch.action_mask
-        if policy.critic is not None:
-            steps["critic_in"] = batch.global_state[:-1]
-        if policy.recurrent:  # shuffled as whole columns: [B, T, ...], and their states
-            n = B
-            samples = {name: jnp.swapaxes(x, 0, 1) for name, x in steps.items()}
-            samples["resets"] = jnp.swapaxes(
-                episode_starts(batch.terminated, batch.truncated, T), 0, 1)
-            samples["state"] = batch.state[0]
-        else:  # shuffled as single steps
-            n = T * B
-            samples = {name: x.reshape(n, *x.shape[2:]) for name, x in steps.items()}
+        samples = units(batch, policy.recurrent, advantages=advantages, returns=returns)
+        n = len(samples["obs"])
 
         def loss_of_net(net: Any, mb: dict) -> tuple[jax.Array, dict]:
             net_params = {**params, "net": net}
-            if policy.recurrent:
-                seq = {name: jnp.swapaxes(x, 0, 1) for name, x in mb.items() if name != "state"}
-                start = warm_state(policy, net_params, seq["obs"], mb["state"], seq["resets"],
-                                   sizes.burn_in)
-                seq = {name: x[sizes.burn_in:] for name, x in seq.items()}
-                apply_fn = flat_unroll(policy, start, seq["resets"])
-                mb = {name: x.reshape(-1, *x.shape[2:]) for name, x in seq.items()}
-            else:
-                rows = mb["obs"].shape[0]
-                apply_fn = flat_unroll(policy, jnp.zeros((rows, 0)), jnp.zeros((1, rows), bool))
-            return ppo_loss(net_params, acting(policy, apply_fn, mb), policy.dist, mb["obs"],
-                            mb["actions"], mb["logp"], mb["values"], mb["advantages"],
-                            mb["returns"], mb["active"], live)
+            apply_fn, seqs = policy_over(policy, net_params, time_major(mb), sizes.burn_in)
+            x = {name: rows(value) for name, value in seqs.items() if name != "state"}
+            return ppo_loss(net_params, apply_fn, policy.dist, x["obs"], x["actions"], x["logp"],
+                            x["values"], x["advantages"], x["returns"], x["active"], live)
 
         grad_fn = jax.grad(loss_of_net, has_aux=True)
 
@@ -176,7 +139,8 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation, ppo: PP
         def epoch(carry: tuple, key: jax.Array) -> tuple:
             order = jax.random.permutation(key, n)
             shuffled = jax.tree.map(
-                lambda x: x[order].reshape(ppo.minibatches, -1, *x.shape[1:]), samples)
+                lambda x: x[order].reshape(ppo.minibatches, n // ppo.minibatches, *x.shape[1:]),
+                samples)
             (net, opt_state, stopped), (infos, ran) = jax.lax.scan(minibatch_step, carry,
                                                                    shuffled)
             if ppo.target_kl is not None:

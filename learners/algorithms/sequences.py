@@ -10,13 +10,12 @@ the feed-forward network on every row.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from learners.algorithms.train_state import Batch
 from learners.models.networks import Policy
 
 ApplyFn = Callable[[Any, jax.Array], tuple[jax.Array, jax.Array]]
@@ -40,13 +39,11 @@ def warm_state(policy: Policy, params: Any, obs: jax.Array, state: jax.Array,
     return jax.lax.stop_gradient(warm)
 
 
-def after_burn_in(batch: Batch, burn_in: int) -> Batch:
-    """`batch` without its first `burn_in` steps (every per-step field; the stored state
-    is not per step and stays)."""
-    if burn_in == 0:
-        return batch
-    return batch._replace(**{name: value[burn_in:] for name, value in batch._asdict().items()
-                             if name != "state"})
+def after_burn_in(seqs: Mapping[str, jax.Array], burn_in: int) -> dict[str, jax.Array]:
+    """Time-major fields without their first `burn_in` steps (every per-step field; the
+    stored `state` is not per step and stays)."""
+    return {name: value if name == "state" else value[burn_in:]
+            for name, value in seqs.items()}
 
 
 def flat_unroll(policy: Policy, state: jax.Array, resets: jax.Array) -> ApplyFn:

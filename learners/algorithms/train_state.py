@@ -10,7 +10,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from learners.models.networks import Policy, update_obs_stats
 from srl_jax.core.chunk_spec import CHUNK_FIELDS, ChunkField, batch_arrays, batch_fields
 
 
@@ -66,29 +65,6 @@ def descend(net: Any, updates: Any, learning_rate: float | jax.Array) -> Any:
     optimizer, so it can be a traced value of `TrainState.hyper` (optax.adam(lr) is
     scale_by_adam followed by exactly this)."""
     return optax.apply_updates(net, jax.tree.map(lambda u: -learning_rate * u, updates))
-
-
-def prepare(params: Any, batch: Batch, policy: Policy, reward_scale: float,
-            reward_clip: float) -> tuple[Any, Batch]:
-    """Fold the batch's active rows into the observation statistics; scale, then clip,
-    its rewards.
-
-    Clipping happens here, not in the env, so the returns actors report stay
-    the raw game score.
-    """
-    if policy.normalize_obs:
-        params = update_obs_stats(params, batch.obs[:-1], batch.active)
-    return params, batch._replace(rewards=scale_rewards(batch.rewards, reward_scale,
-                                                        reward_clip))
-
-
-def scale_rewards(rewards: jax.Array, reward_scale: float, reward_clip: float) -> jax.Array:
-    """Rewards times `reward_scale`, then clipped to [-reward_clip, reward_clip] (0: not)."""
-    if reward_scale != 1.0:
-        rewards = rewards * reward_scale
-    if reward_clip > 0:
-        rewards = jnp.clip(rewards, -reward_clip, reward_clip)
-    return rewards
 
 
 def weighted_mean(x: jax.Array, weights: jax.Array) -> jax.Array:
