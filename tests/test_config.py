@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import logging
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from srl_jax.config.algorithms import algorithm_config
-from srl_jax.config.env_families import family_of
+from srl_jax.config.env_families import SHIPPED, family_of
 from srl_jax.config.loader import (
     SHIPPED_CONFIGS,
     config_dirs,
@@ -273,3 +274,25 @@ def test_the_config_checks_read_the_family_table_without_importing_an_env_packag
                             timeout=60, cwd=REPO)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_only_the_env_families_test_an_ids_namespace() -> None:
+    """No module outside `actors/env_families/` and the family table holds a family's id
+    namespace ('ALE/', 'pettingzoo:') in code (docstrings aside): callers ask the table."""
+    namespaces = {pattern[:-1] for family in SHIPPED for pattern in family.ids
+                  if pattern.endswith(("/*", ":*"))}
+    assert namespaces == {"ALE/", "pettingzoo:"}
+    found = []
+    for package in ("srl_jax", "actors", "learners", "replay", "bench"):
+        for path in sorted((REPO / package).rglob("*.py")):
+            where = path.relative_to(REPO)
+            if where.parts[:2] == ("actors", "env_families") \
+                    or where == Path("srl_jax/config/env_families.py"):
+                continue
+            tree = ast.parse(path.read_text())
+            prose = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}
+            found += [f"{where}:{node.lineno}" for node in ast.walk(tree)
+                      if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                      and id(node) not in prose
+                      and any(namespace in node.value for namespace in namespaces)]
+    assert found == []
