@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from srl_jax.core.metrics_table import (
     COMMON,
@@ -171,3 +173,18 @@ def test_a_new_kinds_declared_counters_become_rows_once_it_reports() -> None:
         assert row["archive/episodes_archived"] == 14 and row["archive/size_mb"] == 0
     finally:
         del KINDS["archive"]
+
+
+def test_an_undeclared_counter_adds_up_as_a_sum_and_is_named_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    metrics = MetricsAggregator()
+    with caplog.at_level(logging.WARNING, logger="metrics"):
+        for frames in (10, 20):
+            metrics.observe("actor-0", "actor", {"env_frames": frames, "frames_skipped": 1},
+                            NO_ARRAYS)
+    assert [r.getMessage() for r in caplog.records] == [
+        "actor sends the counter 'frames_skipped', which the metrics table does not declare: "
+        "it adds up as a sum and makes no row"]
+    metrics.retire("actor-0")
+    assert metrics.total("actor", "frames_skipped") == 1
+    assert not any("frames_skipped" in key for key in metrics.row(1.0))

@@ -41,6 +41,7 @@ def test_a_plugin_kinds_counters_and_a_plugin_familys_episodes_reach_metrics(
     assert episodes, "no countdown episode reached metrics.jsonl"
     assert {row["episode_return_mean"] for row in episodes} == {STEPS}
     assert {row["episode_length_mean"] for row in episodes} == {STEPS}
+    assert "does not declare" not in (run_dir / "logs" / "controller.log").read_text()
     workers = {w["name"]: w for w in read_status(run_dir)["workers"]}
     assert workers["disk-0"]["kind"] == "disk" and workers["disk-0"]["state"] == "stopped"
 

@@ -148,6 +148,8 @@ def test_a_default_run_keeps_its_documented_contracts(stopped_run: Path) -> None
     assert all(key in row for row in rows for key in ALWAYS)
     missing = [key for key in DOCUMENTED_KEYS if not any(key in row for row in rows)]
     assert not missing, f"documented keys no row carries: {missing}"
+    controller_log = (stopped_run / "logs" / "controller.log").read_text()
+    assert "does not declare" not in controller_log, "a counter missing from the metrics table"
 
     tags = {(value.tag, event.step) for event in read_events(stopped_run)
             for value in event.summary.value}

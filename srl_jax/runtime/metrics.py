@@ -13,6 +13,7 @@ are grouped by prefix (`actor/`, `inference/`, `learner/`, `replay/`, `policy/`,
 from __future__ import annotations
 
 import json
+import logging
 import math
 import sys
 from collections import defaultdict
@@ -34,6 +35,8 @@ from srl_jax.core.metrics_table import (
 )
 from srl_jax.core.worker_kinds import KINDS
 from srl_jax.runtime.episodes import EpisodeRows
+
+log = logging.getLogger("metrics")
 
 HELD = (Aggregate.MAX, Aggregate.CARRIED, Aggregate.PER_POLICY)
 """Kept as last seen when a worker dies, until its successor reports anew."""
@@ -81,10 +84,13 @@ class MetricsAggregator:
         self.learner_restarts = 0
 
     def aggregate(self, kind: str, key: str) -> Aggregate:
-        """How `kind`'s counter `key` adds up (an undeclared one: a sum)."""
+        """How `kind`'s counter `key` adds up (an undeclared one: a sum, said once)."""
         if (kind, key) not in self._aggregates:
-            self._aggregates[kind, key] = next(
-                (c.aggregate for c in declared(kind) if c.matches(key)), Aggregate.SUM)
+            found = next((c.aggregate for c in declared(kind) if c.matches(key)), None)
+            if found is None:
+                log.warning("%s sends the counter '%s', which the metrics table does not "
+                            "declare: it adds up as a sum and makes no row", kind, key)
+            self._aggregates[kind, key] = found or Aggregate.SUM
         return self._aggregates[kind, key]
 
     def observe(self, worker: str, kind: str, counters: dict[str, Any],
@@ -95,8 +101,9 @@ class MetricsAggregator:
         A new learner brings the run counters it restored from a checkpoint;
         the jump is history, not this window's work, so rates skip it.
         """
-        carried = [key for key in counters
-                   if self.aggregate(kind, key) is Aggregate.CARRIED] if first else []
+        aggregates = {key: self.aggregate(kind, key) for key in counters}
+        carried = [key for key, aggregate in aggregates.items()
+                   if first and aggregate is Aggregate.CARRIED]
         before = {key: self.total(kind, key) for key in carried}
         self.live[worker] = {k: float(v) for k, v in counters.items()
                              if isinstance(v, int | float) and math.isfinite(v)}
