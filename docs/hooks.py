@@ -6,6 +6,7 @@ tables at every build, so that they cannot drift from it; none of them is commit
     reference/dataflow.md  the streams, the chunk's fields, the worker kinds and the layers
                            (tests/layers.py: which folder may import which)
     reference/metrics.md   the keys of metrics.jsonl (srl_jax/core/metrics_table.py)
+    reference/registries.md  the algorithms and the env families, as registered
 
 and the home page, `index.md`: the repository's README.md, its links into `docs/` made
 relative to the site, so that the front page is written once.
@@ -31,6 +32,7 @@ from mkdocs.config.defaults import MkDocsConfig
 from mkdocs.structure.files import File, Files
 
 from srl_jax.config.algorithms import BUILT_IN, algorithm
+from srl_jax.config.env_families import families
 from srl_jax.config.schema import SECTIONS, ExperimentConfig
 from srl_jax.core.chunk_spec import AS_SENT, CHUNK_FIELDS
 from srl_jax.core.stream_table import KEY_PREFIX, STREAMS
@@ -186,6 +188,31 @@ def metrics_page() -> str:
         "## Counters and rows", "", metrics_reference_markdown()])
 
 
+def registries_page() -> str:
+    def codes(names: tuple[str, ...] | list[str]) -> str:
+        return ", ".join(f"`{name}`" for name in names) or "-"
+
+    algorithms = [algorithm(name) for name in BUILT_IN]
+    return "\n".join([
+        "# Algorithms and env families", "", GENERATED, "",
+        "## Algorithms", "", "The built-in algorithms of `srl_jax/config/algorithms.py` "
+        "(`BUILT_IN`; a plugin adds its own with `register`). Each one's hyperparameters are "
+        "its section `learner.<name>` of [Config keys](config.md); how to write one is in "
+        "[Architecture](../architecture.md#algorithms).", "",
+        *table(("`learner.algorithm`", "config", "learns from", "network heads",
+                "live hyperparameters", "batch fields it reads"),
+               [(f"`{a.name}`", f"`{a.config.__name__}`", f"`{a.source}` stream", codes(a.heads),
+                 codes(a.live), codes(a.fields)) for a in algorithms]), "",
+        "## Env families", "", "The table of `srl_jax/config/env_families.py`: which "
+        "`env.id`s each family takes (the longest matching pattern wins), the implementation "
+        "that steps it for each `env.backend`, and the extras that install its packages. "
+        "[Environments](../environments.md) describes each.", "",
+        *table(("family", "`env.id` patterns", "backends", "multi-agent", "extras"),
+               [(f"`{f.name}`", codes(f.ids), ", ".join(
+                   f"`{backend}`: `{impl}`" for backend, impl in f.implementations.items()),
+                 "yes" if f.multi_agent else "no", codes(f.extras)) for f in families()]), ""])
+
+
 def home_page() -> str:
     return (REPOSITORY / "README.md").read_text().replace("](docs/", "](")
 
@@ -193,7 +220,8 @@ def home_page() -> str:
 PAGES: dict[str, Callable[[], str]] = {"index.md": home_page,
                                        "reference/config.md": config_page,
                                        "reference/dataflow.md": dataflow_page,
-                                       "reference/metrics.md": metrics_page}
+                                       "reference/metrics.md": metrics_page,
+                                       "reference/registries.md": registries_page}
 """Generated page (its path in the site's docs) -> what renders it."""
 
 
