@@ -18,46 +18,47 @@ from enum import Enum
 import numpy as np
 
 
-class Aggregate(Enum):
+class Labelled(Enum):
+    """An enum whose members say what they mean (the docs' legend): (label, meaning)."""
+
+    def __init__(self, label: str, meaning: str) -> None:
+        self.label, self.meaning = label, meaning
+
+
+class Aggregate(Labelled):
     """How a counter adds up across a kind's workers and their restarts."""
 
-    SUM = "sum"
-    """Cumulative, summed over the workers; a dead worker's last value stays in the total."""
-    CARRIED = "carried"
-    """Cumulative and the run's own: checkpointed, held while its worker is down and
-    restored by the successor (the jump is history, so rates skip it)."""
-    LEVEL = "level"
-    """A current level, summed over the live workers; it dies with its worker."""
-    MAX = "max"
-    """A gauge: the largest over the workers, held as last seen while its worker is down."""
-    PER_POLICY = "per-policy"
-    """A family of gauges (`name` ends in '/'), one row key per policy: `<row><x>` for the
-    default policy, `<row><policy>/<x>` for the others; held while its worker is down."""
+    SUM = ("sum", "cumulative, summed over the workers; a dead worker's last value stays "
+                  "in the total")
+    CARRIED = ("carried", "cumulative and the run's own: checkpointed, held while its worker "
+                          "is down and restored by the successor (the jump is history, so "
+                          "rates skip it)")
+    LEVEL = ("level", "a current level, summed over the live workers; it dies with its worker")
+    MAX = ("max", "a gauge: the largest over the workers, held as last seen while its worker "
+                  "is down")
+    PER_POLICY = ("per-policy", "a family of gauges (the name ends in '/'), one row key per "
+                                "policy: `<row><x>` for the default policy, "
+                                "`<row><policy>/<x>` for the others; held while its worker "
+                                "is down")
 
 
-class Shown(Enum):
+class Shown(Labelled):
     """How a row shows a counter; the number of decimals is `Row.digits` or the default."""
 
-    TOTAL = "as aggregated"
-    """The aggregate (a `MAX` counter's largest value, 0 until one reports)."""
-    RATE = "rate"
-    """Its rise in the window, per second."""
-    FRACTION = "fraction"
-    """Its rise in the window (seconds), over the window."""
-    SHARE = "share"
-    """Its rise in the window (seconds), over the window times the kind's workers."""
-    RATIO = "ratio"
-    """Its rise in the window over the rise of the counter `over` (absent when that is 0)."""
-    SPARE = "spare"
-    """One minus RATIO: the part of `over`'s rise that is not this counter's."""
-    MEAN = "mean"
-    """The mean of the live workers' values."""
-    LARGEST = "largest"
-    """The largest of the live workers' values."""
-    STEP = "step"
-    """A `MAX` counter that is negative until there is one (a checkpoint step): absent so long."""
-    VALUE = "value"
-    """Each worker's value as it is (a `PER_POLICY` family's)."""
+    TOTAL = ("as aggregated", "the aggregate (a max counter's: 0 until one reports)")
+    RATE = ("rate", "its rise in the window, per second")
+    FRACTION = ("fraction", "its rise in the window (seconds), over the window")
+    SHARE = ("share", "its rise in the window (seconds), over the window times the kind's "
+                      "workers")
+    RATIO = ("ratio", "its rise in the window over the rise of the counter it is divided by "
+                      "(absent when that is 0)")
+    SPARE = ("spare", "one minus the ratio: the part of the divisor's rise that is not "
+                      "this counter's")
+    MEAN = ("mean", "the mean of the live workers' values")
+    LARGEST = ("largest", "the largest of the live workers' values")
+    STEP = ("step", "a max counter that is negative until there is one (a checkpoint step): "
+                    "absent so long")
+    VALUE = ("value", "each worker's value as it is (a per-policy family's)")
 
 
 DIGITS = {Shown.TOTAL: 0, Shown.RATE: 1, Shown.RATIO: 2, Shown.MEAN: 6, Shown.LARGEST: 6,
@@ -318,15 +319,28 @@ def row_keys(counters: Sequence[Counter]) -> list[str]:
     return [row.key for counter in counters for row in counter.rows]
 
 
+def _row_cell(row: Row) -> str:
+    return f"`{row.key}` ({row.shown.label}{', when reported' if row.optional else ''})"
+
+
 def metrics_markdown(tables: Mapping[str, Sequence[Counter]]) -> str:
-    """The metrics reference as markdown tables: each kind's counters (`tables`: by kind),
-    the counters every kind sends, then the rows no counter makes."""
-    lines = []
+    """The metrics reference as markdown tables: what the aggregates and the ways a row
+    shows a counter mean, each kind's counters (`tables`: by kind), the counters every kind
+    sends, then the rows no counter makes."""
+    lines = [f"In a row key, `{POLICY}` stands for each policy of the kind's workers, where "
+             "they are not all the default policy's. The rows of "
+             f"{', '.join(SHOWN_ALWAYS)} are in every row; another kind's appear once one of "
+             "its workers has reported, and a row marked 'when reported' once a worker "
+             "reports its counter.", "",
+             "| aggregate | across workers and restarts |", "| --- | --- |",
+             *(f"| {a.label} | {a.meaning} |" for a in Aggregate), "",
+             "| shown | in a row |", "| --- | --- |",
+             *(f"| {s.label} | {s.meaning} |" for s in Shown), ""]
     for kind, counters in [*tables.items(), ("every kind", COMMON)]:
         lines += [f"### {kind}", "", "| counter | unit | aggregate | row keys | what |",
                   "| --- | --- | --- | --- | --- |"]
-        lines += [f"| `{c.name}` | {c.unit} | {c.aggregate.value} | "
-                  f"{', '.join(f'`{r.key}` ({r.shown.value})' for r in c.rows) or '-'} | "
+        lines += [f"| `{c.name}` | {c.unit} | {c.aggregate.label} | "
+                  f"{', '.join(_row_cell(r) for r in c.rows) or '-'} | "
                   f"{c.doc.replace('|', '/')} |" for c in counters]
         lines.append("")
     lines += ["### other rows", "", "| row key | unit | from | what |", "| --- | --- | --- | --- |"]
