@@ -20,7 +20,7 @@ from srl_jax.runtime.backends import WorkerHandle
 MAX_PORTS = 64
 PORT_FIELDS = {"key": str, "endpoint": str, "bind": str, "authenticated": bool}
 UNPLACED = ("unplaced", "waiting for capacity")
-"""States of a worker that waits for a host with room (the supervisor's `place`)."""
+"""States of a worker that waits for a host with room (srl_jax/runtime/supervisor.py)."""
 
 
 @dataclass
