@@ -15,7 +15,7 @@ def sweep(result: dict[str, Any]) -> list[str]:
              number(m["time_to_target_s"], ".1f"), number(m["final_return"], ".1f")]
             for m in result["members"]]
     lines = [f"`{result['command']}`: {len(rows)} members sharing the machine for "
-             f"{result['wall_s']:.0f} s (one run, `bench/sweep.py`):", ""]
+             f"{result['wall_s']:.0f} s (one run, `python -m bench.sweep`):", ""]
     lines += table([result["key"].rsplit(".", 1)[-1].replace("_", " "),
                      f"frames to {target:g}", f"time to {target:g} s", "final return"], rows)
     return [*lines, "", machine_note(result)]
@@ -38,13 +38,13 @@ def accelerator(result: dict[str, Any]) -> list[str]:
                      number(run["learner_samples_per_s_median"], ",.0f"), memory or "-"])
     lines = [f"**{host['count']} x {host['name']}** ({host['memory_mib']:,} MiB each), jax "
              f"{result['jax']}, at commit {result['commit']}, one run each "
-             "(`bench/accelerator_check.py`):", ""]
+             "(`python -m bench.accelerator_check`):", ""]
     lines += table(["run", "length", "placement (memory share)", "env frames/s",
                      "learner samples/s", "device memory, driver peak MiB"], rows)
     cases = [f"{c['case']} {c['samples_per_s']:,.0f} samples/s (T={c['T']}, B={c['B']}, "
              f"{c['epochs']} epoch(s) x {c['minibatches']} minibatches)"
              for c in result["learner"] if "samples_per_s" in c]
-    lines += ["", f"`bench/learner.py` on one {host['name']}: {'; '.join(cases)}.", "",
+    lines += ["", f"`python -m bench.learner` on one {host['name']}: {'; '.join(cases)}.", "",
               machine_note(result)]
     return lines
 

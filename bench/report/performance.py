@@ -70,9 +70,10 @@ def dqn(result: dict[str, Any]) -> list[str]:
     target = result["target_return"]
     lines = target_tables(result, f"CartPole-v1 DQN to an evaluation return of {target:g}")
     return [*lines, "", "srl_jax `cartpole_dqn` (Ape-X DQN: actors, a replay server, the "
-            "learner and an evaluator, each a process) against `bench/cleanrl_dqn.py` (one "
-            "process, the same config, network and update). The return is each side's greedy "
-            "evaluation (`eval_return_mean`); times count from launch.", "", machine_note(result)]
+            "learner and an evaluator, each a process) against "
+            "`python -m bench.peers.cleanrl_dqn` (one process, the same config, network and "
+            "update). The return is each side's greedy evaluation (`eval_return_mean`); times "
+            "count from launch.", "", machine_note(result)]
 
 
 def _met(ok: bool) -> str:

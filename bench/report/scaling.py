@@ -23,8 +23,8 @@ def scale(result: dict[str, Any], pong: dict[str, Any] | None = None) -> list[st
              f"{p['server_cpu_us_per_request']:.0f}", f"{p['cpu_total_frac']:.2f}"]
             for p in result["sweep"]]
     servers = sorted({p["servers"] for p in result["sweep"]})
-    lines = ["**Scaling simulation** (`bench/scale.py`): actor processes stepping a null env "
-             f"({result['settings']['envs_per_actor']} envs each) against "
+    lines = ["**Scaling simulation** (`python -m bench.scale`): actor processes stepping a "
+             f"null env ({result['settings']['envs_per_actor']} envs each) against "
              f"{'-'.join(str(n) for n in dict.fromkeys([servers[0], servers[-1]]))} "
              f"inference server{'s' if servers[-1] > 1 else ''} and one learner, "
              f"{result['wall_s']:.0f} s in all:", ""]
@@ -66,14 +66,16 @@ def atari_projection(pong: dict[str, Any] | None, actor_us: float, per_core: flo
     """What 1,000 actor cores of Atari would step and ask of the servers, with the step
     cost measured by compare.py's pong case (said so when it has not run)."""
     if pong is None:
-        return ("(No Atari step cost measured yet: `bench/compare.py --cases pong` writes "
+        return ("(No Atari step cost measured yet: `python -m bench.peers.compare --cases pong` "
+                "writes "
                 "it.) ")
     atari_us = atari_step_us(pong)
     steps = 1000 * 1e6 / (atari_us + actor_us)
     requests = steps / rows
     return (f"With an Atari env step of {atari_us:.0f} us of a core (raw ALE Pong-v5 "
-            f"stepping in `bench/compare.py --cases pong`: {pong['raw_env_steps_per_s']:,.0f} "
-            f"agent steps/s from {pong['machine']['cores']} processes on as many cores, "
+            f"stepping in `python -m bench.peers.compare --cases pong`: "
+            f"{pong['raw_env_steps_per_s']:,.0f} agent steps/s from {pong['machine']['cores']} "
+            f"processes on as many cores, "
             f"{pong['date']}, 1-min load average {pong['machine']['load_avg_1m']} at the "
             f"start), 1,000 actor cores make about {steps / 1e6:.1f}M steps/s and "
             f"{requests:,.0f} requests/s at {rows} rows each: about "
