@@ -36,7 +36,7 @@ class Served:
         self.config = make_config([f"inference.max_batch={MAX_BATCH}",
                                    f"inference.max_wait_ms={max_wait_ms}",
                                    "inference.min_padded_batch=2"])
-        names = FileNameService(tmp_path / "names")
+        self.names = names = FileNameService(tmp_path / "names")
         self.context = zmq.Context.instance()
         self.sockets = [make_socket(self.context, PARAMS.bind_type)]
         Transport(self.context).bind(self.sockets[0], names, PARAMS.key())
@@ -63,7 +63,7 @@ class Served:
 
     def dealer(self) -> zmq.Socket:
         dealer = make_socket(self.context, INFERENCE.connect_type)
-        dealer.connect(self.server.endpoint)
+        dealer.connect(self.names.lookup(INFERENCE.key(index=0), timeout_s=5))
         self.sockets.append(dealer)
         return dealer
 

@@ -105,3 +105,13 @@ def test_bench_is_a_package_that_edits_no_import_path() -> None:
              and isinstance(node.value, ast.Name) and node.value.id == "sys"]
     assert (ROOT / "bench" / "__init__.py").exists()
     assert edits == []
+
+
+def test_the_learner_worker_switches_on_no_intake_type() -> None:
+    """Sample and replay intakes answer one protocol (learners/workers/intake.py)."""
+    switches = [f"{path.relative_to(ROOT)}:{node.lineno}"
+                for path in sorted((ROOT / "learners").rglob("*.py"))
+                for node in ast.walk(ast.parse(path.read_text()))
+                if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "isinstance"
+                and "Intake" in ast.unparse(node.args[1])]
+    assert switches == []

@@ -59,9 +59,13 @@ class RayConfig:
     """Ray resources each actor asks for: CPU, GPU, TPU or a node type's custom
     resource ({CPU: 1, actor_node: 1}). Likewise for the kinds below."""
     learner: dict[str, float] = field(default_factory=_one_cpu)
+    """Ray resources each learner process asks for (a GPU or TPU learner: {GPU: 1} ...)."""
     inference: dict[str, float] = field(default_factory=_one_cpu)
+    """Ray resources each inference server asks for."""
     evaluator: dict[str, float] = field(default_factory=_one_cpu)
+    """Ray resources the evaluator asks for."""
     replay: dict[str, float] = field(default_factory=_one_cpu)
+    """Ray resources each replay server asks for."""
     placement_timeout_s: float = 120.0
     """How long a worker may wait for Ray to place it (no node has its resources free):
     past it a learner ends the run, any other worker is reported missing ('waiting for
