@@ -59,8 +59,7 @@ LAYERS = (
     Layer("runtime", ("srl_jax/runtime",), _names("core", "runtime"), JAX_PACKAGES),
     Layer("cluster", ("srl_jax/cluster",), _names("core", "runtime", "cluster"), JAX_PACKAGES),
     Layer("analysis", ("srl_jax/analysis",), _names("core", "analysis"), NO_ENGINES - {"ray"}),
-    Layer("entry points", ("srl_jax/*.py", "actors/__init__.py", "learners/__init__.py",
-                           "replay/__init__.py"),
+    Layer("entry points", ("srl_jax/*.py", "learners/__init__.py"),
           _names(*LEARNING, "actors", "replay", "jax workers", "runtime", "cluster", "analysis",
                  "entry points")),
 )
