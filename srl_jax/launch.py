@@ -15,6 +15,8 @@ counts, stop limits, ... may change; what the checkpoint's shapes depend on
 may not). Checkpoints in a learner host's own directory, which this host does
 not see, are known by the steps the learners reported in metrics.jsonl
 (`srl_jax.config.run_dir.newest_steps`); the learners restore them themselves.
+Checkpoints in another format than this srl_jax's are refused here where this host
+sees them (exit code 2, one line), and by the learner that restores them otherwise.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from srl_jax.config.loader import (
 from srl_jax.config.placement import plan_placement
 from srl_jax.config.population import check_population, sweep_overrides
 from srl_jax.config.run_dir import (
+    check_formats,
     checkpoint_steps,
     latest_resumable_run,
     newest_steps,
@@ -108,6 +111,7 @@ def prepare_resume(args: argparse.Namespace, experiment: ExperimentConfig) -> tu
             whose = "" if policy == DEFAULT_POLICY else f" of policy '{policy}'"
             raise ConfigError(f"'--resume': {run_dir} holds no complete checkpoint{whose} to "
                               f"resume from (looked in {_where(run_dir, config)})")
+    check_formats(run_dir, config, steps)
     if config.name != experiment.name:
         raise ConfigError(f"'--run-dir': {run_dir} is a run of '{config.name}', not of "
                           f"'{experiment.name}'")

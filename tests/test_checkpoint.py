@@ -8,6 +8,7 @@ import importlib.util
 import json
 import tracemalloc
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +25,12 @@ from learners.training.checkpoint import (
     restore_params,
     save_params,
 )
-from srl_jax.config.checkpoint_location import location_problem
+from srl_jax.config.checkpoint_location import (
+    FORMAT,
+    FORMAT_KEY,
+    CheckpointFormatError,
+    location_problem,
+)
 from srl_jax.config.loader import SHIPPED_CONFIGS, config_from_dict, config_to_dict, load_config
 from srl_jax.config.run_dir import (
     DISCARDED_METRICS,
@@ -38,6 +44,8 @@ from srl_jax.config.run_dir import (
     trim_metrics,
 )
 from srl_jax.config.schema import ConfigError
+from srl_jax.evaluate import main as evaluate_main
+from srl_jax.launch import main as launch_main
 from srl_jax.launch import parse_args, prepare_run
 from tests.update_checks import small_policy_state
 
@@ -75,12 +83,12 @@ def test_round_trip_is_exact_and_keeps_types(tmp_path: Path) -> None:
     checkpointer.close()
     like = trained_state(shift=1.0)  # same shapes, other values
     restored = Checkpointer(tmp_path).restore(like)
-    assert restored.step == 3 and restored.meta == meta
+    assert restored.step == 3 and restored.meta == {**meta, FORMAT_KEY: FORMAT}
     assert_same_tree(restored.state, state)
     assert isinstance(restored.state, TrainState)
     assert isinstance(restored.state.opt_state, tuple)  # not a list, as a bare restore gives
     assert type(restored.state.opt_state[1][0]) is type(state.opt_state[1][0])
-    assert checkpoint_meta(tmp_path, 3) == meta
+    assert checkpoint_meta(tmp_path, 3) == {**meta, FORMAT_KEY: FORMAT}
 
 
 def test_keeps_the_newest_and_the_best(tmp_path: Path) -> None:
@@ -145,17 +153,95 @@ def test_saves_leave_no_python_memory_behind(tmp_path: Path) -> None:
     assert checkpoint_steps(tmp_path) == [4 + saves, 5 + saves]
 
 
-def test_checkpoints_written_with_ocdbt_still_restore(tmp_path: Path) -> None:
-    """Runs checkpointed before saves left OCDBT (orbax's default) still resume."""
-    state = trained_state()
-    root = (tmp_path / "checkpoints").resolve()
+class PrePopulationState(NamedTuple):
+    """The train state before populations gave it live hyperparameters (`hyper`)."""
+
+    params: Any
+    opt_state: Any
+    key: jax.Array
+    version: jax.Array
+    extra: Any = ()
+
+
+def live_state() -> TrainState:
+    """A train state of today's format: with a live hyperparameter."""
+    return trained_state()._replace(hyper={"learning_rate": jnp.float32(1e-3)})
+
+
+def write_pre_format_checkpoint(run_dir: Path, step: int, config: dict[str, Any]) -> Path:
+    """A step as srl_jax wrote it before checkpoints recorded their format, written with
+    orbax as it was then: its defaults (OCDBT), the pre-population state, a meta with no
+    format. Returns the checkpoint location."""
+    root = (run_dir / "checkpoints").resolve()
+    state = PrePopulationState(*trained_state()[:5])
+    meta = {"version": step, "saved_at": 0.0, "processes": [{}], "config": config}
     with ocp.CheckpointManager(root, options=ocp.CheckpointManagerOptions(create=True)) as old:
-        old.save(3, args=ocp.args.Composite(state=ocp.args.StandardSave(_to_saveable(state)),
-                                            meta=ocp.args.JsonSave({"version": 3})))
-    assert (root / "3" / "state" / "manifest.ocdbt").exists()
-    restored = Checkpointer(tmp_path).restore(trained_state(shift=1.0))
-    assert restored.step == 3 and restored.meta == {"version": 3}
-    assert_same_tree(restored.state, state)
+        old.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(_to_saveable(state)),
+                                               meta=ocp.args.JsonSave(meta)))
+    assert (root / str(step) / "state" / "manifest.ocdbt").exists()
+    return root
+
+
+def format_line(root: Path, step: int, found: object, written: str) -> str:
+    return (f"checkpoint step {step} in {root} is in checkpoint format {found!r} ({written}), "
+            f"but this srl_jax writes and restores format {FORMAT} only: start a fresh run (a "
+            "new run directory and checkpoint.dir), or use the srl_jax that wrote it")
+
+
+PRE_FORMAT = "written before checkpoints recorded their format"
+
+
+def test_a_checkpoint_of_another_format_is_refused_in_one_line(tmp_path: Path) -> None:
+    """What srl_jax wrote before this format (and before populations) does not fit today's
+    state: the restore names both formats instead of failing in orbax's tree comparison;
+    so does a step of a newer srl_jax, and every reader of a step's meta."""
+    root = write_pre_format_checkpoint(tmp_path, 7, {})
+    checkpointer = Checkpointer(tmp_path)
+    with pytest.raises(CheckpointFormatError) as refused:
+        checkpointer.restore(live_state())
+    checkpointer.close()
+    assert str(refused.value) == format_line(root, 7, 1, PRE_FORMAT)
+    assert isinstance(refused.value, ConfigError), "a worker refuses the run with it"
+    with pytest.raises(CheckpointFormatError, match="checkpoint format 1 "):
+        checkpoint_meta(tmp_path, 7)
+
+    run_dir = tmp_path / "newer"
+    saver = Checkpointer(run_dir)
+    saver.save(8, live_state(), {"version": 8})
+    saver.close()
+    assert checkpoint_meta(run_dir, 8)[FORMAT_KEY] == FORMAT, "every save records it"
+    root = checkpoint_root(run_dir)
+    meta_file = root / "8" / "meta" / "metadata"
+    meta_file.write_text(json.dumps({**json.loads(meta_file.read_text()), FORMAT_KEY: 3}))
+    with pytest.raises(CheckpointFormatError) as newer:
+        Checkpointer(run_dir).restore(live_state())
+    assert str(newer.value) == format_line(root, 8, 3, "written by a newer srl_jax")
+
+    evaluated = evaluated_root(tmp_path)
+    save_params(evaluated, 2, live_state().params, {"version": 2})
+    assert restore_params(evaluated, 2, live_state().params).meta[FORMAT_KEY] == FORMAT
+    meta_file = evaluated / "2" / "meta" / "metadata"
+    meta_file.write_text(json.dumps({"version": 2}))
+    with pytest.raises(CheckpointFormatError, match="checkpoint format 1 "):
+        restore_params(evaluated, 2, live_state().params)
+
+
+def test_resume_and_evaluate_refuse_an_old_checkpoint_with_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """`launch --resume` before any worker starts, and `srl_jax.evaluate`: exit code 2 and
+    the one line. (A learner that finds one refuses the run: tests/test_resume.py.)"""
+    config = config_to_dict(load_config(EXPERIMENT))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    root = write_pre_format_checkpoint(run_dir, 7, config)
+    line = format_line(root, 7, 1, PRE_FORMAT)
+    capsys.readouterr()
+    assert launch_main(["cartpole_ppo", "--resume", "--run-dir", str(run_dir), "--quiet"]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"srl_jax.launch: config error: {line}"]
+    assert not (run_dir / "logs").exists(), "no worker started"
+    assert evaluate_main([str(run_dir), "--episodes", "1"]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"srl_jax.evaluate: {line}"]
 
 
 def test_restore_without_checkpoints_is_none(tmp_path: Path) -> None:
@@ -298,7 +384,10 @@ def test_a_resume_needs_no_view_of_the_learners_directory(tmp_path: Path) -> Non
     _, _, steps, _ = prepare_run(args)
     assert steps == {"default": 4}
     assert trim_metrics(run_dir, steps)["learner_steps"] == 4
-    (learner_dir / "7").mkdir(parents=True)
+    (learner_dir / "7" / "meta").mkdir(parents=True)
+    with pytest.raises(ConfigError, match=r"'--resume': checkpoint step 7 in .* no readable meta"):
+        prepare_run(args)
+    (learner_dir / "7" / "meta" / "metadata").write_text(json.dumps({FORMAT_KEY: FORMAT}))
     assert prepare_run(args)[2] == {"default": 7}, "seen here: the directory itself counts"
     with pytest.raises(ConfigError, match=r"'checkpoint.dir': .* already holds checkpoints"):
         prepare_run(parse_args(["cartpole_ppo", "--run-dir", str(tmp_path / "new"), "--set",

@@ -5,8 +5,10 @@ A checkpoint is one orbax step under `<location>/<step>/`, where `location` is
 host or a bucket: `srl_jax.config.checkpoint_location`), with two items: `state`, the
 learner's TrainState pytree (parameters with their observation statistics,
 optimizer state, RNG key, policy version), and
-`meta`, JSON with the learner's counters, the save time and the resolved
-config. The step is the policy version.
+`meta`, JSON with the learner's counters, the save time, the resolved config and the
+checkpoint format (`srl_jax.config.checkpoint_location.FORMAT`). The step is the policy
+version. Every restore reads the step's meta first and refuses another format with
+one line (`CheckpointFormatError`), before orbax compares trees.
 
 Saves are asynchronous: `save` returns once the arrays are copied off the
 devices, and a background thread writes them. Orbax writes into a temporary
@@ -30,8 +32,7 @@ passes new references to `PyDict_SetItem`, which does not steal them):
 orbax's `jax.Array` handler calls it twice per save to read tensorstore's
 I/O metrics, and OCDBT once per array and twice more to merge: about 30 KB of
 Python heap that nothing can free per save of the default experiment's state.
-Restores still read OCDBT checkpoints, and still land on the live state's
-shardings.
+Restores still land on the live state's shardings.
 
 Orbax also runs each save in new threads, and glibc gives new threads malloc
 arenas in turn (up to 8 per core): what the saves free stays spread over all of
@@ -54,7 +55,13 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
-from srl_jax.config.checkpoint_location import COMMIT_FILE, is_bucket, steps_in
+from srl_jax.config.checkpoint_location import (
+    COMMIT_FILE,
+    FORMAT,
+    FORMAT_KEY,
+    is_bucket,
+    steps_in,
+)
 from srl_jax.config.run_dir import checkpoint_root, step_meta
 from srl_jax.config.schema import DEFAULT_POLICY
 
@@ -165,7 +172,7 @@ class Checkpointer:
         if step == self._latest.latest_step():
             return 0.0
         args = ocp.args.Composite(state=ocp.args.StandardSave(_on_host(state)),
-                                  meta=ocp.args.JsonSave(meta))
+                                  meta=ocp.args.JsonSave(_stamped(meta)))
         self._latest.save(step, args=args)
         score = meta.get("episode_return_mean")
         if self.keep_best and score is not None and score > self.best_return:
@@ -186,13 +193,17 @@ class Checkpointer:
 
     def restore(self, like: Any, step: int | None = None, best: bool = False) -> Restored | None:
         """The newest (or given) checkpoint shaped like the live state `like`; None if none."""
-        steps = steps_in(self._best_root if best else self._root)
+        root = self._best_root if best else self._root
+        steps = steps_in(root)
         step = (steps[-1] if steps else None) if step is None else step
         if step is None:
             return None
         args = _restore_args(like)
-        restored = _read(self._best_root, step, args) if best \
-            else self._latest.restore(step, args=args)
+        if best:
+            restored = _read(root, step, args)
+        else:
+            step_meta(root, step)  # another format: one line, not orbax's tree mismatch
+            restored = self._latest.restore(step, args=args)
         return Restored(step, _from_saveable(restored["state"], like), dict(restored["meta"]))
 
     def restore_from(self, policy: str, like: Any) -> Restored | None:
@@ -215,6 +226,11 @@ class Checkpointer:
     def close(self) -> None:
         self.wait()
         self._latest.close()
+
+
+def _stamped(meta: dict[str, Any]) -> dict[str, Any]:
+    """`meta` with the checkpoint format it is written in."""
+    return {**meta, FORMAT_KEY: FORMAT}
 
 
 def _restore_args(like: Any) -> ocp.args.Composite:
@@ -251,7 +267,9 @@ def _absolute(directory: epath.Path | Path) -> epath.Path:
 
 
 def _read(directory: epath.Path | Path, step: int, args: ocp.args.Composite) -> Any:
-    """Restore one step from a directory no manager of ours writes to."""
+    """Restore one step from a directory no manager of ours writes to (another checkpoint
+    format: one line, not orbax's tree mismatch)."""
+    step_meta(directory, step)
     directory = _absolute(directory)
     options = ocp.CheckpointManagerOptions(read_only=True,
                                            atomicity_options=_atomicity(directory))
@@ -272,7 +290,7 @@ def save_params(directory: epath.Path | Path, step: int, params: Any,
     with ocp.CheckpointManager(directory, options=options,
                                item_handlers=_handlers("params")) as manager:
         manager.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(_on_host(params)),
-                                                   meta=ocp.args.JsonSave(meta)))
+                                                   meta=ocp.args.JsonSave(_stamped(meta))))
         manager.wait_until_finished()
 
 

@@ -11,6 +11,11 @@ file system orbax writes into a temporary directory and renames it once every fi
 is on disk. A bucket has no atomic rename, so there orbax writes the step in place
 and adds `commit_success.txt` last (its commit-file mode, which
 `learners.training.checkpoint` asks for on every bucket): a bucket's step counts only with it.
+
+Every step records the checkpoint format it was written in (`FORMAT_KEY` in its `meta`),
+and this srl_jax restores only its own `FORMAT`: another format's train state would not
+fit the live one, and orbax would fail deep in a tree comparison. A step without one was
+written before steps carried it (format 1).
 """
 
 from __future__ import annotations
@@ -18,8 +23,10 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
+
+from srl_jax.config.schema import ConfigError
 
 if TYPE_CHECKING:
     from etils import epath
@@ -33,6 +40,20 @@ FILESYSTEMS = {"gs": "gcsfs", "s3": "s3fs"}
 through epath (tensorstore writes the arrays on its own)."""
 COMMIT_FILE = "commit_success.txt"
 """What orbax writes last into a step on a bucket (`orbax.checkpoint` atomicity)."""
+FORMAT = 2
+"""The checkpoint format this srl_jax writes and restores. Raise it, and describe it in
+`FORMATS`, whenever what a step holds changes (the train state's tree, the meta's keys)."""
+FORMATS = {
+    1: "written before checkpoints recorded their format",
+    2: "the train state with live hyperparameters, its format recorded",
+}
+FORMAT_KEY = "checkpoint_format"
+"""Where a step's `meta` records its format."""
+
+
+class CheckpointFormatError(ConfigError):
+    """A checkpoint in a format this srl_jax does not restore; the message is one line
+    naming both formats and what to do."""
 
 
 def location_problem(directory: str) -> str | None:
@@ -92,3 +113,18 @@ def steps_in(root: epath.Path | Path) -> list[int]:
     bucket = is_bucket(root)
     return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit() and p.is_dir()
                   and (not bucket or (p / COMMIT_FILE).exists()))
+
+
+def check_format(meta: dict[str, Any], what: str) -> None:
+    """Raise CheckpointFormatError unless `meta` (a step's, which `what` names) is in this
+    srl_jax's `FORMAT`; a meta without a format is of format 1."""
+    found = meta.get(FORMAT_KEY, 1)
+    if found == FORMAT:
+        return
+    newer = isinstance(found, int) and found > FORMAT
+    written = FORMATS.get(found) or ("written by a newer srl_jax" if newer
+                                     else "no format this srl_jax knows")
+    raise CheckpointFormatError(
+        f"{what} is in checkpoint format {found!r} ({written}), but this srl_jax writes and "
+        f"restores format {FORMAT} only: start a fresh run (a new run directory and "
+        "checkpoint.dir), or use the srl_jax that wrote it")

@@ -16,7 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from srl_jax.config.checkpoint_location import checkpoint_location, seen_here, steps_in
+from srl_jax.config.checkpoint_location import (
+    check_format,
+    checkpoint_location,
+    seen_here,
+    steps_in,
+)
 from srl_jax.config.loader import config_from_dict
 from srl_jax.config.schema import DEFAULT_POLICY, ConfigError, ExperimentConfig, run_policies
 
@@ -78,8 +83,27 @@ def checkpoint_meta(run_dir: Path, step: int, best: bool = False,
 
 
 def step_meta(root: epath.Path | Path, step: int) -> dict[str, Any]:
-    """The `meta` item (JSON) of step `step` under `root`."""
-    return json.loads((root / str(step) / "meta" / "metadata").read_text())
+    """The `meta` item (JSON) of step `step` under `root`; CheckpointFormatError when the
+    step is in another checkpoint format than this srl_jax's (`check_format`)."""
+    meta = json.loads((root / str(step) / "meta" / "metadata").read_text())
+    check_format(meta, f"checkpoint step {step} in {root}")
+    return meta
+
+
+def check_formats(run_dir: Path, config: ExperimentConfig, steps: dict[str, int]) -> None:
+    """CheckpointFormatError when a step of `steps` (policy -> step) is in another
+    checkpoint format than this srl_jax's, ConfigError when its meta cannot be read, where
+    this host sees the checkpoints (elsewhere the learners find out as they restore)."""
+    location = config.checkpoint.dir
+    if not seen_here(checkpoint_location(run_dir, location)):
+        return
+    for policy, step in steps.items():
+        try:
+            checkpoint_meta(run_dir, step, policy=policy, location=location)
+        except (OSError, json.JSONDecodeError) as error:
+            root = checkpoint_root(run_dir, policy=policy, location=location)
+            raise ConfigError(f"'--resume': checkpoint step {step} in {root} has no readable "
+                              f"meta ({error})") from None
 
 
 def latest_resumable_run(runs_root: Path, experiment: str) -> Path | None:
