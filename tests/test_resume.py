@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import itertools
+import json
 import os
 import shutil
 import signal
@@ -25,6 +26,7 @@ import zmq
 from actors.actor_worker import split_seeds
 from learners.models.param_codec import params_to_arrays
 from learners.workers.export import load_policy
+from srl_jax.config.checkpoint_location import FORMAT, FORMAT_KEY
 from srl_jax.config.run_dir import (
     checkpoint_root,
     checkpoint_steps,
@@ -311,6 +313,23 @@ def test_evaluate_without_checkpoints_is_one_line(tmp_path: Path) -> None:
         f"{tmp_path}/checkpoints)"]
 
 
+def run_learner(run_dir: Path, incarnation: Incarnation) -> subprocess.CompletedProcess:
+    """`python -m srl_jax.worker learner 0` on `run_dir` as the given start of the learner,
+    with a stats stream to report to, until it exits."""
+    context = zmq.Context.instance()
+    stats = make_socket(context, STATS.bind_type)
+    port = stats.bind_to_random_port(f"tcp://{LOOPBACK}")
+    FileNameService(run_dir / "names").register(STATS.key(), f"tcp://{LOOPBACK}:{port}")
+    env = {key: value for key, value in os.environ.items() if key not in FIRST.to_env()}
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "srl_jax.worker", "learner", "0", "--run-dir", str(run_dir)],
+            cwd=REPO, capture_output=True, text=True, timeout=180,
+            env={**env, **incarnation.to_env()})
+    finally:
+        stats.close()
+
+
 def test_a_new_runs_learner_refuses_another_runs_checkpoints(stopped_run: Path,
                                                              tmp_path: Path) -> None:
     """A learner whose `checkpoint.dir` already holds steps at a new run's first start
@@ -320,18 +339,45 @@ def test_a_new_runs_learner_refuses_another_runs_checkpoints(stopped_run: Path,
     run_dir = tmp_path / "new"
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
-    context = zmq.Context.instance()
-    stats = make_socket(context, STATS.bind_type)
-    port = stats.bind_to_random_port(f"tcp://{LOOPBACK}")
-    FileNameService(run_dir / "names").register(STATS.key(), f"tcp://{LOOPBACK}:{port}")
-    try:
-        refused = subprocess.run(
-            [sys.executable, "-m", "srl_jax.worker", "learner", "0", "--run-dir", str(run_dir)],
-            cwd=REPO, capture_output=True, text=True, timeout=180,
-            env={key: value for key, value in os.environ.items()
-                 if key not in FIRST.to_env()})
-    finally:
-        stats.close()
+    refused = run_learner(run_dir, FIRST)
     assert refused.returncode == EXIT_REFUSED, refused.stderr[-2000:]
     assert "learner-0 refused the run: 'checkpoint.dir'" in refused.stderr
     assert "already holds checkpoints" in refused.stderr
+
+
+def test_checkpoints_of_an_older_format_are_refused_in_one_line(
+        stopped_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The run's real checkpoints, their format taken out of their meta as every srl_jax
+    before formats wrote them: `--resume` exits 2 before any worker starts,
+    `srl_jax.evaluate` exits 2, each with the one line; a learner that finds them (where
+    the launcher cannot look) refuses the run with it rather than crash and restart."""
+    run_dir = copy_run(stopped_run, tmp_path)
+    location = tmp_path / "old-format"
+    shutil.copytree(learner_checkpoints(stopped_run), location)
+    for meta_file in location.glob("**/meta/metadata"):
+        meta = json.loads(meta_file.read_text())
+        meta.pop(FORMAT_KEY)
+        meta_file.write_text(json.dumps(meta))
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    config["checkpoint"]["dir"] = str(location)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    step = checkpoint_steps(run_dir, location=str(location))[-1]
+    line = (f"checkpoint step {step} in {location} is in checkpoint format 1 (written before "
+            f"checkpoints recorded their format), but this srl_jax writes and restores format "
+            f"{FORMAT} only: start a fresh run (a new run directory and checkpoint.dir), or use "
+            "the srl_jax that wrote it")
+
+    resumed = subprocess.run(launch_args(run_dir, resume=True), cwd=REPO, capture_output=True,
+                             text=True, timeout=120)
+    assert resumed.returncode == 2, resumed.stderr[-2000:]
+    assert resumed.stderr.splitlines() == [f"srl_jax.launch: config error: {line}"]
+    assert not (run_dir / "names").exists(), "no worker started"
+    assert evaluate_main([str(run_dir), "--episodes", "1"]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"srl_jax.evaluate: {line}"]
+
+    refused = run_learner(run_dir, Incarnation(resumes=1))
+    assert refused.returncode == EXIT_REFUSED, refused.stderr[-2000:]
+    refusal = [text for text in refused.stderr.splitlines() if "refused the run" in text]
+    assert len(refusal) == 1 and "learner-0 refused the run: checkpoint step " in refusal[0]
+    assert refusal[0].endswith(line.split(" is in ", 1)[1]), "the step it read first: the best"
+    assert "Traceback" not in refused.stderr
