@@ -55,12 +55,26 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["XLA_FLAGS"] = before
 
 
+LONGEST_FILES = ("test_recurrent_run.py", "test_faults.py", "test_ray_backend.py",
+                 "test_population_run.py", "test_multi_host.py", "test_resume.py",
+                 "test_soak.py", "test_replay_run.py", "test_atari.py", "test_run.py",
+                 "test_distributed.py", "test_multi_agent.py")
+"""The test files that take longest on 2 cores (`pytest -m slow --durations=40`), longest
+first. Re-measure when a file's runs change much."""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files with multi-process runs first, their own order kept: the suite's two xdist
-    workers take whole files in this order, so the long runs start early and the quick
-    files fill in the end of both (a long run taken last would leave one worker idle)."""
+    """Files with multi-process runs first, the longest of them first: the suite's two
+    xdist workers take whole files in this order, so the long runs start early and the
+    quick files fill in the end of both (a long run taken last would leave one worker idle)."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_files)
+
+    def rank(item: pytest.Item) -> tuple[bool, int]:
+        name = item.path.name
+        longest = LONGEST_FILES.index(name) if name in LONGEST_FILES else len(LONGEST_FILES)
+        return item.path not in slow_files, longest
+
+    items.sort(key=rank)
 
 
 def make_config(overrides: list[str] = ()) -> ExperimentConfig:
