@@ -37,8 +37,8 @@ PROGRAMS = {"python": [sys.executable], ".venv/bin/python": [sys.executable],
 """How the test types each program. run.sh is the launcher in .venv, after it installs
 .venv from requirements/base.lock on first use (the index: network); the suite runs in a
 .venv made from requirements/dev.lock, a superset of it."""
-RUN_SH_EXPERIMENT = "cartpole_ppo"
-"""What run.sh launches when its first argument is no experiment."""
+RUN_SH_EXPERIMENT = re.search(r'set -- (\S+) "\$@"', (REPO / "run.sh").read_text())[1]
+"""What run.sh launches when its first argument is no experiment, read from run.sh."""
 STOP = ["--set", "stop.env_frames=2000"]
 """Appended to every launch: it stops at its first metrics row past 2000 frames."""
 PLACEHOLDERS = {re.compile(r"runs/([\w.-]+)/<timestamp>"):
