@@ -45,6 +45,9 @@ LOOKUP_TIMEOUT_S = 120.0
 EXIT_FAILED = 1
 STACKS_SIGNAL = signal.SIGUSR1
 """A worker that gets it writes every thread's Python stack to its log."""
+LAST_PHASE = "stopped"
+"""The phase of the heartbeat a worker sends last, after `finish`, as it exits: the
+controller waits for it before the run's last metrics row."""
 
 
 class WorkerStopped(Exception):
@@ -292,6 +295,7 @@ class Worker:
                 fault.check()
             self._phase = "finishing"
             self.finish()
+            self._phase = LAST_PHASE
             self.heartbeat(force=True)
         except WorkerStopped as stopped:
             self.log.info("%s", stopped)

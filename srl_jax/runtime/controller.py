@@ -6,7 +6,9 @@ then loops: take heartbeats, let the supervisor restart what died or went silent
 interval, and stop everything at the stop condition (srl_jax/runtime/stop_rule.py), on
 SIGINT/SIGTERM, or when a worker fails for good. On stop the learner gets time to
 write a final checkpoint, and a last metrics row records where the run ended, which
-is where a `--resume` continues.
+is where a `--resume` continues. That row waits for the last heartbeat of every worker
+that stopped cleanly (`Supervisor.stop_all`): it carries what finished while the run
+stopped (an evaluation, the final checkpoint's step).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from srl_jax.core.streams import (
     receive,
 )
 from srl_jax.core.transport import KEYS_ENV, CurveKeys, Transport
+from srl_jax.core.worker_base import LAST_PHASE
 from srl_jax.core.worker_kinds import worker_kind, worker_plan
 from srl_jax.runtime.backends import BackendError, LaunchBackend
 from srl_jax.runtime.log_stream import LogSink
@@ -99,6 +102,8 @@ class Controller:
                         for kind, index, policy in worker_plan(config)]
         self.stop_reason: str | None = None
         self.exit_code = EXIT_OK
+        self.last_heard: set[tuple[str, int]] = set()
+        """(worker, pid) of each process whose last heartbeat (`LAST_PHASE`) came."""
         self.started = time.monotonic()
         self._progress: tuple[int, int] | None = None
         self._progress_at = self._next_stall_log = self.started
@@ -196,6 +201,8 @@ class Controller:
             self.startup.mark(record.name, "heard")
             if meta.get("phase") == "setup":
                 continue  # alive, but its counters are not restored yet
+            if meta.get("phase") == LAST_PHASE:
+                self.last_heard.add((record.name, record.handle.pid))
             if record.state == "starting":
                 record.state = "running"
                 self.startup.mark(record.name, "running")
@@ -274,8 +281,8 @@ class Controller:
         row then records the final counters, as of that checkpoint."""
         if self.stop_reason is None:
             self._finish("controller error", EXIT_FAILED)
-        self.supervisor.stop_all(self._take_heartbeats)
-        self._take_heartbeats()
+        self.supervisor.stop_all(self._take_heartbeats,
+                                 lambda r: (r.name, r.handle.pid) in self.last_heard)
         self._write_row(check_stop=False)
         final = {EXIT_OK: "finished", EXIT_INTERRUPTED: "interrupted"}
         self._write_status(final.get(self.exit_code, "failed"))

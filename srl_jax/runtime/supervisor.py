@@ -7,7 +7,9 @@ the parameters they have. One that refuses the run (EXIT_REFUSED) ends it with i
 reason. A worker the backend cannot place yet (no Ray node has room) waits for one
 while the run goes on without it; a worker lost with its host is placed again at once,
 not counted against `runtime.max_restarts`. At the end every worker gets SIGTERM and its
-grace period (a learner: time for its final checkpoint), then SIGKILL.
+grace period (a learner: time for its final checkpoint), then SIGKILL; the heartbeat a
+worker sends last, as it exits, may still be on its way when its exit is seen, and is
+waited for.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from srl_jax.runtime.worker_records import UNPLACED, WorkerRecord
 log = logging.getLogger("controller")
 
 LOOP_S = 0.05
+LAST_HEARTBEAT_S = 2.0
+"""How long the end of a run waits for the last heartbeats of workers that exited cleanly."""
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 
 
@@ -180,9 +184,12 @@ class Supervisor:
             grace += self.config.checkpoint.final_save_timeout_s
         return grace
 
-    def stop_all(self, while_waiting: Callable[[], None]) -> None:
+    def stop_all(self, while_waiting: Callable[[], None],
+                 sent_last: Callable[[WorkerRecord], bool]) -> None:
         """SIGTERM every live worker, wait for its grace period (calling `while_waiting`
-        meanwhile), then SIGKILL; every worker not failed ends 'stopped'."""
+        meanwhile), then SIGKILL; every worker not failed ends 'stopped'. Then, calling
+        `while_waiting`, wait until `sent_last(record)` says that each of them that exited
+        cleanly after reporting has sent its last heartbeat, for up to `LAST_HEARTBEAT_S`."""
         live = [r for r in self.workers if r.handle and self.backend.exit_code(r.handle) is None]
         for record in live:
             self.backend.send_signal(record.handle, signal.SIGTERM)
@@ -201,3 +208,19 @@ class Supervisor:
             if record.state != "failed":
                 record.state = "stopped"
                 record.exit_code = self.backend.exit_code(record.handle)
+        self._await_last_heartbeats(live, while_waiting, sent_last)
+
+    def _await_last_heartbeats(self, stopped: list[WorkerRecord], while_waiting: Callable[[], None],
+                               sent_last: Callable[[WorkerRecord], bool]) -> None:
+        deadline = time.monotonic() + LAST_HEARTBEAT_S
+        while True:
+            while_waiting()
+            missing = [r.name for r in stopped if r.state == "stopped" and r.reported
+                       and r.exit_code == 0 and not sent_last(r)]
+            if not missing or time.monotonic() >= deadline:
+                break
+            time.sleep(LOOP_S)
+        if missing:
+            log.warning("no last heartbeat from %s within %.0fs of its exit: the last metrics "
+                        "row lacks what it did since its previous one", ", ".join(missing),
+                        LAST_HEARTBEAT_S)
