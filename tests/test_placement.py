@@ -54,12 +54,13 @@ def test_one_gpu_is_shared_with_shares_below_one() -> None:
     assert learner.memory == 0.6 and server.memory == evaluator.memory == 0.15
     assert learner.memory + server.memory + evaluator.memory < 1
     assert learner.env == {"CUDA_VISIBLE_DEVICES": "GPU-0000", "JAX_PLATFORMS": "cuda,cpu",
-                           "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.6", LEARNER_DEVICES_ENV: "0"}
-    assert server.env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.15"
+                           "XLA_CLIENT_MEM_FRACTION": "0.6", LEARNER_DEVICES_ENV: "0",
+                           "XLA_PYTHON_CLIENT_MEM_FRACTION": ""}, "the deprecated name blanked"
+    assert server.env["XLA_CLIENT_MEM_FRACTION"] == "0.15"
     assert placement.workers["actor-0"].env == {"JAX_PLATFORMS": "cpu"}
     on_demand = plan(gpus(1), "inference.device_memory=on_demand")
     assert on_demand.workers["inference-0"].env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
-    assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in on_demand.workers["inference-0"].env
+    assert "XLA_CLIENT_MEM_FRACTION" not in on_demand.workers["inference-0"].env
 
 
 def test_two_gpus_give_the_learner_one_and_the_servers_the_other() -> None:
@@ -134,7 +135,7 @@ def test_ray_gives_memory_in_proportion_to_the_gpus_asked_for() -> None:
     learner, server = placement.workers["learner-0"], placement.workers["inference-0"]
     assert (learner.platform, learner.memory, learner.devices) == ("gpu", 0.9, ())
     assert "CUDA_VISIBLE_DEVICES" not in learner.env, "Ray sets it for the GPUs it assigned"
-    assert server.env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.225"
+    assert server.env["XLA_CLIENT_MEM_FRACTION"] == "0.225"
     assert placement.workers["actor-0"].env == {"JAX_PLATFORMS": "cpu"}
     with pytest.raises(PlacementError, match=re.escape("'inference.device' is cpu but 'ray.")):
         plan(HostDevices(), "inference.device=cpu", "ray.inference={GPU: 1}", backend="ray")

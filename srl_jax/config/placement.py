@@ -6,7 +6,7 @@ may open a TPU, so a run of several JAX workers on one accelerator host needs a 
 JAX; `plan_placement` turns the config's placement keys and that
 description into one `WorkerPlacement` per worker, pure and testable from a described
 device list; the controller adds each worker's `env` to its environment before the
-process imports JAX (CUDA_VISIBLE_DEVICES, JAX_PLATFORMS, XLA_PYTHON_CLIENT_*), and
+process imports JAX (CUDA_VISIBLE_DEVICES, JAX_PLATFORMS, XLA_*), and
 writes the plan to `status.json`. A plan that cannot work is a `PlacementError`: one
 line, exit code 2 at launch.
 
@@ -43,6 +43,10 @@ SHARED_SERVER_SHARE = 0.3
 """Auto: what the servers of a device share when learners use it too."""
 ALONE_SHARE = 0.9
 """Auto: what one role's processes share of a device they have to themselves."""
+MEM_FRACTION_ENV = "XLA_CLIENT_MEM_FRACTION"
+"""The share of each visible GPU's memory a JAX process preallocates."""
+DEPRECATED_MEM_FRACTION_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"
+"""Its name before jaxlib 0.11 deprecated it."""
 JAX_PLATFORM_NAMES = {"cpu": "cpu", "gpu": "cuda,cpu", "tpu": "tpu,cpu"}
 """JAX_PLATFORMS of a worker on each platform (the CPU too: host-side arrays)."""
 
@@ -147,6 +151,15 @@ def _ids(values: Sequence[int]) -> str:
     return ",".join(map(str, values))
 
 
+def _memory_env(memory: float | str) -> dict[str, str]:
+    """A GPU worker's memory share. jaxlib 0.11 and 0.12 read MEM_FRACTION_ENV and raise
+    when the deprecated name is set too, so a deprecated one the launcher inherited is
+    blanked (jaxlib takes an empty value for unset)."""
+    if memory == ON_DEMAND:
+        return {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    return {MEM_FRACTION_ENV: f"{memory:g}", DEPRECATED_MEM_FRACTION_ENV: ""}
+
+
 def _on_cpu(kind: str, role: str = "") -> WorkerPlacement:
     """A worker kept off every accelerator (JAX_PLATFORMS=cpu: it never opens one)."""
     return WorkerPlacement(CPU, env={"JAX_PLATFORMS": "cpu"}, role=role, kind=kind)
@@ -235,8 +248,7 @@ def _gpu_plan(config: ExperimentConfig, host: HostDevices, wants: list[_Want]
         memory = _memory_share(w, ids, users)
         env = {"CUDA_VISIBLE_DEVICES": ",".join(host.visible[d] for d in ids),
                "JAX_PLATFORMS": JAX_PLATFORM_NAMES["gpu"]}
-        env.update({"XLA_PYTHON_CLIENT_PREALLOCATE": "false"} if memory == ON_DEMAND
-                   else {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{memory:g}"})
+        env.update(_memory_env(memory))
         if w.role == "learner":
             env[LEARNER_DEVICES_ENV] = _ids(range(len(ids)))
         placed[w.name] = WorkerPlacement("gpu", ids, memory, env, w.role, w.kind)
@@ -309,8 +321,7 @@ def _ray_plan(config: ExperimentConfig, wants: list[_Want]) -> dict[str, WorkerP
         else:
             memory = w.memory if w.memory != AUTO else round(ALONE_SHARE * min(1.0, gpus), 3)
             env = {"JAX_PLATFORMS": JAX_PLATFORM_NAMES["gpu"]}
-            env.update({"XLA_PYTHON_CLIENT_PREALLOCATE": "false"} if memory == ON_DEMAND
-                       else {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{memory:g}"})
+            env.update(_memory_env(memory))
             placed[w.name] = WorkerPlacement("gpu", (), memory, env, w.role, w.kind)
     return placed
 
