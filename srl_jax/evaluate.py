@@ -9,7 +9,8 @@ together in one env made once for all episodes; it prints each policy's own retu
 "return", the mean of every agent's own return (what `episode_return_mean` counts).
 With `--video` it also writes an MP4 of the first episode, for environments that
 render rgb_array frames.
-Exit code 2 with one line when there is nothing to evaluate.
+Exit code 2 with one line when there is nothing to evaluate, or when the checkpoint is
+of another checkpoint format than this srl_jax's (the line names both).
 """
 
 from __future__ import annotations

@@ -190,7 +190,9 @@ def load_policy(run_dir: str | Path, step: int | None = None, best: bool = False
     several policies, `policy` names the one to load (its agents' observations).
     `checkpoint_dir`: where the checkpoints are, as `checkpoint.dir` takes it (None:
     where the run's config says). FileNotFoundError names the directory when there
-    is nothing to load; ValueError a `checkpoint_dir` that cannot be one.
+    is nothing to load; ValueError a `checkpoint_dir` that cannot be one, and (as
+    `CheckpointFormatError`, in one line) a checkpoint of another format than this
+    srl_jax's, before its config is read.
     """
     run_dir = Path(run_dir)
     location = _location(run_dir, checkpoint_dir)
