@@ -87,8 +87,7 @@ class Worker:
         self._busy: tuple[str, float] | None = None
         self._heartbeat_lock = threading.Lock()
         """Held while a heartbeat is sent: `busy` sends them from a helper thread."""
-        kind = KINDS.get(self.kind)
-        self._progress = kind.progress if kind else ""
+        self._progress = getattr(KINDS.get(self.kind), "progress", "")
         """The counter whose first rise sends a heartbeat at once (`WorkerKind.progress`);
         '' once it has risen."""
 
