@@ -31,6 +31,10 @@ pytestmark = pytest.mark.slow
 LR = "learner.ppo.learning_rate"
 HOPELESS = ("m2", "m3")
 MEMBERS = ("m0", "m1", "m2", "m3")
+TARGET = 300
+"""Every member at once, the stop: far above what a member at learning rate 1e-7 reaches
+without a winner's copy (CartPole's random play returns about 20), and well short of
+475, the last stretch of which costs the most time of the suite."""
 
 
 def restores(logs: Path, member: str) -> int:
@@ -80,7 +84,8 @@ def test_losers_copy_winners_live_and_the_population_survives_a_dead_learner_and
         processes: Processes, tmp_path: Path) -> None:
     process, run_dir = launch(
         processes, tmp_path, f"population.initial={{{LR}: [1.0e-3, 1.0e-3, 1.0e-7, 1.0e-7]}}",
-        "population.ready_after_updates=15", "stop.wall_time_s=240",
+        "population.ready_after_updates=15", f"stop.target_return={TARGET}",
+        "stop.wall_time_s=240",
         "evaluation.every_updates=10", "evaluation.episodes=2",  # members ranked by it
         experiment="cartpole_ppo_pbt")
     pids = wait_for(lambda: all(learner_pid(run_dir, m) for m in HOPELESS) and
@@ -92,9 +97,10 @@ def test_losers_copy_winners_live_and_the_population_survives_a_dead_learner_and
     wait_restarted(run_dir, "learner-m1-0", victim, 90)
     assert process.wait(timeout=240) == 0, (tmp_path / "launch.log").read_text()
     status = read_status(run_dir)
-    assert "every member's episode_return_mean reached the target 475" in status["stop_reason"]
+    assert (f"every member's episode_return_mean reached the target {TARGET}"
+            in status["stop_reason"]), status["stop_reason"]
     rows = read_metrics(run_dir)
-    assert reached_together(rows, MEMBERS, 475)
+    assert reached_together(rows, MEMBERS, TARGET)
     lineage = read_lineage(run_dir)
     copied = {event["member"] for event in lineage}
     assert set(HOPELESS) <= copied, "both hopeless members were replaced"
