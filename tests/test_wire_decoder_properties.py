@@ -3,8 +3,8 @@
 Whatever the frames, `decode` returns a well-formed `Message` or raises
 `WireError`, never anything else, and it never allocates in proportion to sizes
 a header declares. Together the tests generate FUZZ_EXAMPLES (4,000) messages,
-about 11 s of one core. No sockets, no
-processes: tests/test_wire_live_fuzz.py sends such messages to a real run.
+about 11 s of one core. No sockets, no processes: tests/test_wire_live_fuzz.py
+sends such messages to a real run.
 """
 
 from __future__ import annotations
