@@ -2,15 +2,25 @@
 # Sourced by run.sh and test.sh with the extras to install ("" or "dev"): make .venv from
 # the lock (requirements/base.lock or requirements/dev.lock, hashes checked), then srl_jax
 # itself (editable); reinstall only when pyproject.toml or the lock changed.
-# Needs Python 3.11+ as $PYTHON or python3.
+# Needs Python 3.12+ as $PYTHON, else finds one (python3, python3.1x, pyenv's).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
 EXTRAS="${1:-}"
 LOCK="$ROOT/requirements/${EXTRAS:-base}.lock"
-PYTHON="${PYTHON:-python3}"
-if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
-    echo "srl_jax needs Python 3.11 or newer as '$PYTHON' (set PYTHON=...)" >&2
+new_enough() { "$1" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; }
+if [ -z "${PYTHON:-}" ]; then  # python3, else a newer one beside it or one pyenv installed
+    pyenv_pythons=()
+    if command -v pyenv >/dev/null; then
+        pyenv_pythons=("$(pyenv root)"/versions/3.1[2-9]*/bin/python3)
+    fi
+    for candidate in python3 python3.13 python3.12 "${pyenv_pythons[@]}"; do
+        if new_enough "$candidate"; then PYTHON="$candidate"; break; fi
+    done
+    PYTHON="${PYTHON:-python3}"
+fi
+if ! new_enough "$PYTHON"; then
+    echo "srl_jax needs Python 3.12 or newer as '$PYTHON' (set PYTHON=...)" >&2
     exit 1
 fi
 STAMP="$VENV/.installed-$EXTRAS"
@@ -19,6 +29,9 @@ WANT="$(cat "$ROOT/pyproject.toml" "$LOCK" |
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
     "$PYTHON" "$ROOT/scripts/lockfile.py" check "$ROOT/pyproject.toml" "$LOCK"
     echo "setting up $VENV ..." >&2
+    if [ -x "$VENV/bin/python" ] && ! new_enough "$VENV/bin/python"; then
+        rm -rf "$VENV"  # made by an older Python, before srl_jax needed 3.12
+    fi
     if [ ! -x "$VENV/bin/python" ]; then
         # Debian and Ubuntu ship venv's ensurepip apart, in python3-venv.
         if ! "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null; then

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Refresh requirements/dev.lock (./test.sh), requirements/base.lock (./run.sh) and
 # requirements/cluster.lock (the TPU VM hosts: srl_jax.cluster tpu-vm) from
-# pyproject.toml, for Python 3.11+ on every platform, with hashes. Pins that still fit
+# pyproject.toml, for Python 3.12+ on every platform, with hashes. Pins that still fit
 # are kept; `scripts/lock.sh --upgrade` (or --upgrade-package NAME) moves them on.
 # Needs uv: $UV, else a pinned copy installed into .tools/uv on first use.
 set -euo pipefail
@@ -18,8 +18,9 @@ compile() {  # LOCK, then uv options
     local lock="$1"
     shift
     # The build backend is locked too: ensure_venv.sh installs srl_jax without build isolation.
+    # --python-version: pyproject.toml's requires-python (else uv takes the running python's).
     "$PYTHON" scripts/lockfile.py build-requires pyproject.toml |
-        "$UV" pip compile --quiet --universal --generate-hashes \
+        "$UV" pip compile --quiet --universal --generate-hashes --python-version 3.12 \
             --custom-compile-command scripts/lock.sh --output-file "$lock" \
             pyproject.toml - "$@"
     "$PYTHON" scripts/lockfile.py stamp pyproject.toml "$lock"

@@ -35,24 +35,15 @@ REPO = Path(__file__).resolve().parent.parent
 SEEDS_LOGGED = re.compile(r"resume (\d+), restart (\d+): env seeds by split (\[[\d\[\], ]+\])")
 
 
-FAST_COMPILES = {"XLA_FLAGS": "--xla_cpu_use_fusion_emitters=false",
-                 "JAX_DISABLE_MOST_OPTIMIZATIONS": "1"}
-"""XLA settings for test processes: tests compile many small programs and run each a few
-times, so XLA's optimizer and its newer CPU fusion emitters cost more than they save (a
-compile takes a fifth of the time). The worker processes a test starts compile as a run does."""
+FAST_COMPILES = {"JAX_DISABLE_MOST_OPTIMIZATIONS": "1"}
+"""JAX settings for test processes: tests compile many small programs and run each a few
+times, so XLA's optimizer costs more than it saves. The worker processes a test starts
+compile as a run does."""
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """FAST_COMPILES for the test process, not handed down to the processes it starts:
-    XLA reads its flags once, when JAX starts its backend."""
-    before = os.environ.get("XLA_FLAGS")
-    os.environ["XLA_FLAGS"] = f"{before or ''} {FAST_COMPILES['XLA_FLAGS']}".strip()
+    """FAST_COMPILES for the test process, not handed down to the processes it starts."""
     jax.config.update("jax_disable_most_optimizations", True)
-    jax.devices()
-    if before is None:
-        del os.environ["XLA_FLAGS"]
-    else:
-        os.environ["XLA_FLAGS"] = before
 
 
 LONGEST_FILES = ("test_recurrent_run.py", "test_faults.py", "test_ray_backend.py",

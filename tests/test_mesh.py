@@ -19,8 +19,7 @@ CASES = [
     ("dqn", ["replay.count=1", "network.head=dueling", "network.activation=relu",
              "learner.normalize_obs=true"]),
 ]
-FOUR_DEVICES = {**FAST_COMPILES, "XLA_FLAGS": "--xla_force_host_platform_device_count=4 "
-                f"{FAST_COMPILES['XLA_FLAGS']}"}
+FOUR_DEVICES = {**FAST_COMPILES, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
 """XLA_FLAGS must be set before JAX starts, hence a fresh interpreter."""
 
 

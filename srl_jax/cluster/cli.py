@@ -85,7 +85,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                      help="srl_jax's directory on every host: its venv, Ray's log and pid "
                           "(relative: under the login directory; default: srl_jax)")
     tpu.add_argument("--host-python", default="/usr/bin/python3",
-                     help="the hosts' Python 3.11+ that the venv is made from "
+                     help="the hosts' Python 3.12+ that the venv is made from "
                           "(default: /usr/bin/python3)")
     tpu.add_argument("--no-install", dest="install", action="store_false",
                      help="the hosts have srl_jax and Ray already, at --python")

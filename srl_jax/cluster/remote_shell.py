@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import shlex
 
-MIN_PYTHON = (3, 11)
+MIN_PYTHON = (3, 12)
 """The project's `requires-python` floor, checked on every host before anything runs."""
 
 

@@ -77,7 +77,7 @@ def slurm_script(config: ExperimentConfig, args: argparse.Namespace) -> str:
         "hostname --ip-address | awk '{print $1}')",
         'address="$head_ip:$port"',
         "",
-        "# The interpreter on every host: Python 3.11+ with srl_jax and Ray.",
+        "# The interpreter on every host: Python 3.12+ with srl_jax and Ray.",
     ]
     lines += [f"srun --het-group={g} --nodes={nodes} --ntasks-per-node=1 --overlap "
               f"{python_check(py, ('srl_jax', 'ray'))}"
