@@ -111,7 +111,6 @@ def prepare_resume(args: argparse.Namespace, experiment: ExperimentConfig) -> tu
             whose = "" if policy == DEFAULT_POLICY else f" of policy '{policy}'"
             raise ConfigError(f"'--resume': {run_dir} holds no complete checkpoint{whose} to "
                               f"resume from (looked in {_where(run_dir, config)})")
-    check_formats(run_dir, config, steps)
     if config.name != experiment.name:
         raise ConfigError(f"'--run-dir': {run_dir} is a run of '{config.name}', not of "
                           f"'{experiment.name}'")
@@ -121,6 +120,7 @@ def prepare_resume(args: argparse.Namespace, experiment: ExperimentConfig) -> tu
         if _get(saved, key) != _get(wanted, key):
             raise ConfigError(f"'{key}' cannot change on resume: the checkpoint was trained "
                               f"with {_get(saved, key)!r}")
+    check_formats(run_dir, config, steps)
     return config, run_dir, steps
 
 

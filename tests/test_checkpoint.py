@@ -41,6 +41,7 @@ from srl_jax.config.run_dir import (
     latest_resumable_run,
     newest_steps,
     read_metrics,
+    step_meta,
     trim_metrics,
 )
 from srl_jax.config.schema import ConfigError
@@ -83,7 +84,7 @@ def test_round_trip_is_exact_and_keeps_types(tmp_path: Path) -> None:
     checkpointer.close()
     like = trained_state(shift=1.0)  # same shapes, other values
     restored = Checkpointer(tmp_path).restore(like)
-    assert restored.step == 3 and restored.meta == {**meta, FORMAT_KEY: FORMAT}
+    assert restored.step == 3 and restored.meta == meta  # the format stays in the step
     assert_same_tree(restored.state, state)
     assert isinstance(restored.state, TrainState)
     assert isinstance(restored.state.opt_state, tuple)  # not a list, as a bare restore gives
@@ -219,7 +220,7 @@ def test_a_checkpoint_of_another_format_is_refused_in_one_line(tmp_path: Path) -
 
     evaluated = evaluated_root(tmp_path)
     save_params(evaluated, 2, live_state().params, {"version": 2})
-    assert restore_params(evaluated, 2, live_state().params).meta[FORMAT_KEY] == FORMAT
+    assert step_meta(evaluated, 2)[FORMAT_KEY] == FORMAT
     meta_file = evaluated / "2" / "meta" / "metadata"
     meta_file.write_text(json.dumps({"version": 2}))
     with pytest.raises(CheckpointFormatError, match="checkpoint format 1 "):

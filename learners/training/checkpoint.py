@@ -204,7 +204,7 @@ class Checkpointer:
         else:
             step_meta(root, step)  # another format: one line, not orbax's tree mismatch
             restored = self._latest.restore(step, args=args)
-        return Restored(step, _from_saveable(restored["state"], like), dict(restored["meta"]))
+        return Restored(step, _from_saveable(restored["state"], like), _unstamped(restored["meta"]))
 
     def restore_from(self, policy: str, like: Any) -> Restored | None:
         """The newest complete checkpoint of another policy of the run (a population
@@ -216,7 +216,7 @@ class Checkpointer:
             return None
         restored = _read(root, steps[-1], _restore_args(like))
         return Restored(steps[-1], _from_saveable(restored["state"], like),
-                        dict(restored["meta"]))
+                        _unstamped(restored["meta"]))
 
     def wait(self) -> None:
         """Block until every save in flight is on disk (and the best one linked)."""
@@ -231,6 +231,12 @@ class Checkpointer:
 def _stamped(meta: dict[str, Any]) -> dict[str, Any]:
     """`meta` with the checkpoint format it is written in."""
     return {**meta, FORMAT_KEY: FORMAT}
+
+
+def _unstamped(meta: dict[str, Any]) -> dict[str, Any]:
+    """A restored `meta` as its writer gave it: the format is the checkpoint's own business,
+    checked before anything is restored."""
+    return {key: value for key, value in meta.items() if key != FORMAT_KEY}
 
 
 def _restore_args(like: Any) -> ocp.args.Composite:
@@ -299,4 +305,4 @@ def restore_params(directory: epath.Path | Path, step: int, like: Any) -> Restor
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
     restored = _read(directory, step, ocp.args.Composite(
         params=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
-    return Restored(step, restored["params"], dict(restored["meta"]))
+    return Restored(step, restored["params"], _unstamped(restored["meta"]))
