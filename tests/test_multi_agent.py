@@ -218,7 +218,9 @@ def test_each_policy_has_its_own_workers_evaluations_checkpoints_and_resume(proc
 
     steps = {p: checkpoint_steps(run_dir, policy=p)[-1] for p in ("first", "others")}
     past = {p: step + 1 for p, step in steps.items()}
-    _, resumed = _run(processes, tmp_path, "stop.target_eval_return=null", resume=True,
+    # The resume trains on without the evaluator (the first run checked its evaluations).
+    _, resumed = _run(processes, tmp_path, "stop.target_eval_return=null",
+                      "evaluation.every_updates=0", resume=True,
                       until=lambda row: row.get("system/resumes") == 1 and all(
                           row.get(f"policy/{p}/policy_version", 0) >= past[p] for p in past))
     assert f"resumes from checkpoint first {steps['first']}, others {steps['others']}" in \
