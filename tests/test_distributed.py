@@ -67,8 +67,9 @@ def test_two_learner_processes_solve_cartpole_on_the_devices_placed(
     process = processes.start(
         [sys.executable, "-m", "srl_jax.launch", "cartpole_ppo", "--run-dir", str(run_dir),
          "--set", "learner.processes=2", "--set", "stop.wall_time_s=240",
-         # 16-env chunks, so the learner batch of 32 splits over the 2 processes.
-         "--set", "actors.splits=4", "--set", "learner.devices=[1, 3]",
+         # 16-env chunks, so the learner batch of 32 splits over the 2 processes. One actor:
+         # the test is about the learners, and a second actor's frames mostly go unused.
+         "--set", "actors.count=1", "--set", "actors.splits=4", "--set", "learner.devices=[1, 3]",
          "--set", "inference.device=cpu", "--set", "transport.bind_host=0.0.0.0",
          "--set", "transport.allow_unauthenticated=true"],
         log=tmp_path / "launch.log",

@@ -87,6 +87,9 @@ def test_losers_copy_winners_live_and_the_population_survives_a_dead_learner_and
         "population.ready_after_updates=15", f"stop.target_return={TARGET}",
         "stop.wall_time_s=240",
         "evaluation.every_updates=10", "evaluation.episodes=2",  # members ranked by it
+        # Each member's actor runs its policy itself: what is tested is the population, and
+        # four inference servers more on 2 cores slow every member (resumed so too).
+        "actors.inline_inference=true",
         experiment="cartpole_ppo_pbt")
     pids = wait_for(lambda: all(learner_pid(run_dir, m) for m in HOPELESS) and
                     {m: learner_pid(run_dir, m) for m in HOPELESS}, 120, "learners running")
@@ -133,7 +136,9 @@ def test_losers_copy_winners_live_and_the_population_survives_a_dead_learner_and
     before = {m: restores(logs, m) for m in MEMBERS}  # m1's restart restored one already
     resumed = processes.start(
         [sys.executable, "-m", "srl_jax.launch", "cartpole_ppo_pbt", "--run-dir", str(run_dir),
-         "--resume", "--set", "stop.target_return=null"], log=tmp_path / "resume.log")
+         "--resume", "--set", "stop.target_return=null",
+         "--set", "evaluation.every_updates=0"],  # no evaluator: only restores are checked
+        log=tmp_path / "resume.log")
     wait_for(lambda: f"{len(lineage)} exploit events so far" in
              (logs / "population-0.log").read_text().rsplit("population-0: 4 members", 1)[-1]
              and all(restores(logs, m) > before[m] for m in MEMBERS), 120,
