@@ -62,12 +62,23 @@ from tests.conftest import (
     wait_restarted,
     worker,
 )
+from tests.paced_env import PACED_ID
 
 pytestmark = pytest.mark.slow
 
 N = 30_000
 UPDATES = 3
-"""Frames before the stop; the resumed runs go N and 2N past the frames at the stop."""
+"""Frames before the stop; the first resume goes N past the frames at the stop (more than
+the stream buffers, so it trains on), the second, which need not train, N // 3 further."""
+LEAN = ("actors.count=1", "learner.sample_queue=4")
+"""One actor, and a learner that holds 4 chunks: the actor blocks sooner while the learner
+starts (or restarts) rather than step ahead on both cores, and frames past what the stream
+buffers (fewer than N) come with updates."""
+PACED = ("actors.count=1", "actors.envs=4", "learner.batch_envs=8", "learner.sample_queue=4",
+         f"env.id=tests.paced_env:{PACED_ID}", "env.kwargs={step_s: 0.002}")
+"""A small actor of envs whose steps take 2 ms (about 500 frames/s: an update's worth twice
+a second), for a run that waits on restarts: an actor stepping as fast as it can would
+spend the cores meanwhile."""
 
 
 def launch_args(run_dir: Path, *overrides: str, resume: bool = False) -> list[str]:
@@ -94,14 +105,14 @@ def learner_checkpoints(run_dir: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def stopped_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A CartPole run stopped with SIGTERM after N frames and a few updates (actors step
-    before the learner has compiled: frames alone can come first). Its frame limit is
+    """A CartPole run (`LEAN`) stopped with SIGTERM after N frames and a few updates (the
+    actor steps before the learner has compiled: frames alone can come first). Its frame limit is
     far, so it cannot end on its own before the signal however fast the machine steps.
     Its checkpoints go to `learner_checkpoints`, given as an absolute path."""
     group = Processes()
     tmp = tmp_path_factory.mktemp("stopped")
     run_dir = tmp / "run"
-    process = group.start(launch_args(run_dir, "stop.target_return=null",
+    process = group.start(launch_args(run_dir, "stop.target_return=null", *LEAN,
                                       f"stop.env_frames={1000 * N}", "checkpoint.interval_s=3",
                                       f"checkpoint.dir={learner_checkpoints(run_dir)}"),
                           log=tmp / "launch.log")
@@ -196,7 +207,7 @@ def first_params(run_dir: Path) -> dict:
 def test_sigterm_writes_a_final_checkpoint_and_resumes_continue(
         stopped_run: Path, processes: Processes, tmp_path: Path,
         capsys: pytest.CaptureFixture) -> None:
-    """Resumed to a new frame limit, then resumed again with more actors. The
+    """Resumed to a new frame limit, then resumed again with more actors (3, from 1). The
     checkpoints never touch the run directory: the resumes take them from a copy of
     the learner's own directory, given as a file:// URI, and so does `srl_jax.evaluate`."""
     run_dir = copy_run(stopped_run, tmp_path)
@@ -246,7 +257,7 @@ def test_sigterm_writes_a_final_checkpoint_and_resumes_continue(
         assert seeds[start] == split_seeds(config, 0, start)
     assert set(itertools.chain(*seeds[FIRST])).isdisjoint(itertools.chain(*seeds[resumed_start]))
 
-    goal = rows[-1]["env_frames"] + N
+    goal = rows[-1]["env_frames"] + N // 3
     process = processes.start(launch_args(run_dir, "actors.count=3",
                                           f"stop.env_frames={goal}", resume=True),
                               log=tmp_path / "resume-more-actors.log")
@@ -272,15 +283,15 @@ def test_a_killed_learner_recovers_from_the_newest_complete_checkpoint(
     frame limit: the actors could reach one while a successor compiles. The run goes on
     until each successor has trained, then stops on Ctrl-C with a final save."""
     process, run_dir = launch(processes, tmp_path, "stop.target_return=null",
-                              "stop.wall_time_s=600", "runtime.restart_backoff_s=0.5",
+                              "stop.wall_time_s=600", "runtime.restart_backoff_s=0.2",
                               "runtime.max_restarts=5", "checkpoint.every_updates=1",
-                              "checkpoint.interval_s=0")
+                              "checkpoint.interval_s=0", *PACED)
     wait_for(lambda: all_running(run_dir) and len(checkpoint_steps(run_dir)) >= 2, 120,
              "a running learner with checkpoints")
     log = run_dir / "logs" / "learner-0.log"
     for restarts, during_save in ((1, False), (2, True)):
         victim = worker(read_status(run_dir), "learner-0")["pid"]
-        if during_save:  # saves run back to back; strike while one is being written
+        if during_save:  # a save every update: strike while one is being written
             wait_for(lambda: torn_saves(run_dir), 60, "a save in progress")
         Processes.kill(victim)
         wait_for(lambda v=victim: not pid_alive(v), 10, "the learner gone")
