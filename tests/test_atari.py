@@ -121,9 +121,12 @@ def test_atari_specs_are_uint8_frames_and_chunks_carry_them() -> None:
 
 SMALL = ["actors.count=1", "actors.envs=2", "actors.splits=1", "actors.trajectory_length=16",
          "inference.max_batch=4", "learner.batch_envs=2", "learner.sample_queue=8",
-         "runtime.log_interval_s=0.5", "runtime.heartbeat_timeout_s=15"]
+         "inference.min_padded_batch=2", "runtime.log_interval_s=0.5",
+         "runtime.heartbeat_timeout_s=15"]
 """A short heartbeat timeout: compiling the Nature-CNN update on a CPU takes longer, and
-the learner must heartbeat through it (Worker.busy) rather than be killed as frozen."""
+the learner must heartbeat through it (Worker.busy) rather than be killed as frozen.
+Requests of 2 rows are served as 2 (not padded to the default 8): the Nature-CNN's
+forward pass on a CPU is most of the cost of the frames the test streams."""
 SMALL_BY_ALGORITHM = {
     "atari_breakout_ppo": ["learner.ppo.epochs=1", "learner.ppo.minibatches=1"],
     "atari_pong_impala": [],
