@@ -43,7 +43,6 @@ from tests.conftest import (
     wait_restarted,
     worker,
 )
-from tests.paced_env import PACED_ID
 
 FAULTY_ID = "FaultyCartPole-v1"
 SMALL = ("actors.envs=4", "actors.splits=2", "learner.batch_envs=8", "inference.max_batch=8",
@@ -52,10 +51,6 @@ UNTIL_CTRL_C = ("stop.wall_time_s=600", "checkpoint.every_updates=5",
                 "actors.inference_timeout_s=1")
 """No frame limit: the actors outrun a frozen or restarting learner, and training does
 not wait for the evaluator, so a limit could end the run before a successor works."""
-PACED = (f"env.id=tests.paced_env:{PACED_ID}", "env.kwargs={step_s: 0.002}")
-"""Envs whose steps take 2 ms (at most about 1000 frames/s in all: an update's worth several
-times a second): the raise run mostly waits on restarts, and actors stepping as fast as they
-can would spend the cores meanwhile."""
 
 
 class FaultyCartPole(gym.Wrapper):
@@ -116,12 +111,12 @@ def test_a_fault_file_put_later_makes_the_worker_raise_at_its_time(
 
 @pytest.mark.slow
 def test_workers_that_raise_in_their_loop_are_restarted_and_lose_nothing_saved(
-        processes: Processes, tmp_path: Path, repo_importable) -> None:
+        processes: Processes, tmp_path: Path) -> None:
     """An actor, the learner, the inference server and the evaluator raise in their loop,
     one after another. (An env that raises in the actor's loop: the test below.)"""
     faults = tmp_path / "faults"
     faults.mkdir()
-    process, run_dir = launch(processes, tmp_path, *SMALL, *UNTIL_CTRL_C, *PACED,
+    process, run_dir = launch(processes, tmp_path, *SMALL, *UNTIL_CTRL_C,
                               "evaluation.every_updates=5", "evaluation.episodes=2",
                               env={FAULTS_ENV: str(faults)})
     wait_for(lambda: all_running(run_dir), 90, "all workers running")
