@@ -66,10 +66,26 @@ def advertised(run_dir: Path, key: str) -> str | None:
     return next((p["endpoint"] for w in workers for p in w["ports"] if p["key"] == key), None)
 
 
-def port_open(host: Host, port: int) -> bool:
-    probe = f"import socket; socket.create_connection(('{host.address}', {port}), timeout=1)"
-    return subprocess.run(host.command(sys.executable, "-c", probe),
-                          capture_output=True).returncode == 0
+PROBE = """
+import socket, sys, time
+address, deadline = (sys.argv[1], int(sys.argv[2])), time.monotonic() + float(sys.argv[3])
+while True:
+    try:
+        socket.create_connection(address, timeout=1).close()
+        break
+    except OSError:
+        if time.monotonic() > deadline:
+            sys.exit(f"nothing listens on {address} after {sys.argv[3]}s")
+        time.sleep(0.05)
+"""
+
+
+def wait_port_open(host: Host, port: int, timeout: float) -> None:
+    """Wait until `port` on `host` takes connections, probing from inside the host: one
+    process that retries (a Python start per probe cost seconds of CPU while Ray starts)."""
+    probe = subprocess.run(host.command(sys.executable, "-c", PROBE, host.address, str(port),
+                                        str(timeout)), capture_output=True, text=True)
+    assert probe.returncode == 0, probe.stderr
 
 
 def test_hosts_that_share_nothing_train_across_the_link_with_curve(
@@ -81,7 +97,7 @@ def test_hosts_that_share_nothing_train_across_the_link_with_curve(
         controller_host, learner_host, stranger_host = own_disks(
             plain, [home, Path("/tmp/ray"), Path.home() / ".ray"], tmp_path / "disks")
         ray_node(processes, controller_host, tmp_path, controller_host, env)
-        wait_for(lambda: port_open(controller_host, RAY_PORT), 60, "the Ray head")
+        wait_port_open(controller_host, RAY_PORT, 60)  # the Ray head
         ray_node(processes, learner_host, tmp_path, controller_host, env)
         args = [sys.executable, "-m", "srl_jax.launch", "cartpole_ppo", "--backend", "ray",
                 "--ray-address", f"{controller_host.address}:{RAY_PORT}", "--run-dir",
