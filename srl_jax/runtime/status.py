@@ -19,8 +19,10 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -149,12 +151,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.watch <= 0:
         print(show(args.run_dir, args.stacks))
         return 0
-    try:
-        while True:
-            print("\x1b[2J\x1b[H" + show(args.run_dir, args.stacks), flush=True)
-            time.sleep(args.watch)
-    except KeyboardInterrupt:
-        return 0
+    # Ctrl-C sets a flag rather than raising: a KeyboardInterrupt that lands in a finalizer
+    # is printed and dropped, and the screen would go on being redrawn.
+    interrupted = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: interrupted.set())
+    while not interrupted.is_set():
+        print("\x1b[2J\x1b[H" + show(args.run_dir, args.stacks), flush=True)
+        interrupted.wait(args.watch)
+    return 0
 
 
 if __name__ == "__main__":
