@@ -169,7 +169,9 @@ def test_an_actor_host_that_leaves_and_one_that_joins_make_a_dip_not_a_failure(
         # and regain one before it solves CartPole.
         processes, tmp_path, f"env.id=tests.paced_env:{PACED_ID}", "actors.envs=16",
         "actors.splits=1", "ray.actor={CPU: 1, actor_host: 1}", "stop.wall_time_s=240",
-        "ray.placement_timeout_s=2", "actors.inference_timeout_s=1",
+        # Placed means Ray started the worker's host actor, a process of its own: 2 s was
+        # too short for the learner's once the other xdist worker loaded the cores.
+        "ray.placement_timeout_s=10", "actors.inference_timeout_s=1",
         options=(*RAY, "--ray-address", cluster.address))
     wait_for(lambda: all_running(run_dir) and sum(
         bool(r["env_frames"]) for r in read_metrics(run_dir)) >= 4, 120,
@@ -216,4 +218,4 @@ def test_an_actor_host_that_leaves_and_one_that_joins_make_a_dip_not_a_failure(
         [(r["time"], r["env_frames"]) for r in gap]
     launched = (run_dir / "logs" / "controller.log").read_text()
     assert f"{gone['name']} was lost with its host: its Ray node" in launched
-    assert f"{gone['name']} was not placed in 2s" in launched
+    assert f"{gone['name']} was not placed in 10s" in launched
