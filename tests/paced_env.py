@@ -10,6 +10,13 @@ import time
 import gymnasium as gym
 
 PACED_ID = "PacedCartPole-v1"
+SMALL_PACED_RUN = ("actors.count=1", "actors.envs=4", "learner.batch_envs=8",
+                   "learner.sample_queue=4", f"env.id=tests.paced_env:{PACED_ID}",
+                   "env.kwargs={step_s: 0.002}")
+"""Overrides for runs that test starting, stopping and restarts, not actors or training:
+one small actor of envs whose steps take 2 ms (about 500 frames/s, an update's worth twice
+a second) and a learner that holds 4 chunks, so the actor leaves the cores to the workers
+starting meanwhile rather than step ahead on them (frames the learner would drop)."""
 
 
 class PacedCartPole(gym.Wrapper):

@@ -62,7 +62,7 @@ from tests.conftest import (
     wait_restarted,
     worker,
 )
-from tests.paced_env import PACED_ID
+from tests.paced_env import SMALL_PACED_RUN
 
 pytestmark = pytest.mark.slow
 
@@ -74,11 +74,6 @@ LEAN = ("actors.count=1", "learner.sample_queue=4")
 """One actor, and a learner that holds 4 chunks: the actor blocks sooner while the learner
 starts (or restarts) rather than step ahead on both cores, and frames past what the stream
 buffers (fewer than N) come with updates."""
-PACED = ("actors.count=1", "actors.envs=4", "learner.batch_envs=8", "learner.sample_queue=4",
-         f"env.id=tests.paced_env:{PACED_ID}", "env.kwargs={step_s: 0.002}")
-"""A small actor of envs whose steps take 2 ms (about 500 frames/s: an update's worth twice
-a second), for a run that waits on restarts: an actor stepping as fast as it can would
-spend the cores meanwhile."""
 
 
 def launch_args(run_dir: Path, *overrides: str, resume: bool = False) -> list[str]:
@@ -285,7 +280,7 @@ def test_a_killed_learner_recovers_from_the_newest_complete_checkpoint(
     process, run_dir = launch(processes, tmp_path, "stop.target_return=null",
                               "stop.wall_time_s=600", "runtime.restart_backoff_s=0.2",
                               "runtime.max_restarts=5", "checkpoint.every_updates=1",
-                              "checkpoint.interval_s=0", *PACED)
+                              "checkpoint.interval_s=0", *SMALL_PACED_RUN)
     wait_for(lambda: all_running(run_dir) and len(checkpoint_steps(run_dir)) >= 2, 120,
              "a running learner with checkpoints")
     log = run_dir / "logs" / "learner-0.log"

@@ -21,16 +21,9 @@ from tests.conftest import (
     wait_for,
     worker,
 )
-from tests.paced_env import PACED_ID
+from tests.paced_env import SMALL_PACED_RUN
 
 pytestmark = pytest.mark.slow
-
-LEAN = ("actors.count=1", "actors.envs=4", "learner.batch_envs=8", "learner.sample_queue=4",
-        f"env.id=tests.paced_env:{PACED_ID}", "env.kwargs={step_s: 0.002}")
-"""For the runs that test starting and stopping, not actors or training: one small actor of
-envs whose steps take 2 ms (about 500 frames/s, an update's worth twice a second) and a
-learner that holds 4 chunks, so the actor leaves the cores to the workers starting meanwhile
-rather than step ahead on them (frames the learner would drop, its queue full or stale)."""
 
 
 def test_impala_solves_cartpole_on_envpool_with_inline_inference_on_four_devices(
@@ -62,7 +55,7 @@ def test_ctrl_c_stops_every_worker_within_seconds(processes: Processes, tmp_path
     inference servers, restarted, are in tests/test_recurrent_run.py (a run that reaches
     its target through both)."""
     process, run_dir = launch(processes, tmp_path, "stop.target_return=null",
-                              "stop.wall_time_s=600", *LEAN)
+                              "stop.wall_time_s=600", *SMALL_PACED_RUN)
     wait_for(lambda: all_running(run_dir) and (rows := read_metrics(run_dir))
              and rows[-1]["learner_steps"] > 0, 90, "all workers running and training")
     status = read_status(run_dir)
@@ -89,7 +82,7 @@ def test_ctrl_c_stops_every_worker_within_seconds(processes: Processes, tmp_path
 
 def test_workers_exit_when_the_controller_is_killed(processes: Processes,
                                                     tmp_path: Path) -> None:
-    process, run_dir = launch(processes, tmp_path, "stop.wall_time_s=300", *LEAN)
+    process, run_dir = launch(processes, tmp_path, "stop.wall_time_s=300", *SMALL_PACED_RUN)
     wait_for(lambda: all_running(run_dir), 90, "all workers running")
     pids = [w["pid"] for w in read_status(run_dir)["workers"]]
     process.kill()
@@ -111,7 +104,7 @@ def test_without_checkpoints_learner_death_ends_the_run_with_a_reason(
     process = processes.start(
         [sys.executable, "-m", "srl_jax.launch", "cartpole_ppo", "--run-dir", str(run_dir),
          "--quiet", "--set", "stop.wall_time_s=300", "--set", "checkpoint.enabled=false",
-         *(arg for override in LEAN for arg in ("--set", override))],
+         *(arg for override in SMALL_PACED_RUN for arg in ("--set", override))],
         stderr_to=tmp_path / "stderr.log")
     wait_for(lambda: all_running(run_dir), 90, "all workers running")
     status = read_status(run_dir)
