@@ -143,8 +143,13 @@ class ActorWorker(Worker):
         self.time_wait += time.perf_counter() - start
         for p, socket in enumerate(self.inference):
             if socket in events:
-                while (received := receive(socket, INFERENCE.connecter_receives,
-                                           self.rejects)) is not None:
+                # At most one reply per split a turn: a split answered and stepped here asks
+                # again, and with envs slower than the server's answer, draining until empty
+                # would never end, nor heartbeat (the rest wait for the next turn).
+                for _ in range(len(self.core.splits)):
+                    received = receive(socket, INFERENCE.connecter_receives, self.rejects)
+                    if received is None:
+                        break
                     self._on_reply(p, received[1].meta, received[1].arrays)
         for request, waited in self.core.overdue():
             if waited is not None:

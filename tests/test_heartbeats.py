@@ -11,10 +11,12 @@ from pathlib import Path
 import numpy as np
 import zmq
 
+from actors.actor_core import Request, Turn
+from actors.actor_worker import ActorWorker
 from srl_jax.config.schema import ExperimentConfig
 from srl_jax.core.names import FileNameService
-from srl_jax.core.stream_table import STATS
-from srl_jax.core.streams import RejectCounter, make_socket, receive
+from srl_jax.core.stream_table import INFERENCE, STATS
+from srl_jax.core.streams import RejectCounter, make_socket, receive, send
 from srl_jax.core.worker_base import Worker
 from srl_jax.core.worker_kinds import PARENT_ENV
 
@@ -153,3 +155,49 @@ def test_a_worker_whose_starter_died_before_it_looked_stops_at_its_first_heartbe
     started_here = ReturnsWorker(ExperimentConfig(), tmp_path)
     started_here.heartbeat(force=True)
     assert not started_here.stopping
+
+
+class SlowEnvCore:
+    """An actor core whose splits step slower than their server answers: each request
+    sent is answered at once (as by a fast inference server), and each step takes 20 ms,
+    so after every reply another is already waiting."""
+
+    def __init__(self, server: zmq.Socket, splits: int) -> None:
+        self.server, self.splits, self.replies = server, [None] * splits, 0
+
+    def on_reply(self, policy: int, meta: dict, arrays: dict[str, np.ndarray]) -> Turn:
+        self.replies += 1
+        assert self.replies <= 10 * len(self.splits), "the turn never ended"
+        time.sleep(0.02)
+        return Turn(requests=[Request(meta["split"], policy, meta["seq"] + 1, {})])
+
+    def sent(self, request: Request, delivered: bool) -> None:
+        assert delivered and self.server.poll(1000)
+        routing, message = receive(self.server, INFERENCE.binder_receives, RejectCounter(),
+                                   envelope=1)
+        send(self.server, "infer_reply", message.meta, {}, routing=routing)
+
+    def overdue(self) -> list:
+        return []
+
+
+def test_an_actor_whose_envs_step_slower_than_its_server_answers_ends_each_turn(
+        tmp_path: Path) -> None:
+    """A turn of the actor's loop takes at most one reply per split, then heartbeats."""
+    context = zmq.Context.instance()
+    server, dealer = context.socket(zmq.ROUTER), context.socket(zmq.DEALER)
+    dealer.connect(f"tcp://127.0.0.1:{server.bind_to_random_port('tcp://127.0.0.1')}")
+    actor = ActorWorker(ExperimentConfig(), 0, tmp_path, FileNameService(tmp_path / "names"))
+    actor.core = core = SlowEnvCore(server, splits=2)
+    actor.inference, actor.poller = [dealer], zmq.Poller()
+    actor.poller.register(dealer, zmq.POLLIN)
+    try:
+        for split in range(2):
+            actor._send_request(Request(split, 0, 0, {}))
+        actor.run_once()
+        assert core.replies == 2, "one reply per split, the next ones left for a turn"
+        actor.run_once()
+        assert core.replies == 4
+    finally:
+        dealer.close(linger=0)
+        server.close(linger=0)

@@ -64,9 +64,13 @@ def launch_ray(processes: Processes, tmp_path: Path, *overrides: str) -> tuple:
 def test_ray_solves_cartpole_with_a_killed_worker_back_on_a_new_host_and_leaves_nothing(
         processes: Processes, tmp_path: Path) -> None:
     """An actor killed as soon as all workers run comes back on a new Ray host, and the run
-    trains on to its target, which takes far longer than a restart (were it reached first,
-    the wait for the successor would fail, not pass)."""
+    trains on to its target. Paced envs (about 5,000 frames/s in all) make training take
+    some 30 s however idle the cores are, far longer than a restart: unpaced, it once
+    solved CartPole in 12 s while Ray, under the suite's load, was still starting the new
+    host, and the run ended without the successor."""
     process, run_dir = launch_ray(processes, tmp_path, "stop.wall_time_s=240",
+                                  f"env.id=tests.paced_env:{PACED_ID}",
+                                  "env.kwargs={step_s: 0.0004}",
                                   "runtime.restart_backoff_s=0.2", "actors.inference_timeout_s=1")
     wait_for(lambda: all_running(run_dir), 120, "all workers running")
     started = descendants(process.pid)
