@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Refresh requirements/dev.lock (./test.sh), requirements/base.lock (./run.sh) and
 # requirements/cluster.lock (the TPU VM hosts: srl_jax.cluster tpu-vm) from
-# pyproject.toml, for Python 3.12+ on every platform, with hashes. Pins that still fit
+# pyproject.toml, for Python 3.12+ on every platform, with hashes; and
+# requirements/installer.lock, the uv that installs them, pinned below. Pins that still fit
 # are kept; `scripts/lock.sh --upgrade` (or --upgrade-package NAME) moves them on.
 # Needs uv: $UV, else a pinned copy installed into .tools/uv on first use.
 set -euo pipefail
@@ -31,4 +32,9 @@ compile requirements/dev.lock --extra dev "$@"
 compile requirements/base.lock --constraint requirements/dev.lock "$@"
 # What `srl_jax.cluster tpu-vm` installs on every TPU host and CPU VM.
 compile requirements/cluster.lock --extra ray --extra tpu --extra gcs --constraint requirements/dev.lock "$@"
-echo "locked: requirements/dev.lock requirements/base.lock requirements/cluster.lock" >&2
+# The installer ensure_venv.sh installs the other locks with: this uv, hashes checked.
+echo "uv==$UV_VERSION" | "$UV" pip compile --quiet --universal --generate-hashes \
+    --python-version 3.12 --custom-compile-command scripts/lock.sh \
+    --output-file requirements/installer.lock -
+echo "locked: requirements/dev.lock requirements/base.lock requirements/cluster.lock" \
+     "requirements/installer.lock" >&2
