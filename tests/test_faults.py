@@ -181,19 +181,22 @@ def raise_in_loop(run_dir: Path, faults: Path, name: str, trains: bool = True) -
 @pytest.mark.slow
 def test_frozen_workers_are_killed_at_the_heartbeat_timeout_and_replaced(
         processes: Processes, tmp_path: Path) -> None:
-    """The actor, the server and the learner freeze (SIGSTOP) in turn; each is replaced
-    and the run trains on before the next freezes."""
-    frozen = ("actor-0", "inference-0", "learner-0")
+    """An actor and the server freeze (SIGSTOP) together, then the learner; each is
+    replaced, and the run trains on before the learner freezes and after."""
+    rounds = (("actor-0", "inference-0"), ("learner-0",))
+    frozen = [name for names in rounds for name in names]
     process, run_dir = launch(processes, tmp_path, *SMALL, *UNTIL_CTRL_C,
                               "runtime.heartbeat_timeout_s=8")
     wait_for(lambda: all_running(run_dir), 90, "all workers running")
-    for name in frozen:
-        if name == "learner-0":  # its successor restores the checkpoint
+    for names in rounds:
+        if "learner-0" in names:  # its successor restores the checkpoint
             wait_for(lambda: checkpoint_steps(run_dir), 60, "the learner's first checkpoint")
-        victim = worker(read_status(run_dir), name)["pid"]
-        os.kill(victim, signal.SIGSTOP)
-        wait_restarted(run_dir, name, victim, 120)
-        trains_on(run_dir, f"training after {name} was replaced")
+        victims = {name: worker(read_status(run_dir), name)["pid"] for name in names}
+        for victim in victims.values():
+            os.kill(victim, signal.SIGSTOP)
+        for name, victim in victims.items():
+            wait_restarted(run_dir, name, victim, 120)
+        trains_on(run_dir, f"training after {' and '.join(names)} were replaced")
     interrupt(process, tmp_path / "launch.log")
     log = (run_dir / "logs" / "controller.log").read_text()
     for name in frozen:
