@@ -44,7 +44,7 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
     # uv installs the lock (pip took 90 s of the suite's 9 minutes on 2 cores, uv 20 s); uv
     # itself comes by pip from its own lock, hashes checked too.
     "$VENV/bin/python" -m pip install -q --require-hashes -r "$ROOT/requirements/installer.lock" >&2
-    uv_install() { UV_LINK_MODE=copy "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" "$@" >&2; }
+    uv_install() { "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" "$@" >&2; }
     uv_install --require-hashes --compile-bytecode -r "$LOCK"
     # The lock holds the build backend, so srl_jax installs with nothing fetched unpinned.
     uv_install --no-deps --no-build-isolation -e "$ROOT"
