@@ -60,12 +60,12 @@ def descendants(pid: int) -> set[int]:
 def test_ray_solves_cartpole_with_a_killed_worker_back_on_a_new_host_and_leaves_nothing(
         processes: Processes, tmp_path: Path) -> None:
     """An actor killed as soon as all workers run comes back on a new Ray host, and the run
-    trains on to its target. Paced envs (about 5,000 frames/s in all) make training take
-    some 30 s however idle the cores are, far longer than a restart: unpaced, it once
+    trains on to its target. Paced envs (at most 6,600 frames/s in all) make training take
+    over 20 s however idle the cores are, far longer than a restart: unpaced, it once
     solved CartPole in 12 s while Ray, under the suite's load, was still starting the new
     host, and the run ended without the successor."""
     process, run_dir = launch(processes, tmp_path, "stop.wall_time_s=240",
-                              f"env.id=tests.paced_env:{PACED_ID}", "env.kwargs={step_s: 0.0004}",
+                              f"env.id=tests.paced_env:{PACED_ID}", "env.kwargs={step_s: 0.0003}",
                               "runtime.restart_backoff_s=0.2", "actors.inference_timeout_s=1",
                               options=RAY)
     wait_for(lambda: all_running(run_dir), 120, "all workers running")
@@ -166,15 +166,15 @@ def test_an_actor_host_that_leaves_and_one_that_joins_make_a_dip_not_a_failure(
     missing while the other keeps training; a new node joins, the actor comes back on it,
     and the run goes on to its frame limit. Its metrics show the dip and the recovery.
     A frame limit, not the target return, ends it: CartPole was once solved in 47k frames,
-    19 s, before the joining node was even added; 250k frames take some 45 s at the paced
-    rate, longer than losing and regaining a host however fast the policy learns."""
+    19 s, before the joining node was even added; 150k frames take some 30 s at the paced
+    rate, longer than losing and regaining a host (about 12 s) however fast it learns."""
     leaving = actor_node(cluster)
     process, run_dir = launch(
         # Paced envs: each actor steps its share of the frames however the 2 cores are
         # shared, so one fewer is a dip to see.
         processes, tmp_path, f"env.id=tests.paced_env:{PACED_ID}", "actors.envs=16",
         "actors.splits=1", "ray.actor={CPU: 1, actor_host: 1}", "stop.target_return=null",
-        "stop.env_frames=250000", "stop.wall_time_s=240",
+        "stop.env_frames=150000", "stop.wall_time_s=240",
         # Placed means Ray started the worker's host actor, a process of its own: 2 s was
         # too short for the learner's once the other xdist worker loaded the cores.
         "ray.placement_timeout_s=10", "actors.inference_timeout_s=1",
@@ -206,10 +206,10 @@ def test_an_actor_host_that_leaves_and_one_that_joins_make_a_dip_not_a_failure(
     assert back["unplaced_since"] is None and pid_alive(back["pid"])
     assert process.wait(timeout=300) == 0, (tmp_path / "launch.log").read_text()
     final = read_status(run_dir)
-    assert final["state"] == "finished" and "reached the limit 250000" in final["stop_reason"]
+    assert final["state"] == "finished" and "reached the limit 150000" in final["stop_reason"]
     assert final["missing"] == [] and worker(final, kept["name"])["restarts"] == 0
     rows = read_metrics(run_dir)
-    assert max(r.get("episode_return_mean", 0) for r in rows) >= 475, "it solved CartPole"
+    assert max(r.get("episode_return_mean", 0) for r in rows) >= 200, "it learned on"
     # From the removal on (at start-up, workers Ray has not placed yet count as missing too).
     gap = [r for r in rows if r["time"] >= removed_at and r["system/workers_missing"]]
     assert gap and all(r["system/workers_missing"] == 1 for r in gap)
