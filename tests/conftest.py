@@ -46,10 +46,11 @@ def pytest_configure(config: pytest.Config) -> None:
     jax.config.update("jax_disable_most_optimizations", True)
 
 
-LONGEST_FILES = ("test_faults.py", "test_resume.py", "test_ray_backend.py",
-                 "test_documented_commands.py", "test_population_run.py", "test_soak.py",
-                 "test_recurrent_run.py", "test_run.py", "test_atari.py", "test_multi_agent.py",
-                 "test_multi_host.py", "test_distributed.py", "test_replay_run.py")
+LONGEST_FILES = ("test_ray_backend.py", "test_faults.py", "test_population_run.py",
+                 "test_resume.py", "test_soak.py", "test_documented_commands.py",
+                 "test_multi_agent.py", "test_run.py", "test_recurrent_run.py", "test_atari.py",
+                 "test_distributed.py", "test_multi_host.py", "test_masks.py",
+                 "test_replay_run.py")
 """The test files that take longest on 2 cores (`pytest -m slow --durations=40`), longest
 first. Re-measure when a file's runs change much."""
 
