@@ -31,7 +31,15 @@ import pytest
 from srl_jax.config.checkpoint_location import steps_in
 from srl_jax.config.run_dir import read_status
 from srl_jax.core.stream_table import SAMPLES
-from tests.conftest import Processes, last_row, stop_when, wait_for, wait_restarted, worker
+from tests.conftest import (
+    Processes,
+    last_row,
+    read_metrics,
+    stop_when,
+    wait_for,
+    wait_restarted,
+    worker,
+)
 from tests.netns import Host, hosts, own_disks
 
 pytestmark = pytest.mark.slow
@@ -130,9 +138,14 @@ def test_hosts_that_share_nothing_train_across_the_link_with_curve(
         restored = wait_for(lambda: RESTORED.search((runs / "logs" / "learner-0.log")
                                                     .read_text()), 120, "the restore")
         step = int(restored.group(1))
-        # Updates on the actor host's frames past the restored step, then Ctrl-C.
+        # Updates on the actor host's frames past the restored step, then Ctrl-C. Past the
+        # dead learner's last report too: rows hold it until the successor reports, and it
+        # may lie past its newest checkpoint (a row of it once ended the wait, and the last
+        # row, the successor's, still showed the restored step).
+        held = max(row["learner_steps"] for row in read_metrics(runs))
         rows = stop_when(launch, runs, lambda row: row["system/learner_restarts"] >= 1
-                         and row["learner_steps"] > step, 120, tmp_path / "launch.log")
+                         and row["learner_steps"] > max(step, held), 120,
+                         tmp_path / "launch.log")
 
     assert step == newest > 0, "the restarted learner restored its newest step"
     # From the kill on: the dead learner's last report (held), then the restored one's.

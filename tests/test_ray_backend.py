@@ -106,7 +106,10 @@ def test_ray_solves_cartpole_with_a_killed_worker_back_on_a_new_host_and_leaves_
 
 def test_a_learner_ray_cannot_place_fails_the_run_with_one_line(
         processes: Processes, tmp_path: Path, cluster: Cluster) -> None:
-    process, run_dir = launch(processes, tmp_path, "ray.learner={CPU: 1, GPU: 1}",
+    """No worker fits (the cluster has no GPU): the others wait, the learner fails the run.
+    None placed, none holds a CPU of the cluster the next test starts its run on."""
+    process, run_dir = launch(processes, tmp_path, *(f"ray.{kind}={{CPU: 1, GPU: 1}}" for kind
+                                                     in ("learner", "inference", "actor")),
                               "ray.placement_timeout_s=1",
                               options=(*RAY, "--ray-address", cluster.address))
     assert process.wait(timeout=120) == 1, (tmp_path / "launch.log").read_text()
