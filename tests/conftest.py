@@ -46,13 +46,16 @@ def pytest_configure(config: pytest.Config) -> None:
     jax.config.update("jax_disable_most_optimizations", True)
 
 
-LONGEST_FILES = ("test_ray_backend.py", "test_faults.py", "test_population_run.py",
-                 "test_resume.py", "test_soak.py", "test_documented_commands.py",
-                 "test_multi_agent.py", "test_run.py", "test_recurrent_run.py", "test_atari.py",
-                 "test_distributed.py", "test_multi_host.py", "test_masks.py",
-                 "test_replay_run.py")
+LONGEST_FILES = ("test_ray_backend.py", "test_population_run.py", "test_faults.py",
+                 "test_resume.py", "test_documented_commands.py", "test_multi_agent.py",
+                 "test_run.py", "test_recurrent_run.py", "test_atari.py", "test_distributed.py",
+                 "test_multi_host.py", "test_masks.py", "test_replay_run.py", "test_soak.py")
 """The test files that take longest on 2 cores (`pytest -m slow --durations=40`), longest
-first. Re-measure when a file's runs change much."""
+first, so the long runs start early; but the Ray file, whose runs mostly wait (paced envs,
+Ray's start, a node's), beside the population's, which loads both cores, and the soak
+(paced too, 0.6 cores for a minute) last, beside the quick files. Re-measure when a file's
+runs change much (CPU use sampled every 5 s showed both lanes waiting at once, 2 cores
+idle 10 s, with the Ray file beside the fault file)."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
