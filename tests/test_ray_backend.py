@@ -60,19 +60,21 @@ def descendants(pid: int) -> set[int]:
 def test_ray_solves_cartpole_with_a_killed_worker_back_on_a_new_host_and_leaves_nothing(
         processes: Processes, tmp_path: Path) -> None:
     """An actor killed as soon as all workers run comes back on a new Ray host, and the run
-    trains on to its target. Paced envs (at most 6,600 frames/s in all) make training take
-    over 20 s however idle the cores are, far longer than a restart: unpaced, it once
-    solved CartPole in 12 s while Ray, under the suite's load, was still starting the new
-    host, and the run ended without the successor."""
+    trains on to its target. The other actor is paused (SIGSTOP) until the successor runs:
+    with no actor stepping, the run cannot reach its target first (unpaused, it once solved
+    CartPole in 12 s while Ray, under the suite's load, was still starting the new host,
+    and the run ended without the successor)."""
     process, run_dir = launch(processes, tmp_path, "stop.wall_time_s=240",
-                              f"env.id=tests.paced_env:{PACED_ID}", "env.kwargs={step_s: 0.0003}",
                               "runtime.restart_backoff_s=0.2", "actors.inference_timeout_s=1",
                               options=RAY)
     wait_for(lambda: all_running(run_dir), 120, "all workers running")
     started = descendants(process.pid)
-    victim = worker(read_status(run_dir), "actor-0")["pid"]
+    victim, paused = (worker(read_status(run_dir), name)["pid"]
+                      for name in ("actor-0", "actor-1"))
+    os.kill(paused, signal.SIGSTOP)
     os.kill(victim, signal.SIGKILL)
     restarted = wait_restarted(run_dir, "actor-0", victim, 90)
+    os.kill(paused, signal.SIGCONT)
     assert pid_alive(restarted["pid"])
     started |= descendants(process.pid)
     assert process.wait(timeout=300) == 0, (tmp_path / "launch.log").read_text()
