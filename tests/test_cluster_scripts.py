@@ -332,6 +332,7 @@ def executed_tpu_script(tmp_path: Path, *flags: str) -> Path:
                     "--set", "transport.allow_unauthenticated=true", *flags)
 
 
+@pytest.mark.slow  # the executed script's detached process trees: 10 s on 2 cores
 def test_every_remote_start_returns_at_once_and_teardown_stops_the_real_process(
         tmp_path: Path, executed_hosts: Path) -> None:
     script = executed_tpu_script(tmp_path, "--detach")
@@ -366,6 +367,7 @@ def test_every_remote_start_returns_at_once_and_teardown_stops_the_real_process(
     assert not list(executed_hosts.glob("*/srl_jax/*.pid"))
 
 
+@pytest.mark.slow  # the executed script's process trees, run to their end: 8 s
 def test_a_foreground_run_stops_ray_on_every_host_when_it_ends(
         tmp_path: Path, executed_hosts: Path) -> None:
     script = executed_tpu_script(tmp_path)
