@@ -23,7 +23,7 @@ import pytest
 import zmq
 
 from srl_jax.core.names import FileNameService
-from srl_jax.core.stream_table import LOGS, STATS
+from srl_jax.core.stream_table import CHANGES, LOGS, STATS
 from srl_jax.core.streams import RejectCounter, make_socket, receive, send
 from srl_jax.core.transport import KEYS_ENV, CurveKeys, Transport
 from srl_jax.runtime.log_stream import LogSink
@@ -100,7 +100,7 @@ def test_a_worker_with_a_private_directory_logs_into_the_controllers_run(
     assert not (run_dir / "names").exists(), "no name was written to a file"
     assert controller.names.rejects.count == controller.logs.rejects.count == 0
     keys = [port.key for port in controller.transport.ports]
-    assert keys == ["port.names", LOGS.key(), STATS.key()]
+    assert keys == [CHANGES.key(), "port.names", LOGS.key(), STATS.key()]
     assert all(port.authenticated for port in controller.transport.ports)
 
 

@@ -148,7 +148,7 @@ def test_malformed_and_wrong_requests_are_counted_and_the_server_answers_on(
 
 
 def test_a_client_without_the_run_key_is_refused(server: Server) -> None:
-    stranger = server.client(keys=CurveKeys.generate(), request_timeout_s=0.5)
+    stranger = server.client(keys=CurveKeys.generate(), request_timeout_s=0.5, patience_s=1.0)
     with pytest.raises(TimeoutError, match="did not answer"):
         stranger.get(KEY)
     assert server.transport.refused >= 1

@@ -12,6 +12,7 @@ import zmq
 from srl_jax.config.schema import DEFAULT_POLICY
 from srl_jax.core import wire
 from srl_jax.core.stream_table import (
+    CHANGES,
     COORDINATOR,
     INFERENCE,
     LOGS,
@@ -35,7 +36,8 @@ SENDERS = {
     "learners/workers/param_publisher.py": {PARAMS.connecter_receives},
     "learners/workers/pool_publisher.py": {POOL.connecter_receives},
     "srl_jax/core/worker_base.py": {STATS.binder_receives},
-    "srl_jax/runtime/name_server.py": {NAMES.binder_receives, NAMES.connecter_receives},
+    "srl_jax/runtime/name_server.py": {NAMES.binder_receives, NAMES.connecter_receives,
+                                       CHANGES.connecter_receives},
     "srl_jax/runtime/log_stream.py": {LOGS.binder_receives},
 }
 """Each worker module and the streams it sends on (as the kinds it may send there)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -44,6 +45,18 @@ class NameService(Protocol):
     def unregister(self, key: str) -> None:
         """Forget `key` (its owner is gone and will register anew)."""
 
+    def moved(self, followed: Mapping[str, str]) -> dict[str, str]:
+        """Of `followed` (key: the endpoint in use), the keys now under another endpoint,
+        with it. Never raises and never waits: a name service that does not answer
+        moves nothing, and its user keeps the endpoints it has."""
+
+
+def moved_by_get(names: NameService, followed: Mapping[str, str]) -> dict[str, str]:
+    """`NameService.moved` for a service whose `get` is local and cheap."""
+    now = {key: names.get(key) for key in followed}
+    return {key: endpoint for key, endpoint in now.items()
+            if endpoint and endpoint != followed[key]}
+
 
 class FileNameService:
     """Names as small files under `<run_dir>/names/`, written atomically."""
@@ -69,6 +82,13 @@ class FileNameService:
             return self._path(key).read_text().strip() or None
         except FileNotFoundError:
             return None
+
+    def moved(self, followed: Mapping[str, str]) -> dict[str, str]:
+        try:
+            return moved_by_get(self, followed)
+        except OSError as error:  # a shared disk that hiccups moves nothing this time
+            log.warning("names unreadable in %s: %s", self.root, error)
+            return {}
 
     def lookup(self, key: str, timeout_s: float) -> str:
         deadline = time.monotonic() + timeout_s

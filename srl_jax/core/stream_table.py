@@ -9,10 +9,15 @@
     params       learner 0 (PUB)     inference, evaluator, actor (SUB)  params
     pool         learner 0 (PUB)     inference (SUB)                    snapshot
     control      learner 0 (ROUTER)  population (DEALER)                exploit, exploited
-    stats        controller (PULL)   every worker (PUSH)                stats
+    stats        controller (PULL)   every worker (PUSH)                stats, stats_batch
     names        controller (ROUTER) every worker (DEALER)              name_request, name_reply
+    changes      controller (PUB)    every worker (SUB)                 name_change
     logs         controller (PULL)   every worker (PUSH)                log
     coordinator  learner 0           other learner processes            (jax.distributed's gRPC)
+
+With host agents (srl_jax/runtime/host_agent.py) a host's workers reach the controller's
+streams (stats, names, changes, logs) through their host's agent, which binds the same
+streams for them and connects to the controller's as one peer for the whole host.
 
 A worker that binds registers its endpoint in the name service under the
 stream's key; one that connects looks the key up (`srl_jax.core.names`). Every
@@ -155,9 +160,10 @@ STATS = Stream(
     name="stats", binder="controller",
     connecters=("actor", "inference", "learner", "evaluator", "replay", "population"),
     bind_type=zmq.PULL, connect_type=zmq.PUSH,
-    binder_receives=frozenset({"stats"}), connecter_receives=frozenset(),
+    binder_receives=frozenset({"stats", "stats_batch"}), connecter_receives=frozenset(),
     per_policy=False, indexed=False,
-    doc="Heartbeats and counters of every worker to the controller.")
+    doc="Heartbeats and counters of every worker to the controller; a host agent sends its "
+        "host's heartbeats as batches.")
 NAMES = Stream(
     name="names", binder="controller", connecters=STATS.connecters,
     bind_type=zmq.ROUTER, connect_type=zmq.DEALER,
@@ -165,6 +171,13 @@ NAMES = Stream(
     per_policy=False, indexed=False,
     doc="The name service over the network (`runtime.names`): workers register and look up "
         "the other streams' keys, and fetch the run's config (srl_jax/runtime/name_server.py).")
+CHANGES = Stream(
+    name="changes", binder="controller", connecters=STATS.connecters,
+    bind_type=zmq.PUB, connect_type=zmq.SUB,
+    binder_receives=frozenset(), connecter_receives=frozenset({"name_change"}),
+    per_policy=False, indexed=False,
+    doc="Each change of the name service's table, pushed to whoever follows keys, so that "
+        "no worker asks again and again whether a peer moved (srl_jax/runtime/name_server.py).")
 LOGS = Stream(
     name="logs", binder="controller", connecters=STATS.connecters,
     bind_type=zmq.PULL, connect_type=zmq.PUSH,
@@ -181,7 +194,7 @@ COORDINATOR = Stream(
         "for a policy's other learner processes.")
 
 STREAMS: tuple[Stream, ...] = (SAMPLES, INSERTS, REPLAY, INFERENCE, PARAMS, POOL, CONTROL,
-                               STATS, NAMES, LOGS, COORDINATOR)
+                               STATS, NAMES, CHANGES, LOGS, COORDINATOR)
 """Every name-service key of a run comes from one of these."""
 
 

@@ -21,12 +21,14 @@ Message kinds (the whole protocol):
 | `params`        | learner -> inference servers  | one array per parameter leaf            |
 | `snapshot`      | learner -> inference servers  | one array per parameter leaf            |
 | `stats`         | any worker -> controller      | episode_return, episode_length          |
+| `stats_batch`   | host agent -> controller      | `<i>/<name>`: heartbeat i's arrays      |
 | `sample_request`| learner -> replay server      | none (meta: seq, rows, window)          |
 | `sampled`       | replay server -> learner      | a sampled batch (srl_jax.core.replay_spec),  |
 |                 |                               | or none while the rate limiter waits    |
 | `priorities`    | learner -> replay server      | slots, generations, priorities [n]      |
 | `name_request`  | any worker -> controller      | none (meta: op, id, key, endpoint)      |
 | `name_reply`    | controller -> worker          | none, or the run's config (uint8 text)  |
+| `name_change`   | controller -> followers       | none (meta: key, endpoint or None)      |
 | `log`           | any worker -> controller      | text: output bytes (uint8)              |
 
 Metadata worth knowing: `samples` carries `actor` and `episode_returns` (the
@@ -52,7 +54,8 @@ import numpy as np
 WIRE_VERSION = 1
 KINDS = frozenset({"infer_request", "infer_reply", "samples", "params", "stats",
                    "sample_request", "sampled", "priorities", "exploit", "exploited",
-                   "name_request", "name_reply", "log", "snapshot"})
+                   "name_request", "name_reply", "name_change", "log", "snapshot",
+                   "stats_batch"})
 DTYPES = {
     np.dtype(name).str: np.dtype(name)
     for name in (

@@ -207,15 +207,15 @@ class Worker:
         self._followed.append([socket, key, endpoint])
 
     def _follow_endpoints(self) -> None:
+        moved = self.names.moved({key: endpoint for _, key, endpoint in self._followed})
         for entry in self._followed:
             socket, key, endpoint = entry
-            moved = self.names.get(key)
-            if moved and moved != endpoint:
+            if key in moved and moved[key] != endpoint:
                 with contextlib.suppress(zmq.ZMQError):
                     socket.disconnect(endpoint)
-                self.transport.connect(socket, moved)
-                entry[2] = moved
-                self.log.info("'%s' moved from %s to %s; reconnected", key, endpoint, moved)
+                self.transport.connect(socket, moved[key])
+                entry[2] = moved[key]
+                self.log.info("'%s' moved from %s to %s; reconnected", key, endpoint, moved[key])
 
     def _first_progress(self) -> bool:
         """Whether the kind's progress counter has just risen for the first time: the

@@ -7,39 +7,58 @@ bound through the run's transport (CURVE off loopback, listed in `status.json`'s
 ports), from a thread of its own so that a slow controller turn delays no lookup.
 Each worker's `NetworkNameService` asks it over a DEALER. A worker finds the server
 through `SRL_JAX_NAMES` in its environment (its CURVE keys through
-`SRL_JAX_CURVE_KEYS`), which the controller hands every worker it starts. The server
-also hands out the run's resolved config, the one other thing a worker read from the
-run directory.
+`SRL_JAX_CURVE_KEYS`), which the controller hands every worker it starts (or, with
+host agents, its host's agent: srl_jax/runtime/host_agent.py). The server also hands
+out the run's resolved config, the one other thing a worker read from the run
+directory.
 
 Requests (`name_request`, all in meta; `id` an int the reply carries back):
 
     {"op": "register", "key", "endpoint"}     {"op": "unregister", "key"}
     {"op": "get", "key"}                      {"op": "lookup", "key", "wait_s"}
-    {"op": "config"}
+    {"op": "config"}                          {"op": "names", "keys" (optional)}
 
 A reply (`name_reply`) is `{"id", "endpoint": str or None}`, `{"id", "error": str}` for
-a request the server refuses, and for `config` the config's YAML as a uint8 array. A
-lookup of a key not yet registered is held until the key is registered or `wait_s` (at
-most MAX_WAIT_S) has passed, then answered with None; the client asks again until its
-own timeout, as the file service polls. A request that is not the wire format is
-counted and dropped; one that decodes but is wrong (unknown op, fields of the wrong
-type, a key that is no worker's stream to register) is counted and refused.
+a request the server refuses, for `config` the config's YAML as a uint8 array, and for
+`names` also `"names": {key: endpoint}` (those of `keys` that are registered; without
+`keys`, the whole table). A lookup of a key not yet registered is held until the key is
+registered or `wait_s` (at most MAX_WAIT_S) has passed, then answered with None; the
+client asks again until its own timeout, as the file service polls. A request that is
+not the wire format is counted and dropped; one that decodes but is wrong (unknown op,
+fields of the wrong type, a key that is no worker's stream to register) is counted and
+refused.
+
+Followers are told, not asked: every change of the table goes out at once on the
+changes stream (`name_change`, meta `{"key", "endpoint": str or None}`), a PUB that a
+worker's `NetworkNameService` subscribes to when it first follows a key. So a worker's
+heartbeat asks nothing: `moved` reads the changes that came. A change missed (one made
+while the subscription was still on its way) is caught by a sweep, one `names` request
+for every followed key, SWEEP_FIRST_S after the first follow and every SWEEP_S after;
+one not answered is dropped and tried again later, with backoff. The name service can
+stall or restart without stopping a worker: a worker keeps the endpoints it has, and a
+request that must be answered (register, config) is asked again with backoff.
 """
 
 from __future__ import annotations
 
+import logging
+import random
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import zmq
 
-from srl_jax.core.stream_table import NAMES, stream_of
+from srl_jax.core.names import moved_by_get
+from srl_jax.core.stream_table import CHANGES, NAMES, stream_of
 from srl_jax.core.streams import NOBLOCK, RejectCounter, make_socket, receive, send
 from srl_jax.core.transport import CurveKeys, Transport, curve_connect
 from srl_jax.core.wire import Message
+
+log = logging.getLogger(__name__)
 
 NAMES_ENV = "SRL_JAX_NAMES"
 """The controller's name-service endpoint, in a worker's environment."""
@@ -47,14 +66,26 @@ MAX_WAIT_S = 5.0
 """Longest a lookup is held at the server; the client asks again."""
 REQUEST_TIMEOUT_S = 10.0
 """How long a client waits for an answer, beyond the lookup's own wait."""
+PATIENCE_S = 120.0
+"""How long a client asks again, with backoff, for a request that must be answered."""
+BACKOFF_S = (0.5, 8.0)
+"""First and longest pause between tries of a request not answered."""
+SWEEP_FIRST_S = 2.0
+"""The first sweep of the followed keys, after the first follow."""
+SWEEP_S = 30.0
+"""Between sweeps (with a tenth of jitter, so that thousands of workers spread out)."""
 MAX_FIELD = 512
 """Longest key or endpoint, in characters."""
+MAX_KEYS = 4096
+"""Most keys one `names` request asks for."""
 MAX_HELD = 4096
 """Lookups held at once; past it a lookup is answered at once (None: not yet)."""
 MAX_REPLY_BYTES = 1 << 20
 """Largest reply a client takes (the config is a few kB)."""
+CHANGES_QUEUE = 10_000
+"""Changes queued towards each follower (ZMQ high-water mark); a sweep catches what is lost."""
 POLL_MS = 20
-OPS = frozenset({"register", "unregister", "get", "lookup", "config"})
+OPS = frozenset({"register", "unregister", "get", "lookup", "config", "names"})
 
 
 @dataclass
@@ -81,6 +112,12 @@ def _check_request(meta: dict[str, Any]) -> str:
         raise ValueError(f"unknown op {op!r}")
     if op == "config":
         return op
+    if op == "names":
+        keys = meta.get("keys", [])
+        if not isinstance(keys, list) or len(keys) > MAX_KEYS or not all(
+                isinstance(key, str) and 0 < len(key) <= MAX_FIELD for key in keys):
+            raise ValueError(f"'keys' must be a list of at most {MAX_KEYS} keys")
+        return op
     key = _field(meta, "key")
     if op == "register":
         _field(meta, "endpoint")
@@ -99,41 +136,68 @@ def _check_request(meta: dict[str, Any]) -> str:
 
 
 class NameServer:
-    """The run's names in the controller's memory, served on the names stream.
+    """The run's names in the controller's memory, served on the names stream, each change
+    pushed on the changes stream.
 
-    The controller itself uses it in process, as a `NameService`.
+    The controller itself uses it in process, as a `NameService`. A host agent serves its
+    host from one too, as a replica of the controller's (`forward`: where a worker's
+    register or unregister goes on to, besides this table).
     """
 
-    def __init__(self, transport: Transport, run_config: str) -> None:
-        """`run_config`: the resolved config's YAML, as the run directory has it."""
+    def __init__(self, transport: Transport, run_config: str,
+                 forward: Any = None) -> None:
+        """`run_config`: the resolved config's YAML, as the run directory has it.
+        `forward(op, key, endpoint)`: called from the serving thread with each register
+        and unregister a client asks for (None: this is the run's own table)."""
         self.rejects = RejectCounter()
         self._config = np.frombuffer(run_config.encode(), np.uint8)
+        self._forward = forward
         self._names: dict[str, str] = {}
+        self._unsent: list[tuple[str, str | None]] = []
+        """Changes not yet published (only the serving thread touches the sockets)."""
         self._changed = threading.Condition()
         self._stopping = threading.Event()
+        self._changes = make_socket(transport.context, CHANGES.bind_type, hwm=CHANGES_QUEUE)
         self._socket = make_socket(transport.context, NAMES.bind_type)
+        self.changes_endpoint = transport.bind(self._changes, self, CHANGES.key())
         self.endpoint = transport.bind(self._socket, self, NAMES.key())
         self._thread = threading.Thread(target=self._serve, name="name-server", daemon=True)
         self._thread.start()
 
-    def register(self, key: str, endpoint: str) -> None:
+    def register(self, key: str, endpoint: str | None) -> None:
+        """Set `key` (None: forget it), and tell followers."""
         with self._changed:
-            self._names[key] = endpoint
+            if self._names.get(key) == endpoint:
+                return
+            if endpoint is None:
+                self._names.pop(key, None)
+            else:
+                self._names[key] = endpoint
+            self._unsent.append((key, endpoint))
             self._changed.notify_all()
 
     def unregister(self, key: str) -> None:
-        with self._changed:
-            self._names.pop(key, None)
+        self.register(key, None)
 
     def get(self, key: str) -> str | None:
         with self._changed:
             return self._names.get(key)
+
+    def table(self, keys: list[str] | None = None) -> dict[str, str]:
+        """The registered names (of `keys`; all of them without)."""
+        with self._changed:
+            if keys is None:
+                return dict(self._names)
+            return {key: self._names[key] for key in keys if key in self._names}
 
     def lookup(self, key: str, timeout_s: float) -> str:
         with self._changed:
             if self._changed.wait_for(lambda: key in self._names, timeout_s):
                 return self._names[key]
         raise TimeoutError(f"no endpoint registered under '{key}' after {timeout_s:.0f}s")
+
+    def moved(self, followed: Mapping[str, str]) -> dict[str, str]:
+        return moved_by_get(self, followed)
 
     def close(self) -> None:
         self._stopping.set()
@@ -147,9 +211,21 @@ class NameServer:
                     while (received := receive(self._socket, NAMES.binder_receives,
                                                self.rejects, envelope=1)) is not None:
                         self._answer(*received, held)
+                self._publish()
                 held[:] = [h for h in held if not self._answer_held(h)]
         finally:
             self._socket.close(linger=0)
+            self._changes.close(linger=0)
+
+    def _publish(self) -> None:
+        with self._changed:
+            unsent, self._unsent = self._unsent, []
+        for key, endpoint in unsent:
+            try:
+                send(self._changes, "name_change", {"key": key, "endpoint": endpoint},
+                     flags=NOBLOCK)
+            except zmq.Again:  # PUB drops rather than blocks; kept for clarity
+                pass
 
     def _reply(self, routing: list[bytes], meta: dict[str, Any],
                arrays: dict[str, np.ndarray] | None = None) -> None:
@@ -169,11 +245,16 @@ class NameServer:
         if op == "config":
             self._reply(routing, {"id": request_id, "endpoint": None}, {"config": self._config})
             return
+        if op == "names":
+            self._reply(routing, {"id": request_id, "endpoint": None,
+                                  "names": self.table(meta.get("keys"))})
+            return
         key = meta["key"]
-        if op == "register":
-            self.register(key, meta["endpoint"])
-        elif op == "unregister":
-            self.unregister(key)
+        if op in ("register", "unregister"):
+            endpoint = meta["endpoint"] if op == "register" else None
+            self.register(key, endpoint)
+            if self._forward is not None:
+                self._forward(op, key, endpoint)
         elif op == "lookup" and self.get(key) is None and len(held) < MAX_HELD:
             held.append(_Held(routing, request_id, key,
                               time.monotonic() + min(meta["wait_s"], MAX_WAIT_S)))
@@ -190,30 +271,60 @@ class NameServer:
         return True
 
 
+def change_of(message: Message) -> tuple[str, str | None] | None:
+    """(key, endpoint or None) of a `name_change`, or None where it is not one."""
+    key, endpoint = message.meta.get("key"), message.meta.get("endpoint")
+    if not isinstance(key, str) or not (endpoint is None or isinstance(endpoint, str)):
+        return None
+    return key, endpoint
+
+
 class NetworkNameService:
-    """A worker's `NameService`: each call is one request to the controller's `NameServer`."""
+    """A worker's `NameService`: requests to the controller's `NameServer` (or its host
+    agent's), and the changes it pushes."""
 
     def __init__(self, context: zmq.Context, endpoint: str, keys: CurveKeys | None,
-                 request_timeout_s: float = REQUEST_TIMEOUT_S) -> None:
-        """`keys`: the run's CURVE keys (None: CURVE off), as the worker was given them."""
+                 request_timeout_s: float = REQUEST_TIMEOUT_S,
+                 patience_s: float = PATIENCE_S) -> None:
+        """`keys`: the run's CURVE keys (None: CURVE off), as the worker was given them.
+        `patience_s`: how long a register, unregister, get or config request is asked
+        again while the server does not answer."""
         self.endpoint = endpoint
         self.request_timeout_s = request_timeout_s
+        self.patience_s = patience_s
         self.rejects = RejectCounter()
+        self._context, self._keys = context, keys
         self._socket = make_socket(context, NAMES.connect_type)
         self._socket.setsockopt(zmq.MAXMSGSIZE, MAX_REPLY_BYTES)
         curve_connect(self._socket, endpoint, keys)
+        self._changes: zmq.Socket | None = None
+        self._sweep_at = self._sweep_sent = 0.0
+        self._sweep_id: int | None = None
+        self._sweep_reply: Message | None = None
+        """The sweep's answer, where a request asked meanwhile took it off the socket."""
+        self._sweep_backoff = SWEEP_S
         self._last_id = 0
         self._lock = threading.Lock()
         """One request at a time (a worker's heartbeat thread may ask too)."""
 
     def register(self, key: str, endpoint: str) -> None:
-        self._ask({"op": "register", "key": key, "endpoint": endpoint})
+        self._ask_patiently({"op": "register", "key": key, "endpoint": endpoint})
 
     def unregister(self, key: str) -> None:
-        self._ask({"op": "unregister", "key": key})
+        self._ask_patiently({"op": "unregister", "key": key})
 
     def get(self, key: str) -> str | None:
-        return self._ask({"op": "get", "key": key}).meta["endpoint"]
+        return self._ask_patiently({"op": "get", "key": key}).meta["endpoint"]
+
+    def table(self, keys: list[str] | None = None, timeout_s: float | None = None
+              ) -> dict[str, str]:
+        """The registered names (of `keys`; all of them without), in one request."""
+        meta = {"op": "names", **({"keys": keys} if keys is not None else {})}
+        names = self._ask(meta, timeout_s=timeout_s).meta.get("names")
+        if not isinstance(names, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in names.items()):
+            raise ValueError(f"the name service at {self.endpoint} sent no table")
+        return names
 
     def lookup(self, key: str, timeout_s: float) -> str:
         deadline = time.monotonic() + timeout_s
@@ -227,40 +338,130 @@ class NetworkNameService:
                 raise TimeoutError(f"no endpoint registered under '{key}' after "
                                    f"{timeout_s:.0f}s")
 
+    def moved(self, followed: Mapping[str, str]) -> dict[str, str]:
+        if not followed:
+            return {}
+        if self._changes is None:
+            self._subscribe()
+        now: dict[str, str | None] = {}
+        while (received := receive(self._changes, CHANGES.connecter_receives,
+                                   self.rejects)) is not None:
+            if (change := change_of(received[1])) is not None:
+                now[change[0]] = change[1]
+        now.update(self._sweep(list(followed)))
+        return {key: endpoint for key, endpoint in now.items()
+                if key in followed and endpoint and endpoint != followed[key]}
+
     def run_config(self) -> str:
         """The run's resolved config (YAML), as the controller's run directory holds it."""
-        config = self._ask({"op": "config"}).arrays.get("config")
+        config = self._ask_patiently({"op": "config"}).arrays.get("config")
         if config is None or config.dtype != np.uint8 or config.ndim != 1:
             raise ValueError(f"the name service at {self.endpoint} sent no config")
         return config.tobytes().decode()
 
     def close(self) -> None:
         self._socket.close(linger=0)
+        if self._changes is not None:
+            self._changes.close(linger=0)
 
-    def _ask(self, meta: dict[str, Any], wait_s: float = 0.0) -> Message:
-        """Send one request and wait for its reply; replies to requests given up on
-        earlier are skipped."""
-        with self._lock:
-            self._last_id += 1
-            request_id = self._last_id
-            limit = wait_s + self.request_timeout_s
+    def _subscribe(self) -> None:
+        """Take the changes stream from now on; the first sweep covers the moments before
+        the subscription reached the server."""
+        self._changes = make_socket(self._context, CHANGES.connect_type, hwm=CHANGES_QUEUE)
+        self._changes.setsockopt(zmq.SUBSCRIBE, b"")
+        self._changes.setsockopt(zmq.MAXMSGSIZE, MAX_REPLY_BYTES)
+        curve_connect(self._changes, self.get(CHANGES.key()) or self.lookup(
+            CHANGES.key(), self.patience_s), self._keys)
+        self._sweep_at = time.monotonic() + SWEEP_FIRST_S
+
+    def _sweep(self, keys: list[str]) -> dict[str, str | None]:
+        """Now and then, the followed keys' endpoints in one request, without waiting for
+        its answer: sent on one call, taken on a later one. An answer that does not come
+        in time is given up on, and the next sweep waits longer."""
+        now = time.monotonic()
+        if self._sweep_id is not None:
+            with self._lock:
+                reply = self._sweep_reply or self._take_reply(self._sweep_id, 0)
+                self._sweep_reply = None
+            if reply is not None:
+                self._sweep_id, self._sweep_backoff = None, SWEEP_S
+                names = reply.meta.get("names")
+                return {key: names[key] for key in keys if isinstance(names, dict)
+                        and isinstance(names.get(key), str)}
+            if now < self._sweep_sent + self.request_timeout_s:
+                return {}
+            log.warning("the name service at %s did not answer a sweep in %.0fs; the "
+                        "endpoints in use are kept", self.endpoint, self.request_timeout_s)
+            self._sweep_id = None
+            self._sweep_backoff = min(2 * self._sweep_backoff, 8 * SWEEP_S)
+            self._sweep_at = now + self._sweep_backoff
+            return {}
+        if now >= self._sweep_at:
+            with self._lock:
+                self._sweep_id = self._send({"op": "names", "keys": keys[:MAX_KEYS]})
+            self._sweep_sent = now
+            self._sweep_at = now + self._sweep_backoff * random.uniform(0.9, 1.1)
+        return {}
+
+    def _ask_patiently(self, meta: dict[str, Any]) -> Message:
+        """`_ask`, asked again with backoff while the server does not answer, for up to
+        `patience_s`: the name service may be restarting, or too busy for a while."""
+        deadline = time.monotonic() + self.patience_s
+        pause = BACKOFF_S[0]
+        while True:
             try:
-                send(self._socket, "name_request", {**meta, "id": request_id}, flags=NOBLOCK)
-            except zmq.Again:
+                return self._ask(meta)
+            except TimeoutError:
+                if time.monotonic() + pause >= deadline:
+                    raise
+                log.warning("the name service at %s did not answer %s; asking again in "
+                            "%.1fs", self.endpoint, meta["op"], pause)
+                time.sleep(pause)
+                pause = min(2 * pause, BACKOFF_S[1])
+
+    def _send(self, meta: dict[str, Any]) -> int | None:
+        """Send one request (the lock held); its id, or None where the queue is full."""
+        self._last_id += 1
+        try:
+            send(self._socket, "name_request", {**meta, "id": self._last_id}, flags=NOBLOCK)
+        except zmq.Again:
+            return None
+        return self._last_id
+
+    def _take_reply(self, request_id: int | None, timeout_s: float) -> Message | None:
+        """The reply to `request_id`, waiting up to `timeout_s` (the lock held); replies to
+        other requests (given up on earlier) are skipped."""
+        deadline = time.monotonic() + timeout_s
+        while request_id is not None and self._socket.poll(
+                int(max(deadline - time.monotonic(), 0.0) * 1000)):
+            received = receive(self._socket, NAMES.connecter_receives, self.rejects)
+            reply = received[1].meta if received else {}
+            if self._sweep_id is not None and reply.get("id") == self._sweep_id != request_id:
+                self._sweep_reply = received[1]
+            if reply.get("id") != request_id:
+                continue
+            if "endpoint" in reply and (reply["endpoint"] is None
+                                        or isinstance(reply["endpoint"], str)):
+                return received[1]
+            if isinstance(reply.get("error"), str):
+                return received[1]
+            self.rejects.reject(ValueError("name reply: 'endpoint' is not a string"))
+        return None
+
+    def _ask(self, meta: dict[str, Any], wait_s: float = 0.0,
+             timeout_s: float | None = None) -> Message:
+        """Send one request and wait for its reply."""
+        with self._lock:
+            limit = wait_s + (self.request_timeout_s if timeout_s is None else timeout_s)
+            request_id = self._send(meta)
+            if request_id is None:
                 raise TimeoutError(f"the name service at {self.endpoint} takes no more "
-                                   "requests") from None
-            deadline = time.monotonic() + limit
-            while self._socket.poll(int(max(deadline - time.monotonic(), 0.0) * 1000)):
-                received = receive(self._socket, NAMES.connecter_receives, self.rejects)
-                reply = received[1].meta if received else {}
-                if reply.get("id") != request_id:
-                    continue
-                if isinstance(reply.get("error"), str):
-                    raise ValueError(f"the name service refused {meta['op']} "
-                                     f"{meta.get('key', '')!r}: {reply['error']}")
-                if "endpoint" in reply and (reply["endpoint"] is None
-                                            or isinstance(reply["endpoint"], str)):
-                    return received[1]
-                self.rejects.reject(ValueError("name reply: 'endpoint' is not a string"))
+                                   "requests")
+            reply = self._take_reply(request_id, limit)
+        if reply is None:
             raise TimeoutError(f"the name service at {self.endpoint} did not answer in "
                                f"{limit:.0f}s")
+        if isinstance(reply.meta.get("error"), str):
+            raise ValueError(f"the name service refused {meta['op']} "
+                             f"{meta.get('key', '')!r}: {reply.meta['error']}")
+        return reply
