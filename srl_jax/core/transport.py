@@ -150,16 +150,23 @@ class Transport:
         """Connections refused at the CURVE handshake (no key, or not the run's)."""
         return self._guard.refused if self._guard else 0
 
-    def bind(self, socket: zmq.Socket, names: NameService, key: str) -> str:
+    def bind(self, socket: zmq.Socket, names: NameService, key: str,
+             endpoint: str | None = None) -> str:
         """Bind `socket` and register the endpoint under `key` in `names`.
 
         A restarted worker binds the port it had before, so peers that are
-        already connected reconnect by themselves.
+        already connected reconnect by themselves. `endpoint`: bind exactly there (a
+        host agent's local `ipc://` addresses, the same for each of its starts).
         """
         if self.keys:
             socket.curve_server = True
             socket.curve_secretkey = self.keys.server_secret.encode()
             self._guard.watch(socket)
+        if endpoint is not None:
+            socket.bind(endpoint)
+            names.register(key, endpoint)
+            self.ports.append(Port(key, endpoint, endpoint, self.authenticated))
+            return endpoint
         port = None
         previous = names.get(key)
         if previous and previous.startswith(f"tcp://{self.advertise_host}:"):

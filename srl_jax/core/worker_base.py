@@ -50,6 +50,16 @@ LAST_PHASE = "stopped"
 controller waits for it before the run's last metrics row."""
 
 
+def heartbeat_meta(name: str, kind: str, index: int, policy: str, phase: str,
+                   counters: dict[str, float], ports: list[dict[str, Any]],
+                   waiting: tuple[str, float] | None, pid: int | None = None) -> dict[str, Any]:
+    """A heartbeat's metadata (the controller checks it: srl_jax/runtime/worker_records.py)."""
+    return {"worker": name, "kind": kind, "index": index, "policy": policy,
+            "pid": os.getpid() if pid is None else pid, "host": pysocket.gethostname(),
+            "phase": phase, "counters": counters, "ports": ports,
+            "waiting": list(waiting) if waiting else None}
+
+
 class WorkerStopped(Exception):
     """Raised out of a wait when the worker is told to stop."""
 
@@ -257,11 +267,8 @@ class Worker:
             return
         counters = {"wire_rejected": self.rejects.count, "auth_refused": self.transport.refused,
                     **self.counters()}
-        meta = {"worker": self.name, "kind": self.kind, "index": self.index,
-                "policy": self.policy, "pid": os.getpid(),
-                "host": pysocket.gethostname(), "phase": self._phase, "counters": counters,
-                "ports": self.transport.port_list(),
-                "waiting": list(waiting) if (waiting := self._busy or self.waiting()) else None}
+        meta = heartbeat_meta(self.name, self.kind, self.index, self.policy, self._phase,
+                              counters, self.transport.port_list(), self._busy or self.waiting())
         try:  # poll first: a skipped heartbeat's episode returns wait for the next one
             if not self._stats_socket.poll(0, zmq.POLLOUT):
                 raise zmq.Again

@@ -40,6 +40,7 @@ from srl_jax.core.transport import KEYS_ENV, CurveKeys, Transport
 from srl_jax.core.worker_base import LAST_PHASE
 from srl_jax.core.worker_kinds import worker_kind, worker_plan
 from srl_jax.runtime.backends import BackendError, LaunchBackend
+from srl_jax.runtime.host_agent import unbatch
 from srl_jax.runtime.log_stream import LogSink
 from srl_jax.runtime.metrics import MetricsAggregator, MetricsWriter, ProgressDisplay
 from srl_jax.runtime.name_server import NAMES_ENV, NameServer
@@ -100,6 +101,7 @@ class Controller:
         self.rejects = RejectCounter()
         self.workers = [WorkerRecord(kind, index, policy)
                         for kind, index, policy in worker_plan(config)]
+        self._by_name = {record.name: record for record in self.workers}
         self.stop_reason: str | None = None
         self.exit_code = EXIT_OK
         self.last_heard: set[tuple[str, int]] = set()
@@ -186,32 +188,39 @@ class Controller:
             time.sleep(LOOP_S)
 
     def _take_heartbeats(self) -> None:
-        by_name = {r.name: r for r in self.workers}
         while (received := receive(self.stats, STATS.binder_receives, self.rejects)) is not None:
-            meta, arrays = received[1].meta, received[1].arrays
-            worker, counters = meta.get("worker"), meta.get("counters")
-            record = by_name.get(worker) if isinstance(worker, str) else None
-            if record is None or record.handle is None or meta.get("pid") != record.handle.pid \
-                    or not isinstance(counters, dict):
-                continue  # a late heartbeat from a replaced process, or garbage
-            if problem := heartbeat_problem(counters, arrays):
-                self.rejects.reject(ValueError(f"heartbeat of {record.name}: {problem}"))
+            try:
+                beats = unbatch(received[1])
+            except ValueError as error:
+                self.rejects.reject(error)
                 continue
-            record.heard(meta)
-            self.startup.mark(record.name, "heard")
-            if meta.get("phase") == "setup":
-                continue  # alive, but its counters are not restored yet
-            if meta.get("phase") == LAST_PHASE:
-                self.last_heard.add((record.name, record.handle.pid))
-            if record.state == "starting":
-                record.state = "running"
-                self.startup.mark(record.name, "running")
-            progress = counters.get(worker_kind(record.kind).progress)
-            if isinstance(progress, int | float) and progress > 0:
-                self.startup.first_frame()
-            self.metrics.observe(record.name, record.kind, counters, arrays,
-                                 first=not record.reported, policy=record.policy)
-            record.reported = True
+            for meta, arrays in beats:
+                self._take_heartbeat(meta, arrays)
+
+    def _take_heartbeat(self, meta: dict[str, Any], arrays: dict[str, Any]) -> None:
+        worker, counters = meta.get("worker"), meta.get("counters")
+        record = self._by_name.get(worker) if isinstance(worker, str) else None
+        if record is None or record.handle is None or meta.get("pid") != record.handle.pid \
+                or not isinstance(counters, dict):
+            return  # a late heartbeat from a replaced process, or garbage
+        if problem := heartbeat_problem(counters, arrays):
+            self.rejects.reject(ValueError(f"heartbeat of {record.name}: {problem}"))
+            return
+        record.heard(meta)
+        self.startup.mark(record.name, "heard")
+        if meta.get("phase") == "setup":
+            return  # alive, but its counters are not restored yet
+        if meta.get("phase") == LAST_PHASE:
+            self.last_heard.add((record.name, record.handle.pid))
+        if record.state == "starting":
+            record.state = "running"
+            self.startup.mark(record.name, "running")
+        progress = counters.get(worker_kind(record.kind).progress)
+        if isinstance(progress, int | float) and progress > 0:
+            self.startup.first_frame()
+        self.metrics.observe(record.name, record.kind, counters, arrays,
+                             first=not record.reported, policy=record.policy)
+        record.reported = True
 
     def _elapsed(self) -> float:
         return self.time_base + time.monotonic() - self.started
@@ -223,6 +232,8 @@ class Controller:
             + sum(service.rejects.count for service in (self.name_server, self.log_sink)
                   if service is not None)
         row["system/auth_refused"] = row.get("system/auth_refused", 0) + self.transport.refused
+        if self.name_server is not None:
+            row["system/name_requests"] = self.name_server.requests
         row["system/workers_missing"] = len(self.supervisor.missing())
         self.writer.write(row)
         self.progress.show(row)

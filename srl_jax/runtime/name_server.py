@@ -45,7 +45,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,11 +145,15 @@ class NameServer:
     """
 
     def __init__(self, transport: Transport, run_config: str,
-                 forward: Any = None) -> None:
+                 forward: Callable[[str, str, str | None], None] | None = None,
+                 at: str | None = None) -> None:
         """`run_config`: the resolved config's YAML, as the run directory has it.
         `forward(op, key, endpoint)`: called from the serving thread with each register
-        and unregister a client asks for (None: this is the run's own table)."""
+        and unregister a client asks for (None: this is the run's own table). `at`: bind
+        `<at>-names` and `<at>-changes` (None: ports the transport picks)."""
         self.rejects = RejectCounter()
+        self.requests = 0
+        """Requests answered or held so far (`system/name_requests`)."""
         self._config = np.frombuffer(run_config.encode(), np.uint8)
         self._forward = forward
         self._names: dict[str, str] = {}
@@ -159,8 +163,9 @@ class NameServer:
         self._stopping = threading.Event()
         self._changes = make_socket(transport.context, CHANGES.bind_type, hwm=CHANGES_QUEUE)
         self._socket = make_socket(transport.context, NAMES.bind_type)
-        self.changes_endpoint = transport.bind(self._changes, self, CHANGES.key())
-        self.endpoint = transport.bind(self._socket, self, NAMES.key())
+        self.changes_endpoint = transport.bind(self._changes, self, CHANGES.key(),
+                                               at and f"{at}-changes")
+        self.endpoint = transport.bind(self._socket, self, NAMES.key(), at and f"{at}-names")
         self._thread = threading.Thread(target=self._serve, name="name-server", daemon=True)
         self._thread.start()
 
@@ -220,18 +225,16 @@ class NameServer:
     def _publish(self) -> None:
         with self._changed:
             unsent, self._unsent = self._unsent, []
-        for key, endpoint in unsent:
-            try:
-                send(self._changes, "name_change", {"key": key, "endpoint": endpoint},
-                     flags=NOBLOCK)
-            except zmq.Again:  # PUB drops rather than blocks; kept for clarity
-                pass
+        for key, endpoint in unsent:  # a PUB never blocks: a follower behind loses changes
+            send(self._changes, "name_change", {"key": key, "endpoint": endpoint},
+                 flags=NOBLOCK)
 
     def _reply(self, routing: list[bytes], meta: dict[str, Any],
                arrays: dict[str, np.ndarray] | None = None) -> None:
         send(self._socket, "name_reply", meta, arrays, routing=routing)
 
     def _answer(self, routing: list[bytes], request: Message, held: list[_Held]) -> None:
+        self.requests += 1
         meta = request.meta
         request_id = meta.get("id") if type(meta.get("id")) is int else None
         try:

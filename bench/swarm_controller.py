@@ -1,0 +1,166 @@
+"""The controller of `bench/swarm.py`: the real `Controller`, name service included, whose
+launch backend starts simulated workers (bench/swarm_hosts.py) in place of processes.
+
+`SwarmBackend` spreads the workers over the simulated hosts (worker i on host i mod H),
+and the hosts over the host processes it starts (by pid, stopped by pid at the end). A
+worker's pid is made up (unique per start): its heartbeats carry it, as a real worker's
+carry its own, so the controller tells a successor from its predecessor as usual.
+Run by bench/swarm.py: `python -m bench.swarm_controller --run-dir D --hosts H
+--processes P [--set key=value ...]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import logging
+import os
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import yaml
+import zmq
+
+from bench.harness.machine import CONFIGS_DIR, DEFAULT_EXPERIMENT, REPO_ROOT
+from bench.swarm_hosts import SOCKETS_PER_WORKER, host_topic
+from srl_jax.config.loader import config_to_dict, load_config
+from srl_jax.config.schema import DEFAULT_POLICY, ExperimentConfig
+from srl_jax.core.names import FileNameService, NameService, worker_name
+from srl_jax.core.worker_kinds import worker_plan
+from srl_jax.runtime.backends import WorkerHandle
+from srl_jax.runtime.controller import Controller
+from srl_jax.runtime.name_server import NAMES_ENV
+
+FIRST_PID = 1 << 22
+"""Made-up pids start above any real one (Linux's pid_max is at most 2^22)."""
+
+
+class SwarmBackend:
+    """A `LaunchBackend` whose workers are simulated, on H hosts in P processes."""
+
+    def __init__(self, run_dir: Path, config: ExperimentConfig, hosts: int,
+                 processes: int) -> None:
+        self.run_dir = run_dir
+        self.config = config
+        self.hosts, self.processes = hosts, processes
+        self.context = zmq.Context.instance()
+        self.commands = self.context.socket(zmq.PUB)
+        self.commands.setsockopt(zmq.SNDHWM, 0)
+        port = self.commands.bind_to_random_port("tcp://127.0.0.1")
+        self.commands_endpoint = f"tcp://127.0.0.1:{port}"
+        self.events = self.context.socket(zmq.PULL)
+        port = self.events.bind_to_random_port("tcp://127.0.0.1")
+        self.events_endpoint = f"tcp://127.0.0.1:{port}"
+        self.exits: dict[int, int] = {}
+        self.pids = itertools.count(FIRST_PID)
+        self.host_of = {name: i % hosts for i, name in enumerate(
+            worker_name(kind, index, policy) for kind, index, policy in worker_plan(config))}
+        self.children: list[subprocess.Popen] = []
+        self._names = FileNameService(run_dir / "names")
+
+    def _start_hosts(self, names_endpoint: str) -> None:
+        """The host processes, once the controller's name service is up."""
+        per_process = [list(range(p, self.hosts, self.processes)) for p in range(self.processes)]
+        workers = len(self.host_of)
+        run = secrets.token_hex(4)
+        for p, hosts in enumerate(per_process):
+            if not hosts:
+                continue
+            sockets = SOCKETS_PER_WORKER * workers * len(hosts) // self.hosts + 64
+            self.children.append(subprocess.Popen(
+                [sys.executable, "-m", "bench.swarm_hosts", "--names", names_endpoint,
+                 "--commands", self.commands_endpoint, "--events", self.events_endpoint,
+                 "--hosts", ",".join(map(str, hosts)), "--run", run,
+                 "--servers", str(self.config.inference.count),
+                 "--learners", str(self.config.learner.processes),
+                 "--sockets", str(sockets), "--out", str(self.run_dir / f"hosts-{p}.json")],
+                cwd=REPO_ROOT, stdout=open(self.run_dir / "logs" / f"hosts-{p}.log", "ab"),  # noqa: SIM115
+                stderr=subprocess.STDOUT))
+        time.sleep(1.0)  # the SUB sockets subscribe before the first command goes
+
+    def name_service(self) -> NameService:
+        return self._names
+
+    def bind_host(self) -> str | None:
+        return None
+
+    def start(self, kind: str, index: int, policy: str = DEFAULT_POLICY,
+              env: dict[str, str] | None = None) -> WorkerHandle:
+        if not self.children:
+            self._start_hosts((env or {})[NAMES_ENV])
+        name = worker_name(kind, index, policy)
+        pid = next(self.pids)
+        host = self.host_of[name]
+        self.commands.send_multipart([host_topic(host), msgpack.packb({
+            "op": "start", "worker": name, "kind": kind, "index": index, "policy": policy,
+            "pid": pid})])
+        return WorkerHandle(kind, index, pid, f"h{host}", host, policy)
+
+    def placement_wait(self, kind: str) -> str:
+        return "nothing: a simulated worker starts at once"
+
+    def ports(self) -> list[dict[str, Any]]:
+        return []
+
+    def exit_code(self, handle: WorkerHandle) -> int | None:
+        while self.events.poll(0):
+            event = msgpack.unpackb(self.events.recv())
+            self.exits[event["pid"]] = event["code"]
+        return self.exits.get(handle.pid)
+
+    def send_signal(self, handle: WorkerHandle, sig: int) -> None:
+        self.commands.send_multipart([host_topic(handle.ref), msgpack.packb({
+            "op": "signal", "pid": handle.pid, "signal": int(sig)})])
+
+    def close(self) -> None:
+        for child in self.children:
+            child.terminate()
+        for child in self.children:
+            try:
+                child.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+        self.commands.close(linger=0)
+        self.events.close(linger=0)
+
+
+def swarm_config(workers: int, hosts: int, overrides: list[str]) -> ExperimentConfig:
+    """The default experiment with `workers` workers: one learner, a server per 100 workers
+    (at least one), actors for the rest; no evaluator, no checkpoints, stopped by bench/swarm.py."""
+    servers = max(1, workers // 100)
+    actors = workers - 1 - servers
+    if actors < 1:
+        raise SystemExit(f"bench.swarm: --workers must be at least 3 (got {workers})")
+    return load_config(CONFIGS_DIR / f"{DEFAULT_EXPERIMENT}.yaml", [
+        f"actors.count={actors}", f"inference.count={servers}", "evaluation.every_updates=0",
+        "checkpoint.enabled=false", "stop.target_return=null", "stop.wall_time_s=86400",
+        "stop.env_frames=0", "runtime.names=network", *overrides])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument("--workers", type=int, required=True)
+    parser.add_argument("--hosts", type=int, required=True)
+    parser.add_argument("--processes", type=int, required=True)
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    args = parser.parse_args(argv)
+    config = swarm_config(args.workers, args.hosts, args.overrides)
+    (args.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (args.run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(config),
+                                                             sort_keys=False))
+    logging.basicConfig(level=logging.WARNING, filename=args.run_dir / "logs" / "controller.log",
+                        format="%(asctime)s controller %(levelname)s %(name)s: %(message)s")
+    backend = SwarmBackend(args.run_dir, config, args.hosts, args.processes)
+    os.environ.pop(NAMES_ENV, None)
+    return Controller(config, args.run_dir, backend, network_names=True).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+"""Simulated hosts for `bench/swarm.py`: real host agents and many simulated workers per
+process, each worker with its own sockets and the real messages at the real rates.
+
+A simulated worker does what a worker does towards the control plane, and nothing
+else: at its start it asks its host agent for the run's config, looks up the stats and
+logs streams, registers the keys its kind binds (a made-up endpoint: nothing listens)
+and looks up the keys its kind follows, waiting (heartbeating in its setup phase) for
+those not registered yet; then, every `runtime.stats_interval_s`, it follows its keys
+(`NameService.moved`) and sends a heartbeat with its kind's counters and, for an actor,
+an episode's return now and then. It writes a few log lines at its start and one every
+LOG_EVERY_S. Every PROBE_EVERY_S it times a `get` of one of its keys at its agent: the
+lookup latency the benchmark reports.
+
+The controller's `SwarmBackend` (bench/swarm_controller.py) starts and signals the
+simulated workers: commands come on a SUB socket (msgpack, topic: the host's index),
+exits go back on a PUSH. Run by that backend:
+`python -m bench.swarm_hosts --names E --commands E --events E --hosts 0,1,.. --out F`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import random
+import resource
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+import zmq
+
+from srl_jax.core.stream_table import INFERENCE, LOGS, PARAMS, SAMPLES, STATS
+from srl_jax.core.streams import NOBLOCK, make_socket, send
+from srl_jax.core.worker_base import heartbeat_meta
+from srl_jax.core.worker_kinds import KINDS
+from srl_jax.runtime.host_agent import HostAgent, agent_address
+from srl_jax.runtime.name_server import NetworkNameService
+
+HEARTBEAT_S = 0.5
+LOG_EVERY_S = 30.0
+PROBE_EVERY_S = 10.0
+TICK_S = 0.01
+SOCKETS_PER_WORKER = 4
+
+
+def host_topic(host: int) -> bytes:
+    return f"h{host}:".encode()
+
+
+def binds(kind: str, index: int) -> list[str]:
+    """The keys a worker of `kind` registers (a single policy's run)."""
+    if kind == "learner":
+        return [SAMPLES.key(index=index), *([PARAMS.key()] if index == 0 else [])]
+    if kind == "inference":
+        return [INFERENCE.key(index=index)]
+    return []
+
+
+def follows(kind: str, index: int, servers: int, learners: int) -> list[str]:
+    """The keys a worker of `kind` follows: an actor every server and learner process,
+    a server the parameters."""
+    if kind == "actor":
+        return [INFERENCE.key(index=i) for i in range(servers)] + \
+            [SAMPLES.key(index=i) for i in range(learners)]
+    if kind == "inference":
+        return [PARAMS.key()]
+    return []
+
+
+class SimWorker:
+    """One simulated worker's control-plane traffic."""
+
+    def __init__(self, context: zmq.Context, agent: str, command: dict[str, Any],
+                 servers: int, learners: int) -> None:
+        self.name, self.kind, self.index = command["worker"], command["kind"], command["index"]
+        self.policy, self.pid = command["policy"], command["pid"]
+        self.context = context
+        self.names = NetworkNameService(context, agent, None)
+        self.stats: zmq.Socket | None = None
+        self.logs: zmq.Socket | None = None
+        self.phase = "setup"
+        self.todo = follows(self.kind, self.index, servers, learners)
+        self.followed: dict[str, str] = {}
+        now = time.monotonic()
+        self.next_beat = now + random.uniform(0, HEARTBEAT_S)
+        self.next_log = now + random.uniform(0, LOG_EVERY_S)
+        self.next_probe = now + random.uniform(0, PROBE_EVERY_S)
+        self.beats = 0
+        self.counters = [c.name for c in KINDS[self.kind].counters if not c.name.endswith("/")]
+        self.names.run_config()
+        self.stats = self._push(STATS.key(), 64)
+        self.logs = self._push(LOGS.key(), 256)
+        for key in binds(self.kind, self.index):
+            self.names.register(key, f"tcp://10.255.{self.index // 250}.{self.index % 250}:5000")
+        self._log(f"{self.name} started (simulated)\n")
+        if not self.todo:
+            self.phase = "running"
+
+    def _push(self, key: str, hwm: int) -> zmq.Socket:
+        socket = make_socket(self.context, zmq.PUSH, hwm=hwm)
+        socket.connect(self.names.lookup(key, 60.0))
+        return socket
+
+    def _log(self, text: str) -> None:
+        with contextlib.suppress(zmq.Again):
+            send(self.logs, "log", {"worker": self.name, "pid": self.pid},
+                 {"text": np.frombuffer(text.encode(), np.uint8)}, flags=NOBLOCK)
+
+    def turn(self, now: float, probes: list[float]) -> None:
+        """What is due: setup's lookups, a heartbeat, a log line, a probe."""
+        if self.todo:
+            found = {key: endpoint for key in self.todo if (endpoint := self.names.get(key))}
+            self.followed.update(found)
+            self.todo = [key for key in self.todo if key not in found]
+            if not self.todo:
+                self.phase = "running"
+                self._log(f"{self.name} running\n")
+        if now >= self.next_beat:
+            self.next_beat += HEARTBEAT_S
+            if self.followed:
+                self.followed.update(self.names.moved(self.followed))
+            self._heartbeat()
+        if now >= self.next_log:
+            self.next_log += LOG_EVERY_S
+            self._log(f"{self.name} still going after {self.beats} heartbeats\n")
+        if now >= self.next_probe and self.phase == "running":
+            self.next_probe += PROBE_EVERY_S
+            key = next(iter(self.followed), STATS.key())
+            started = time.perf_counter()
+            self.names.get(key)
+            probes.append(time.perf_counter() - started)
+
+    def _heartbeat(self) -> None:
+        self.beats += 1
+        counters = {name: self.beats * (i + 1) for i, name in enumerate(self.counters)}
+        arrays = {}
+        if self.kind == "actor" and self.beats % 4 == 0:
+            arrays = {"episode_return": np.array([float(self.beats)], np.float32),
+                      "episode_length": np.array([200], np.int32)}
+        meta = heartbeat_meta(self.name, self.kind, self.index, self.policy, self.phase,
+                              {"wire_rejected": 0, "auth_refused": 0, **counters}, [], None,
+                              pid=self.pid)
+        with contextlib.suppress(zmq.Again):
+            send(self.stats, "stats", meta, arrays, flags=NOBLOCK)
+
+    def close(self) -> None:
+        for socket in (self.stats, self.logs):
+            if socket is not None:
+                socket.close(linger=0)
+        self.names.close()
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--names", required=True, help="the controller's name service")
+    parser.add_argument("--commands", required=True)
+    parser.add_argument("--events", required=True)
+    parser.add_argument("--hosts", required=True, help="the host indices simulated here")
+    parser.add_argument("--run", required=True, help="a token that names this run's agents")
+    parser.add_argument("--servers", type=int, required=True)
+    parser.add_argument("--learners", type=int, required=True)
+    parser.add_argument("--sockets", type=int, required=True,
+                        help="sockets this process may open (workers x SOCKETS_PER_WORKER)")
+    parser.add_argument("--out", type=Path, required=True)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    context = zmq.Context()
+    context.set(zmq.MAX_SOCKETS, args.sockets + 256)
+    hosts = [int(h) for h in args.hosts.split(",")]
+    commands = context.socket(zmq.SUB)
+    for host in hosts:
+        commands.setsockopt(zmq.SUBSCRIBE, host_topic(host))
+    commands.connect(args.commands)
+    events = context.socket(zmq.PUSH)
+    events.connect(args.events)
+    agents = {host: HostAgent(context, args.names, None, agent_address(args.run, f"h{host}"))
+              for host in hosts}
+    workers: dict[int, SimWorker] = {}
+    probes: list[float] = []
+    late: list[float] = []
+    while not stopping:
+        while commands.poll(0):
+            topic, body = commands.recv_multipart()
+            command = msgpack.unpackb(body)
+            if command["op"] == "start":
+                agent = agents[int(topic.decode()[1:-1])]
+                workers[command["pid"]] = SimWorker(context, agent.endpoint, command,
+                                                    args.servers, args.learners)
+            elif (worker := workers.pop(command["pid"], None)) is not None:
+                worker.close()
+                code = 0 if command["signal"] == signal.SIGTERM else -command["signal"]
+                events.send(msgpack.packb({"pid": command["pid"], "code": code}))
+        now = time.monotonic()
+        for worker in workers.values():
+            if now - worker.next_beat > HEARTBEAT_S:
+                late.append(now - worker.next_beat)
+            worker.turn(now, probes)
+        time.sleep(max(0.0, TICK_S - (time.monotonic() - now)))
+    for worker in workers.values():
+        worker.close()
+    for agent in agents.values():
+        agent.close()
+    args.out.write_text(json.dumps({"probes_s": probes, "late_beats": len(late)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
