@@ -36,6 +36,8 @@ from srl_jax.runtime.backends import WorkerHandle
 from srl_jax.runtime.controller import Controller
 from srl_jax.runtime.name_server import NAMES_ENV
 
+EVENTS_S = 0.02
+"""How often the backend takes the exits the host processes report."""
 FIRST_PID = 1 << 22
 """Made-up pids start above any real one (Linux's pid_max is at most 2^22)."""
 
@@ -57,6 +59,7 @@ class SwarmBackend:
         port = self.events.bind_to_random_port("tcp://127.0.0.1")
         self.events_endpoint = f"tcp://127.0.0.1:{port}"
         self.exits: dict[int, int] = {}
+        self._events_at = 0.0
         self.pids = itertools.count(FIRST_PID)
         self.host_of = {name: i % hosts for i, name in enumerate(
             worker_name(kind, index, policy) for kind, index, policy in worker_plan(config))}
@@ -108,6 +111,10 @@ class SwarmBackend:
         return []
 
     def exit_code(self, handle: WorkerHandle) -> int | None:
+        now = time.monotonic()
+        if now < self._events_at:  # the supervisor asks for every worker in turn
+            return self.exits.get(handle.pid)
+        self._events_at = now + EVENTS_S
         while self.events.poll(0):
             event = msgpack.unpackb(self.events.recv())
             self.exits[event["pid"]] = event["code"]

@@ -204,11 +204,17 @@ def trim_metrics(run_dir: Path, steps: dict[str, int]) -> dict[str, Any] | None:
     return kept[-1] if kept else None
 
 
+READABLE_WORKERS = 256
+"""Up to this many workers status.json is indented for people; past it, compact (json's
+C encoder, ten times faster: the controller writes it every second)."""
+
+
 def write_status(run_dir: Path, status: dict[str, Any]) -> None:
     """Replace status.json atomically: a reader sees the old file or the new one."""
     path = Path(run_dir) / STATUS
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(status, indent=1))
+    readable = len(status.get("workers", ())) <= READABLE_WORKERS
+    tmp.write_text(json.dumps(status, indent=1 if readable else None))
     tmp.replace(path)
 
 

@@ -184,6 +184,7 @@ class LogSink:
                 file.close()
 
     def _drain(self) -> None:
+        written = set()
         while (received := receive(self._socket, LOGS.binder_receives, self.rejects)) is not None:
             message = received[1]
             worker, text = message.meta.get("worker"), message.arrays.get("text")
@@ -195,5 +196,6 @@ class LogSink:
             if worker not in self._files:
                 self._files[worker] = open(self._dir / f"{worker}.log", "ab")  # noqa: SIM115 - held for the run
             self._files[worker].write(text.data)
-        for file in self._files.values():
-            file.flush()
+            written.add(worker)
+        for worker in written:
+            self._files[worker].flush()

@@ -101,9 +101,8 @@ class MetricsAggregator:
         A new learner brings the run counters it restored from a checkpoint;
         the jump is history, not this window's work, so rates skip it.
         """
-        aggregates = {key: self.aggregate(kind, key) for key in counters}
-        carried = [key for key, aggregate in aggregates.items()
-                   if first and aggregate is Aggregate.CARRIED]
+        carried = [key for key in counters
+                   if self.aggregate(kind, key) is Aggregate.CARRIED] if first else []
         before = {key: self.total(kind, key) for key in carried}
         self.live[worker] = {k: float(v) for k, v in counters.items()
                              if isinstance(v, int | float) and math.isfinite(v)}

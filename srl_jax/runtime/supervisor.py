@@ -15,6 +15,7 @@ waited for.
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import time
 from collections.abc import Callable
@@ -30,6 +31,11 @@ from srl_jax.runtime.worker_records import UNPLACED, WorkerRecord
 log = logging.getLogger("controller")
 
 LOOP_S = 0.05
+WATCHED_PER_TURN = 256
+"""Workers whose exit and silence one `watch` looks at, at least: a large run's records
+are looked at in turns (every record within WATCH_ROUND_S), so that a turn's cost does
+not grow with the workers (a process's exit status is a system call or a Ray wait)."""
+WATCH_ROUND_S = 0.5
 LAST_HEARTBEAT_S = 2.0
 """How long the end of a run waits for the last heartbeats of workers that exited cleanly."""
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
@@ -59,6 +65,9 @@ class Supervisor:
         self.finish = finish
         self.changed = changed
         self.group_stopped = group_stopped
+        self._next_watched = 0
+        self._per_turn = max(WATCHED_PER_TURN,
+                             math.ceil(len(workers) * LOOP_S / WATCH_ROUND_S))
 
     def start(self, record: WorkerRecord) -> None:
         """Start `record`'s worker (or wait for a place for it)."""
@@ -104,7 +113,7 @@ class Supervisor:
         """Start what is due to restart or waits for a place; notice exits and silence."""
         now = time.monotonic()
         timeout = self.config.runtime.heartbeat_timeout_s
-        for record in self.workers:
+        for record in self._this_turn():
             if record.state == "restarting":
                 if now >= record.restart_at:
                     self.start(record)
@@ -123,6 +132,14 @@ class Supervisor:
             if now - last > allowed:
                 log.warning("no heartbeat from %s for %.0fs; killing it", record.name, now - last)
                 self.backend.send_signal(record.handle, signal.SIGKILL)
+
+    def _this_turn(self) -> list[WorkerRecord]:
+        """The records `watch` looks at now: all of them, or the next slice of a large run."""
+        if len(self.workers) <= self._per_turn:
+            return self.workers
+        start = self._next_watched
+        self._next_watched = (start + self._per_turn) % len(self.workers)
+        return (self.workers + self.workers)[start:start + self._per_turn]
 
     def _restartable(self, record: WorkerRecord) -> bool:
         """Stateless kinds always; one that saves its state when it has checkpoints to come
