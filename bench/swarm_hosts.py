@@ -46,6 +46,8 @@ LOG_EVERY_S = 30.0
 PROBE_EVERY_S = 10.0
 TICK_S = 0.01
 SOCKETS_PER_WORKER = 4
+STARTS_PER_TURN = 20
+"""Commands taken per turn, so that workers started earlier heartbeat meanwhile."""
 
 
 def host_topic(host: int) -> bytes:
@@ -113,8 +115,8 @@ class SimWorker:
 
     def turn(self, now: float, probes: list[float]) -> None:
         """What is due: setup's lookups, a heartbeat, a log line, a probe."""
-        if self.todo:
-            found = {key: endpoint for key in self.todo if (endpoint := self.names.get(key))}
+        if self.todo and now >= self.next_beat:  # as a worker's lookups wait: one ask a beat
+            found = self.names.table(self.todo)
             self.followed.update(found)
             self.todo = [key for key in self.todo if key not in found]
             if not self.todo:
@@ -191,7 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     probes: list[float] = []
     late: list[float] = []
     while not stopping:
-        while commands.poll(0):
+        for _ in range(STARTS_PER_TURN):
+            if not commands.poll(0):
+                break
             topic, body = commands.recv_multipart()
             command = msgpack.unpackb(body)
             if command["op"] == "start":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.slow
 
 RAY = ("--backend", "ray")
+AGENT = re.compile(r"host agent of node (\w+): pid (\d+)")
 
 
 def descendants(pid: int) -> set[int]:
@@ -158,6 +160,12 @@ def actor_node(cluster: Cluster) -> Any:
     return cluster.add_node(num_cpus=1, resources={"actor_host": 1})
 
 
+def agent_pids(run_dir: Path) -> dict[str, int]:
+    """The newest pid of each node's host agent, as the controller logs them."""
+    log = (run_dir / "logs" / "controller.log").read_text()
+    return {node: int(pid) for node, pid in AGENT.findall(log)}
+
+
 def mean_fps(rows: list[dict], start: float, end: float) -> float:
     """Env frames per second between run times `start` and `end`."""
     inside = [r for r in rows if start <= r["time"] <= end]
@@ -187,6 +195,9 @@ def test_an_actor_host_that_leaves_and_one_that_joins_make_a_dip_not_a_failure(
     wait_for(lambda: all_running(run_dir) and sum(
         bool(r["env_frames"]) for r in read_metrics(run_dir)) >= 4, 120,
         "all workers running, for a few seconds")
+    head = cluster.head_node.node_id[:16]
+    killed = wait_for(lambda: agent_pids(run_dir).get(head), 30, "the head's host agent")
+    os.kill(killed, signal.SIGKILL)  # its workers (learner, server) keep their endpoints
     raylet = leaving.all_processes["raylet"][0].process.pid
     status = read_status(run_dir)
     (gone,) = [w for w in status["workers"] if w["pid"] in descendants(raylet)]
@@ -213,6 +224,9 @@ def test_an_actor_host_that_leaves_and_one_that_joins_make_a_dip_not_a_failure(
     final = read_status(run_dir)
     assert final["state"] == "finished" and "reached the limit 150000" in final["stop_reason"]
     assert final["missing"] == [] and worker(final, kept["name"])["restarts"] == 0
+    assert agent_pids(run_dir)[head] != killed, "Ray started the killed host agent again"
+    assert all(w["restarts"] == 0 for w in final["workers"] if w["name"] != gone["name"]), \
+        "a host agent's death kills none of its workers"
     rows = read_metrics(run_dir)
     assert max(r.get("episode_return_mean", 0) for r in rows) >= 200, "it learned on"
     # From the removal on (at start-up, workers Ray has not placed yet count as missing too).

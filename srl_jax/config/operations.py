@@ -101,6 +101,11 @@ class RuntimeConfig:
     """Seconds workers get to exit after SIGTERM before SIGKILL."""
     compilation_cache_dir: str = "~/.cache/srl_jax/jax"
     """JAX's persistent compilation cache: later runs skip compiling ('' disables it)."""
+    host_agents: bool = True
+    """With the network name service on Ray, one host agent per node stands for that
+    node's workers towards the controller (names, heartbeats, logs:
+    srl_jax/runtime/host_agent.py), so that the controller's load grows with nodes, not
+    workers. False: every worker is the controller's peer."""
     names: str = "auto"
     """Where workers find each other's endpoints, their config and where their output goes:
     files (names as files under the run directory, each worker writes its own log

@@ -44,7 +44,13 @@ from srl_jax.core.stream_table import CHANGES, LOGS, STATS, stream_of
 from srl_jax.core.streams import NOBLOCK, RejectCounter, make_socket, receive, send
 from srl_jax.core.transport import CurveKeys, Transport, curve_connect
 from srl_jax.core.wire import MAX_ARRAYS, MAX_HEADER_BYTES, Message
-from srl_jax.runtime.name_server import SWEEP_S, NameServer, NetworkNameService, change_of
+from srl_jax.runtime.name_server import (
+    SWEEP_S,
+    NameServer,
+    NetworkNameService,
+    change_of,
+    fixed_endpoint,
+)
 
 log = logging.getLogger("host_agent")
 
@@ -153,7 +159,7 @@ class HostAgent:
 
     def _bind(self, local: Transport, kind: int, key: str) -> zmq.Socket:
         socket = make_socket(self._context, kind, hwm=QUEUE)
-        local.bind(socket, self.names, key, f"{self.at}-{stream_of(key).name}")
+        local.bind(socket, self.names, key, fixed_endpoint(self.at, stream_of(key)))
         return socket
 
     def _connect(self, kind: int, key: str, keys: CurveKeys | None) -> zmq.Socket:

@@ -53,7 +53,7 @@ import numpy as np
 import zmq
 
 from srl_jax.core.names import moved_by_get
-from srl_jax.core.stream_table import CHANGES, NAMES, stream_of
+from srl_jax.core.stream_table import CHANGES, NAMES, Stream, stream_of
 from srl_jax.core.streams import NOBLOCK, RejectCounter, make_socket, receive, send
 from srl_jax.core.transport import CurveKeys, Transport, curve_connect
 from srl_jax.core.wire import Message
@@ -96,6 +96,11 @@ class _Held:
     request_id: int
     key: str
     deadline: float
+
+
+def fixed_endpoint(at: str, stream: Stream) -> str:
+    """Where a service with fixed addresses based `at` (a host agent) binds `stream`."""
+    return f"{at}-{stream.name}"
 
 
 def _field(meta: dict[str, Any], name: str) -> str:
@@ -164,8 +169,9 @@ class NameServer:
         self._changes = make_socket(transport.context, CHANGES.bind_type, hwm=CHANGES_QUEUE)
         self._socket = make_socket(transport.context, NAMES.bind_type)
         self.changes_endpoint = transport.bind(self._changes, self, CHANGES.key(),
-                                               at and f"{at}-changes")
-        self.endpoint = transport.bind(self._socket, self, NAMES.key(), at and f"{at}-names")
+                                               at and fixed_endpoint(at, CHANGES))
+        self.endpoint = transport.bind(self._socket, self, NAMES.key(),
+                                       at and fixed_endpoint(at, NAMES))
         self._thread = threading.Thread(target=self._serve, name="name-server", daemon=True)
         self._thread.start()
 

@@ -35,25 +35,34 @@ from __future__ import annotations
 import logging
 import math
 import os
+import secrets
 import signal
 import socket
 import subprocess
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import ray
+import zmq
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from srl_jax.config.checks import RAY_AUTH_MODE
 from srl_jax.config.operations import TransportConfig
 from srl_jax.config.schema import DEFAULT_POLICY, ExperimentConfig
 from srl_jax.core.names import FileNameService, NameService, worker_name
-from srl_jax.core.transport import BIND_HOST_ENV, Port
+from srl_jax.core.stream_table import NAMES
+from srl_jax.core.transport import BIND_HOST_ENV, KEYS_ENV, CurveKeys, Port
 from srl_jax.core.worker_kinds import worker_kind, worker_plan
 from srl_jax.runtime.backends import BackendError, WorkerHandle, spawn_worker, worker_args
+from srl_jax.runtime.host_agent import HostAgent, agent_address
+from srl_jax.runtime.name_server import NAMES_ENV, fixed_endpoint
 
 log = logging.getLogger(__name__)
 
+AGENT_CHECK_S = 2.0
+"""How often the driver asks each node's host agent which process it is (and logs a new one)."""
 FORWARDED_ENV_PREFIX = "SRL_JAX_"
 """The driver's variables a worker on another node gets too (fault drills, hosts)."""
 AUTOSCALER_METRICS_PORT = 44217
@@ -69,12 +78,16 @@ class WorkerHost:
         self.process: subprocess.Popen | None = None
 
     def start(self, args: list[str], env: dict[str, str], log_path: str,
-              bind_node: bool) -> tuple[int, str, str]:
-        """(pid, node address, node id) of the worker started."""
+              bind_node: bool, agents: str | None) -> tuple[int, str, str]:
+        """(pid, node address, node id) of the worker started; with `agents` (the run's
+        token) it asks its node's host agent for names, not the controller."""
         node = ray.util.get_node_ip_address()
+        node_id = ray.get_runtime_context().get_node_id()
         env = {**os.environ, **env, **({BIND_HOST_ENV: node} if bind_node else {})}
+        if agents:
+            env[NAMES_ENV] = fixed_endpoint(agent_address(agents, node_id[:16]), NAMES)
         self.process = spawn_worker(args, env, Path(log_path))
-        return self.process.pid, node, ray.get_runtime_context().get_node_id()
+        return self.process.pid, node, node_id
 
     def wait(self) -> int:
         return self.process.wait()
@@ -82,6 +95,18 @@ class WorkerHost:
     def signal(self, sig: int) -> None:
         if self.process.poll() is None:
             os.kill(self.process.pid, sig)
+
+
+class NodeAgent:
+    """A node's host agent (srl_jax/runtime/host_agent.py), as a Ray actor that Ray starts
+    again on the same node when it dies."""
+
+    def __init__(self, upstream: str, keys: str, at: str) -> None:
+        self.agent = HostAgent(zmq.Context(), upstream, CurveKeys.from_env(keys) if keys else None,
+                               at)
+
+    def pid(self) -> int:
+        return os.getpid()
 
 
 def check_reachable(address: str, timeout_s: float = 10.0) -> None:
@@ -142,6 +167,14 @@ class RayBackend:
         self.node = ray.util.get_node_ip_address()
         self._bind_nodes = config.transport.bind_host == TransportConfig.bind_host
         self._host = ray.remote(max_concurrency=2, max_restarts=0)(WorkerHost)
+        self._agent = ray.remote(num_cpus=0, max_restarts=-1)(NodeAgent)
+        self._agents: dict[str, Any] = {}
+        """The host agent of each node a worker was placed on, by node id."""
+        self._agent_pids: dict[str, Any] = {}
+        """The ref of each node's agent's pid, asked every AGENT_CHECK_S."""
+        self._known_pids: dict[str, int] = {}
+        self._agents_checked = 0.0
+        self._run_token = secrets.token_hex(4)
         self._live: dict[int, Any] = {}
         self._pending: dict[str, tuple[Any, Any]] = {}
         """Each worker waiting to be placed: its host actor and the ref of its start."""
@@ -192,10 +225,11 @@ class RayBackend:
             host = self._host.options(**_placement(resources)).remote()
             forwarded = {k: v for k, v in os.environ.items()
                          if k.startswith(FORWARDED_ENV_PREFIX)}
+            agents = self._run_token if self._agents_wanted(env) else None
             self._pending[name] = host, host.start.remote(
                 worker_args(kind, index, self.run_dir, policy), {**forwarded, **(env or {})},
-                str(self.run_dir / "logs" / f"{name}.log"), self._bind_nodes)
-        host, started = self._pending[name]
+                str(self.run_dir / "logs" / f"{name}.log"), self._bind_nodes, agents), env
+        host, started, env = self._pending[name]
         if not ray.wait([started], timeout=0)[0]:
             return None
         del self._pending[name]
@@ -206,12 +240,53 @@ class RayBackend:
                         str(error).splitlines()[0])
             ray.kill(host)
             return None
+        if self._agents_wanted(env):
+            self._start_agent(node_id, env)
         handle = WorkerHandle(kind, index, pid, node, (host, host.wait.remote(), node_id),
                               policy)
         self._live[id(handle)] = host
         return handle
 
+    def _agents_wanted(self, env: dict[str, str] | None) -> bool:
+        """Host agents serve workers that use the network name service (`runtime.host_agents`)."""
+        return self.config.runtime.host_agents and NAMES_ENV in (env or {})
+
+    def _start_agent(self, node_id: str, env: dict[str, str]) -> None:
+        """The node's host agent, where it has none yet: its workers wait for it (their
+        first name request is asked again until it answers)."""
+        if node_id in self._agents:
+            return
+        strategy = NodeAffinitySchedulingStrategy(node_id, soft=False)
+        agent = self._agent.options(scheduling_strategy=strategy).remote(
+            env[NAMES_ENV], env.get(KEYS_ENV, ""), agent_address(self._run_token, node_id[:16]))
+        self._agents[node_id] = agent
+
+    def _check_agents(self) -> None:
+        """Every AGENT_CHECK_S, ask each node's agent which process it is, and log it
+        where that is new (a first start, or Ray's start of it again after it died)."""
+        now = time.monotonic()
+        if now - self._agents_checked < AGENT_CHECK_S:
+            return
+        self._agents_checked = now
+        for node_id, agent in list(self._agents.items()):
+            pid = self._agent_pids.get(node_id)
+            if pid is None:
+                self._agent_pids[node_id] = agent.pid.remote()
+                continue
+            if not ray.wait([pid], timeout=0)[0]:
+                continue
+            del self._agent_pids[node_id]
+            try:
+                pid = ray.get(pid)
+            except ray.exceptions.RayError:  # its node left; a worker placed there asks anew
+                del self._agents[node_id]
+                continue
+            if self._known_pids.get(node_id) != pid:
+                self._known_pids[node_id] = pid
+                log.info("host agent of node %s: pid %d", node_id[:16], pid)
+
     def exit_code(self, handle: WorkerHandle) -> int | None:
+        self._check_agents()
         host, exited, node_id = handle.ref
         if not ray.wait([exited], timeout=0)[0]:
             return None
@@ -230,7 +305,8 @@ class RayBackend:
             handle.ref[0].signal.remote(sig)
 
     def close(self) -> None:
-        for host in [*self._live.values(), *(host for host, _ in self._pending.values())]:
+        for host in [*self._live.values(), *(host for host, _, _ in self._pending.values()),
+                     *self._agents.values()]:
             ray.kill(host)
         self._live.clear()
         self._pending.clear()
