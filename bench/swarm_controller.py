@@ -51,10 +51,14 @@ class SwarmBackend:
         self.config = config
         self.hosts, self.processes = hosts, processes
         self.context = zmq.Context.instance()
-        self.commands = self.context.socket(zmq.PUB)
-        self.commands.setsockopt(zmq.SNDHWM, 0)
-        port = self.commands.bind_to_random_port("tcp://127.0.0.1")
-        self.commands_endpoint = f"tcp://127.0.0.1:{port}"
+        self.commands = [self.context.socket(zmq.PUSH) for _ in range(processes)]
+        """One per host process: a PUSH queues what is sent before its process connects."""
+        for socket in self.commands:
+            socket.setsockopt(zmq.SNDHWM, 0)
+            socket.setsockopt(zmq.LINGER, 0)
+        self.commands_endpoints = [
+            f"tcp://127.0.0.1:{socket.bind_to_random_port('tcp://127.0.0.1')}"
+            for socket in self.commands]
         self.events = self.context.socket(zmq.PULL)
         port = self.events.bind_to_random_port("tcp://127.0.0.1")
         self.events_endpoint = f"tcp://127.0.0.1:{port}"
@@ -77,14 +81,13 @@ class SwarmBackend:
             sockets = SOCKETS_PER_WORKER * workers * len(hosts) // self.hosts + 64
             self.children.append(subprocess.Popen(
                 [sys.executable, "-m", "bench.swarm_hosts", "--names", names_endpoint,
-                 "--commands", self.commands_endpoint, "--events", self.events_endpoint,
+                 "--commands", self.commands_endpoints[p], "--events", self.events_endpoint,
                  "--hosts", ",".join(map(str, hosts)), "--run", run,
                  "--servers", str(self.config.inference.count),
                  "--learners", str(self.config.learner.processes),
                  "--sockets", str(sockets), "--out", str(self.run_dir / f"hosts-{p}.json")],
                 cwd=REPO_ROOT, stdout=open(self.run_dir / "logs" / f"hosts-{p}.log", "ab"),  # noqa: SIM115
                 stderr=subprocess.STDOUT))
-        time.sleep(1.0)  # the SUB sockets subscribe before the first command goes
 
     def name_service(self) -> NameService:
         return self._names
@@ -99,7 +102,7 @@ class SwarmBackend:
         name = worker_name(kind, index, policy)
         pid = next(self.pids)
         host = self.host_of[name]
-        self.commands.send_multipart([host_topic(host), msgpack.packb({
+        self.commands[host % self.processes].send_multipart([host_topic(host), msgpack.packb({
             "op": "start", "worker": name, "kind": kind, "index": index, "policy": policy,
             "pid": pid})])
         return WorkerHandle(kind, index, pid, f"h{host}", host, policy)
@@ -121,8 +124,9 @@ class SwarmBackend:
         return self.exits.get(handle.pid)
 
     def send_signal(self, handle: WorkerHandle, sig: int) -> None:
-        self.commands.send_multipart([host_topic(handle.ref), msgpack.packb({
-            "op": "signal", "pid": handle.pid, "signal": int(sig)})])
+        self.commands[handle.ref % self.processes].send_multipart([
+            host_topic(handle.ref), msgpack.packb({"op": "signal", "pid": handle.pid,
+                                                   "signal": int(sig)})])
 
     def close(self) -> None:
         for child in self.children:
@@ -133,7 +137,8 @@ class SwarmBackend:
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
-        self.commands.close(linger=0)
+        for socket in self.commands:
+            socket.close()
         self.events.close(linger=0)
 
 

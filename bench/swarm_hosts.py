@@ -12,7 +12,7 @@ LOG_EVERY_S. Every PROBE_EVERY_S it times a `get` of one of its keys at its agen
 lookup latency the benchmark reports.
 
 The controller's `SwarmBackend` (bench/swarm_controller.py) starts and signals the
-simulated workers: commands come on a SUB socket (msgpack, topic: the host's index),
+simulated workers: commands come on a PULL socket (msgpack, after the host's index),
 exits go back on a PUSH. Run by that backend:
 `python -m bench.swarm_hosts --names E --commands E --events E --hosts 0,1,.. --out F`.
 """
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import heapq
 import json
 import random
 import resource
@@ -113,8 +114,9 @@ class SimWorker:
             send(self.logs, "log", {"worker": self.name, "pid": self.pid},
                  {"text": np.frombuffer(text.encode(), np.uint8)}, flags=NOBLOCK)
 
-    def turn(self, now: float, probes: list[float]) -> None:
-        """What is due: setup's lookups, a heartbeat, a log line, a probe."""
+    def turn(self, now: float, probes: list[float]) -> float:
+        """What is due: setup's lookups, a heartbeat, a log line, a probe; returns when
+        the next thing is due."""
         if self.todo and now >= self.next_beat:  # as a worker's lookups wait: one ask a beat
             found = self.names.table(self.todo)
             self.followed.update(found)
@@ -136,6 +138,7 @@ class SimWorker:
             started = time.perf_counter()
             self.names.get(key)
             probes.append(time.perf_counter() - started)
+        return min(self.next_beat, self.next_log, self.next_probe)
 
     def _heartbeat(self) -> None:
         self.beats += 1
@@ -181,17 +184,17 @@ def main(argv: list[str] | None = None) -> int:
     context = zmq.Context()
     context.set(zmq.MAX_SOCKETS, args.sockets + 256)
     hosts = [int(h) for h in args.hosts.split(",")]
-    commands = context.socket(zmq.SUB)
-    for host in hosts:
-        commands.setsockopt(zmq.SUBSCRIBE, host_topic(host))
+    commands = context.socket(zmq.PULL)
     commands.connect(args.commands)
     events = context.socket(zmq.PUSH)
     events.connect(args.events)
     agents = {host: HostAgent(context, args.names, None, agent_address(args.run, f"h{host}"))
               for host in hosts}
     workers: dict[int, SimWorker] = {}
+    due: list[tuple[float, int]] = []
+    """(when, pid) of each worker's next turn, a heap: a turn visits only those due."""
     probes: list[float] = []
-    late: list[float] = []
+    late = 0
     while not stopping:
         for _ in range(STARTS_PER_TURN):
             if not commands.poll(0):
@@ -200,23 +203,27 @@ def main(argv: list[str] | None = None) -> int:
             command = msgpack.unpackb(body)
             if command["op"] == "start":
                 agent = agents[int(topic.decode()[1:-1])]
-                workers[command["pid"]] = SimWorker(context, agent.endpoint, command,
-                                                    args.servers, args.learners)
+                worker = SimWorker(context, agent.endpoint, command, args.servers,
+                                   args.learners)
+                workers[command["pid"]] = worker
+                heapq.heappush(due, (worker.next_beat, command["pid"]))
             elif (worker := workers.pop(command["pid"], None)) is not None:
                 worker.close()
                 code = 0 if command["signal"] == signal.SIGTERM else -command["signal"]
                 events.send(msgpack.packb({"pid": command["pid"], "code": code}))
         now = time.monotonic()
-        for worker in workers.values():
-            if now - worker.next_beat > HEARTBEAT_S:
-                late.append(now - worker.next_beat)
-            worker.turn(now, probes)
-        time.sleep(max(0.0, TICK_S - (time.monotonic() - now)))
+        while due and due[0][0] <= now:
+            _, pid = heapq.heappop(due)
+            if (worker := workers.get(pid)) is None:
+                continue  # stopped
+            late += now - worker.next_beat > HEARTBEAT_S
+            heapq.heappush(due, (worker.turn(now, probes), pid))
+        time.sleep(max(0.0, min(TICK_S, (due[0][0] if due else now + TICK_S) - now)))
     for worker in workers.values():
         worker.close()
     for agent in agents.values():
         agent.close()
-    args.out.write_text(json.dumps({"probes_s": probes, "late_beats": len(late)}))
+    args.out.write_text(json.dumps({"probes_s": probes, "late_beats": late}))
     return 0
 
 

@@ -180,3 +180,57 @@ def test_auto_serves_names_over_the_network_where_hosts_may_share_nothing(
     assert network_names(make_config([f"runtime.names={names}"]), backend, address) is network
     assert network_names(make_config(["runtime.names=auto", "ray.address=10.0.0.1:6379"]),
                          "ray", None)
+
+
+def test_a_follower_hears_of_a_move_without_asking_again(names) -> None:
+    service, other = names
+    other.register(KEY, "tcp://10.0.0.1:1")
+    followed = {KEY: service.lookup(KEY, timeout_s=5)}
+    assert service.moved(followed) == {}, "nothing moved yet"
+    time.sleep(0.3)  # a network client's first `moved` subscribed; the subscription lands
+    other.register(KEY, "tcp://10.0.0.2:2")
+    moved = wait_moved(service, followed)
+    assert moved == {KEY: "tcp://10.0.0.2:2"}
+
+
+def wait_moved(service: NameService, followed: dict[str, str],
+               timeout_s: float = 5.0) -> dict[str, str]:
+    deadline = time.monotonic() + timeout_s
+    while not (moved := service.moved(followed)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return moved
+
+
+@pytest.mark.slow
+def test_a_name_service_stalled_past_the_old_timeout_stops_no_follower(server: Server) -> None:
+    """The server's thread blocks for 12 s, past the 10 s a worker's heartbeat once waited
+    for a `get` before it raised and the worker exited: a follower's `moved` neither
+    raises nor waits meanwhile, keeps its endpoint, and hears of the move made during
+    the stall once the server is back."""
+    server.server.register(KEY, "tcp://10.0.0.1:1")
+    client = server.client()
+    followed = {KEY: client.lookup(KEY, timeout_s=5)}
+    client.moved(followed)
+    answer, stalled = server.server._answer, threading.Event()
+
+    def stall(*args: object) -> None:
+        if not stalled.is_set():
+            stalled.set()
+            time.sleep(12.0)
+        answer(*args)
+
+    server.server._answer = stall
+    asker = server.client(request_timeout_s=0.5, patience_s=0.5)
+    with pytest.raises(TimeoutError):
+        asker.get(PARAMS.key())  # the request the thread stalls on
+    assert stalled.is_set()
+    server.server.register(KEY, "tcp://10.0.0.2:2")  # published once the thread is back
+    started = time.monotonic()
+    slowest = 0.0
+    while time.monotonic() - started < 11.0:
+        call = time.monotonic()
+        assert client.moved(followed) == {}, "the move waits for the stalled thread"
+        slowest = max(slowest, time.monotonic() - call)
+        time.sleep(0.1)
+    assert slowest < 0.5, f"a follow waited {slowest:.1f}s on the stalled service"
+    assert wait_moved(client, followed, timeout_s=10) == {KEY: "tcp://10.0.0.2:2"}

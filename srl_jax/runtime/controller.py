@@ -57,6 +57,9 @@ from srl_jax.runtime.worker_records import WorkerRecord, heartbeat_problem
 
 log = logging.getLogger("controller")
 
+TAKE_S = 0.2
+"""Longest one loop turn takes heartbeats for."""
+
 
 class Controller:
     """One run: its services (stats, names, logs), its workers' supervisor, metrics and
@@ -188,7 +191,12 @@ class Controller:
             time.sleep(LOOP_S)
 
     def _take_heartbeats(self) -> None:
-        while (received := receive(self.stats, STATS.binder_receives, self.rejects)) is not None:
+        """The heartbeats waiting, for up to TAKE_S: a controller behind (thousands of
+        workers, or a machine it shares) still supervises, writes rows and stops on time,
+        and takes the rest next turn."""
+        deadline = time.monotonic() + TAKE_S
+        while time.monotonic() < deadline and (received := receive(
+                self.stats, STATS.binder_receives, self.rejects)) is not None:
             try:
                 beats = unbatch(received[1])
             except ValueError as error:
