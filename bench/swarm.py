@@ -22,9 +22,10 @@ every worker has reported running it measures for `--seconds`:
 - `worker_exits`: workers that exited or were killed (the controller's restarts);
 - `startup_s`: from the controller's start until every worker reported running.
 
-The simulated hosts share the machine with the controller: on 2 cores, 10,000
-simulated workers keep them busy, so the ages include their own lateness
-(`sim_late_beats` counts the heartbeats they sent more than a period late).
+The simulated hosts share the machine with the controller (`simulator_cpu_cores`:
+what they used, agents included): where they need most of it, the controller gets
+what is left and the ages include the simulator's own lateness (`sim_late_beats`
+counts the heartbeats it sent more than a period late).
 
 Run from the repository root::
 
@@ -81,6 +82,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def children(pid: int) -> list[int]:
+    """The processes `pid` started (the host processes, for the controller)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(child) for child in (task / "children").read_text().split()]
+    return found
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -111,6 +120,8 @@ def wait_running(process: subprocess.Popen, run_dir: Path, workers: int) -> floa
 def measure(process: subprocess.Popen, run_dir: Path, seconds: float) -> dict[str, Any]:
     """The window's figures from the controller's CPU time, status.json and metrics."""
     first_row = read_metrics(run_dir)[-1]
+    hosts = children(process.pid)
+    hosts0 = sum(cpu_seconds(pid) for pid in hosts)
     cpu0, t0 = cpu_seconds(process.pid), time.monotonic()
     ages: list[float] = []
     seen = 0.0
@@ -125,11 +136,13 @@ def measure(process: subprocess.Popen, run_dir: Path, seconds: float) -> dict[st
         print(f"\rmeasuring: {time.monotonic() - t0:.0f}/{seconds:.0f} s", end="", flush=True)
     print()
     cpu1, t1 = cpu_seconds(process.pid), time.monotonic()
+    hosts1 = sum(cpu_seconds(pid) for pid in hosts)
     last_row = read_metrics(run_dir)[-1]
     span = last_row["time"] - first_row["time"]
     requests = last_row.get("system/name_requests", 0) - first_row.get("system/name_requests", 0)
     return {
         "controller_cpu_cores": round((cpu1 - cpu0) / (t1 - t0), 3),
+        "simulator_cpu_cores": round((hosts1 - hosts0) / (t1 - t0), 3),
         "name_requests_per_s": round(requests / span, 1) if span > 0 else None,
         "heartbeat_age_p50_s": round(percentile(ages, 0.5), 3),
         "heartbeat_age_p99_s": round(percentile(ages, 0.99), 3),

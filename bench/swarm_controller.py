@@ -152,7 +152,11 @@ def swarm_config(workers: int, hosts: int, overrides: list[str]) -> ExperimentCo
     return load_config(CONFIGS_DIR / f"{DEFAULT_EXPERIMENT}.yaml", [
         f"actors.count={actors}", f"inference.count={servers}", "evaluation.every_updates=0",
         "checkpoint.enabled=false", "stop.target_return=null", "stop.wall_time_s=86400",
-        "stop.env_frames=0", "runtime.names=network", *overrides])
+        "stop.env_frames=0", "runtime.names=network",
+        # A host process starts its simulated workers one after another (a cluster's
+        # hosts start theirs at once): start-up gets 20 minutes before a silent worker
+        # is killed; the window, after every worker runs, counts late heartbeats itself.
+        "runtime.heartbeat_timeout_s=600", *overrides])
 
 
 def main(argv: list[str] | None = None) -> int:

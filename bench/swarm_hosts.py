@@ -132,8 +132,10 @@ class SimWorker:
         if now >= self.next_log:
             self.next_log += LOG_EVERY_S
             self._log(f"{self.name} still going after {self.beats} heartbeats\n")
-        if now >= self.next_probe and self.phase == "running":
+        if now >= self.next_probe:
             self.next_probe += PROBE_EVERY_S
+            if self.phase != "running":
+                return min(self.next_beat, self.next_log, self.next_probe)
             key = next(iter(self.followed), STATS.key())
             started = time.perf_counter()
             self.names.get(key)

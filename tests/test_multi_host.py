@@ -163,7 +163,7 @@ def test_hosts_that_share_nothing_train_across_the_link_with_curve(
         (w["host"], p) for w in status["workers"] for p in w["ports"]]
     ports = [(host, p) for host, p in ports if p["key"].startswith("port.")]  # ZMQ's
     assert sorted(p["key"] for _, p in ports) == sorted([
-        "port.names", "port.logs", "port.stats", "port.samples.0", "port.params",
+        "port.changes", "port.names", "port.logs", "port.stats", "port.samples.0", "port.params",
         "port.inference.0"]), "names and logs are the controller's (runtime.names: auto)"
     for host, port in ports:
         assert port["authenticated"] and port["bind"].startswith(host), port

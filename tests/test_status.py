@@ -114,7 +114,8 @@ def test_a_stalled_run_says_who_waits_on_whom(processes: Processes, tmp_path: Pa
     interrupt(process, tmp_path / "launch.log")
     final = read_status(run_dir)
     assert all(w["restarts"] == 0 for w in final["workers"]), json.dumps(final)
-    assert [p["key"] for p in final["ports"]] == ["port.names", "port.logs", "port.stats"]
+    assert [p["key"] for p in final["ports"]] == [
+        "port.changes", "port.names", "port.logs", "port.stats"]
     assert not any((run_dir / "names").glob("*")), "names were served, not written"
     for name in ("actor-0", "inference-0", "learner-0"):
         log = (run_dir / "logs" / f"{name}.log").read_text()

@@ -59,6 +59,7 @@ log = logging.getLogger("controller")
 
 TAKE_S = 0.2
 """Longest one loop turn takes heartbeats for."""
+STATUS_WORKERS = 1000
 
 
 class Controller:
@@ -111,7 +112,7 @@ class Controller:
         """(worker, pid) of each process whose last heartbeat (`LAST_PHASE`) came."""
         self.started = time.monotonic()
         self._progress: tuple[int, int] | None = None
-        self._progress_at = self._next_stall_log = self.started
+        self._progress_at = self._next_stall_log = self._next_status = self.started
         self.started_wall = time.time()
         self.startup = StartupTimeline(launched or self.started_wall)
         self.stop_rule = StopRule(config)
@@ -226,8 +227,8 @@ class Controller:
         progress = counters.get(worker_kind(record.kind).progress)
         if isinstance(progress, int | float) and progress > 0:
             self.startup.first_frame()
-        self.metrics.observe(record.name, record.kind, counters, arrays,
-                             first=not record.reported, policy=record.policy)
+        self.metrics.offer(record.name, record.kind, counters, arrays,
+                           first=not record.reported, policy=record.policy)
         record.reported = True
 
     def _elapsed(self) -> float:
@@ -246,7 +247,8 @@ class Controller:
         self.writer.write(row)
         self.progress.show(row)
         self._watch_progress(row)
-        self._write_status()
+        if time.monotonic() >= self._next_status:
+            self._write_status()
         if check_stop and (reason := self.stop_rule.reason(row)):
             self._finish(reason, EXIT_OK)
 
@@ -269,6 +271,11 @@ class Controller:
                             record.describe() for record in self.workers))
 
     def _write_status(self, state: str = "running") -> None:
+        """status.json now; a run of more than STATUS_WORKERS workers rewrites it every
+        second per STATUS_WORKERS (10 s for 10,000), not every row: each time it is
+        every worker's entry."""
+        self._next_status = time.monotonic() + self.config.runtime.log_interval_s * max(
+            1.0, len(self.workers) / STATUS_WORKERS) - LOOP_S
         status = {
             "experiment": self.config.name, "run_dir": str(self.run_dir), "state": state,
             "stop_reason": self.stop_reason, "controller_pid": os.getpid(),

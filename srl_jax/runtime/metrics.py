@@ -17,6 +17,7 @@ import logging
 import math
 import sys
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -61,6 +62,17 @@ def _rounded(value: float, row: Row) -> float | int:
     return int(value) if row.decimals == 0 else round(value, row.decimals)
 
 
+@dataclass
+class _Offered:
+    """A worker's heartbeats that `MetricsAggregator.offer` keeps for the next row."""
+
+    kind: str
+    counters: dict[str, Any]
+    arrays: list[dict[str, np.ndarray]]
+    first: bool
+    policy: str
+
+
 class MetricsAggregator:
     """Totals and windowed rates over every worker's latest heartbeat.
 
@@ -82,6 +94,7 @@ class MetricsAggregator:
         self._aggregates: dict[tuple[str, str], Aggregate] = {}
         self.restarts = restarts
         self.learner_restarts = 0
+        self._offered: dict[str, _Offered] = {}
 
     def aggregate(self, kind: str, key: str) -> Aggregate:
         """How `kind`'s counter `key` adds up (an undeclared one: a sum, said once)."""
@@ -101,8 +114,9 @@ class MetricsAggregator:
         A new learner brings the run counters it restored from a checkpoint;
         the jump is history, not this window's work, so rates skip it.
         """
-        carried = [key for key in counters
-                   if self.aggregate(kind, key) is Aggregate.CARRIED] if first else []
+        aggregates = {key: self.aggregate(kind, key) for key in counters}
+        carried = [key for key, aggregate in aggregates.items()
+                   if first and aggregate is Aggregate.CARRIED]
         before = {key: self.total(kind, key) for key in carried}
         self.live[worker] = {k: float(v) for k, v in counters.items()
                              if isinstance(v, int | float) and math.isfinite(v)}
@@ -114,12 +128,40 @@ class MetricsAggregator:
                 self.total(kind, key) - before[key]
         self.episodes.observe(arrays)
 
+    def offer(self, worker: str, kind: str, counters: dict[str, Any],
+              arrays: dict[str, np.ndarray], first: bool = False,
+              policy: str = DEFAULT_POLICY) -> None:
+        """`observe`, later: a worker's latest heartbeat is kept until the next row (or the
+        worker's retirement) takes it, with the episodes of every heartbeat before it. A
+        row then costs one `observe` per worker, however many heartbeats came: a run of
+        thousands of workers sends more than a row needs."""
+        held = self._offered.get(worker)
+        if held is None:
+            self._offered[worker] = _Offered(kind, counters, [arrays] if arrays else [],
+                                             first, policy)
+            return
+        held.counters, held.first = counters, held.first or first
+        if arrays:
+            held.arrays.append(arrays)
+
+    def _take_offers(self, worker: str | None = None) -> None:
+        """Observe what `offer` kept (of `worker`; of every worker without)."""
+        taken = [worker] if worker is not None else list(self._offered)
+        for name in taken:
+            if (held := self._offered.pop(name, None)) is None:
+                continue
+            self.observe(name, held.kind, held.counters, held.arrays[0] if held.arrays else {},
+                         held.first, held.policy)
+            for arrays in held.arrays[1:]:
+                self.episodes.observe(arrays)
+
     def retire(self, worker: str) -> None:
         """A worker died: keep its cumulative counters in the totals.
 
         Gauges and run counters stay as last seen until the successor's first
         heartbeat replaces them, so rows never drop to zero in between; levels go.
         """
+        self._take_offers(worker)
         kind, held = self.kinds.get(worker), {}
         for key, value in self.live.get(worker, {}).items():
             aggregate = self.aggregate(kind, key)
@@ -148,6 +190,7 @@ class MetricsAggregator:
         """One metrics row over the window since the previous row: every shown kind's
         declared rows, the episodes', and the counters every worker sends (the contract's
         keys first, for a reader of metrics.jsonl)."""
+        self._take_offers()
         shown = [kind for kind in SHOWN_ALWAYS if kind in KINDS] + [
             kind for kind in dict.fromkeys(self.kinds.values()) if kind not in SHOWN_ALWAYS]
         totals = {f"{kind}:{name}": self.bases.get(f"{kind}:{name}", 0.0)
