@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness.launcher import BenchError, busy_warning, raise_on_sigterm, release_workdir
-from bench.harness.machine import REPO_ROOT, nproc, write_results
+from bench.harness.machine import REPO_ROOT, RESULTS_DIR, git_commit, nproc, write_results
 from srl_jax.config.run_dir import read_metrics, read_status
 
 HEARTBEAT_S = 0.5
@@ -80,6 +80,11 @@ def cpu_seconds(pid: int) -> float:
     """User and system CPU time of `pid` so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def read_results(name: str) -> dict[str, Any] | None:
+    path = RESULTS_DIR / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def children(pid: int) -> list[int]:
@@ -213,9 +218,14 @@ def main(argv: list[str] | None = None) -> int:
                "host_processes": args.processes, "elapsed_s": round(time.monotonic() - started)}
     for key, value in results.items():
         print(f"  {key:28s} {value}")
-    path = write_results("swarm", results) if args.json is None else args.json
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
+        path = args.json
+    else:  # one row per worker count, each with its own commit and date
+        rows = (read_results("swarm") or {}).get("rows", {})
+        rows[str(args.workers)] = {**results, "commit": git_commit(),
+                                   "date": time.strftime("%Y-%m-%d")}
+        path = write_results("swarm", {"rows": rows})
     print(f"written to {path}")
     return 0
 

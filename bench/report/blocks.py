@@ -1,5 +1,5 @@
 """Blocks made from one results file each: the learning-rate sweep, the CNN update beside
-torch, and the accelerator check."""
+torch, the accelerator check and the control plane at scale."""
 
 from __future__ import annotations
 
@@ -62,4 +62,22 @@ def learner_cnn(result: dict[str, Any]) -> list[str]:
              f"device, median of {first['repeats']} repeats (`{result['command']}`, commit "
              f"{result.get('commit', 'unknown')}):", ""]
     lines += table(["learner", "samples/s", "ratio to torch", "compile s"], rows)
+    return [*lines, "", machine_note(result)]
+
+
+def swarm(result: dict[str, Any]) -> list[str]:
+    """`bench.swarm`'s rows, one per worker count: the controller's cost and its view."""
+    rows = [[f"{r['workers']:,}", f"{r['hosts']:,}", f"{r['controller_cpu_cores']:.2f}",
+             f"{r['simulator_cpu_cores']:.2f}", f"{r['heartbeat_age_p50_s']:.2f}",
+             f"{r['heartbeat_age_p99_s']:.2f}", f"{r['missed_heartbeats']:,}",
+             f"{r['lookup_p99_ms']:.1f}", f"{r['name_requests_per_s']:.1f}",
+             f"{r['worker_exits']}", f"{r['startup_s']:.0f}", r["commit"]]
+            for r in sorted(result["rows"].values(), key=lambda r: r["workers"])]
+    seconds = sorted({f"{r['seconds']:g}" for r in result["rows"].values()})
+    lines = [f"Simulated workers against the real controller, measured for {'/'.join(seconds)} s "
+             "once every worker runs (`python -m bench.swarm`; a heartbeat every 0.5 s), one "
+             "run each:", ""]
+    lines += table(["workers", "hosts", "controller cores", "simulator cores",
+                    "heartbeat age p50 s", "p99 s", "late (> 1.5 s)", "lookup p99 ms",
+                    "name requests/s", "worker exits", "start-up s", "commit"], rows)
     return [*lines, "", machine_note(result)]

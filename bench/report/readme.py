@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness.machine import REPO_ROOT, RESULTS_DIR
-from bench.report.blocks import accelerator, learner_cnn, sweep
+from bench.report.blocks import accelerator, learner_cnn, swarm, sweep
 from bench.report.experiments import experiments
 from bench.report.performance import cartpole, dqn, pong, sampling
 from bench.report.scaling import scale
@@ -67,7 +67,8 @@ def render_experiments(results_dir: Path = RESULTS_DIR) -> str:
 ONE_FILE_BLOCKS = (("sweep", sweep, "python -m bench.sweep"),
                    ("learner_cnn", learner_cnn, "python -m bench.learner --levers"),
                    ("accelerator", accelerator,
-                    "python -m bench.accelerator_check on a GPU or TPU host"))
+                    "python -m bench.accelerator_check on a GPU or TPU host"),
+                   ("swarm", swarm, "python -m bench.swarm --workers N --hosts H"))
 """README blocks made from one results file each: (its name, renderer, what writes it)."""
 
 
