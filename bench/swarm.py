@@ -64,6 +64,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--processes", type=int, default=0,
                         help="host processes (0: one per 1,000 workers, at least 2)")
+    parser.add_argument("--simulate", choices=("workers", "agents"), default="workers",
+                        help="workers: each simulated worker sends its heartbeats on a socket "
+                        "of its own to its host's agent; agents: hands them to the agent in "
+                        "its process (what reaches the controller is the same)")
     parser.add_argument("--json", type=Path, default=None,
                         help="results file (default bench/results/swarm.json)")
     parser.add_argument("--keep", action="store_true", help="keep the run directory")
@@ -190,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir.mkdir()
     command = [sys.executable, "-m", "bench.swarm_controller", "--run-dir", str(run_dir),
                "--workers", str(args.workers), "--hosts", str(args.hosts),
-               "--processes", str(args.processes)]
+               "--processes", str(args.processes), "--simulate", args.simulate]
     for override in args.overrides:
         command += ["--set", override]
     print(f"swarm: {args.workers} workers on {args.hosts} hosts ({args.processes} host "
@@ -212,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         stop(process)
         release_workdir(workdir, args.keep)
     results = {"workers": args.workers, "hosts": args.hosts, "seconds": args.seconds,
+               "simulate": args.simulate,
                "heartbeat_period_s": HEARTBEAT_S, **figures,
                "startup_s": round(startup, 1),
                "startup_controller_cpu_s": round(cpu_at_start, 1),
@@ -223,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         path = args.json
     else:  # one row per worker count, each with its own commit and date
         rows = (read_results("swarm") or {}).get("rows", {})
-        rows[str(args.workers)] = {**results, "commit": git_commit(),
+        rows[f"{args.workers}-{args.simulate}"] = {**results, "commit": git_commit(),
                                    "date": time.strftime("%Y-%m-%d")}
         path = write_results("swarm", {"rows": rows})
     print(f"written to {path}")

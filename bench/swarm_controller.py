@@ -46,8 +46,9 @@ class SwarmBackend:
     """A `LaunchBackend` whose workers are simulated, on H hosts in P processes."""
 
     def __init__(self, run_dir: Path, config: ExperimentConfig, hosts: int,
-                 processes: int) -> None:
+                 processes: int, simulate: str) -> None:
         self.run_dir = run_dir
+        self.simulate = simulate
         self.config = config
         self.hosts, self.processes = hosts, processes
         self.context = zmq.Context.instance()
@@ -85,7 +86,8 @@ class SwarmBackend:
                  "--hosts", ",".join(map(str, hosts)), "--run", run,
                  "--servers", str(self.config.inference.count),
                  "--learners", str(self.config.learner.processes),
-                 "--sockets", str(sockets), "--out", str(self.run_dir / f"hosts-{p}.json")],
+                 "--sockets", str(sockets), "--out", str(self.run_dir / f"hosts-{p}.json"),
+                 "--simulate", self.simulate],
                 cwd=REPO_ROOT, stdout=open(self.run_dir / "logs" / f"hosts-{p}.log", "ab"),  # noqa: SIM115
                 stderr=subprocess.STDOUT))
 
@@ -165,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, required=True)
     parser.add_argument("--hosts", type=int, required=True)
     parser.add_argument("--processes", type=int, required=True)
+    parser.add_argument("--simulate", choices=("workers", "agents"), default="workers")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args(argv)
     config = swarm_config(args.workers, args.hosts, args.overrides)
@@ -173,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                                                              sort_keys=False))
     logging.basicConfig(level=logging.WARNING, filename=args.run_dir / "logs" / "controller.log",
                         format="%(asctime)s controller %(levelname)s %(name)s: %(message)s")
-    backend = SwarmBackend(args.run_dir, config, args.hosts, args.processes)
+    backend = SwarmBackend(args.run_dir, config, args.hosts, args.processes, args.simulate)
     os.environ.pop(NAMES_ENV, None)
     return Controller(config, args.run_dir, backend, network_names=True).run()
 

@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import heapq
 import json
+import os
 import random
 import resource
 import signal
@@ -78,12 +79,15 @@ def follows(kind: str, index: int, servers: int, learners: int) -> list[str]:
 class SimWorker:
     """One simulated worker's control-plane traffic."""
 
-    def __init__(self, context: zmq.Context, agent: str, command: dict[str, Any],
-                 servers: int, learners: int) -> None:
+    def __init__(self, context: zmq.Context, agent: HostAgent, command: dict[str, Any],
+                 servers: int, learners: int, heartbeats_in_process: bool) -> None:
+        """`heartbeats_in_process`: hand heartbeats to the agent in this process
+        (`HostAgent.offer`) rather than send them on a socket of its own."""
         self.name, self.kind, self.index = command["worker"], command["kind"], command["index"]
         self.policy, self.pid = command["policy"], command["pid"]
         self.context = context
-        self.names = NetworkNameService(context, agent, None)
+        self.names = NetworkNameService(context, agent.endpoint, None)
+        self.agent = agent if heartbeats_in_process else None
         self.stats: zmq.Socket | None = None
         self.logs: zmq.Socket | None = None
         self.phase = "setup"
@@ -96,7 +100,7 @@ class SimWorker:
         self.beats = 0
         self.counters = [c.name for c in KINDS[self.kind].counters if not c.name.endswith("/")]
         self.names.run_config()
-        self.stats = self._push(STATS.key(), 64)
+        self.stats = None if self.agent else self._push(STATS.key(), 64)
         self.logs = self._push(LOGS.key(), 256)
         for key in binds(self.kind, self.index):
             self.names.register(key, f"tcp://10.255.{self.index // 250}.{self.index % 250}:5000")
@@ -152,6 +156,9 @@ class SimWorker:
         meta = heartbeat_meta(self.name, self.kind, self.index, self.policy, self.phase,
                               {"wire_rejected": 0, "auth_refused": 0, **counters}, [], None,
                               pid=self.pid)
+        if self.agent is not None:
+            self.agent.offer(meta, arrays)
+            return
         with contextlib.suppress(zmq.Again):
             send(self.stats, "stats", meta, arrays, flags=NOBLOCK)
 
@@ -174,6 +181,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sockets", type=int, required=True,
                         help="sockets this process may open (workers x SOCKETS_PER_WORKER)")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--simulate", choices=("workers", "agents"), default="workers")
     return parser.parse_args(argv)
 
 
@@ -197,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     """(when, pid) of each worker's next turn, a heap: a turn visits only those due."""
     probes: list[float] = []
     late = 0
-    while not stopping:
+    parent = os.getppid()
+    while not stopping and os.getppid() == parent:  # a controller gone leaves none behind
         for _ in range(STARTS_PER_TURN):
             if not commands.poll(0):
                 break
@@ -205,8 +214,8 @@ def main(argv: list[str] | None = None) -> int:
             command = msgpack.unpackb(body)
             if command["op"] == "start":
                 agent = agents[int(topic.decode()[1:-1])]
-                worker = SimWorker(context, agent.endpoint, command, args.servers,
-                                   args.learners)
+                worker = SimWorker(context, agent, command, args.servers, args.learners,
+                                   args.simulate == "agents")
                 workers[command["pid"]] = worker
                 heapq.heappush(due, (worker.next_beat, command["pid"]))
             elif (worker := workers.pop(command["pid"], None)) is not None:

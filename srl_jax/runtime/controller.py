@@ -40,7 +40,7 @@ from srl_jax.core.transport import KEYS_ENV, CurveKeys, Transport
 from srl_jax.core.worker_base import LAST_PHASE
 from srl_jax.core.worker_kinds import worker_kind, worker_plan
 from srl_jax.runtime.backends import BackendError, LaunchBackend
-from srl_jax.runtime.host_agent import unbatch
+from srl_jax.runtime.host_agent import signs_of_life, unbatch
 from srl_jax.runtime.log_stream import LogSink
 from srl_jax.runtime.metrics import MetricsAggregator, MetricsWriter, ProgressDisplay
 from srl_jax.runtime.name_server import NAMES_ENV, NameServer
@@ -199,12 +199,17 @@ class Controller:
         while time.monotonic() < deadline and (received := receive(
                 self.stats, STATS.binder_receives, self.rejects)) is not None:
             try:
-                beats = unbatch(received[1])
+                beats, alive = unbatch(received[1]), signs_of_life(received[1])
             except ValueError as error:
                 self.rejects.reject(error)
                 continue
             for meta, arrays in beats:
                 self._take_heartbeat(meta, arrays)
+            for worker, pid in alive:
+                record = self._by_name.get(worker)
+                if record is not None and record.handle is not None \
+                        and record.handle.pid == pid:
+                    record.alive()
 
     def _take_heartbeat(self, meta: dict[str, Any], arrays: dict[str, Any]) -> None:
         worker, counters = meta.get("worker"), meta.get("counters")

@@ -14,7 +14,11 @@ local `ipc://` sockets, and the agent to the controller:
   `stats_batch` messages, one every BATCH_S (more where one would pass the wire's
   header limit), which the controller takes heartbeat by heartbeat as before
   (`unbatch`): the same failure detection and restarts, from a few messages a second
-  per host.
+  per host. A worker's heartbeat goes on whole at most every FULL_EVERY_S (at once
+  where its phase or what it waits on changed); in between the batch says only that it
+  is alive (`alive`: [worker, pid]), and its episode returns wait for its next whole
+  one. Counters are cumulative, so the controller's rows (one a second) lose nothing,
+  and its work per worker halves.
 - logs: chunks go on as they came.
 
 Its local sockets are at fixed addresses (`ipc://@srl_jax-<run>-<node>-<stream>`, Linux's
@@ -34,6 +38,7 @@ import socket as pysocket
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
@@ -56,6 +61,10 @@ log = logging.getLogger("host_agent")
 
 BATCH_S = 0.25
 """How often the agent sends its host's heartbeats on (at most this much later)."""
+FULL_EVERY_S = 1.0
+"""How often a worker's heartbeat goes on whole, counters and all."""
+FORGET_S = 120.0
+"""A worker process not heard from for this long is forgotten (it was replaced)."""
 BATCH_HEADER_BYTES = MAX_HEADER_BYTES // 2
 """A batch's metadata stays under this (the wire refuses headers over MAX_HEADER_BYTES)."""
 QUEUE = 1024
@@ -63,7 +72,9 @@ QUEUE = 1024
 HELD_BATCHES = 64
 """Batches kept while the controller takes none; past it the oldest are dropped (their
 counters are carried by later heartbeats; their episode returns are lost, and counted)."""
-POLL_MS = 50
+UPLINK_POLL_MS = 200
+"""How long the uplink waits for a change before it passes registers on (and checks the
+snapshot's time)."""
 
 
 def agent_address(run: str, node: str) -> str:
@@ -71,33 +82,98 @@ def agent_address(run: str, node: str) -> str:
     return f"ipc://@srl_jax-{run}-{node}"
 
 
-def batches(beats: list[tuple[dict[str, Any], dict[str, np.ndarray]]]
-            ) -> Iterator[tuple[dict[str, Any], dict[str, np.ndarray]]]:
-    """`stats_batch` messages (meta, arrays) of heartbeats (meta, arrays), each under the
-    wire's limits: meta `{"beats": [meta, ...]}`, arrays `<i>/<name>` of beat i."""
+Beat = tuple[dict[str, Any], dict[str, np.ndarray]]
+"""A heartbeat: its meta and its arrays."""
+
+
+@dataclass
+class _Forwarded:
+    """What the agent last sent on whole for one worker process, and what waits."""
+
+    phase: Any
+    waiting: Any
+    at: float
+    arrays: list[dict[str, np.ndarray]] = field(default_factory=list)
+
+
+class Coalescer:
+    """Which heartbeats go on whole, and which only as a sign of life (the module's
+    docstring says why)."""
+
+    def __init__(self, full_every_s: float = FULL_EVERY_S) -> None:
+        self.full_every_s = full_every_s
+        self._forwarded: dict[tuple[Any, Any], _Forwarded] = {}
+
+    def take(self, meta: dict[str, Any], arrays: dict[str, np.ndarray], now: float
+             ) -> Beat | None:
+        """The heartbeat to send on whole (its arrays with those that waited), or None
+        where a sign of life does."""
+        key = (meta.get("worker"), meta.get("pid"))
+        last = self._forwarded.get(key)
+        if last is not None and now - last.at < self.full_every_s \
+                and meta.get("phase") == last.phase and meta.get("waiting") == last.waiting:
+            if arrays:
+                last.arrays.append(arrays)
+            return None
+        waited = last.arrays if last is not None else []
+        self._forwarded[key] = _Forwarded(meta.get("phase"), meta.get("waiting"), now)
+        return meta, joined([*waited, arrays])
+
+    def forget_old(self, now: float) -> None:
+        """Forget the processes not heard from for FORGET_S (replaced or gone)."""
+        for key in [k for k, f in self._forwarded.items() if now - f.at > FORGET_S]:
+            del self._forwarded[key]
+
+
+def joined(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Heartbeat arrays of several heartbeats as one: each name's arrays end to end."""
+    parts = [part for part in parts if part]
+    if len(parts) <= 1:
+        return parts[0] if parts else {}
+    names = dict.fromkeys(name for part in parts for name in part)
+    return {name: np.concatenate([part[name] for part in parts if name in part])
+            for name in names}
+
+
+def batches(beats: list[Beat], alive: list[list[Any]] | None = None
+            ) -> Iterator[Beat]:
+    """`stats_batch` messages (meta, arrays) of heartbeats, each under the wire's limits:
+    meta `{"beats": [meta, ...], "alive": [[worker, pid], ...]}`, arrays `<i>/<name>` of
+    beat i. The signs of life go with the first."""
     metas: list[dict[str, Any]] = []
     arrays: dict[str, np.ndarray] = {}
-    size = 0
+    signs = alive or []
+    size = 32 * len(signs)
     for meta, own in beats:
         grows = len(msgpack.packb(meta)) + 32 * len(own)
         if metas and (size + grows > BATCH_HEADER_BYTES or len(arrays) + len(own) > MAX_ARRAYS):
-            yield {"beats": metas}, arrays
-            metas, arrays, size = [], {}, 0
+            yield {"beats": metas, "alive": signs}, arrays
+            metas, arrays, size, signs = [], {}, 0, []
         arrays.update({f"{len(metas)}/{name}": array for name, array in own.items()})
         metas.append(meta)
         size += grows
-    if metas:
-        yield {"beats": metas}, arrays
+    if metas or signs:
+        yield {"beats": metas, "alive": signs}, arrays
 
 
-def unbatch(message: Message) -> list[tuple[dict[str, Any], dict[str, np.ndarray]]]:
+def signs_of_life(message: Message) -> list[tuple[str, int]]:
+    """The (worker, pid) a `stats_batch` says are alive (ValueError: malformed)."""
+    alive = message.meta.get("alive", []) if message.kind == "stats_batch" else []
+    if not isinstance(alive, list) or not all(
+            isinstance(sign, list) and len(sign) == 2 and isinstance(sign[0], str)
+            and type(sign[1]) is int for sign in alive):
+        raise ValueError("stats_batch: 'alive' must be a list of [worker, pid]")
+    return [(worker, pid) for worker, pid in alive]
+
+
+def unbatch(message: Message) -> list[Beat]:
     """The heartbeats of a `stats` or `stats_batch` message (ValueError: a malformed batch)."""
     if message.kind == "stats":
         return [(message.meta, message.arrays)]
     metas = message.meta.get("beats")
     if not isinstance(metas, list) or not all(isinstance(meta, dict) for meta in metas):
         raise ValueError("stats_batch: 'beats' must be a list of heartbeats")
-    beats: list[tuple[dict[str, Any], dict[str, np.ndarray]]] = [(meta, {}) for meta in metas]
+    beats: list[Beat] = [(meta, {}) for meta in metas]
     for name, array in message.arrays.items():
         index, _, own = name.partition("/")
         if not index.isdigit() or int(index) >= len(beats) or not own:
@@ -108,7 +184,7 @@ def unbatch(message: Message) -> list[tuple[dict[str, Any], dict[str, np.ndarray
 
 class HostAgent:
     """A host's agent, serving from threads of the process that makes it (a Ray actor,
-    or a simulated host of `bench/swarm.py`)."""
+    or a simulated host of `bench/swarm.py`): one serves the host, one the uplink."""
 
     def __init__(self, context: zmq.Context, upstream: str, keys: CurveKeys | None,
                  at: str) -> None:
@@ -125,10 +201,12 @@ class HostAgent:
         self._stopping = threading.Event()
         self._forwards: list[tuple[str, str, str | None]] = []
         self._forwards_lock = threading.Lock()
+        self._offered: list[Beat] = []
+        self._offered_lock = threading.Lock()
         self.upstream = NetworkNameService(context, upstream, keys)
         config = self.upstream.run_config()
         local = Transport(context, keys=keys)
-        self.names = NameServer(local, config, forward=self._forward, at=at)
+        self.names = NameServer(local, config, forward=self._forward, at=at, own_thread=False)
         self._stats_in = self._bind(local, STATS.bind_type, STATS.key())
         self._logs_in = self._bind(local, LOGS.bind_type, LOGS.key())
         self._stats_out = self._connect(STATS.connect_type, STATS.key(), keys)
@@ -138,7 +216,7 @@ class HostAgent:
         self._replicate(self.upstream.table())
         self.local = local
         self._threads = [threading.Thread(target=target, name=name, daemon=True)
-                         for target, name in ((self._relay, "agent-relay"),
+                         for target, name in ((self._serve, "agent-serve"),
                                               (self._uplink, "agent-uplink"))]
         for thread in self._threads:
             thread.start()
@@ -148,6 +226,12 @@ class HostAgent:
     def endpoint(self) -> str:
         """Where this host's workers find their name service (`SRL_JAX_NAMES`)."""
         return self.names.endpoint
+
+    def offer(self, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+        """A heartbeat from this process, as if it had come on the stats stream (the
+        simulated workers of bench/swarm.py's `--simulate agents`)."""
+        with self._offered_lock:
+            self._offered.append((meta, arrays))
 
     def close(self) -> None:
         self._stopping.set()
@@ -186,7 +270,7 @@ class HostAgent:
         """Changes from the controller, a snapshot every SWEEP_S, registers passed on."""
         next_snapshot = time.monotonic() + SWEEP_S
         while not self._stopping.is_set():
-            if self._changes.poll(POLL_MS):
+            if self._changes.poll(UPLINK_POLL_MS):
                 while (received := receive(self._changes, CHANGES.connecter_receives,
                                            self.rejects)) is not None:
                     if (change := change_of(received[1])) is not None and _replicated(change[0]):
@@ -211,30 +295,47 @@ class HostAgent:
         except (TimeoutError, ValueError) as error:
             log.warning("%s of '%s' not passed on to the controller: %s", op, key, error)
 
-    def _relay(self) -> None:
-        held: list[tuple[dict[str, Any], dict[str, np.ndarray]]] = []
+    def _serve(self) -> None:
+        """The host's side, from one thread: names answered, heartbeats batched, logs
+        passed on; it wakes for what comes and for each batch, not on a clock."""
+        held: list[Beat] = []
         next_batch = time.monotonic() + BATCH_S
         poller = zmq.Poller()
-        poller.register(self._stats_in, zmq.POLLIN)
-        poller.register(self._logs_in, zmq.POLLIN)
-        beats: list[tuple[dict[str, Any], dict[str, np.ndarray]]] = []
+        for socket in (self.names.socket, self._stats_in, self._logs_in):
+            poller.register(socket, zmq.POLLIN)
+        coalescer = Coalescer()
+        beats: list[Beat] = []
+        alive: list[list[Any]] = []
         while not self._stopping.is_set():
             wait = max(0.0, next_batch - time.monotonic())
-            ready = dict(poller.poll(min(POLL_MS, wait * 1000)))
+            ready = dict(poller.poll(wait * 1000))
+            self.names.serve()
+            now = time.monotonic()
+            taken = self._take_offered()
             if self._stats_in in ready:
                 while (received := receive(self._stats_in, STATS.binder_receives,
                                            self.rejects)) is not None:
-                    beats.extend(_beats_of(received[1], self.rejects))
+                    taken += _beats_of(received[1], self.rejects)
+            for meta, arrays in taken:
+                if (whole := coalescer.take(meta, arrays, now)) is not None:
+                    beats.append(whole)
+                else:
+                    alive.append([meta.get("worker"), meta.get("pid")])
             if self._logs_in in ready:
                 self._pass_logs()
             if time.monotonic() >= next_batch:
                 next_batch = time.monotonic() + BATCH_S
-                held.extend(batches(beats))
-                beats = []
+                held.extend(batches(beats, alive))
+                beats, alive = [], []
                 held = self._send_batches(held)
+                coalescer.forget_old(time.monotonic())
 
-    def _send_batches(self, held: list[tuple[dict[str, Any], dict[str, np.ndarray]]]
-                      ) -> list[tuple[dict[str, Any], dict[str, np.ndarray]]]:
+    def _take_offered(self) -> list[Beat]:
+        with self._offered_lock:
+            offered, self._offered = self._offered, []
+        return offered
+
+    def _send_batches(self, held: list[Beat]) -> list[Beat]:
         """Send what the controller takes; keep the rest (at most HELD_BATCHES)."""
         while held:
             meta, arrays = held[0]
@@ -268,8 +369,7 @@ def _replicated(key: str) -> bool:
         return False
 
 
-def _beats_of(message: Message, rejects: RejectCounter
-              ) -> list[tuple[dict[str, Any], dict[str, np.ndarray]]]:
+def _beats_of(message: Message, rejects: RejectCounter) -> list[Beat]:
     try:
         return unbatch(message)
     except ValueError as error:

@@ -95,6 +95,7 @@ class MetricsAggregator:
         self.restarts = restarts
         self.learner_restarts = 0
         self._offered: dict[str, _Offered] = {}
+        self._sums: dict[tuple[str, str, str | None], float] | None = None
 
     def aggregate(self, kind: str, key: str) -> Aggregate:
         """How `kind`'s counter `key` adds up (an undeclared one: a sum, said once)."""
@@ -175,8 +176,11 @@ class MetricsAggregator:
 
     def total(self, kind: str, key: str, policy: str | None = None) -> float:
         """`key` summed over `kind`'s workers (of `policy`), those retired included."""
-        live = sum(c.get(key, 0.0) for w, c in self.live.items()
-                   if self.kinds[w] == kind and policy in (None, self.policies[w]))
+        if self._sums is not None:  # within `row`: summed once for every key
+            live = self._sums.get((kind, key, policy), 0.0)
+        else:
+            live = sum(c.get(key, 0.0) for w, c in self.live.items()
+                       if self.kinds[w] == kind and policy in (None, self.policies[w]))
         retired = f"{kind}:{key}" if policy is None else f"{kind}:{key}:{policy}"
         return live + self.retired.get(retired, 0.0)
 
@@ -191,6 +195,24 @@ class MetricsAggregator:
         declared rows, the episodes', and the counters every worker sends (the contract's
         keys first, for a reader of metrics.jsonl)."""
         self._take_offers()
+        self._sums = self._live_sums()
+        try:
+            return self._row(elapsed)
+        finally:
+            self._sums = None
+
+    def _live_sums(self) -> dict[tuple[str, str, str | None], float]:
+        """Every live counter summed by (kind, key, None) and (kind, key, policy), in one
+        pass: a row asks for hundreds of totals, over thousands of workers."""
+        sums: dict[tuple[str, str, str | None], float] = defaultdict(float)
+        for worker, counters in self.live.items():
+            kind, policy = self.kinds[worker], self.policies[worker]
+            for key, value in counters.items():
+                sums[kind, key, None] += value
+                sums[kind, key, policy] += value
+        return sums
+
+    def _row(self, elapsed: float) -> dict[str, Any]:
         shown = [kind for kind in SHOWN_ALWAYS if kind in KINDS] + [
             kind for kind in dict.fromkeys(self.kinds.values()) if kind not in SHOWN_ALWAYS]
         totals = {f"{kind}:{name}": self.bases.get(f"{kind}:{name}", 0.0)

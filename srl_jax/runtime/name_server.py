@@ -151,11 +151,13 @@ class NameServer:
 
     def __init__(self, transport: Transport, run_config: str,
                  forward: Callable[[str, str, str | None], None] | None = None,
-                 at: str | None = None) -> None:
+                 at: str | None = None, own_thread: bool = True) -> None:
         """`run_config`: the resolved config's YAML, as the run directory has it.
         `forward(op, key, endpoint)`: called from the serving thread with each register
         and unregister a client asks for (None: this is the run's own table). `at`: bind
-        `<at>-names` and `<at>-changes` (None: ports the transport picks)."""
+        `<at>-names` and `<at>-changes` (None: ports the transport picks). `own_thread`:
+        serve from a thread of its own; False: its owner polls `socket` and calls `serve`
+        in its own loop, and `close` from there."""
         self.rejects = RejectCounter()
         self.requests = 0
         """Requests answered or held so far (`system/name_requests`)."""
@@ -172,8 +174,15 @@ class NameServer:
                                                at and fixed_endpoint(at, CHANGES))
         self.endpoint = transport.bind(self._socket, self, NAMES.key(),
                                        at and fixed_endpoint(at, NAMES))
+        self._held: list[_Held] = []
         self._thread = threading.Thread(target=self._serve, name="name-server", daemon=True)
-        self._thread.start()
+        if own_thread:
+            self._thread.start()
+
+    @property
+    def socket(self) -> zmq.Socket:
+        """The names stream's socket, for an owner that serves from its own loop."""
+        return self._socket
 
     def register(self, key: str, endpoint: str | None) -> None:
         """Set `key` (None: forget it), and tell followers."""
@@ -212,21 +221,31 @@ class NameServer:
 
     def close(self) -> None:
         self._stopping.set()
-        self._thread.join(timeout=2)
+        if self._thread.is_alive():
+            self._thread.join(timeout=2)
+        else:
+            self._close_sockets()
+
+    def serve(self) -> None:
+        """Answer what has come, publish the changes made, answer held lookups whose key
+        came or whose wait is over."""
+        while (received := receive(self._socket, NAMES.binder_receives, self.rejects,
+                                   envelope=1)) is not None:
+            self._answer(*received, self._held)
+        self._publish()
+        self._held[:] = [h for h in self._held if not self._answer_held(h)]
 
     def _serve(self) -> None:
-        held: list[_Held] = []
         try:
             while not self._stopping.is_set():
-                if self._socket.poll(POLL_MS):
-                    while (received := receive(self._socket, NAMES.binder_receives,
-                                               self.rejects, envelope=1)) is not None:
-                        self._answer(*received, held)
-                self._publish()
-                held[:] = [h for h in held if not self._answer_held(h)]
+                self._socket.poll(POLL_MS)
+                self.serve()
         finally:
-            self._socket.close(linger=0)
-            self._changes.close(linger=0)
+            self._close_sockets()
+
+    def _close_sockets(self) -> None:
+        self._socket.close(linger=0)
+        self._changes.close(linger=0)
 
     def _publish(self) -> None:
         with self._changed:

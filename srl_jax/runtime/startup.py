@@ -29,7 +29,9 @@ class StartupTimeline:
 
     def mark(self, worker: str, event: str) -> None:
         """`worker` reached `event` (one of EVENTS); only the first time counts."""
-        self.workers.setdefault(worker, {}).setdefault(f"{event}_s", self._since())
+        marks = self.workers.setdefault(worker, {})
+        if (key := f"{event}_s") not in marks:  # asked on every heartbeat: cheap when known
+            marks[key] = self._since()
 
     def first_frame(self) -> None:
         """An actor reported env frames; only the first report counts."""

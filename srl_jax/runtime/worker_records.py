@@ -75,9 +75,13 @@ class WorkerRecord:
             "ports": self.ports,
         }
 
+    def alive(self) -> None:
+        """A sign of life came (a host agent's, for a heartbeat it did not send on whole)."""
+        self.last_heartbeat, self.last_heartbeat_wall = time.monotonic(), time.time()
+
     def heard(self, meta: dict[str, Any]) -> None:
         """A heartbeat came: when, what it waits on, and its ports (kept if it lists none)."""
-        self.last_heartbeat, self.last_heartbeat_wall = time.monotonic(), time.time()
+        self.alive()
         self.waiting = waiting_field(meta.get("waiting"))
         self.ports = ports_field(meta.get("ports")) or self.ports
 
