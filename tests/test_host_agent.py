@@ -1,0 +1,158 @@
+"""The host agent: one peer per host for the controller (srl_jax/runtime/host_agent.py).
+
+A real agent between a real `NameServer` (the controller's, CURVE on) and a worker's
+`NetworkNameService`: what the worker registers reaches the controller, what changes
+at the controller reaches the worker without a request, its heartbeats arrive batched
+on the controller's stats stream, whole at first and as signs of life after. The pure
+parts (which heartbeats go on whole, batches and their checks) are tested on their own.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import zmq
+
+from srl_jax.core.stream_table import INFERENCE, LOGS, STATS
+from srl_jax.core.streams import RejectCounter, make_socket, receive, send
+from srl_jax.core.transport import CurveKeys, Transport, curve_connect
+from srl_jax.core.wire import MAX_HEADER_BYTES, Message, decode, encode
+from srl_jax.core.worker_base import heartbeat_meta
+from srl_jax.runtime.host_agent import (
+    FULL_EVERY_S,
+    Coalescer,
+    HostAgent,
+    agent_address,
+    batches,
+    signs_of_life,
+    unbatch,
+)
+from srl_jax.runtime.name_server import NameServer, NetworkNameService
+
+RUN_CONFIG = "name: agent-test\n"
+
+
+def beat(worker: str = "actor-0", pid: int = 7, phase: str = "running",
+         frames: int = 1) -> dict:
+    return heartbeat_meta(worker, "actor", 0, "default", phase, {"env_frames": frames}, [],
+                          None, pid=pid)
+
+
+def returns(*values: float) -> dict[str, np.ndarray]:
+    return {"episode_return": np.array(values, np.float32),
+            "episode_length": np.full(len(values), 10, np.int32)}
+
+
+def test_a_heartbeat_goes_on_whole_first_then_every_period_or_when_its_phase_changes() -> None:
+    coalescer = Coalescer()
+    assert coalescer.take(beat(frames=1), returns(1.0), 0.0) is not None, "first: whole"
+    assert coalescer.take(beat(frames=2), returns(2.0), 0.5) is None, "then a sign of life"
+    assert coalescer.take(beat(frames=3), {}, 1.0) is None
+    meta, arrays = coalescer.take(beat(phase="stopped", frames=4), returns(3.0), 1.2)
+    assert meta["counters"]["env_frames"] == 4, "a new phase goes at once, newest counters"
+    assert arrays["episode_return"].tolist() == [2.0, 3.0], "the returns that waited come too"
+    assert coalescer.take(beat(phase="stopped"), {}, 1.5) is None
+    assert coalescer.take(beat(phase="stopped"), {}, 1.2 + FULL_EVERY_S) is not None
+    assert coalescer.take(beat(pid=8), {}, 1.6) is not None, "a successor's first is whole"
+
+
+def test_batches_round_trip_the_wire_and_split_under_its_header_limit() -> None:
+    beats = [(beat(f"actor-{i}", frames=i), returns(float(i)) if i % 3 == 0 else {})
+             for i in range(600)]
+    messages = [decode(encode("stats_batch", meta, arrays))
+                for meta, arrays in batches(beats, [["actor-9", 9]])]
+    assert len(messages) > 1, "600 heartbeats do not fit one header"
+    assert all(len(encode("stats_batch", m.meta, m.arrays)[0]) <= MAX_HEADER_BYTES
+               for m in messages)
+    back = [b for m in messages for b in unbatch(m)]
+    assert [m["counters"]["env_frames"] for m, _ in back] == list(range(600))
+    assert [a.get("episode_return", np.empty(0)).tolist() for _, a in back[:4]] == [
+        [0.0], [], [], [3.0]]
+    assert [s for m in messages for s in signs_of_life(m)] == [("actor-9", 9)]
+
+
+@pytest.mark.parametrize(("meta", "arrays", "wrong"), [
+    ({"beats": "x"}, {}, "'beats' must be a list"),
+    ({"beats": [{}]}, {"3/episode_return": np.zeros(1)}, "belongs to no heartbeat"),
+    ({"beats": [], "alive": [["actor-0", "7"]]}, {}, "'alive' must be a list"),
+])
+def test_a_malformed_batch_is_refused(meta: dict, arrays: dict, wrong: str) -> None:
+    message = Message("stats_batch", meta, arrays)
+    with pytest.raises(ValueError, match=wrong):
+        unbatch(message)
+        signs_of_life(message)
+
+
+class Controller:
+    """The controller's side: its name server and stats stream, CURVE on."""
+
+    def __init__(self) -> None:
+        self.context = zmq.Context()
+        self.keys = CurveKeys.generate()
+        self.transport = Transport(self.context, keys=self.keys)
+        self.names = NameServer(self.transport, RUN_CONFIG)
+        self.stats = make_socket(self.context, STATS.bind_type)
+        self.transport.bind(self.stats, self.names, STATS.key())
+        self.logs = make_socket(self.context, LOGS.bind_type)
+        self.transport.bind(self.logs, self.names, LOGS.key())
+
+    def batches(self, timeout_s: float) -> list[Message]:
+        taken, deadline = [], time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.stats.poll(50):
+                taken.append(receive(self.stats, STATS.binder_receives, RejectCounter())[1])
+        return taken
+
+    def close(self) -> None:
+        self.stats.close(linger=0)
+        self.logs.close(linger=0)
+        self.names.close()
+        self.transport.close()
+
+
+@pytest.fixture
+def controller() -> Iterator[Controller]:
+    served = Controller()
+    yield served
+    served.close()
+
+
+def test_an_agent_stands_for_its_hosts_workers(controller: Controller) -> None:
+    own = zmq.Context()  # the agent's process's: one CURVE handler (ZAP) per context
+    agent = HostAgent(own, controller.names.endpoint, controller.keys,
+                      agent_address(secrets.token_hex(4), "test"))
+    worker = NetworkNameService(controller.context, agent.endpoint, controller.keys)
+    try:
+        assert worker.run_config() == RUN_CONFIG
+        worker.register(INFERENCE.key(index=0), "tcp://10.0.0.1:1")
+        assert controller.names.lookup(INFERENCE.key(index=0), 5) == "tcp://10.0.0.1:1"
+        assert worker.lookup(STATS.key(), 5).startswith("ipc://@"), "stats go to the agent"
+        followed = {INFERENCE.key(index=0): "tcp://10.0.0.1:1"}
+        worker.moved(followed)  # subscribes to the agent's changes
+        time.sleep(0.3)
+        controller.names.register(INFERENCE.key(index=0), "tcp://10.0.0.2:2")
+        deadline = time.monotonic() + 5
+        while not (moved := worker.moved(followed)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert moved == {INFERENCE.key(index=0): "tcp://10.0.0.2:2"}
+
+        stats = make_socket(controller.context, STATS.connect_type)
+        curve_connect(stats, worker.lookup(STATS.key(), 5), controller.keys)
+        for frames in (1, 2, 3):
+            send(stats, "stats", beat(pid=os.getpid(), frames=frames), returns(float(frames)))
+            time.sleep(0.3)
+        taken = controller.batches(1.0)
+        stats.close(linger=0)
+        whole = [m for message in taken for m, _ in unbatch(message)]
+        alive = [s for message in taken for s in signs_of_life(message)]
+        assert [m["counters"]["env_frames"] for m in whole] == [1], "the first whole"
+        assert alive == [("actor-0", os.getpid())] * 2, "the others as signs of life"
+    finally:
+        worker.close()
+        agent.close()
+        own.destroy(linger=0)
