@@ -50,9 +50,9 @@ from typing import Any
 
 from bench.harness.launcher import BenchError, busy_warning, raise_on_sigterm, release_workdir
 from bench.harness.machine import REPO_ROOT, RESULTS_DIR, git_commit, nproc, write_results
+from bench.swarm_hosts import HEARTBEAT_S
 from srl_jax.config.run_dir import read_metrics, read_status
 
-HEARTBEAT_S = 0.5
 STARTUP_TIMEOUT_S = 600.0
 SAMPLE_S = 1.0
 

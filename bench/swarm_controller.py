@@ -20,7 +20,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import msgpack
 import yaml
@@ -30,9 +29,9 @@ from bench.harness.machine import CONFIGS_DIR, DEFAULT_EXPERIMENT, REPO_ROOT
 from bench.swarm_hosts import SOCKETS_PER_WORKER, host_topic
 from srl_jax.config.loader import config_to_dict, load_config
 from srl_jax.config.schema import DEFAULT_POLICY, ExperimentConfig
-from srl_jax.core.names import FileNameService, NameService, worker_name
+from srl_jax.core.names import worker_name
 from srl_jax.core.worker_kinds import worker_plan
-from srl_jax.runtime.backends import WorkerHandle
+from srl_jax.runtime.backends import LocalBackend, WorkerHandle
 from srl_jax.runtime.controller import Controller
 from srl_jax.runtime.name_server import NAMES_ENV
 
@@ -42,12 +41,13 @@ FIRST_PID = 1 << 22
 """Made-up pids start above any real one (Linux's pid_max is at most 2^22)."""
 
 
-class SwarmBackend:
-    """A `LaunchBackend` whose workers are simulated, on H hosts in P processes."""
+class SwarmBackend(LocalBackend):
+    """A launch backend whose workers are simulated, on H hosts in P processes (the local
+    backend's names and run directory)."""
 
     def __init__(self, run_dir: Path, config: ExperimentConfig, hosts: int,
                  processes: int, simulate: str) -> None:
-        self.run_dir = run_dir
+        super().__init__(run_dir)
         self.simulate = simulate
         self.config = config
         self.hosts, self.processes = hosts, processes
@@ -69,7 +69,6 @@ class SwarmBackend:
         self.host_of = {name: i % hosts for i, name in enumerate(
             worker_name(kind, index, policy) for kind, index, policy in worker_plan(config))}
         self.children: list[subprocess.Popen] = []
-        self._names = FileNameService(run_dir / "names")
 
     def _start_hosts(self, names_endpoint: str) -> None:
         """The host processes, once the controller's name service is up."""
@@ -91,12 +90,6 @@ class SwarmBackend:
                 cwd=REPO_ROOT, stdout=open(self.run_dir / "logs" / f"hosts-{p}.log", "ab"),  # noqa: SIM115
                 stderr=subprocess.STDOUT))
 
-    def name_service(self) -> NameService:
-        return self._names
-
-    def bind_host(self) -> str | None:
-        return None
-
     def start(self, kind: str, index: int, policy: str = DEFAULT_POLICY,
               env: dict[str, str] | None = None) -> WorkerHandle:
         if not self.children:
@@ -111,9 +104,6 @@ class SwarmBackend:
 
     def placement_wait(self, kind: str) -> str:
         return "nothing: a simulated worker starts at once"
-
-    def ports(self) -> list[dict[str, Any]]:
-        return []
 
     def exit_code(self, handle: WorkerHandle) -> int | None:
         now = time.monotonic()
