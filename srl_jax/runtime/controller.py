@@ -253,6 +253,7 @@ class Controller:
         self.progress.show(row)
         self._watch_progress(row)
         if time.monotonic() >= self._next_status:
+            self._take_heartbeats()  # what came while the row was made: status shows it
             self._write_status()
         if check_stop and (reason := self.stop_rule.reason(row)):
             self._finish(reason, EXIT_OK)
