@@ -77,12 +77,14 @@ def config_hash(experiment: str | Path, configs_dir: Path = CONFIGS_DIR) -> str:
 
 
 def git_commit() -> str:
-    """The commit the figures are measured at (short hash, "+dirty" with local changes)."""
+    """The commit the figures are measured at (short hash, "+dirty" with local changes to
+    anything but the results files)."""
     try:
         run = functools.partial(subprocess.run, cwd=Path(__file__).resolve().parent,
                                 capture_output=True, text=True, check=True)
         commit = run(["git", "rev-parse", "--short", "HEAD"]).stdout.strip()
-        dirty = run(["git", "status", "--porcelain", "--untracked-files=no"]).stdout.strip()
+        dirty = run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                     ":!bench/results"]).stdout.strip()  # a results file is not the code
         return commit + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"

@@ -67,7 +67,8 @@ def learner_cnn(result: dict[str, Any]) -> list[str]:
 
 def swarm(result: dict[str, Any]) -> list[str]:
     """`bench.swarm`'s rows, one per worker count: the controller's cost and its view."""
-    rows = [[f"{r['workers']:,}", f"{r['hosts']:,}", f"{r['controller_cpu_cores']:.2f}",
+    rows = [[f"{r['workers']:,}", f"{r['hosts']:,}", r["simulate"],
+             f"{r['controller_cpu_cores']:.2f}",
              f"{r['simulator_cpu_cores']:.2f}", f"{r['heartbeat_age_p50_s']:.2f}",
              f"{r['heartbeat_age_p99_s']:.2f}", f"{r['missed_heartbeats']:,}",
              f"{r['lookup_p99_ms']:.1f}", f"{r['name_requests_per_s']:.1f}",
@@ -76,8 +77,12 @@ def swarm(result: dict[str, Any]) -> list[str]:
     seconds = sorted({f"{r['seconds']:g}" for r in result["rows"].values()})
     lines = [f"Simulated workers against the real controller, measured for {'/'.join(seconds)} s "
              "once every worker runs (`python -m bench.swarm`; a heartbeat every 0.5 s), one "
-             "run each:", ""]
-    lines += table(["workers", "hosts", "controller cores", "simulator cores",
+             "run each. `workers`: each simulated worker on a socket of its own to its "
+             "host's agent; `agents`: handed to the agent in its process (`--simulate "
+             "agents`, what a 2-core machine can simulate at 10,000; the controller receives "
+             "the same):", ""]
+    lines += table(["workers", "hosts", "heartbeats sent by", "controller cores",
+                    "simulator cores",
                     "heartbeat age p50 s", "p99 s", "late (> 1.5 s)", "lookup p99 ms",
                     "name requests/s", "worker exits", "start-up s", "commit"], rows)
     return [*lines, "", machine_note(result)]
