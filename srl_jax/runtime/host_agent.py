@@ -285,7 +285,7 @@ class HostAgent:
                 next_snapshot = time.monotonic() + SWEEP_S
                 try:
                     self._replicate(self.upstream.table())
-                except TimeoutError as error:
+                except (TimeoutError, ValueError) as error:
                     log.warning("no snapshot of the names: %s; serving the copy held", error)
 
     def _pass_on(self, op: str, key: str, endpoint: str | None) -> None:

@@ -176,8 +176,9 @@ class RayBackend:
         self._agents_checked = 0.0
         self._run_token = secrets.token_hex(4)
         self._live: dict[int, Any] = {}
-        self._pending: dict[str, tuple[Any, Any]] = {}
-        """Each worker waiting to be placed: its host actor and the ref of its start."""
+        self._pending: dict[str, tuple[Any, Any, dict[str, str] | None]] = {}
+        """Each worker waiting to be placed: its host actor, the ref of its start and the
+        environment it was given."""
         self._ports = self._ray_ports(local=not address)
         log.info("Ray %s: %s", "cluster" if address else "local instance", ray.cluster_resources())
 
