@@ -32,7 +32,8 @@ from srl_jax.core.worker_kinds import (
     load_worker_class,
 )
 from srl_jax.runtime.log_stream import LogForwarder
-from srl_jax.runtime.name_server import NAMES_ENV, NetworkNameService
+from srl_jax.runtime.name_client import NetworkNameService
+from srl_jax.runtime.name_server import NAMES_ENV
 
 
 def names_and_config(run_dir: Path, names_endpoint: str | None,

@@ -32,7 +32,8 @@ from srl_jax.runtime.host_agent import (
     signs_of_life,
     unbatch,
 )
-from srl_jax.runtime.name_server import NameServer, NetworkNameService
+from srl_jax.runtime.name_client import NetworkNameService
+from srl_jax.runtime.name_server import NameServer
 
 RUN_CONFIG = "name: agent-test\n"
 

@@ -23,7 +23,8 @@ from srl_jax.core.streams import make_socket, receive, send
 from srl_jax.core.transport import CurveKeys, Transport, curve_connect
 from srl_jax.core.wire import WIRE_VERSION
 from srl_jax.launch import network_names
-from srl_jax.runtime.name_server import NameServer, NetworkNameService
+from srl_jax.runtime.name_client import NetworkNameService
+from srl_jax.runtime.name_server import NameServer
 from tests.conftest import make_config
 
 RUN_CONFIG = "name: names-test\nseed: 3\n"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from srl_jax.runtime.startup import StartupTimeline
+from srl_jax.runtime.worker_records import StartupTimeline
 
 
 def test_each_step_keeps_its_first_time_counted_from_the_launch() -> None:

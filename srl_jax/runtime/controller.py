@@ -44,7 +44,6 @@ from srl_jax.runtime.host_agent import signs_of_life, unbatch
 from srl_jax.runtime.log_stream import LogSink
 from srl_jax.runtime.metrics import MetricsAggregator, MetricsWriter, ProgressDisplay
 from srl_jax.runtime.name_server import NAMES_ENV, NameServer
-from srl_jax.runtime.startup import StartupTimeline
 from srl_jax.runtime.stop_rule import StopRule
 from srl_jax.runtime.supervisor import (
     EXIT_FAILED,
@@ -53,7 +52,7 @@ from srl_jax.runtime.supervisor import (
     LOOP_S,
     Supervisor,
 )
-from srl_jax.runtime.worker_records import WorkerRecord, heartbeat_problem
+from srl_jax.runtime.worker_records import StartupTimeline, WorkerRecord, heartbeat_problem
 
 log = logging.getLogger("controller")
 
@@ -290,23 +289,12 @@ class Controller:
             "startup": self.startup.to_json(),
             "ports": self.transport.port_list() + self.backend.ports(),
             "missing": self.supervisor.missing(),
-            "workers": [{**r.status(), **self._device_status(r.name)} for r in self.workers],
+            "workers": [{**r.status(), **device_status(r.name, self.placement, self.metrics)}
+                        for r in self.workers],
         }
         if self.placement is not None:
             status["placement"] = self.placement.to_json()
         write_status(self.run_dir, status)
-
-    def _device_status(self, name: str) -> dict[str, Any]:
-        """The worker's place (platform, devices, memory share) and the device memory
-        its heartbeats last reported, where the platform gives it."""
-        status: dict[str, Any] = {}
-        if self.placement is not None and name in self.placement.workers:
-            placed = self.placement.workers[name]
-            status = {"platform": placed.platform, "devices": list(placed.devices),
-                      "memory_share": placed.memory}
-        counters = self.metrics.live.get(name, {})
-        status.update({key: counters[key] for key in DEVICE_MEMORY if key in counters})
-        return status
 
     def _shutdown(self) -> None:
         """Stop every worker (a learner first writes its final checkpoint); a last metrics
@@ -318,3 +306,17 @@ class Controller:
         self._write_row(check_stop=False)
         final = {EXIT_OK: "finished", EXIT_INTERRUPTED: "interrupted"}
         self._write_status(final.get(self.exit_code, "failed"))
+
+
+def device_status(name: str, placement: Placement | None,
+                  metrics: MetricsAggregator) -> dict[str, Any]:
+    """A worker's place (platform, devices, memory share) and the device memory its
+    heartbeats last reported, where the platform gives it."""
+    status: dict[str, Any] = {}
+    if placement is not None and name in placement.workers:
+        placed = placement.workers[name]
+        status = {"platform": placed.platform, "devices": list(placed.devices),
+                  "memory_share": placed.memory}
+    counters = metrics.live.get(name, {})
+    status.update({key: counters[key] for key in DEVICE_MEMORY if key in counters})
+    return status

@@ -49,13 +49,8 @@ from srl_jax.core.stream_table import CHANGES, LOGS, STATS, stream_of
 from srl_jax.core.streams import NOBLOCK, RejectCounter, make_socket, receive, send
 from srl_jax.core.transport import CurveKeys, Transport, curve_connect
 from srl_jax.core.wire import MAX_ARRAYS, MAX_HEADER_BYTES, Message
-from srl_jax.runtime.name_server import (
-    SWEEP_S,
-    NameServer,
-    NetworkNameService,
-    change_of,
-    fixed_endpoint,
-)
+from srl_jax.runtime.name_client import SWEEP_S, NetworkNameService, change_of
+from srl_jax.runtime.name_server import NameServer, fixed_endpoint
 
 log = logging.getLogger("host_agent")
 

@@ -25,8 +25,7 @@ from srl_jax.config.schema import ExperimentConfig
 from srl_jax.core.worker_kinds import EXIT_REFUSED, worker_kind
 from srl_jax.runtime.backends import LaunchBackend
 from srl_jax.runtime.metrics import MetricsAggregator
-from srl_jax.runtime.startup import StartupTimeline
-from srl_jax.runtime.worker_records import UNPLACED, WorkerRecord
+from srl_jax.runtime.worker_records import UNPLACED, StartupTimeline, WorkerRecord
 
 log = logging.getLogger("controller")
 
