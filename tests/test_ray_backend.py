@@ -197,7 +197,11 @@ def test_an_actor_host_that_leaves_and_one_that_joins_make_a_dip_not_a_failure(
         "all workers running, for a few seconds")
     head = cluster.head_node.node_id[:16]
     killed = wait_for(lambda: agent_pids(run_dir).get(head), 30, "the head's host agent")
-    os.kill(killed, signal.SIGKILL)  # its workers (learner, server) keep their endpoints
+    os.kill(killed, signal.SIGKILL)  # its workers keep their endpoints, and running
+    wait_for(lambda: agent_pids(run_dir)[head] != killed, 90, "Ray's new host agent")
+    heard = time.time()
+    wait_for(lambda: all(w["last_heartbeat"] > heard for w in read_status(run_dir)["workers"]
+                         if w["host"] is not None), 60, "every worker heard through it again")
     raylet = leaving.all_processes["raylet"][0].process.pid
     status = read_status(run_dir)
     (gone,) = [w for w in status["workers"] if w["pid"] in descendants(raylet)]
@@ -224,7 +228,6 @@ def test_an_actor_host_that_leaves_and_one_that_joins_make_a_dip_not_a_failure(
     final = read_status(run_dir)
     assert final["state"] == "finished" and "reached the limit 150000" in final["stop_reason"]
     assert final["missing"] == [] and worker(final, kept["name"])["restarts"] == 0
-    assert agent_pids(run_dir)[head] != killed, "Ray started the killed host agent again"
     assert all(w["restarts"] == 0 for w in final["workers"] if w["name"] != gone["name"]), \
         "a host agent's death kills none of its workers"
     rows = read_metrics(run_dir)

@@ -279,8 +279,9 @@ class RayBackend:
             del self._agent_pids[node_id]
             try:
                 pid = ray.get(pid)
-            except ray.exceptions.RayError:  # its node left; a worker placed there asks anew
-                del self._agents[node_id]
+            except ray.exceptions.RayError:  # it died while asked: Ray starts it again, or
+                if not any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes()):
+                    del self._agents[node_id]  # its node left (a worker placed there asks anew)
                 continue
             if self._known_pids.get(node_id) != pid:
                 self._known_pids[node_id] = pid
