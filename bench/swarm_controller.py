@@ -26,7 +26,7 @@ import yaml
 import zmq
 
 from bench.harness.machine import CONFIGS_DIR, DEFAULT_EXPERIMENT, REPO_ROOT
-from bench.swarm_hosts import SOCKETS_PER_WORKER, host_topic
+from bench.swarm_hosts import SOCKETS_PER_WORKER
 from srl_jax.config.loader import config_to_dict, load_config
 from srl_jax.config.schema import DEFAULT_POLICY, ExperimentConfig
 from srl_jax.core.names import worker_name
@@ -97,9 +97,9 @@ class SwarmBackend(LocalBackend):
         name = worker_name(kind, index, policy)
         pid = next(self.pids)
         host = self.host_of[name]
-        self.commands[host % self.processes].send_multipart([host_topic(host), msgpack.packb({
+        self.commands[host % self.processes].send(msgpack.packb({
             "op": "start", "worker": name, "kind": kind, "index": index, "policy": policy,
-            "pid": pid})])
+            "pid": pid, "host": host}))
         return WorkerHandle(kind, index, pid, f"h{host}", host, policy)
 
     def placement_wait(self, kind: str) -> str:
@@ -116,9 +116,8 @@ class SwarmBackend(LocalBackend):
         return self.exits.get(handle.pid)
 
     def send_signal(self, handle: WorkerHandle, sig: int) -> None:
-        self.commands[handle.ref % self.processes].send_multipart([
-            host_topic(handle.ref), msgpack.packb({"op": "signal", "pid": handle.pid,
-                                                   "signal": int(sig)})])
+        self.commands[handle.ref % self.processes].send(msgpack.packb({
+            "op": "signal", "pid": handle.pid, "signal": int(sig)}))
 
     def close(self) -> None:
         for child in self.children:

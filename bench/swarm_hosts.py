@@ -12,7 +12,7 @@ LOG_EVERY_S. Every PROBE_EVERY_S it times a `get` of one of its keys at its agen
 lookup latency the benchmark reports.
 
 The controller's `SwarmBackend` (bench/swarm_controller.py) starts and signals the
-simulated workers: commands come on a PULL socket (msgpack, after the host's index),
+simulated workers: commands come on a PULL socket (msgpack),
 exits go back on a PUSH. Run by that backend:
 `python -m bench.swarm_hosts --names E --commands E --events E --hosts 0,1,.. --out F`.
 """
@@ -50,10 +50,6 @@ TICK_S = 0.01
 SOCKETS_PER_WORKER = 4
 STARTS_PER_TURN = 20
 """Commands taken per turn, so that workers started earlier heartbeat meanwhile."""
-
-
-def host_topic(host: int) -> bytes:
-    return f"h{host}:".encode()
 
 
 def binds(kind: str, index: int) -> list[str]:
@@ -210,10 +206,9 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(STARTS_PER_TURN):
             if not commands.poll(0):
                 break
-            topic, body = commands.recv_multipart()
-            command = msgpack.unpackb(body)
+            command = msgpack.unpackb(commands.recv())
             if command["op"] == "start":
-                agent = agents[int(topic.decode()[1:-1])]
+                agent = agents[command["host"]]
                 worker = SimWorker(context, agent, command, args.servers, args.learners,
                                    args.simulate == "agents")
                 workers[command["pid"]] = worker
