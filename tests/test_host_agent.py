@@ -1,4 +1,4 @@
-"""The host agent: one peer per host for the controller (srl_jax/runtime/host_agent.py).
+"""The host agent: one peer per host for the controller (srl_jax/runtime/hosts/host_agent.py).
 
 A real agent between a real `NameServer` (the controller's, CURVE on) and a worker's
 `NetworkNameService`: what the worker registers reaches the controller, what changes
@@ -23,7 +23,7 @@ from srl_jax.core.streams import RejectCounter, make_socket, receive, send
 from srl_jax.core.transport import CurveKeys, Transport, curve_connect
 from srl_jax.core.wire import MAX_HEADER_BYTES, Message, decode, encode
 from srl_jax.core.worker_base import heartbeat_meta
-from srl_jax.runtime.host_agent import (
+from srl_jax.runtime.hosts.host_agent import (
     FULL_EVERY_S,
     Coalescer,
     HostAgent,

@@ -92,17 +92,18 @@ def test_keys_share_no_prefix_with_metric_names() -> None:
 
 
 def test_binders_and_connecters_are_worker_kinds() -> None:
-    kinds = {*KINDS, "controller"}
+    kinds = {*KINDS, "controller", "agent"}
     for stream in STREAMS:
         assert stream.binder in kinds and set(stream.connecters) <= kinds, stream.name
 
 
-def test_every_message_kind_travels_on_one_stream_and_chunks_on_two() -> None:
+def test_every_message_kind_travels_on_one_stream_and_chunks_and_params_on_two() -> None:
     """A chunk goes to the learner, or to the replay servers when the algorithm learns
-    from replay: the same `samples` message; every other kind has one stream."""
+    from replay: the same `samples` message; parameters come from the learner, or from
+    a host agent's relay, as they left the learner; every other kind has one stream."""
     carried = [kind for stream in STREAMS for kind in stream.kinds]
     assert set(carried) == wire.KINDS
-    assert sorted(carried) == sorted([*wire.KINDS, "samples"])
+    assert sorted(carried) == sorted([*wire.KINDS, "samples", "params"])
 
 
 @pytest.mark.parametrize("stream", ZMQ_STREAMS, ids=lambda s: s.name)

@@ -104,7 +104,7 @@ class RuntimeConfig:
     host_agents: bool = True
     """With the network name service on Ray, one host agent per node stands for that
     node's workers towards the controller (names, heartbeats, logs:
-    srl_jax/runtime/host_agent.py), so that the controller's load grows with nodes, not
+    srl_jax/runtime/hosts/host_agent.py), so that the controller's load grows with nodes, not
     workers. False: every worker is the controller's peer."""
     names: str = "auto"
     """Where workers find each other's endpoints, their config and where their output goes:

@@ -7,6 +7,7 @@
                                                                         sampled
     inference    inference (ROUTER)  actor (DEALER)                     infer_request, infer_reply
     params       learner 0 (PUB)     inference, evaluator, actor (SUB)  params
+    relay        agent (XPUB)        agent (SUB)                        params
     pool         learner 0 (PUB)     inference (SUB)                    snapshot
     control      learner 0 (ROUTER)  population (DEALER)                exploit, exploited
     stats        controller (PULL)   every worker (PUSH)                stats, stats_batch
@@ -15,9 +16,12 @@
     logs         controller (PULL)   every worker (PUSH)                log
     coordinator  learner 0           other learner processes            (jax.distributed's gRPC)
 
-With host agents (srl_jax/runtime/host_agent.py) a host's workers reach the controller's
+With host agents (srl_jax/runtime/hosts/host_agent.py) a host's workers reach the controller's
 streams (stats, names, changes, logs) through their host's agent, which binds the same
-streams for them and connects to the controller's as one peer for the whole host.
+streams for them and connects to the controller's as one peer for the whole host. It
+also relays each policy's parameters to its host (srl_jax/runtime/hosts/param_relay.py): the
+relays of a policy take the learner's stream in a tree over the relay stream, so that
+the learner sends each version at most `runtime.param_fanout` times.
 
 A worker that binds registers its endpoint in the name service under the
 stream's key; one that connects looks the key up (`srl_jax.core.names`). Every
@@ -141,6 +145,14 @@ PARAMS = Stream(
     per_policy=True, indexed=False,
     doc="Learner process 0 publishes each new version; subscribers keep the newest (actors "
         "only with inline inference).")
+RELAY = Stream(
+    name="relay", binder="agent", connecters=("agent",),
+    bind_type=zmq.XPUB, connect_type=zmq.SUB,
+    binder_receives=frozenset(), connecter_receives=frozenset({"params"}),
+    per_policy=True, indexed=True,
+    doc="A host agent's relay of a policy's parameters, to the relays below it in the "
+        "policy's tree (the agent's own host takes them on a local address); indexed by "
+        "agent (srl_jax/runtime/hosts/param_relay.py).")
 POOL = Stream(
     name="pool", binder="learner", connecters=("inference",),
     bind_type=zmq.PUB, connect_type=zmq.SUB,
@@ -193,7 +205,7 @@ COORDINATOR = Stream(
     doc="host:port of learner process 0's jax.distributed coordinator (gRPC, no CURVE), "
         "for a policy's other learner processes.")
 
-STREAMS: tuple[Stream, ...] = (SAMPLES, INSERTS, REPLAY, INFERENCE, PARAMS, POOL, CONTROL,
+STREAMS: tuple[Stream, ...] = (SAMPLES, INSERTS, REPLAY, INFERENCE, PARAMS, RELAY, POOL, CONTROL,
                                STATS, NAMES, CHANGES, LOGS, COORDINATOR)
 """Every name-service key of a run comes from one of these."""
 

@@ -3,7 +3,8 @@
 - inference stream: actors' DEALER -> inference servers' ROUTER (requests are
   spread over all connected servers; replies return to the asking actor);
 - sample stream: actors' PUSH -> learner's PULL, bounded by high-water marks;
-- parameter stream: learner's PUB -> inference servers' SUB, newest version wins;
+- parameter stream: learner's PUB -> inference servers' SUB, newest version wins
+  (through host agents' relays on a cluster: srl_jax/runtime/hosts/param_relay.py);
 - stats stream: every worker's PUSH -> controller's PULL (heartbeats + counters).
 
 Where sockets bind, and CURVE off loopback: srl_jax/core/transport.py.
@@ -74,6 +75,21 @@ def receive(socket: zmq.Socket, expected: frozenset[str], rejects: RejectCounter
     `while receive(...) is not None` is not stopped by the first bad message.
     `envelope` is the number of routing frames a ROUTER socket prepends.
     """
+    received = _receive_valid(socket, expected, rejects, envelope, max_bytes)
+    if received is None:
+        return None
+    return [frame.bytes for frame in received[0][:envelope]], received[1]
+
+
+def receive_frames(socket: zmq.Socket, expected: frozenset[str], rejects: RejectCounter,
+                   max_bytes: int = 1 << 30) -> tuple[list[zmq.Frame], Message] | None:
+    """Like `receive`, with the frames as they came, for a relay that sends them on
+    unchanged and without a copy (`send_frames`)."""
+    return _receive_valid(socket, expected, rejects, 0, max_bytes)
+
+
+def _receive_valid(socket: zmq.Socket, expected: frozenset[str], rejects: RejectCounter,
+                   envelope: int, max_bytes: int) -> tuple[list[zmq.Frame], Message] | None:
     for _ in range(MAX_SKIPPED):
         frames = _recv_frames(socket)
         if frames is None:
@@ -81,12 +97,18 @@ def receive(socket: zmq.Socket, expected: frozenset[str], rejects: RejectCounter
         if len(frames) <= envelope:
             rejects.reject(WireError("message has no header frame"))
             continue
-        routing = [frame.bytes for frame in frames[:envelope]]
         try:
-            return routing, decode(frames[envelope:], expected=expected, max_bytes=max_bytes)
+            return frames, decode(frames[envelope:], expected=expected, max_bytes=max_bytes)
         except WireError as error:
             rejects.reject(error)
     return None
+
+
+def send_frames(socket: zmq.Socket, frames: list[zmq.Frame], flags: int = 0) -> None:
+    """Send frames received whole (`receive_frames`) again, sharing their buffers."""
+    last = len(frames) - 1
+    for i, frame in enumerate(frames):
+        socket.send(frame, flags if i == last else flags | SNDMORE, copy=False)
 
 
 def send(socket: zmq.Socket, kind: str, meta: dict[str, Any] | None = None,

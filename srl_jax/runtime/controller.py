@@ -40,7 +40,7 @@ from srl_jax.core.transport import KEYS_ENV, CurveKeys, Transport
 from srl_jax.core.worker_base import LAST_PHASE
 from srl_jax.core.worker_kinds import worker_kind, worker_plan
 from srl_jax.runtime.backends import BackendError, LaunchBackend
-from srl_jax.runtime.host_agent import signs_of_life, unbatch
+from srl_jax.runtime.hosts.host_agent import signs_of_life, unbatch
 from srl_jax.runtime.log_stream import LogSink
 from srl_jax.runtime.metrics import MetricsAggregator, MetricsWriter, ProgressDisplay
 from srl_jax.runtime.name_server import NAMES_ENV, NameServer

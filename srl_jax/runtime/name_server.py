@@ -8,7 +8,7 @@ ports), from a thread of its own so that a slow controller turn delays no lookup
 Each worker's `NetworkNameService` (srl_jax/runtime/name_client.py) asks it over a
 DEALER. A worker finds the server through `SRL_JAX_NAMES` in its environment (its CURVE keys through
 `SRL_JAX_CURVE_KEYS`), which the controller hands every worker it starts (or, with
-host agents, its host's agent: srl_jax/runtime/host_agent.py). The server also hands
+host agents, its host's agent: srl_jax/runtime/hosts/host_agent.py). The server also hands
 out the run's resolved config, the one other thing a worker read from the run
 directory.
 

@@ -56,7 +56,7 @@ from srl_jax.core.stream_table import NAMES
 from srl_jax.core.transport import BIND_HOST_ENV, KEYS_ENV, CurveKeys, Port
 from srl_jax.core.worker_kinds import worker_kind, worker_plan
 from srl_jax.runtime.backends import BackendError, WorkerHandle, spawn_worker, worker_args
-from srl_jax.runtime.host_agent import HostAgent, agent_address
+from srl_jax.runtime.hosts.host_agent import HostAgent, agent_address
 from srl_jax.runtime.name_server import NAMES_ENV, fixed_endpoint
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ class WorkerHost:
 
 
 class NodeAgent:
-    """A node's host agent (srl_jax/runtime/host_agent.py), as a Ray actor that Ray starts
+    """A node's host agent (srl_jax/runtime/hosts/host_agent.py), as a Ray actor that Ray starts
     again on the same node when it dies."""
 
     def __init__(self, upstream: str, keys: str, at: str) -> None:

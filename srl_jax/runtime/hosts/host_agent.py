@@ -20,6 +20,9 @@ local `ipc://` sockets, and the agent to the controller:
   one. Counters are cumulative, so the controller's rows lose nothing but freshness,
   and its work per worker falls by three quarters.
 - logs: chunks go on as they came.
+- parameters: the agent relays each policy's parameters to its host, in a tree with the
+  other agents' relays (srl_jax/runtime/hosts/param_relay.py), and answers its workers' lookup
+  of a policy's params key with its relay's local address.
 
 Its local sockets are at fixed addresses (`ipc://@srl_jax-<run>-<node>-<stream>`, Linux's
 abstract namespace: nothing on disk, gone with the process, one namespace per network
@@ -45,10 +48,11 @@ import msgpack
 import numpy as np
 import zmq
 
-from srl_jax.core.stream_table import CHANGES, LOGS, STATS, stream_of
-from srl_jax.core.streams import NOBLOCK, RejectCounter, make_socket, receive, send
+from srl_jax.core.stream_table import CHANGES, LOGS, PARAMS, STATS, stream_of
+from srl_jax.core.streams import LOOPBACK, NOBLOCK, RejectCounter, make_socket, receive, send
 from srl_jax.core.transport import CurveKeys, Transport, curve_connect
 from srl_jax.core.wire import MAX_ARRAYS, MAX_HEADER_BYTES, Message
+from srl_jax.runtime.hosts.param_relay import PARAM_FANOUT, Relays
 from srl_jax.runtime.name_client import SWEEP_S, NetworkNameService, change_of
 from srl_jax.runtime.name_server import NameServer, fixed_endpoint
 
@@ -184,11 +188,14 @@ class HostAgent:
     or a simulated host of `bench/swarm.py`): one serves the host, one the uplink."""
 
     def __init__(self, context: zmq.Context, upstream: str, keys: CurveKeys | None,
-                 at: str) -> None:
+                 at: str, index: int = 0, fanout: int = PARAM_FANOUT,
+                 bind_host: str = LOOPBACK) -> None:
         """`upstream`: the controller's name service. `at`: the base of the local
-        addresses (`agent_address`). Returns once the agent serves: it has the run's
-        config and a first copy of its names (waiting, with backoff, for a controller
-        that does not answer yet)."""
+        addresses (`agent_address`). `index`: the agent's place in the parameter relays'
+        trees (one per host, kept when the agent starts again); `fanout`: theirs
+        (`runtime.param_fanout`); `bind_host`: where the relays serve other hosts.
+        Returns once the agent serves: it has the run's config and a first copy of its
+        names (waiting, with backoff, for a controller that does not answer yet)."""
         self.at = at
         self.host = pysocket.gethostname()
         self.rejects = RejectCounter()
@@ -202,8 +209,10 @@ class HostAgent:
         self._offered_lock = threading.Lock()
         self.upstream = NetworkNameService(context, upstream, keys)
         config = self.upstream.run_config()
-        local = Transport(context, keys=keys)
+        local = Transport(context, bind_host, keys=keys)
         self.names = NameServer(local, config, forward=self._forward, at=at, own_thread=False)
+        self.relays = Relays(local, self.names, lambda key, endpoint: self._forward(
+            "register", key, endpoint), at, index, fanout)
         self._stats_in = self._bind(local, STATS.bind_type, STATS.key())
         self._logs_in = self._bind(local, LOGS.bind_type, LOGS.key())
         self._stats_out = self._connect(STATS.connect_type, STATS.key(), keys)
@@ -234,6 +243,7 @@ class HostAgent:
         self._stopping.set()
         for thread in self._threads:
             thread.join(timeout=2)
+        self.relays.close()
         self.names.close()
         self.upstream.close()
         self.local.close()
@@ -258,9 +268,18 @@ class HostAgent:
         stands for them), forgetting what the controller no longer has."""
         theirs = {key: endpoint for key, endpoint in table.items() if _replicated(key)}
         for key in set(self.names.table()) - set(theirs):
-            if _replicated(key):
+            if _replicated(key) and stream_of(key) is not PARAMS:
                 self.names.register(key, None)
+        self.relays.replace(theirs)
         for key, endpoint in theirs.items():
+            if stream_of(key) is not PARAMS:
+                self.names.register(key, endpoint)
+
+    def _copy(self, key: str, endpoint: str | None) -> None:
+        """A change of the controller's names, in the agent's copy and its relays. A
+        policy's params key keeps the relay's local address, which the relay registers
+        once the policy has a learner, and keeps while the learner is away."""
+        if not self.relays.take(key, endpoint):
             self.names.register(key, endpoint)
 
     def _uplink(self) -> None:
@@ -271,7 +290,7 @@ class HostAgent:
                 while (received := receive(self._changes, CHANGES.connecter_receives,
                                            self.rejects)) is not None:
                     if (change := change_of(received[1])) is not None and _replicated(change[0]):
-                        self.names.register(*change)
+                        self._copy(*change)
             with self._forwards_lock:
                 forwards, self._forwards = self._forwards, []
             for op, key, endpoint in forwards:
