@@ -6,7 +6,7 @@ What it measures
 It starts the controller (bench/swarm_controller.py: the real `Controller` with the
 network name service, its metrics rows and status.json every second, its supervisor),
 whose launch backend puts `--workers` simulated workers on `--hosts` simulated hosts
-(bench/swarm_hosts.py): per host a real host agent (srl_jax/runtime/host_agent.py),
+(bench/swarm_hosts.py): per host a real host agent (srl_jax/runtime/hosts/host_agent.py),
 per worker real sockets and the real control messages at the real rates (config,
 lookups, registers, a heartbeat with its kind's counters every
 `runtime.stats_interval_s`, episode returns, log lines), and no data at all. Once
@@ -187,8 +187,7 @@ def stop(process: subprocess.Popen) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, raise_on_sigterm)
-    if warning := busy_warning():
-        print(warning, file=sys.stderr)
+    busy_warning()
     workdir = Path(tempfile.mkdtemp(prefix="srl_jax-swarm-"))
     run_dir = workdir / "run"
     run_dir.mkdir()

@@ -40,7 +40,7 @@ from srl_jax.core.stream_table import INFERENCE, LOGS, PARAMS, SAMPLES, STATS
 from srl_jax.core.streams import NOBLOCK, make_socket, send
 from srl_jax.core.worker_base import heartbeat_meta
 from srl_jax.core.worker_kinds import KINDS
-from srl_jax.runtime.host_agent import HostAgent, agent_address
+from srl_jax.runtime.hosts.host_agent import HostAgent, agent_address
 from srl_jax.runtime.name_client import NetworkNameService
 
 HEARTBEAT_S = 0.5

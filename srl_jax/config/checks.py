@@ -270,6 +270,7 @@ def check_runtime(config: ExperimentConfig) -> None:
     require(runtime.stats_interval_s > 0, "'runtime.stats_interval_s' must be positive")
     require(runtime.stats_queue >= 1, "'runtime.stats_queue' must be at least 1")
     require(runtime.max_restarts >= 0, "'runtime.max_restarts' must not be negative")
+    require(runtime.param_fanout >= 1, "'runtime.param_fanout' must be at least 1")
     require(runtime.max_message_mb > 0, "'runtime.max_message_mb' must be positive")
     require(runtime.stall_timeout_s >= 0, "'runtime.stall_timeout_s' must not be negative")
     require(runtime.busy_timeout_s >= 0, "'runtime.busy_timeout_s' must not be negative")

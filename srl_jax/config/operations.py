@@ -106,6 +106,11 @@ class RuntimeConfig:
     node's workers towards the controller (names, heartbeats, logs:
     srl_jax/runtime/hosts/host_agent.py), so that the controller's load grows with nodes, not
     workers. False: every worker is the controller's peer."""
+    param_fanout: int = 8
+    """With host agents, the most copies of each parameter version one sender makes for
+    other hosts: the agents relay each policy's parameters to their hosts in a tree of
+    this fan-out (srl_jax/runtime/hosts/param_relay.py), so the learner sends each
+    version this many times whatever the number of hosts and subscribers."""
     names: str = "auto"
     """Where workers find each other's endpoints, their config and where their output goes:
     files (names as files under the run directory, each worker writes its own log

@@ -101,9 +101,13 @@ class NodeAgent:
     """A node's host agent (srl_jax/runtime/hosts/host_agent.py), as a Ray actor that Ray starts
     again on the same node when it dies."""
 
-    def __init__(self, upstream: str, keys: str, at: str) -> None:
+    def __init__(self, upstream: str, keys: str, at: str, index: int, fanout: int,
+                 bind_host: str | None) -> None:
+        """`index`: the node's place in the parameter relays' trees (kept when Ray starts
+        the agent again); `bind_host`: where its relays serve other nodes (None: the
+        node's address)."""
         self.agent = HostAgent(zmq.Context(), upstream, CurveKeys.from_env(keys) if keys else None,
-                               at)
+                               at, index, fanout, bind_host or ray.util.get_node_ip_address())
 
     def pid(self) -> int:
         return os.getpid()
@@ -170,6 +174,9 @@ class RayBackend:
         self._agent = ray.remote(num_cpus=0, max_restarts=-1)(NodeAgent)
         self._agents: dict[str, Any] = {}
         """The host agent of each node a worker was placed on, by node id."""
+        self._agent_index: dict[str, int] = {}
+        """Each agent's place in the parameter relays' trees: the lowest free one, so that
+        a node that joins fills the place of one that left."""
         self._agent_pids: dict[str, Any] = {}
         """The ref of each node's agent's pid, asked every AGENT_CHECK_S."""
         self._known_pids: dict[str, int] = {}
@@ -258,9 +265,13 @@ class RayBackend:
         if node_id in self._agents:
             return
         strategy = NodeAffinitySchedulingStrategy(node_id, soft=False)
+        index = min(set(range(len(self._agents) + 1)) - set(self._agent_index.values()))
         agent = self._agent.options(scheduling_strategy=strategy).remote(
-            env[NAMES_ENV], env.get(KEYS_ENV, ""), agent_address(self._run_token, node_id[:16]))
+            env[NAMES_ENV], env.get(KEYS_ENV, ""), agent_address(self._run_token, node_id[:16]),
+            index, self.config.runtime.param_fanout,
+            None if self._bind_nodes else self.config.transport.bind_host)
         self._agents[node_id] = agent
+        self._agent_index[node_id] = index
 
     def _check_agents(self) -> None:
         """Every AGENT_CHECK_S, ask each node's agent which process it is, and log it
@@ -282,6 +293,7 @@ class RayBackend:
             except ray.exceptions.RayError:  # it died while asked: Ray starts it again, or
                 if not any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes()):
                     del self._agents[node_id]  # its node left (a worker placed there asks anew)
+                    del self._agent_index[node_id]
                 continue
             if self._known_pids.get(node_id) != pid:
                 self._known_pids[node_id] = pid
