@@ -232,6 +232,8 @@ def test_an_actor_host_that_leaves_and_one_that_joins_make_a_dip_not_a_failure(
         "a host agent's death kills none of its workers"
     rows = read_metrics(run_dir)
     assert max(r.get("episode_return_mean", 0) for r in rows) >= 200, "it learned on"
+    lags = [r["policy_lag_mean"] for r in rows if r.get("policy_lag_mean") is not None]
+    assert max(lags[-5:]) < 10, f"every server on the newest parameters again: {lags}"
     # From the removal on (at start-up, workers Ray has not placed yet count as missing too).
     gap = [r for r in rows if r["time"] >= removed_at and r["system/workers_missing"]]
     assert gap and all(r["system/workers_missing"] == 1 for r in gap)

@@ -48,11 +48,12 @@ import msgpack
 import numpy as np
 import zmq
 
+from srl_jax.config.operations import RuntimeConfig
 from srl_jax.core.stream_table import CHANGES, LOGS, PARAMS, STATS, stream_of
 from srl_jax.core.streams import LOOPBACK, NOBLOCK, RejectCounter, make_socket, receive, send
 from srl_jax.core.transport import CurveKeys, Transport, curve_connect
 from srl_jax.core.wire import MAX_ARRAYS, MAX_HEADER_BYTES, Message
-from srl_jax.runtime.hosts.param_relay import PARAM_FANOUT, Relays
+from srl_jax.runtime.hosts.param_relay import Relays
 from srl_jax.runtime.name_client import SWEEP_S, NetworkNameService, change_of
 from srl_jax.runtime.name_server import NameServer, fixed_endpoint
 
@@ -188,7 +189,7 @@ class HostAgent:
     or a simulated host of `bench/swarm.py`): one serves the host, one the uplink."""
 
     def __init__(self, context: zmq.Context, upstream: str, keys: CurveKeys | None,
-                 at: str, index: int = 0, fanout: int = PARAM_FANOUT,
+                 at: str, index: int = 0, fanout: int = RuntimeConfig.param_fanout,
                  bind_host: str = LOOPBACK) -> None:
         """`upstream`: the controller's name service. `at`: the base of the local
         addresses (`agent_address`). `index`: the agent's place in the parameter relays'

@@ -45,9 +45,6 @@ from srl_jax.runtime.name_server import NameServer
 
 log = logging.getLogger("param_relay")
 
-PARAM_FANOUT = 8
-"""Default `runtime.param_fanout`: the most copies of a version one sender makes for
-other hosts."""
 RESEND_S = 1.0
 """The newest version goes again to a relay's subscribers at most this often when new
 ones join."""
