@@ -86,3 +86,23 @@ def swarm(result: dict[str, Any]) -> list[str]:
                     "heartbeat age p50 s", "p99 s", "late (> 1.5 s)", "lookup p99 ms",
                     "name requests/s", "worker exits", "start-up s", "commit"], rows)
     return [*lines, "", machine_note(result)]
+
+
+def param_fanout(result: dict[str, Any]) -> list[str]:
+    """`bench.param_fanout`'s rows: the learner's bytes per version, with relays and without."""
+    rows = [[f"{r['subscribers']:,}", f"{r['hosts']:,}",
+             f"fan-out {r['fanout']}" if r["relays"] else "none (every subscriber on the learner)",
+             f"{r['param_bytes'] / 1e6:.1f}", f"{r['learner_peers_max']}",
+             f"{r['learner_bytes_per_version'] / 1e6:,.0f}",
+             "yes" if r["subscribers_received_all"] else "**no**",
+             f"{r['versions_received_fraction']:.2f}", f"{r['arrival_p50_s']:.3f}",
+             f"{r['arrival_p99_s']:.3f}", r["commit"]]
+            for r in sorted(result["rows"].values(),
+                            key=lambda r: (r["subscribers"], r["relays"]))]
+    lines = ["A version every second for 12 s, to subscribers spread over simulated hosts, each "
+             "host with a real host agent in a process of its own (`python -m "
+             "bench.param_fanout`), one run each:", ""]
+    lines += table(["subscribers", "hosts", "relays", "MB a version", "learner's peers",
+                    "learner MB a version", "all on the newest", "versions received",
+                    "arrival p50 s", "p99 s", "commit"], rows)
+    return [*lines, "", machine_note(result)]

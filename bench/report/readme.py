@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness.machine import REPO_ROOT, RESULTS_DIR
-from bench.report.blocks import accelerator, learner_cnn, swarm, sweep
+from bench.report.blocks import accelerator, learner_cnn, param_fanout, swarm, sweep
 from bench.report.experiments import experiments
 from bench.report.performance import cartpole, dqn, pong, sampling
-from bench.report.scaling import scale
+from bench.report.scaling import scale, scaling_model
 
 TARGET = REPO_ROOT / "docs" / "benchmarks.md"
 """The file whose marked blocks are generated: every marker pair below must be in it."""
@@ -68,7 +68,10 @@ ONE_FILE_BLOCKS = (("sweep", sweep, "python -m bench.sweep"),
                    ("learner_cnn", learner_cnn, "python -m bench.learner --levers"),
                    ("accelerator", accelerator,
                     "python -m bench.accelerator_check on a GPU or TPU host"),
-                   ("swarm", swarm, "python -m bench.swarm --workers N --hosts H"))
+                   ("swarm", swarm, "python -m bench.swarm --workers N --hosts H"),
+                   ("param_fanout", param_fanout,
+                    "python -m bench.param_fanout --subscribers N --mb M"),
+                   ("scaling_model", scaling_model, "python -m bench.scaling_model"))
 """README blocks made from one results file each: (its name, renderer, what writes it)."""
 
 

@@ -81,3 +81,47 @@ def atari_projection(pong: dict[str, Any] | None, actor_us: float, per_core: flo
             f"{requests:,.0f} requests/s at {rows} rows each: about "
             f"{requests / per_core:.0f} server cores of runtime work, plus the policy compute "
             "on the accelerators. ")
+
+
+def scaling_model(result: dict[str, Any]) -> list[str]:
+    """`bench.scaling_model`: the projection for each experiment, what it rests on, and the
+    check against the whole runs measured."""
+    settings = result["settings"]
+    lines = ["![Projected throughput against CPU cores, and Atari against accelerators beside "
+             "SRL's published scaling](img/scaling.svg)", ""]
+    for name, title in (("cartpole", "CartPole PPO (inference on CPU servers)"),
+                        ("atari", "Atari Pong IMPALA (inference on the accelerators)")):
+        rows = [[f"{p['cores']:,}", str(p["accelerators"]), f"{p['fps']:,.0f}", p["bound_by"],
+                 f"{p['bounds']['actor and server CPUs']:,.0f}",
+                 f"{p['bounds']['learner accelerators']:,.0f}", f"{p['controller_cores']:.2f}",
+                 str(p["relay_hops"]), f"{p['version_arrival_s']:.2f}",
+                 f"{p['learner_link_bytes_per_version'] / 1e6:,.1f}",
+                 f"{p['unrelayed_bytes_per_version'] / 1e6:,.1f}"]
+                for p in result["curves"][name]]
+        lines += [f"**{title}**, one accelerator per {settings['cores_per_accelerator']} cores "
+                  "(modelled):", ""]
+        lines += table(["CPU cores", "accelerators", "frames/s", "bound by", "CPUs could feed",
+                        "accelerators could take", "controller cores", "relay hops",
+                        "version arrival s", "learner MB a version", "MB without relays"], rows)
+        lines.append("")
+    costs = result["unit_costs"]
+    lines += ["Measured inputs (each from its results file): "
+              + "; ".join(f"`{name}.json` ({source})" for name, source in
+                          result["sources"].items()) + ". Per unit: "
+              + "; ".join(f"{name}: env step {c['env_step_us']:.1f} us, actor runtime "
+                          f"{c['actor_runtime_us']:.1f} us a frame, server "
+                          f"{c['server_rows_per_core']:,.0f} rows/s a core, learner "
+                          f"{c['learner_samples_per_accelerator']:,.0f} samples/s an "
+                          f"accelerator, parameters {c['param_bytes'] / 1e6:.2f} MB"
+                          for name, c in costs.items())
+              + f"; controller {costs['atari']['controller_cores_per_1000']:.3f} cores per "
+              f"1,000 workers; a relay hop {costs['atari']['hop_s'] * 1e3:.0f} ms for 7 MB.", ""]
+    lines += ["Check against the whole runs on one H200 host: "
+              + "; ".join(f"`{c['experiment']}` with {c['actor_processes']} actor processes "
+                          f"measured {c['measured_fps']:,.0f} frames/s, the model's actor bound "
+                          f"{c['modelled_actor_bound_fps']:,.0f} ({c['ratio']:.2f}x)"
+                          for c in result["checks"]) + ".", ""]
+    srl = result["published_srl"]
+    lines += [f"SRL's points: {srl['source']}; x: {srl['x']}; y: {srl['y']}.", "",
+              f"*Modelled at commit {result['commit']} on {result['date']}.*"]
+    return lines
