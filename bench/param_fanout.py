@@ -35,6 +35,7 @@ import json
 import logging
 import math
 import multiprocessing
+import os
 import signal
 import sys
 import tempfile
@@ -48,7 +49,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from bench.harness.launcher import BenchError, busy_warning, raise_on_sigterm, release_workdir
 from bench.harness.machine import RESULTS_DIR, git_commit, nproc, write_results
-from bench.param_fanout_hosts import run_agent, run_subscribers
+from bench.simulated.fanout_hosts import run_agent, run_subscribers
 from learners.workers.param_publisher import ParamPublisher
 from srl_jax.config.schema import LearnerConfig
 from srl_jax.core.stream_table import LOGS, PARAMS, STATS
@@ -135,26 +136,22 @@ def main(argv: list[str] | None = None) -> int:
     print(f"param_fanout: {args.subscribers} subscribers on {args.hosts} hosts, "
           f"{args.mb:g} MB a version, "
           f"{'no relays' if args.direct else f'fan-out {args.fanout}'}, on {nproc()} cores")
-    agents = {} if args.direct else {
-        host: spawn.Process(target=run_agent, args=(names.endpoint, host, args.fanout),
-                            daemon=True) for host in range(args.hosts)}
-    for agent in agents.values():
-        agent.start()
+    run = f"fanout{os.getpid()}"  # the agents' local addresses, apart from another run's
+    agents = Agents(spawn, run, names.endpoint, 0 if args.direct else args.hosts, args.fanout)
     workdir = Path(tempfile.mkdtemp(prefix="srl_jax-fanout-"))
     counts = spread(args.subscribers, args.hosts)
     groups = [list(range(args.hosts))[p::SUBSCRIBER_PROCESSES]
               for p in range(min(SUBSCRIBER_PROCESSES, args.hosts))]
     ready = [spawn.Event() for _ in groups]
     subscribers = [spawn.Process(target=run_subscribers, args=(
-        group, [counts[h] for h in group], queue, str(workdir / f"subscribers-{p}.json"),
+        run, group, [counts[h] for h in group], queue, str(workdir / f"subscribers-{p}.json"),
         ready[p], names.endpoint if args.direct else None))
         for p, group in enumerate(groups)]
     for process in subscribers:
         process.start()
     try:
         warm_up(publisher, params, ready)
-        published, learner_peers = publish(args, publisher, params, peers, agents, spawn,
-                                           names.endpoint)
+        published, learner_peers = publish(args, publisher, params, peers, agents)
     except BenchError as error:
         print(f"bench.param_fanout: {error}", file=sys.stderr)
         return 1
@@ -163,9 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             process.terminate()
         for process in subscribers:
             process.join(timeout=30)
-        for agent in agents.values():
-            agent.kill()
-            agent.join()
+        agents.stop()
         names.close()
     written = [json.loads(path.read_text()) for path in sorted(workdir.glob("*.json"))]
     release_workdir(workdir, keep=False)
@@ -198,9 +193,38 @@ def warm_up(publisher: ParamPublisher, params: dict[str, np.ndarray], ready: lis
         time.sleep(0.5)
 
 
+class Agents:
+    """The simulated hosts' agents, a spawned process each, stopped by their pids."""
+
+    def __init__(self, spawn: Any, run: str, upstream: str, hosts: int, fanout: int) -> None:
+        self._spawn = spawn
+        self._args = run, upstream
+        self._fanout = fanout
+        self._processes: dict[int, Any] = {}
+        for host in range(hosts):
+            self.start(host)
+
+    def start(self, host: int) -> None:
+        process = self._spawn.Process(target=run_agent, args=(*self._args, host, self._fanout),
+                                      daemon=True)
+        process.start()
+        self._processes[host] = process
+
+    def kill_and_restart(self, host: int) -> None:
+        """SIGKILL host `host`'s agent, and start it again a second later, as Ray does."""
+        self._processes[host].kill()
+        self._processes[host].join()
+        time.sleep(1.0)
+        self.start(host)
+
+    def stop(self) -> None:
+        for process in self._processes.values():
+            process.kill()
+            process.join()
+
+
 def publish(args: argparse.Namespace, publisher: ParamPublisher, params: dict[str, np.ndarray],
-            peers: PeerCount, agents: dict[int, Any], spawn: Any, upstream: str
-            ) -> tuple[dict[int, float], list[int]]:
+            peers: PeerCount, agents: Agents) -> tuple[dict[int, float], list[int]]:
     """Publish the versions (killing and restarting a host's agent halfway where asked):
     each version's publish time, and the learner's peers at each publish."""
     published: dict[int, float] = {}
@@ -210,13 +234,8 @@ def publish(args: argparse.Namespace, publisher: ParamPublisher, params: dict[st
         learner_peers.append(peers.now())
         publisher.publish(params, version)
         if version == args.versions // 2 and args.kill_host is not None:
-            agents[args.kill_host].kill()
-            agents[args.kill_host].join()
-            print(f"  killed host {args.kill_host}'s agent at version {version}")
-            time.sleep(1.0)
-            agents[args.kill_host] = spawn.Process(
-                target=run_agent, args=(upstream, args.kill_host, args.fanout), daemon=True)
-            agents[args.kill_host].start()
+            print(f"  killing host {args.kill_host}'s agent at version {version}")
+            agents.kill_and_restart(args.kill_host)
         time.sleep(args.period_s)
     tail = time.monotonic() + TAIL_S
     while time.monotonic() < tail:  # the learner's republish of its newest version

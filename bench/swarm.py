@@ -3,10 +3,10 @@ and name service, and simulated workers on simulated hosts.
 
 What it measures
 ----------------
-It starts the controller (bench/swarm_controller.py: the real `Controller` with the
+It starts the controller (bench/simulated/swarm_controller.py: the real `Controller` with the
 network name service, its metrics rows and status.json every second, its supervisor),
 whose launch backend puts `--workers` simulated workers on `--hosts` simulated hosts
-(bench/swarm_hosts.py): per host a real host agent (srl_jax/runtime/hosts/host_agent.py),
+(bench/simulated/swarm_hosts.py): per host a real host agent (srl_jax/runtime/hosts/host_agent.py),
 per worker real sockets and the real control messages at the real rates (config,
 lookups, registers, a heartbeat with its kind's counters every
 `runtime.stats_interval_s`, episode returns, log lines), and no data at all. Once
@@ -50,7 +50,7 @@ from typing import Any
 
 from bench.harness.launcher import BenchError, busy_warning, raise_on_sigterm, release_workdir
 from bench.harness.machine import REPO_ROOT, RESULTS_DIR, git_commit, nproc, write_results
-from bench.swarm_hosts import HEARTBEAT_S
+from bench.simulated.swarm_hosts import HEARTBEAT_S
 from srl_jax.config.run_dir import read_metrics, read_status
 
 STARTUP_TIMEOUT_S = 600.0
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="srl_jax-swarm-"))
     run_dir = workdir / "run"
     run_dir.mkdir()
-    command = [sys.executable, "-m", "bench.swarm_controller", "--run-dir", str(run_dir),
+    command = [sys.executable, "-m", "bench.simulated.swarm_controller", "--run-dir", str(run_dir),
                "--workers", str(args.workers), "--hosts", str(args.hosts),
                "--processes", str(args.processes), "--simulate", args.simulate]
     for override in args.overrides:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 import random
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +16,6 @@ import numpy as np
 import pytest
 import zmq
 
-from bench import param_fanout
 from srl_jax.core.stream_table import LOGS, PARAMS, RELAY, STATS
 from srl_jax.core.streams import RejectCounter, make_socket, receive, send
 from srl_jax.core.transport import Transport
@@ -23,6 +24,7 @@ from srl_jax.runtime.hosts.host_agent import HostAgent, agent_address
 from srl_jax.runtime.hosts.param_relay import PolicyView, parent_rank, upstream_of, views_of
 from srl_jax.runtime.name_client import NetworkNameService
 from srl_jax.runtime.name_server import NameServer
+from tests.conftest import REPO
 
 ROOT = "tcp://learner"
 
@@ -171,9 +173,11 @@ def test_an_agent_killed_mid_run_comes_back_and_every_subscriber_ends_on_the_new
     subscribers end on the newest version, and the learner still sends each version
     twice."""
     out = tmp_path / "fanout.json"
-    assert param_fanout.main(["--subscribers", "12", "--mb", "0.5", "--hosts", "4",
-                              "--fanout", "2", "--versions", "8", "--period-s", "0.4",
-                              "--kill-host", "0", "--json", str(out)]) == 0
+    bench = subprocess.run([sys.executable, "-m", "bench.param_fanout", "--subscribers", "12",
+                            "--mb", "0.5", "--hosts", "4", "--fanout", "2", "--versions", "8",
+                            "--period-s", "0.4", "--kill-host", "0", "--json", str(out)],
+                           cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert bench.returncode == 0, bench.stdout + bench.stderr
     results = json.loads(out.read_text())
     assert results["subscribers"] == 12 and results["subscribers_received_all"]
     assert results["learner_bytes_per_version"] <= 2 * results["param_bytes"]

@@ -71,7 +71,7 @@ ONE_FILE_BLOCKS = (("sweep", sweep, "python -m bench.sweep"),
                    ("swarm", swarm, "python -m bench.swarm --workers N --hosts H"),
                    ("param_fanout", param_fanout,
                     "python -m bench.param_fanout --subscribers N --mb M"),
-                   ("scaling_model", scaling_model, "python -m bench.scaling_model"))
+                   ("scaling_model", scaling_model, "python -m bench.scale.model"))
 """README blocks made from one results file each: (its name, renderer, what writes it)."""
 
 

@@ -84,7 +84,7 @@ def atari_projection(pong: dict[str, Any] | None, actor_us: float, per_core: flo
 
 
 def scaling_model(result: dict[str, Any]) -> list[str]:
-    """`bench.scaling_model`: the projection for each experiment, what it rests on, and the
+    """`bench.scale.model`: the projection for each experiment, what it rests on, and the
     check against the whole runs measured."""
     settings = result["settings"]
     lines = ["![Projected throughput against CPU cores, and Atari against accelerators beside "

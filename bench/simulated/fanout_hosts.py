@@ -19,19 +19,18 @@ from srl_jax.runtime.hosts.host_agent import HostAgent, agent_address
 from srl_jax.runtime.name_client import NetworkNameService
 from srl_jax.runtime.name_server import fixed_endpoint
 
-RUN = "fanout"
 POLL_MS = 50
 
 
-def host_names(host: int) -> str:
+def host_names(run: str, host: int) -> str:
     """Where host `host`'s workers find their name service (their agent)."""
-    return fixed_endpoint(agent_address(RUN, f"h{host}"), NAMES)
+    return fixed_endpoint(agent_address(run, f"h{host}"), NAMES)
 
 
-def run_agent(upstream: str, host: int, fanout: int) -> None:
+def run_agent(run: str, upstream: str, host: int, fanout: int) -> None:
     """A simulated host's agent, until it is killed or terminated."""
     signal.signal(signal.SIGTERM, raise_on_sigterm)
-    agent = HostAgent(zmq.Context(), upstream, None, agent_address(RUN, f"h{host}"), host,
+    agent = HostAgent(zmq.Context(), upstream, None, agent_address(run, f"h{host}"), host,
                       fanout)
     try:
         threading.Event().wait()
@@ -39,7 +38,7 @@ def run_agent(upstream: str, host: int, fanout: int) -> None:
         agent.close()
 
 
-def run_subscribers(hosts: list[int], per_host: list[int], queue: int, out: str,
+def run_subscribers(run: str, hosts: list[int], per_host: list[int], queue: int, out: str,
                     ready: Any, direct: str | None) -> None:
     """The subscribers of `hosts` (`per_host[i]` on `hosts[i]`): each notes when each
     version came, until terminated; then they write {subscriber: {version: time}}.
@@ -51,7 +50,7 @@ def run_subscribers(hosts: list[int], per_host: list[int], queue: int, out: str,
     context = zmq.Context()
     sockets: dict[str, zmq.Socket] = {}
     for host, count in zip(hosts, per_host, strict=True):
-        endpoint = NetworkNameService(context, direct or host_names(host), None).lookup(
+        endpoint = NetworkNameService(context, direct or host_names(run, host), None).lookup(
             PARAMS.key(), 60)
         for i in range(count):
             socket = make_socket(context, zmq.SUB, hwm=queue)

@@ -11,10 +11,10 @@ an episode's return now and then. It writes a few log lines at its start and one
 LOG_EVERY_S. Every PROBE_EVERY_S it times a `get` of one of its keys at its agent: the
 lookup latency the benchmark reports.
 
-The controller's `SwarmBackend` (bench/swarm_controller.py) starts and signals the
+The controller's `SwarmBackend` (bench/simulated/swarm_controller.py) starts and signals the
 simulated workers: commands come on a PULL socket (msgpack),
 exits go back on a PUSH. Run by that backend:
-`python -m bench.swarm_hosts --names E --commands E --events E --hosts 0,1,.. --out F`.
+`python -m bench.simulated.swarm_hosts --names E --commands E --events E --hosts 0,1,.. --out F`.
 """
 
 from __future__ import annotations

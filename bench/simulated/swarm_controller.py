@@ -1,11 +1,11 @@
 """The controller of `bench/swarm.py`: the real `Controller`, name service included, whose
-launch backend starts simulated workers (bench/swarm_hosts.py) in place of processes.
+launch backend starts simulated workers (bench/simulated/swarm_hosts.py) in place of processes.
 
 `SwarmBackend` spreads the workers over the simulated hosts (worker i on host i mod H),
 and the hosts over the host processes it starts (by pid, stopped by pid at the end). A
 worker's pid is made up (unique per start): its heartbeats carry it, as a real worker's
 carry its own, so the controller tells a successor from its predecessor as usual.
-Run by bench/swarm.py: `python -m bench.swarm_controller --run-dir D --hosts H
+Run by bench/swarm.py: `python -m bench.simulated.swarm_controller --run-dir D --hosts H
 --processes P [--set key=value ...]`.
 """
 
@@ -26,7 +26,7 @@ import yaml
 import zmq
 
 from bench.harness.machine import CONFIGS_DIR, DEFAULT_EXPERIMENT, REPO_ROOT
-from bench.swarm_hosts import SOCKETS_PER_WORKER
+from bench.simulated.swarm_hosts import SOCKETS_PER_WORKER
 from srl_jax.config.loader import config_to_dict, load_config
 from srl_jax.config.schema import DEFAULT_POLICY, ExperimentConfig
 from srl_jax.core.names import worker_name
@@ -80,7 +80,7 @@ class SwarmBackend(LocalBackend):
                 continue
             sockets = SOCKETS_PER_WORKER * workers * len(hosts) // self.hosts + 64
             self.children.append(subprocess.Popen(
-                [sys.executable, "-m", "bench.swarm_hosts", "--names", names_endpoint,
+                [sys.executable, "-m", "bench.simulated.swarm_hosts", "--names", names_endpoint,
                  "--commands", self.commands_endpoints[p], "--events", self.events_endpoint,
                  "--hosts", ",".join(map(str, hosts)), "--run", run,
                  "--servers", str(self.config.inference.count),

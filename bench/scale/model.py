@@ -2,7 +2,7 @@
 cluster of C CPU cores and G accelerators, for CartPole (PPO, CPU inference) and Atari
 Pong (IMPALA, Nature-CNN inference on the accelerators), up to 16,000 cores.
 
-    python -m bench.scaling_model [--cores-per-accelerator 128] [--link-gbps 25]
+    python -m bench.scale.model [--cores-per-accelerator 128] [--link-gbps 25]
 
 Nothing runs here but a parameter count: it reads the per-unit costs the other
 benchmarks measured (bench/results/*.json) and combines them. Measured, each from its
@@ -150,7 +150,7 @@ def unit_costs(link_gbps: float) -> tuple[dict[str, UnitCosts], dict[str, str]]:
         "scale", "compare_sampling", "compare_pong", "accelerator", "swarm", "param_fanout")}
     missing = [name for name, result in files.items() if result is None]
     if missing:
-        raise SystemExit(f"bench.scaling_model: no bench/results/{', '.join(missing)}.json "
+        raise SystemExit(f"bench.scale.model: no bench/results/{', '.join(missing)}.json "
                          "yet; run those benchmarks first")
     scale, swarm, fanout = files["scale"], files["swarm"], files["param_fanout"]
     largest = max(swarm["rows"].values(), key=lambda row: row["workers"])
@@ -245,7 +245,7 @@ def checks(costs: dict[str, UnitCosts]) -> list[dict[str, Any]]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.scaling_model", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.scale.model", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cores-per-accelerator", type=int, default=128)
     parser.add_argument("--link-gbps", type=float, default=25.0,
