@@ -89,9 +89,10 @@ class Learner:
              {"w": np.full(64, version, np.float32)})
 
     def close(self) -> None:
+        """Everything closed before the context ends: a context that the garbage collector
+        ends with sockets still open blocks the collecting thread for good."""
         self.names.close()
-        for socket in [*self.sinks, self.pub]:
-            socket.close(linger=0)
+        self.context.destroy(linger=0)
 
 
 @pytest.fixture
@@ -103,7 +104,9 @@ def learner() -> Iterator[Learner]:
 
 def subscribe(context: zmq.Context, agent: HostAgent) -> zmq.Socket:
     """A worker's parameter subscription on the agent's host (it asks the agent)."""
-    endpoint = NetworkNameService(context, agent.endpoint, None).lookup(PARAMS.key(), 10)
+    names = NetworkNameService(context, agent.endpoint, None)
+    endpoint = names.lookup(PARAMS.key(), 10)
+    names.close()
     socket = make_socket(context, zmq.SUB)
     socket.setsockopt(zmq.SUBSCRIBE, b"")
     socket.connect(endpoint)
@@ -139,9 +142,10 @@ def test_a_relay_whose_parent_is_gone_takes_the_stream_from_above(
     Agent 1 goes (its relay key stays registered, as a dead host's would): agent 2's
     relay leaves it out after SILENT_S and takes the stream from agent 0's."""
     monkeypatch.setattr(param_relay, "SILENT_S", 1.0)
-    agents = [HostAgent(zmq.Context(), learner.names.endpoint, None,
+    contexts = [zmq.Context() for _ in range(3)]
+    agents = [HostAgent(context, learner.names.endpoint, None,
                         agent_address("relay-test", f"h{i}"), index=i, fanout=1)
-              for i in range(3)]
+              for i, context in enumerate(contexts)]
     try:
         sockets = [subscribe(learner.context, agent) for agent in agents]
         assert {s.getsockopt_string(zmq.LAST_ENDPOINT) for s in sockets} == {
@@ -163,6 +167,8 @@ def test_a_relay_whose_parent_is_gone_takes_the_stream_from_above(
     finally:
         for agent in (agents[0], agents[2]):
             agent.close()
+        for context in contexts:
+            context.destroy(linger=0)
 
 
 @pytest.mark.slow

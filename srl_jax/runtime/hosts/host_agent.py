@@ -248,6 +248,9 @@ class HostAgent:
         self.names.close()
         self.upstream.close()
         self.local.close()
+        for socket in (self._stats_in, self._logs_in, self._stats_out, self._logs_out,
+                       self._changes):
+            socket.close(linger=0)
 
     def _bind(self, local: Transport, kind: int, key: str) -> zmq.Socket:
         socket = make_socket(self._context, kind, hwm=QUEUE)
