@@ -2,7 +2,7 @@
 how soon each version reaches every subscriber through the host agents' relays.
 
     python -m bench.param_fanout --subscribers 64 --mb 6.7 [--hosts H] [--fanout K]
-        [--versions V] [--period-s P] [--kill-host I] [--direct] [--json PATH]
+        [--versions V] [--period-s P] [--tail-s T] [--kill-host I] [--direct] [--json PATH]
 
 The real parts: the controller's `NameServer`, a real `HostAgent` per simulated host
 (each in a process of its own, with its relays: srl_jax/runtime/hosts/param_relay.py),
@@ -57,9 +57,6 @@ from srl_jax.core.streams import make_socket
 from srl_jax.core.transport import Transport
 from srl_jax.runtime.name_server import NameServer
 
-TAIL_S = 3.0
-"""After the last version, the learner sends it again every second for this long (as
-`learner.republish_interval_s` does), then the subscribers stop."""
 SUBSCRIBER_PROCESSES = 4
 WARM_UP_TIMEOUT_S = 120.0
 
@@ -75,6 +72,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--fanout", type=int, default=8, help="runtime.param_fanout")
     parser.add_argument("--versions", type=int, default=12)
     parser.add_argument("--period-s", type=float, default=1.0, help="seconds between versions")
+    parser.add_argument("--tail-s", type=float, default=3.0,
+                        help="after the last version, the learner sends it again every second "
+                             "for this long (as learner.republish_interval_s does)")
     parser.add_argument("--kill-host", type=int, default=None,
                         help="kill this host's agent halfway and start it again")
     parser.add_argument("--direct", action="store_true",
@@ -237,7 +237,7 @@ def publish(args: argparse.Namespace, publisher: ParamPublisher, params: dict[st
             print(f"  killing host {args.kill_host}'s agent at version {version}")
             agents.kill_and_restart(args.kill_host)
         time.sleep(args.period_s)
-    tail = time.monotonic() + TAIL_S
+    tail = time.monotonic() + args.tail_s
     while time.monotonic() < tail:  # the learner's republish of its newest version
         learner_peers.append(peers.now())
         publisher.publish(params, args.versions)
