@@ -53,7 +53,10 @@ SILENT_S = 10.0
 agent again within seconds)."""
 DOWN_S = 30.0
 """How long a parent left out stays out, unless it registers anew."""
-POLL_MS = 200
+POLL_MS = 1000
+"""The longest the relays' thread sleeps with nothing to do: a change of the names (a new
+parent) is taken within this. One wake a second per host costs nothing; 100 agents
+sharing 2 cores in bench/swarm.py's simulated cluster felt five."""
 QUEUE = 4
 """Versions queued per subscriber (ZMQ high-water mark): only the newest matters."""
 JOINED = 1
@@ -233,6 +236,7 @@ class Relays:
         self._down: dict[tuple[str, int], tuple[float, str]] = {}
         """Parents left out: (policy, index) -> (since, the endpoint that was unreachable)."""
         self.relays: dict[str, ParamRelay] = {}
+        self._poller = zmq.Poller()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="agent-relays", daemon=True)
         self._thread.start()
@@ -273,14 +277,10 @@ class Relays:
                 views = None
         if views is not None:
             self._follow(views, now)
-        poller = zmq.Poller()
-        for relay in self.relays.values():
-            for socket in relay.sockets:
-                poller.register(socket, zmq.POLLIN)
         if not self.relays:
             self._stopping.wait(POLL_MS / 1000)
             return
-        poller.poll(POLL_MS)
+        self._poller.poll(POLL_MS)
         for relay in self.relays.values():
             relay.pump(time.monotonic())
 
@@ -294,6 +294,8 @@ class Relays:
                 relay = self.relays[policy] = ParamRelay(
                     self._transport.context, self._transport, self._names, policy,
                     self._index, self._at, self.rejects)
+                for socket in relay.sockets:
+                    self._poller.register(socket, zmq.POLLIN)
                 self._register_upstream(RELAY.key(policy, self._index), relay.endpoint)
             live = {index: endpoint for index, endpoint in view.relays.items()
                     if not self._is_down(policy, index, endpoint, now)}
