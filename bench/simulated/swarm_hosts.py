@@ -3,7 +3,8 @@ process, each worker with its own sockets and the real messages at the real rate
 
 A simulated worker does what a worker does towards the control plane, and nothing
 else: at its start it asks its host agent for the run's config, looks up the stats and
-logs streams, registers the keys its kind binds (a made-up endpoint: nothing listens)
+logs streams, registers the keys its kind binds (a socket bound on loopback, which only
+a host agent's parameter relays dial)
 and looks up the keys its kind follows, waiting (heartbeating in its setup phase) for
 those not registered yet; then, every `runtime.stats_interval_s`, it follows its keys
 (`NameService.moved`) and sends a heartbeat with its kind's counters and, for an actor,
@@ -36,7 +37,7 @@ import msgpack
 import numpy as np
 import zmq
 
-from srl_jax.core.stream_table import INFERENCE, LOGS, PARAMS, SAMPLES, STATS
+from srl_jax.core.stream_table import INFERENCE, LOGS, PARAMS, SAMPLES, STATS, stream_of
 from srl_jax.core.streams import NOBLOCK, make_socket, send
 from srl_jax.core.worker_base import heartbeat_meta
 from srl_jax.core.worker_kinds import KINDS
@@ -98,11 +99,18 @@ class SimWorker:
         self.names.run_config()
         self.stats = None if self.agent else self._push(STATS.key(), 64)
         self.logs = self._push(LOGS.key(), 256)
-        for key in binds(self.kind, self.index):
-            self.names.register(key, f"tcp://10.255.{self.index // 250}.{self.index % 250}:5000")
+        self.bound = [self._bind(key) for key in binds(self.kind, self.index)]
         self._log(f"{self.name} started (simulated)\n")
         if not self.todo:
             self.phase = "running"
+
+    def _bind(self, key: str) -> zmq.Socket:
+        """A real socket on loopback for a key this worker binds: a host agent's relays
+        dial the learner's parameters, and nothing here dials any other address."""
+        socket = make_socket(self.context, stream_of(key).bind_type)
+        port = socket.bind_to_random_port("tcp://127.0.0.1")
+        self.names.register(key, f"tcp://127.0.0.1:{port}")
+        return socket
 
     def _push(self, key: str, hwm: int) -> zmq.Socket:
         socket = make_socket(self.context, zmq.PUSH, hwm=hwm)
@@ -159,7 +167,7 @@ class SimWorker:
             send(self.stats, "stats", meta, arrays, flags=NOBLOCK)
 
     def close(self) -> None:
-        for socket in (self.stats, self.logs):
+        for socket in (self.stats, self.logs, *self.bound):
             if socket is not None:
                 socket.close(linger=0)
         self.names.close()
