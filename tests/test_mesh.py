@@ -19,6 +19,9 @@ CASES = [
     ("dqn", ["replay.count=1", "network.head=dueling", "network.activation=relu",
              "learner.normalize_obs=true"]),
 ]
+pytestmark = pytest.mark.slow
+"""A fresh interpreter with 4 devices compiles every case: some 20 s on 2 cores, the
+largest cost the quick part had (`./test.sh -m "not slow"` took 110 s with it)."""
 FOUR_DEVICES = {**FAST_COMPILES, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
 """XLA_FLAGS must be set before JAX starts, hence a fresh interpreter."""
 
