@@ -276,7 +276,7 @@ class Relays:
             else:
                 views = None
         if views is not None:
-            self._follow(views, now)
+            self._follow(views)
         if not self.relays:
             self._stopping.wait(POLL_MS / 1000)
             return
@@ -284,7 +284,7 @@ class Relays:
         for relay in self.relays.values():
             relay.pump(time.monotonic())
 
-    def _follow(self, views: dict[str, PolicyView], now: float) -> None:
+    def _follow(self, views: dict[str, PolicyView]) -> None:
         """Start the relay of each policy that has a learner; point each at its parent."""
         for policy, view in views.items():
             if view.root is None:
@@ -298,23 +298,24 @@ class Relays:
                     self._poller.register(socket, zmq.POLLIN)
                 self._register_upstream(RELAY.key(policy, self._index), relay.endpoint)
             live = {index: endpoint for index, endpoint in view.relays.items()
-                    if not self._is_down(policy, index, endpoint, now)}
+                    if not self._is_down(policy, index, endpoint)}
             relay.retarget(upstream_of(self._index, live, view.root, self._fanout))
 
-    def _is_down(self, policy: str, index: int, endpoint: str, now: float) -> bool:
+    def _is_down(self, policy: str, index: int, endpoint: str) -> bool:
+        """Whether a parent is left out; one registered anew (another endpoint) is back."""
         down = self._down.get((policy, index))
-        if down is None:
-            return False
-        since, unreachable = down
-        if endpoint != unreachable or now - since > DOWN_S:
+        if down is not None and endpoint != down[1]:
             del self._down[(policy, index)]
             return False
-        return True
+        return down is not None
 
     def _left_out(self, now: float) -> bool:
         """Leave out each parent relay unreachable for SILENT_S; whether any was, or any
         left out may come back (DOWN_S passed)."""
-        changed = any(now - since > DOWN_S for since, _ in self._down.values())
+        expired = [key for key, (since, _) in self._down.items() if now - since > DOWN_S]
+        for key in expired:
+            del self._down[key]
+        changed = bool(expired)
         for policy, relay in self.relays.items():
             if relay.target is None or relay.unreachable_for(now) < SILENT_S:
                 continue
