@@ -48,8 +48,9 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from bench.harness.launcher import BenchError, busy_warning, raise_on_sigterm, release_workdir
-from bench.harness.machine import RESULTS_DIR, git_commit, nproc, write_results
+from bench.harness.machine import git_commit, nproc, write_results
 from bench.simulated.fanout_hosts import run_agent, run_subscribers
+from bench.swarm import read_results
 from learners.workers.param_publisher import ParamPublisher
 from srl_jax.config.schema import LearnerConfig
 from srl_jax.core.stream_table import LOGS, PARAMS, STATS
@@ -171,8 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
         path = args.json
     else:
-        rows = (json.loads(path.read_text()) if (path := RESULTS_DIR / "param_fanout.json")
-                .exists() else {}).get("rows", {})
+        rows = (read_results("param_fanout") or {}).get("rows", {})
         mode = "direct" if args.direct else "relays"
         rows[f"{args.subscribers}-{args.mb:g}-{mode}"] = {
             **results, "commit": git_commit(), "date": time.strftime("%Y-%m-%d")}

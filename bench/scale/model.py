@@ -86,6 +86,17 @@ class UnitCosts:
     accelerator_inference: bool
     """Whether the policy runs on the accelerators (else on CPU server cores)."""
 
+    @property
+    def actor_core_frames_per_s(self) -> float:
+        """Env frames one actor core makes: its env steps and the runtime's work."""
+        return 1e6 / (self.env_step_us + self.actor_runtime_us)
+
+
+def relay_hops(hosts: int, fanout: int) -> int:
+    """Hops from the learner to a subscriber: down the relay tree of `hosts` relays, then
+    from its host's relay to it."""
+    return 1 + max(1, math.ceil(math.log(hosts, fanout))) if hosts > 1 else 2
+
 
 def project(costs: UnitCosts, cores: int, accelerators: int) -> dict[str, Any]:
     """Frames/s of a cluster of `cores` CPU cores and `accelerators` accelerators, each
@@ -93,7 +104,7 @@ def project(costs: UnitCosts, cores: int, accelerators: int) -> dict[str, Any]:
     workers = cores
     controller = costs.controller_cores_per_1000 * workers / 1000
     usable = cores - min(controller, 1.0)
-    actor_core = 1e6 / (costs.env_step_us + costs.actor_runtime_us)
+    actor_core = costs.actor_core_frames_per_s
     server_core = costs.server_rows_per_core
     # Each frame is one observation row: the cores that balance actors and servers.
     cpu = usable * actor_core * server_core / (actor_core + server_core)
@@ -110,7 +121,7 @@ def project(costs: UnitCosts, cores: int, accelerators: int) -> dict[str, Any]:
     if binding == "learner accelerators" and learner == costs.learner_intake_per_process:
         binding = "learner intake"
     hosts = math.ceil(cores / CORES_PER_HOST)
-    hops = 1 + max(1, math.ceil(math.log(hosts, costs.fanout))) if hosts > 1 else 2
+    hops = relay_hops(hosts, costs.fanout)
     return {"cores": cores, "accelerators": accelerators, "fps": bounds[binding],
             "bound_by": binding, "bounds": bounds, "controller_cores": controller,
             "hosts": hosts, "relay_hops": hops, "version_arrival_s": hops * costs.hop_s,
@@ -123,7 +134,7 @@ def subscribers(costs: UnitCosts, cores: int) -> int:
     one per accelerator host's share), at least one."""
     if costs.accelerator_inference:
         return max(1, math.ceil(cores / CORES_PER_HOST))
-    actor_core = 1e6 / (costs.env_step_us + costs.actor_runtime_us)
+    actor_core = costs.actor_core_frames_per_s
     return max(1, round(cores * actor_core / (actor_core + costs.server_rows_per_core)))
 
 
@@ -156,7 +167,7 @@ def unit_costs(link_gbps: float) -> tuple[dict[str, UnitCosts], dict[str, str]]:
     largest = max(swarm["rows"].values(), key=lambda row: row["workers"])
     relayed = fanout["rows"][FANOUT_ROW]
     hosts = relayed["hosts"]
-    hop_s = relayed["arrival_p50_s"] / (1 + max(1, math.ceil(math.log(hosts, relayed["fanout"]))))
+    hop_s = relayed["arrival_p50_s"] / relay_hops(hosts, relayed["fanout"])
     learner = {case["case"]: case["samples_per_s"] for case in files["accelerator"]["learner"]}
     pong_bytes = param_bytes(EXPERIMENTS["atari"])
     frame_bytes = 84 * 84 * 4
@@ -237,7 +248,7 @@ def checks(costs: dict[str, UnitCosts]) -> list[dict[str, Any]]:
             continue
         actors = load_config(CONFIGS_DIR / f"{experiment}.yaml").actors.count
         cost = costs[name]
-        modelled = actors * 1e6 / (cost.env_step_us + cost.actor_runtime_us)
+        modelled = actors * cost.actor_core_frames_per_s
         found.append({"experiment": experiment, "actor_processes": actors,
                       "measured_fps": run["fps_median"], "modelled_actor_bound_fps": modelled,
                       "ratio": modelled / run["fps_median"]})
