@@ -108,6 +108,23 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid`, from /proc (a run's workers, Ray's servers)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
 class Processes:
     """Processes a test started; all are killed by pid when the test ends."""
 

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from learners.training.collectives import GLOO_KEY, listening_sockets
 from learners.training.distributed import free_address, process_layout
 from srl_jax.config.run_dir import read_status
 from srl_jax.core.stream_table import COORDINATOR
-from tests.conftest import Processes, make_config
+from srl_jax.core.transport import primary_address
+from tests.conftest import Processes, descendants, make_config, wait_for
 
 
 def test_layout_comes_from_config_or_environment() -> None:
@@ -29,10 +31,13 @@ def test_layout_comes_from_config_or_environment() -> None:
 
 JOIN = """
 import jax, sys
+from learners.training.collectives import listening_sockets
 from learners.training.distributed import ProcessLayout, initialize, shutdown
 layout = ProcessLayout(sys.argv[1], 2, int(sys.argv[2]))
-initialize(layout)
+initialize(layout, "127.0.0.1")
 print(jax.config.values['jax_cuda_visible_devices'], flush=True)
+jax.devices()
+print(",".join(sorted({host for host, _ in listening_sockets()})), flush=True)
 shutdown(layout)
 """
 
@@ -40,7 +45,8 @@ shutdown(layout)
 def test_inside_a_slurm_step_each_process_keeps_every_gpu_of_its_host() -> None:
     """jax.distributed's Slurm detection would narrow each process to the GPU of its
     SLURM_LOCALID (jax_cuda_visible_devices); a learner is given all of its parameters,
-    so no detection runs and it keeps its host's GPUs."""
+    so no detection runs and it keeps its host's GPUs. And joined on loopback, the
+    coordinator and gloo listen there alone."""
     slurm = {"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "node-a", "SLURM_NTASKS": "2",
              "SLURM_PROCID": "0", "SLURM_LOCALID": "1"}
     address = free_address("127.0.0.1")
@@ -54,7 +60,7 @@ def test_inside_a_slurm_step_each_process_keeps_every_gpu_of_its_host() -> None:
         for p in joined:
             p.kill()
     assert [p.returncode for p in joined] == [0, 0]
-    assert outputs == [["all"], ["all"]]
+    assert outputs == [["all", "127.0.0.1"], ["all", "127.0.0.1"]]
 
 
 @pytest.mark.slow
@@ -62,18 +68,33 @@ def test_two_learner_processes_solve_cartpole_on_the_devices_placed(
         processes: Processes, tmp_path: Path) -> None:
     """Also the placement plan end to end: each process has 4 CPU devices and trains on
     the two that `learner.devices` names; the server is placed on the CPU explicitly.
-    And the opt-in to an unauthenticated coordinator off loopback, listed as such."""
+    And the opt-in to an unauthenticated coordinator and gloo off loopback, listed as
+    such: while the run lives, every socket its processes listen on is in status.json,
+    bound to the run's one interface (this host's address: gloo left alone binds what the
+    host name resolves to, loopback here)."""
     run_dir = tmp_path / "run"
+    address = primary_address()
     process = processes.start(
         [sys.executable, "-m", "srl_jax.launch", "cartpole_ppo", "--run-dir", str(run_dir),
          "--set", "learner.processes=2", "--set", "stop.wall_time_s=240",
          # 16-env chunks, so the learner batch of 32 splits over the 2 processes. One actor:
          # the test is about the learners, and a second actor's frames mostly go unused.
          "--set", "actors.count=1", "--set", "actors.splits=4", "--set", "learner.devices=[1, 3]",
-         "--set", "inference.device=cpu", "--set", "transport.bind_host=0.0.0.0",
+         "--set", "inference.device=cpu", "--set", f"transport.bind_host={address}",
          "--set", "transport.allow_unauthenticated=true"],
         log=tmp_path / "launch.log",
         env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
+    status = wait_for(lambda: (s := read_status(run_dir)) and all(
+        w["state"] == "running" for w in s["workers"]) and all(
+        any(p["key"] == GLOO_KEY for p in w["ports"]) for w in s["workers"]
+        if w["kind"] == "learner") and s, 180, "both learners running, gloo listed")
+    listed = {p["bind"]: p for p in [*status["ports"], *(
+        p for w in status["workers"] for p in w["ports"])]}
+    pids = {process.pid, *descendants(process.pid)}
+    listening = {f"{host}:{port}" for pid in pids for host, port in listening_sockets(pid)}
+    assert listening <= listed.keys(), f"not in status.json: {listening - listed.keys()}"
+    assert {bind.rpartition(":")[0] for bind in listening} == {address}
+    assert len(pids) == 5 and len(listening) == len(listed), (pids, listening, listed)
     assert process.wait(timeout=300) == 0, (tmp_path / "launch.log").read_text()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert max(r.get("episode_return_mean", 0) for r in rows) >= 475
@@ -94,4 +115,6 @@ def test_two_learner_processes_solve_cartpole_on_the_devices_placed(
     assert len(coordinator) == 1 and coordinator[0]["authenticated"] is False, \
         "status.json lists the jax.distributed port, unauthenticated as it is"
     assert not coordinator[0]["bind"].startswith("127."), "opted in: on the network"
+    gloo = [p for w in learners for p in w["ports"] if p["key"] == GLOO_KEY]
+    assert len(gloo) == 2 and not any(p["authenticated"] for p in gloo), gloo
     assert all(p["authenticated"] for p in status["ports"]), "CURVE on the rest"

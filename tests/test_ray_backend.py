@@ -23,6 +23,7 @@ from tests.conftest import (
     REPO,
     Processes,
     all_running,
+    descendants,
     launch,
     pid_alive,
     read_metrics,
@@ -40,23 +41,6 @@ pytestmark = pytest.mark.slow
 
 RAY = ("--backend", "ray")
 AGENT = re.compile(r"host agent of node (\w+): pid (\d+)")
-
-
-def descendants(pid: int) -> set[int]:
-    """Every live process below `pid`, from /proc (Ray's servers and workers included)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
 
 
 def test_ray_solves_cartpole_with_a_killed_worker_back_on_a_new_host_and_leaves_nothing(

@@ -14,7 +14,9 @@ SRL_JAX_NUM_PROCESSES, SRL_JAX_PROCESS_ID), which wins. With no address given,
 process 0 picks a free port and registers it in the name service: on loopback,
 since the coordinator (gRPC) has no authentication, unless the config lets it
 listen on the network (`transport.allow_unauthenticated`, for learners on
-several hosts; `srl_jax.config.checks` refuses such a run without it).
+several hosts; `srl_jax.config.checks` refuses such a run without it). The processes'
+collectives (gloo on CPU, NCCL on GPU) listen where the coordinator does
+(learners/training/collectives.py).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from learners.training.collectives import pin_collectives
 from srl_jax.config.schema import ExperimentConfig
 
 ENV_COORDINATOR = "SRL_JAX_COORDINATOR_ADDRESS"
@@ -60,8 +63,9 @@ def process_layout(config: ExperimentConfig, worker_index: int,
 
 
 def coordinator_host(config: ExperimentConfig, advertise_host: str) -> str:
-    """Where process 0's coordinator listens: loopback, or with
-    `transport.allow_unauthenticated` the address its peers on other hosts dial."""
+    """Where process 0's coordinator and every process's collectives (gloo, NCCL) listen:
+    loopback, or with `transport.allow_unauthenticated` the address peers on other hosts
+    dial. None of them authenticates."""
     return advertise_host if config.transport.allow_unauthenticated else LOOPBACK
 
 
@@ -72,8 +76,10 @@ def free_address(host: str) -> str:
         return f"{host}:{probe.getsockname()[1]}"
 
 
-def initialize(layout: ProcessLayout) -> None:
-    """Join the other learner processes (a no-op for a single process)."""
+def initialize(layout: ProcessLayout, host: str) -> None:
+    """Join the other learner processes (none for a single process); JAX's collectives
+    listen on `host` alone (`collectives.pin_collectives`)."""
+    pin_collectives(host)
     if layout.count == 1:
         return
     jax.config.update("jax_cpu_collectives_implementation", "gloo")

@@ -31,11 +31,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
 from actors.envs import policy_spec
 from learners.algorithms.train_state import Batch
 from learners.training.checkpoint import Checkpointer
+from learners.training.collectives import GLOO_KEY, NCCL_KEY, note_new_ports
 from learners.training.device_memory import device_memory_counters
 from learners.training.distributed import (
     ProcessLayout,
@@ -105,6 +107,8 @@ class LearnerWorker(Worker):
         """The next batch, on the mesh, and the host arrays the intake keeps of it."""
         self._stop_requested = False
         self._last_batch_wall = time.time()
+        self._nccl = False
+        """Whether updates run NCCL's collectives (a mesh of several GPUs)."""
         # Built by setup():
         self.intake: Intake | None = None
         self.publisher: ParamPublisher | None = None
@@ -139,6 +143,7 @@ class LearnerWorker(Worker):
             start_hyperparams(self.config, self.policy, self.learner)
             self._restore()
         mesh = self.learner.mesh
+        self._nccl = mesh.size > 1 and mesh.devices.flat[0].platform == "gpu"
         self.log.info("%s on %d device(s): %s; hyperparameters %s",
                       self.config.learner.algorithm, mesh.size,
                       [str(d) for d in mesh.devices.flat], self.learner.hyperparams())
@@ -263,6 +268,8 @@ class LearnerWorker(Worker):
             metrics = self.learner.step(batch, overlap=prefetch)
         self.time_update += time.perf_counter() - start
         self.intake.trained(kept, metrics.pop(PER_ROW, None))
+        if self._nccl and self.version & (self.version - 1) == 0:  # updates 1, 2, 4, 8, ...
+            note_new_ports(self.transport, NCCL_KEY)  # NCCL's sockets come with collectives
         self.train_metrics = metrics
         if self.learner.version % self.config.learner.publish_every_updates == 0:
             self._publish()
@@ -314,21 +321,24 @@ class LearnerWorker(Worker):
 def join_processes(worker: Worker, layout: ProcessLayout) -> ProcessLayout:
     """Start jax.distributed with `worker`'s other learner processes, if there are any;
     returns the layout with the coordinator's address."""
+    host = coordinator_host(worker.config, worker.transport.advertise_host)
     if layout.count > 1 and not layout.coordinator:
         key = COORDINATOR.key(worker.policy)
         if layout.is_chief:
-            address = free_address(coordinator_host(worker.config, worker.transport.advertise_host))
+            address = free_address(host)
             worker.names.register(key, address)
             worker.transport.note_port(key, address)  # gRPC: no CURVE
         else:
             address = worker.lookup(key)
         layout = replace(layout, coordinator=address)
-    initialize(layout)
+    initialize(layout, host)
     if layout.count > 1:
         # jax.distributed installs a preemption notifier on SIGTERM; ours must win.
         signal.signal(signal.SIGTERM, worker.request_stop)
-        worker.log.info("JAX process %d of %d (coordinator %s)", layout.index, layout.count,
-                        layout.coordinator)
+        jax.devices()  # the backends start: gloo listens
+        worker.log.info("JAX process %d of %d (coordinator %s, gloo %s)", layout.index,
+                        layout.count, layout.coordinator,
+                        ", ".join(note_new_ports(worker.transport, GLOO_KEY)))
     return layout
 
 
