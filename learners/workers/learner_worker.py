@@ -322,15 +322,16 @@ def join_processes(worker: Worker, layout: ProcessLayout) -> ProcessLayout:
     """Start jax.distributed with `worker`'s other learner processes, if there are any;
     returns the layout with the coordinator's address."""
     host = coordinator_host(worker.config, worker.transport.advertise_host)
+    key = COORDINATOR.key(worker.policy)
     if layout.count > 1 and not layout.coordinator:
-        key = COORDINATOR.key(worker.policy)
         if layout.is_chief:
             address = free_address(host)
             worker.names.register(key, address)
-            worker.transport.note_port(key, address)  # gRPC: no CURVE
         else:
             address = worker.lookup(key)
         layout = replace(layout, coordinator=address)
+    if layout.count > 1 and layout.is_chief:  # given or picked, process 0 serves it
+        worker.transport.note_port(key, layout.coordinator)  # gRPC: no CURVE
     initialize(layout, host)
     if layout.count > 1:
         # jax.distributed installs a preemption notifier on SIGTERM; ours must win.
