@@ -10,6 +10,7 @@ import itertools
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from srl_jax.runtime.status import dump_stacks
 from tests.conftest import (
     REPO,
     Processes,
@@ -33,6 +35,7 @@ from tests.conftest import (
     worker,
 )
 from tests.paced_env import PACED_ID
+from tests.test_status import section
 
 if TYPE_CHECKING:
     from ray.cluster_utils import Cluster
@@ -49,11 +52,18 @@ def test_ray_solves_cartpole_with_a_killed_worker_back_on_a_new_host_and_leaves_
     trains on to its target. The other actor is paused (SIGSTOP) until the successor runs:
     with no actor stepping, the run cannot reach its target first (unpaused, it once solved
     CartPole in 12 s while Ray, under the suite's load, was still starting the new host,
-    and the run ended without the successor)."""
+    and the run ended without the successor). Before that, `status --stacks` has every
+    worker's stacks (the controller signals them through Ray). Ray's token file, made
+    for the run's local instance, is its user's alone."""
+    token = tmp_path / "ray" / "auth_token"
     process, run_dir = launch(processes, tmp_path, "stop.wall_time_s=240",
                               "runtime.restart_backoff_s=0.2", "actors.inference_timeout_s=1",
-                              options=RAY)
+                              options=RAY, env={"RAY_AUTH_TOKEN_PATH": str(token)})
     wait_for(lambda: all_running(run_dir), 120, "all workers running")
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600 and len(token.read_text()) == 64
+    stacks = dump_stacks(run_dir, read_status(run_dir))
+    for name in ("learner-0", "inference-0", "actor-0", "actor-1"):
+        assert "thread 0x" in section(stacks, name), stacks
     started = descendants(process.pid)
     victim, paused = (worker(read_status(run_dir), name)["pid"]
                       for name in ("actor-0", "actor-1"))

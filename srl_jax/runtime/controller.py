@@ -37,7 +37,7 @@ from srl_jax.core.streams import (
     receive,
 )
 from srl_jax.core.transport import KEYS_ENV, CurveKeys, Transport
-from srl_jax.core.worker_base import LAST_PHASE
+from srl_jax.core.worker_base import LAST_PHASE, STACKS_SIGNAL
 from srl_jax.core.worker_kinds import worker_kind, worker_plan
 from srl_jax.runtime.backends import BackendError, LaunchBackend
 from srl_jax.runtime.hosts.host_agent import signs_of_life, unbatch
@@ -130,6 +130,7 @@ class Controller:
     def run(self) -> int:
         """Run until the stop condition; returns the process exit code."""
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        previous[STACKS_SIGNAL] = signal.signal(STACKS_SIGNAL, self.supervisor.ask_stacks)
         context = zmq.Context.instance()
         limit_message_size(context, self.config.runtime.max_message_mb)
         transport = self.config.transport

@@ -26,7 +26,8 @@ share the cores, as with the local backend) and shut down at the end; with
 one, the run joins that cluster and leaves it running. Ray's servers listen on
 every interface (Ray binds no loopback-only node), so a local instance runs
 with Ray's token authentication
-(Ray's default where `RAY_AUTH_MODE` is unset; its token in `~/.ray/auth_token`);
+(Ray's default where `RAY_AUTH_MODE` is unset; its token in `~/.ray/auth_token`, which
+the run makes readable by its user alone);
 one with it turned off is refused unless `transport.allow_unauthenticated` says so.
 """
 
@@ -40,6 +41,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -65,6 +67,8 @@ AGENT_CHECK_S = 2.0
 """How often the driver asks each node's host agent which process it is (and logs a new one)."""
 FORWARDED_ENV_PREFIX = "SRL_JAX_"
 """The driver's variables a worker on another node gets too (fault drills, hosts)."""
+TOKEN_ENV, TOKEN_PATH_ENV = "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"
+"""Where Ray takes its token from, before `~/.ray/auth_token`: the token itself, or its file."""
 AUTOSCALER_METRICS_PORT = 44217
 """Where the autoscaler monitor of a local instance serves its Prometheus metrics (Ray's
 AUTOSCALER_METRIC_PORT): plain HTTP on every interface, read-only, which `ray.init`
@@ -130,6 +134,27 @@ def token_auth() -> bool:
     return os.environ.get(RAY_AUTH_MODE, "").lower() == "token"
 
 
+def private_token(local: bool, environ: Mapping[str, str] | None = None) -> Path | None:
+    """Ray's token file, readable by this user alone: made here, 0600, for a new local
+    instance that would have Ray make it (Ray writes it with the umask's mode, 0644 under
+    the usual 022: any user of the host could read the key to the run's Ray), and an
+    existing one narrowed to 0600. None where the token is not in a file (`RAY_AUTH_TOKEN`)
+    or a local instance runs without token authentication."""
+    env = os.environ if environ is None else environ
+    if env.get(TOKEN_ENV) or (local and env.get(RAY_AUTH_MODE, "token").lower() != "token"):
+        return None
+    path = Path(env.get(TOKEN_PATH_ENV) or Path.home() / ".ray" / "auth_token")
+    if local and not path.exists():
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            f.write(secrets.token_hex(32))  # 256 bits in hex, as Ray makes them
+        log.info("Ray's token: made %s (0600)", path)
+    elif path.exists() and path.stat().st_mode & 0o077:
+        path.chmod(0o600)
+        log.warning("Ray's token %s was readable by other users; now 0600", path)
+    return path
+
+
 def listening(host: str, port: int) -> bool:
     """Whether something accepts connections at host:port now."""
     try:
@@ -154,6 +179,7 @@ class RayBackend:
         self.config = config
         self._names = FileNameService(self.run_dir / "names")
         address = address or config.ray.address
+        private_token(local=not address)
         if address:
             check_reachable(address)
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)

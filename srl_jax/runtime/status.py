@@ -8,10 +8,13 @@ It reads `status.json` and the last row of `metrics.jsonl`, so it works on a
 live run, a stuck one and a finished one alike. `--stacks` sends each worker
 on this host SIGUSR1: workers answer by writing every thread's stack to their
 log (faulthandler), which this prints. A stopped process (SIGSTOP) or one gone
-cannot answer; that is said instead. A worker on another host is listed with the
-command that asks it there: with the network name service (`runtime.names`) its log,
-stacks included, streams into this run directory's `logs/`, so the table and the logs
-are all on the controller's host.
+cannot answer; that is said instead. Where workers run on other hosts (every worker of
+a Ray run: its host is its node's address) and the controller runs on this one, the
+controller is sent SIGUSR1 and signals every live worker through its launch backend
+(Ray: the worker's host actor, on its node); with the network name service
+(`runtime.names`) a worker's log, stacks included, streams into this run directory's
+`logs/`, so the table and the logs are all on the controller's host. Without a
+controller here, a worker on another host is listed with the command that asks it there.
 """
 
 from __future__ import annotations
@@ -32,6 +35,11 @@ from srl_jax.core.worker_base import STACKS_SIGNAL
 
 EXIT_USAGE = 2
 STACK_WAIT_S = 1.0
+"""How long workers signalled from here have to answer."""
+RELAYED_WAIT_S = 5.0
+"""... and those the controller signals through its backend (a Ray call to their node; with
+runtime.names=network, their log's way back over the log stream)."""
+STACK_POLL_S = 0.1
 STACK_START = re.compile(r"^(Current thread|Thread) 0x", re.M)
 """How faulthandler starts a thread's stack."""
 ROW_KEYS = (("fps", "fps", ".0f"), ("learner_steps", "updates", "d"),
@@ -86,38 +94,85 @@ def render(status: dict[str, Any], row: dict[str, Any] | None, now: float) -> st
     return "\n".join(lines)
 
 
+def _controller_here(status: dict[str, Any]) -> int | None:
+    """The pid of the run's controller where it runs on this host (a launcher's process:
+    a pid from another host's run, seen through a shared disk, may be anything here)."""
+    pid = status.get("controller_pid")
+    if status.get("state") != "running" or not isinstance(pid, int):
+        return None
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return pid if b"srl_jax" in command else None
+
+
+def _ask(worker: dict[str, Any], here: str, relay: bool) -> bool:
+    """Send `worker` SIGUSR1 where it runs on this host; whether it was asked (relayed
+    through the controller counts)."""
+    if relay:
+        return True
+    if worker.get("host") != here:
+        return False
+    try:
+        os.kill(worker["pid"], STACKS_SIGNAL)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _answers(asked: list[tuple[dict[str, Any], Path, int]], wait_s: float) -> list[str]:
+    """What each asked worker wrote to its log from its offset on, once all have answered
+    or `wait_s` has passed."""
+    deadline, answered = time.monotonic() + wait_s, False
+    texts = [""] * len(asked)
+    while True:
+        time.sleep(STACK_POLL_S)  # once more after all answered: the rest of their stacks
+        for i, (_, log, offset) in enumerate(asked):
+            if log.exists():
+                with open(log, "rb") as f:
+                    f.seek(offset)
+                    texts[i] = f.read().decode(errors="replace")
+        if answered or time.monotonic() >= deadline:
+            return texts
+        answered = all(STACK_START.search(t) for t in texts)
+
+
 def dump_stacks(run_dir: Path, status: dict[str, Any]) -> str:
-    """Ask every live worker on this host for its stacks; what each wrote to its log.
-    Those on other hosts are named, with how to ask them there."""
-    here, asked, elsewhere = socket.gethostname(), [], []
-    for w in status["workers"]:
+    """Ask every live worker for its stacks; what each wrote to its log. Those on this
+    host are signalled here; where some run on other hosts (a Ray run: every worker's host
+    is its node's address) and the controller runs here, the controller is asked to signal
+    them all through its backend. Those it cannot reach are named, with how to ask them."""
+    here = socket.gethostname()
+    live = [w for w in status["workers"] if w.get("pid") and w["state"] not in ("stopped",
+                                                                                 "failed")]
+    controller = _controller_here(status)
+    relay = controller is not None and any(w.get("host") != here for w in live)
+    asked, elsewhere = [], []
+    for w in live:
         log = run_dir / "logs" / f"{w['name']}.log"
-        if not w.get("pid") or w["state"] in ("stopped", "failed"):
-            continue
-        if w.get("host") != here:
+        offset = log.stat().st_size if log.exists() else 0
+        if _ask(w, here, relay):
+            asked.append((w, log, offset))
+        elif w.get("host") != here:
             elsewhere.append(f"--- {w['name']} (pid {w['pid']} on {w.get('host')}) ---\n"
                              f"(on another host: run `kill -USR1 {w['pid']}` there; its stacks "
                              f"go to its log, which with runtime.names=network streams to "
                              f"{log})\n")
-            continue
-        try:
-            offset = log.stat().st_size if log.exists() else 0
-            os.kill(w["pid"], STACKS_SIGNAL)
-        except ProcessLookupError:
-            continue
-        asked.append((w, log, offset))
-    if asked:
-        time.sleep(STACK_WAIT_S)
+    if relay:
+        os.kill(controller, STACKS_SIGNAL)
+    wait_s = RELAYED_WAIT_S if relay else STACK_WAIT_S
     parts = []
-    for w, log, offset in asked:
-        with open(log, "rb") as f:
-            f.seek(offset)
-            text = f.read().decode(errors="replace")
+    for (w, log, _), text in zip(asked, _answers(asked, wait_s) if asked else [], strict=True):
         first = STACK_START.search(text)
         stacks = text[first.start():] if first else ""
         if not stacks.strip():
-            stacks = (f"(no answer within {STACK_WAIT_S:.0f}s: the process is stopped, e.g. "
-                      "by SIGSTOP, or not a worker)\n")
+            stacks = (f"(no answer within {wait_s:.0f}s: the process is stopped, e.g. by "
+                      "SIGSTOP, or not a worker)\n")
+            if relay:
+                stacks = (f"(no answer within {wait_s:.0f}s, asked through the controller: "
+                          f"the process is stopped, or its log stays on {w.get('host')} "
+                          f"(runtime.names=network streams it to {log}))\n")
         parts.append(f"--- {w['name']} (pid {w['pid']}) ---\n{stacks.rstrip()}\n")
     return "\n".join(parts + elsewhere) or "no live worker\n"
 

@@ -20,8 +20,10 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from srl_jax.config.schema import ExperimentConfig
+from srl_jax.core.worker_base import STACKS_SIGNAL
 from srl_jax.core.worker_kinds import EXIT_REFUSED, worker_kind
 from srl_jax.runtime.backends import LaunchBackend
 from srl_jax.runtime.metrics import MetricsAggregator
@@ -65,6 +67,7 @@ class Supervisor:
         self.changed = changed
         self.group_stopped = group_stopped
         self._next_watched = 0
+        self._stacks_asked = False
         self._per_turn = max(WATCHED_PER_TURN,
                              math.ceil(len(workers) * LOOP_S / WATCH_ROUND_S))
 
@@ -109,7 +112,13 @@ class Supervisor:
         return [r.name for r in self.workers if r.state in UNPLACED]
 
     def watch(self) -> None:
-        """Start what is due to restart or waits for a place; notice exits and silence."""
+        """Start what is due to restart or waits for a place; notice exits and silence;
+        pass on a request for stacks (`ask_stacks`)."""
+        if self._stacks_asked:
+            self._stacks_asked = False
+            for record in self.workers:
+                if record.handle is not None and record.state in ("starting", "running"):
+                    self.backend.send_signal(record.handle, STACKS_SIGNAL)
         now = time.monotonic()
         timeout = self.config.runtime.heartbeat_timeout_s
         for record in self._this_turn():
@@ -131,6 +140,12 @@ class Supervisor:
             if now - last > allowed:
                 log.warning("no heartbeat from %s for %.0fs; killing it", record.name, now - last)
                 self.backend.send_signal(record.handle, signal.SIGKILL)
+
+    def ask_stacks(self, *_: Any) -> None:
+        """The controller's SIGUSR1 handler: `status --stacks` asks for the stacks of
+        workers it cannot signal itself. The next `watch` has the backend send each live
+        worker SIGUSR1 (a Ray call, which a signal handler must not make)."""
+        self._stacks_asked = True
 
     def _this_turn(self) -> list[WorkerRecord]:
         """The records `watch` looks at now: all of them, or the next slice of a large run."""
