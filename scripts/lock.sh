@@ -31,7 +31,7 @@ compile requirements/dev.lock --extra dev "$@"
 # Constrained by the dev lock, so both commands run the same versions of what they share.
 compile requirements/base.lock --constraint requirements/dev.lock "$@"
 # What `srl_jax.cluster tpu-vm` installs on every TPU host and CPU VM.
-compile requirements/cluster.lock --extra ray --extra tpu --extra gcs --constraint requirements/dev.lock "$@"
+compile requirements/cluster.lock --extra cluster --constraint requirements/dev.lock "$@"
 # The installer ensure_venv.sh installs the other locks with: this uv, hashes checked.
 echo "uv==$UV_VERSION" | "$UV" pip compile --quiet --universal --generate-hashes \
     --python-version 3.12 --custom-compile-command scripts/lock.sh \

@@ -28,6 +28,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
@@ -156,29 +157,56 @@ def prepare_run(args: argparse.Namespace) -> tuple:
     checkpoint step to resume from, or None, each worker's device placement).
     """
 
-    if args.backend not in BACKENDS:
-        raise ConfigError(f"'--backend': unknown '{args.backend}' ({', '.join(BACKENDS)})")
-    if args.backend == "ray" and importlib.util.find_spec("ray") is None:
-        raise ConfigError("'--backend ray' needs Ray: pip install 'srl-jax[ray]'")
-    if args.ray_address and args.backend != "ray":
-        raise ConfigError("'--ray-address' needs '--backend ray'")
+    check_backend_args(args)
     if args.sweep and args.resume:
         raise ConfigError("'--sweep' starts a new run; '--resume' continues one as it was")
-    path = resolve_experiment_path(args.experiment, config_dirs())
-    sweep = sweep_overrides(args.sweep) if args.sweep else []
-    config = load_config(path, [] if args.resume else [*args.overrides, *sweep])
     if args.resume:
-        config, run_dir, steps = prepare_resume(args, config)
+        path = resolve_experiment_path(args.experiment, config_dirs())
+        config, run_dir, steps = prepare_resume(args, load_config(path))
     else:
+        config = new_run_config(args)
         run_dir, steps = args.run_dir or RUNS_ROOT / config.name / time.strftime(
             "%Y%m%d-%H%M%S"), None
         if run_dir.exists() and any(run_dir.iterdir()):
             raise ConfigError(f"'--run-dir': {run_dir} already holds files; pick an empty or "
                               "new directory (or add --resume to continue it)")
         check_fresh_location(run_dir, config)
-    config = check_before_launch(config)
-    check_exposure(config, args.backend, args.ray_address or "", os.environ)
+    config = checked_for_backend(config, args, os.environ)
     return config, run_dir, steps, plan_placement(config, describe_host(), args.backend)
+
+
+def check_backend_args(args: argparse.Namespace) -> None:
+    if args.backend not in BACKENDS:
+        raise ConfigError(f"'--backend': unknown '{args.backend}' ({', '.join(BACKENDS)})")
+    if args.backend == "ray" and importlib.util.find_spec("ray") is None:
+        raise ConfigError("'--backend ray' needs Ray: pip install 'srl-jax[ray]'")
+    if args.ray_address and args.backend != "ray":
+        raise ConfigError("'--ray-address' needs '--backend ray'")
+
+
+def new_run_config(args: argparse.Namespace) -> ExperimentConfig:
+    """A new run's config as its command line gives it (overrides and sweep applied)."""
+    sweep = sweep_overrides(args.sweep) if args.sweep else []
+    return load_config(resolve_experiment_path(args.experiment, config_dirs()),
+                       [*args.overrides, *sweep])
+
+
+def checked_for_backend(config: ExperimentConfig, args: argparse.Namespace,
+                        environ: Mapping[str, str]) -> ExperimentConfig:
+    """`config` through the checks that need the environment's packages, the backend and
+    the launcher's environment; returns it with its algorithm sections written whole."""
+    config = check_before_launch(config)
+    check_exposure(config, args.backend, args.ray_address or "", environ)
+    return config
+
+
+def launch_line_checks(argv: list[str], environ: Mapping[str, str]) -> ExperimentConfig:
+    """Every check a new run's command line (`argv`, after `srl_jax.launch`) gets before
+    any process starts but those of its run directory, which may be on another host:
+    what a cluster script runs is put through them where the script is made."""
+    args = parse_args(argv)
+    check_backend_args(args)
+    return checked_for_backend(new_run_config(args), args, environ)
 
 
 def check_before_launch(config: ExperimentConfig) -> ExperimentConfig:

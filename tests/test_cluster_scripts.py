@@ -22,9 +22,8 @@ import pytest
 
 from srl_jax.cluster.cli import main as cluster_main
 from srl_jax.cluster.remote_shell import detached, stop_group
-from srl_jax.config.loader import config_dirs, load_config, resolve_experiment_path
 from srl_jax.core.worker_kinds import worker_kind, worker_plan
-from srl_jax.launch import parse_args
+from srl_jax.launch import launch_line_checks, parse_args
 
 SHELLCHECK = Path(sys.executable).parent / "shellcheck"
 RECORDER = """#!{python}
@@ -111,13 +110,13 @@ def run_with_stand_ins(tmp_path: Path, script: Path, env: dict[str, str],
     return [json.loads(line) for line in record.read_text().splitlines()]
 
 
-def checked_launch(args: list[str]):
-    """The run's arguments, parsed by the launcher's own parser, and its config."""
+def checked_launch(args: list[str], environ: dict[str, str]):
+    """The run's arguments, parsed by the launcher's own parser, and its config after
+    the launcher's own checks, in the environment the script gives the run."""
     assert args[:2] == ["-m", "srl_jax.launch"], args
     parsed = parse_args(args[2:])
     assert parsed.backend == "ray" and parsed.ray_address and parsed.quiet
-    return parsed, load_config(resolve_experiment_path(parsed.experiment, config_dirs()),
-                               parsed.overrides)
+    return parsed, launch_line_checks(args[2:], environ)
 
 
 def option(command: list[str], name: str) -> str:
@@ -141,8 +140,7 @@ def test_the_slurm_job_gives_each_role_its_hosts_and_the_run_asks_for_them(
                       "1", "--gpus-per-learner-host", "8", "--gpus-per-inference-host", "1",
                       "--cpus-per-host", "16", "--set", "learner.processes=2",
                       "--set", "actors.splits=4", "--set", "actors.count=9",
-                      "--set", "inference.count=2",
-                      "--set", "transport.allow_unauthenticated=true")
+                      "--set", "inference.count=2", "--allow-unauthenticated-coordinator")
     text = script.read_text()
     components = text.split("#SBATCH hetjob")
     assert len(components) == 3
@@ -163,7 +161,8 @@ def test_the_slurm_job_gives_each_role_its_hosts_and_the_run_asks_for_them(
     calls = [c[1:-1] for c in commands if c[0] == "fake-python"]
     assert [c[:2] for c in calls] == [["-m", "srl_jax.cluster.ray_nodes"], ["-m", "srl_jax.launch"]]
     assert calls[0][2:] == ["10.0.0.1:6379", "6", "--timeout-s", "300"], "every node joins"
-    parsed, config = checked_launch(calls[1])
+    run_env = next(c[-1] for c in commands if c[0] == "fake-python" and "srl_jax.launch" in c)
+    parsed, config = checked_launch(calls[1], run_env)
     assert parsed.ray_address == "10.0.0.1:6379" and parsed.run_dir == run_dir
     assert config.learner.processes == 2 and config.actors.count == 9
     assert config.ray.learner == {"CPU": 1.0, "GPU": 8.0, "learner_host": 1.0}
@@ -209,7 +208,7 @@ def test_slurm_servers_on_learner_hosts_share_the_gpus_kept_for_them(tmp_path: P
 TPU_ARGS = ["tpu-vm", "cartpole_ppo", "--tpu", "v4-32", "--zone", "us-central2-b",
             "--hosts", "4", "--actor-vm", "cpu-1", "--actor-vm", "cpu 2",
             "--checkpoint-dir", "gs://bucket/cp", "--set", "learner.batch_envs=128",
-            "--set", "transport.allow_unauthenticated=true"]
+            "--allow-unauthenticated-coordinator"]
 
 
 def remote_commands(commands: list[list]) -> dict[str, list[str]]:
@@ -265,7 +264,7 @@ def test_the_tpu_vm_script_provisions_every_host_then_puts_one_learner_on_each(
     assert words[:3] == ["env", "RAY_AUTH_MODE=token",
                          "RAY_AUTH_TOKEN_PATH=$HOME/srl_jax/ray_token"]
     assert words[3] == "$HOME/srl_jax/venv/bin/python"
-    parsed, config = checked_launch(words[4:])
+    parsed, config = checked_launch(words[4:], dict(w.split("=", 1) for w in words[1:3]))
     assert parsed.ray_address == "10.0.0.5:6379"
     assert parsed.run_dir == Path("/mnt/runs/it's here")
     assert "checkpoint.dir=gs://bucket/cp" in parsed.overrides
@@ -328,8 +327,8 @@ def executed_tpu_script(tmp_path: Path, *flags: str) -> Path:
     return generate(tmp_path, "tpu-vm", "cartpole_ppo", "--run-dir", "runs/cp", "--tpu", "t",
                     "--zone", "z", "--hosts", "2", "--actor-vm", "cpu-1",
                     "--checkpoint-dir", "gs://b/cp", "--no-install", "--python", python,
-                    "--set", "learner.batch_envs=64",
-                    "--set", "transport.allow_unauthenticated=true", *flags)
+                    "--set", "learner.batch_envs=64", "--allow-unauthenticated-coordinator",
+                    *flags)
 
 
 @pytest.mark.slow  # the executed script's detached process trees: 10 s on 2 cores

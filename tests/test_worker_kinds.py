@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from srl_jax.cluster.roles import placement_overrides
+from srl_jax.cluster.roles import placement_overrides, worker_asks
 from srl_jax.config.schema import ExperimentConfig
 from srl_jax.core.worker_base import Worker
 from srl_jax.core.worker_kinds import (
@@ -105,7 +105,8 @@ def test_a_registered_kind_joins_the_plan_and_its_class_loads(
     assert load_worker_class("archive", make_config()) is ArchiveWorker
     assert register_kind(ARCHIVE) is ARCHIVE, "registering the same kind again is a no-op"
     assert archive_registered.ray_resources(make_config()) == {"CPU": 1.0}, "no ray.archive key"
-    assert not any(o.startswith("ray.archive=") for o in placement_overrides())
+    assert not any(o.startswith("ray.archive=")
+               for o in placement_overrides(worker_asks()))
 
 
 def test_a_second_kind_under_a_known_name_is_refused() -> None:

@@ -4,15 +4,17 @@
     python -m srl_jax.cluster tpu-vm EXPERIMENT --run-dir runs/x --tpu NAME --zone ZONE \\
         --hosts 4 --actor-vm cpu-1 [--actor-vm cpu-2 ...] --checkpoint-dir gs://bucket/x
 
-Both print a bash script (the dry run: every command it will run, complete and
-quoted) or, with `--output FILE`, write it; `--submit` then hands it to
-`sbatch` or `bash`. The script starts Ray on every host, each host offering a
-custom resource for its role (`srl_jax.cluster.roles`), waits until every node
-joined, and runs `python -m srl_jax.launch EXPERIMENT --backend ray` with
-`ray.<kind>` set to ask for those roles. The experiment config is read here:
-counts and hosts agree, and a bad `--set` or layout stops with one line (exit 2)
-before anything is written. The scripts themselves: `srl_jax.cluster.slurm`,
-`srl_jax.cluster.tpu`.
+Both print a bash script (every command it will run, complete and quoted) or,
+with `--output FILE`, write it; `--submit` then hands it to `sbatch` or `bash`;
+`--dry-run` prints instead which host runs each worker and what it asks. The
+script starts Ray on every host, each host offering a custom resource for its
+role (`srl_jax.cluster.roles`), waits until every node joined, and runs
+`python -m srl_jax.launch EXPERIMENT --backend ray` with `ray.<kind>` set to ask
+for those roles. Before anything is written, the launch line goes through the
+launcher's own checks and every worker is placed on a host
+(`srl_jax.cluster.host_plan`): a bad `--set`, a worker with no room or a launch
+the launcher would refuse stops with one line (exit 2). The scripts themselves:
+`srl_jax.cluster.slurm`, `srl_jax.cluster.tpu`.
 """
 
 from __future__ import annotations
@@ -23,14 +25,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+from srl_jax.cluster.host_plan import HostPlan, check_launch, describe
 from srl_jax.cluster.slurm import slurm_script
 from srl_jax.cluster.tpu import LOCK, tpu_vm_script
 from srl_jax.config.loader import EXIT_CONFIG, config_dirs, load_config, resolve_experiment_path
-from srl_jax.config.schema import ConfigError
+from srl_jax.config.schema import ConfigError, ExperimentConfig
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 """Where the TPU VM script builds srl_jax's wheel from: the checkout this runs from."""
 SCRIPTS = {"slurm": (slurm_script, "sbatch"), "tpu-vm": (tpu_vm_script, "bash")}
+OPEN_COORDINATOR = "--allow-unauthenticated-coordinator"
+OPEN_KEY = "transport.allow_unauthenticated"
+HEAD_ADDRESS = "head.invalid"
+"""Where the launch line's checks see the Ray head: the script fills in the real one."""
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -49,6 +56,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     common.add_argument("--output", type=Path, help="write the script here (default: print)")
     common.add_argument("--submit", action="store_true",
                         help="run it (sbatch, or bash for tpu-vm); needs --output")
+    common.add_argument("--dry-run", action="store_true",
+                        help="print which host runs each worker and what it asks, and the "
+                             "checked launch line, instead of the script")
+    common.add_argument(OPEN_COORDINATOR, dest="open_coordinator", action="store_true",
+                        help="with more than one learner process: let them meet through "
+                             "jax.distributed's coordinator, a gRPC server WITHOUT "
+                             "authentication on the first learner host's network address "
+                             f"(sets {OPEN_KEY}); only where no one else reaches the hosts")
     slurm = kinds.add_parser("slurm", parents=[common], help="a heterogeneous Slurm job")
     slurm.add_argument("--python", default=sys.executable,
                        help="absolute path of the interpreter with srl_jax and Ray on every "
@@ -57,7 +72,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     slurm.add_argument("--partition", default="")
     slurm.add_argument("--cpus-per-host", type=int, default=8,
                        help="CPUs of each host for Ray (default: 8)")
-    slurm.add_argument("--actor-hosts", type=int, default=1)
+    slurm.add_argument("--learner-hosts", type=int, default=0,
+                       help="hosts for the learners, which share each host's GPUs (default "
+                            "0: the fewest, at least learner.processes, whose CPUs hold the "
+                            "learner hosts' workers)")
+    slurm.add_argument("--actor-hosts", type=int, default=0,
+                       help="default 0: the fewest whose CPUs hold the actors and evaluator")
     slurm.add_argument("--inference-hosts", type=int, default=0,
                        help="0: the servers run on the learner hosts")
     slurm.add_argument("--gpus-per-learner-host", type=float, default=0.0)
@@ -120,33 +140,66 @@ def check_layout(args: argparse.Namespace) -> None:
                               f"not in {args.checkout}: run from a clone, or use "
                               "'--no-install'")
     if args.kind == "slurm":
-        if args.actor_hosts < 1 or args.inference_hosts < 0 or args.cpus_per_host < 1:
-            raise ConfigError("'--actor-hosts' and '--cpus-per-host' must be at least 1, "
-                              "'--inference-hosts' at least 0")
+        if args.cpus_per_host < 1 or \
+                min(args.inference_hosts, args.learner_hosts, args.actor_hosts) < 0:
+            raise ConfigError("'--cpus-per-host' must be at least 1, '--learner-hosts', "
+                              "'--inference-hosts' and '--actor-hosts' at least 0")
         if not args.python.startswith("/"):
             raise ConfigError(f"'--python' must be an absolute path (not '{args.python}'): "
                               "batch jobs do not read your shell's PATH setup")
     if args.submit and not args.output:
         raise ConfigError("'--submit' needs '--output FILE'")
+    if args.submit and args.dry_run:
+        raise ConfigError("'--dry-run' writes and submits nothing: leave out '--submit'")
+    if any(o.partition("=")[0].strip() == OPEN_KEY for o in args.overrides):
+        raise ConfigError(f"'--set {OPEN_KEY}': a script gets it from '{OPEN_COORDINATOR}', "
+                          "whose help says what it opens")
+
+
+def open_coordinator(config: ExperimentConfig, args: argparse.Namespace) -> None:
+    """A learner of several processes needs `transport.allow_unauthenticated` for its
+    coordinator: the script gets it from `--allow-unauthenticated-coordinator` only."""
+    processes = config.learner.processes
+    if processes > 1 and not args.open_coordinator:
+        what = "'--hosts'" if args.kind == "tpu-vm" else "'learner.processes'"
+        raise ConfigError(
+            f"{what} {processes}: the learner's processes meet through jax.distributed's "
+            "coordinator, which has no authentication and listens on the first learner "
+            f"host's network address; add {OPEN_COORDINATOR} if no one else reaches the "
+            "hosts, or run one learner process")
+    if args.open_coordinator:
+        args.overrides.append(f"{OPEN_KEY}=true")
+
+
+def planned(args: argparse.Namespace) -> tuple[str, HostPlan]:
+    """The script, and where its workers land; ConfigError for anything that would not
+    run, before anything is written."""
+    check_layout(args)
+    config = load_config(resolve_experiment_path(args.experiment, config_dirs()),
+                         args.overrides)
+    open_coordinator(config, args)
+    script, plan = SCRIPTS[args.kind][0](config, args)
+    check_launch(plan, f"{HEAD_ADDRESS}:{args.port}")
+    return script, plan
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    make, submit = SCRIPTS[args.kind]
     try:
-        check_layout(args)
-        config = load_config(resolve_experiment_path(args.experiment, config_dirs()),
-                             args.overrides)
-        script = make(config, args)
+        script, plan = planned(args)
     except ConfigError as error:
         print(f"srl_jax.cluster: config error: {error}", file=sys.stderr)
         return EXIT_CONFIG
+    if args.dry_run:
+        print(describe(plan, f"python -m srl_jax.cluster {args.kind} {args.experiment}"),
+              end="")
+        return 0
     if args.output is None:
         print(script, end="")
         return 0
     args.output.write_text(script)
     args.output.chmod(0o755)
     if args.submit:
-        return subprocess.run([submit, str(args.output)]).returncode
+        return subprocess.run([SCRIPTS[args.kind][1], str(args.output)]).returncode
     return 0

@@ -1,13 +1,15 @@
 """What the cluster scripts ask of Ray: each host's custom resources by role, and each
-worker kind's request for them (`ray.<kind>`), so that Ray puts one learner process on
-every learner host and the servers and actors on theirs.
+worker kind's request for them (`ray.<kind>`), so that Ray puts the learners on the
+learner hosts and the servers and actors on theirs.
 
 Every worker kind asks for one unit of its host role's resource (`learner_host`,
 `inference_host`, `actor_host`); a host offers as many units as its share of those
-workers. The learner is the exception that matters: a learner host offers exactly one
-`learner_host`, so learner processes never share a host, and the other kinds of the
-learner role (replay servers, the population manager) get resources of their own
-(`replay_host`, ...) so that they do not take the learner's unit.
+workers. A learner host offers one `learner_host` per learner process it runs: one
+with a single trained policy (a process of each of its `learner.processes` per host),
+more with several policies or population members, which share the host's GPUs
+(`share`). The other kinds of the learner role (replay servers, the population
+manager) get resources of their own (`replay_host`, ...) so that they do not take a
+learner's unit.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from srl_jax.core.worker_kinds import HOST_ROLES, KINDS, WorkerKind, worker_kind
 
 RAY_CLI = ("-m", "ray.scripts.scripts")
 """Ray's command line through the interpreter, so no PATH is needed on the hosts."""
-LEARNER_RESOURCE = "learner_host"
 
 
 def resource_name(kind: WorkerKind) -> str:
@@ -53,17 +54,42 @@ class Roles:
         return self.slots["inference"].get("inference_host", 0)
 
 
-def plan_roles(config: ExperimentConfig, inference_hosts: int, actor_hosts: int) -> Roles:
-    hosts = {"learner": config.learner.processes, "inference": inference_hosts,
-             "actor": actor_hosts}
-    counts = Counter(worker_kind(kind).name for kind, _, _ in worker_plan(config))
-    slots: dict[str, dict[str, int]] = {role: {} for role in HOST_ROLES}
-    for name, count in counts.items():
+def learners_per_host(config: ExperimentConfig, learner_hosts: int) -> int:
+    """How many learner processes each of `learner_hosts` runs (and so shares its GPUs
+    between)."""
+    learners = sum(1 for kind, _, _ in worker_plan(config) if kind == "learner")
+    return math.ceil(learners / max(learner_hosts, 1))
+
+
+def role_counts(config: ExperimentConfig) -> dict[str, Counter[str]]:
+    """By host role: how many of the run's workers ask for each of its resources (kinds
+    of a role share its resource: actors and the evaluator both ask for `actor_host`)."""
+    counts: dict[str, Counter[str]] = {role: Counter() for role in HOST_ROLES}
+    for name, _, _ in worker_plan(config):
         kind = worker_kind(name)
-        serving = hosts[kind.host_role] or hosts["learner"]
-        units = 1 if name == "learner" else math.ceil(count / max(serving, 1))
-        slots[kind.host_role][resource_name(kind)] = units
-    slots["learner"].setdefault(LEARNER_RESOURCE, 1)
+        counts[kind.host_role][resource_name(kind)] += 1
+    return counts
+
+
+def fewest_hosts(counts: Counter[str], cpus: int, at_least: int) -> int:
+    """The fewest hosts, at least `at_least`, whose even shares of `counts`' workers (one
+    CPU each) fit in `cpus` CPUs each; where none does, one per worker (then placement
+    names the worker that does not fit)."""
+    hosts = max(at_least, 1)
+    while sum(math.ceil(c / hosts) for c in counts.values()) > cpus and \
+            hosts < sum(counts.values()):
+        hosts += 1
+    return hosts
+
+
+def plan_roles(config: ExperimentConfig, learner_hosts: int, inference_hosts: int,
+               actor_hosts: int) -> Roles:
+    hosts = {"learner": learner_hosts, "inference": inference_hosts, "actor": actor_hosts}
+    slots: dict[str, dict[str, int]] = {role: {} for role in HOST_ROLES}
+    for role, counts in role_counts(config).items():
+        serving = hosts[role] or hosts["learner"]
+        slots[role] = {resource: math.ceil(count / max(serving, 1))
+                       for resource, count in counts.items()}
     return Roles(hosts, slots)
 
 
@@ -71,18 +97,21 @@ def _amount(value: float) -> str:
     return f"{value:g}"
 
 
-def placement_overrides(accelerators: dict[str, dict[str, float]] | None = None
-                        ) -> list[str]:
-    """`--set` values that send each kind of worker (with a `ray.<kind>` key) to hosts of
-    its role; `accelerators` adds, by kind, what each worker asks besides
-    (`{"learner": {"TPU": 4}}`; per worker, not per host)."""
+def worker_asks(accelerators: dict[str, dict[str, float]] | None = None
+                ) -> dict[str, dict[str, float]]:
+    """What one worker of each kind (with a `ray.<kind>` key) asks Ray for: a CPU and a
+    unit of its role's resource; `accelerators` adds, by kind, what each worker asks
+    besides (`{"learner": {"TPU": 4}}`; per worker, not per host)."""
     accelerators = accelerators or {}
+    return {kind.name: {k: v for k, v in {"CPU": 1.0, **accelerators.get(kind.name, {}),
+                                          resource_name(kind): 1}.items() if v}
+            for kind in KINDS.values() if kind.ray_configured}
 
-    def ask(kind: WorkerKind) -> str:
-        resources = {"CPU": 1.0, **accelerators.get(kind.name, {}), resource_name(kind): 1}
-        return "{" + ", ".join(f"{k}: {_amount(v)}" for k, v in resources.items() if v) + "}"
 
-    return [f"ray.{kind.name}={ask(kind)}" for kind in KINDS.values() if kind.ray_configured]
+def placement_overrides(asks: dict[str, dict[str, float]]) -> list[str]:
+    """`--set` values that send each kind of worker to hosts of its role (`worker_asks`)."""
+    return [f"ray.{name}={{" + ", ".join(f"{k}: {_amount(v)}" for k, v in ask.items()) + "}"
+            for name, ask in asks.items()]
 
 
 def share(total: float, workers: int) -> float:

@@ -13,15 +13,21 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from collections import Counter
 
+from srl_jax.cluster.host_plan import Host, HostPlan
 from srl_jax.cluster.remote_shell import python_check
 from srl_jax.cluster.roles import (
     RAY_CLI,
+    fewest_hosts,
     launch_args,
+    learners_per_host,
     placement_overrides,
     plan_roles,
     ray_offer,
+    role_counts,
     share,
+    worker_asks,
 )
 from srl_jax.config.schema import ConfigError, ExperimentConfig
 
@@ -29,8 +35,9 @@ TOKEN = "$(od -An -N32 -tx1 /dev/urandom | tr -d ' \\n')"
 """256 random bits in hex, as Ray's own `ray get-auth-token --generate` makes them."""
 
 
-def gpu_asks(args: argparse.Namespace, servers_per_host: int) -> dict[str, dict[str, float]]:
-    """Per worker: the learner takes its host's GPUs but those kept for the servers;
+def gpu_asks(args: argparse.Namespace, learners_per_host: int,
+             servers_per_host: int) -> dict[str, dict[str, float]]:
+    """Per worker: the learners share their host's GPUs but those kept for the servers;
     each server a share of its host's (inference hosts', or those kept on a learner
     host); none asked: the placement plan runs it on the CPU (JAX_PLATFORMS=cpu)."""
     kept = 0.0 if args.inference_hosts else args.gpus_for_inference
@@ -38,13 +45,30 @@ def gpu_asks(args: argparse.Namespace, servers_per_host: int) -> dict[str, dict[
         raise ConfigError(f"'--gpus-for-inference' ({kept:g}) must be between 0 and "
                           f"'--gpus-per-learner-host' ({args.gpus_per_learner_host:g})")
     server_gpus = args.gpus_per_inference_host if args.inference_hosts else kept
-    return {"learner": {"GPU": args.gpus_per_learner_host - kept},
+    return {"learner": {"GPU": share(args.gpus_per_learner_host - kept, learners_per_host)},
             "inference": {"GPU": share(server_gpus, servers_per_host)}}
 
 
-def slurm_script(config: ExperimentConfig, args: argparse.Namespace) -> str:
-    roles = plan_roles(config, args.inference_hosts, args.actor_hosts)
-    asks = gpu_asks(args, roles.servers_per_host)
+def slurm_hosts(groups: list[tuple[str, int, float]], offers: dict[str, dict[str, int]],
+                cpus: int) -> list[Host]:
+    """Every host of the job, by het group, with what its Ray node offers."""
+    return [Host(f"{role} host {i}", {"CPU": cpus, **({"GPU": gpus} if gpus else {}),
+                                      **offers[role]},
+                 "Ray head; the run starts here" if g == i == 0 else "")
+            for g, (role, nodes, gpus) in enumerate(groups) for i in range(nodes)]
+
+
+def slurm_script(config: ExperimentConfig, args: argparse.Namespace) -> tuple[str, HostPlan]:
+    """The batch script, and its hosts and launch line for `srl_jax.cluster.host_plan`."""
+    counts = role_counts(config)
+    with_servers = counts["learner"] + (Counter() if args.inference_hosts
+                                        else counts["inference"])
+    learner_hosts = args.learner_hosts or fewest_hosts(with_servers, args.cpus_per_host,
+                                                       config.learner.processes)
+    actor_hosts = args.actor_hosts or fewest_hosts(counts["actor"], args.cpus_per_host, 1)
+    roles = plan_roles(config, learner_hosts, args.inference_hosts, actor_hosts)
+    asks = worker_asks(gpu_asks(args, learners_per_host(config, learner_hosts),
+                                roles.servers_per_host))
     groups = [("learner", roles.hosts["learner"], args.gpus_per_learner_host)]
     if roles.hosts["inference"]:
         groups.append(("inference", roles.hosts["inference"], args.gpus_per_inference_host))
@@ -105,4 +129,7 @@ def slurm_script(config: ExperimentConfig, args: argparse.Namespace) -> str:
         f'{py} -m srl_jax.cluster.ray_nodes "$address" {every} --timeout-s {args.join_timeout_s:g}',
         "", "# The run; the Ray steps end with the job.",
         f'{py} {shlex.join(launch[1:])} --ray-address="$address"']
-    return "\n".join(["#!/bin/bash", args.banner, *header, "", *lines, ""])
+    hosts = slurm_hosts(groups, {role: roles.offers(role) for role, _, _ in groups},
+                        args.cpus_per_host)
+    return ("\n".join(["#!/bin/bash", args.banner, *header, "", *lines, ""]),
+            HostPlan(hosts, launch))

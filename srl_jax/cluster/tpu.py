@@ -20,18 +20,25 @@ import argparse
 import re
 import shlex
 
+from srl_jax.cluster.host_plan import Host, HostPlan
 from srl_jax.cluster.remote_shell import detached, home_path, log_tail, python_check, stop_group
 from srl_jax.cluster.roles import (
     RAY_CLI,
     launch_args,
+    learners_per_host,
     placement_overrides,
     plan_roles,
     ray_offer,
+    worker_asks,
 )
-from srl_jax.config.schema import ExperimentConfig
+from srl_jax.config.env_families import extras_of
+from srl_jax.config.schema import ConfigError, ExperimentConfig, run_policies
 
 LOCK = "requirements/cluster.lock"
-"""Pinned with hashes: the base dependencies, Ray and libtpu (`[ray,tpu]`)."""
+"""Pinned with hashes: srl-jax's `[cluster]` extra (`CLUSTER_EXTRAS`)."""
+CLUSTER_EXTRAS = ("ray", "tpu", "gcs", "s3", "atari", "mujoco", "multiagent")
+"""What the lock installs on every host besides the base: Ray, libtpu, buckets, and the
+environment families that run on any host (EnvPool's wheels are x86-only)."""
 SLICE_FIELDS = ("import json, sys; d = json.load(sys.stdin); e = d.get('networkEndpoints') "
                 "or [{}]; print(d.get('acceleratorType', '?'), len(d.get('networkEndpoints') "
                 "or []), e[0].get('ipAddress', '-'))")
@@ -89,15 +96,35 @@ class Remote:
                         {**self.ray_env, **(env or {})})
 
 
-def tpu_vm_script(config: ExperimentConfig, args: argparse.Namespace) -> str:
+def check_slice_fit(config: ExperimentConfig, hosts: int) -> None:
+    """Refuse, before anything is provisioned, a config a slice cannot run: several
+    learners (a slice's hosts run one, a process each, on all their chips), or an
+    environment whose packages the hosts do not get."""
+    if learners_per_host(config, hosts) > 1:
+        trained = run_policies(config)
+        raise ConfigError(
+            f"{config.name} trains {len(trained)} learners ({', '.join(trained)}), and a "
+            "TPU slice runs one (a process on each host, on all its chips): run it on GPU "
+            "or CPU hosts (python -m srl_jax.cluster slurm, or a Ray cluster)")
+    missing = [extra for extra in extras_of(config.env) if extra not in CLUSTER_EXTRAS]
+    if missing:
+        raise ConfigError(f"'env': {config.env.id} needs srl-jax[{','.join(missing)}], which "
+                          f"the TPU VM hosts do not get ({LOCK} installs "
+                          f"[{','.join(CLUSTER_EXTRAS)}])")
+
+
+def tpu_vm_script(config: ExperimentConfig, args: argparse.Namespace) -> tuple[str, HostPlan]:
+    """The script, and its hosts and launch line for `srl_jax.cluster.host_plan`."""
+    check_slice_fit(config, args.hosts)
     vms = len(args.actor_vm)
-    roles = plan_roles(config, 0 if args.tpu_inference else vms, vms)
+    roles = plan_roles(config, args.hosts, 0 if args.tpu_inference else vms, vms)
     tpu_offer = roles.offers("learner")
     vm_offer = {**roles.offers("actor"),
                 **({} if args.tpu_inference else roles.offers("inference"))}
     remote = Remote(args)
     launch = launch_args(remote.python, args.experiment, args.run_dir, [
-        *args.overrides, *placement_overrides({"learner": {"TPU": args.tpu_chips_per_host}})])
+        *args.overrides,
+        *placement_overrides(worker_asks({"learner": {"TPU": args.tpu_chips_per_host}}))])
     launch_line = (" ".join([launch[0], *map(shlex.quote, launch[1:])])
                    + " --ray-address=${address}")
     run_env = " ".join(f"{k}={v}" for k, v in remote.ray_env.items())
@@ -214,4 +241,8 @@ def tpu_vm_script(config: ExperimentConfig, args: argparse.Namespace) -> str:
             "# The run, on TPU host 0 (a terminal, so Ctrl-C reaches it).",
             f"on_tpu --worker=0 --ssh-flag=-t --command={local_word(foreground)}",
         ]
-    return "\n".join(["#!/bin/bash", args.banner, *lines, ""])
+    hosts = [Host(f"TPU host {w}", {"TPU": args.tpu_chips_per_host, **tpu_offer},
+                  "Ray head; the run starts here" if w == 0 else "")
+             for w in range(args.hosts)]
+    hosts += [Host(f"CPU VM {vm}", dict(vm_offer)) for vm in args.actor_vm]
+    return "\n".join(["#!/bin/bash", args.banner, *lines, ""]), HostPlan(hosts, launch)
