@@ -20,13 +20,18 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from srl_jax.runtime.backends import LocalBackend, WorkerHandle
+from srl_jax.runtime.metrics import MetricsAggregator
 from srl_jax.runtime.status import dump_stacks
+from srl_jax.runtime.supervisor import Supervisor
+from srl_jax.runtime.worker_records import StartupTimeline, WorkerRecord
 from tests.conftest import (
     REPO,
     Processes,
     all_running,
     descendants,
     launch,
+    make_config,
     pid_alive,
     read_metrics,
     read_status,
@@ -165,6 +170,51 @@ def mean_fps(rows: list[dict], start: float, end: float) -> float:
     inside = [r for r in rows if start <= r["time"] <= end]
     return (inside[-1]["env_frames"] - inside[0]["env_frames"]) / (
         inside[-1]["time"] - inside[0]["time"])
+
+
+def test_a_lost_host_is_one_preemption_not_faults_of_the_learner_group_it_takes_down(
+        processes: Processes, tmp_path: Path) -> None:
+    """The supervisor's count, without Ray: two learner processes (real ones, `sleep`,
+    through the local backend) lose the host of one three times, more than
+    `runtime.max_restarts`; each time the other is killed with it and both come back at
+    once, no fault counted. The peer may also end first, by itself, and the loss be found
+    after (Ray's `exit_code` marks the handle `lost`): the same preemption. A fault of the
+    group's own still counts."""
+    config = make_config(["learner.processes=2", "runtime.max_restarts=2",
+                          "runtime.restart_backoff_s=5"])
+    records = [WorkerRecord("learner", 0), WorkerRecord("learner", 1)]
+    ended: list[str] = []
+    supervisor = Supervisor(config, tmp_path, LocalBackend(tmp_path), records,
+                            MetricsAggregator(), StartupTimeline(time.time()), lambda _: {},
+                            lambda reason, _: ended.append(reason), lambda: None,
+                            lambda _: None)
+
+    def run_both() -> None:
+        for record in records:
+            sleeper = processes.start(["sleep", "60"])
+            record.handle = WorkerHandle("learner", record.index, sleeper.pid, "here", sleeper)
+            record.state = "running"
+
+    def exited(record: WorkerRecord) -> None:
+        supervisor.on_exit(record, record.handle.ref.wait(), "exited")
+
+    for first in (0, 0, 1):
+        run_both()
+        records[0].handle.lost = "its Ray node (10.0.0.9) left the cluster"
+        processes.kill(records[0].handle.pid)
+        records[0].handle.ref.wait()  # gone before the supervisor looks
+        processes.kill(records[first].handle.pid)
+        exited(records[first])  # the other is killed by the supervisor, or found lost
+        exited(records[1 - first])
+        assert [r.state for r in records] == ["restarting", "restarting"] and not ended
+        assert all(r.restart_at <= time.monotonic() for r in records), "back at once"
+    assert [(r.restarts, r.losses) for r in records] == [(3, 3), (3, 3)]
+    run_both()
+    processes.kill(records[1].handle.pid)
+    exited(records[1])
+    exited(records[0])
+    assert [(r.restarts, r.losses) for r in records] == [(4, 3), (4, 3)] and not ended
+    assert records[1].restart_at > time.monotonic() + 4, "a fault waits its backoff"
 
 
 def test_an_actor_host_that_leaves_and_one_that_joins_make_a_dip_not_a_failure(

@@ -68,6 +68,9 @@ class Supervisor:
         self.group_stopped = group_stopped
         self._next_watched = 0
         self._stacks_asked = False
+        self._taken_down: dict[str, str] = {}
+        """Workers killed with a process group whose member was lost with its host: by
+        name, that member's."""
         self._per_turn = max(WATCHED_PER_TURN,
                              math.ceil(len(workers) * LOOP_S / WATCH_ROUND_S))
 
@@ -161,16 +164,25 @@ class Supervisor:
         return not worker_kind(record.kind).saves_state or self.config.checkpoint.enabled
 
     def on_exit(self, record: WorkerRecord, code: int, what: str) -> None:
-        """`record`'s process ended with `code`: restart it later, or end the run."""
+        """`record`'s process ended with `code`: restart it later, or end the run.
+
+        A host lost is one preemption: the worker lost with it and the peers of its process
+        group that go with it (killed here, or ended by themselves once a peer found lost)
+        come back at once, none of them counted against `runtime.max_restarts`.
+        """
         record.exit_code = code
         lost = record.handle.lost
-        if lost:
-            what = f"was lost with its host: {lost}"
+        taken_down = self._taken_down.pop(record.name, None)
         self.metrics.retire(record.name)
         log_path = self.run_dir / "logs" / f"{record.name}.log"
         kind = worker_kind(record.kind)
         if kind.process_group and kind.count(self.config) > 1:
-            self._stop_process_group(record)
+            taken_down = self._stop_process_group(record, lost) or taken_down
+        if lost:
+            what = f"was lost with its host: {lost}"
+        elif taken_down:
+            what = f"went with its process group: {taken_down} was lost with its host"
+        lost = lost or taken_down
         refused = code == EXIT_REFUSED and not lost
         if refused:
             what = "refused the run (a restart would refuse it again)"
@@ -193,20 +205,29 @@ class Supervisor:
         log.warning("%s %s; restart %d in %.1fs", record.name, what, record.restarts, delay)
         self.changed()
 
-    def _stop_process_group(self, record: WorkerRecord) -> None:
+    def _stop_process_group(self, record: WorkerRecord, lost: str | None) -> str | None:
         """A policy's learner processes share one jax.distributed job: one gone means
         all restart.
 
         The others are killed (their collectives would wait forever) and come back
-        through `on_exit` like the first; the stale coordinator address goes.
+        through `on_exit` like the first; the stale coordinator address goes. Where
+        `record` was `lost` with its host, so are those it takes down. Returns the name of
+        a peer that was lost with its host itself, if one was (`record` went with it).
         """
         self.group_stopped(record.policy)
+        peer_lost = None
         for other in self.workers:
-            if other.kind == record.kind and other.policy == record.policy \
-                    and other.handle is not None and other.state in ("starting", "running") \
-                    and self.backend.exit_code(other.handle) is None:
-                log.warning("%s leaves with the learner group", other.name)
-                self.backend.send_signal(other.handle, signal.SIGKILL)
+            if other is record or other.kind != record.kind or other.policy != record.policy \
+                    or other.handle is None or other.state not in ("starting", "running"):
+                continue
+            if self.backend.exit_code(other.handle) is not None:
+                peer_lost = peer_lost or (other.name if other.handle.lost else None)
+                continue
+            log.warning("%s leaves with the learner group", other.name)
+            if lost:
+                self._taken_down[other.name] = record.name
+            self.backend.send_signal(other.handle, signal.SIGKILL)
+        return peer_lost
 
     def _grace_s(self, record: WorkerRecord) -> float:
         """How long a worker may take to exit after SIGTERM (the learner saves first)."""

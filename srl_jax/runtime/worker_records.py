@@ -51,7 +51,8 @@ class WorkerRecord:
     unplaced_since: float | None = None
     """Since when (wall time) it waits for the backend to place it, while it does."""
     losses: int = 0
-    """Of its restarts, those after its host was lost (not counted by max_restarts)."""
+    """Of its restarts, those after a host was lost: its own, or that of a peer in its
+    process group, which took it down (not counted by max_restarts)."""
     ports: list[dict[str, Any]] = field(default_factory=list)
     """The ports its process listens on, as its heartbeats list them."""
 
