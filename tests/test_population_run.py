@@ -1,6 +1,13 @@
 """Population-based training end to end: one run of four CartPole members, two of them
 hopeless, ranked by the evaluator's returns, with a member's learner killed mid-run,
-then a resume of the same run."""
+then a resume of the same run.
+
+The manager runs as on a host that shares no directory with the learners or the
+controller (`SRL_JAX_APART`, with the network name service): its scores come as metrics
+rows over the network, its exploits go to the learners over the control stream, the
+lineage it starts from comes from the controller, and the learners' copies land in
+`population.jsonl` on the controller's side; its own folder stays empty.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +24,7 @@ from srl_jax.config.population import read_lineage
 from srl_jax.config.run_dir import evaluated_root, steps_in
 from srl_jax.core.stream_table import CONTROL
 from srl_jax.core.streams import RejectCounter, receive, send
+from srl_jax.runtime.backends import APART_ENV
 from tests.conftest import (
     Processes,
     launch,
@@ -50,12 +58,13 @@ def learner_pid(run_dir: Path, member: str) -> int | None:
 def malformed_exploits_refused(run_dir: Path, member: str) -> int:
     """Send a member's learner an exploit naming no member, and one undecodable message:
     the first is answered as refused, both are counted and dropped; how many were sent."""
-    endpoint = (run_dir / "names" / CONTROL.key(member).replace("/", "__")).read_text()
+    ports = worker(read_status(run_dir), f"learner-{member}-0")["ports"]
+    endpoint = next(port["endpoint"] for port in ports if port["key"] == CONTROL.key(member))
     context = zmq.Context()
     dealer = context.socket(zmq.DEALER)
     dealer.setsockopt(zmq.LINGER, 0)
     try:
-        dealer.connect(endpoint.strip())
+        dealer.connect(endpoint)
         send(dealer, "exploit", {"member": member, "donor": "m9", "hyperparams": {LR: 1.0},
                                  "old_hyperparams": {}, "scores": {}})
         dealer.send_multipart([b"\xc1 not a message"])
@@ -82,15 +91,19 @@ def reached_together(rows: list[dict], members: tuple[str, ...], target: float) 
 
 def test_losers_copy_winners_live_and_the_population_survives_a_dead_learner_and_resumes(
         processes: Processes, tmp_path: Path) -> None:
+    manager_host = tmp_path / "hosts" / "population-0"
+    manager_host.mkdir(parents=True)
+    apart = {APART_ENV: str(manager_host.parent)}
     process, run_dir = launch(
-        processes, tmp_path, f"population.initial={{{LR}: [1.0e-3, 1.0e-3, 1.0e-7, 1.0e-7]}}",
+        processes, tmp_path, "runtime.names=network",
+        f"population.initial={{{LR}: [1.0e-3, 1.0e-3, 1.0e-7, 1.0e-7]}}",
         "population.ready_after_updates=15", f"stop.target_return={TARGET}",
         "stop.wall_time_s=240",
         "evaluation.every_updates=10", "evaluation.episodes=2",  # members ranked by it
         # Each member's actor runs its policy itself: what is tested is the population, and
         # four inference servers more on 2 cores slow every member (resumed so too).
         "actors.inline_inference=true",
-        experiment="cartpole_ppo_pbt")
+        experiment="cartpole_ppo_pbt", env=apart)
     pids = wait_for(lambda: all(learner_pid(run_dir, m) for m in HOPELESS) and
                     {m: learner_pid(run_dir, m) for m in HOPELESS}, 120, "learners running")
     wait_for(lambda: read_lineage(run_dir), 120, "a first exploit")
@@ -138,7 +151,7 @@ def test_losers_copy_winners_live_and_the_population_survives_a_dead_learner_and
         [sys.executable, "-m", "srl_jax.launch", "cartpole_ppo_pbt", "--run-dir", str(run_dir),
          "--resume", "--set", "stop.target_return=null",
          "--set", "evaluation.every_updates=0"],  # no evaluator: only restores are checked
-        log=tmp_path / "resume.log")
+        log=tmp_path / "resume.log", env=apart)
     wait_for(lambda: f"{len(lineage)} exploit events so far" in
              (logs / "population-0.log").read_text().rsplit("population-0: 4 members", 1)[-1]
              and all(restores(logs, m) > before[m] for m in MEMBERS), 120,
@@ -152,3 +165,7 @@ def test_losers_copy_winners_live_and_the_population_survives_a_dead_learner_and
         shown = ast.literal_eval(resumed_part.split("hyperparameters ", 1)[1].splitlines()[0])
         assert shown["learning_rate"] == pytest.approx(current[LR], rel=1e-6)
         assert shown["ent_coef"] == pytest.approx(current["learner.ppo.ent_coef"], rel=1e-6)
+    # The manager's host: nothing of the run there, its output all on the controller's.
+    assert sorted(p.name for p in manager_host.iterdir()) == ["launcher.log", "scratch"]
+    assert not any((manager_host / "scratch").iterdir())
+    assert (manager_host / "launcher.log").read_text() == ""

@@ -13,12 +13,15 @@ from srl_jax.config.schema import DEFAULT_POLICY
 from srl_jax.core import wire
 from srl_jax.core.stream_table import (
     CHANGES,
+    CONTROL,
     COORDINATOR,
     INFERENCE,
+    LINEAGE,
     LOGS,
     NAMES,
     PARAMS,
     POOL,
+    ROWS,
     SAMPLES,
     STATS,
     STREAMS,
@@ -39,6 +42,9 @@ SENDERS = {
     "srl_jax/runtime/name_server.py": {NAMES.binder_receives, NAMES.connecter_receives,
                                        CHANGES.connecter_receives},
     "srl_jax/runtime/log_stream.py": {LOGS.binder_receives},
+    "srl_jax/runtime/population_link.py": {LINEAGE.connecter_receives, ROWS.connecter_receives},
+    "srl_jax/runtime/population_manager.py": {CONTROL.binder_receives},
+    "learners/workers/population_member.py": {CONTROL.connecter_receives},
 }
 """Each worker module and the streams it sends on (as the kinds it may send there)."""
 

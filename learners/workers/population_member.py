@@ -5,7 +5,9 @@ side of the exploit protocol with the population manager
 On the control stream the manager tells a losing member to copy a winner (the donor)
 and take new hyperparameters; the member answers what it loaded. The copy comes from
 the donor's newest complete checkpoint, so it needs no word with the donor's learner,
-and a member records each copy in the run's lineage (`population.jsonl`).
+and a member records each copy in the run's lineage: it sends it to the controller on
+the lineage stream, which appends it to `population.jsonl` in the run directory on its
+own host (srl_jax/runtime/population_link.py), so the learner's host needs no run directory.
 """
 
 from __future__ import annotations
@@ -14,18 +16,20 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import zmq
 
 from learners.training.checkpoint import Checkpointer
 from learners.training.learner import Learner
-from srl_jax.config.population import append_lineage, field_name, initial_hyperparams
-from srl_jax.config.schema import ExperimentConfig, member_names
-from srl_jax.core.stream_table import CONTROL
-from srl_jax.core.streams import RejectCounter, receive, send
+from srl_jax.config.population import field_name, initial_hyperparams
+from srl_jax.config.schema import DEFAULT_POLICY, ExperimentConfig, member_names
+from srl_jax.core.stream_table import CONTROL, LINEAGE
+from srl_jax.core.streams import RejectCounter, ask, receive, send
 from srl_jax.core.worker_base import Worker
+
+RECORD_TIMEOUT_S = 30.0
+"""How long a copy waits for the controller to say it recorded it in the lineage."""
 
 
 def start_hyperparams(config: ExperimentConfig, policy: str, learner: Learner) -> None:
@@ -38,17 +42,19 @@ def start_hyperparams(config: ExperimentConfig, policy: str, learner: Learner) -
 class PopulationMember:
     """Answers the population manager's exploits: copies the donor, reports, records."""
 
-    def __init__(self, socket: zmq.Socket, member: str, members: list[str], learner: Learner,
-                 checkpointer: Checkpointer, run_dir: Path, rejects: RejectCounter,
-                 log: logging.Logger, save_copy: Callable[[], None]) -> None:
-        """`socket`: bound on the control stream; `save_copy` publishes the learner's
-        parameters and starts checkpointing its state with the run's counters."""
+    def __init__(self, socket: zmq.Socket, lineage: zmq.Socket, member: str,
+                 members: list[str], learner: Learner, checkpointer: Checkpointer,
+                 rejects: RejectCounter, log: logging.Logger,
+                 save_copy: Callable[[], None]) -> None:
+        """`socket`: bound on the control stream; `lineage`: connected to the controller's
+        lineage stream; `save_copy` publishes the learner's parameters and starts
+        checkpointing its state with the run's counters."""
         self.socket = socket
+        self.lineage = lineage
         self.member = member
         self.members = members
         self.learner = learner
         self.checkpointer = checkpointer
-        self.run_dir = run_dir
         self.rejects = rejects
         self.log = log
         self.save_copy = save_copy
@@ -67,9 +73,10 @@ class PopulationMember:
         counters, and take the new hyperparameters; no restart, no recompile.
 
         The copy is checkpointed, and only once that checkpoint is complete does this
-        learner append the event to `population.jsonl`: the lineage then never lists a
-        copy that a restart or a resume would not bring back, nor misses one it would,
-        even when the run stops before the manager hears the answer.
+        learner send the event to the controller (which appends it to `population.jsonl`)
+        and then answer: the lineage then never lists a copy that a restart or a resume
+        would not bring back, nor misses one it would, even when the run stops before the
+        manager hears the answer.
         """
         donor, values, old = meta.get("donor"), meta.get("hyperparams"), meta.get("old_hyperparams")
         scores = meta.get("scores")
@@ -91,15 +98,25 @@ class PopulationMember:
                       restored.step, version, self.learner.hyperparams())
         self.save_copy()
         self.checkpointer.wait()
-        append_lineage(self.run_dir, {
-            "time": time.time(), "member": self.member, "donor": donor,
-            "donor_step": restored.step, "version": version,
-            "old_hyperparams": old, "hyperparams": values, "scores": scores})
+        self._record({"time": time.time(), "member": self.member, "donor": donor,
+                      "donor_step": restored.step, "version": version,
+                      "old_hyperparams": old, "hyperparams": values, "scores": scores})
         return {"ok": True, "donor_step": restored.step, "version": version,
                 "hyperparams": values}
 
+    def _record(self, event: dict[str, Any]) -> None:
+        """The copy into the controller's lineage; one it did not record is logged (the
+        copy stands: this learner's checkpoints hold it)."""
+        reply = ask(self.lineage, "lineage_event", {"event": event}, LINEAGE.connecter_receives,
+                    self.rejects, RECORD_TIMEOUT_S)
+        if reply is None or "error" in reply.meta:
+            self.log.warning("the controller did not record the copy of %s in the lineage: "
+                             "%s", event["donor"], reply.meta["error"] if reply else
+                             f"no answer in {RECORD_TIMEOUT_S:.0f}s")
+
     def close(self) -> None:
         self.socket.close()
+        self.lineage.close()
 
 
 def open_population_member(worker: Worker, learner: Learner, checkpointer: Checkpointer,
@@ -109,9 +126,9 @@ def open_population_member(worker: Worker, learner: Learner, checkpointer: Check
     population = worker.config.population
     if not (population.members and population.exploit):
         return None
-    return PopulationMember(worker.socket(CONTROL), worker.policy,
-                            member_names(population.members), learner, checkpointer,
-                            worker.run_dir, worker.rejects, worker.log, save_copy)
+    return PopulationMember(worker.socket(CONTROL), worker.socket(LINEAGE, DEFAULT_POLICY),
+                            worker.policy, member_names(population.members), learner,
+                            checkpointer, worker.rejects, worker.log, save_copy)
 
 
 def _numbers(values: Any, missing: bool = False) -> bool:

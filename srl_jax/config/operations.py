@@ -66,6 +66,9 @@ class RayConfig:
     """Ray resources the evaluator asks for."""
     replay: dict[str, float] = field(default_factory=_one_cpu)
     """Ray resources each replay server asks for."""
+    population: dict[str, float] = field(default_factory=_one_cpu)
+    """Ray resources the population manager asks for (it needs no run directory: any node
+    will do)."""
     placement_timeout_s: float = 120.0
     """How long a worker may wait for Ray to place it (no node has its resources free):
     past it a learner ends the run, any other worker is reported missing ('waiting for

@@ -3,7 +3,7 @@
 A population run trains `population.members` whole pipelines side by side, each
 under its own policy name (m0, m1, ...), each with its own hyperparameters. The
 population manager (`srl_jax/runtime/population_manager.py`) reads the members' returns
-(their evaluation returns when the evaluator runs) from `metrics.jsonl` and, at each
+(their evaluation returns when the evaluator runs) in the metrics rows and, at each
 member's ready point, `decide`s: a member in the bottom fraction copies a member of
 the top fraction (exploit: the loser's learner loads the donor's newest checkpoint)
 and perturbs or redraws its hyperparameters (explore), as in Jaderberg et al. 2017.
@@ -35,7 +35,7 @@ TRAINING, EVALUATION = "episode_return_mean", "eval_return_mean"
 VERSION_KEY = "policy/{member}/policy_version"
 EVAL_VERSION_KEY = "policy/{member}/eval_policy_version"
 LOG_NAME = "population.jsonl"
-"""In the run directory: one JSON line per exploit decision, the lineage."""
+"""In the controller's run directory: one JSON line per copy a member made, the lineage."""
 
 
 def _require(condition: bool, message: str) -> None:
@@ -226,9 +226,9 @@ def sweep_overrides(sweeps: Sequence[str]) -> list[str]:
 
 
 def append_lineage(run_dir: str | Path, event: dict[str, Any]) -> None:
-    """Add one exploit event to `population.jsonl`: one write of one line, so the
-    members' learners can append side by side without splitting each other's lines."""
-    line = (json.dumps(event) + "\n").encode()
+    """Add one exploit event to `population.jsonl`: one write of one line, so that a
+    line is never split, whoever else appends."""
+    line = lineage_line(event).encode()
     fd = os.open(Path(run_dir) / LOG_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line)
@@ -240,6 +240,26 @@ def read_lineage(run_dir: str | Path) -> list[dict[str, Any]]:
     """The exploit events of a population run (`population.jsonl`), oldest first ([]
     before the first)."""
     path = Path(run_dir) / LOG_NAME
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return parse_lineage(path.read_text()) if path.exists() else []
+
+
+def parse_lineage(text: str) -> list[dict[str, Any]]:
+    """Exploit events from their JSON lines, as `population.jsonl` holds them (and the
+    controller sends them to the manager: srl_jax/runtime/population_link.py)."""
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def lineage_line(event: dict[str, Any]) -> str:
+    """One exploit event as its line of `population.jsonl`."""
+    return json.dumps(event) + "\n"
+
+
+def event_problem(event: Any, members: Sequence[str]) -> str | None:
+    """Why `event` is no exploit event of a population of `members` (None: it is one)."""
+    if not isinstance(event, dict):
+        return "not a map"
+    if event.get("member") not in members or event.get("donor") not in members:
+        return f"member {event.get('member')!r} or donor {event.get('donor')!r} unknown"
+    if type(event.get("version")) is not int or not isinstance(event.get("hyperparams"), dict):
+        return "no version or no hyperparams"
+    return None

@@ -14,6 +14,9 @@
     names        controller (ROUTER) every worker (DEALER)              name_request, name_reply
     changes      controller (PUB)    every worker (SUB)                 name_change
     logs         controller (PULL)   every worker (PUSH)                log
+    lineage      controller (ROUTER) learner, population (DEALER)       lineage_event,
+                                                                        lineage_request, lineage
+    rows         controller (PUB)    population (SUB)                   metrics_row
     coordinator  learner 0           other learner processes            (jax.distributed's gRPC)
 
 With host agents (srl_jax/runtime/hosts/host_agent.py) a host's workers reach the controller's
@@ -41,7 +44,11 @@ An algorithm that learns from replay (`srl_jax/config/algorithms.py: Algorithm.s
 turns the samples stream into two: actors push their chunks to the replay servers
 (inserts), and the learner asks every server for sampled batches and sends back
 new priorities (replay). A population run adds the control stream: its manager
-tells a member's learner to copy another member (`srl_jax/config/population.py`).
+tells a member's learner to copy another member (`srl_jax/config/population.py`); and two
+of the controller's, so that the manager needs no file of the run directory
+(srl_jax/runtime/population_link.py): rows, each metrics row as written, which the
+manager ranks by; lineage, where a learner records each copy it made (the controller
+appends it to `population.jsonl`) and the manager asks for the copies so far.
 """
 
 from __future__ import annotations
@@ -197,6 +204,22 @@ LOGS = Stream(
     per_policy=False, indexed=False,
     doc="Each worker's output to `logs/<worker>.log` on the controller's host, with the "
         "network name service (srl_jax/runtime/log_stream.py).")
+LINEAGE = Stream(
+    name="lineage", binder="controller", connecters=("learner", "population"),
+    bind_type=zmq.ROUTER, connect_type=zmq.DEALER,
+    binder_receives=frozenset({"lineage_event", "lineage_request"}),
+    connecter_receives=frozenset({"lineage"}),
+    per_policy=False, indexed=False,
+    doc="A population member's learner records each copy it made in `population.jsonl` on "
+        "the controller's host; the population manager asks for the copies so far "
+        "(srl_jax/runtime/population_link.py).")
+ROWS = Stream(
+    name="rows", binder="controller", connecters=("population",),
+    bind_type=zmq.PUB, connect_type=zmq.SUB,
+    binder_receives=frozenset(), connecter_receives=frozenset({"metrics_row"}),
+    per_policy=False, indexed=False,
+    doc="Each row of `metrics.jsonl` as the controller writes it, to the population "
+        "manager, which ranks the members by it.")
 COORDINATOR = Stream(
     name="coordinator", binder="learner", connecters=("learner",),
     bind_type=None, connect_type=None,
@@ -206,7 +229,7 @@ COORDINATOR = Stream(
         "for a policy's other learner processes.")
 
 STREAMS: tuple[Stream, ...] = (SAMPLES, INSERTS, REPLAY, INFERENCE, PARAMS, RELAY, POOL, CONTROL,
-                               STATS, NAMES, CHANGES, LOGS, COORDINATOR)
+                               STATS, NAMES, CHANGES, LOGS, LINEAGE, ROWS, COORDINATOR)
 """Every name-service key of a run comes from one of these."""
 
 

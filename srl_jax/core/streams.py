@@ -12,7 +12,9 @@ Where sockets bind, and CURVE off loopback: srl_jax/core/transport.py.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import time
 from typing import Any
 
 import zmq
@@ -25,6 +27,7 @@ LOOPBACK = "127.0.0.1"
 MAX_LOGGED_REASONS = 64
 MAX_SKIPPED = 1024
 """Malformed messages one `receive` call drops before it returns None."""
+_REQUEST_IDS = itertools.count(1)
 
 
 class RejectCounter:
@@ -128,6 +131,21 @@ def send(socket: zmq.Socket, kind: str, meta: dict[str, Any] | None = None,
     for i, frame in enumerate(frames):
         socket.send(frame, flags if i == last else flags | SNDMORE,
                     copy=not isinstance(frame, memoryview) or frame.nbytes < ZERO_COPY_BYTES)
+
+
+def ask(socket: zmq.Socket, kind: str, meta: dict[str, Any], expected: frozenset[str],
+        rejects: RejectCounter, timeout_s: float) -> Message | None:
+    """Send a request on a DEALER with a fresh `id` in its meta, and wait up to `timeout_s`
+    for the reply that carries the id back (None: none came); replies to requests given
+    up on earlier are skipped, so a late answer is never taken for the next one's."""
+    request_id = next(_REQUEST_IDS)
+    send(socket, kind, {**meta, "id": request_id})
+    deadline = time.monotonic() + timeout_s
+    while socket.poll(int(max(deadline - time.monotonic(), 0.0) * 1000)):
+        received = receive(socket, expected, rejects)
+        if received is not None and received[1].meta.get("id") == request_id:
+            return received[1]
+    return None
 
 
 def limit_message_size(context: zmq.Context, max_mb: float) -> None:

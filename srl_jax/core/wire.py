@@ -30,6 +30,12 @@ Message kinds (the whole protocol):
 | `name_reply`    | controller -> worker          | none, or the run's config (uint8 text)  |
 | `name_change`   | controller -> followers       | none (meta: key, endpoint or None)      |
 | `log`           | any worker -> controller      | text: output bytes (uint8)              |
+| `exploit`       | population manager -> learner | none (meta: member, donor, hyperparams) |
+| `exploited`     | learner -> population manager | none (meta: member, ok, version, ...)   |
+| `lineage_event` | learner -> controller         | none (meta: id, event: one copy made)   |
+| `lineage_request`| population manager -> controller | none                                 |
+| `lineage`       | controller -> learner, manager| events: JSON lines (uint8), or none     |
+| `metrics_row`   | controller -> population manager | row: one metrics row as JSON (uint8) |
 
 Metadata worth knowing: `samples` carries `actor` and `episode_returns` (the
 returns of episodes finished since that actor's previous chunk); `params`
@@ -55,7 +61,8 @@ WIRE_VERSION = 1
 KINDS = frozenset({"infer_request", "infer_reply", "samples", "params", "stats",
                    "sample_request", "sampled", "priorities", "exploit", "exploited",
                    "name_request", "name_reply", "name_change", "log", "snapshot",
-                   "stats_batch"})
+                   "stats_batch", "lineage_event", "lineage_request", "lineage",
+                   "metrics_row"})
 DTYPES = {
     np.dtype(name).str: np.dtype(name)
     for name in (

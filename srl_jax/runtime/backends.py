@@ -15,6 +15,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -22,6 +23,14 @@ from typing import Any, Protocol
 from srl_jax.config.schema import DEFAULT_POLICY
 from srl_jax.core.names import FileNameService, NameService, worker_name
 from srl_jax.core.worker_kinds import PARENT_ENV
+from srl_jax.runtime.name_server import NAMES_ENV
+
+APART_ENV = "SRL_JAX_APART"
+"""For tests and drills of hosts that share no disk, on one machine: point it at a
+directory, and a worker that has a folder there named after it (`population-0`) starts
+as if on a host of its own: its `--run-dir` is that folder's `scratch/`, and its
+launcher's output goes to the folder's `launcher.log`. Only with the network name
+service (`runtime.names: network`), where a worker needs nothing of the run directory."""
 
 
 class BackendError(RuntimeError):
@@ -90,6 +99,14 @@ def spawn_worker(args: list[str], env: dict[str, str], log_path: Path) -> subpro
             start_new_session=True)
 
 
+def apart_folder(name: str, env: Mapping[str, str]) -> Path | None:
+    """Worker `name`'s folder under APART_ENV, where it has one and `env` (its own) has the
+    network name service; None otherwise."""
+    root = env.get(APART_ENV)
+    folder = Path(root) / name if root and NAMES_ENV in env else None
+    return folder if folder is not None and folder.is_dir() else None
+
+
 class LocalBackend:
     """One process per worker on this machine; logs to `<run_dir>/logs/<worker>.log`."""
 
@@ -106,9 +123,11 @@ class LocalBackend:
 
     def start(self, kind: str, index: int, policy: str = DEFAULT_POLICY,
               env: dict[str, str] | None = None) -> WorkerHandle:
-        log_path = self.run_dir / "logs" / f"{worker_name(kind, index, policy)}.log"
-        process = spawn_worker(worker_args(kind, index, self.run_dir, policy),
-                               {**os.environ, **(env or {})}, log_path)
+        name, env = worker_name(kind, index, policy), {**os.environ, **(env or {})}
+        run_dir, log_path = self.run_dir, self.run_dir / "logs" / f"{name}.log"
+        if (apart := apart_folder(name, env)) is not None:
+            run_dir, log_path = apart / "scratch", apart / "launcher.log"
+        process = spawn_worker(worker_args(kind, index, run_dir, policy), env, log_path)
         return WorkerHandle(kind, index, process.pid, socket.gethostname(), process, policy)
 
     def placement_wait(self, kind: str) -> str:

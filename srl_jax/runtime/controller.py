@@ -44,6 +44,7 @@ from srl_jax.runtime.hosts.host_agent import signs_of_life, unbatch
 from srl_jax.runtime.log_stream import LogSink
 from srl_jax.runtime.metrics import MetricsAggregator, MetricsWriter, ProgressDisplay
 from srl_jax.runtime.name_server import NAMES_ENV, NameServer
+from srl_jax.runtime.population_link import PopulationLink, population_link
 from srl_jax.runtime.stop_rule import StopRule
 from srl_jax.runtime.supervisor import (
     EXIT_FAILED,
@@ -82,6 +83,7 @@ class Controller:
         self.network_names = network_names
         self.name_server: NameServer | None = None
         self.log_sink: LogSink | None = None
+        self.population_link: PopulationLink | None = None
         self.names: NameService = backend.name_service()
         self.placement = placement
         self.keys = keys
@@ -144,7 +146,10 @@ class Controller:
                                     [record.name for record in self.workers])
         self.stats = make_socket(context, STATS.bind_type, hwm=self.config.runtime.stats_queue)
         self.transport.bind(self.stats, self.names, STATS.key())
-        self.writer = MetricsWriter(self.run_dir)
+        self.population_link = population_link(self.config, self.transport, self.names,
+                                               self.run_dir)
+        self.writer = MetricsWriter(self.run_dir,
+                                    self.population_link and self.population_link.publish)
         try:
             for record in self.workers:
                 self.supervisor.start(record)
@@ -154,7 +159,7 @@ class Controller:
         finally:
             self._shutdown()
             self.stats.close()
-            for service in (self.log_sink, self.name_server):
+            for service in (self.population_link, self.log_sink, self.name_server):
                 if service is not None:
                     service.close()
             self.transport.close()
@@ -242,9 +247,9 @@ class Controller:
     def _write_row(self, check_stop: bool = True) -> None:
         row = self.metrics.row(self._elapsed())
         row["system/resumes"] = self.resumes
+        services = (self.name_server, self.log_sink, self.population_link)
         row["system/wire_rejected"] = row.get("system/wire_rejected", 0) + self.rejects.count \
-            + sum(service.rejects.count for service in (self.name_server, self.log_sink)
-                  if service is not None)
+            + sum(service.rejects.count for service in services if service is not None)
         row["system/auth_refused"] = row.get("system/auth_refused", 0) + self.transport.refused
         if self.name_server is not None:
             row["system/name_requests"] = self.name_server.requests

@@ -17,6 +17,7 @@ import logging
 import math
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -330,15 +331,21 @@ class MetricsWriter:
     """Appends rows to metrics.jsonl (flushed per row so a reader never waits) and
     to TensorBoard event files in the run directory, with env frames as the step."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, also: Callable[[str], None] | None = None) -> None:
+        """`also`: takes each row's JSON line too (the population manager's rows stream:
+        srl_jax/runtime/population_link.py)."""
         from tensorboardX import SummaryWriter
 
         self._file = open(Path(run_dir) / "metrics.jsonl", "a")  # noqa: SIM115 - held for the run
         self._events = SummaryWriter(str(run_dir), flush_secs=5)
+        self._also = also
 
     def write(self, row: dict[str, Any]) -> None:
-        self._file.write(json.dumps(row) + "\n")
+        line = json.dumps(row)
+        self._file.write(line + "\n")
         self._file.flush()
+        if self._also is not None:
+            self._also(line)
         for key, value in row.items():
             tag = tensorboard_tag(key)
             if tag is not None and isinstance(value, int | float):

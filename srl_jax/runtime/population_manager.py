@@ -1,14 +1,16 @@
 """The population manager worker: ranks members, tells losers to copy winners (PBT).
 
-It follows the run's `metrics.jsonl`, where every row carries each member's return
-(or evaluation return, when the evaluator runs) and policy version
-(`policy/<member>/...`), keeps a `MemberView` per member, and at
-each member's ready point applies `srl_jax.config.population.decide`. An exploit goes to the
-loser's learner over the control stream; the learner loads the donor's newest
-complete checkpoint, takes the new hyperparameters without restarting, checkpoints the
-copy, appends the event to `population.jsonl` (so the lineage holds what a restart
-would bring back) and answers with what it loaded. A restarted manager rebuilds its
-view from that file and the metrics, so it needs no state of its own.
+It reads no file of the run directory, so it runs on any host of a cluster. It takes the
+run's metrics rows from the controller (the rows stream), where every row carries each
+member's return (or evaluation return, when the evaluator runs) and policy version
+(`policy/<member>/...`), keeps a `MemberView` per member, and at each member's ready
+point applies `srl_jax.config.population.decide`. An exploit goes to the loser's learner
+over the control stream; the learner loads the donor's newest complete checkpoint,
+takes the new hyperparameters without restarting, checkpoints the copy, has the
+controller append the event to `population.jsonl` (so the lineage holds what a restart
+would bring back) and answers with what it loaded. A manager that starts asks the
+controller for the lineage so far (srl_jax/runtime/population_link.py) and ranks from
+the rows that come after, so a restarted one needs no state of its own.
 """
 
 from __future__ import annotations
@@ -27,15 +29,17 @@ from srl_jax.config.population import (
     initial_hyperparams,
     member_rng,
     member_score,
+    parse_lineage,
     ranking_metric,
-    read_lineage,
 )
-from srl_jax.config.schema import member_names
-from srl_jax.core.stream_table import CONTROL
-from srl_jax.core.streams import receive, send
-from srl_jax.core.worker_base import Worker
+from srl_jax.config.schema import DEFAULT_POLICY, member_names
+from srl_jax.core.stream_table import CONTROL, LINEAGE, ROWS
+from srl_jax.core.streams import ask, receive, send
+from srl_jax.core.worker_base import LOOKUP_TIMEOUT_S, Worker, WorkerStopped
 
 POLL_MS = 200
+ASK_S = 1.0
+"""How long one ask for the lineage waits before the manager heartbeats and asks again."""
 REPLY_TIMEOUT_S = 60.0
 """An exploit unanswered this long (its learner died) is dropped and decided again."""
 ROWS_KEPT = 10_000
@@ -56,19 +60,33 @@ class PopulationManager(Worker):
         start = initial_hyperparams(self.config)
         self.views = {m: MemberView(m, start[m], ready_at=pop.ready_after_updates)
                       for m in member_names(pop.members)}
-        events = read_lineage(self.run_dir)
+        events = self._lineage()
         for event in events:  # a restart or a resume: the lineage so far
             self._changed(event["member"], event["hyperparams"], event["version"])
         self.rng = member_rng(self.config, 1, len(events), self.incarnation.restarts,
                               self.incarnation.resumes)
         self.log.info("%d members; %d exploit events so far", len(self.views), len(events))
         self.sockets = {member: self.socket(CONTROL, member) for member in self.views}
+        self.rows_in = self.socket(ROWS, DEFAULT_POLICY)
         self.poller = zmq.Poller()
-        for socket in self.sockets.values():
+        for socket in (*self.sockets.values(), self.rows_in):
             self.poller.register(socket, zmq.POLLIN)
         self.rows: list[dict[str, Any]] = []
-        self._offset = 0
         self.exploits = len(events)
+
+    def _lineage(self) -> list[dict[str, Any]]:
+        """The copies made so far, from the controller (asked again, heartbeating, until it
+        answers or LOOKUP_TIMEOUT_S has passed)."""
+        self.lineage = self.socket(LINEAGE, DEFAULT_POLICY)
+        deadline = time.monotonic() + LOOKUP_TIMEOUT_S
+        while (reply := ask(self.lineage, "lineage_request", {}, LINEAGE.connecter_receives,
+                            self.rejects, ASK_S)) is None:
+            if not self.keep_alive():
+                raise WorkerStopped("stopped while asking the controller for the lineage")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the controller sent no lineage in {LOOKUP_TIMEOUT_S:.0f}s")
+        events = reply.arrays.get("events")
+        return parse_lineage(events.tobytes().decode()) if events is not None else []
 
     def _changed(self, member: str, hyperparams: dict[str, float], version: int) -> None:
         view = self.views[member]
@@ -76,26 +94,24 @@ class PopulationManager(Worker):
         view.ready_at = version + self.config.population.ready_after_updates
         view.version, view.score = max(view.version, version), None
 
-    def _read_rows(self) -> bool:
-        """Take the metrics rows written since the last call (whole lines only); whether
-        there were any."""
-        path = self.run_dir / "metrics.jsonl"
-        if not path.exists():
-            return False
-        with path.open("rb") as file:
-            file.seek(self._offset)
-            data = file.read()
-        complete = data[:data.rfind(b"\n") + 1]
-        self._offset += len(complete)
-        for line in complete.decode(errors="replace").splitlines():
+    def _take_rows(self) -> bool:
+        """Take the metrics rows the controller sent since the last call; whether there
+        were any."""
+        taken = False
+        while (received := receive(self.rows_in, ROWS.connecter_receives,
+                                   self.rejects)) is not None:
+            text = received[1].arrays.get("row")
             try:
-                row = json.loads(line)
+                row = json.loads(text.tobytes()) if text is not None else None
             except ValueError:
+                row = None
+            if not isinstance(row, dict):
+                self.rejects.reject(ValueError("metrics_row: not one JSON object"))
                 continue
-            if isinstance(row, dict):
-                self.rows.append(row)
+            self.rows.append(row)
+            taken = True
         del self.rows[:-ROWS_KEPT]
-        return bool(complete)
+        return taken
 
     def _update_views(self) -> None:
         window, metric = self.config.population.window, ranking_metric(self.config)
@@ -108,9 +124,10 @@ class PopulationManager(Worker):
 
     def run_once(self) -> None:
         changed = False
-        for socket, _ in self.poller.poll(POLL_MS):
-            while (received := receive(socket, CONTROL.connecter_receives,
-                                       self.rejects)) is not None:
+        ready = dict(self.poller.poll(POLL_MS))
+        for socket in self.sockets.values():
+            while socket in ready and (received := receive(
+                    socket, CONTROL.connecter_receives, self.rejects)) is not None:
                 self._answered(received[1].meta)
                 changed = True
         now = time.monotonic()
@@ -120,7 +137,7 @@ class PopulationManager(Worker):
                                  member, REPLY_TIMEOUT_S)
                 del self.pending[member]
                 changed = True
-        if not (self._read_rows() or changed):
+        if not (self._take_rows() or changed):
             return  # nothing new to rank: the views and the decisions would be the same
         self._update_views()
         views = [v for v in self.views.values() if v.name not in self.pending]
@@ -170,5 +187,7 @@ class PopulationManager(Worker):
                 "exploits_pending": len(self.pending)}
 
     def close(self) -> None:
-        for socket in getattr(self, "sockets", {}).values():
-            socket.close()
+        for socket in [*getattr(self, "sockets", {}).values(), getattr(self, "rows_in", None),
+                       getattr(self, "lineage", None)]:
+            if socket is not None:
+                socket.close()

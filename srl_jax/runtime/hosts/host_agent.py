@@ -49,7 +49,7 @@ import numpy as np
 import zmq
 
 from srl_jax.config.operations import RuntimeConfig
-from srl_jax.core.stream_table import CHANGES, LOGS, PARAMS, STATS, stream_of
+from srl_jax.core.stream_table import CHANGES, LOGS, NAMES, PARAMS, STATS, stream_of
 from srl_jax.core.streams import LOOPBACK, NOBLOCK, RejectCounter, make_socket, receive, send
 from srl_jax.core.transport import CurveKeys, Transport, curve_connect
 from srl_jax.core.wire import MAX_ARRAYS, MAX_HEADER_BYTES, Message
@@ -77,6 +77,9 @@ counters are carried by later heartbeats; their episode returns are lost, and co
 UPLINK_POLL_MS = 200
 """How long the uplink waits for a change before it passes registers on (and checks the
 snapshot's time)."""
+STOOD_FOR = (STATS, LOGS, NAMES, CHANGES)
+"""The controller's streams the agent binds for its host; its others (a population's
+rows and lineage) a worker reaches at the controller's own address."""
 
 
 def agent_address(run: str, node: str) -> str:
@@ -381,10 +384,10 @@ class HostAgent:
 
 
 def _replicated(key: str) -> bool:
-    """Whether the agent copies `key` from the controller (not the controller's own
-    streams, which the agent binds for its host)."""
+    """Whether the agent copies `key` from the controller (not the streams it stands
+    for: STOOD_FOR)."""
     try:
-        return stream_of(key).binder != "controller"
+        return stream_of(key) not in STOOD_FOR
     except KeyError:
         return False
 
