@@ -6,14 +6,24 @@ from __future__ import annotations
 
 import itertools
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import zmq
 
+from learners.training.collectives import (
+    NCCL_IFNAME,
+    listening_sockets,
+    note_new_ports,
+    pin_nccl,
+)
 from learners.training.distributed import coordinator_host
 from srl_jax.config.checks import check_exposure
+from srl_jax.core.names import FileNameService
+from srl_jax.core.transport import Transport
 from srl_jax.launch import main as launch_main
 from tests.conftest import make_config
 from tests.test_config import assert_one_config_error_line
@@ -65,3 +75,40 @@ def test_the_refusal_exits_2_from_the_command_line(tmp_path: Path) -> None:
 def test_the_coordinator_binds_loopback_unless_the_config_opts_in() -> None:
     assert coordinator_host(make_config(), "10.0.0.2") == "127.0.0.1"
     assert coordinator_host(make_config([OPT_IN[1]]), "10.0.0.2") == "10.0.0.2"
+
+
+def test_nccl_listens_on_the_interface_of_the_collectives_address() -> None:
+    """Loopback's interface exactly ('=lo'), unless the environment names one; an address
+    no interface here holds leaves NCCL to pick."""
+    loopback = socket.if_indextoname(1)
+    for host, given, wanted in (("127.0.0.1", {}, f"={loopback}"),
+                                ("localhost", {NCCL_IFNAME: "ib0"}, "ib0"),
+                                ("collectives.invalid", {}, None)):
+        pin_nccl(host, given)
+        assert given.get(NCCL_IFNAME) == wanted, host
+
+
+def test_ports_opened_outside_the_transport_are_found_and_listed(tmp_path: Path) -> None:
+    """What gloo and NCCL open, as `note_new_ports` finds it: this process's listening
+    sockets (an IPv4 one, and one of IPv6 with an IPv4-mapped address), less the ports the
+    transport lists already, which are not listed twice."""
+    context = zmq.Context()
+    transport = Transport(context)
+    bound = context.socket(zmq.PULL)
+    with socket.socket() as four, socket.socket(socket.AF_INET6) as six:
+        try:
+            transport.bind(bound, FileNameService(tmp_path), "port.test")
+            four.bind(("127.0.0.1", 0))
+            six.bind(("::ffff:127.0.0.1", 0))
+            for listener in (four, six):
+                listener.listen()
+            ports = {four.getsockname()[1], six.getsockname()[1]}
+            assert {("127.0.0.1", port) for port in ports} <= listening_sockets()
+            new = note_new_ports(transport, "jax.test")
+            assert sorted(new) == sorted(f"127.0.0.1:{port}" for port in ports)
+            assert [p.key for p in transport.ports] == ["port.test", "jax.test", "jax.test"]
+            assert note_new_ports(transport, "jax.test") == []
+        finally:
+            bound.close(linger=0)
+            transport.close()
+            context.term()

@@ -84,7 +84,10 @@ def _address(hex_address: str) -> str:
 def interface_of(host: str) -> str | None:
     """The name of this machine's network interface that holds `host`'s IPv4 address
     (loopback's for any 127.x), or None."""
-    address = "127.0.0.1" if is_loopback(host) else socket.gethostbyname(host)
+    try:
+        address = "127.0.0.1" if is_loopback(host) else socket.gethostbyname(host)
+    except OSError:  # a name that does not resolve here
+        return None
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         for _, name in socket.if_nameindex():
             try:
@@ -97,15 +100,9 @@ def interface_of(host: str) -> str | None:
     return None
 
 
-def pin_collectives(host: str, environ: MutableMapping[str, str] | None = None) -> None:
+def pin_collectives(host: str) -> None:
     """Make gloo and NCCL listen on `host` only; before JAX starts its backends."""
-    env = os.environ if environ is None else environ
-    if NCCL_IFNAME not in env:
-        interface = interface_of(host)
-        if interface is None:
-            log.warning("no network interface holds %s: NCCL picks its own", host)
-        else:
-            env[NCCL_IFNAME] = f"={interface}"  # '=': this name exactly, not a prefix
+    pin_nccl(host, os.environ)
 
     def cpu_client() -> object:
         """JAX's CPU client, its gloo collectives (several processes) bound to `host`."""
@@ -117,6 +114,17 @@ def pin_collectives(host: str, environ: MutableMapping[str, str] | None = None) 
         return xla_bridge.make_cpu_client(collectives)
 
     xla_bridge.register_backend_factory("cpu", cpu_client, priority=0, fail_quietly=False)
+
+
+def pin_nccl(host: str, environ: MutableMapping[str, str]) -> None:
+    """NCCL's sockets on the interface that holds `host`, unless `environ` names one."""
+    if NCCL_IFNAME in environ:
+        return
+    interface = interface_of(host)
+    if interface is None:
+        log.warning("no network interface holds %s: NCCL picks its own", host)
+    else:
+        environ[NCCL_IFNAME] = f"={interface}"  # '=': this name exactly, not a prefix
 
 
 def note_new_ports(transport: Transport, key: str) -> list[str]:
