@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import zmq
 
-from srl_jax.core.stream_table import INFERENCE, LOGS, STATS
+from srl_jax.core.stream_table import INFERENCE, LOGS, ROWS, STATS
 from srl_jax.core.streams import RejectCounter, make_socket, receive, send
 from srl_jax.core.transport import CurveKeys, Transport, curve_connect
 from srl_jax.core.wire import MAX_HEADER_BYTES, Message, decode, encode
@@ -141,6 +141,9 @@ def test_an_agent_stands_for_its_hosts_workers(controller: Controller) -> None:
         while not (moved := worker.moved(followed)) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert moved == {INFERENCE.key(index=0): "tcp://10.0.0.2:2"}
+        controller.names.register(ROWS.key(), "tcp://10.0.0.3:3")  # a population's
+        assert worker.lookup(ROWS.key(), 5) == "tcp://10.0.0.3:3", \
+            "a controller stream the agent does not stand for is reached at the controller"
 
         stats = make_socket(controller.context, STATS.connect_type)
         curve_connect(stats, worker.lookup(STATS.key(), 5), controller.keys)
