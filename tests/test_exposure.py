@@ -1,6 +1,7 @@
 """No port without authentication off loopback unless the config opts in: the
-jax.distributed coordinator and a local Ray instance (the ZMQ ports are
-test_transport.py's)."""
+jax.distributed coordinator, the learners' collectives (gloo, NCCL) and a local Ray
+instance (the ZMQ ports are test_transport.py's; a two-learner run's every listening
+socket, test_distributed.py's)."""
 
 from __future__ import annotations
 
@@ -80,8 +81,7 @@ def test_the_coordinator_binds_loopback_unless_the_config_opts_in() -> None:
 def test_nccl_listens_on_the_interface_of_the_collectives_address() -> None:
     """Loopback's interface exactly ('=lo'), unless the environment names one; an address
     no interface here holds leaves NCCL to pick."""
-    loopback = socket.if_indextoname(1)
-    for host, given, wanted in (("127.0.0.1", {}, f"={loopback}"),
+    for host, given, wanted in (("127.0.0.1", {}, "=lo"),
                                 ("localhost", {NCCL_IFNAME: "ib0"}, "ib0"),
                                 ("collectives.invalid", {}, None)):
         pin_nccl(host, given)
