@@ -28,7 +28,7 @@ from srl_jax.core.stream_table import CONTROL, LINEAGE
 from srl_jax.core.streams import RejectCounter, ask, receive, send
 from srl_jax.core.worker_base import Worker
 
-RECORD_TIMEOUT_S = 30.0
+RECORD_TIMEOUT_S = 10.0
 """How long a copy waits for the controller to say it recorded it in the lineage."""
 
 
