@@ -57,11 +57,13 @@ LAYERS = (
     Layer("jax workers", ("learners/workers",), _names(*LEARNING, "actors", "jax workers"),
           frozenset({"ray"})),
     Layer("runtime", ("srl_jax/runtime",), _names("core", "runtime"), JAX_PACKAGES),
-    Layer("cluster", ("srl_jax/cluster",), _names("core", "runtime", "cluster"), JAX_PACKAGES),
     Layer("analysis", ("srl_jax/analysis",), _names("core", "analysis"), NO_ENGINES - {"ray"}),
     Layer("entry points", ("srl_jax/*.py", "learners/__init__.py"),
-          _names(*LEARNING, "actors", "replay", "jax workers", "runtime", "cluster", "analysis",
+          _names(*LEARNING, "actors", "replay", "jax workers", "runtime", "analysis",
                  "entry points")),
+    # Above the launcher: the scripts' launch lines go through its own checks.
+    Layer("cluster", ("srl_jax/cluster",), _names("core", "runtime", "entry points", "cluster"),
+          JAX_PACKAGES),
 )
 """Bottom to top; the first layer whose place holds a module is its layer."""
 
