@@ -11,6 +11,7 @@ import struct
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -255,3 +256,31 @@ def stats_socket(tmp_path: Path) -> Iterator[zmq.Socket]:
                                            STATS.key())
     yield socket
     socket.close()
+
+
+S3_BUCKET = "srl-jax-checkpoints"
+
+
+@pytest.fixture
+def s3_bucket(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """An empty bucket on an S3 server on loopback (moto's), as `s3://bucket`: the standard
+    AWS variables point s3fs, tensorstore and every process the test starts at it."""
+    import s3fs
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    endpoint = "http://{}:{}".format(*server.get_host_and_port())
+    # moto keeps its buckets per process, whatever the server: empty them
+    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"))
+    for key, value in {"AWS_ENDPOINT_URL": endpoint,
+                       "AWS_ACCESS_KEY_ID": "srl-jax", "AWS_SECRET_ACCESS_KEY": "srl-jax",
+                       "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(key, value)
+    s3fs.S3FileSystem.clear_instance_cache()  # one made for an earlier server
+    try:
+        s3fs.S3FileSystem().mkdir(S3_BUCKET)
+        yield f"s3://{S3_BUCKET}"
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+        server.stop()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import importlib.util
 import json
+import os
 import tracemalloc
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -30,6 +31,7 @@ from srl_jax.config.checkpoint_location import (
     FORMAT_KEY,
     CheckpointFormatError,
     location_problem,
+    s3_kvstore,
 )
 from srl_jax.config.loader import SHIPPED_CONFIGS, config_from_dict, config_to_dict, load_config
 from srl_jax.config.run_dir import (
@@ -326,14 +328,19 @@ def test_checkpoint_dir_is_a_local_path_or_a_known_uri() -> None:
             prepare_run(parse_args(["cartpole_ppo", "--set", "checkpoint.dir=gs://b/run"]))
 
 
-def test_checkpoints_go_to_a_file_uri_outside_the_run_dir(tmp_path: Path) -> None:
-    """Steps, the best copy, donors and the evaluator's parameters all under the location;
-    the run directory holds none of them."""
+@pytest.mark.parametrize("store", ["file", "s3"])
+def test_checkpoints_go_to_a_location_outside_the_run_dir(
+        store: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """Steps, the best copy, donors and the evaluator's parameters all under the location,
+    a file:// URI or a bucket (on an S3 server on loopback); the run directory, and the
+    working directory (where orbax alone put an s3:// step's arrays), hold none of them."""
     run_dir, elsewhere = tmp_path / "run", tmp_path / "learner-host" / "ckpt"
-    uri = f"file://{elsewhere}"
-    assert checkpoint_root(run_dir, location=uri) == elsewhere
+    uri = f"{request.getfixturevalue('s3_bucket')}/ckpt" if store == "s3" else \
+        f"file://{elsewhere}"
+    root = checkpoint_root(run_dir, location=uri)
+    assert os.fspath(root) == (uri if store == "s3" else os.fspath(elsewhere))
     assert checkpoint_root(run_dir, best=True, policy="red", location=uri) == \
-        elsewhere / "red" / "best"
+        root / "red" / "best"
     state = trained_state()
     for policy in ("red", "blue"):
         checkpointer = Checkpointer(run_dir, keep=1, policy=policy, location=uri)
@@ -354,6 +361,21 @@ def test_checkpoints_go_to_a_file_uri_outside_the_run_dir(tmp_path: Path) -> Non
     config = config_from_dict({"name": "exp", "checkpoint": {"dir": uri}, "env": {
         "id": "pettingzoo:mpe2.simple_tag_v3", "policies": {"red": ["a*"], "blue": ["b*"]}}})
     assert newest_steps(run_dir, config) == {"red": 2, "blue": 2}
+    assert not Path("s3:").exists()
+
+
+def test_s3_arrays_go_to_the_store_the_aws_variables_name() -> None:
+    """tensorstore's s3 driver reads neither variable itself; botocore's order decides."""
+    environ = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_DEFAULT_REGION": "us-east-1"}
+    assert s3_kvstore("s3://b/run/1/state/w", environ) == {
+        "driver": "s3", "bucket": "b", "path": "run/1/state/w",
+        "endpoint": "http://127.0.0.1:9", "aws_region": "us-east-1"}
+    environ |= {"AWS_ENDPOINT_URL_S3": "http://127.0.0.1:8", "AWS_REGION": "eu-west-1"}
+    assert s3_kvstore("s3://b/run", environ) == {
+        "driver": "s3", "bucket": "b", "path": "run", "endpoint": "http://127.0.0.1:8",
+        "aws_region": "eu-west-1"}
+    assert s3_kvstore("s3://b/run", {}) == {"driver": "s3", "bucket": "b", "path": "run"}, \
+        "AWS's own S3, the bucket's region found by tensorstore"
 
 
 def test_newest_steps_come_from_the_metrics_when_the_location_is_elsewhere(

@@ -13,7 +13,8 @@ one line (`CheckpointFormatError`), before orbax compares trees.
 Saves are asynchronous: `save` returns once the arrays are copied off the
 devices, and a background thread writes them. Orbax writes into a temporary
 directory and renames it when complete (in a bucket, which cannot rename, it
-adds a commit file last), so a kill during a save leaves no step behind (and the
+adds a commit file last; an s3:// bucket's arrays go through `learners.training.s3_arrays`),
+so a kill during a save leaves no step behind (and the
 next manager deletes the leftovers). Restores go through
 an abstract target built from a live state, so optax's tuples come back as
 tuples and arrays land with the live state's shardings.
@@ -55,6 +56,7 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
+from learners.training import s3_arrays
 from srl_jax.config.checkpoint_location import (
     COMMIT_FILE,
     FORMAT,
@@ -64,6 +66,8 @@ from srl_jax.config.checkpoint_location import (
 )
 from srl_jax.config.run_dir import checkpoint_root, step_meta
 from srl_jax.config.schema import DEFAULT_POLICY
+
+s3_arrays.install()  # before any save or restore in an s3:// bucket
 
 
 @dataclass(frozen=True)
@@ -125,11 +129,24 @@ def _atomicity(directory: epath.Path) -> ocp.options.AtomicityOptions | None:
         if is_bucket(directory) else None
 
 
+def _drop_torn_steps(directory: epath.Path) -> None:
+    """Delete the steps in a bucket that a kill left without their commit file. Not orbax's
+    cleanup: in a bucket it deletes every folder without one, `best/`, `evaluated/`, `pool/`
+    and the other policies' included."""
+    if jax.process_index() == 0 and directory.is_dir():
+        for path in directory.iterdir():
+            if path.name.isdigit() and not (path / COMMIT_FILE).exists():
+                path.rmtree()
+
+
 def _manager(directory: epath.Path, keep: int, async_save: bool) -> ocp.CheckpointManager:
     _quiet_orbax()
+    bucket = is_bucket(directory)
+    if bucket:
+        _drop_torn_steps(directory)
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=keep, enable_async_checkpointing=async_save, cleanup_tmp_directories=True,
-        create=True, atomicity_options=_atomicity(directory))
+        max_to_keep=keep, enable_async_checkpointing=async_save,
+        cleanup_tmp_directories=not bucket, create=True, atomicity_options=_atomicity(directory))
     return ocp.CheckpointManager(directory, options=options, item_handlers=_handlers("state"))
 
 
@@ -263,8 +280,10 @@ def _copy_step(source: epath.Path, target: epath.Path) -> None:
 
 
 def _files(directory: epath.Path) -> list[epath.Path]:
-    """Every file under `directory` (epath's glob has no `**`)."""
-    return [root / name for root, _, names in directory.walk() for name in names]
+    """Every file under `directory` (epath's glob has no `**`, and its walk hands s3fs an
+    argument it refuses)."""
+    return [file for path in directory.iterdir()
+            for file in (_files(path) if path.is_dir() else [path])]
 
 
 def _absolute(directory: epath.Path | Path) -> epath.Path:

@@ -12,6 +12,12 @@ is on disk. A bucket has no atomic rename, so there orbax writes the step in pla
 and adds `commit_success.txt` last (its commit-file mode, which
 `learners.training.checkpoint` asks for on every bucket): a bucket's step counts only with it.
 
+In an s3:// bucket the arrays go through tensorstore's s3 driver, which reads credentials
+from the standard AWS variables (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, or its default
+chain) but neither the endpoint nor the region: `s3_kvstore` takes both from the variables
+the AWS SDKs and s3fs read (AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL, AWS_REGION or
+AWS_DEFAULT_REGION), so one environment points all three at the same store.
+
 Every step records the checkpoint format it was written in (`FORMAT_KEY` in its `meta`),
 and this srl_jax restores only its own `FORMAT`: another format's train state would not
 fit the live one, and orbax would fail deep in a tree comparison. A step without one was
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -38,6 +45,10 @@ SCHEMES = (*BUCKET_SCHEMES, "file")
 FILESYSTEMS = {"gs": "gcsfs", "s3": "s3fs"}
 """The fsspec package epath needs for each bucket: orbax lists, creates and deletes steps
 through epath (tensorstore writes the arrays on its own)."""
+S3_ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+"""Where an S3-compatible store other than AWS's is reached, first found first (botocore's
+order: the service's own variable, then the general one)."""
+S3_REGION_VARIABLES = ("AWS_REGION", "AWS_DEFAULT_REGION")
 COMMIT_FILE = "commit_success.txt"
 """What orbax writes last into a step on a bucket (`orbax.checkpoint` atomicity)."""
 FORMAT = 2
@@ -92,6 +103,19 @@ def checkpoint_location(run_dir: str | Path, directory: str = "") -> epath.Path:
     if "://" in directory:
         return epath.Path(directory)
     return epath.Path(os.path.abspath(directory or Path(run_dir) / CHECKPOINTS))
+
+
+def s3_kvstore(uri: str, environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """tensorstore's spec of the key prefix `uri` (s3://bucket/key) in the store that
+    `environ`'s AWS variables name; AWS's own S3, where none names an endpoint."""
+    parts = urlsplit(uri)
+    spec: dict[str, Any] = {"driver": "s3", "bucket": parts.netloc,
+                            "path": parts.path.lstrip("/")}
+    for key, variables in (("endpoint", S3_ENDPOINT_VARIABLES),
+                           ("aws_region", S3_REGION_VARIABLES)):
+        if value := next((environ[v] for v in variables if environ.get(v)), ""):
+            spec[key] = value
+    return spec
 
 
 def is_bucket(path: epath.Path | Path) -> bool:
