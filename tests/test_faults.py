@@ -110,15 +110,18 @@ def test_a_fault_file_put_later_makes_the_worker_raise_at_its_time(
 
 
 @pytest.mark.slow
-def test_workers_that_raise_in_their_loop_are_restarted_and_lose_nothing_saved(
+def test_workers_that_raise_or_freeze_are_replaced_and_lose_nothing_saved(
         processes: Processes, tmp_path: Path) -> None:
     """An actor, the learner, the inference server and the evaluator raise in their loop,
-    one after another. (An env that raises in the actor's loop: the test below.)"""
+    one after another; then an actor and the server freeze (SIGSTOP) together, then the
+    learner: each is killed at the heartbeat timeout and replaced, and the run trains on
+    after each. One run for both, as each start costs the suite's 2 cores some 10 s. (An
+    env that raises in the actor's loop: the test below.)"""
     faults = tmp_path / "faults"
     faults.mkdir()
     process, run_dir = launch(processes, tmp_path, *SMALL, *UNTIL_CTRL_C,
                               "evaluation.every_updates=5", "evaluation.episodes=2",
-                              env={FAULTS_ENV: str(faults)})
+                              "runtime.heartbeat_timeout_s=8", env={FAULTS_ENV: str(faults)})
     wait_for(lambda: all_running(run_dir), 90, "all workers running")
 
     # An actor raises: restarted, its envs seeded anew, reproducibly.
@@ -158,10 +161,25 @@ def test_workers_that_raise_in_their_loop_are_restarted_and_lose_nothing_saved(
     log = (run_dir / "logs" / "evaluator-0.log").read_text()
     assert log.count(": running\n") == 2, "both evaluators ran"
 
+    # They freeze: killed at the heartbeat timeout, the learner's successor restoring
+    # the checkpoint again.
+    frozen = ("actor-0", "inference-0", "learner-0")
+    for names in (frozen[:2], frozen[2:]):
+        victims = {name: worker(read_status(run_dir), name)["pid"] for name in names}
+        for victim in victims.values():
+            os.kill(victim, signal.SIGSTOP)
+        for name, victim in victims.items():
+            wait_restarted(run_dir, name, victim, 120, restarts=2)
+        trains_on(run_dir, f"training after {' and '.join(names)} were replaced")
+
     interrupt(process, tmp_path / "launch.log")
-    assert restarts(run_dir) == dict.fromkeys(
-        ("actor-0", "learner-0", "inference-0", "evaluator-0"), 1)
-    assert read_metrics(run_dir)[-1]["system/restarts"] == 4
+    log = (run_dir / "logs" / "controller.log").read_text()
+    for name in frozen:
+        assert re.search(rf"no heartbeat from {name} for \d+s; killing it", log), name
+    assert (run_dir / "logs" / "learner-0.log").read_text().count(
+        "restored checkpoint step") == 2
+    assert restarts(run_dir) == {**dict.fromkeys(frozen, 2), "evaluator-0": 1}
+    assert read_metrics(run_dir)[-1]["system/restarts"] == 7
 
 
 def raise_in_loop(run_dir: Path, faults: Path, name: str, trains: bool = True) -> dict:
@@ -176,33 +194,6 @@ def raise_in_loop(run_dir: Path, faults: Path, name: str, trains: bool = True) -
     if trains:
         trains_on(run_dir, f"training after {name} restarted")
     return successor
-
-
-@pytest.mark.slow
-def test_frozen_workers_are_killed_at_the_heartbeat_timeout_and_replaced(
-        processes: Processes, tmp_path: Path) -> None:
-    """An actor and the server freeze (SIGSTOP) together, then the learner; each is
-    replaced, and the run trains on before the learner freezes and after."""
-    rounds = (("actor-0", "inference-0"), ("learner-0",))
-    frozen = [name for names in rounds for name in names]
-    process, run_dir = launch(processes, tmp_path, *SMALL, *UNTIL_CTRL_C,
-                              "runtime.heartbeat_timeout_s=8")
-    wait_for(lambda: all_running(run_dir), 90, "all workers running")
-    for names in rounds:
-        if "learner-0" in names:  # its successor restores the checkpoint
-            wait_for(lambda: checkpoint_steps(run_dir), 60, "the learner's first checkpoint")
-        victims = {name: worker(read_status(run_dir), name)["pid"] for name in names}
-        for victim in victims.values():
-            os.kill(victim, signal.SIGSTOP)
-        for name, victim in victims.items():
-            wait_restarted(run_dir, name, victim, 120)
-        trains_on(run_dir, f"training after {' and '.join(names)} were replaced")
-    interrupt(process, tmp_path / "launch.log")
-    log = (run_dir / "logs" / "controller.log").read_text()
-    for name in frozen:
-        assert re.search(rf"no heartbeat from {name} for \d+s; killing it", log), name
-    assert restarts(run_dir) == dict.fromkeys(frozen, 1)
-    assert "restored checkpoint step" in (run_dir / "logs" / "learner-0.log").read_text()
 
 
 @pytest.mark.slow
