@@ -18,6 +18,7 @@ from srl_jax.cluster.cli import parse_args, planned
 from srl_jax.cluster.host_plan import HostPlan
 from srl_jax.cluster.tpu import CLUSTER_EXTRAS, LOCK
 from srl_jax.config.schema import ConfigError
+from tests.test_cluster_scripts import generate
 
 CONFIGS = sorted(p.stem for p in (Path(__file__).parents[1] / "srl_jax" / "configs")
                  .glob("*.yaml"))
@@ -40,7 +41,9 @@ def fits(plan: HostPlan) -> None:
 
 @pytest.mark.parametrize("experiment", CONFIGS)
 def test_every_shipped_config_is_placed_on_slurm_and_on_a_tpu_slice_or_refused(
-        experiment: str, capsys: pytest.CaptureFixture[str]) -> None:
+        experiment: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Dry runs of both scripts, and both scripts written and linted (shellcheck)."""
+    generate(tmp_path, "slurm", experiment, "--run-dir", "/x")
     assert cluster_main(["slurm", experiment, "--run-dir", "/x", "--dry-run"]) == 0
     printed = capsys.readouterr().out
     plan = plan_of("slurm", experiment, "--run-dir", "/x")
@@ -59,6 +62,8 @@ def test_every_shipped_config_is_placed_on_slurm_and_on_a_tpu_slice_or_refused(
     out, err = capsys.readouterr()
     several = "learners" in err and "a TPU slice runs one" in err
     assert (code, several) == ((2, True) if experiment in SEVERAL_LEARNERS else (0, False)), err
+    if not code:
+        generate(tmp_path, "tpu-vm", experiment, "--run-dir", "runs/x", "--hosts", "1", *TPU)
 
 
 def test_learners_of_several_members_share_their_hosts_gpus() -> None:
