@@ -6,8 +6,9 @@ network interface it likes, never loopback: a local run would listen on the netw
 unauthenticated, on ports no one lists. Neither has authentication, so both take the
 address the jax.distributed coordinator takes (`distributed.coordinator_host`):
 loopback, or with `transport.allow_unauthenticated` the address the run's peers dial.
-gloo is given that address (JAX has no setting for it: the CPU backend is registered
-again with gloo collectives made for it); NCCL the interface that holds it
+gloo is given that address (no public JAX setting takes it, in 0.11 and 0.12: the CPU
+backend is registered again, through jax._src, with gloo collectives made for the address,
+as JAX's own factory makes them for none); NCCL the interface that holds it
 (`NCCL_SOCKET_IFNAME`, unless the environment sets one).
 
 Their ports are chosen inside XLA, so they are found afterwards: the process's listening

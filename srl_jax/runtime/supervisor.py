@@ -210,22 +210,22 @@ class Supervisor:
         all restart.
 
         The others are killed (their collectives would wait forever) and come back
-        through `on_exit` like the first; the stale coordinator address goes. Where
-        `record` was `lost` with its host, so are those it takes down. Returns the name of
-        a peer that was lost with its host itself, if one was (`record` went with it).
+        through `on_exit` like the first; the stale coordinator address goes. Where a host
+        was lost (`record`'s, or a peer's found lost), those it takes down went with it.
+        Returns the name of a peer lost with its host, if one was (`record` went with it).
         """
         self.group_stopped(record.policy)
-        peer_lost = None
-        for other in self.workers:
-            if other is record or other.kind != record.kind or other.policy != record.policy \
-                    or other.handle is None or other.state not in ("starting", "running"):
-                continue
-            if self.backend.exit_code(other.handle) is not None:
-                peer_lost = peer_lost or (other.name if other.handle.lost else None)
-                continue
+        peers = [other for other in self.workers if other is not record
+                 and other.kind == record.kind and other.policy == record.policy
+                 and other.handle is not None and other.state in ("starting", "running")]
+        running = [other for other in peers if self.backend.exit_code(other.handle) is None]
+        peer_lost = next((other.name for other in peers
+                          if other not in running and other.handle.lost), None)
+        cause = record.name if lost else peer_lost
+        for other in running:
             log.warning("%s leaves with the learner group", other.name)
-            if lost:
-                self._taken_down[other.name] = record.name
+            if cause:
+                self._taken_down[other.name] = cause
             self.backend.send_signal(other.handle, signal.SIGKILL)
         return peer_lost
 
