@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import signal
@@ -268,6 +269,7 @@ def s3_bucket(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     import s3fs
     from moto.server import ThreadedMotoServer
 
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # a line per request otherwise
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     endpoint = "http://{}:{}".format(*server.get_host_and_port())

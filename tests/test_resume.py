@@ -22,11 +22,12 @@ import numpy as np
 import pytest
 import yaml
 import zmq
+from etils import epath
 
 from actors.actor_worker import split_seeds
 from learners.models.param_codec import params_to_arrays
 from learners.workers.export import load_policy
-from srl_jax.config.checkpoint_location import FORMAT, FORMAT_KEY
+from srl_jax.config.checkpoint_location import COMMIT_FILE, FORMAT, FORMAT_KEY, steps_in
 from srl_jax.config.run_dir import (
     checkpoint_root,
     checkpoint_steps,
@@ -199,17 +200,30 @@ def first_params(run_dir: Path) -> dict:
         socket.close(linger=0)
 
 
+def upload_steps(local: Path, bucket: epath.Path) -> None:
+    """`local`'s complete steps, its best one included, into `bucket`, each with orbax's
+    commit file last, as a learner writes a bucket's steps (a local step's rename is its
+    commit)."""
+    for folder in (local, local / "best"):
+        for step in steps_in(folder):
+            source = folder / str(step)
+            target = bucket / source.relative_to(local)
+            for file in sorted(path for path in source.rglob("*") if path.is_file()):
+                (target / file.relative_to(source)).write_bytes(file.read_bytes())
+            (target / COMMIT_FILE).write_text("")
+
+
 def test_sigterm_writes_a_final_checkpoint_and_resumes_continue(
         stopped_run: Path, processes: Processes, tmp_path: Path,
-        capsys: pytest.CaptureFixture) -> None:
+        capsys: pytest.CaptureFixture, s3_bucket: str) -> None:
     """Resumed to a new frame limit, then resumed again with more actors (3, from 1). The
-    checkpoints never touch the run directory: the resumes take them from a copy of
-    the learner's own directory, given as a file:// URI, and so does `srl_jax.evaluate`."""
+    checkpoints never touch the run directory: the learner's own directory moves into an
+    s3:// bucket (an S3 server on loopback), `srl_jax.evaluate` and the first resume read it
+    there, the first resume checkpoints there, and the second resumes from what it wrote."""
     run_dir = copy_run(stopped_run, tmp_path)
     assert not (run_dir / "checkpoints").exists()
-    location = tmp_path / "moved" / "checkpoints"
-    shutil.copytree(learner_checkpoints(stopped_run), location)
-    uri = f"file://{location}"
+    uri = f"{s3_bucket}/moved/checkpoints"
+    upload_steps(learner_checkpoints(stopped_run), checkpoint_root(run_dir, location=uri))
     before = read_metrics(run_dir)
     last = before[-1]
     step = checkpoint_steps(run_dir, location=uri)[-1]
@@ -251,6 +265,8 @@ def test_sigterm_writes_a_final_checkpoint_and_resumes_continue(
     for start in (FIRST, resumed_start):
         assert seeds[start] == split_seeds(config, 0, start)
     assert set(itertools.chain(*seeds[FIRST])).isdisjoint(itertools.chain(*seeds[resumed_start]))
+    written = checkpoint_steps(run_dir, location=uri)[-1]
+    assert written == rows[-1]["learner_steps"] > step, "the resumed learner's final save"
 
     goal = rows[-1]["env_frames"] + N // 3
     process = processes.start(launch_args(run_dir, "actors.count=3",
@@ -264,8 +280,13 @@ def test_sigterm_writes_a_final_checkpoint_and_resumes_continue(
     assert sorted(w["name"] for w in status["workers"] if w["kind"] == "actor") == \
         ["actor-0", "actor-1", "actor-2"]
     assert all(w["restarts"] == 0 for w in status["workers"])
+    assert f"resumes from checkpoint step {written}" in \
+        (tmp_path / "resume-more-actors.log").read_text()
+    assert f"restored checkpoint step {written} " in \
+        (run_dir / "logs" / "learner-0.log").read_text()
     assert checkpoint_steps(run_dir, location=uri)[-1] == rows[-1]["learner_steps"]
     assert not (run_dir / "checkpoints").exists(), "nothing checkpointed into the run directory"
+    assert not Path("s3:").exists(), "no array of the bucket's steps written locally"
 
 
 def torn_saves(run_dir: Path) -> list[Path]:

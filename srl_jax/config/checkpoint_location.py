@@ -13,10 +13,14 @@ and adds `commit_success.txt` last (its commit-file mode, which
 `learners.training.checkpoint` asks for on every bucket): a bucket's step counts only with it.
 
 In an s3:// bucket the arrays go through tensorstore's s3 driver, which reads credentials
-from the standard AWS variables (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, or its default
-chain) but neither the endpoint nor the region: `s3_kvstore` takes both from the variables
-the AWS SDKs and s3fs read (AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL, AWS_REGION or
-AWS_DEFAULT_REGION), so one environment points all three at the same store.
+from the standard AWS variables but neither the endpoint nor the region: `s3_kvstore`
+takes both from the variables the AWS SDKs and s3fs read (AWS_ENDPOINT_URL_S3 or
+AWS_ENDPOINT_URL, AWS_REGION or AWS_DEFAULT_REGION), so one environment points both at the
+same store. Credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and
+AWS_SESSION_TOKEN) where set, else each one's default chain (profile, instance role).
+
+Listings of a bucket are never cached (s3fs and gcsfs would keep a directory's first
+listing for the life of the process): other processes add steps to it.
 
 Every step records the checkpoint format it was written in (`FORMAT_KEY` in its `meta`),
 and this srl_jax restores only its own `FORMAT`: another format's train state would not
@@ -101,6 +105,7 @@ def checkpoint_location(run_dir: str | Path, directory: str = "") -> epath.Path:
     if directory.startswith("file://"):
         directory = urlsplit(directory).path
     if "://" in directory:
+        _uncached_listings()
         return epath.Path(directory)
     return epath.Path(os.path.abspath(directory or Path(run_dir) / CHECKPOINTS))
 
@@ -115,7 +120,20 @@ def s3_kvstore(uri: str, environ: Mapping[str, str] = os.environ) -> dict[str, A
                            ("aws_region", S3_REGION_VARIABLES)):
         if value := next((environ[v] for v in variables if environ.get(v)), ""):
             spec[key] = value
+    if environ.get("AWS_ACCESS_KEY_ID"):
+        # what the default chain would find first, without its complaints about a
+        # missing ~/.aws/config on every open
+        spec["aws_credentials"] = {"type": "environment"}
     return spec
+
+
+def _uncached_listings() -> None:
+    """Every bucket file system epath makes from now on lists afresh each time (epath keeps
+    the first one it makes for the process: this comes before any bucket's path)."""
+    import fsspec.config
+
+    for scheme in BUCKET_SCHEMES:
+        fsspec.config.conf.setdefault(scheme, {})["use_listings_cache"] = False
 
 
 def is_bucket(path: epath.Path | Path) -> bool:
