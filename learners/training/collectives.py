@@ -27,7 +27,6 @@ import struct
 from collections.abc import MutableMapping
 from pathlib import Path
 
-import jax
 from jax._src import distributed, xla_bridge
 from jax._src.lib import _jax
 
@@ -101,18 +100,14 @@ def interface_of(host: str) -> str | None:
     return None
 
 
-def pin_collectives(host: str) -> None:
-    """Make gloo and NCCL listen on `host` only; before JAX starts its backends."""
-    pin_nccl(host, os.environ)
+def pin_gloo(host: str) -> None:
+    """Make gloo listen on `host` only; after jax.distributed starts its client, before
+    JAX starts its backends."""
 
     def cpu_client() -> object:
-        """JAX's CPU client, its gloo collectives (several processes) bound to `host`."""
-        collectives = None
-        client = distributed.global_state.client
-        if client is not None and jax.config.jax_cpu_collectives_implementation == "gloo":
-            collectives = _jax.make_gloo_tcp_collectives(distributed_client=client,
-                                                         hostname=host)
-        return xla_bridge.make_cpu_client(collectives)
+        """JAX's CPU client, its gloo collectives bound to `host`."""
+        return xla_bridge.make_cpu_client(_jax.make_gloo_tcp_collectives(
+            distributed_client=distributed.global_state.client, hostname=host))
 
     xla_bridge.register_backend_factory("cpu", cpu_client, priority=0, fail_quietly=False)
 

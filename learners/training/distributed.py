@@ -31,7 +31,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from learners.training.collectives import pin_collectives
+from learners.training.collectives import pin_gloo, pin_nccl
 from srl_jax.config.schema import ExperimentConfig
 
 ENV_COORDINATOR = "SRL_JAX_COORDINATOR_ADDRESS"
@@ -78,8 +78,8 @@ def free_address(host: str) -> str:
 
 def initialize(layout: ProcessLayout, host: str) -> None:
     """Join the other learner processes (none for a single process); JAX's collectives
-    listen on `host` alone (`collectives.pin_collectives`)."""
-    pin_collectives(host)
+    (NCCL, and gloo between processes) listen on `host` alone."""
+    pin_nccl(host, os.environ)
     if layout.count == 1:
         return
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -90,6 +90,7 @@ def initialize(layout: ProcessLayout, host: str) -> None:
         # Every parameter is given: no cluster detection, which under Slurm would also
         # narrow each process to the GPU of its SLURM_LOCALID.
         cluster_detection_method="deactivate")
+    pin_gloo(host)
 
 
 def agree(ready: bool, stopping: bool, save_due: bool) -> tuple[bool, bool, bool]:
