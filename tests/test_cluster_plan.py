@@ -104,7 +104,7 @@ def test_a_two_host_slice_script_opens_its_coordinator_only_by_the_flag() -> Non
 @pytest.mark.parametrize("args, message", [
     (["--set", "learner.processes=2", "--set", "learner.batch_envs=64"],
      "'learner.processes' 2: the learner's processes meet through jax.distributed's "
-     "coordinator, which has no authentication"),
+     "coordinator and collectives, which have no authentication"),
     (["--set", "transport.allow_unauthenticated=true"],
      "'--set transport.allow_unauthenticated': a script gets it from "
      "'--allow-unauthenticated-coordinator'"),

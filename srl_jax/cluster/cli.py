@@ -62,8 +62,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     common.add_argument(OPEN_COORDINATOR, dest="open_coordinator", action="store_true",
                         help="with more than one learner process: let them meet through "
                              "jax.distributed's coordinator, a gRPC server WITHOUT "
-                             "authentication on the first learner host's network address "
-                             f"(sets {OPEN_KEY}); only where no one else reaches the hosts")
+                             "authentication on the first learner host's network address, "
+                             "and exchange gradients over gloo (CPU) or NCCL (GPU) on every "
+                             f"learner host's, unauthenticated too (sets {OPEN_KEY}); only "
+                             "where no one else reaches the hosts")
     slurm = kinds.add_parser("slurm", parents=[common], help="a heterogeneous Slurm job")
     slurm.add_argument("--python", default=sys.executable,
                        help="absolute path of the interpreter with srl_jax and Ray on every "
@@ -164,9 +166,9 @@ def open_coordinator(config: ExperimentConfig, args: argparse.Namespace) -> None
         what = "'--hosts'" if args.kind == "tpu-vm" else "'learner.processes'"
         raise ConfigError(
             f"{what} {processes}: the learner's processes meet through jax.distributed's "
-            "coordinator, which has no authentication and listens on the first learner "
-            f"host's network address; add {OPEN_COORDINATOR} if no one else reaches the "
-            "hosts, or run one learner process")
+            "coordinator and collectives, which have no authentication and listen on the "
+            f"learner hosts' network addresses; add {OPEN_COORDINATOR} if no one else "
+            "reaches the hosts, or run one learner process")
     if args.open_coordinator:
         args.overrides.append(f"{OPEN_KEY}=true")
 
