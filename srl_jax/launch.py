@@ -34,7 +34,7 @@ from pathlib import Path
 import yaml
 
 from srl_jax.config.checkpoint_location import checkpoint_location, filesystem_problem, seen_here
-from srl_jax.config.checks import check_exposure
+from srl_jax.config.checks import check_checkpoint_hosts, check_exposure, spans_hosts
 from srl_jax.config.host_devices import describe_host
 from srl_jax.config.loader import (
     EXIT_CONFIG,
@@ -197,6 +197,7 @@ def checked_for_backend(config: ExperimentConfig, args: argparse.Namespace,
     the launcher's environment; returns it with its algorithm sections written whole."""
     config = check_before_launch(config)
     check_exposure(config, args.backend, args.ray_address or "", environ)
+    check_checkpoint_hosts(config, args.backend, args.ray_address or "")
     return config
 
 
@@ -228,7 +229,7 @@ def network_names(config: ExperimentConfig, backend: str, ray_address: str | Non
     cluster given by address."""
     if config.runtime.names != "auto":
         return config.runtime.names == "network"
-    return backend == "ray" and bool(ray_address or config.ray.address)
+    return spans_hosts(config, backend, ray_address or "")
 
 
 def make_backend(name: str, run_dir: Path, config: ExperimentConfig,

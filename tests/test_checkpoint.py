@@ -33,6 +33,7 @@ from srl_jax.config.checkpoint_location import (
     location_problem,
     s3_kvstore,
 )
+from srl_jax.config.checks import check_checkpoint_hosts
 from srl_jax.config.loader import SHIPPED_CONFIGS, config_from_dict, config_to_dict, load_config
 from srl_jax.config.run_dir import (
     DISCARDED_METRICS,
@@ -50,6 +51,8 @@ from srl_jax.config.schema import ConfigError
 from srl_jax.evaluate import main as evaluate_main
 from srl_jax.launch import main as launch_main
 from srl_jax.launch import parse_args, prepare_run
+from tests.conftest import make_config
+from tests.test_config import assert_one_config_error_line
 from tests.update_checks import small_policy_state
 
 EXPERIMENT = SHIPPED_CONFIGS / "cartpole_ppo.yaml"
@@ -424,3 +427,51 @@ def test_damaged_metrics_are_a_resume_error_not_a_silent_cut(tmp_path: Path) -> 
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     with pytest.raises(ConfigError, match=r"'--resume': .*metrics.jsonl:2: not a JSON object"):
         trim_metrics(tmp_path, {"default": 2})
+
+
+CLUSTER = ("ray", "10.0.0.1:6379")
+"""A Ray cluster given by address: the learners may land on different hosts."""
+
+
+@pytest.mark.parametrize("overrides, backend, address, refused", [
+    ([], *CLUSTER, "'' (the run directory)"),
+    (["checkpoint.dir=/data/ckpt"], *CLUSTER, "'/data/ckpt'"),
+    (["checkpoint.dir=file:///data/ckpt"], *CLUSTER, "'file:///data/ckpt'"),
+    (["ray.address=10.0.0.1:6379"], "ray", "", "'' (the run directory)"),
+    (["checkpoint.dir=gs://b/run"], *CLUSTER, None),
+    (["checkpoint.dir=s3://b/run"], *CLUSTER, None),
+    (["checkpoint.dir=/data/ckpt", "checkpoint.shared=true"], *CLUSTER, None),
+    (["checkpoint.shared=true"], *CLUSTER, None),
+    (["checkpoint.enabled=false"], *CLUSTER, None),
+    ([], "ray", "", None),  # a local Ray instance: this host alone
+    ([], "local", "", None),
+    (["learner.processes=1"], *CLUSTER, None),
+])
+def test_learners_on_several_hosts_checkpoint_where_they_all_see_it(
+        overrides: list[str], backend: str, address: str, refused: str | None) -> None:
+    """Orbax writes each step from the first learner process alone, and every process
+    restores the newest after a restart: a host's own disk serves one host only."""
+    config = make_config(["learner.processes=2", "actors.splits=4", *overrides])
+    if refused is None:
+        check_checkpoint_hosts(config, backend, address)
+        return
+    with pytest.raises(ConfigError) as error:
+        check_checkpoint_hosts(config, backend, address)
+    assert str(error.value) == (
+        f"'checkpoint.dir' {refused} is on one host's disk, but 'learner.processes' 2 may run "
+        "on several hosts of the Ray cluster, and only the first one's disk would hold the "
+        "checkpoints they all restore: give a bucket (gs://... or s3://...), or set "
+        "'checkpoint.shared: true' if every learner host mounts it at the same path")
+
+
+def test_the_launcher_refuses_learners_on_several_hosts_a_host_local_location(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Exit 2 and the one line, before anything starts (the coordinator's opt-in given)."""
+    code = launch_main(["cartpole_ppo", "--backend", CLUSTER[0], "--ray-address", CLUSTER[1],
+                        "--run-dir", str(tmp_path / "run"), "--set", "learner.processes=2",
+                        "--set", "actors.splits=4", "--set",
+                        "transport.allow_unauthenticated=true"])
+    stdout, stderr = capsys.readouterr()
+    assert_one_config_error_line(code, stdout, stderr, "'checkpoint.dir' '' (the run "
+                                 "directory) is on one host's disk, but 'learner.processes' 2")
+    assert not (tmp_path / "run").exists(), "nothing may start before validation passes"

@@ -140,7 +140,8 @@ def test_the_slurm_job_gives_each_role_its_hosts_and_the_run_asks_for_them(
                       "1", "--gpus-per-learner-host", "8", "--gpus-per-inference-host", "1",
                       "--cpus-per-host", "16", "--set", "learner.processes=2",
                       "--set", "actors.splits=4", "--set", "actors.count=9",
-                      "--set", "inference.count=2", "--allow-unauthenticated-coordinator")
+                      "--set", "inference.count=2", "--set", "checkpoint.shared=true",
+                      "--allow-unauthenticated-coordinator")
     text = script.read_text()
     components = text.split("#SBATCH hetjob")
     assert len(components) == 3

@@ -9,8 +9,9 @@ section (`srl_jax/config/algorithms.py`); the launcher runs all three.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from urllib.parse import urlsplit
 
-from srl_jax.config.checkpoint_location import location_problem
+from srl_jax.config.checkpoint_location import BUCKET_SCHEMES, location_problem
 from srl_jax.config.env_families import backends, families, family_of, implementation_name
 from srl_jax.config.schema import (
     CONVS,
@@ -293,14 +294,37 @@ def check_exposure(config: ExperimentConfig, backend: str, ray_address: str,
     if backend != "ray" or config.transport.allow_unauthenticated:
         return
     opt_in = "set 'transport.allow_unauthenticated: true' (a network you trust)"
-    require(config.learner.processes == 1 or not (ray_address or config.ray.address),
+    require(config.learner.processes == 1 or not spans_hosts(config, backend, ray_address),
             f"'learner.processes' {config.learner.processes} across a Ray cluster: the "
             f"jax.distributed coordinator (gRPC, no authentication) would listen on the "
             f"network; {opt_in}")
     mode = environ.get(RAY_AUTH_MODE, "token")
-    require(bool(ray_address or config.ray.address) or mode.lower() == "token",
+    require(spans_hosts(config, backend, ray_address) or mode.lower() == "token",
             f"{RAY_AUTH_MODE}={mode}: the local Ray instance would listen on every interface "
             f"without token authentication; unset it or {opt_in}")
+
+
+def spans_hosts(config: ExperimentConfig, backend: str, ray_address: str) -> bool:
+    """Whether the run's workers may be placed on several hosts: on a Ray cluster given by
+    address (a local Ray instance, like the local backend, is this host alone)."""
+    return backend == "ray" and bool(ray_address or config.ray.address)
+
+
+def check_checkpoint_hosts(config: ExperimentConfig, backend: str, ray_address: str) -> None:
+    """Learner processes that may run on several hosts checkpoint where every one of them
+    sees the steps: orbax writes each step from the first process alone, and after a restart
+    every process restores the newest one."""
+    checkpoint, processes = config.checkpoint, config.learner.processes
+    if processes == 1 or not checkpoint.enabled or checkpoint.shared or \
+            urlsplit(checkpoint.dir).scheme in BUCKET_SCHEMES or \
+            not spans_hosts(config, backend, ray_address):
+        return
+    where = f"'{checkpoint.dir}'" if checkpoint.dir else "'' (the run directory)"
+    raise ConfigError(
+        f"'checkpoint.dir' {where} is on one host's disk, but 'learner.processes' {processes} "
+        f"may run on several hosts of the Ray cluster, and only the first one's disk would "
+        f"hold the checkpoints they all restore: give a bucket (gs://... or s3://...), or set "
+        f"'checkpoint.shared: true' if every learner host mounts it at the same path")
 
 
 def check_ray(config: ExperimentConfig) -> None:

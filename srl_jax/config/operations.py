@@ -14,6 +14,10 @@ class CheckpointConfig:
     dir: str = ""
     """Where: '' for `<run_dir>/checkpoints/`, an absolute path on the learner's host, or
     a URI orbax writes to (gs://bucket/run, s3://bucket/run, file:///path)."""
+    shared: bool = False
+    """`dir` (or the run directory, where `dir` is '') is a file system every learner host
+    mounts at the same path. Learner processes on several hosts need that or a bucket:
+    only the first process writes a checkpoint, and after a restart every process restores it."""
     interval_s: float = 30.0
     """Seconds between checkpoints (0: not by time)."""
     every_updates: int = 0
