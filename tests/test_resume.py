@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import s3fs
 import yaml
 import zmq
-from etils import epath
 
 from actors.actor_worker import split_seeds
 from learners.models.param_codec import params_to_arrays
@@ -200,17 +200,22 @@ def first_params(run_dir: Path) -> dict:
         socket.close(linger=0)
 
 
-def upload_steps(local: Path, bucket: epath.Path) -> None:
-    """`local`'s complete steps, its best one included, into `bucket`, each with orbax's
-    commit file last, as a learner writes a bucket's steps (a local step's rename is its
-    commit)."""
+BUCKET_SAVES = ("checkpoint.interval_s=0", "checkpoint.keep_best=false")
+"""The resumes save to the bucket when they stop, and only then: each save is a hundred
+requests to a server in the test's process (a bucket's best copy is test_checkpoint.py's)."""
+
+
+def upload_steps(local: Path, uri: str) -> None:
+    """`local`'s complete steps, its best one included, into the bucket at `uri`, each
+    with orbax's commit file last, as a learner writes a bucket's steps (a local step's
+    rename is its commit)."""
+    bucket = s3fs.S3FileSystem()
     for folder in (local, local / "best"):
         for step in steps_in(folder):
             source = folder / str(step)
-            target = bucket / source.relative_to(local)
-            for file in sorted(path for path in source.rglob("*") if path.is_file()):
-                (target / file.relative_to(source)).write_bytes(file.read_bytes())
-            (target / COMMIT_FILE).write_text("")
+            target = f"{uri}/{source.relative_to(local)}"
+            bucket.put(f"{source}/", target, recursive=True)
+            bucket.pipe(f"{target}/{COMMIT_FILE}", b"")
 
 
 def test_sigterm_writes_a_final_checkpoint_and_resumes_continue(
@@ -223,7 +228,7 @@ def test_sigterm_writes_a_final_checkpoint_and_resumes_continue(
     run_dir = copy_run(stopped_run, tmp_path)
     assert not (run_dir / "checkpoints").exists()
     uri = f"{s3_bucket}/moved/checkpoints"
-    upload_steps(learner_checkpoints(stopped_run), checkpoint_root(run_dir, location=uri))
+    upload_steps(learner_checkpoints(stopped_run), uri)
     before = read_metrics(run_dir)
     last = before[-1]
     step = checkpoint_steps(run_dir, location=uri)[-1]
@@ -237,7 +242,7 @@ def test_sigterm_writes_a_final_checkpoint_and_resumes_continue(
 
     goal = last["env_frames"] + N
     process = processes.start(launch_args(run_dir, f"stop.env_frames={goal}",
-                                          f"checkpoint.dir={uri}", resume=True),
+                                          f"checkpoint.dir={uri}", *BUCKET_SAVES, resume=True),
                               log=tmp_path / "resume.log")
     published = first_params(run_dir)
     assert published["meta"]["version"] == step

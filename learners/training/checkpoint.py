@@ -48,6 +48,7 @@ import logging
 import os
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,10 @@ from srl_jax.config.run_dir import checkpoint_root, step_meta
 from srl_jax.config.schema import DEFAULT_POLICY
 
 s3_arrays.install()  # before any save or restore in an s3:// bucket
+
+
+BUCKET_COPIES = 16
+"""Files of a step copied at once within a bucket."""
 
 
 @dataclass(frozen=True)
@@ -265,18 +270,22 @@ def _restore_args(like: Any) -> ocp.args.Composite:
 
 def _copy_step(source: epath.Path, target: epath.Path) -> None:
     """Copy a complete step to `target` so that no reader sees it half copied: locally
-    as hard links, renamed into place; in a bucket file by file, the commit file last."""
+    as hard links, renamed into place; in a bucket file by file (`BUCKET_COPIES` at once:
+    one by one, a step of the default experiment's 90 files held the learner up 4 s), the
+    commit file last."""
     if not is_bucket(target):
         linking = target.with_name(f"{target.name}.linking")
         shutil.rmtree(linking, ignore_errors=True)
         shutil.copytree(source, linking, copy_function=os.link)
         linking.rename(target)
         return
-    files = [f for f in _files(source) if f.name != COMMIT_FILE]
-    for file in [*files, source / COMMIT_FILE]:
-        destination = target / file.relative_to(source)
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        file.copy(destination, overwrite=True)
+
+    def copy(file: epath.Path) -> None:  # a bucket has no folders to make first
+        file.copy(target / file.relative_to(source), overwrite=True)
+
+    with ThreadPoolExecutor(BUCKET_COPIES) as pool:
+        list(pool.map(copy, [f for f in _files(source) if f.name != COMMIT_FILE]))
+    copy(source / COMMIT_FILE)
 
 
 def _files(directory: epath.Path) -> list[epath.Path]:
