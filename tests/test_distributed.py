@@ -12,7 +12,7 @@ import pytest
 
 from learners.training.collectives import GLOO_KEY, listening_sockets
 from learners.training.distributed import free_address, process_layout
-from srl_jax.config.run_dir import read_status
+from srl_jax.config.run_dir import checkpoint_steps, read_status
 from srl_jax.core.stream_table import COORDINATOR
 from srl_jax.core.transport import primary_address
 from tests.conftest import Processes, descendants, make_config, wait_for
@@ -65,14 +65,15 @@ def test_inside_a_slurm_step_each_process_keeps_every_gpu_of_its_host() -> None:
 
 @pytest.mark.slow
 def test_two_learner_processes_solve_cartpole_on_the_devices_placed(
-        processes: Processes, tmp_path: Path) -> None:
+        processes: Processes, tmp_path: Path, s3_bucket: str) -> None:
     """Also the placement plan end to end: each process has 4 CPU devices and trains on
     the two that `learner.devices` names; the server is placed on the CPU explicitly.
     And the opt-in to an unauthenticated coordinator and gloo off loopback, listed as
     such: while the run lives, every socket its processes listen on is in status.json,
     bound to the run's one interface (this host's address: gloo left alone binds what the
-    host name resolves to, loopback here)."""
-    run_dir = tmp_path / "run"
+    host name resolves to, loopback here). Their checkpoints go to an s3:// bucket (an S3
+    server on loopback), a location both processes see, which the first alone writes."""
+    run_dir, checkpoints = tmp_path / "run", f"{s3_bucket}/two-learners"
     address = primary_address()
     process = processes.start(
         [sys.executable, "-m", "srl_jax.launch", "cartpole_ppo", "--run-dir", str(run_dir),
@@ -81,7 +82,8 @@ def test_two_learner_processes_solve_cartpole_on_the_devices_placed(
          # the test is about the learners, and a second actor's frames mostly go unused.
          "--set", "actors.count=1", "--set", "actors.splits=4", "--set", "learner.devices=[1, 3]",
          "--set", "inference.device=cpu", "--set", f"transport.bind_host={address}",
-         "--set", "transport.allow_unauthenticated=true"],
+         "--set", "transport.allow_unauthenticated=true",
+         "--set", f"checkpoint.dir={checkpoints}"],
         log=tmp_path / "launch.log",
         env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
     status = wait_for(lambda: (s := read_status(run_dir)) and all(
@@ -98,6 +100,8 @@ def test_two_learner_processes_solve_cartpole_on_the_devices_placed(
     assert process.wait(timeout=300) == 0, (tmp_path / "launch.log").read_text()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert max(r.get("episode_return_mean", 0) for r in rows) >= 475
+    assert checkpoint_steps(run_dir, location=checkpoints)[-1] == rows[-1]["learner_steps"], \
+        "the final save, in the bucket"
     logs = {i: (run_dir / "logs" / f"learner-{i}.log").read_text() for i in (0, 1)}
     assert "JAX process 0 of 2" in logs[0] and "JAX process 1 of 2" in logs[1]
     assert "on 4 device(s)" in logs[0], "the mesh spans both processes' placed devices"
