@@ -358,7 +358,11 @@ def test_checkpoints_go_to_a_location_outside_the_run_dir(
         assert checkpoint_steps(run_dir, best=True, policy=policy, location=uri) == [1]
     save_params(evaluated_root(run_dir, "red", uri), 2, state.params, {"version": 2})
     assert not run_dir.exists()
+    torn = root / "red" / "3"
+    if store == "s3":  # a step that a kill left without its commit file
+        (torn / "meta" / "metadata").write_text("{}")
     reopened = Checkpointer(run_dir, policy="red", location=uri)
+    assert not torn.exists(), "a bucket's torn step goes (and best/ stays)"
     assert reopened.best_return == 5.0
     assert int(reopened.restore(state, best=True).state.version) == 1
     assert reopened.restore_from("blue", state).step == 2, "a donor under the same location"
