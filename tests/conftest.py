@@ -277,7 +277,8 @@ def s3_bucket(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"))
     for key, value in {"AWS_ENDPOINT_URL": endpoint,
                        "AWS_ACCESS_KEY_ID": "srl-jax", "AWS_SECRET_ACCESS_KEY": "srl-jax",
-                       "AWS_DEFAULT_REGION": "us-east-1"}.items():
+                       "AWS_DEFAULT_REGION": "us-east-1",
+                       "AWS_EC2_METADATA_DISABLED": "true"}.items():  # no instance lookups
         monkeypatch.setenv(key, value)
     s3fs.S3FileSystem.clear_instance_cache()  # one made for an earlier server
     try:
