@@ -466,9 +466,26 @@ def test_learners_on_several_hosts_checkpoint_where_they_all_see_it(
         check_checkpoint_hosts(config, backend, address)
     assert str(error.value) == (
         f"'checkpoint.dir' {refused} is on one host's disk, but 'learner.processes' 2 may run "
-        "on several hosts of the Ray cluster, and only the first one's disk would hold the "
+        "on several hosts of the Ray cluster, and only one host's disk would hold the "
         "checkpoints they all restore: give a bucket (gs://... or s3://...), or set "
         "'checkpoint.shared: true' if every learner host mounts it at the same path")
+
+
+@pytest.mark.parametrize("overrides, refused", [
+    ([], True), (["checkpoint.shared=true"], False), (["checkpoint.dir=s3://b/run"], False)])
+def test_a_population_on_several_hosts_copies_from_where_every_learner_sees(
+        overrides: list[str], refused: bool) -> None:
+    """A loser loads its donor's checkpoint: on another host's disk it would find none,
+    and PBT would never exploit."""
+    config = load_config(SHIPPED_CONFIGS / "cartpole_ppo_pbt.yaml", overrides)
+    if not refused:
+        check_checkpoint_hosts(config, *CLUSTER)
+        return
+    with pytest.raises(ConfigError, match=r"^'checkpoint.dir' '' \(the run directory\) is on "
+                       r"one host's disk, but the learners of 'population.members' 4 may run "
+                       r"on several hosts .* the donors' checkpoints the losers copy: give a "
+                       r"bucket"):
+        check_checkpoint_hosts(config, *CLUSTER)
 
 
 def test_the_launcher_refuses_learners_on_several_hosts_a_host_local_location(

@@ -81,6 +81,9 @@ def test_learners_of_several_members_share_their_hosts_gpus() -> None:
     assert [h.name for h in fewest.hosts] == ["learner host 0", "learner host 1",
                                               "actor host 0"], "8 CPUs hold 5 of 9 workers"
     fits(fewest)
+    assert "checkpoint.shared=true" in fewest.launch, "a Slurm run directory is shared"
+    with pytest.raises(ConfigError, match="the donors' checkpoints the losers copy"):
+        plan_of("slurm", "cartpole_ppo_pbt", "--run-dir", "/x", "--local-run-dir")
     spread = plan_of("slurm", "mpe_tag_ppo", "--run-dir", "/x", "--learner-hosts", "2",
                      "--gpus-per-learner-host", "2")
     per_host = [[ask for name, ask in spread.workers[h.name] if name.startswith("learner-")]

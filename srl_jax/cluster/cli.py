@@ -70,6 +70,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     slurm.add_argument("--python", default=sys.executable,
                        help="absolute path of the interpreter with srl_jax and Ray on every "
                             "host (default: this one, %(default)s)")
+    slurm.add_argument("--local-run-dir", action="store_true",
+                       help="the run directory is on the first learner host's disk alone "
+                            "(default: on a disk every host mounts at the same path, as a "
+                            "Slurm cluster's home or scratch, so the checkpoints in it are "
+                            "declared shared: checkpoint.shared)")
     slurm.add_argument("--time", default="04:00:00")
     slurm.add_argument("--partition", default="")
     slurm.add_argument("--cpus-per-host", type=int, default=8,
@@ -180,6 +185,9 @@ def planned(args: argparse.Namespace) -> tuple[str, HostPlan]:
     config = load_config(resolve_experiment_path(args.experiment, config_dirs()),
                          args.overrides)
     open_coordinator(config, args)
+    if args.kind == "slurm" and not (args.local_run_dir or config.checkpoint.dir
+                                     or config.checkpoint.shared):
+        args.overrides.append("checkpoint.shared=true")
     script, plan = SCRIPTS[args.kind][0](config, args)
     check_launch(plan, f"{HEAD_ADDRESS}:{args.port}")
     return script, plan

@@ -311,20 +311,24 @@ def spans_hosts(config: ExperimentConfig, backend: str, ray_address: str) -> boo
 
 
 def check_checkpoint_hosts(config: ExperimentConfig, backend: str, ray_address: str) -> None:
-    """Learner processes that may run on several hosts checkpoint where every one of them
-    sees the steps: orbax writes each step from the first process alone, and after a restart
-    every process restores the newest one."""
+    """Learners that may run on several hosts checkpoint where every one of them sees the
+    steps: orbax writes each step from a learner's first process alone, and after a restart
+    every process restores the newest one; a population's loser loads its donor's."""
     checkpoint, processes = config.checkpoint, config.learner.processes
-    if processes == 1 or not checkpoint.enabled or checkpoint.shared or \
+    members = config.population.members
+    if (processes == 1 and not members) or not checkpoint.enabled or checkpoint.shared or \
             urlsplit(checkpoint.dir).scheme in BUCKET_SCHEMES or \
             not spans_hosts(config, backend, ray_address):
         return
     where = f"'{checkpoint.dir}'" if checkpoint.dir else "'' (the run directory)"
+    who, what = (f"'learner.processes' {processes}", "the checkpoints they all restore") \
+        if processes > 1 else (f"the learners of 'population.members' {members}",
+                               "the donors' checkpoints the losers copy")
     raise ConfigError(
-        f"'checkpoint.dir' {where} is on one host's disk, but 'learner.processes' {processes} "
-        f"may run on several hosts of the Ray cluster, and only the first one's disk would "
-        f"hold the checkpoints they all restore: give a bucket (gs://... or s3://...), or set "
-        f"'checkpoint.shared: true' if every learner host mounts it at the same path")
+        f"'checkpoint.dir' {where} is on one host's disk, but {who} may run on several hosts "
+        f"of the Ray cluster, and only one host's disk would hold {what}: give a bucket "
+        f"(gs://... or s3://...), or set 'checkpoint.shared: true' if every learner host "
+        f"mounts it at the same path")
 
 
 def check_ray(config: ExperimentConfig) -> None:
