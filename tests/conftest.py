@@ -280,10 +280,20 @@ def s3_bucket(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
                        "AWS_DEFAULT_REGION": "us-east-1",
                        "AWS_EC2_METADATA_DISABLED": "true"}.items():  # no instance lookups
         monkeypatch.setenv(key, value)
-    s3fs.S3FileSystem.clear_instance_cache()  # one made for an earlier server
+    forget_s3_filesystems()  # made for an earlier server
     try:
         s3fs.S3FileSystem().mkdir(S3_BUCKET)
         yield f"s3://{S3_BUCKET}"
     finally:
-        s3fs.S3FileSystem.clear_instance_cache()
+        forget_s3_filesystems()
         server.stop()
+
+
+def forget_s3_filesystems() -> None:
+    """Drop the s3fs instances made for an earlier endpoint: fsspec's, and the one epath
+    keeps for the life of the process (an lru_cache on its backend's method)."""
+    import s3fs
+    from etils.epath import backend
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    backend._FileSystemSpecBackend._get_filesystem.cache_clear()
