@@ -48,6 +48,9 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.slow
 
 RAY = ("--backend", "ray")
+TARGET = 300
+"""The killed-worker run's stop: far above random play (about 20), short of 475, whose last
+stretch costs the suite the most time (as in the population run)."""
 AGENT = re.compile(r"host agent of node (\w+): pid (\d+)")
 
 
@@ -61,7 +64,8 @@ def test_ray_solves_cartpole_with_a_killed_worker_back_on_a_new_host_and_leaves_
     worker's stacks (the controller signals them through Ray). Ray's token file, made
     for the run's local instance, is its user's alone."""
     token = tmp_path / "ray" / "auth_token"
-    process, run_dir = launch(processes, tmp_path, "stop.wall_time_s=240",
+    process, run_dir = launch(processes, tmp_path, f"stop.target_return={TARGET}",
+                              "stop.wall_time_s=240",
                               "runtime.restart_backoff_s=0.2", "actors.inference_timeout_s=1",
                               options=RAY, env={"RAY_AUTH_TOKEN_PATH": str(token)})
     wait_for(lambda: all_running(run_dir), 120, "all workers running")
@@ -80,7 +84,7 @@ def test_ray_solves_cartpole_with_a_killed_worker_back_on_a_new_host_and_leaves_
     started |= descendants(process.pid)
     assert process.wait(timeout=300) == 0, (tmp_path / "launch.log").read_text()
     rows = read_metrics(run_dir)
-    assert max(r.get("episode_return_mean", 0) for r in rows) >= 475
+    assert max(r.get("episode_return_mean", 0) for r in rows) >= TARGET
     assert all(a["env_frames"] <= b["env_frames"] for a, b in itertools.pairwise(rows))
     assert rows[-1]["system/restarts"] == 1
     final = read_status(run_dir)
