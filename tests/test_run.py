@@ -30,8 +30,8 @@ def test_impala_solves_cartpole_on_envpool_with_inline_inference_on_four_devices
         processes: Processes, tmp_path: Path) -> None:
     """One run covers several features, so the suite pays for one solve, not four. The
     default experiment (PPO, remote inference) solves in tests/test_distributed.py (two
-    learner processes) and tests/test_ray_backend.py, and the LSTM config in
-    tests/test_recurrent_run.py."""
+    learner processes; on Ray it trains to 300 in tests/test_ray_backend.py), and the LSTM
+    config in tests/test_recurrent_run.py."""
     process, run_dir = launch(processes, tmp_path, "stop.wall_time_s=240",
                               "env.backend=envpool", "actors.inline_inference=true",
                               "learner.devices=4", experiment="cartpole_impala",
