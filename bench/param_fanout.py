@@ -12,6 +12,10 @@ version of `--mb` MB of float32 every `--period-s`. The subscribers are SUB sock
 process), each looking up the params key at its host's agent as a worker does and
 noting when each version arrives.
 
+The versions go out once every subscriber has had a first one and the relays' tree has
+formed. After the last, the learner sends it again each second until every subscriber
+has it, for at most `--tail-s`.
+
 `--kill-host I` kills host I's agent (SIGKILL, by pid) halfway and starts it again a
 second later, as Ray does: the figures then say whether every subscriber still ends on
 the newest version. `--direct` runs no agents: every subscriber on the learner's socket,
@@ -75,7 +79,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--period-s", type=float, default=1.0, help="seconds between versions")
     parser.add_argument("--tail-s", type=float, default=3.0,
                         help="after the last version, the learner sends it again every second "
-                             "for this long (as learner.republish_interval_s does)")
+                             "(as learner.republish_interval_s does) until every subscriber "
+                             "has it, for at most this long")
     parser.add_argument("--kill-host", type=int, default=None,
                         help="kill this host's agent halfway and start it again")
     parser.add_argument("--direct", action="store_true",
@@ -144,15 +149,17 @@ def main(argv: list[str] | None = None) -> int:
     groups = [list(range(args.hosts))[p::SUBSCRIBER_PROCESSES]
               for p in range(min(SUBSCRIBER_PROCESSES, args.hosts))]
     ready = [spawn.Event() for _ in groups]
+    caught_up = [spawn.Event() for _ in groups]
     subscribers = [spawn.Process(target=run_subscribers, args=(
         run, group, [counts[h] for h in group], queue, str(workdir / f"subscribers-{p}.json"),
-        ready[p], names.endpoint if args.direct else None))
+        ready[p], caught_up[p], args.versions, names.endpoint if args.direct else None))
         for p, group in enumerate(groups)]
     for process in subscribers:
         process.start()
     try:
-        warm_up(publisher, params, ready)
-        published, learner_peers = publish(args, publisher, params, peers, agents)
+        warm_up(publisher, params, ready, peers,
+                args.subscribers if args.direct else min(args.fanout, args.hosts))
+        published, learner_peers = publish(args, publisher, params, peers, agents, caught_up)
     except BenchError as error:
         print(f"bench.param_fanout: {error}", file=sys.stderr)
         return 1
@@ -181,14 +188,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if results["subscribers_received_all"] else 1
 
 
-def warm_up(publisher: ParamPublisher, params: dict[str, np.ndarray], ready: list[Any]
-            ) -> None:
+def warm_up(publisher: ParamPublisher, params: dict[str, np.ndarray], ready: list[Any],
+            peers: PeerCount, settled_peers: int) -> None:
     """Send version 0 every half second until every subscriber has had it (through its
-    host's relay, which the agent starts once it sees the learner's key)."""
+    host's relay, which the agent starts once it sees the learner's key) and the tree has
+    formed: the learner down to `settled_peers` (a relay that started before the others
+    had registered takes the learner's stream until it sees its parent)."""
     deadline = time.monotonic() + WARM_UP_TIMEOUT_S
-    while not all(event.is_set() for event in ready):
+    while not all(event.is_set() for event in ready) or peers.now() > settled_peers:
         if time.monotonic() > deadline:
-            raise BenchError(f"not every subscriber had a version after {WARM_UP_TIMEOUT_S:.0f} s")
+            raise BenchError(f"not every subscriber had a version, or the relays' tree had not "
+                             f"formed, after {WARM_UP_TIMEOUT_S:.0f} s")
         publisher.publish(params, 0)
         time.sleep(0.5)
 
@@ -224,9 +234,11 @@ class Agents:
 
 
 def publish(args: argparse.Namespace, publisher: ParamPublisher, params: dict[str, np.ndarray],
-            peers: PeerCount, agents: Agents) -> tuple[dict[int, float], list[int]]:
-    """Publish the versions (killing and restarting a host's agent halfway where asked):
-    each version's publish time, and the learner's peers at each publish."""
+            peers: PeerCount, agents: Agents, caught_up: list[Any]
+            ) -> tuple[dict[int, float], list[int]]:
+    """Publish the versions (killing and restarting a host's agent halfway where asked),
+    then the newest again each second until every subscriber has it or `--tail-s` is
+    over: each version's publish time, and the learner's peers at each publish."""
     published: dict[int, float] = {}
     learner_peers = []
     for version in range(1, args.versions + 1):
@@ -241,8 +253,19 @@ def publish(args: argparse.Namespace, publisher: ParamPublisher, params: dict[st
     while time.monotonic() < tail:  # the learner's republish of its newest version
         learner_peers.append(peers.now())
         publisher.publish(params, args.versions)
-        time.sleep(1.0)
+        if all_set_within(caught_up, 1.0):
+            break
     return published, learner_peers
+
+
+def all_set_within(events: list[Any], seconds: float) -> bool:
+    """Whether every event is set within `seconds` (checked every 50 ms)."""
+    deadline = time.monotonic() + seconds
+    while not all(event.is_set() for event in events):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def figures(args: argparse.Namespace, published: dict[int, float], learner_peers: list[int],

@@ -181,7 +181,7 @@ def test_an_agent_killed_mid_run_comes_back_and_every_subscriber_ends_on_the_new
     out = tmp_path / "fanout.json"
     bench = subprocess.run([sys.executable, "-m", "bench.param_fanout", "--subscribers", "12",
                             "--mb", "0.5", "--hosts", "4", "--fanout", "2", "--versions", "6",
-                            "--period-s", "0.3", "--tail-s", "2", "--kill-host", "0",
+                            "--period-s", "0.3", "--tail-s", "30", "--kill-host", "0",
                             "--json", str(out)],
                            cwd=REPO, capture_output=True, text=True, timeout=240)
     assert bench.returncode == 0, bench.stdout + bench.stderr

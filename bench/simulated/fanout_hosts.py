@@ -39,10 +39,11 @@ def run_agent(run: str, upstream: str, host: int, fanout: int) -> None:
 
 
 def run_subscribers(run: str, hosts: list[int], per_host: list[int], queue: int, out: str,
-                    ready: Any, direct: str | None) -> None:
+                    ready: Any, caught_up: Any, newest: int, direct: str | None) -> None:
     """The subscribers of `hosts` (`per_host[i]` on `hosts[i]`): each notes when each
     version came, until terminated; then they write {subscriber: {version: time}}.
-    `ready` (an event) is set once each has had a message (the learner's warm-up).
+    `ready` (an event) is set once each has had a message (the learner's warm-up), and
+    `caught_up` once each has had version `newest`.
     `direct`: ask this name service (the controller's), not the host's agent: each
     subscriber on the learner's own socket, as without host agents."""
     stopping = threading.Event()
@@ -69,6 +70,8 @@ def run_subscribers(run: str, hosts: list[int], per_host: list[int], queue: int,
                 arrivals[names[socket]].setdefault(received[1].meta["version"], time.time())
         if not ready.is_set() and all(arrivals.values()):
             ready.set()
+        if not caught_up.is_set() and all(newest in got for got in arrivals.values()):
+            caught_up.set()
     Path(out).write_text(json.dumps({"arrivals": arrivals, "rejected": rejects.count}))
 
 
