@@ -3,8 +3,11 @@ the child's server and chunks into its learner intake, timed by CPU and wall clo
 
 from __future__ import annotations
 
+import os
+import select
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,6 +17,7 @@ from actors.env_ring import ChunkBuilder, StepResult
 from actors.envs import policy_spec
 from bench.harness.launcher import BenchError
 from bench.overhead.cases import IN_FLIGHT, OBS_CASES, TRAJECTORY, micro_config
+from bench.overhead.shared_slots import SlotSegment, doorbell_path, reply_path
 from bench.overhead.sink import Sink
 from srl_jax.core.streams import RejectCounter, make_socket, receive, send
 
@@ -39,8 +43,9 @@ def request_overhead(sink: Sink, name: str, envs: int, in_flight: int,
     """Requests of `envs` rows from `in_flight` DEALERs (one each) to the real server loop
     (`role` "requests"), or to the bare pyzmq echo under it ("echo", "echo-ipc")."""
     obs_shape, obs_dtype = OBS_CASES[name]
-    case = {"name": f"{role}-{name}-{in_flight}", "envs": envs, "max_batch": envs * in_flight,
-            "obs_shape": list(obs_shape), "obs_dtype": obs_dtype, "ipc": role == "echo-ipc"}
+    case = {"name": f"{role}-{name}-{in_flight}", "envs": envs, "in_flight": in_flight,
+            "max_batch": envs * in_flight, "obs_shape": list(obs_shape),
+            "obs_dtype": obs_dtype, "ipc": role == "echo-ipc"}
     endpoint = sink.call((role, case))
     context = zmq.Context.instance()
     dealers = [make_socket(context, zmq.DEALER) for _ in range(in_flight)]
@@ -75,13 +80,70 @@ def request_overhead(sink: Sink, name: str, envs: int, in_flight: int,
     finally:
         for dealer in dealers:
             dealer.close()
+    if rejects.count:
+        raise BenchError(f"request measurement {case['name']}: {rejects.count} replies "
+                         "rejected")
+    return _request_figures(case, role, name, int(obs.nbytes), start, end, answered)
+
+
+def shared_memory_floor(sink: Sink, envs: int, in_flight: int, seconds: float
+                        ) -> dict[str, Any]:
+    """Requests of `envs` CartPole rows from `in_flight` askers to the bare shared-memory
+    echo (bench/overhead/shared_slots.py): the floor of a same-host transport without
+    ZMQ, beside the pyzmq floors."""
+    name, role = "vector", "shm-echo"
+    obs_shape, obs_dtype = OBS_CASES[name]
+    case = {"name": f"{role}-{name}-{in_flight}", "envs": envs, "in_flight": in_flight,
+            "obs_shape": list(obs_shape), "obs_dtype": obs_dtype}
+    where = sink.call((role, case))
+    segment = SlotSegment.map(Path(where["segment"]), case, create=False)
+    doorbell = os.open(doorbell_path(Path(where["fifos"])), os.O_WRONLY)
+    replies = [os.open(reply_path(Path(where["fifos"]), i), os.O_RDONLY | os.O_NONBLOCK)
+               for i in range(in_flight)]
+    asker_of = {fd: i for i, fd in enumerate(replies)}
+    poller = select.poll()
+    for fd in replies:
+        poller.register(fd, select.POLLIN)
+    obs = np.zeros((envs, *obs_shape), obs_dtype)
+
+    def ask(asker: int) -> None:
+        segment.requests[asker] = obs
+        os.write(doorbell, bytes([asker]))
+
+    def run(duration: float) -> int:
+        answered, deadline = 0, time.perf_counter() + duration
+        while time.perf_counter() < deadline:
+            for fd, _ in poller.poll(100):
+                for _ in os.read(fd, 64):
+                    segment.replies[asker_of[fd]].copy()  # the reply taken out
+                    answered += 1
+                    ask(asker_of[fd])
+        return answered
+
+    try:
+        for asker in range(in_flight):
+            ask(asker)
+        run(min(0.3, seconds / 3))
+        start = _mark(sink)
+        answered = run(seconds)
+        end = _mark(sink, "end")
+    finally:
+        for fd in (doorbell, *replies):
+            os.close(fd)
+    return _request_figures(case, role, name, int(obs.nbytes), start, end, answered)
+
+
+def _request_figures(case: dict[str, Any], role: str, name: str, request_bytes: int,
+                     start: Window, end: Window, answered: int) -> dict[str, Any]:
+    """A request measurement's figures from its two marks."""
+    obs_shape, obs_dtype = OBS_CASES[name]
+    envs, in_flight = case["envs"], case["in_flight"]
     wall = end.wall - start.wall
     requests = end.child["requests"] - start.child["requests"]
     batches = max(end.child["batches"] - start.child["batches"], 1)
-    if requests <= 0 or answered <= 0 or rejects.count:
+    if requests <= 0 or answered <= 0:
         raise BenchError(f"request measurement {case['name']}: {requests} requests served, "
-                         f"{rejects.count} replies rejected")
-    request_bytes = int(obs.nbytes)
+                         f"{answered} answers read")
     server_cpu = end.child["cpu_s"] - start.child["cpu_s"]
     server_python = end.child["thread_cpu_s"] - start.child["thread_cpu_s"]
     return {
@@ -165,6 +227,7 @@ def measure_overheads(envs: int, seconds: float) -> dict[str, Any]:
             samples.append(sample_overhead(sink, name, envs, seconds))
         for floor in ("echo", "echo-ipc"):
             requests.append(request_overhead(sink, "vector", envs, IN_FLIGHT, seconds, floor))
+        requests.append(shared_memory_floor(sink, envs, IN_FLIGHT, seconds))
     finally:
         sink.close()
     return {"requests": requests, "samples": samples}

@@ -1,12 +1,14 @@
 """The child process of the overhead measurements: the server and learner ends (a real
-`InferenceServer` acting with zeros, a bare pyzmq echo, the learner's intake without an
-update), and the handle the measuring process starts and stops it by."""
+`InferenceServer` acting with zeros, a bare pyzmq echo, a bare shared-memory echo, the
+learner's intake without an update), and the handle the measuring process starts and
+stops it by."""
 
 from __future__ import annotations
 
 import contextlib
 import importlib
 import multiprocessing
+import os
 import tempfile
 import time
 from collections.abc import Callable
@@ -20,6 +22,14 @@ import zmq
 from actors.envs import policy_spec
 from bench.harness.launcher import BenchError
 from bench.overhead.cases import START_TIMEOUT_S, micro_config
+from bench.overhead.shared_slots import (
+    SlotSegment,
+    doorbell_path,
+    make_fifos,
+    open_held,
+    reply_path,
+    segment_path,
+)
 from srl_jax.core.stream_table import INFERENCE, PARAMS, SAMPLES
 from srl_jax.core.streams import RejectCounter, make_socket
 
@@ -118,6 +128,44 @@ def _echo_requests(conn: Connection, case: dict[str, Any], root: Path) -> None:
         router.close()
 
 
+def _echo_shared_memory(conn: Connection, case: dict[str, Any], root: Path) -> None:
+    """The floor of a same-host transport through shared memory
+    (bench/overhead/shared_slots.py): the waiting slots' rows gathered into one batch,
+    a fixed reply written into each slot, a byte into each asker's FIFO; no ZMQ and no
+    runtime code, until the parent says 'end'."""
+    import select
+
+    from learners.workers.inference_server import POLL_MS
+
+    make_fifos(root, case["in_flight"])
+    segment = SlotSegment.map(segment_path(case), case, create=True)
+    doorbell = open_held(doorbell_path(root))
+    replies = [open_held(reply_path(root, i)) for i in range(case["in_flight"])]
+    reply = np.zeros(segment.replies.shape[1:], np.float32)
+    poller = select.poll()
+    poller.register(doorbell, select.POLLIN)
+    answered = batches = 0
+
+    def step() -> None:
+        nonlocal answered, batches
+        if not poller.poll(POLL_MS):
+            return
+        slots = list(os.read(doorbell, 4096))
+        batch = segment.requests[slots]  # the gather a server's batch makes
+        segment.replies[slots] = reply
+        for slot in slots:
+            os.write(replies[slot], b"\x01")
+        answered, batches = answered + len(batch), batches + 1
+
+    conn.send({"segment": str(segment.path), "fifos": str(root)})
+    try:
+        _until_end(conn, step, lambda: {"requests": answered, "batches": batches})
+    finally:
+        for fd in (doorbell, *replies):
+            os.close(fd)
+        segment.path.unlink()
+
+
 def _take_samples(conn: Connection, case: dict[str, Any], root: Path) -> None:
     """The learner's intake without an update, until the parent says 'end'.
 
@@ -173,7 +221,8 @@ def _take_samples(conn: Connection, case: dict[str, Any], root: Path) -> None:
 
 
 CHILD_ROLES = {"requests": _serve_requests, "echo": _echo_requests,
-               "echo-ipc": _echo_requests, "samples": _take_samples}
+               "echo-ipc": _echo_requests, "shm-echo": _echo_shared_memory,
+               "samples": _take_samples}
 
 
 def sink_main(conn: Connection) -> None:

@@ -23,7 +23,8 @@ def print_overheads(overheads: dict[str, Any]) -> None:
           "its main thread; io: other threads, chiefly ZMQ's I/O thread); actor_us: the same "
           "on the asking side; rtt_us: wall time per request and request in flight; "
           "server 'echo': bare pyzmq answering each request with a fixed reply, the floor "
-          "under the runtime's figure ('echo-ipc': the same over ipc://)")
+          "under the runtime's figure ('echo-ipc': the same over ipc://; 'shm-echo': "
+          "slots in shared memory and FIFO doorbells carrying slot indices, no ZMQ)")
     print(f"{'obs':>7} {'chunk':>9} {'MB':>6} {'samples/s':>10} {'chunks/s':>8} "
           f"{'learner_us':>10} {'actor_us':>8} {'learner_us/chunk':>16}")
     for s in overheads["samples"]:
@@ -40,10 +41,10 @@ def headline(overheads: dict[str, Any]) -> dict[str, float]:
     """The two headline figures (`vector`: server CPU per request with IN_FLIGHT requests
     in flight, learner CPU per sample), and what one server core and one learner's
     intake take at most besides policy compute and updates."""
-    request, floor, floor_ipc = (
+    request, floor, floor_ipc, floor_shm = (
         next(r for r in overheads["requests"] if r.get("server", "requests") == server
              and r["obs"] == "vector" and r["in_flight"] == IN_FLIGHT)
-        for server in ("requests", "echo", "echo-ipc"))
+        for server in ("requests", "echo", "echo-ipc", "shm-echo"))
     sample = next(s for s in overheads["samples"] if s["obs"] == "vector")
     per_request, per_sample = request["server_cpu_us_per_request"], \
         sample["learner_cpu_us_per_sample"]
@@ -53,6 +54,8 @@ def headline(overheads: dict[str, Any]) -> dict[str, float]:
         "per_request_actor_side_us": request["actor_cpu_us_per_request"],
         "per_request_zmq_floor_us": floor["server_cpu_us_per_request"],
         "per_request_zmq_floor_ipc_us": floor_ipc["server_cpu_us_per_request"],
+        "per_request_shm_floor_us": floor_shm["server_cpu_us_per_request"],
+        "per_request_shm_floor_actor_side_us": floor_shm["actor_cpu_us_per_request"],
         "per_request_round_trip_us": next(
             r["round_trip_us"] for r in overheads["requests"]
             if r["obs"] == "vector" and r["in_flight"] == 1),
@@ -69,7 +72,9 @@ def print_headline(head: dict[str, float], rows: int) -> None:
           f"request of {rows} rows ({head['per_request_overhead_us_per_row']:.2f} us/row), "
           f"{head['per_request_actor_side_us']:.1f} us on the actor side (bare pyzmq's "
           f"floor: {head['per_request_zmq_floor_us']:.1f} us, over ipc:// "
-          f"{head['per_request_zmq_floor_ipc_us']:.1f} us), round trip "
+          f"{head['per_request_zmq_floor_ipc_us']:.1f} us; shared memory's without ZMQ: "
+          f"{head['per_request_shm_floor_us']:.1f} us, "
+          f"{head['per_request_shm_floor_actor_side_us']:.1f} us on the actor side), round trip "
           f"{head['per_request_round_trip_us']:.0f} us; one server core answers at most "
           f"{head['server_core_requests_per_s']:,.0f} requests/s "
           f"({head['server_core_rows_per_s']:,.0f} rows/s) besides its policy compute")
