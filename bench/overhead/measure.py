@@ -154,7 +154,7 @@ def _request_figures(case: dict[str, Any], role: str, name: str, request_bytes: 
         "round_trip_us": 1e6 * wall * in_flight / answered,
         "server_cpu_us_per_request": 1e6 * server_cpu / requests,
         "server_python_us_per_request": 1e6 * server_python / requests,
-        "server_zmq_io_us_per_request": 1e6 * (server_cpu - server_python) / requests,
+        "server_zmq_io_us_per_request": 1e6 * max(server_cpu - server_python, 0.0) / requests,
         "actor_cpu_us_per_request": 1e6 * (end.cpu_s - start.cpu_s) / answered,
     }
 
