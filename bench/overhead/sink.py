@@ -132,38 +132,40 @@ def _echo_shared_memory(conn: Connection, case: dict[str, Any], root: Path) -> N
     """The floor of a same-host transport through shared memory
     (bench/overhead/shared_slots.py): the waiting slots' rows gathered into one batch,
     a fixed reply written into each slot, a byte into each asker's FIFO; no ZMQ and no
-    runtime code, until the parent says 'end'."""
+    runtime code, until the parent says 'end'. The segment is removed however it ends."""
     import select
 
     from learners.workers.inference_server import POLL_MS
 
     make_fifos(root, case["in_flight"])
-    segment = SlotSegment.map(segment_path(case), case, create=True)
-    doorbell = open_held(doorbell_path(root))
-    replies = [open_held(reply_path(root, i)) for i in range(case["in_flight"])]
-    reply = np.zeros(segment.replies.shape[1:], np.float32)
-    poller = select.poll()
-    poller.register(doorbell, select.POLLIN)
-    answered = batches = 0
+    with contextlib.ExitStack() as opened:
+        segment = SlotSegment.map(segment_path(case), case, create=True)
+        opened.callback(segment.path.unlink)
 
-    def step() -> None:
-        nonlocal answered, batches
-        if not poller.poll(POLL_MS):
-            return
-        slots = list(os.read(doorbell, 4096))
-        batch = segment.requests[slots]  # the gather a server's batch makes
-        segment.replies[slots] = reply
-        for slot in slots:
-            os.write(replies[slot], b"\x01")
-        answered, batches = answered + len(batch), batches + 1
+        def held(path: Path) -> int:
+            opened.callback(os.close, fd := open_held(path))
+            return fd
 
-    conn.send({"segment": str(segment.path), "fifos": str(root)})
-    try:
+        doorbell = held(doorbell_path(root))
+        replies = [held(reply_path(root, i)) for i in range(case["in_flight"])]
+        reply = np.zeros(segment.replies.shape[1:], np.float32)
+        poller = select.poll()
+        poller.register(doorbell, select.POLLIN)
+        answered = batches = 0
+
+        def step() -> None:
+            nonlocal answered, batches
+            if not poller.poll(POLL_MS):
+                return
+            slots = list(os.read(doorbell, 4096))
+            batch = segment.requests[slots]  # the gather a server's batch makes
+            segment.replies[slots] = reply
+            for slot in slots:
+                os.write(replies[slot], b"\x01")
+            answered, batches = answered + len(batch), batches + 1
+
+        conn.send({"segment": str(segment.path), "fifos": str(root)})
         _until_end(conn, step, lambda: {"requests": answered, "batches": batches})
-    finally:
-        for fd in (doorbell, *replies):
-            os.close(fd)
-        segment.path.unlink()
 
 
 def _take_samples(conn: Connection, case: dict[str, Any], root: Path) -> None:
