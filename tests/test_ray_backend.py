@@ -179,9 +179,10 @@ def mean_fps(rows: list[dict], start: float, end: float) -> float:
 def test_a_lost_host_is_one_preemption_not_faults_of_the_learner_group_it_takes_down(
         processes: Processes, tmp_path: Path) -> None:
     """The supervisor's count, without Ray: two learner processes (real ones, `sleep`,
-    through the local backend) lose the host of one three times, more than
+    through the local backend) lose the host of one four times, more than
     `runtime.max_restarts`; each time the other is killed with it and both come back at
-    once, no fault counted. The peer may also end first, by itself, and the loss be found
+    once, no fault counted, the lost one's successor left alone where it started before
+    its peer's exit was seen. The peer may also end first, by itself, and the loss be found
     after (Ray's `exit_code` marks the handle `lost`): the same preemption. A fault of the
     group's own still counts."""
     config = make_config(["learner.processes=2", "runtime.max_restarts=2",
@@ -213,11 +214,26 @@ def test_a_lost_host_is_one_preemption_not_faults_of_the_learner_group_it_takes_
         assert [r.state for r in records] == ["restarting", "restarting"] and not ended
         assert all(r.restart_at <= time.monotonic() for r in records), "back at once"
     assert [(r.restarts, r.losses) for r in records] == [(3, 3), (3, 3)]
+    # The lost one back before its peer's exit is seen (Ray's calls are remote): the peer,
+    # taken down with the group, leaves the new process alone.
+    run_both()
+    records[0].handle.lost = "its Ray node (10.0.0.9) left the cluster"
+    processes.kill(records[0].handle.pid)
+    records[0].handle.ref.wait()
+    exited(records[0])
+    successor = processes.start(["sleep", "60"])
+    records[0].handle = WorkerHandle("learner", 0, successor.pid, "here", successor)
+    records[0].state = "running"
+    records[1].handle.ref.wait()
+    exited(records[1])
+    with pytest.raises(subprocess.TimeoutExpired):
+        successor.wait(timeout=0.5)
+    assert [(r.restarts, r.losses) for r in records] == [(4, 4), (4, 4)] and not ended
     run_both()
     processes.kill(records[1].handle.pid)
     exited(records[1])
     exited(records[0])
-    assert [(r.restarts, r.losses) for r in records] == [(4, 3), (4, 3)] and not ended
+    assert [(r.restarts, r.losses) for r in records] == [(5, 4), (5, 4)] and not ended
     assert records[1].restart_at > time.monotonic() + 4, "a fault waits its backoff"
 
 

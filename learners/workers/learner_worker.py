@@ -109,6 +109,8 @@ class LearnerWorker(Worker):
         self._last_batch_wall = time.time()
         self._nccl = False
         """Whether updates run NCCL's collectives (a mesh of several GPUs)."""
+        self._updates_here = 0
+        """Updates by this process (a restored learner's version starts high)."""
         # Built by setup():
         self.intake: Intake | None = None
         self.publisher: ParamPublisher | None = None
@@ -268,7 +270,8 @@ class LearnerWorker(Worker):
             metrics = self.learner.step(batch, overlap=prefetch)
         self.time_update += time.perf_counter() - start
         self.intake.trained(kept, metrics.pop(PER_ROW, None))
-        if self._nccl and self.version & (self.version - 1) == 0:  # updates 1, 2, 4, 8, ...
+        self._updates_here += 1
+        if self._nccl and self._updates_here & (self._updates_here - 1) == 0:  # 1, 2, 4, ...
             note_new_ports(self.transport, NCCL_KEY)  # NCCL's sockets come with collectives
         self.train_metrics = metrics
         if self.learner.version % self.config.learner.publish_every_updates == 0:

@@ -176,8 +176,9 @@ class Supervisor:
         self.metrics.retire(record.name)
         log_path = self.run_dir / "logs" / f"{record.name}.log"
         kind = worker_kind(record.kind)
-        if kind.process_group and kind.count(self.config) > 1:
-            taken_down = self._stop_process_group(record, lost) or taken_down
+        if kind.process_group and kind.count(self.config) > 1 and not taken_down:
+            # One taken down was stopped with its group, which may have started again since.
+            taken_down = self._stop_process_group(record, lost)
         if lost:
             what = f"was lost with its host: {lost}"
         elif taken_down:
