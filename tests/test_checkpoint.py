@@ -23,6 +23,7 @@ from learners.algorithms.train_state import TrainState
 from learners.training.checkpoint import (
     Checkpointer,
     _to_saveable,
+    read_step,
     restore_params,
     save_params,
 )
@@ -361,6 +362,8 @@ def test_checkpoints_go_to_a_location_outside_the_run_dir(
     torn = root / "red" / "3"
     if store == "s3":  # a step that a kill left without its commit file
         (torn / "meta" / "metadata").write_text("{}")
+        assert read_step(run_dir, state, 2, policy="red", location=uri).step == 2
+        assert torn.exists(), "a reader (srl_jax.evaluate) leaves it: it may be a save in flight"
     reopened = Checkpointer(run_dir, policy="red", location=uri)
     assert not torn.exists(), "a bucket's torn step goes (and best/ stays)"
     assert reopened.best_return == 5.0
@@ -472,11 +475,12 @@ def test_learners_on_several_hosts_checkpoint_where_they_all_see_it(
 
 
 @pytest.mark.parametrize("overrides, refused", [
-    ([], True), (["checkpoint.shared=true"], False), (["checkpoint.dir=s3://b/run"], False)])
+    ([], True), (["checkpoint.shared=true"], False), (["checkpoint.dir=s3://b/run"], False),
+    (["population.exploit=false"], False)])
 def test_a_population_on_several_hosts_copies_from_where_every_learner_sees(
         overrides: list[str], refused: bool) -> None:
     """A loser loads its donor's checkpoint: on another host's disk it would find none,
-    and PBT would never exploit."""
+    and PBT would never exploit. A sweep (no exploit) copies nothing."""
     config = load_config(SHIPPED_CONFIGS / "cartpole_ppo_pbt.yaml", overrides)
     if not refused:
         check_checkpoint_hosts(config, *CLUSTER)

@@ -232,13 +232,9 @@ class Checkpointer:
         """The newest complete checkpoint of another policy of the run (a population
         member's donor, under the same location) shaped like `like`; None if it has none
         yet."""
-        root = checkpoint_root(self.run_dir, False, policy, self.location)
-        steps = steps_in(root)
-        if not steps:
-            return None
-        restored = _read(root, steps[-1], _restore_args(like))
-        return Restored(steps[-1], _from_saveable(restored["state"], like),
-                        _unstamped(restored["meta"]))
+        steps = steps_in(checkpoint_root(self.run_dir, False, policy, self.location))
+        return read_step(self.run_dir, like, steps[-1], False, policy, self.location) \
+            if steps else None
 
     def wait(self) -> None:
         """Block until every save in flight is on disk (and the best one linked)."""
@@ -298,6 +294,16 @@ def _files(directory: epath.Path) -> list[epath.Path]:
 def _absolute(directory: epath.Path | Path) -> epath.Path:
     """`directory` for orbax: a bucket as it is, a local path made absolute."""
     return epath.Path(directory if is_bucket(directory) else os.path.abspath(directory))
+
+
+def read_step(run_dir: Path, like: Any, step: int, best: bool = False,
+              policy: str = DEFAULT_POLICY, location: str = "") -> Restored:
+    """One complete step of a learner's checkpoints shaped like `like`, read without a
+    `Checkpointer`: opening one cleans up the steps it finds unfinished, and those of a
+    learner still running are its saves in flight."""
+    restored = _read(checkpoint_root(run_dir, best, policy, location), step,
+                     _restore_args(like))
+    return Restored(step, _from_saveable(restored["state"], like), _unstamped(restored["meta"]))
 
 
 def _read(directory: epath.Path | Path, step: int, args: ocp.args.Composite) -> Any:

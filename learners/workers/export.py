@@ -29,7 +29,7 @@ from actors.envs import policy_spec
 from learners.algorithms.train_state import init_train_state
 from learners.models.distributions import mask_logits
 from learners.models.networks import Policy, init_policy_params, make_policy
-from learners.training.checkpoint import Checkpointer, restore_params
+from learners.training.checkpoint import read_step, restore_params
 from srl_jax.config.algorithms import algorithm, algorithm_config, live_values, sizes
 from srl_jax.config.checkpoint_location import filesystem_problem, location_problem
 from srl_jax.config.loader import config_from_dict, import_plugins
@@ -215,12 +215,7 @@ def load_policy(run_dir: str | Path, step: int | None = None, best: bool = False
     params = init_policy_params(network, spec.obs_shape, config.seed)
     like = init_train_state(params, optimizer, config.seed, algo.init_extra,
                             live_values(algo, algo_config))
-    checkpointer = Checkpointer(run_dir, keep=config.checkpoint.keep, keep_best=best,
-                                policy=policy, location=location)
-    try:
-        restored = checkpointer.restore(like, step=step, best=best)
-    finally:
-        checkpointer.close()
+    restored = read_step(run_dir, like, step, best, policy, location)
     return TrainedPolicy(config, spec, act, restored.state.params, step, seed)
 
 

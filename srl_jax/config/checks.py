@@ -315,7 +315,7 @@ def check_checkpoint_hosts(config: ExperimentConfig, backend: str, ray_address: 
     steps: orbax writes each step from a learner's first process alone, and after a restart
     every process restores the newest one; a population's loser loads its donor's."""
     checkpoint, processes = config.checkpoint, config.learner.processes
-    members = config.population.members
+    members = config.population.members if config.population.exploit else 0
     if (processes == 1 and not members) or not checkpoint.enabled or checkpoint.shared or \
             urlsplit(checkpoint.dir).scheme in BUCKET_SCHEMES or \
             not spans_hosts(config, backend, ray_address):
