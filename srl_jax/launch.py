@@ -207,7 +207,9 @@ def launch_line_checks(argv: list[str], environ: Mapping[str, str]) -> Experimen
     what a cluster script runs is put through them where the script is made."""
     args = parse_args(argv)
     check_backend_args(args)
-    return checked_for_backend(new_run_config(args), args, environ)
+    config = checked_for_backend(new_run_config(args), args, environ)
+    plan_placement(config, describe_host(environ), args.backend)
+    return config
 
 
 def check_before_launch(config: ExperimentConfig) -> ExperimentConfig:

@@ -16,6 +16,7 @@ import pytest
 from srl_jax.cluster.cli import main as cluster_main
 from srl_jax.cluster.cli import parse_args, planned
 from srl_jax.cluster.host_plan import HostPlan
+from srl_jax.cluster.roles import share
 from srl_jax.cluster.tpu import CLUSTER_EXTRAS, LOCK
 from srl_jax.config.schema import ConfigError
 from tests.test_cluster_scripts import generate
@@ -92,6 +93,27 @@ def test_learners_of_several_members_share_their_hosts_gpus() -> None:
     fits(spread)
 
 
+@pytest.mark.parametrize("total, workers, each", [
+    (4, 4, 1.0), (3, 2, 1.0), (8, 3, 2.0), (3, 4, 0.5), (1, 3, 0.3333), (2, 3, 0.5),
+    (0.5, 1, 0.5), (0, 2, 0.0)])
+def test_a_gpu_share_is_whole_devices_or_a_fraction_that_packs_on_one(
+        total: float, workers: int, each: float) -> None:
+    """Ray refuses a fraction above one GPU, and places 1/k shares k to a device: 0.75
+    each of 3 GPUs for 4 learners would leave one unplaced."""
+    assert share(total, workers) == each and each * workers <= total
+
+
+def test_two_processes_of_one_learner_never_share_a_gpu() -> None:
+    with pytest.raises(ConfigError, match=r"each of the 2 learner processes on a host 0.5 of "
+                                          r"a GPU, and 'learner.processes' 2: two processes "
+                                          r"of one learner could get the same GPU"):
+        plan_of("slurm", "mpe_tag_ppo", "--run-dir", "/x", "--gpus-per-learner-host", "1",
+                "--set", "learner.processes=2", "--allow-unauthenticated-coordinator")
+    whole = plan_of("slurm", "mpe_tag_ppo", "--run-dir", "/x", "--gpus-per-learner-host", "2",
+                    "--set", "learner.processes=2", "--allow-unauthenticated-coordinator")
+    fits(whole)
+
+
 def test_a_two_host_slice_script_opens_its_coordinator_only_by_the_flag() -> None:
     argv = ["tpu-vm", "cartpole_ppo", "--run-dir", "runs/x", "--hosts", "2", *TPU,
             "--set", "learner.batch_envs=64"]
@@ -116,6 +138,10 @@ def test_a_two_host_slice_script_opens_its_coordinator_only_by_the_flag() -> Non
      "is: actor host 0 CPU 0, actor_host 3"),
     (["--set", "env.id=NoSuchEnv-v0"],
      "the launcher would refuse the script's launch line: "),
+    (["--gpus-per-learner-host", "1", "--gpus-for-inference", "0.5", "--set",
+      "inference.device=cpu"],
+     "the launcher would refuse the script's launch line: 'inference.device' is cpu but "
+     "'ray.inference' asks for"),
     (["--dry-run", "--submit", "--output", "/tmp/never-written.sh"],
      "'--dry-run' writes and submits nothing"),
 ])

@@ -115,9 +115,13 @@ def placement_overrides(asks: dict[str, dict[str, float]]) -> list[str]:
 
 
 def share(total: float, workers: int) -> float:
-    """Each of `workers`' part of `total` devices, to Ray's precision (1e-4), never more
-    than the total between them."""
-    return math.floor(total / max(workers, 1) * 10_000) / 10_000
+    """Each of `workers`' part of `total` devices as Ray places it, never more than the
+    total between them: whole devices (Ray refuses a fraction above 1), or 1/k of one, so
+    that k share a device (to Ray's precision, 1e-4)."""
+    part = total / max(workers, 1)
+    if part >= 1:
+        return float(math.floor(part))
+    return math.floor(10_000 / math.ceil(1 / part - 1e-9)) / 10_000 if part > 0 else 0.0
 
 
 def launch_args(python: str, experiment: str, run_dir: str, overrides: list[str]) -> list[str]:

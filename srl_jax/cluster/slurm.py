@@ -35,8 +35,8 @@ TOKEN = "$(od -An -N32 -tx1 /dev/urandom | tr -d ' \\n')"
 """256 random bits in hex, as Ray's own `ray get-auth-token --generate` makes them."""
 
 
-def gpu_asks(args: argparse.Namespace, learners_per_host: int,
-             servers_per_host: int) -> dict[str, dict[str, float]]:
+def gpu_asks(args: argparse.Namespace, learners_per_host: int, servers_per_host: int,
+             learner_processes: int) -> dict[str, dict[str, float]]:
     """Per worker: the learners share their host's GPUs but those kept for the servers;
     each server a share of its host's (inference hosts', or those kept on a learner
     host); none asked: the placement plan runs it on the CPU (JAX_PLATFORMS=cpu)."""
@@ -44,8 +44,16 @@ def gpu_asks(args: argparse.Namespace, learners_per_host: int,
     if not 0 <= kept <= args.gpus_per_learner_host:
         raise ConfigError(f"'--gpus-for-inference' ({kept:g}) must be between 0 and "
                           f"'--gpus-per-learner-host' ({args.gpus_per_learner_host:g})")
+    learner = share(args.gpus_per_learner_host - kept, learners_per_host)
+    if learner_processes > 1 and 0 < learner < 1:
+        raise ConfigError(
+            f"'--gpus-per-learner-host' ({args.gpus_per_learner_host:g}) gives each of the "
+            f"{learners_per_host} learner processes on a host {learner:g} of a GPU, and "
+            f"'learner.processes' {learner_processes}: two processes of one learner could "
+            "get the same GPU, which its collectives refuse; give each a whole GPU, or add "
+            "--learner-hosts")
     server_gpus = args.gpus_per_inference_host if args.inference_hosts else kept
-    return {"learner": {"GPU": share(args.gpus_per_learner_host - kept, learners_per_host)},
+    return {"learner": {"GPU": learner},
             "inference": {"GPU": share(server_gpus, servers_per_host)}}
 
 
@@ -68,7 +76,7 @@ def slurm_script(config: ExperimentConfig, args: argparse.Namespace) -> tuple[st
     actor_hosts = args.actor_hosts or fewest_hosts(counts["actor"], args.cpus_per_host, 1)
     roles = plan_roles(config, learner_hosts, args.inference_hosts, actor_hosts)
     asks = worker_asks(gpu_asks(args, learners_per_host(config, learner_hosts),
-                                roles.servers_per_host))
+                                roles.servers_per_host, config.learner.processes))
     groups = [("learner", roles.hosts["learner"], args.gpus_per_learner_host)]
     if roles.hosts["inference"]:
         groups.append(("inference", roles.hosts["inference"], args.gpus_per_inference_host))
