@@ -27,6 +27,8 @@ def copy_of(member: str, donor: str, version: int) -> dict:
 def test_the_controller_keeps_the_lineage_and_sends_the_rows(tmp_path: Path) -> None:
     earlier = copy_of("m1", "m0", 20)
     append_lineage(tmp_path, earlier)  # a resumed run's copy
+    with (tmp_path / "population.jsonl").open("a") as lineage:
+        lineage.write('{"time": 2.0, "member": "m0", "don')  # torn by a kill: left out
     context = zmq.Context()
     transport = Transport(context)
     names = FileNameService(tmp_path / "names")
@@ -42,7 +44,9 @@ def test_the_controller_keeps_the_lineage_and_sends_the_rows(tmp_path: Path) -> 
         kept = ask(dealer, "lineage_event", {"event": later}, LINEAGE.connecter_receives,
                    rejects, 10)
         assert kept is not None and kept.meta["count"] == 2 and "error" not in kept.meta
-        for stranger in (copy_of("m7", "m0", 5), {**later, "version": "70"}, ["m0"]):
+        for stranger in (copy_of("m7", "m0", 5), {**later, "version": "70"}, ["m0"],
+                         copy_of("m0", "m0", 71),
+                         {**later, "hyperparams": {"lr": float("nan")}}):
             refused = ask(dealer, "lineage_event", {"event": stranger},
                           LINEAGE.connecter_receives, rejects, 10)
             assert refused is not None and refused.meta["count"] == 2, stranger
@@ -68,6 +72,6 @@ def test_the_controller_keeps_the_lineage_and_sends_the_rows(tmp_path: Path) -> 
         link.close()
         transport.close()
         context.term()
-    assert link.rejects.count == 4, "three strangers and one undecodable message"
+    assert link.rejects.count == 6, "five strangers and one undecodable message"
     assert rejects.count == 0
     assert [port.key for port in transport.ports] == [ROWS.key(), LINEAGE.key()]

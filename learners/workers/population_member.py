@@ -13,7 +13,6 @@ own host (srl_jax/runtime/population_link.py), so the learner's host needs no ru
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,7 +21,7 @@ import zmq
 
 from learners.training.checkpoint import Checkpointer
 from learners.training.learner import Learner
-from srl_jax.config.population import field_name, initial_hyperparams
+from srl_jax.config.population import field_name, finite_numbers, initial_hyperparams
 from srl_jax.config.schema import DEFAULT_POLICY, ExperimentConfig, member_names
 from srl_jax.core.stream_table import CONTROL, LINEAGE
 from srl_jax.core.streams import RejectCounter, ask, receive, send
@@ -81,7 +80,8 @@ class PopulationMember:
         donor, values, old = meta.get("donor"), meta.get("hyperparams"), meta.get("old_hyperparams")
         scores = meta.get("scores")
         if donor not in self.members or donor == self.member or \
-                not (_numbers(values) and _numbers(old) and _numbers(scores, missing=True)) or \
+                not (finite_numbers(values) and finite_numbers(old) and
+                     finite_numbers(scores, missing=True)) or \
                 not {field_name(str(k)) for k in values} <= set(self.learner.hyperparams()):
             self.rejects.reject(ValueError(f"exploit with donor {donor!r}, values {values!r}"))
             return {"ok": False, "reason": "malformed exploit"}
@@ -110,8 +110,8 @@ class PopulationMember:
         reply = ask(self.lineage, "lineage_event", {"event": event}, LINEAGE.connecter_receives,
                     self.rejects, RECORD_TIMEOUT_S)
         if reply is None or "error" in reply.meta:
-            self.log.warning("the controller did not record the copy of %s in the lineage: "
-                             "%s", event["donor"], reply.meta["error"] if reply else
+            self.log.warning("the controller may not have recorded the copy of %s in the "
+                             "lineage: %s", event["donor"], reply.meta["error"] if reply else
                              f"no answer in {RECORD_TIMEOUT_S:.0f}s")
 
     def close(self) -> None:
@@ -129,10 +129,3 @@ def open_population_member(worker: Worker, learner: Learner, checkpointer: Check
     return PopulationMember(worker.socket(CONTROL), worker.socket(LINEAGE, DEFAULT_POLICY),
                             worker.policy, member_names(population.members), learner,
                             checkpointer, worker.rejects, worker.log, save_copy)
-
-
-def _numbers(values: Any, missing: bool = False) -> bool:
-    """Whether `values` maps names to finite numbers (or None, where `missing`)."""
-    return isinstance(values, dict) and all(
-        (missing and v is None) or (isinstance(v, int | float) and math.isfinite(v))
-        for v in values.values())

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -29,6 +30,8 @@ from typing import Any
 import numpy as np
 
 from srl_jax.config.schema import ConfigError, ExperimentConfig, PopulationConfig, member_names
+
+log = logging.getLogger(__name__)
 
 DRAWS = ("log_uniform", "uniform")
 TRAINING, EVALUATION = "episode_return_mean", "eval_return_mean"
@@ -227,11 +230,14 @@ def sweep_overrides(sweeps: Sequence[str]) -> list[str]:
 
 def append_lineage(run_dir: str | Path, event: dict[str, Any]) -> None:
     """Add one exploit event to `population.jsonl`: one write of one line, so that a
-    line is never split, whoever else appends."""
+    line is never split, whoever else appends; on a line of its own after one a kill
+    left torn (which readers leave out)."""
     line = lineage_line(event).encode()
-    fd = os.open(Path(run_dir) / LOG_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(Path(run_dir) / LOG_NAME, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, line)
+        size = os.fstat(fd).st_size
+        torn = size and os.pread(fd, 1, size - 1) != b"\n"
+        os.write(fd, b"\n" + line if torn else line)
     finally:
         os.close(fd)
 
@@ -245,8 +251,19 @@ def read_lineage(run_dir: str | Path) -> list[dict[str, Any]]:
 
 def parse_lineage(text: str) -> list[dict[str, Any]]:
     """Exploit events from their JSON lines, as `population.jsonl` holds them (and the
-    controller sends them to the manager: srl_jax/runtime/population_link.py)."""
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    controller sends them to the manager: srl_jax/runtime/population_link.py); a line that
+    is no JSON map (one torn by a full disk or a kill) is left out."""
+    events = []
+    for line in filter(str.strip, text.splitlines()):
+        try:
+            event = json.loads(line)
+        except ValueError:
+            event = None
+        if isinstance(event, dict):
+            events.append(event)
+        else:
+            log.warning("left out a lineage line that is no JSON map: %.80s", line)
+    return events
 
 
 def lineage_line(event: dict[str, Any]) -> str:
@@ -260,6 +277,15 @@ def event_problem(event: Any, members: Sequence[str]) -> str | None:
         return "not a map"
     if event.get("member") not in members or event.get("donor") not in members:
         return f"member {event.get('member')!r} or donor {event.get('donor')!r} unknown"
-    if type(event.get("version")) is not int or not isinstance(event.get("hyperparams"), dict):
-        return "no version or no hyperparams"
+    if event["member"] == event["donor"]:
+        return "a member is its own donor"
+    if type(event.get("version")) is not int or not finite_numbers(event.get("hyperparams")):
+        return "no version, or hyperparams that are not finite numbers"
     return None
+
+
+def finite_numbers(values: Any, missing: bool = False) -> bool:
+    """Whether `values` maps names to finite numbers (or None, where `missing`)."""
+    return isinstance(values, dict) and all(
+        (missing and v is None) or (isinstance(v, int | float) and math.isfinite(v))
+        for v in values.values())

@@ -26,6 +26,7 @@ from srl_jax.config.population import (
     Exploit,
     MemberView,
     decide,
+    event_problem,
     initial_hyperparams,
     member_rng,
     member_score,
@@ -85,8 +86,14 @@ class PopulationManager(Worker):
                 raise WorkerStopped("stopped while asking the controller for the lineage")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the controller sent no lineage in {LOOKUP_TIMEOUT_S:.0f}s")
-        events = reply.arrays.get("events")
-        return parse_lineage(events.tobytes().decode()) if events is not None else []
+        lines = reply.arrays.get("events")
+        events = []
+        for event in parse_lineage(lines.tobytes().decode()) if lines is not None else []:
+            if problem := event_problem(event, list(self.views)):  # counted and left out
+                self.rejects.reject(ValueError(f"lineage event: {problem}"))
+            else:
+                events.append(event)
+        return events
 
     def _changed(self, member: str, hyperparams: dict[str, float], version: int) -> None:
         view = self.views[member]
