@@ -43,7 +43,7 @@ from srl_jax.config.loader import (
     load_config,
     resolve_experiment_path,
 )
-from srl_jax.config.placement import plan_placement
+from srl_jax.config.placement import Placement, plan_placement
 from srl_jax.config.population import check_population, sweep_overrides
 from srl_jax.config.run_dir import (
     check_formats,
@@ -171,8 +171,8 @@ def prepare_run(args: argparse.Namespace) -> tuple:
             raise ConfigError(f"'--run-dir': {run_dir} already holds files; pick an empty or "
                               "new directory (or add --resume to continue it)")
         check_fresh_location(run_dir, config)
-    config = checked_for_backend(config, args, os.environ)
-    return config, run_dir, steps, plan_placement(config, describe_host(), args.backend)
+    config, placement = checked_for_backend(config, args, os.environ)
+    return config, run_dir, steps, placement
 
 
 def check_backend_args(args: argparse.Namespace) -> None:
@@ -192,13 +192,14 @@ def new_run_config(args: argparse.Namespace) -> ExperimentConfig:
 
 
 def checked_for_backend(config: ExperimentConfig, args: argparse.Namespace,
-                        environ: Mapping[str, str]) -> ExperimentConfig:
+                        environ: Mapping[str, str]) -> tuple[ExperimentConfig, Placement]:
     """`config` through the checks that need the environment's packages, the backend and
-    the launcher's environment; returns it with its algorithm sections written whole."""
+    the launcher's environment; returns it with its algorithm sections written whole, and
+    each worker's device placement."""
     config = check_before_launch(config)
     check_exposure(config, args.backend, args.ray_address or "", environ)
     check_checkpoint_hosts(config, args.backend, args.ray_address or "")
-    return config
+    return config, plan_placement(config, describe_host(environ), args.backend)
 
 
 def launch_line_checks(argv: list[str], environ: Mapping[str, str]) -> ExperimentConfig:
@@ -207,9 +208,7 @@ def launch_line_checks(argv: list[str], environ: Mapping[str, str]) -> Experimen
     what a cluster script runs is put through them where the script is made."""
     args = parse_args(argv)
     check_backend_args(args)
-    config = checked_for_backend(new_run_config(args), args, environ)
-    plan_placement(config, describe_host(environ), args.backend)
-    return config
+    return checked_for_backend(new_run_config(args), args, environ)[0]
 
 
 def check_before_launch(config: ExperimentConfig) -> ExperimentConfig:

@@ -220,13 +220,10 @@ class Checkpointer:
         step = (steps[-1] if steps else None) if step is None else step
         if step is None:
             return None
-        args = _restore_args(like)
         if best:
-            restored = _read(root, step, args)
-        else:
-            step_meta(root, step)  # another format: one line, not orbax's tree mismatch
-            restored = self._latest.restore(step, args=args)
-        return Restored(step, _from_saveable(restored["state"], like), _unstamped(restored["meta"]))
+            return read_step(self.run_dir, like, step, True, self.policy, self.location)
+        step_meta(root, step)  # another format: one line, not orbax's tree mismatch
+        return _restored(step, self._latest.restore(step, args=_restore_args(like)), like)
 
     def restore_from(self, policy: str, like: Any) -> Restored | None:
         """The newest complete checkpoint of another policy of the run (a population
@@ -301,8 +298,12 @@ def read_step(run_dir: Path, like: Any, step: int, best: bool = False,
     """One complete step of a learner's checkpoints shaped like `like`, read without a
     `Checkpointer`: opening one cleans up the steps it finds unfinished, and those of a
     learner still running are its saves in flight."""
-    restored = _read(checkpoint_root(run_dir, best, policy, location), step,
-                     _restore_args(like))
+    return _restored(step, _read(checkpoint_root(run_dir, best, policy, location), step,
+                                 _restore_args(like)), like)
+
+
+def _restored(step: int, restored: Any, like: Any) -> Restored:
+    """A restored step's orbax items as the live state's types."""
     return Restored(step, _from_saveable(restored["state"], like), _unstamped(restored["meta"]))
 
 

@@ -86,10 +86,10 @@ class PopulationManager(Worker):
                 raise WorkerStopped("stopped while asking the controller for the lineage")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the controller sent no lineage in {LOOKUP_TIMEOUT_S:.0f}s")
-        lines = reply.arrays.get("events")
+        lines, members = reply.arrays.get("events"), list(self.views)
         events = []
         for event in parse_lineage(lines.tobytes().decode()) if lines is not None else []:
-            if problem := event_problem(event, list(self.views)):  # counted and left out
+            if problem := event_problem(event, members):  # counted and left out
                 self.rejects.reject(ValueError(f"lineage event: {problem}"))
             else:
                 events.append(event)
