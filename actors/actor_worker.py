@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from actors.actor_core import ActorCore, BadReply, Chunk, Request, RingSplit
+from actors.actor_core import MAX_SENT_RETURNS, ActorCore, BadReply, Chunk, Request, RingSplit
+from actors.chunk_sender import ChunkSender
 from actors.envs import env_seed, make_split, policy_spec
 from actors.exploration import column_epsilons
 from srl_jax.config.algorithms import chunk_stream
@@ -32,10 +33,15 @@ from srl_jax.config.schema import (
     member_names,
     policy_names,
 )
+from srl_jax.core.chunk_spec import run_chunk_layout
 from srl_jax.core.incarnation import Incarnation
 from srl_jax.core.names import NameService
+from srl_jax.core.shm.attach import open_outbox
+from srl_jax.core.shm.channels import Outbox
+from srl_jax.core.shm.stream_layouts import chunk_slot_layout, reply_layout, request_layout
 from srl_jax.core.stream_table import INFERENCE, INSERTS
 from srl_jax.core.streams import receive, send
+from srl_jax.core.wire import Message
 from srl_jax.core.worker_base import Worker
 
 POLL_MS = 100
@@ -44,6 +50,8 @@ EXPLORE_STREAM = 1 << 20
 OPPONENT_STREAM = EXPLORE_STREAM + 1
 """Env index of the seed of the generator that draws self-play opponents."""
 SEND_WAIT_LOG_S = 5.0
+REQUEST_SLOTS = 2
+"""Shared-memory request slots per split: a request sent again goes to the other one."""
 
 
 def split_seeds(config: ExperimentConfig, actor_index: int,
@@ -65,27 +73,22 @@ class ActorWorker(Worker):
     def __init__(self, config: ExperimentConfig, index: int, run_dir: Path,
                  names: NameService, policy: str = DEFAULT_POLICY) -> None:
         super().__init__(config, index, run_dir, names, policy)
-        self.chunks_sent = 0
-        self.chunks_dropped = 0
         self.time_wait = 0.0
         self.time_send = 0.0
         self._next_no_server_log = 0.0
         self.core: ActorCore | None = None
         self.policies: list[str] = []
-        self.samples: list[zmq.Socket | None] = []
+        self.samples: list[ChunkSender | None] = []
         """Per policy, where its chunks go (None: a frozen policy, which gets none)."""
         self.inference: list[zmq.Socket] = []
-        self.destination = ""
-        self._blocked: tuple[str, float] | None = None
-        """The sample stream this actor is blocked on (stream full), and since when."""
+        self.outboxes: list[Outbox | None] = []
+        """Per policy, its requests' shared-memory slots where its servers share this
+        host (None: they go on the socket)."""
 
     def setup(self) -> None:
         self.core = self._build_core()
-        stream = chunk_stream(self.config)
-        self.destination = "replay servers" if stream is INSERTS else "learner"
         self.samples = [None if policy in self.config.selfplay.frozen
-                        else self.socket(stream, policy, hwm=self.config.actors.send_queue)
-                        for policy in self.policies]
+                        else self._chunk_sender(policy) for policy in self.policies]
         self._connect_inference()
         for request in self.core.start():
             self._send_request(request)
@@ -111,13 +114,32 @@ class ActorWorker(Worker):
             explore_rng=self._rng(EXPLORE_STREAM), resend_after_s=cfg.inference_timeout_s,
             team_returns=multi_agent, returns_per_policy=multi_agent or population)
 
+    def _chunk_sender(self, policy: str) -> ChunkSender:
+        """Where `policy`'s chunks go: the samples stream to its learner, or the inserts
+        stream to its replay servers."""
+        config, stream = self.config, chunk_stream(self.config)
+        socket = self.socket(stream, policy, hwm=config.actors.send_queue)
+        layout = chunk_slot_layout(run_chunk_layout(config, policy_spec(config, policy)),
+                                   MAX_SENT_RETURNS)
+        destination = f"{'replay servers' if stream is INSERTS else 'learner'} of policy " \
+                      f"'{policy}'"
+        return ChunkSender(socket, open_outbox(self, stream, config.actors.send_queue, layout,
+                                               policy=policy),
+                           destination, config.actors.send_policy == "drop", self.keep_alive)
+
     def _connect_inference(self) -> None:
-        """A socket to each policy's inference servers (requests spread over them)."""
+        """A socket to each policy's inference servers (requests spread over them), and
+        shared-memory slots where they share this host."""
         self.poller = zmq.Poller()
         for policy in self.policies:
-            self.inference.append(self.socket(INFERENCE, policy,
-                                              hwm=self.config.inference.request_queue))
-            self.poller.register(self.inference[-1], zmq.POLLIN)
+            socket = self.socket(INFERENCE, policy, hwm=self.config.inference.request_queue)
+            spec = policy_spec(self.config, policy)
+            outbox = open_outbox(self, INFERENCE, REQUEST_SLOTS * self.config.actors.splits,
+                                 request_layout(self.config, spec),
+                                 reply_layout(self.config, spec), policy=policy)
+            self.inference.append(socket)
+            self.outboxes.append(outbox)
+            self.poller.register(socket if outbox is None else outbox, zmq.POLLIN)
 
     def _rng(self, stream: int) -> np.random.Generator:
         """The generator of this start of the actor seeded for `stream`."""
@@ -139,23 +161,31 @@ class ActorWorker(Worker):
 
     def run_once(self) -> None:
         start = time.perf_counter()
-        events = dict(self.poller.poll(POLL_MS))
+        pending = any(outbox is not None and outbox.replies.pending for outbox in self.outboxes)
+        events = dict(self.poller.poll(0 if pending else POLL_MS))
         self.time_wait += time.perf_counter() - start
-        for p, socket in enumerate(self.inference):
-            if socket in events:
+        for p, (socket, outbox) in enumerate(zip(self.inference, self.outboxes, strict=True)):
+            if socket in events or (outbox is not None and (
+                    outbox.fileno() in events or outbox.replies.pending)):
                 # At most one reply per split a turn: a split answered and stepped here asks
                 # again, and with envs slower than the server's answer, draining until empty
                 # would never end, nor heartbeat (the rest wait for the next turn).
                 for _ in range(len(self.core.splits)):
-                    received = receive(socket, INFERENCE.connecter_receives, self.rejects)
-                    if received is None:
+                    reply = self._reply(socket, outbox)
+                    if reply is None:
                         break
-                    self._on_reply(p, received[1].meta, received[1].arrays)
+                    self._on_reply(p, reply.meta, reply.arrays)
         for request, waited in self.core.overdue():
             if waited is not None:
                 self.log.warning("split %d: no reply from policy '%s' for %.1fs; sending again",
                                  request.split, self.policies[request.policy], waited)
             self._send_request(request)
+
+    def _reply(self, socket: zmq.Socket, outbox: Outbox | None) -> Message | None:
+        if outbox is not None:
+            return outbox.receive(self.rejects)
+        received = receive(socket, INFERENCE.connecter_receives, self.rejects)
+        return None if received is None else received[1]
 
     def _on_reply(self, p: int, meta: dict, arrays: dict[str, np.ndarray]) -> None:
         """Give policy `p`'s reply to the core; send what an answered split gives."""
@@ -172,12 +202,19 @@ class ActorWorker(Worker):
 
     def _send_request(self, request: Request) -> None:
         """Send `request`; with no server connected, the core asks again shortly."""
-        try:
-            send(self.inference[request.policy], "infer_request", request.meta,
-                 request.arrays, flags=zmq.NOBLOCK)
-            self.core.sent(request, delivered=True)
-        except zmq.Again:  # no server connected yet: try again on the next turn of the loop
-            self.core.sent(request, delivered=False)
+        outbox = self.outboxes[request.policy]
+        if outbox is not None:
+            delivered = outbox.send(REQUEST_SLOTS * request.split + request.seq % REQUEST_SLOTS,
+                                    request.meta, request.arrays)
+        else:
+            try:
+                send(self.inference[request.policy], "infer_request", request.meta,
+                     request.arrays, flags=zmq.NOBLOCK)
+                delivered = True
+            except zmq.Again:  # no server connected yet: try again on the next turn
+                delivered = False
+        self.core.sent(request, delivered=delivered)
+        if not delivered:
             now = time.monotonic()
             if now >= self._next_no_server_log:
                 self._next_no_server_log = now + SEND_WAIT_LOG_S
@@ -188,45 +225,17 @@ class ActorWorker(Worker):
         """Send a chunk to its policy's learner (or replay servers), with that policy's
         recent returns."""
         start = time.perf_counter()
-        meta = {"actor": self.index, "episode_returns": chunk.episode_returns}
-        try:
-            send(self.samples[chunk.policy], "samples", meta, chunk.arrays, flags=zmq.NOBLOCK)
-            self.chunks_sent += 1
-        except zmq.Again:
-            if self.config.actors.send_policy == "drop":
-                self.chunks_dropped += 1
-            else:
-                self._send_blocking(chunk.policy, meta, chunk.arrays, start)
+        self.samples[chunk.policy].send(
+            {"actor": self.index, "episode_returns": chunk.episode_returns}, chunk.arrays)
         self.time_send += time.perf_counter() - start
-
-    def _send_blocking(self, p: int, meta: dict, chunk: dict[str, np.ndarray],
-                       start: float) -> None:
-        """Send to policy `p`'s learner (or replay servers), waiting (and heartbeating)
-        while its stream is full."""
-        socket, next_log = self.samples[p], start + SEND_WAIT_LOG_S
-        self._blocked = (f"the sample stream of policy '{self.policies[p]}' (full: the "
-                         f"{self.destination} cannot take more now)", time.time())
-        try:
-            while not self.stopping:
-                if socket.poll(POLL_MS, zmq.POLLOUT):
-                    try:
-                        send(socket, "samples", meta, chunk, flags=zmq.NOBLOCK)
-                        self.chunks_sent += 1
-                        return
-                    except zmq.Again:
-                        continue
-                self.heartbeat()
-                if time.perf_counter() > next_log:
-                    self.log.info("waiting %.0fs on the %s: sample stream full",
-                                  time.perf_counter() - start, self.destination)
-                    next_log += SEND_WAIT_LOG_S
-        finally:
-            self._blocked = None
 
     def waiting(self) -> tuple[str, float] | None:
         """A blocked send, else the oldest unanswered inference request."""
-        if self._blocked is not None:
-            return self._blocked
+        blocked = [sender for sender in self.samples
+                   if sender is not None and sender.blocked_since is not None]
+        if blocked:
+            return (f"the sample stream to the {blocked[0].destination} (full: it cannot "
+                    "take more now)", blocked[0].blocked_since)
         pending = self.core.oldest_pending() if self.core is not None else None
         if pending is None:
             return super().waiting()
@@ -236,8 +245,12 @@ class ActorWorker(Worker):
     def counters(self) -> dict[str, float]:
         core = self.core.counters() if self.core is not None else \
             dict.fromkeys(ActorCore.COUNTERS, 0)
-        return {**core, "chunks_sent": self.chunks_sent, "chunks_dropped": self.chunks_dropped,
-                "time_wait": self.time_wait, "time_send": self.time_send}
+        senders = [sender for sender in self.samples if sender is not None]
+        owned = [*(s.outbox for s in senders), *self.outboxes]
+        return {**core, "chunks_sent": sum(s.sent for s in senders),
+                "chunks_dropped": sum(s.dropped for s in senders),
+                "time_wait": self.time_wait, "time_send": self.time_send,
+                "shm_mib": sum(o.nbytes for o in owned if o is not None) / 2**20}
 
     def stats_arrays(self) -> dict[str, np.ndarray]:
         return self.core.episode_arrays() if self.core is not None else super().stats_arrays()
@@ -245,6 +258,11 @@ class ActorWorker(Worker):
     def close(self) -> None:
         if self.core is not None:
             self.core.close()
-        for socket in [*self.inference, *self.samples]:
-            if socket is not None:
-                socket.close()
+        for sender in self.samples:
+            if sender is not None:
+                sender.close()
+        for outbox in self.outboxes:
+            if outbox is not None:
+                outbox.close()
+        for socket in self.inference:
+            socket.close()

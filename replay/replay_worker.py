@@ -24,6 +24,7 @@ from typing import NamedTuple
 import numpy as np
 import zmq
 
+from actors.actor_core import MAX_SENT_RETURNS
 from actors.envs import policy_spec
 from replay.buffer import ReplayBuffer
 from replay.rate_limiter import RateLimiter, error_buffer
@@ -31,6 +32,9 @@ from srl_jax.config.schema import DEFAULT_POLICY, ExperimentConfig
 from srl_jax.core.chunk_spec import chunk_error, run_chunk_layout
 from srl_jax.core.memory import resident_mib
 from srl_jax.core.names import NameService
+from srl_jax.core.shm.attach import open_inbox
+from srl_jax.core.shm.channels import Inbox
+from srl_jax.core.shm.stream_layouts import chunk_slot_layout
 from srl_jax.core.stream_table import INSERTS, REPLAY
 from srl_jax.core.streams import receive, send
 from srl_jax.core.worker_base import Worker
@@ -96,9 +100,13 @@ class ReplayWorker(Worker):
         self._insert_blocked_since: float | None = None
         self._last_notice = 0.0
         self.pull: zmq.Socket | None = None
+        self.inbox: Inbox | None = None
+        """Inserts of actors on this host, through shared memory (srl_jax/core/shm/)."""
         self.router: zmq.Socket | None = None
 
     def setup(self) -> None:
+        self.inbox = open_inbox(self, INSERTS, [chunk_slot_layout(self.layout, MAX_SENT_RETURNS)],
+                                self.config.actors.send_queue)
         self.pull = self.socket(INSERTS, hwm=self.config.actors.send_queue)
         self.router = self.socket(REPLAY)
         self.poller = zmq.Poller()
@@ -111,10 +119,14 @@ class ReplayWorker(Worker):
         can_insert = self.limiter.can_insert()
         self._note_insert_wait(can_insert)
         self.poller.register(self.pull, zmq.POLLIN if can_insert else 0)  # 0: unregister
-        events = dict(self.poller.poll(0 if self._servable() else POLL_MS))
+        if self.inbox is not None:
+            self.poller.register(self.inbox, zmq.POLLIN if can_insert else 0)
+        shm_waiting = self.inbox is not None and self.inbox.pending
+        events = dict(self.poller.poll(0 if self._servable() or shm_waiting else POLL_MS))
         if self.router in events:
             self._take_requests()
-        if can_insert and self.pull in events:
+        if can_insert and (self.pull in events or shm_waiting or (
+                self.inbox is not None and self.inbox.fileno() in events)):
             self._take_inserts()
         self._serve()
 
@@ -134,7 +146,8 @@ class ReplayWorker(Worker):
         for _ in range(MAX_DRAIN):
             if not self.limiter.can_insert():
                 break
-            received = receive(self.pull, INSERTS.binder_receives, self.rejects)
+            received = self.inbox.receive(copy=True) if self.inbox is not None else None
+            received = received or receive(self.pull, INSERTS.binder_receives, self.rejects)
             if received is None:
                 break
             arrays = received[1].arrays
@@ -239,6 +252,8 @@ class ReplayWorker(Worker):
         }
 
     def close(self) -> None:
+        if self.inbox is not None:
+            self.inbox.close()
         for socket in (self.pull, self.router):
             if socket is not None:
                 socket.close()

@@ -46,8 +46,12 @@ from learners.workers.pool_runner import PoolRunner, PoolSubscriber, follow
 from srl_jax.config.schema import DEFAULT_POLICY, ExperimentConfig
 from srl_jax.core.env_spec import EnvSpec
 from srl_jax.core.names import NameService
+from srl_jax.core.shm.attach import open_inbox
+from srl_jax.core.shm.channels import Inbox, Route
+from srl_jax.core.shm.stream_layouts import reply_layout, request_layout
 from srl_jax.core.stream_table import INFERENCE
 from srl_jax.core.streams import receive, send
+from srl_jax.core.wire import Message
 from srl_jax.core.worker_base import Worker
 
 POLL_MS = 100
@@ -57,7 +61,8 @@ RunnerFactory = Callable[[ExperimentConfig, EnvSpec, int, int, int], PolicyRunne
 
 
 class Request(NamedTuple):
-    routing: list[bytes]
+    routing: list[bytes] | Route
+    """The ROUTER's routing frames, or where in shared memory it came from."""
     meta: dict
     obs: np.ndarray
     state: np.ndarray
@@ -86,6 +91,9 @@ class InferenceServer(Worker):
         self.runner: PolicyRunner | None = None
         self.router: zmq.Socket | None = None
         """Where the ROUTER socket listens, once `setup` has bound it."""
+        self.inbox: Inbox | None = None
+        """Requests of actors on this host, through shared memory (srl_jax/core/shm/)."""
+        self.shm_requests = 0
         self.params: ParamSubscriber | PoolSubscriber | None = None
         """None for a frozen policy without an opponent pool: it acts with version 0."""
         self.pool: PoolRunner | None = None
@@ -110,19 +118,42 @@ class InferenceServer(Worker):
                 self.config, spec, self.incarnation.seed(self.config.seed + 1000 + self.index),
                 cfg.min_padded_batch, cfg.max_batch)
             self.runner.compile()
+        self.inbox = open_inbox(self, INFERENCE, [request_layout(self.config, spec),
+                                                  reply_layout(self.config, spec)],
+                                max_slots=2 * self.config.actors.splits)
         self.router = self.socket(INFERENCE, hwm=cfg.request_queue)
         self.pool, self.params = follow(self, self.runner)
         self.poller.register(self.router, zmq.POLLIN)
+        self.requests_in = zmq.Poller()
+        """The request sources: the ROUTER, and the doorbell of the shared-memory ones."""
+        self.requests_in.register(self.router, zmq.POLLIN)
+        if self.inbox is not None:
+            self.poller.register(self.inbox, zmq.POLLIN)
+            self.requests_in.register(self.inbox, zmq.POLLIN)
         if self.params is not None:
             self.poller.register(self.params.socket, zmq.POLLIN)
 
     def run_once(self) -> None:
         # A held request is served now, with what else comes within max_wait.
-        events = dict(self.poller.poll(0 if self._held else POLL_MS))
+        ready = self._held or (self.inbox is not None and self.inbox.pending)
+        events = dict(self.poller.poll(0 if ready else POLL_MS))
         if self.params is not None and self.params.socket in events:
             self.params.poll()
-        if self.router in events or self._held:
+        if ready or self.router in events or (
+                self.inbox is not None and self.inbox.fileno() in events):
             self._serve()
+
+    def _receive(self) -> tuple[list[bytes] | Route, Message] | None:
+        """The next request: shared memory's first, then the ROUTER's."""
+        if self.inbox is not None and (received := self.inbox.receive()) is not None:
+            self.shm_requests += 1
+            return received
+        return receive(self.router, INFERENCE.binder_receives, self.rejects, envelope=1)
+
+    def _wait(self, timeout_ms: int) -> bool:
+        """Whether a request is waiting, after up to `timeout_ms`."""
+        return (self.inbox is not None and self.inbox.pending) or \
+            bool(self.requests_in.poll(timeout_ms))
 
     def _gather(self) -> list[Request]:
         """Whole requests, the held one first, until the next would overflow max_batch
@@ -134,17 +165,17 @@ class InferenceServer(Worker):
         self._held = None
         deadline = None
         while rows < cfg.max_batch:
-            received = receive(self.router, INFERENCE.binder_receives, self.rejects, envelope=1)
+            received = self._receive()
             if received is None:
                 if not pending:
-                    if self.router.poll(0) == 0:
+                    if not self._wait(0):
                         return pending
                     continue
                 deadline = deadline or time.perf_counter() + cfg.max_wait_ms / 1000
                 remaining_ms = (deadline - time.perf_counter()) * 1000
                 # zmq polls in whole milliseconds and truncates: round up, or a wait
                 # under 1 ms (the default max_wait_ms) would never wait at all.
-                if remaining_ms <= 0 or self.router.poll(math.ceil(remaining_ms)) == 0:
+                if remaining_ms <= 0 or not self._wait(math.ceil(remaining_ms)):
                     break
                 continue
             routing, message = received
@@ -159,7 +190,7 @@ class InferenceServer(Worker):
             rows += obs.shape[0]
         return pending
 
-    def _checked(self, routing: list[bytes], meta: dict,
+    def _checked(self, routing: list[bytes] | Route, meta: dict,
                  arrays: dict[str, np.ndarray]) -> Request | None:
         """The request, if its observations and state fit the policy; else None, counted
         in `rejects`."""
@@ -222,8 +253,11 @@ class InferenceServer(Worker):
                               "version": version, "batch_rows": rows}
                 if self.pool is not None:
                     reply_meta["pool"] = self.pool.versions
-                send(self.router, "infer_reply", reply_meta,
-                     {name: out[part] for name, out in outputs.items()}, routing=routing)
+                reply = {name: out[part] for name, out in outputs.items()}
+                if type(routing) is Route:
+                    self.inbox.reply(routing, reply_meta, reply)
+                else:
+                    send(self.router, "infer_reply", reply_meta, reply, routing=routing)
 
     def waiting(self) -> tuple[str, float] | None:
         """Requests from actors (the time since the last batch it served)."""
@@ -237,10 +271,14 @@ class InferenceServer(Worker):
             "padded_rows": self.padded_rows, "time_compute": self.time_compute,
             "param_updates": self.runner.updates if self.runner else 0,
             "policy_version": self.runner.version if self.runner else 0,
+            "shm_requests": self.shm_requests,
+            "shm_stale": self.inbox.stale if self.inbox is not None else 0,
             **device_memory_counters(),
         }
 
     def close(self) -> None:
+        if self.inbox is not None:
+            self.inbox.close()
         if self.router is not None:
             self.router.close()
         if self.params is not None:

@@ -15,6 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
+from actors.actor_core import MAX_SENT_RETURNS
 from learners.training.sample_queue import SampleQueue
 from learners.workers.replay_intake import ReplayIntake
 from learners.workers.sample_intake import SampleIntake
@@ -22,6 +23,8 @@ from srl_jax.config.algorithms import algorithm, algorithm_config, chunk_stream
 from srl_jax.core.chunk_spec import run_chunk_layout
 from srl_jax.core.env_spec import EnvSpec
 from srl_jax.core.replay_spec import replay_layout
+from srl_jax.core.shm.attach import open_inbox
+from srl_jax.core.shm.stream_layouts import chunk_slot_layout
 from srl_jax.core.stream_table import REPLAY, SAMPLES
 from srl_jax.core.worker_base import Worker
 
@@ -71,11 +74,13 @@ def open_intake(worker: Worker, spec: EnvSpec, local_envs: int, process_index: i
     config = worker.config
     cfg = config.learner
     if chunk_stream(config) is SAMPLES:
+        layout = run_chunk_layout(config, spec)
+        inbox = open_inbox(worker, SAMPLES, [chunk_slot_layout(layout, MAX_SENT_RETURNS)],
+                           config.actors.send_queue)
         return SampleIntake(worker.socket(SAMPLES, hwm=cfg.sample_queue),
-                            SAMPLES.key(worker.policy, worker.index),
-                            run_chunk_layout(config, spec),
+                            SAMPLES.key(worker.policy, worker.index), layout,
                             SampleQueue(cfg.sample_queue, local_envs, cfg.staleness_cap),
-                            worker.rejects)
+                            worker.rejects, inbox)
     servers = config.replay.count
     sockets = [worker.socket(REPLAY, index=i) for i in range(servers)]
     keys = [REPLAY.key(worker.policy, i) for i in range(servers)]

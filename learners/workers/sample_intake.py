@@ -17,8 +17,10 @@ import zmq
 
 from learners.training.sample_queue import SampleQueue
 from srl_jax.core.chunk_spec import Layout, chunk_error
+from srl_jax.core.shm.channels import Inbox
 from srl_jax.core.stream_table import SAMPLES
 from srl_jax.core.streams import RejectCounter, receive
+from srl_jax.core.wire import Message
 
 MAX_DRAIN = 256
 """Chunks taken off the socket per turn at most."""
@@ -33,9 +35,15 @@ class SampleIntake:
     """The versions that acted each step: the learner's policy lag."""
 
     def __init__(self, socket: zmq.Socket, key: str, layout: Layout, queue: SampleQueue,
-                 rejects: RejectCounter) -> None:
-        """`socket`: bound under `key` on the sample stream."""
+                 rejects: RejectCounter, inbox: Inbox | None = None) -> None:
+        """`socket`: bound under `key` on the sample stream; `inbox`: its shared-memory
+        end, for actors on this host (srl_jax/core/shm/)."""
         self.socket = socket
+        self.inbox = inbox
+        self.poller = zmq.Poller()
+        self.poller.register(socket, zmq.POLLIN)
+        if inbox is not None:
+            self.poller.register(inbox, zmq.POLLIN)
         self.key = key
         self.layout = layout
         self.queue = queue
@@ -48,13 +56,21 @@ class SampleIntake:
     def pump(self, timeout_ms: int, version: int) -> None:
         """Wait up to `timeout_ms` for chunks, then take what the socket holds (up to
         MAX_DRAIN chunks) into the queue, as received by the learner at `version`."""
-        if not self.socket.poll(timeout_ms):
+        if not (self.inbox is not None and self.inbox.pending) and \
+                not self.poller.poll(timeout_ms):
             return
         for _ in range(MAX_DRAIN):
-            received = receive(self.socket, SAMPLES.binder_receives, self.rejects)
-            if received is None:
+            message = self._receive()
+            if message is None:
                 return
-            self.take(received[1].arrays, received[1].meta, version)
+            self.take(message.arrays, message.meta, version)
+
+    def _receive(self) -> Message | None:
+        """The next chunk: shared memory's first (copied out), then the socket's."""
+        if self.inbox is not None and (received := self.inbox.receive(copy=True)) is not None:
+            return received[1]
+        received = receive(self.socket, SAMPLES.binder_receives, self.rejects)
+        return None if received is None else received[1]
 
     def take(self, arrays: dict[str, np.ndarray], meta: dict[str, Any], version: int) -> None:
         """One chunk and its metadata, as received while the learner is at `version`."""
@@ -112,4 +128,6 @@ class SampleIntake:
         self.recent_returns.extend(recent_returns)
 
     def close(self) -> None:
+        if self.inbox is not None:
+            self.inbox.close()
         self.socket.close()

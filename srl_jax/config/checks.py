@@ -276,6 +276,9 @@ def check_runtime(config: ExperimentConfig) -> None:
     require(runtime.stall_timeout_s >= 0, "'runtime.stall_timeout_s' must not be negative")
     require(runtime.busy_timeout_s >= 0, "'runtime.busy_timeout_s' must not be negative")
     require(bool(config.transport.bind_host), "'transport.bind_host' must not be empty")
+    require(config.transport.shared_memory in ("auto", "on", "off"),
+            f"'transport.shared_memory' must be auto, on or off, got "
+            f"{config.transport.shared_memory!r}")
     require(runtime.names in NAME_SERVICES,
             f"'runtime.names': unknown '{runtime.names}' (known: {', '.join(NAME_SERVICES)})")
     coordinator = config.learner.coordinator_address.rpartition(":")[0]

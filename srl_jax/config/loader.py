@@ -56,6 +56,14 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
             except ConfigError as error:
                 errors.append(error)
         raise errors[0]
+    if origin is typing.Literal:
+        choices = typing.get_args(tp)
+        if isinstance(value, bool) and {"on", "off"} <= set(choices):
+            value = "on" if value else "off"  # YAML 1.1 reads a bare on/off as a bool
+        if value in choices:
+            return value
+        raise ConfigError(f"'{key}' must be one of {', '.join(map(str, choices))}, "
+                          f"got {value!r}")
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"'{key}' must be a mapping, got {value!r}")

@@ -5,6 +5,7 @@ into `ExperimentConfig`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 
 @dataclass
@@ -48,6 +49,10 @@ class TransportConfig:
     and a local Ray instance with token authentication turned off (RAY_AUTH_MODE=disabled).
     false: the coordinator binds loopback, and a config that would need it off loopback
     is refused (only on a network you trust)."""
+    shared_memory: Literal["auto", "on", "off"] = "auto"
+    """Inference requests, samples and inserts between workers of one host go through
+    shared memory (/dev/shm) instead of ZeroMQ: auto (wherever they share a host and it
+    has /dev/shm), on (as auto; a host without it is an error), off (ZeroMQ everywhere)."""
 
 
 def _one_cpu() -> dict[str, float]:

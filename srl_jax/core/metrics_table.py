@@ -166,6 +166,9 @@ ACTOR = (
             (Row("actor/time_wait_frac", Shown.SHARE),)),
     Counter("time_send", "s", _SUM, "time sending chunks",
             (Row("actor/time_send_frac", Shown.SHARE),)),
+    Counter("shm_mib", "MiB", _LEVEL, "shared memory of its slot files (requests, replies "
+            "and chunks to workers of its host; 0 where ZeroMQ carries them)",
+            (Row("actor/shm_mib", digits=2),)),
 )
 INFERENCE = (
     Counter("requests", "requests", _SUM, "observation requests answered",
@@ -179,6 +182,10 @@ INFERENCE = (
             (Row("inference/time_compute_frac", Shown.SHARE),)),
     Counter("param_updates", "updates", _SUM, "parameter versions taken"),
     Counter("policy_version", "version", _MAX, "the parameter version it acts with"),
+    Counter("shm_requests", "requests", _SUM, "requests that came through shared memory",
+            (Row("inference/shm_frac", Shown.RATIO, over="requests"),)),
+    Counter("shm_stale", "requests", _SUM, "shared-memory requests dropped: sent again "
+            "meanwhile, or their actor gone"),
     *device_memory("inference"),
 )
 LEARNER = (

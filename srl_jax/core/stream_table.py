@@ -61,6 +61,7 @@ from srl_jax.config.schema import DEFAULT_POLICY
 from srl_jax.core.names import policy_key
 
 KEY_PREFIX = "port."
+BELL_SUFFIX = ".shm"
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,10 @@ class Stream:
     """The connecting side queues messages only on finished connections (ZMQ_IMMEDIATE):
     a request waits for no binder that is not up, and with none up a send raises
     `zmq.Again` instead of parking the message."""
+    same_host: bool = False
+    """Between workers of one host it can go through shared memory instead
+    (srl_jax/core/shm/, `transport.shared_memory`); its binders register a doorbell under
+    `bell_key`."""
 
     @property
     def kinds(self) -> frozenset[str]:
@@ -113,18 +118,22 @@ class Stream:
         key = KEY_PREFIX + self.name + ("" if index is None else f".{index}")
         return policy_key(policy, key)
 
+    def bell_key(self, policy: str = DEFAULT_POLICY, index: int | None = None) -> str:
+        """The key of binder `index`'s shared-memory doorbell (`same_host` streams)."""
+        return self.key(policy, index) + BELL_SUFFIX
+
 
 SAMPLES = Stream(
     name="samples", binder="learner", connecters=("actor",),
     bind_type=zmq.PULL, connect_type=zmq.PUSH,
     binder_receives=frozenset({"samples"}), connecter_receives=frozenset(),
-    per_policy=True, indexed=True,
+    per_policy=True, indexed=True, same_host=True,
     doc="Chunks of trajectories; an actor spreads its chunks over every learner process.")
 INFERENCE = Stream(
     name="inference", binder="inference", connecters=("actor",),
     bind_type=zmq.ROUTER, connect_type=zmq.DEALER,
     binder_receives=frozenset({"infer_request"}), connecter_receives=frozenset({"infer_reply"}),
-    per_policy=True, indexed=True,
+    per_policy=True, indexed=True, same_host=True,
     doc="Observations to a policy's servers (spread over all of them), actions back to the "
         "asking actor.",
     connect_immediate=True)
@@ -132,7 +141,7 @@ INSERTS = Stream(
     name="inserts", binder="replay", connecters=("actor",),
     bind_type=zmq.PULL, connect_type=zmq.PUSH,
     binder_receives=frozenset({"samples"}), connecter_receives=frozenset(),
-    per_policy=True, indexed=True,
+    per_policy=True, indexed=True, same_host=True,
     doc="Chunks of trajectories to a policy's replay servers (off-policy algorithms); an "
         "actor spreads its chunks over all of them. While a server's rate limiter holds "
         "inserts back, the actors' sends block (or drop) after a few chunks.",

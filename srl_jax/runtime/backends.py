@@ -11,6 +11,7 @@ place a host for each worker on a node, which runs the same command there.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import subprocess
@@ -22,8 +23,12 @@ from typing import Any, Protocol
 
 from srl_jax.config.schema import DEFAULT_POLICY
 from srl_jax.core.names import FileNameService, NameService, worker_name
+from srl_jax.core.shm import place as shm_place
+from srl_jax.core.shm.place import OWNER_ENV
 from srl_jax.core.worker_kinds import PARENT_ENV
 from srl_jax.runtime.name_server import NAMES_ENV
+
+log = logging.getLogger(__name__)
 
 APART_ENV = "SRL_JAX_APART"
 """For tests and drills of hosts that share no disk, on one machine: point it at a
@@ -87,15 +92,19 @@ def worker_args(kind: str, index: int, run_dir: Path, policy: str) -> list[str]:
             "--policy", policy]
 
 
-def spawn_worker(args: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen:
+def spawn_worker(args: list[str], env: dict[str, str], log_path: Path,
+                 owns_shared_memory: bool = False) -> subprocess.Popen:
     """Start `python args...` in its own session, appending its output to `log_path`
-    (made where missing: a host that shares no run directory has none)."""
+    (made where missing: a host that shares no run directory has none).
+    `owns_shared_memory`: this process owns the worker's shared memory and removes it
+    (srl_jax/core/shm/place.py)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    own = {OWNER_ENV: str(os.getpid())} if owns_shared_memory else {}
     with open(log_path, "ab") as log_file:
         return subprocess.Popen(
             [sys.executable, *args], stdin=subprocess.DEVNULL, stdout=log_file,
             stderr=subprocess.STDOUT,
-            env={**env, "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())},
+            env={**env, "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid()), **own},
             start_new_session=True)
 
 
@@ -108,9 +117,13 @@ def apart_folder(name: str, env: Mapping[str, str]) -> Path | None:
 
 
 class LocalBackend:
-    """One process per worker on this machine; logs to `<run_dir>/logs/<worker>.log`."""
+    """One process per worker on this machine; logs to `<run_dir>/logs/<worker>.log`.
+    It owns their shared memory: it removes what runs gone before it left, and its own
+    when it closes (srl_jax/core/shm/place.py)."""
 
     def __init__(self, run_dir: Path) -> None:
+        for path in shm_place.sweep_stale():
+            log.info("removed shared memory of an earlier run: %s", path)
         self.run_dir = Path(run_dir)
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         self._names = FileNameService(self.run_dir / "names")
@@ -127,7 +140,8 @@ class LocalBackend:
         run_dir, log_path = self.run_dir, self.run_dir / "logs" / f"{name}.log"
         if (apart := apart_folder(name, env)) is not None:
             run_dir, log_path = apart / "scratch", apart / "launcher.log"
-        process = spawn_worker(worker_args(kind, index, run_dir, policy), env, log_path)
+        process = spawn_worker(worker_args(kind, index, run_dir, policy), env, log_path,
+                               owns_shared_memory=True)
         return WorkerHandle(kind, index, process.pid, socket.gethostname(), process, policy)
 
     def placement_wait(self, kind: str) -> str:
@@ -145,4 +159,5 @@ class LocalBackend:
                 os.kill(handle.pid, sig)
 
     def close(self) -> None:
-        """Nothing held: every worker process has been waited for."""
+        """Every worker process has been waited for: their shared memory goes."""
+        shm_place.remove_own()

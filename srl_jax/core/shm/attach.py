@@ -1,0 +1,99 @@
+"""A worker's ends of the same-host streams: when to use shared memory, and opening it.
+
+`transport.shared_memory`: `auto` uses it wherever binder and connecter were started by
+one owner (srl_jax/core/shm/place.py: the controller of a local run), which is what
+sharing a host means here; `off` never; `on` as auto, and a host without
+shared memory (/dev/shm and /proc) is then an error instead of a fallback. A binder
+registers its doorbell under `Stream.bell_key` before it binds its ZMQ socket, so a
+connecter that found every binder's socket finds their doorbells too; it writes to
+them only if every binder of the stream shares its owner (else ZeroMQ carries all of
+it: the binders elsewhere would never see a chunk rung here). Workers whose launch
+backend names no owner (Ray's, a cluster's, or started by hand) use ZeroMQ.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from srl_jax.core.shm import place
+from srl_jax.core.shm.channels import Inbox, Outbox
+from srl_jax.core.shm.layout import SlotLayout
+from srl_jax.core.stream_table import INFERENCE, Stream
+from srl_jax.core.worker_kinds import worker_kind
+
+log = logging.getLogger(__name__)
+SCHEME = "shm://"
+
+
+class SharedMemoryUnavailable(RuntimeError):
+    """`transport.shared_memory: on` on a host without it."""
+
+
+def owner_directory(mode: str, create: bool) -> Path | None:
+    """This worker's owner's directory, or None where shared memory is not used."""
+    owner = os.environ.get(place.OWNER_ENV)
+    if mode == "off" or not owner:
+        return None
+    if not place.available():
+        if mode == "on":
+            raise SharedMemoryUnavailable("'transport.shared_memory: on' on a host without "
+                                          "/dev/shm and /proc; set it to auto or off")
+        return None
+    return place.make_owner_dir(int(owner)) if create else place.owner_dir(int(owner))
+
+
+def stream_stem(directory: Path, stream: Stream, policy: str) -> Path:
+    """What the files of `policy`'s `stream` are named after."""
+    return directory / f"{stream.name}.{policy.encode().hex()}"
+
+
+def bell_path(stem: Path, stream: Stream, index: int) -> Path:
+    """Binder `index`'s doorbell; the inference servers of a policy share one, which
+    spreads requests to whichever is free (samples and inserts go round the binders)."""
+    return Path(f"{stem}.bell" if stream is INFERENCE else f"{stem}.{index}.bell")
+
+
+def open_inbox(worker: Any, stream: Stream, layouts: list[SlotLayout], max_slots: int,
+               policy: str | None = None) -> Inbox | None:
+    """The binder's end of `stream`, its doorbell registered under the stream's bell key
+    (call before binding the ZMQ socket); None where shared memory is not used."""
+    policy = worker.policy if policy is None else policy
+    directory = owner_directory(worker.config.transport.shared_memory, create=True)
+    if directory is None:
+        return None
+    stem = stream_stem(directory, stream, policy)
+    bell = bell_path(stem, stream, worker.index)
+    inbox = Inbox(bell, stem, layouts, max_slots, worker.rejects)
+    worker.names.register(stream.bell_key(policy, worker.index), SCHEME + str(bell))
+    return inbox
+
+
+def open_outbox(worker: Any, stream: Stream, slots: int, layout: SlotLayout,
+                reply_layout: SlotLayout | None = None, policy: str | None = None
+                ) -> Outbox | None:
+    """The connecter's end of `stream` (call once its ZMQ socket found every binder), or
+    None: shared memory is not used, or some binder does not share this worker's owner."""
+    policy = worker.policy if policy is None else policy
+    directory = owner_directory(worker.config.transport.shared_memory, create=False)
+    if directory is None:
+        return None
+    stem = stream_stem(directory, stream, policy)
+    bells = sorted({bell_path(stem, stream, index)
+                    for index in range(worker_kind(stream.binder).count(worker.config))})
+    registered = {worker.names.get(stream.bell_key(policy, index))
+                  for index in range(worker_kind(stream.binder).count(worker.config))}
+    if registered != {SCHEME + str(bell) for bell in bells}:
+        return None
+    try:
+        return Outbox(stem, bells, slots, layout, reply_layout,
+                      reclaim_after_s=worker.config.runtime.heartbeat_timeout_s)
+    except OSError as error:
+        if worker.config.transport.shared_memory == "on":
+            raise SharedMemoryUnavailable(f"shared memory for the {stream.name} stream: "
+                                          f"{error}") from None
+        log.warning("no shared memory for the %s stream (%s): ZeroMQ carries it", stream.name,
+                    error)
+        return None

@@ -1,0 +1,249 @@
+"""Both ends of a same-host stream: the connecter's `Outbox` (its slot file, the binder's
+doorbell, its own reply doorbell) and the binder's `Inbox` (its doorbell, the peers'
+slot files it maps on first sight). A malformed message is counted in the
+receiver's `RejectCounter` and dropped, like one off a socket.
+
+Requests and replies (the inference stream): the actor writes a request into its slot
+(two per split, alternating, so that a request sent again never overwrites one a
+server may be reading) and rings; a server answers into the same slot of the file's
+reply area and rings the actor's reply doorbell. Chunks (the samples and inserts
+streams): a ring of slots, each FULL until a binder has copied its chunk out.
+Messages sit in their slots in a fixed layout (srl_jax/core/shm/layout.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from srl_jax.core.shm.bell import Bell, Ringer
+from srl_jax.core.shm.layout import SlotLayout
+from srl_jax.core.shm.place import alive, sweep_dead_peers
+from srl_jax.core.shm.slot_file import FREE, FULL, TAKEN, SlotFile
+from srl_jax.core.streams import RejectCounter
+from srl_jax.core.wire import Message, WireError
+
+SENT, REPLIES = 0, 1
+"""The areas of a slot file: what the connecter writes, what the binder answers."""
+MAX_PEERS_BEFORE_PRUNE = 64
+
+
+def _copied(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {name: array.copy() for name, array in arrays.items()}
+
+
+def peer_path(stem: Path, pid: int, suffix: str) -> Path:
+    """A connecter's file of the stream and policy `stem` names: `<stem>.<pid>.<suffix>`."""
+    return stem.parent / f"{stem.name}.{pid}.{suffix}"
+
+
+class Outbox:
+    """A connecter's slots on one stream (its files named after `stem`), rung on the
+    doorbells `bells`: in turn, the next one where one has no reader (a PUSH socket's
+    spreading)."""
+
+    def __init__(self, stem: Path, bells: list[Path], slots: int, layout: SlotLayout,
+                 reply_layout: SlotLayout | None = None, reclaim_after_s: float = 60.0) -> None:
+        sweep_dead_peers(stem.parent)
+        self.pid = os.getpid()
+        areas = [(slots, layout)] + ([(slots, reply_layout)] if reply_layout else [])
+        self.file = SlotFile.create(peer_path(stem, self.pid, "slots"), areas)
+        self.replies = Bell(peer_path(stem, self.pid, "reply")) if reply_layout else None
+        self.ringers = [Ringer(bell) for bell in bells]
+        self._turn = 0
+        self.slots = slots
+        self.reclaim_after_s = reclaim_after_s
+        self._stamps = itertools.count(1)
+        self._sent_at = [0.0] * slots
+
+    @property
+    def nbytes(self) -> int:
+        return self.file.nbytes
+
+    def fileno(self) -> int:
+        """The reply doorbell (for a `zmq.Poller`)."""
+        return self.replies.fileno()
+
+    def send(self, slot: int, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> bool:
+        """Write a message into `slot` and ring; False if no binder reads the bell now or
+        it is full (the slot is withdrawn: the message is not sent)."""
+        stamp = next(self._stamps)
+        self.file.set_stamp(SENT, slot, 0)
+        self.file.views[SENT].write(slot, meta, arrays)
+        self.file.set_state(SENT, slot, FULL)
+        self.file.set_stamp(SENT, slot, stamp)
+        for _ in self.ringers:
+            ringer = self.ringers[self._turn]
+            self._turn = (self._turn + 1) % len(self.ringers)
+            if ringer.ring(self.pid, slot, stamp):
+                self._sent_at[slot] = time.monotonic()
+                return True
+        self.file.set_stamp(SENT, slot, 0)
+        self.file.set_state(SENT, slot, FREE)
+        return False
+
+    def free_slot(self) -> int | None:
+        """A slot of the ring free to write (None: every one still holds a chunk): free
+        ones, and those of a reader that died holding them or left unread for
+        `reclaim_after_s` (their doorbell records, if still queued, then read as stale)."""
+        now = time.monotonic()
+        for slot in range(self.slots):
+            state, reader = self.file.state(SENT, slot)
+            if state == FREE or (state == TAKEN and not alive(reader)) or (
+                    state == FULL and now - self._sent_at[slot] > self.reclaim_after_s):
+                return slot
+        return None
+
+    def receive(self, rejects: RejectCounter) -> Message | None:
+        """The next reply (arrays copied out of its slot), or None if none is waiting."""
+        while (record := self.replies.next()) is not None:
+            _, slot, stamp = record
+            if not 0 <= slot < self.slots or self.file.stamp(REPLIES, slot) != stamp:
+                continue
+            try:
+                meta, arrays = self.file.views[REPLIES].read(slot)
+            except WireError as error:
+                rejects.reject(error)
+                continue
+            arrays = _copied(arrays)
+            if self.file.stamp(REPLIES, slot) == stamp:
+                return Message(self.file.views[REPLIES].layout.kind, meta, arrays)
+        return None
+
+    def close(self) -> None:
+        for ringer in self.ringers:
+            ringer.close()
+        if self.replies is not None:
+            self.replies.close()
+            self.replies.path.unlink(missing_ok=True)
+        self.file.close(unlink=True)
+
+
+class _Peer:
+    """A connecter's mapped file and, for replies, its doorbell."""
+
+    def __init__(self, pid: int, file: SlotFile, reply: Path) -> None:
+        self.pid = pid
+        self.file = file
+        self.ringer = Ringer(reply)
+
+
+class Route(NamedTuple):
+    """Where a message came from, to answer it (`Inbox.reply`)."""
+
+    peer: _Peer
+    slot: int
+    stamp: int
+
+
+class Inbox:
+    """A binder's side of one same-host stream: its doorbell and its peers' slots."""
+
+    def __init__(self, bell: Path, stem: Path, layouts: list[SlotLayout], max_slots: int,
+                 rejects: RejectCounter) -> None:
+        """`stem`: names the connecters' files (`Outbox`); `layouts`: what connecters
+        send and, for a request stream, what it answers."""
+        self.bell = Bell(bell)
+        self.stem = stem
+        self.layouts = layouts
+        self.max_slots = max_slots
+        self.rejects = rejects
+        self.pid = os.getpid()
+        self.peers: dict[int, _Peer] = {}
+        self.stale = 0
+        """Records whose slot no longer held their message (sent again, or given up)."""
+        self.lost_replies = 0
+        """Replies to a connecter that is gone."""
+
+    def fileno(self) -> int:
+        return self.bell.fileno()
+
+    @property
+    def pending(self) -> bool:
+        return self.bell.pending
+
+    def _peer(self, pid: int) -> _Peer | None:
+        peer = self.peers.get(pid)
+        if peer is None:
+            try:
+                file = SlotFile.open(peer_path(self.stem, pid, "slots"), self.layouts,
+                                     self.max_slots)
+            except FileNotFoundError:
+                return None
+            except (OSError, WireError) as error:
+                self.rejects.reject(WireError(f"peer slot file: {error}"))
+                return None
+            if len(self.peers) >= MAX_PEERS_BEFORE_PRUNE:
+                self.prune()
+            peer = self.peers[pid] = _Peer(pid, file, peer_path(self.stem, pid, "reply"))
+        return peer
+
+    def prune(self) -> None:
+        """Unmap the files of peers that have exited."""
+        for pid in [pid for pid in self.peers if not alive(pid)]:
+            self._forget(pid)
+
+    def _forget(self, pid: int) -> None:
+        peer = self.peers.pop(pid)
+        peer.ringer.close()
+        peer.file.close()
+
+    def receive(self, copy: bool = False) -> tuple[Route, Message] | None:
+        """The next well-formed message rung for, or None. `copy`: its arrays copied out
+        and its slot given back at once (chunks); else they view the slot, which stays
+        the connecter's until it is answered (requests)."""
+        while (record := self.bell.next()) is not None:
+            pid, slot, stamp = record
+            peer = self._peer(pid)
+            if peer is None or not 0 <= slot < peer.file.counts[SENT] \
+                    or peer.file.stamp(SENT, slot) != stamp:
+                self.stale += 1
+                continue
+            route = Route(peer, slot, stamp)
+            if copy:  # a writer takes back a TAKEN slot only once this process is gone
+                peer.file.set_state(SENT, slot, TAKEN, self.pid)
+            try:
+                meta, arrays = peer.file.views[SENT].read(slot)
+                arrays = _copied(arrays) if copy else arrays
+            except WireError as error:
+                self.rejects.reject(error)
+                meta = None
+            held = self.holds(route)
+            if copy and held:
+                peer.file.set_state(SENT, slot, FREE)
+            if meta is None or not held:
+                self.stale += meta is not None
+                continue
+            return route, Message(self.layouts[SENT].kind, meta, arrays)
+        return None
+
+    def holds(self, route: Route) -> bool:
+        """Whether the slot still holds the message `route` came with."""
+        return route.peer.file.stamp(SENT, route.slot) == route.stamp
+
+    def reply(self, route: Route, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> bool:
+        """Answer into the slot's reply and ring its connecter; False if the request was
+        sent again meanwhile (the answer is dropped) or the connecter is gone."""
+        peer, slot = route.peer, route.slot
+        if not self.holds(route):
+            self.stale += 1
+            return False
+        peer.file.set_stamp(REPLIES, slot, 0)
+        peer.file.views[REPLIES].write(slot, meta, arrays)
+        peer.file.set_stamp(REPLIES, slot, route.stamp)
+        if peer.ringer.ring(self.pid, slot, route.stamp):
+            return True
+        self.lost_replies += 1
+        if not alive(peer.pid) and self.peers.get(peer.pid) is peer:
+            self._forget(peer.pid)
+        return False
+
+    def close(self) -> None:
+        for pid in list(self.peers):
+            self._forget(pid)
+        self.bell.close()
