@@ -189,7 +189,7 @@ def test_an_actor_whose_envs_step_slower_than_its_server_answers_ends_each_turn(
     dealer.connect(f"tcp://127.0.0.1:{server.bind_to_random_port('tcp://127.0.0.1')}")
     actor = ActorWorker(ExperimentConfig(), 0, tmp_path, FileNameService(tmp_path / "names"))
     actor.core = core = SlowEnvCore(server, splits=2)
-    actor.inference, actor.poller = [dealer], zmq.Poller()
+    actor.inference, actor.outboxes, actor.poller = [dealer], [None], zmq.Poller()
     actor.poller.register(dealer, zmq.POLLIN)
     try:
         for split in range(2):
