@@ -98,6 +98,12 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def shm_dirs(owner_pid: int) -> list[Path]:
+    """The shared-memory directories of the workers a controller `owner_pid` started
+    (srl_jax/core/shm/place.py)."""
+    return sorted(Path("/dev/shm").glob(f"srl_jax-{os.getuid()}-{owner_pid}-*"))
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -39,6 +39,7 @@ from tests.conftest import (
     pid_alive,
     read_metrics,
     read_status,
+    shm_dirs,
     wait_for,
     wait_restarted,
     worker,
@@ -171,8 +172,14 @@ def test_workers_that_raise_or_freeze_are_replaced_and_lose_nothing_saved(
         for name, victim in victims.items():
             wait_restarted(run_dir, name, victim, 120, restarts=2)
         trains_on(run_dir, f"training after {' and '.join(names)} were replaced")
+    # Their requests and chunks went through shared memory, and the slots of the actor
+    # killed went with it (its successor removed them).
+    [directory] = shm_dirs(process.pid)
+    slots = [int(path.name.split(".")[-2]) for path in directory.glob("*.slots")]
+    assert len(slots) == 4 and all(pid_alive(pid) for pid in slots), slots  # 2 actors x 2
 
     interrupt(process, tmp_path / "launch.log")
+    assert not shm_dirs(process.pid), "the controller removed its shared memory"
     log = (run_dir / "logs" / "controller.log").read_text()
     for name in frozen:
         assert re.search(rf"no heartbeat from {name} for \d+s; killing it", log), name

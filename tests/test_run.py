@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import signal
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from srl_jax.runtime.backends import LocalBackend
 from tests.conftest import (
     Processes,
     all_running,
@@ -18,6 +20,7 @@ from tests.conftest import (
     pid_alive,
     read_metrics,
     read_status,
+    shm_dirs,
     wait_for,
     worker,
 )
@@ -84,10 +87,16 @@ def test_workers_exit_when_the_controller_is_killed(processes: Processes,
                                                     tmp_path: Path) -> None:
     process, run_dir = launch(processes, tmp_path, "stop.wall_time_s=300", *SMALL_PACED_RUN)
     wait_for(lambda: all_running(run_dir), 90, "all workers running")
+    assert shm_dirs(process.pid), "the workers met through shared memory"
     pids = [w["pid"] for w in read_status(run_dir)["workers"]]
     process.kill()
     process.wait()
     wait_for(lambda: not any(pid_alive(p) for p in pids), 15, "orphaned workers to exit")
+    # The killed controller's shared memory waits for the next run on this host, whose
+    # launch backend removes it when it starts, and its own when it ends.
+    assert shm_dirs(process.pid)
+    LocalBackend(tmp_path / "next").close()
+    assert not shm_dirs(process.pid) and not shm_dirs(os.getpid())
 
 
 def test_config_error_leaves_no_run(tmp_path: Path) -> None:

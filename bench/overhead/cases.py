@@ -21,7 +21,10 @@ OBS_CASES: dict[str, tuple[tuple[int, ...], str]] = {
 
 
 def micro_config(case: dict[str, Any]) -> Any:
-    """The experiment config of one measurement: the null env with the case's observation."""
+    """The experiment config of one measurement: the null env with the case's observation,
+    `splits` request slots per actor, and the same-host transport `shared_memory` says
+    (off: ZeroMQ over loopback TCP)."""
+    from srl_jax.config.operations import TransportConfig
     from srl_jax.config.schema import (
         ActorConfig,
         EnvConfig,
@@ -33,10 +36,12 @@ def micro_config(case: dict[str, Any]) -> Any:
     return ExperimentConfig(
         env=EnvConfig(id=NULL_ENV, kwargs={"obs_shape": list(case["obs_shape"]),
                                            "obs_dtype": case["obs_dtype"]}),
-        actors=ActorConfig(envs=case["envs"], splits=1, trajectory_length=TRAJECTORY),
+        actors=ActorConfig(envs=case["envs"] * case.get("splits", 1),
+                           splits=case.get("splits", 1), trajectory_length=TRAJECTORY),
         inference=InferenceConfig(max_batch=case.get("max_batch", case["envs"]),
                                   min_padded_batch=1),
         # No update runs, so versions never matter: nothing is ever stale. A short
         # queue bounds memory with Atari-sized chunks (15 MB each).
         learner=LearnerConfig(batch_envs=case["envs"] * BATCH_CHUNKS, sample_queue=8,
-                              staleness_cap=10**9, devices=1))
+                              staleness_cap=10**9, devices=1),
+        transport=TransportConfig(shared_memory=case.get("shared_memory", "off")))

@@ -13,12 +13,18 @@ from typing import Any
 import numpy as np
 import zmq
 
+from actors.actor_worker import REQUEST_SLOTS, ActorWorker
 from actors.env_ring import ChunkBuilder, StepResult
 from actors.envs import policy_spec
 from bench.harness.launcher import BenchError
 from bench.overhead.cases import IN_FLIGHT, OBS_CASES, TRAJECTORY, micro_config
 from bench.overhead.shared_slots import SlotSegment, doorbell_path, reply_path
 from bench.overhead.sink import Sink
+from srl_jax.core.names import FileNameService
+from srl_jax.core.shm.attach import SCHEME
+from srl_jax.core.shm.channels import Outbox
+from srl_jax.core.shm.place import OWNER_ENV, remove_own
+from srl_jax.core.shm.stream_layouts import reply_layout, request_layout
 from srl_jax.core.streams import RejectCounter, make_socket, receive, send
 
 
@@ -84,6 +90,96 @@ def request_overhead(sink: Sink, name: str, envs: int, in_flight: int,
         raise BenchError(f"request measurement {case['name']}: {rejects.count} replies "
                          "rejected")
     return _request_figures(case, role, name, int(obs.nbytes), start, end, answered)
+
+
+def shm_request_overhead(sink: Sink, name: str, envs: int, in_flight: int,
+                         seconds: float) -> dict[str, Any]:
+    """Requests of `envs` rows from `in_flight` askers to the real server loop through
+    shared memory (srl_jax/core/shm/), as actors on its host send them: this process's
+    slot file (one split per asker) and the server's doorbell."""
+    obs_shape, obs_dtype = OBS_CASES[name]
+    case = {"name": f"shm-{name}-{in_flight}", "envs": envs, "in_flight": in_flight,
+            "splits": in_flight, "max_batch": envs * in_flight, "obs_shape": list(obs_shape),
+            "obs_dtype": obs_dtype, "shared_memory": "on", "owner": os.getpid()}
+    bell = Path(sink.call(("requests", case)).removeprefix(SCHEME))
+    config = micro_config(case)
+    spec = policy_spec(config)
+    outbox = Outbox(bell.with_suffix(""), [bell], REQUEST_SLOTS * in_flight,
+                    request_layout(config, spec), reply_layout(config, spec))
+    poller = select.poll()
+    poller.register(outbox.fileno(), select.POLLIN)
+    obs = np.zeros((envs, *obs_shape), obs_dtype)
+    rejects = RejectCounter()
+    seqs = [0] * in_flight
+
+    def ask(asker: int) -> None:
+        seqs[asker] += 1
+        outbox.send(REQUEST_SLOTS * asker + seqs[asker] % REQUEST_SLOTS,
+                    {"split": asker, "seq": seqs[asker]}, {"obs": obs})
+
+    def run(duration: float) -> int:
+        answered, deadline = 0, time.perf_counter() + duration
+        while time.perf_counter() < deadline:
+            if outbox.replies.pending or poller.poll(100):
+                while (reply := outbox.receive(rejects)) is not None:
+                    answered += 1
+                    ask(reply.meta["split"])
+        return answered
+
+    try:
+        for asker in range(in_flight):
+            ask(asker)
+        run(min(0.3, seconds / 3))
+        start = _mark(sink)
+        answered = run(seconds)
+        end = _mark(sink, "end")
+    finally:
+        outbox.close()
+    if rejects.count:
+        raise BenchError(f"request measurement {case['name']}: {rejects.count} replies "
+                         "rejected")
+    return _request_figures(case, "shm", name, int(obs.nbytes), start, end, answered)
+
+
+def actor_overhead(sink: Sink, envs: int, seconds: float, shared_memory: str
+                   ) -> dict[str, Any]:
+    """A real actor (`ActorWorker`: its ring of null envs, its core, its sockets or slots)
+    against a server acting with zeros and a learner's intake in the child: this
+    process's CPU per env frame, the null env's steps included and apart."""
+    obs_shape, obs_dtype = OBS_CASES["vector"]
+    case = {"name": f"actor-{shared_memory}", "envs": envs, "obs_shape": list(obs_shape),
+            "obs_dtype": obs_dtype, "shared_memory": shared_memory, "owner": os.getpid()}
+    names = FileNameService(Path(sink.call(("actor", case))))
+    if shared_memory == "on":
+        os.environ[OWNER_ENV] = str(os.getpid())
+    actor = ActorWorker(micro_config(case), 0, names.root.parent, names)
+    try:
+        actor.setup()
+
+        def run(duration: float) -> None:
+            deadline = time.perf_counter() + duration
+            while time.perf_counter() < deadline:
+                actor.run_once()
+
+        run(min(0.5, seconds / 3))
+        frames, env_s = actor.core.env_frames, actor.core.time_env
+        start = _mark(sink)
+        run(seconds)
+        end = _mark(sink, "end")
+        frames, env_s = actor.core.env_frames - frames, actor.core.time_env - env_s
+    finally:
+        actor.close()
+        os.environ.pop(OWNER_ENV, None)
+    if frames <= 0 or actor.rejects.count or end.child["rejected"]:
+        raise BenchError(f"actor measurement {case['name']}: {frames} frames, "
+                         f"{actor.rejects.count} replies and {end.child['rejected']} chunks "
+                         "rejected")
+    cpu_s = end.cpu_s - start.cpu_s
+    return {"transport": "shared memory" if shared_memory == "on" else "zmq", "rows": envs,
+            "frames_per_s": frames / (end.wall - start.wall),
+            "actor_cpu_us_per_frame": 1e6 * cpu_s / frames,
+            "actor_runtime_us_per_frame": 1e6 * (cpu_s - env_s) / frames,
+            "env_us_per_frame": 1e6 * env_s / frames}
 
 
 def shared_memory_floor(sink: Sink, envs: int, in_flight: int, seconds: float
@@ -217,17 +313,22 @@ def sample_overhead(sink: Sink, name: str, envs: int, seconds: float) -> dict[st
 
 
 def measure_overheads(envs: int, seconds: float) -> dict[str, Any]:
-    """Per request and per sample, for each observation case, `seconds` each."""
+    """Per request and per sample, for each observation case, and per actor frame, over
+    ZeroMQ and through shared memory, `seconds` each."""
     sink = Sink()
     try:
-        requests, samples = [], []
+        requests, samples, actors = [], [], []
         for name in OBS_CASES:
             requests.append(request_overhead(sink, name, envs, 1, seconds))
             requests.append(request_overhead(sink, name, envs, IN_FLIGHT, seconds))
+            requests.append(shm_request_overhead(sink, name, envs, IN_FLIGHT, seconds))
             samples.append(sample_overhead(sink, name, envs, seconds))
         for floor in ("echo", "echo-ipc"):
             requests.append(request_overhead(sink, "vector", envs, IN_FLIGHT, seconds, floor))
         requests.append(shared_memory_floor(sink, envs, IN_FLIGHT, seconds))
+        for shared_memory in ("off", "on"):
+            actors.append(actor_overhead(sink, envs, seconds, shared_memory))
     finally:
         sink.close()
-    return {"requests": requests, "samples": samples}
+        remove_own()
+    return {"requests": requests, "samples": samples, "actors": actors}

@@ -30,8 +30,9 @@ from bench.overhead.shared_slots import (
     reply_path,
     segment_path,
 )
+from srl_jax.core.shm.place import OWNER_ENV
 from srl_jax.core.stream_table import INFERENCE, PARAMS, SAMPLES
-from srl_jax.core.streams import RejectCounter, make_socket
+from srl_jax.core.streams import make_socket
 
 
 def _zero_act(params: Any, obs: np.ndarray, state: np.ndarray, mask: np.ndarray, key: Any,
@@ -66,23 +67,70 @@ def _until_end(conn: Connection, step: Callable[[], None],
                 return
 
 
-def _serve_requests(conn: Connection, case: dict[str, Any], root: Path) -> None:
-    """A real inference server acting with zeros, until the parent says 'end'."""
+def _own_shared_memory(case: dict[str, Any]) -> None:
+    """Workers made here use shared memory where the case asks, in the directory of the
+    measuring process (which removes it)."""
+    if case.get("shared_memory") == "on":
+        os.environ[OWNER_ENV] = str(case["owner"])
+    else:
+        os.environ.pop(OWNER_ENV, None)
+
+
+def _server(case: dict[str, Any], root: Path) -> tuple[Any, zmq.Socket]:
+    """A real inference server acting with zeros, set up, and the learner's parameter
+    socket it follows (which sends nothing)."""
     from learners.workers.inference_server import InferenceServer
     from srl_jax.core.names import FileNameService
     from srl_jax.core.transport import Transport
 
+    _own_shared_memory(case)
     names = FileNameService(root / "names")
     context = zmq.Context.instance()
-    # the learner's end, which sends nothing
     learner_params = make_socket(context, PARAMS.bind_type)
     Transport(context).bind(learner_params, names, PARAMS.key())
     server = InferenceServer(micro_config(case), 0, root, names, runner_factory=zero_runner)
     try:
         server.setup()
-        conn.send(names.get(INFERENCE.key(server.policy, server.index)))
+    except BaseException:
+        learner_params.close()
+        raise
+    return server, learner_params
+
+
+def _serve_requests(conn: Connection, case: dict[str, Any], root: Path) -> None:
+    """A real inference server acting with zeros, until the parent says 'end'; it tells
+    the parent its socket's endpoint, or its doorbell's with shared memory."""
+    server, learner_params = _server(case, root)
+    try:
+        key = INFERENCE.bell_key if server.inbox is not None else INFERENCE.key
+        conn.send(server.names.get(key(server.policy, server.index)))
         _until_end(conn, server.run_once, server.counters)
     finally:
+        server.close()
+        learner_params.close()
+
+
+def _serve_an_actor(conn: Connection, case: dict[str, Any], root: Path) -> None:
+    """What an actor needs of a run: a server acting with zeros and a learner's intake,
+    stepped in turn until the parent says 'end'; the parent's actor finds both under
+    `root`'s names."""
+    server, learner_params = _server(case, root)
+    try:
+        learner = LearnerEnd(case, root)
+    except BaseException:
+        server.close()
+        learner_params.close()
+        raise
+
+    def step() -> None:
+        server.run_once()
+        learner.step(0)
+
+    try:
+        conn.send(str(root / "names"))
+        _until_end(conn, step, lambda: {**server.counters(), **learner.counters()})
+    finally:
+        learner.close()
         server.close()
         learner_params.close()
 
@@ -168,63 +216,69 @@ def _echo_shared_memory(conn: Connection, case: dict[str, Any], root: Path) -> N
         _until_end(conn, step, lambda: {"requests": answered, "batches": batches})
 
 
-def _take_samples(conn: Connection, case: dict[str, Any], root: Path) -> None:
-    """The learner's intake without an update, until the parent says 'end'.
+class LearnerEnd:
+    """The learner's intake without an update, built by the learner's own `open_intake`
+    (a socket, and shared memory where the case asks); `step` follows
+    `LearnerWorker.run_once` up to the update."""
 
-    Built from the learner's public parts (its `SampleIntake`, the mesh); it
-    follows `LearnerWorker.run_once` up to the update.
-    """
-    import jax
+    def __init__(self, case: dict[str, Any], root: Path) -> None:
+        from learners.training.mesh import make_learner_mesh
+        from learners.workers.intake import open_intake
+        from srl_jax.core.names import FileNameService
+        from srl_jax.core.worker_base import Worker
 
-    from learners.algorithms.train_state import to_batch
-    from learners.training.mesh import make_learner_mesh, put_batch
-    from learners.training.sample_queue import SampleQueue
-    from learners.workers.learner_worker import POLL_MS
-    from learners.workers.sample_intake import SampleIntake
-    from srl_jax.core.chunk_spec import run_chunk_layout
-    from srl_jax.core.names import FileNameService
-    from srl_jax.core.transport import Transport
+        class IntakeShell(Worker):
+            kind = "learner"
 
-    config = micro_config(case)
-    cfg = config.learner
-    rejects = RejectCounter()
-    mesh = make_learner_mesh(cfg.devices, cfg.batch_envs)
-    context = zmq.Context.instance()
-    pull = make_socket(context, SAMPLES.bind_type, hwm=cfg.sample_queue)
-    key = SAMPLES.key(index=0)
-    endpoint = Transport(context).bind(pull, FileNameService(root / "names"), key)
-    intake = SampleIntake(pull, key, run_chunk_layout(config, policy_spec(config)),
-                          SampleQueue(cfg.sample_queue, cfg.batch_envs, cfg.staleness_cap),
-                          rejects)
+        _own_shared_memory(case)
+        config = micro_config(case)
+        self.shell = IntakeShell(config, 0, root, FileNameService(root / "names"))
+        self.mesh = make_learner_mesh(config.learner.devices, config.learner.batch_envs)
+        self.intake = open_intake(self.shell, policy_spec(config), config.learner.batch_envs, 0)
+        self.on_device = None
 
-    def prefetch() -> Any:
+    def _prefetch(self) -> Any:
         """The next batch on its way to the device (None while too few chunks wait)."""
-        batch = intake.take_batch(0)
-        return None if batch is None else put_batch(to_batch(batch), mesh)
+        from learners.algorithms.train_state import to_batch
+        from learners.training.mesh import put_batch
 
-    on_device = None
+        batch = self.intake.take_batch(0)
+        return None if batch is None else put_batch(to_batch(batch), self.mesh)
 
-    def step() -> None:
-        nonlocal on_device
-        intake.pump(0 if on_device is not None else POLL_MS, 0)
-        if on_device is None:
-            on_device = prefetch()
-        if on_device is not None:
-            jax.block_until_ready(on_device)  # where the update would run
-            on_device = prefetch()  # overlaps the transfer with the next receive
+    def step(self, timeout_ms: int) -> None:
+        import jax
 
-    conn.send(endpoint)
+        self.intake.pump(0 if self.on_device is not None else timeout_ms, 0)
+        if self.on_device is None:
+            self.on_device = self._prefetch()
+        if self.on_device is not None:
+            jax.block_until_ready(self.on_device)  # where the update would run
+            self.on_device = self._prefetch()  # overlaps the transfer with the next receive
+
+    def counters(self) -> dict[str, float]:
+        return {"frames_received": self.intake.frames_received,
+                "frames_consumed": self.intake.frames_consumed,
+                "rejected": self.shell.rejects.count}
+
+    def close(self) -> None:
+        self.intake.close()
+
+
+def _take_samples(conn: Connection, case: dict[str, Any], root: Path) -> None:
+    """The learner's intake without an update, until the parent says 'end'."""
+    from learners.workers.learner_worker import POLL_MS
+
+    learner = LearnerEnd(case, root)
     try:
-        _until_end(conn, step, lambda: {"frames_received": intake.frames_received,
-                                        "frames_consumed": intake.frames_consumed,
-                                        "rejected": rejects.count})
+        conn.send(learner.shell.names.get(SAMPLES.key(index=0)))
+        _until_end(conn, lambda: learner.step(POLL_MS), learner.counters)
     finally:
-        intake.close()
+        learner.close()
 
 
 CHILD_ROLES = {"requests": _serve_requests, "echo": _echo_requests,
                "echo-ipc": _echo_requests, "shm-echo": _echo_shared_memory,
-               "samples": _take_samples}
+               "samples": _take_samples, "actor": _serve_an_actor}
 
 
 def sink_main(conn: Connection) -> None:

@@ -24,7 +24,9 @@ def print_overheads(overheads: dict[str, Any]) -> None:
           "on the asking side; rtt_us: wall time per request and request in flight; "
           "server 'echo': bare pyzmq answering each request with a fixed reply, the floor "
           "under the runtime's figure ('echo-ipc': the same over ipc://; 'shm-echo': "
-          "slots in shared memory and FIFO doorbells carrying slot indices, no ZMQ)")
+          "slots in shared memory and FIFO doorbells carrying slot indices, no ZMQ; "
+          "'shm': the real server through the runtime's shared memory, what actors on its "
+          "host use by default; 'requests': the real server over loopback TCP)")
     print(f"{'obs':>7} {'chunk':>9} {'MB':>6} {'samples/s':>10} {'chunks/s':>8} "
           f"{'learner_us':>10} {'actor_us':>8} {'learner_us/chunk':>16}")
     for s in overheads["samples"]:
@@ -37,18 +39,39 @@ def print_overheads(overheads: dict[str, Any]) -> None:
           "chunk filling and sending")
 
 
+def print_actors(actors: list[dict[str, Any]]) -> None:
+    print(f"{'transport':>14} {'rows':>4} {'frames/s':>10} {'actor_us':>8} {'runtime_us':>10} "
+          f"{'env_us':>7}")
+    for a in actors:
+        print(f"{a['transport']:>14} {a['rows']:>4} {a['frames_per_s']:>10,.0f} "
+              f"{a['actor_cpu_us_per_frame']:>8.2f} {a['actor_runtime_us_per_frame']:>10.2f} "
+              f"{a['env_us_per_frame']:>7.2f}")
+    print("  actor_us: CPU us per env frame of a real actor (one split of null envs) against "
+          "a server acting with zeros and a learner's intake; runtime_us: the same without "
+          "the envs' own steps (env_us)")
+
+
 def headline(overheads: dict[str, Any]) -> dict[str, float]:
-    """The two headline figures (`vector`: server CPU per request with IN_FLIGHT requests
-    in flight, learner CPU per sample), and what one server core and one learner's
-    intake take at most besides policy compute and updates."""
-    request, floor, floor_ipc, floor_shm = (
+    """The headline figures (`vector`: server CPU per request with IN_FLIGHT requests in
+    flight, learner CPU per sample, actor CPU per frame) for the transport actors on the
+    server's host use by default (shared memory), beside ZeroMQ's, and what one server
+    core and one learner's intake take at most besides policy compute and updates."""
+    request, request_zmq, floor, floor_ipc, floor_shm = (
         next(r for r in overheads["requests"] if r.get("server", "requests") == server
              and r["obs"] == "vector" and r["in_flight"] == IN_FLIGHT)
-        for server in ("requests", "echo", "echo-ipc", "shm-echo"))
+        for server in ("shm", "requests", "echo", "echo-ipc", "shm-echo"))
     sample = next(s for s in overheads["samples"] if s["obs"] == "vector")
+    actor, actor_zmq = (next(a for a in overheads["actors"] if a["transport"] == transport)
+                        for transport in ("shared memory", "zmq"))
     per_request, per_sample = request["server_cpu_us_per_request"], \
         sample["learner_cpu_us_per_sample"]
     return {
+        "transport": "shared memory",
+        "server_us_per_request": per_request,
+        "actor_us_per_frame": actor["actor_cpu_us_per_frame"],
+        "server_us_per_request_zmq": request_zmq["server_cpu_us_per_request"],
+        "actor_us_per_frame_zmq": actor_zmq["actor_cpu_us_per_frame"],
+        "actor_runtime_us_per_frame": actor["actor_runtime_us_per_frame"],
         "per_request_overhead_us": per_request,
         "per_request_overhead_us_per_row": per_request / request["rows"],
         "per_request_actor_side_us": request["actor_cpu_us_per_request"],
@@ -68,6 +91,10 @@ def headline(overheads: dict[str, Any]) -> dict[str, float]:
 
 
 def print_headline(head: dict[str, float], rows: int) -> None:
+    print(f"default transport on one host ({head['transport']}): server "
+          f"{head['server_us_per_request']:.1f} us per request (ZeroMQ: "
+          f"{head['server_us_per_request_zmq']:.1f}), actor {head['actor_us_per_frame']:.2f} us "
+          f"per frame (ZeroMQ: {head['actor_us_per_frame_zmq']:.2f})")
     print(f"per-request overhead: {head['per_request_overhead_us']:.1f} us of server CPU per "
           f"request of {rows} rows ({head['per_request_overhead_us_per_row']:.2f} us/row), "
           f"{head['per_request_actor_side_us']:.1f} us on the actor side (bare pyzmq's "
