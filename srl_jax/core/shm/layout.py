@@ -86,15 +86,21 @@ class SlotLayout:
 
 
 class SlotViews:
-    """One area's slots of one layout, as numpy views into the mapping at `start`."""
+    """One area's slots of one layout, as numpy views into the mapping at `start`; each
+    slot's plan (a field's name, view, row-count index, ...) is made once, so a message
+    costs a copy per field and little Python besides."""
 
     def __init__(self, layout: SlotLayout, buffer: Any, start: int, slots: int) -> None:
         self.layout = layout
         self._u32 = memoryview(buffer).cast("I")
         self._i64 = memoryview(buffer).cast("q")
         self._bases = [start + slot * layout.slot_bytes for slot in range(slots)]
-        self._views = [[np.ndarray((f.max_rows, *f.row_shape), f.dtype, buffer, base + offset)
-                        for f, offset in zip(layout.fields, layout.field_offsets, strict=True)]
+        self._ints = [(base + layout.ints_offset) >> 3 for base in self._bases]
+        self._plans = [[(f.name, np.ndarray((f.max_rows, *f.row_shape), f.dtype, buffer,
+                                            base + offset),
+                         ((base + PREFIX_BYTES) >> 2) + j, f.as_list, f.max_rows, f.row_shape)
+                        for j, (f, offset) in enumerate(zip(layout.fields, layout.field_offsets,
+                                                            strict=True))]
                        for base in self._bases]
 
     def base(self, slot: int) -> int:
@@ -103,46 +109,45 @@ class SlotViews:
     def write(self, slot: int, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
               ) -> None:
         """The message's parts into `slot` (ValueError: it does not fit the layout)."""
-        layout, base = self.layout, self._bases[slot]
-        rows_at, ints_at = (base + PREFIX_BYTES) >> 2, (base + layout.ints_offset) >> 3
-        for i, name in enumerate(layout.ints):
-            self._i64[ints_at + i] = meta[name]
-        for j, (field, view) in enumerate(zip(layout.fields, self._views[slot], strict=True)):
-            value = meta.get(field.name) if field.as_list else arrays.get(field.name)
+        u32, i64, at = self._u32, self._i64, self._ints[slot]
+        for name in self.layout.ints:
+            i64[at] = meta[name]
+            at += 1
+        for name, view, rows_at, as_list, max_rows, row_shape in self._plans[slot]:
+            value = meta.get(name) if as_list else arrays.get(name)
             if value is None:
-                self._u32[rows_at + j] = ABSENT
+                u32[rows_at] = ABSENT
                 continue
             rows = len(value)
-            if rows > field.max_rows or (
-                    not field.as_list and value.shape[1:] != field.row_shape):
-                raise ValueError(f"{layout.kind} field {field.name!r}: {rows} rows of "
+            if rows > max_rows or (not as_list and value.shape[1:] != row_shape):
+                raise ValueError(f"{self.layout.kind} field {name!r}: {rows} rows of "
                                  f"{getattr(value, 'shape', '?')} do not fit "
-                                 f"{field.max_rows} x {field.row_shape}")
+                                 f"{max_rows} x {row_shape}")
             view[:rows] = value
-            self._u32[rows_at + j] = rows
+            u32[rows_at] = rows
 
     def read(self, slot: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """(meta, arrays) of the message in `slot`, arrays viewing the slot; WireError
         if a field's row count is out of its bounds."""
-        layout, base = self.layout, self._bases[slot]
-        rows_at, ints_at = (base + PREFIX_BYTES) >> 2, (base + layout.ints_offset) >> 3
-        meta: dict[str, Any] = {name: self._i64[ints_at + i]
-                                for i, name in enumerate(layout.ints)}
+        u32, i64, at = self._u32, self._i64, self._ints[slot]
+        meta: dict[str, Any] = {}
+        for name in self.layout.ints:
+            meta[name] = i64[at]
+            at += 1
         arrays = {}
-        for j, (field, view) in enumerate(zip(layout.fields, self._views[slot], strict=True)):
-            rows = self._u32[rows_at + j]
+        for name, view, rows_at, as_list, max_rows, _ in self._plans[slot]:
+            rows = u32[rows_at]
             if rows == ABSENT:
                 continue
-            if rows > field.max_rows:
-                raise WireError(f"slot field {field.name!r} with {rows} rows "
-                                f"(at most {field.max_rows})")
-            if field.as_list:
-                meta[field.name] = view[:rows].tolist()
+            if rows > max_rows:
+                raise WireError(f"slot field {name!r} with {rows} rows (at most {max_rows})")
+            if as_list:
+                meta[name] = view[:rows].tolist()
             else:
-                arrays[field.name] = view[:rows]
+                arrays[name] = view[:rows]
         return meta, arrays
 
     def release(self) -> None:
-        self._views = []
+        self._plans = []
         self._u32.release()
         self._i64.release()
