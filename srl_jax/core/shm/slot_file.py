@@ -50,6 +50,8 @@ class SlotFile:
         for count, layout in areas:
             self.views.append(SlotViews(layout, self._mm, start, count))
             start += count * layout.slot_bytes
+        self._stamp_at = [[views.base(slot) >> 3 for slot in range(count)]
+                          for views, (count, _) in zip(self.views, areas, strict=True)]
 
     @classmethod
     def create(cls, path: Path, areas: list[tuple[int, SlotLayout]]) -> SlotFile:
@@ -96,11 +98,11 @@ class SlotFile:
         return cls(path, fd, areas)
 
     def stamp(self, area: int, slot: int) -> int:
-        return self._u64[self.views[area].base(slot) >> 3]
+        return self._u64[self._stamp_at[area][slot]]
 
     def set_stamp(self, area: int, slot: int, stamp: int) -> None:
         """0 before writing (or to withdraw a message), the message's stamp after."""
-        self._u64[self.views[area].base(slot) >> 3] = stamp
+        self._u64[self._stamp_at[area][slot]] = stamp
 
     def state(self, area: int, slot: int) -> tuple[int, int]:
         """(state, the reader's pid while TAKEN)."""
