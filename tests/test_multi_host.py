@@ -154,6 +154,8 @@ def test_hosts_that_share_nothing_train_across_the_link_with_curve(
     assert rows[-1]["learner_steps"] > step and rows[-1]["env_frames"] > 0
     assert rows[-1]["system/auth_refused"] >= 1, "the stranger was refused and counted"
     assert rows[-1]["system/wire_rejected"] == 0, "nothing of the stranger's was read"
+    assert rows[-1]["inference/shm_frac"] == 0 and rows[-1]["actor/shm_mib"] == 0, \
+        "the streams between hosts went on ZeroMQ, not shared memory"
     status = read_status(runs)
     assert status["state"] == "interrupted", status
     placed = {w["name"]: w["host"] for w in status["workers"]}
