@@ -119,7 +119,7 @@ def target_case(args: argparse.Namespace, workdir: Path,
                                                  for s in summary.values())]
     if windows:
         print_table(f"to {TARGET_RETURN:g} by the mean of the last N episodes",
-                    [(name, *(cell for w in windows for cell in (
+                    [(name, *(text for w in windows for text in (
                         cell(s.get(f"time_to_target_{w}_s"), ".1f"),
                         cell(s.get(f"frames_to_target_{w}"), ",.0f"))))
                      for name, s in summary.items()],
