@@ -229,13 +229,19 @@ class ActorWorker(Worker):
             {"actor": self.index, "episode_returns": chunk.episode_returns}, chunk.arrays)
         self.time_send += time.perf_counter() - start
 
-    def waiting(self) -> tuple[str, float] | None:
-        """A blocked send, else the oldest unanswered inference request."""
+    def blocked_send(self) -> tuple[str, float] | None:
+        """The sample stream a send waits on (it is full), and since when."""
         blocked = [sender for sender in self.samples
                    if sender is not None and sender.blocked_since is not None]
         if blocked:
             return (f"the sample stream to the {blocked[0].destination} (full: it cannot "
                     "take more now)", blocked[0].blocked_since)
+        return None
+
+    def waiting(self) -> tuple[str, float] | None:
+        """A blocked send, else the oldest unanswered inference request."""
+        if (blocked := self.blocked_send()) is not None:
+            return blocked
         pending = self.core.oldest_pending() if self.core is not None else None
         if pending is None:
             return super().waiting()

@@ -100,7 +100,7 @@ def test_a_slot_with_rows_past_its_bound_is_counted_and_dropped(shm_dir: Path) -
     rows = memoryview(outbox.file._mm).cast("I")
     rows[(outbox.file.views[0].base(0) + PREFIX_BYTES) // 4] = 10**6  # obs's row count
     outbox.send(1, {"split": 0, "seq": 2}, {"obs": np.ones((2, 4), np.float32)})
-    route, request = inbox.receive()
+    _, request = inbox.receive()
     assert request.meta["seq"] == 2 and rejects.count == 1
     rows.release()
     outbox.close()

@@ -78,7 +78,7 @@ class InlineActorWorker(ActorWorker):
 
     def waiting(self) -> tuple[str, float] | None:
         """Once the policy is built, only a blocked send: no request waits on a server."""
-        return super().waiting() if self.inline is None else self._blocked
+        return super().waiting() if self.inline is None else self.blocked_send()
 
     def close(self) -> None:
         super().close()
