@@ -47,13 +47,19 @@ class Bell:
         """The next record (pid, slot, stamp), or None if none is waiting."""
         if not self._pending:
             try:
-                data = self._partial + os.read(self.fd, RECORD.size * READ_RECORDS)
+                data = os.read(self.fd, RECORD.size * READ_RECORDS)
             except BlockingIOError:
                 return None
-            whole = len(data) - len(data) % RECORD.size
-            self._partial = data[whole:]
-            self._pending.extend(RECORD.iter_unpack(data[:whole]))
+            if self._partial or len(data) % RECORD.size:  # never, with whole records
+                data, self._partial = self._whole(self._partial + data)
+            self._pending.extend(RECORD.iter_unpack(data))
         return self._pending.popleft() if self._pending else None
+
+    @staticmethod
+    def _whole(data: bytes) -> tuple[bytes, bytes]:
+        """The whole records of `data`, and what is left of a record cut short."""
+        whole = len(data) - len(data) % RECORD.size
+        return data[:whole], data[whole:]
 
     def close(self) -> None:
         os.close(self.fd)

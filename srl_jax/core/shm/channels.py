@@ -196,47 +196,47 @@ class Inbox:
     def receive(self, copy: bool = False) -> tuple[Route, Message] | None:
         """The next well-formed message rung for, or None. `copy`: its arrays copied out
         and its slot given back at once (chunks); else they view the slot, which stays
-        the connecter's until it is answered (requests)."""
+        the connecter's until it is answered (requests: `reply` checks it still holds
+        the request)."""
+        kind = self.layouts[SENT].kind
         while (record := self.bell.next()) is not None:
             pid, slot, stamp = record
-            peer = self._peer(pid)
+            peer = self.peers.get(pid) or self._peer(pid)
             if peer is None or not 0 <= slot < peer.file.counts[SENT] \
                     or peer.file.stamp(SENT, slot) != stamp:
                 self.stale += 1
                 continue
-            route = Route(peer, slot, stamp)
+            file = peer.file
             if copy:  # a writer takes back a TAKEN slot only once this process is gone
-                peer.file.set_state(SENT, slot, TAKEN, self.pid)
+                file.set_state(SENT, slot, TAKEN, self.pid)
             try:
-                meta, arrays = peer.file.views[SENT].read(slot)
-                arrays = _copied(arrays) if copy else arrays
+                meta, arrays = file.views[SENT].read(slot)
+                if copy:
+                    arrays = _copied(arrays)
             except WireError as error:
                 self.rejects.reject(error)
                 meta = None
-            held = self.holds(route)
-            if copy and held:
-                peer.file.set_state(SENT, slot, FREE)
-            if meta is None or not held:
-                self.stale += meta is not None
-                continue
-            return route, Message(self.layouts[SENT].kind, meta, arrays)
+            if copy:
+                if file.stamp(SENT, slot) != stamp:  # taken back meanwhile: not ours
+                    self.stale += meta is not None
+                    continue
+                file.set_state(SENT, slot, FREE)
+            if meta is not None:
+                return Route(peer, slot, stamp), Message(kind, meta, arrays)
         return None
-
-    def holds(self, route: Route) -> bool:
-        """Whether the slot still holds the message `route` came with."""
-        return route.peer.file.stamp(SENT, route.slot) == route.stamp
 
     def reply(self, route: Route, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> bool:
         """Answer into the slot's reply and ring its connecter; False if the request was
         sent again meanwhile (the answer is dropped) or the connecter is gone."""
-        peer, slot = route.peer, route.slot
-        if not self.holds(route):
+        peer, slot, stamp = route
+        file = peer.file
+        if file.stamp(SENT, slot) != stamp:
             self.stale += 1
             return False
-        peer.file.set_stamp(REPLIES, slot, 0)
-        peer.file.views[REPLIES].write(slot, meta, arrays)
-        peer.file.set_stamp(REPLIES, slot, route.stamp)
-        if peer.ringer.ring(self.pid, slot, route.stamp):
+        file.set_stamp(REPLIES, slot, 0)
+        file.views[REPLIES].write(slot, meta, arrays)
+        file.set_stamp(REPLIES, slot, stamp)
+        if peer.ringer.ring(self.pid, slot, stamp):
             return True
         self.lost_replies += 1
         if not alive(peer.pid) and self.peers.get(peer.pid) is peer:
