@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import deque
+from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
@@ -33,7 +34,7 @@ from srl_jax.core.chunk_spec import chunk_error, run_chunk_layout
 from srl_jax.core.memory import resident_mib
 from srl_jax.core.names import NameService
 from srl_jax.core.shm.attach import open_inbox
-from srl_jax.core.shm.channels import Inbox
+from srl_jax.core.shm.channels import Inbox, InTurn
 from srl_jax.core.shm.stream_layouts import chunk_slot_layout
 from srl_jax.core.stream_table import INSERTS, REPLAY
 from srl_jax.core.streams import receive, send
@@ -108,6 +109,10 @@ class ReplayWorker(Worker):
         self.inbox = open_inbox(self, INSERTS, [chunk_slot_layout(self.layout, MAX_SENT_RETURNS)],
                                 self.config.actors.send_queue)
         self.pull = self.socket(INSERTS, hwm=self.config.actors.send_queue)
+        pulled = partial(receive, self.pull, INSERTS.binder_receives, self.rejects)
+        self._next_insert = pulled if self.inbox is None else \
+            InTurn(partial(self.inbox.receive, copy=True), pulled)
+        """The next chunk to insert, shared memory's and the socket's in turn."""
         self.router = self.socket(REPLAY)
         self.poller = zmq.Poller()
         self.poller.register(self.router, zmq.POLLIN)
@@ -146,8 +151,7 @@ class ReplayWorker(Worker):
         for _ in range(MAX_DRAIN):
             if not self.limiter.can_insert():
                 break
-            received = self.inbox.receive(copy=True) if self.inbox is not None else None
-            received = received or receive(self.pull, INSERTS.binder_receives, self.rejects)
+            received = self._next_insert()
             if received is None:
                 break
             arrays = received[1].arrays

@@ -20,6 +20,7 @@ from srl_jax.core.env_spec import EnvSpec
 from srl_jax.core.names import FileNameService
 from srl_jax.core.shm import place
 from srl_jax.core.shm.attach import SCHEME, open_inbox, open_outbox
+from srl_jax.core.shm.bell import MAGIC, RECORD
 from srl_jax.core.shm.channels import Inbox, Outbox, peer_path
 from srl_jax.core.shm.layout import PREFIX_BYTES
 from srl_jax.core.shm.slot_file import FREE, TAKEN
@@ -120,6 +121,25 @@ def test_a_slot_rewritten_before_it_is_read_is_stale_and_a_late_reply_is_dropped
     assert outbox.receive(rejects) is None
     route, request = inbox.receive()
     assert request.meta["seq"] == 4 and inbox.stale == 1 and rejects.count == 0
+    outbox.close()
+    inbox.close()
+
+
+def test_a_doorbell_read_with_a_cut_or_foreign_record_is_dropped_and_the_next_is_read(
+        shm_dir: Path) -> None:
+    """A writer that is not ours (or a cut write) shifts every record after it: the read
+    is dropped with all the FIFO holds, and the bell reads in step again."""
+    rejects = RejectCounter()
+    inbox, outbox = ends(shm_dir, rejects)
+    obs = np.zeros((1, 4), np.float32)
+    for garbage in (b"\x01" * 7, RECORD.pack(os.getpid(), 0, MAGIC ^ 1, 1)):
+        outbox.send(0, {"split": 0, "seq": 1}, {"obs": obs})
+        with open(inbox.bell.path, "wb", buffering=0) as fifo:
+            fifo.write(garbage)
+        assert inbox.receive() is None
+        outbox.send(1, {"split": 0, "seq": 2}, {"obs": obs})
+        assert inbox.receive()[1].meta["seq"] == 2
+    assert inbox.bell.torn == 2 and rejects.count == 0
     outbox.close()
     inbox.close()
 

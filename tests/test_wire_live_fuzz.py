@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import random
 import socket as pysocket
 import struct
@@ -29,6 +30,8 @@ import zmq
 from srl_jax.config.run_dir import read_status
 from srl_jax.core import streams, wire
 from srl_jax.core.memory import resident_mib
+from srl_jax.core.shm.attach import SCHEME
+from srl_jax.core.shm.bell import MAGIC, RECORD
 from srl_jax.core.stream_table import INFERENCE, PARAMS, SAMPLES, STATS, Stream, stream_of
 from srl_jax.core.wire import WireError, decode, encode
 from tests.conftest import (
@@ -82,6 +85,24 @@ def read_endpoints(run_dir: Path) -> dict[str, str]:
     """Every endpoint in the run's FileNameService directory, by key."""
     return {path.name.replace("__", "/"): path.read_text().strip()
             for path in (run_dir / "names").iterdir() if ".tmp" not in path.name}
+
+
+def ring_junk(bell: Path, fuzzer: LiveFuzzer, count: int) -> int:
+    """Write `count` pieces of junk into a doorbell FIFO: random bytes of random lengths,
+    and well-formed records naming random processes, slots and stamps; how many went in."""
+    rng, written = fuzzer.rng, 0
+    fd = os.open(bell, os.O_WRONLY | os.O_NONBLOCK)
+    try:
+        for _ in range(count):
+            junk = fuzzer._bytes(rng.randint(1, 64)) if rng.random() < 0.5 else RECORD.pack(
+                rng.randint(0, 2**32 - 1), rng.randint(0, 2**16 - 1), MAGIC,
+                rng.randint(1, 2**64 - 1))
+            with contextlib.suppress(BlockingIOError):
+                os.write(fd, junk)
+                written += 1
+    finally:
+        os.close(fd)
+    return written
 
 
 def rss_mb(pid: int) -> float:
@@ -375,6 +396,10 @@ def test_live_run_survives_thousands_of_malformed_messages(processes: Processes,
     rss_before = {name: rss_mb(pid) for name, pid in pids.items()}
     base = last_row(run_dir)["system/wire_rejected"]
     endpoints = read_endpoints(run_dir)
+    # The same-host streams' doorbells (srl_jax/core/shm/): FIFOs, fuzzed below.
+    bells = {key: Path(endpoints.pop(key).removeprefix(SCHEME))
+             for key in [k for k, endpoint in endpoints.items() if endpoint.startswith(SCHEME)]}
+    assert sorted(stream_of(key).name for key in bells) == ["inference", "samples"], bells
     roles = {key: stream_of(key) for key in endpoints}
     assert sorted(stream.name for stream in roles.values()) == [
         "inference", "params", "samples", "stats"], endpoints
@@ -451,6 +476,8 @@ def test_live_run_survives_thousands_of_malformed_messages(processes: Processes,
                     counted += delivered
             send_raw(endpoint, payloads)
             sent[f"{key} raw tcp"] = len(payloads)
+        for key, bell in bells.items():  # junk, cut records and records of no message
+            sent[f"{key} doorbell"] = ring_junk(bell, fuzzer, 300)
         total_sent = sum(sent.values())
         fuzz_end = time.time() - before["started"]
         # The controller takes heartbeats through the flood: it neither stops nor falls behind.
@@ -466,6 +493,8 @@ def test_live_run_survives_thousands_of_malformed_messages(processes: Processes,
         assert process.poll() is None, tail(tmp_path / "launch.log")
         assert subscriber.poll(5000), "no parameters published after the fuzzing"
         assert decode(subscriber.recv_multipart(), PARAMS.connecter_receives).meta["version"] >= 1
+        wait_for(lambda: last_row(run_dir).get("inference/shm_stale", 0) > 0, 30,
+                 "the doorbell junk dropped and counted by the server")
         rss_after = {name: rss_mb(pid) for name, pid in pids.items()}
     finally:
         for sock in sockets:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import select
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,17 @@ def _mark(sink: Sink, message: str = "mark") -> Window:
     return Window(wall, cpu_s, sink.call(message))
 
 
+def _measured(sink: Sink, ask_all: Callable[[], None], run: Callable[[float], int],
+              seconds: float) -> tuple[Window, Window, int]:
+    """Ask, warm up (connections, first batches), then answers within the window between
+    two marks: (start, end, answers read)."""
+    ask_all()
+    run(min(0.3, seconds / 3))
+    start = _mark(sink)
+    answered = run(seconds)
+    return start, _mark(sink, "end"), answered
+
+
 def request_overhead(sink: Sink, name: str, envs: int, in_flight: int,
                      seconds: float, role: str = "requests") -> dict[str, Any]:
     """Requests of `envs` rows from `in_flight` DEALERs (one each) to the real server loop
@@ -77,12 +89,7 @@ def request_overhead(sink: Sink, name: str, envs: int, in_flight: int,
         return answered
 
     try:
-        for dealer in dealers:
-            ask(dealer)
-        run(min(0.3, seconds / 3))  # warm-up: connections, first batches
-        start = _mark(sink)
-        answered = run(seconds)
-        end = _mark(sink, "end")
+        start, end, answered = _measured(sink, lambda: [ask(d) for d in dealers], run, seconds)
     finally:
         for dealer in dealers:
             dealer.close()
@@ -127,12 +134,8 @@ def shm_request_overhead(sink: Sink, name: str, envs: int, in_flight: int,
         return answered
 
     try:
-        for asker in range(in_flight):
-            ask(asker)
-        run(min(0.3, seconds / 3))
-        start = _mark(sink)
-        answered = run(seconds)
-        end = _mark(sink, "end")
+        start, end, answered = _measured(sink, lambda: [ask(a) for a in range(in_flight)], run,
+                                         seconds)
     finally:
         outbox.close()
     if rejects.count:
@@ -217,12 +220,8 @@ def shared_memory_floor(sink: Sink, envs: int, in_flight: int, seconds: float
         return answered
 
     try:
-        for asker in range(in_flight):
-            ask(asker)
-        run(min(0.3, seconds / 3))
-        start = _mark(sink)
-        answered = run(seconds)
-        end = _mark(sink, "end")
+        start, end, answered = _measured(sink, lambda: [ask(a) for a in range(in_flight)], run,
+                                         seconds)
     finally:
         for fd in (doorbell, *replies):
             os.close(fd)

@@ -47,7 +47,7 @@ from srl_jax.config.schema import DEFAULT_POLICY, ExperimentConfig
 from srl_jax.core.env_spec import EnvSpec
 from srl_jax.core.names import NameService
 from srl_jax.core.shm.attach import open_inbox
-from srl_jax.core.shm.channels import Inbox, Route
+from srl_jax.core.shm.channels import Inbox, InTurn, Route
 from srl_jax.core.shm.stream_layouts import reply_layout, request_layout
 from srl_jax.core.stream_table import INFERENCE
 from srl_jax.core.streams import receive, send
@@ -127,6 +127,9 @@ class InferenceServer(Worker):
         self.requests_in = zmq.Poller()
         """The request sources: the ROUTER, and the doorbell of the shared-memory ones."""
         self.requests_in.register(self.router, zmq.POLLIN)
+        self._receive = self._from_router if self.inbox is None else \
+            InTurn(self._from_inbox, self._from_router)
+        """The next request, shared memory's and the ROUTER's in turn."""
         if self.inbox is not None:
             self.poller.register(self.inbox, zmq.POLLIN)
             self.requests_in.register(self.inbox, zmq.POLLIN)
@@ -143,12 +146,13 @@ class InferenceServer(Worker):
                 self.inbox is not None and self.inbox.fileno() in events):
             self._serve()
 
-    def _receive(self) -> tuple[list[bytes] | Route, Message] | None:
-        """The next request: shared memory's first, then the ROUTER's."""
-        if self.inbox is not None and (received := self.inbox.receive()) is not None:
-            self.shm_requests += 1
-            return received
+    def _from_router(self) -> tuple[list[bytes], Message] | None:
         return receive(self.router, INFERENCE.binder_receives, self.rejects, envelope=1)
+
+    def _from_inbox(self) -> tuple[Route, Message] | None:
+        received = self.inbox.receive()
+        self.shm_requests += received is not None
+        return received
 
     def _wait(self, timeout_ms: int) -> bool:
         """Whether a request is waiting, after up to `timeout_ms`."""
@@ -272,7 +276,7 @@ class InferenceServer(Worker):
             "param_updates": self.runner.updates if self.runner else 0,
             "policy_version": self.runner.version if self.runner else 0,
             "shm_requests": self.shm_requests,
-            "shm_stale": self.inbox.stale if self.inbox is not None else 0,
+            "shm_stale": self.inbox.stale + self.inbox.bell.torn if self.inbox is not None else 0,
             **device_memory_counters(),
         }
 

@@ -17,7 +17,7 @@ import zmq
 
 from learners.training.sample_queue import SampleQueue
 from srl_jax.core.chunk_spec import Layout, chunk_error
-from srl_jax.core.shm.channels import Inbox
+from srl_jax.core.shm.channels import Inbox, InTurn
 from srl_jax.core.stream_table import SAMPLES
 from srl_jax.core.streams import RejectCounter, receive
 from srl_jax.core.wire import Message
@@ -42,6 +42,9 @@ class SampleIntake:
         self.inbox = inbox
         self.poller = zmq.Poller()
         self.poller.register(socket, zmq.POLLIN)
+        self._receive = self._from_socket if inbox is None else \
+            InTurn(lambda: inbox.receive(copy=True), self._from_socket)
+        """The next chunk, shared memory's (copied out) and the socket's in turn."""
         if inbox is not None:
             self.poller.register(inbox, zmq.POLLIN)
         self.key = key
@@ -60,17 +63,13 @@ class SampleIntake:
                 not self.poller.poll(timeout_ms):
             return
         for _ in range(MAX_DRAIN):
-            message = self._receive()
-            if message is None:
+            received = self._receive()
+            if received is None:
                 return
-            self.take(message.arrays, message.meta, version)
+            self.take(received[1].arrays, received[1].meta, version)
 
-    def _receive(self) -> Message | None:
-        """The next chunk: shared memory's first (copied out), then the socket's."""
-        if self.inbox is not None and (received := self.inbox.receive(copy=True)) is not None:
-            return received[1]
-        received = receive(self.socket, SAMPLES.binder_receives, self.rejects)
-        return None if received is None else received[1]
+    def _from_socket(self) -> tuple[Any, Message] | None:
+        return receive(self.socket, SAMPLES.binder_receives, self.rejects)
 
     def take(self, arrays: dict[str, np.ndarray], meta: dict[str, Any], version: int) -> None:
         """One chunk and its metadata, as received while the learner is at `version`."""

@@ -185,7 +185,8 @@ INFERENCE = (
     Counter("shm_requests", "requests", _SUM, "requests that came through shared memory",
             (Row("inference/shm_frac", Shown.RATIO, over="requests"),)),
     Counter("shm_stale", "requests", _SUM, "shared-memory requests dropped: sent again "
-            "meanwhile, or their actor gone"),
+            "meanwhile, their actor gone, or a doorbell read that held a record cut short or "
+            "not ours (srl_jax/core/shm/bell.py)", (Row("inference/shm_stale"),)),
     *device_memory("inference"),
 )
 LEARNER = (

@@ -243,9 +243,14 @@ STREAMS: tuple[Stream, ...] = (SAMPLES, INSERTS, REPLAY, INFERENCE, PARAMS, RELA
 
 
 def stream_of(key: str) -> Stream:
-    """The stream a name-service key belongs to, whatever its policy and index."""
+    """The stream a name-service key belongs to, whatever its policy and index (a
+    binder's doorbell key, `Stream.bell_key`, belongs to its stream too)."""
     policy, _, bare = key.rpartition("/")
+    bell = bare.endswith(BELL_SUFFIX)
+    bare = bare.removesuffix(BELL_SUFFIX)
     for stream in STREAMS:
+        if bell and not stream.same_host:
+            continue
         base = KEY_PREFIX + stream.name
         if stream.indexed:
             index = bare.removeprefix(base + ".")

@@ -81,10 +81,9 @@ def open_outbox(worker: Any, stream: Stream, slots: int, layout: SlotLayout,
     if directory is None:
         return None
     stem = stream_stem(directory, stream, policy)
-    bells = sorted({bell_path(stem, stream, index)
-                    for index in range(worker_kind(stream.binder).count(worker.config))})
-    registered = {worker.names.get(stream.bell_key(policy, index))
-                  for index in range(worker_kind(stream.binder).count(worker.config))}
+    binders = range(worker_kind(stream.binder).count(worker.config))
+    bells = sorted({bell_path(stem, stream, index) for index in binders})
+    registered = {worker.names.get(stream.bell_key(policy, index)) for index in binders}
     if registered != {SCHEME + str(bell) for bell in bells}:
         return None
     try:

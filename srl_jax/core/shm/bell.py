@@ -1,13 +1,17 @@
 """Doorbells: FIFOs that carry only which slot holds a message (srl_jax/core/shm/).
 
-A record is 16 bytes (the writer's pid, the slot, its stamp); writes of up to PIPE_BUF
-bytes to a FIFO are atomic, so any number of connecters ring one binder's bell, and
+A record is 16 bytes (the writer's pid, the slot, a magic number, the slot's stamp);
+writes of up to PIPE_BUF bytes to a FIFO are atomic, so any number of connecters ring
+one binder's bell, and
 the binders of one stream on a host (its inference servers, its replay servers) read
 the same bell: each record goes to whichever reads it first, which spreads requests
 over them as a ZMQ DEALER would. The reading end is opened read-write, so it never sees
 end-of-file while writers come and go, and the bell survives a binder's restart: its
 successor reads what was rung meanwhile. A bell can be polled (`fileno`) beside ZMQ
-sockets in one `zmq.Poller`.
+sockets in one `zmq.Poller`. A read that holds anything but whole records with the
+magic (a writer that is not ours, or a cut write) is dropped with all the FIFO holds, so
+the next records start aligned again; the requests dropped with it are sent again after
+their timeout, like those a dead server took.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import struct
 from collections import deque
 from pathlib import Path
 
-RECORD = struct.Struct("<IIQ")
+RECORD = struct.Struct("<IHHQ")
+MAGIC = 0x5B11
 READ_RECORDS = 256
 """Records taken from the FIFO per read."""
 
@@ -33,7 +38,8 @@ class Bell:
             os.mkfifo(path, 0o600)
         self.fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
         self._pending: deque[tuple[int, int, int]] = deque()
-        self._partial = b""
+        self.torn = 0
+        """Reads dropped for a record that was cut or not ours."""
 
     def fileno(self) -> int:
         return self.fd
@@ -50,16 +56,21 @@ class Bell:
                 data = os.read(self.fd, RECORD.size * READ_RECORDS)
             except BlockingIOError:
                 return None
-            if self._partial or len(data) % RECORD.size:  # never, with whole records
-                data, self._partial = self._whole(self._partial + data)
-            self._pending.extend(RECORD.iter_unpack(data))
+            records = RECORD.iter_unpack(data) if len(data) % RECORD.size == 0 else None
+            records = [(pid, slot, stamp) for pid, slot, magic, stamp in records
+                       if magic == MAGIC] if records is not None else []
+            if len(records) * RECORD.size != len(data):
+                self._drop_all()
+                return None
+            self._pending.extend(records)
         return self._pending.popleft() if self._pending else None
 
-    @staticmethod
-    def _whole(data: bytes) -> tuple[bytes, bytes]:
-        """The whole records of `data`, and what is left of a record cut short."""
-        whole = len(data) - len(data) % RECORD.size
-        return data[:whole], data[whole:]
+    def _drop_all(self) -> None:
+        """Empty the FIFO: what follows a cut record would be read out of step."""
+        self.torn += 1
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self.fd, RECORD.size * READ_RECORDS):
+                pass
 
     def close(self) -> None:
         os.close(self.fd)
@@ -84,7 +95,7 @@ class Ringer:
                     return False
                 raise
         try:
-            os.write(self.fd, RECORD.pack(pid, slot, stamp))
+            os.write(self.fd, RECORD.pack(pid, slot, MAGIC, stamp))
             return True
         except (BlockingIOError, BrokenPipeError):
             return False

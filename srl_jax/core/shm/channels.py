@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -122,6 +123,25 @@ class Outbox:
             self.replies.close()
             self.replies.path.unlink(missing_ok=True)
         self.file.close(unlink=True)
+
+
+class InTurn:
+    """Takes the next message from its sources in turn (a binder's shared memory and its
+    socket), so that a busy one never starves the other."""
+
+    def __init__(self, *sources: Callable[[], Any]) -> None:
+        self.sources = sources
+        self._turn = 0
+
+    def __call__(self) -> Any:
+        """The next source's message, or the one after's; None if none has one."""
+        count = len(self.sources)
+        for step in range(count):
+            received = self.sources[(self._turn + step) % count]()
+            if received is not None:
+                self._turn = (self._turn + step + 1) % count
+                return received
+        return None
 
 
 class _Peer:
