@@ -110,9 +110,10 @@ class ReplayWorker(Worker):
                                 self.config.actors.send_queue)
         self.pull = self.socket(INSERTS, hwm=self.config.actors.send_queue)
         pulled = partial(receive, self.pull, INSERTS.binder_receives, self.rejects)
-        self._next_insert = pulled if self.inbox is None else \
+        self._next_insert = InTurn(pulled) if self.inbox is None else \
             InTurn(partial(self.inbox.receive, copy=True), pulled)
-        """The next chunk to insert, shared memory's and the socket's in turn."""
+        """The next chunk to insert, from shared memory or the socket (each first in
+        turn)."""
         self.router = self.socket(REPLAY)
         self.poller = zmq.Poller()
         self.poller.register(self.router, zmq.POLLIN)
@@ -148,6 +149,7 @@ class ReplayWorker(Worker):
 
     def _take_inserts(self) -> None:
         start = time.perf_counter()
+        self._next_insert.rotate()
         for _ in range(MAX_DRAIN):
             if not self.limiter.can_insert():
                 break

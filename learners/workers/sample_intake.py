@@ -42,9 +42,10 @@ class SampleIntake:
         self.inbox = inbox
         self.poller = zmq.Poller()
         self.poller.register(socket, zmq.POLLIN)
-        self._receive = self._from_socket if inbox is None else \
+        self._receive = InTurn(self._from_socket) if inbox is None else \
             InTurn(lambda: inbox.receive(copy=True), self._from_socket)
-        """The next chunk, shared memory's (copied out) and the socket's in turn."""
+        """The next chunk, from shared memory (copied out) or the socket (each first in
+        turn)."""
         if inbox is not None:
             self.poller.register(inbox, zmq.POLLIN)
         self.key = key
@@ -62,6 +63,7 @@ class SampleIntake:
         if not (self.inbox is not None and self.inbox.pending) and \
                 not self.poller.poll(timeout_ms):
             return
+        self._receive.rotate()
         for _ in range(MAX_DRAIN):
             received = self._receive()
             if received is None:

@@ -126,22 +126,23 @@ class Outbox:
 
 
 class InTurn:
-    """Takes the next message from its sources in turn (a binder's shared memory and its
-    socket), so that a busy one never starves the other."""
+    """Takes messages from one of its sources (a binder's shared memory and its socket)
+    until it has none, then from the next; `rotate`, once a batch, moves on to the next
+    source, so that a busy one never starves the other."""
 
     def __init__(self, *sources: Callable[[], Any]) -> None:
         self.sources = sources
-        self._turn = 0
+        self._at = 0
 
     def __call__(self) -> Any:
-        """The next source's message, or the one after's; None if none has one."""
-        count = len(self.sources)
-        for step in range(count):
-            received = self.sources[(self._turn + step) % count]()
-            if received is not None:
-                self._turn = (self._turn + step + 1) % count
+        for _ in self.sources:
+            if (received := self.sources[self._at]()) is not None:
                 return received
+            self._at = (self._at + 1) % len(self.sources)
         return None
+
+    def rotate(self) -> None:
+        self._at = (self._at + 1) % len(self.sources)
 
 
 class _Peer:
@@ -175,6 +176,7 @@ class Inbox:
         self.rejects = rejects
         self.pid = os.getpid()
         self.peers: dict[int, _Peer] = {}
+        self.received = 0
         self.stale = 0
         """Records whose slot no longer held their message (sent again, or given up)."""
         self.lost_replies = 0
@@ -242,6 +244,7 @@ class Inbox:
                     continue
                 file.set_state(SENT, slot, FREE)
             if meta is not None:
+                self.received += 1
                 return Route(peer, slot, stamp), Message(kind, meta, arrays)
         return None
 
