@@ -135,8 +135,8 @@ class ActorWorker(Worker):
             socket = self.socket(INFERENCE, policy, hwm=self.config.inference.request_queue)
             spec = policy_spec(self.config, policy)
             outbox = open_outbox(self, INFERENCE, REQUEST_SLOTS * self.config.actors.splits,
-                                 request_layout(self.config, spec),
-                                 reply_layout(self.config, spec), policy=policy)
+                                 request_layout(self.config, spec, policy),
+                                 reply_layout(self.config, spec, policy), policy=policy)
             self.inference.append(socket)
             self.outboxes.append(outbox)
             self.poller.register(socket if outbox is None else outbox, zmq.POLLIN)

@@ -33,7 +33,8 @@ pytestmark = pytest.mark.skipif(not place.available(), reason="needs /dev/shm an
 
 SPEC = EnvSpec(obs_shape=(4,), obs_dtype=np.dtype(np.float32), action_dim=2, continuous=False)
 CONFIG = ExperimentConfig()
-REQUEST, REPLY = request_layout(CONFIG, SPEC), reply_layout(CONFIG, SPEC)
+CONFIG.selfplay.opponents = {"default": "trained"}  # a policy with every field: opponents
+REQUEST, REPLY = request_layout(CONFIG, SPEC, "default"), reply_layout(CONFIG, SPEC, "default")
 CHUNK = chunk_slot_layout({"obs": ((9, 4, 4), np.dtype(np.float32)),
                            "rewards": ((8, 4), np.dtype(np.float32))}, max_returns=16)
 
@@ -64,7 +65,9 @@ def test_a_request_and_its_reply_go_through_the_slots(shm_dir: Path) -> None:
     assert outbox.send(1, {"split": 0, "seq": 1}, {"obs": obs})
     route, request = inbox.receive()
     assert request.kind == "infer_request" and request.meta == {"split": 0, "seq": 1}
-    assert set(request.arrays) == {"obs"}  # state, mask and opponent were left out
+    assert set(request.arrays) == {"obs"}  # the opponents were left out
+    plain = request_layout(ExperimentConfig(), SPEC, "default")  # no state, mask, opponent
+    assert [field.name for field in plain.fields] == ["obs"]
     np.testing.assert_array_equal(request.arrays["obs"], obs)
     reply = {"action": np.array([1, 0, 1], np.int32), "logp": np.zeros(3, np.float32),
              "value": np.ones(3, np.float32)}

@@ -21,6 +21,7 @@ from bench.harness.launcher import BenchError
 from bench.overhead.cases import IN_FLIGHT, OBS_CASES, TRAJECTORY, micro_config
 from bench.overhead.shared_slots import SlotSegment, doorbell_path, reply_path
 from bench.overhead.sink import Sink
+from srl_jax.config.schema import DEFAULT_POLICY
 from srl_jax.core.names import FileNameService
 from srl_jax.core.shm.attach import SCHEME
 from srl_jax.core.shm.channels import Outbox
@@ -112,7 +113,8 @@ def shm_request_overhead(sink: Sink, name: str, envs: int, in_flight: int,
     config = micro_config(case)
     spec = policy_spec(config)
     outbox = Outbox(bell.with_suffix(""), [bell], REQUEST_SLOTS * in_flight,
-                    request_layout(config, spec), reply_layout(config, spec))
+                    request_layout(config, spec, DEFAULT_POLICY),
+                    reply_layout(config, spec, DEFAULT_POLICY))
     poller = select.poll()
     poller.register(outbox.fileno(), select.POLLIN)
     obs = np.zeros((envs, *obs_shape), obs_dtype)

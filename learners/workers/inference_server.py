@@ -117,9 +117,9 @@ class InferenceServer(Worker):
                 self.config, spec, self.incarnation.seed(self.config.seed + 1000 + self.index),
                 cfg.min_padded_batch, cfg.max_batch)
             self.runner.compile()
-        self.inbox = open_inbox(self, INFERENCE, [request_layout(self.config, spec),
-                                                  reply_layout(self.config, spec)],
-                                max_slots=2 * self.config.actors.splits)
+        layouts = [request_layout(self.config, spec, self.policy),
+                   reply_layout(self.config, spec, self.policy)]
+        self.inbox = open_inbox(self, INFERENCE, layouts, max_slots=2 * self.config.actors.splits)
         self.router = self.socket(INFERENCE, hwm=cfg.request_queue)
         self.pool, self.params = follow(self, self.runner)
         self.poller.register(self.router, zmq.POLLIN)

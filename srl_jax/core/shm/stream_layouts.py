@@ -1,10 +1,12 @@
 """The slot layouts of the same-host streams, from the run's config and a policy's spec:
 both ends build them alike (srl_jax/core/shm/layout.py says what a layout fixes).
 
-- inference requests: `split`, `seq`; obs, state, action_mask, opponent (up to
-  `inference.max_batch` rows, the most a request may carry);
-- inference replies: `split`, `seq`, `version`, `batch_rows`; action, logp, value,
-  state, opponent, and an opponent pool's versions (`pool`, up to `selfplay.pool`);
+- inference requests: `split`, `seq`; obs, and where the policy has them state
+  (recurrent), action_mask (masked actions) and opponent (one that plays an opponent
+  pool), each up to `inference.max_batch` rows, the most a request may carry;
+- inference replies: `split`, `seq`, `version`, `batch_rows`; action, logp, value, and
+  where the policy has them state, opponent and the pool's versions (`pool`, up to
+  `selfplay.pool`);
 - chunks (samples, inserts): `actor`; every array of the run's chunk layout
   (srl_jax/core/chunk_spec.py), and the recent episode returns (`episode_returns`).
 """
@@ -21,23 +23,26 @@ from srl_jax.core.shm.layout import Field, SlotLayout
 F32, I64 = np.dtype(np.float32), np.dtype(np.int64)
 
 
-def request_layout(config: ExperimentConfig, spec: EnvSpec) -> SlotLayout:
-    rows = config.inference.max_batch
+def request_layout(config: ExperimentConfig, spec: EnvSpec, policy: str) -> SlotLayout:
+    rows, pooled = config.inference.max_batch, policy in config.selfplay.opponents
     return SlotLayout("infer_request", ("split", "seq"), (
         Field("obs", np.dtype(spec.obs_dtype), tuple(spec.obs_shape), rows),
-        Field("state", F32, (spec.state_size,), rows),
-        Field("action_mask", np.dtype(bool), (spec.action_dim,), rows),
-        Field("opponent", I64, (), rows)))
+        *([Field("state", F32, (spec.state_size,), rows)] if spec.state_size else []),
+        *([Field("action_mask", np.dtype(bool), (spec.action_dim,), rows)]
+          if spec.action_masked else []),
+        *([Field("opponent", I64, (), rows)] if pooled else [])))
 
 
-def reply_layout(config: ExperimentConfig, spec: EnvSpec) -> SlotLayout:
-    rows = config.inference.max_batch
+def reply_layout(config: ExperimentConfig, spec: EnvSpec, policy: str) -> SlotLayout:
+    rows, pooled = config.inference.max_batch, policy in config.selfplay.opponents
     action = Field("action", F32, tuple(spec.action_shape), rows) if spec.continuous \
         else Field("action", np.dtype(np.int32), (), rows)
     return SlotLayout("infer_reply", ("split", "seq", "version", "batch_rows"), (
         action, Field("logp", F32, (), rows), Field("value", F32, (), rows),
-        Field("state", F32, (spec.state_size,), rows), Field("opponent", I64, (), rows),
-        Field("pool", I64, (), max(config.selfplay.pool, 1), as_list=True)))
+        *([Field("state", F32, (spec.state_size,), rows)] if spec.state_size else []),
+        *([Field("opponent", I64, (), rows),
+           Field("pool", I64, (), max(config.selfplay.pool, 1), as_list=True)]
+          if pooled else [])))
 
 
 def chunk_slot_layout(chunk: Layout, max_returns: int) -> SlotLayout:
