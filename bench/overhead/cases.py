@@ -12,6 +12,9 @@ BATCH_CHUNKS = 4
 """Chunks per learner batch (learner.batch_envs = 4 x the columns of a chunk)."""
 IN_FLIGHT = 8
 """Requests in flight (one per simulated actor) for the server's CPU per request."""
+WINDOWS = 3
+"""Windows of `--seconds` each request measurement takes; its figures are the median
+window's (by server CPU per request)."""
 START_TIMEOUT_S = 150.0
 OBS_CASES: dict[str, tuple[tuple[int, ...], str]] = {
     "vector": ((4,), "float32"),

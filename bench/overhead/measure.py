@@ -18,7 +18,7 @@ from actors.actor_worker import REQUEST_SLOTS, ActorWorker
 from actors.env_ring import ChunkBuilder, StepResult
 from actors.envs import policy_spec
 from bench.harness.launcher import BenchError
-from bench.overhead.cases import IN_FLIGHT, OBS_CASES, TRAJECTORY, micro_config
+from bench.overhead.cases import IN_FLIGHT, OBS_CASES, TRAJECTORY, WINDOWS, micro_config
 from bench.overhead.shared_slots import SlotSegment, doorbell_path, reply_path
 from bench.overhead.sink import Sink
 from srl_jax.config.schema import DEFAULT_POLICY
@@ -47,14 +47,27 @@ def _mark(sink: Sink, message: str = "mark") -> Window:
 
 
 def _measured(sink: Sink, ask_all: Callable[[], None], run: Callable[[float], int],
-              seconds: float) -> tuple[Window, Window, int]:
-    """Ask, warm up (connections, first batches), then answers within the window between
-    two marks: (start, end, answers read)."""
+              seconds: float) -> list[tuple[Window, Window, int]]:
+    """Ask, warm up (connections, first batches), then WINDOWS windows of `seconds`
+    between marks: (start, end, answers read) of each."""
     ask_all()
     run(min(0.3, seconds / 3))
-    start = _mark(sink)
-    answered = run(seconds)
-    return start, _mark(sink, "end"), answered
+    marks, answers = [_mark(sink)], []
+    for window in range(WINDOWS):
+        answers.append(run(seconds))
+        marks.append(_mark(sink, "end" if window == WINDOWS - 1 else "mark"))
+    return [(marks[i], marks[i + 1], answers[i]) for i in range(WINDOWS)]
+
+
+def _median_window(case: dict[str, Any], role: str, name: str, request_bytes: int,
+                   windows: list[tuple[Window, Window, int]]) -> dict[str, Any]:
+    """The figures of the window with the median server CPU per request (a shared
+    machine's bursts land in one window, not in the figure)."""
+    figures = sorted((_request_figures(case, role, name, request_bytes, *window)
+                      for window in windows), key=lambda f: f["server_cpu_us_per_request"])
+    return {**figures[len(figures) // 2], "windows": len(figures),
+            "server_cpu_us_per_request_windows": [f["server_cpu_us_per_request"]
+                                                  for f in figures]}
 
 
 def request_overhead(sink: Sink, name: str, envs: int, in_flight: int,
@@ -90,14 +103,14 @@ def request_overhead(sink: Sink, name: str, envs: int, in_flight: int,
         return answered
 
     try:
-        start, end, answered = _measured(sink, lambda: [ask(d) for d in dealers], run, seconds)
+        windows = _measured(sink, lambda: [ask(d) for d in dealers], run, seconds)
     finally:
         for dealer in dealers:
             dealer.close()
     if rejects.count:
         raise BenchError(f"request measurement {case['name']}: {rejects.count} replies "
                          "rejected")
-    return _request_figures(case, role, name, int(obs.nbytes), start, end, answered)
+    return _median_window(case, role, name, int(obs.nbytes), windows)
 
 
 def shm_request_overhead(sink: Sink, name: str, envs: int, in_flight: int,
@@ -136,14 +149,13 @@ def shm_request_overhead(sink: Sink, name: str, envs: int, in_flight: int,
         return answered
 
     try:
-        start, end, answered = _measured(sink, lambda: [ask(a) for a in range(in_flight)], run,
-                                         seconds)
+        windows = _measured(sink, lambda: [ask(a) for a in range(in_flight)], run, seconds)
     finally:
         outbox.close()
     if rejects.count:
         raise BenchError(f"request measurement {case['name']}: {rejects.count} replies "
                          "rejected")
-    return _request_figures(case, "shm", name, int(obs.nbytes), start, end, answered)
+    return _median_window(case, "shm", name, int(obs.nbytes), windows)
 
 
 def actor_overhead(sink: Sink, envs: int, seconds: float, shared_memory: str
@@ -222,12 +234,11 @@ def shared_memory_floor(sink: Sink, envs: int, in_flight: int, seconds: float
         return answered
 
     try:
-        start, end, answered = _measured(sink, lambda: [ask(a) for a in range(in_flight)], run,
-                                         seconds)
+        windows = _measured(sink, lambda: [ask(a) for a in range(in_flight)], run, seconds)
     finally:
         for fd in (doorbell, *replies):
             os.close(fd)
-    return _request_figures(case, role, name, int(obs.nbytes), start, end, answered)
+    return _median_window(case, role, name, int(obs.nbytes), windows)
 
 
 def _request_figures(case: dict[str, Any], role: str, name: str, request_bytes: int,
