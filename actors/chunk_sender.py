@@ -67,9 +67,10 @@ class ChunkSender:
             while self.keep_alive():
                 if self.outbox is not None:
                     time.sleep(SLOT_WAIT_S)
-                elif not self.socket.poll(POLL_MS, zmq.POLLOUT):
-                    continue
-                if self._try(meta, arrays):
+                    ready = True
+                else:
+                    ready = bool(self.socket.poll(POLL_MS, zmq.POLLOUT))
+                if ready and self._try(meta, arrays):
                     self.sent += 1
                     return
                 if time.perf_counter() > next_log:
