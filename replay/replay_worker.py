@@ -127,7 +127,7 @@ class ReplayWorker(Worker):
         self.poller.register(self.pull, zmq.POLLIN if can_insert else 0)  # 0: unregister
         if self.inbox is not None:
             self.poller.register(self.inbox, zmq.POLLIN if can_insert else 0)
-        shm_waiting = self.inbox is not None and self.inbox.pending
+        shm_waiting = can_insert and self.inbox is not None and self.inbox.pending
         events = dict(self.poller.poll(0 if self._servable() or shm_waiting else POLL_MS))
         if self.router in events:
             self._take_requests()
