@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from srl_jax.config.schema import ConfigError
 from srl_jax.core.shm import place
 from srl_jax.core.shm.channels import Inbox, Outbox
 from srl_jax.core.shm.layout import SlotLayout
@@ -28,8 +29,9 @@ log = logging.getLogger(__name__)
 SCHEME = "shm://"
 
 
-class SharedMemoryUnavailable(RuntimeError):
-    """`transport.shared_memory: on` on a host without it."""
+class SharedMemoryUnavailable(ConfigError):
+    """`transport.shared_memory: on` on a host without it: the worker refuses (its exit
+    ends the run with this line, srl_jax/worker.py) rather than failing and restarting."""
 
 
 def owner_directory(mode: str, create: bool) -> Path | None:
