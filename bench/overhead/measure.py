@@ -20,7 +20,7 @@ from actors.envs import policy_spec
 from bench.harness.launcher import BenchError
 from bench.overhead.cases import IN_FLIGHT, OBS_CASES, TRAJECTORY, WINDOWS, micro_config
 from bench.overhead.shared_slots import SlotSegment, doorbell_path, reply_path
-from bench.overhead.sink import Sink
+from bench.overhead.sink import Sink, own_shared_memory
 from srl_jax.config.schema import DEFAULT_POLICY
 from srl_jax.core.names import FileNameService
 from srl_jax.core.shm.attach import SCHEME
@@ -167,8 +167,7 @@ def actor_overhead(sink: Sink, envs: int, seconds: float, shared_memory: str
     case = {"name": f"actor-{shared_memory}", "envs": envs, "obs_shape": list(obs_shape),
             "obs_dtype": obs_dtype, "shared_memory": shared_memory, "owner": os.getpid()}
     names = FileNameService(Path(sink.call(("actor", case))))
-    if shared_memory == "on":
-        os.environ[OWNER_ENV] = str(os.getpid())
+    own_shared_memory(case)
     actor = ActorWorker(micro_config(case), 0, names.root.parent, names)
     try:
         actor.setup()

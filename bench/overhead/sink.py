@@ -67,7 +67,7 @@ def _until_end(conn: Connection, step: Callable[[], None],
                 return
 
 
-def _own_shared_memory(case: dict[str, Any]) -> None:
+def own_shared_memory(case: dict[str, Any]) -> None:
     """Workers made here use shared memory where the case asks, in the directory of the
     measuring process (which removes it)."""
     if case.get("shared_memory") == "on":
@@ -83,7 +83,7 @@ def _server(case: dict[str, Any], root: Path) -> tuple[Any, zmq.Socket]:
     from srl_jax.core.names import FileNameService
     from srl_jax.core.transport import Transport
 
-    _own_shared_memory(case)
+    own_shared_memory(case)
     names = FileNameService(root / "names")
     context = zmq.Context.instance()
     learner_params = make_socket(context, PARAMS.bind_type)
@@ -230,7 +230,7 @@ class LearnerEnd:
         class IntakeShell(Worker):
             kind = "learner"
 
-        _own_shared_memory(case)
+        own_shared_memory(case)
         config = micro_config(case)
         self.shell = IntakeShell(config, 0, root, FileNameService(root / "names"))
         self.mesh = make_learner_mesh(config.learner.devices, config.learner.batch_envs)
