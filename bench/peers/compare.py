@@ -19,7 +19,8 @@ Cases (``--cases``, default all):
   greedy evaluation (``eval_return_mean``: 5 episodes, the evaluator's seeds);
   the figures as for ``cartpole``, and srl_jax / peer ratios of all three.
 - ``sampling``: pure sampling throughput, learning negligible: srl_jax with a
-  one-epoch, one-minibatch learner and Sample Factory in its sampling mode, for
+  one-epoch, one-minibatch learner, sized for sampling (``SAMPLING_SIZES``) and at
+  the default experiment's sizes, and Sample Factory in its sampling mode, for
   ``--sampling-seconds`` each, against the raw env stepping rate on the same
   cores (one stepping process per core, random actions, no sockets, no policy:
   the physical limit for that env on this machine).
@@ -80,6 +81,11 @@ from bench.peers.systems import (
 SAMPLING_OVERRIDES = ("stop.target_return=null", "learner.ppo.epochs=1",
                       "learner.ppo.minibatches=1", "checkpoint.enabled=false")
 """srl_jax with learning negligible: one gradient step per batch, no checkpoints."""
+SAMPLING_SIZES = ("actors.envs=256", "inference.max_batch=256", "learner.batch_envs=128")
+"""The default experiment's two actors sized for sampling throughput: 256 CartPoles each
+in its two splits (128-row requests, against 32 by default), which share the runtime's
+per-request costs among four times the frames. The default sizes learn faster (more
+updates per frame), so the default experiment keeps them; the sampling case runs both."""
 PONG_OVERRIDES = ("actors.count=2", "actors.envs=16", "actors.splits=2",
                   "actors.send_policy=drop", "inference.max_batch=16", "learner.batch_envs=32",
                   "checkpoint.enabled=false", "stop.env_frames=0")
@@ -163,10 +169,17 @@ def case_dqn(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
 
 def case_sampling(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """srl_jax sized for sampling (SAMPLING_SIZES), at the default experiment's sizes, and
+    Sample Factory at its documented CartPole settings, against raw stepping. The
+    efficiency is the first's; the ratio to Sample Factory is the second's (both
+    systems at the sizes they train CartPole with)."""
     seconds = args.sampling_seconds
+    sized = (*SAMPLING_OVERRIDES, *SAMPLING_SIZES)
     systems = {
-        "srl_jax": lambda d, seed: srl_jax_launch("cartpole_ppo", d,
-                                                  (f"seed={seed}", *SAMPLING_OVERRIDES), seconds),
+        "srl_jax": lambda d, seed: srl_jax_launch("cartpole_ppo", d, (f"seed={seed}", *sized),
+                                                  seconds),
+        "srl_jax_default_sizes": lambda d, seed: srl_jax_launch(
+            "cartpole_ppo", d, (f"seed={seed}", *SAMPLING_OVERRIDES), seconds),
         "sample_factory": lambda d, seed: sample_factory_launch(d, seed, seconds,
                                                                 sampling_only=True),
     }
@@ -174,23 +187,27 @@ def case_sampling(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     print(f"  raw env stepping: {nproc()} processes x 16 CartPoles ...", flush=True)
     raw = raw_rate_on_all_cores({"id": "CartPole-v1"}, 16, args.raw_seconds)
     summary = system_summaries(runs)
-    ours = summary["srl_jax"]["fps"]
-    efficiency = ours["median"] / raw if ours else None
-    ratios = spread(ratio_rounds(runs, "srl_jax", "sample_factory", "fps"))
-    peer = summary["sample_factory"]["fps"]
+
+    def efficiency(name: str) -> float | None:
+        return summary[name]["fps"]["median"] / raw if summary[name]["fps"] else None
+
+    ratios = spread(ratio_rounds(runs, "srl_jax_default_sizes", "sample_factory", "fps"))
     result = {"seconds": seconds, "rounds": args.rounds, "raw_env_steps_per_s": raw,
-              "srl_jax_config": srl_jax_config("cartpole_ppo", SAMPLING_OVERRIDES),
-              "systems": summary, "sampling_efficiency": efficiency,
-              "sampling_efficiency_sample_factory": peer["median"] / raw if peer else None,
+              "srl_jax_config": srl_jax_config("cartpole_ppo", sized),
+              "srl_jax_default_sizes_config": srl_jax_config("cartpole_ppo",
+                                                             SAMPLING_OVERRIDES),
+              "systems": summary, "sampling_efficiency": efficiency("srl_jax"),
+              "sampling_efficiency_default_sizes": efficiency("srl_jax_default_sizes"),
+              "sampling_efficiency_sample_factory": efficiency("sample_factory"),
               "fps_ratio_vs_sample_factory": ratios["median"] if ratios else None,
               "ratios": {"fps_ratio_vs_sample_factory": ratios}}
     rows = [(name, cell(s["fps"], ",.0f"),
-             f"{s['fps']['median'] / raw:.2f}" if s["fps"] else "-")
+             "-" if efficiency(name) is None else f"{efficiency(name):.2f}")
             for name, s in summary.items()]
     rows.append((f"raw env stepping ({nproc()} procs)", f"{raw:,.0f}", "1.00"))
     print_table(f"CartPole-v1 sampling, learning negligible, {seconds:g}s runs",
                 rows, ("system", "env frames/s", "/ raw"))
-    print(f"srl_jax / sample_factory fps: {cell(ratios, '.2f')}")
+    print(f"srl_jax (default sizes) / sample_factory fps: {cell(ratios, '.2f')}")
     return result
 
 
