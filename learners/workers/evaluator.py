@@ -42,7 +42,12 @@ from learners.models.policy_runner import PolicyRunner
 from learners.training.checkpoint import save_params
 from learners.training.device_memory import device_memory_counters
 from learners.training.jax_runtime import configure_jax
-from learners.workers.export import TeamEpisode, TrainedPolicy, play_episode, play_team_episode
+from learners.workers.export import (
+    TeamEpisode,
+    TrainedPolicy,
+    play_episodes,
+    play_team_episode,
+)
 from learners.workers.param_stream import POLL_MS, ParamSubscriber, subscribe
 from srl_jax.config.env_families import family_of
 from srl_jax.config.loader import config_to_dict
@@ -130,8 +135,10 @@ class EvaluatorWorker(Worker):
                 root = evaluated_root(self.run_dir, name, self.config.checkpoint.dir)
                 if saved := steps_in(root):  # a restarted evaluator
                     group.best[name] = step_meta(root, saved[-1])["eval_return_mean"]
-        self.env = make_split(env, 1, [self.config.seed]) if self.multi_agent \
-            else make_env(env)
+        self.env = make_split(env, 1, [self.config.seed]) if self.multi_agent else None
+        self.envs = [] if self.multi_agent else [make_env(env)
+                                                 for _ in range(self.config.evaluation.episodes)]
+        """A single-agent policy plays its episodes in lockstep, one env each."""
 
     def run_once(self) -> None:
         ready = dict(self.poller.poll(POLL_MS))
@@ -144,14 +151,21 @@ class EvaluatorWorker(Worker):
                     version >= group.next_version:
                 self._evaluate(group, version)
 
-    def _play(self, group: _Group, seed: int) -> TeamEpisode:
+    def _play(self, group: _Group, seeds: list[int]) -> list[TeamEpisode] | None:
+        """The episodes from `seeds`; None if the worker was told to stop meanwhile."""
         if self.multi_agent:
-            return play_team_episode(group.team, self.env, seed, deterministic=True,
-                                     on_step=self.keep_alive)
-        episode_return, length = play_episode(group.team[0], self.env, seed,
-                                              deterministic=True, on_step=self.keep_alive)
-        return TeamEpisode({group.names[0]: episode_return}, episode_return, episode_return,
-                           length)
+            played = []
+            for seed in seeds:
+                played.append(play_team_episode(group.team, self.env, seed, deterministic=True,
+                                                on_step=self.keep_alive))
+                if self.stopping:
+                    return None
+            return played
+        returns = play_episodes(group.team[0], self.envs, seeds, deterministic=True,
+                                on_step=self.keep_alive)
+        return None if returns is None else [
+            TeamEpisode({group.names[0]: total}, total, total, length)
+            for total, length in returns]
 
     def _evaluate(self, group: _Group, version: int) -> None:
         """Play the episodes with a snapshot of the group's policies; `version`: the oldest
@@ -160,14 +174,12 @@ class EvaluatorWorker(Worker):
         versions = [runner.version for runner in group.runners]
         for trained, runner in zip(group.team, group.runners, strict=True):
             trained.params = runner.params  # stays on the device, a snapshot
-        episodes = []
-        for episode in range(cfg.episodes):  # the same starts every time: comparable figures
-            played = self._play(group, env_seed(self.config.seed, EVALUATOR_ACTOR_INDEX,
-                                                episode))
-            if self.stopping:
-                return  # a cut episode is no evaluation
-            episodes.append(played)
-            self.episodes += 1
+        episodes = self._play(group, [  # the same starts every time: comparable figures
+            env_seed(self.config.seed, EVALUATOR_ACTOR_INDEX, episode)
+            for episode in range(cfg.episodes)])
+        if episodes is None or self.stopping:
+            return  # a cut episode is no evaluation
+        self.episodes += len(episodes)
         meta: dict[str, Any] = {"eval_policy_version": version, "episodes": len(episodes),
                                 "config": config_to_dict(self.config)}
         if self.multi_agent:
@@ -212,8 +224,9 @@ class EvaluatorWorker(Worker):
         return arrays
 
     def close(self) -> None:
-        if getattr(self, "env", None) is not None:
-            self.env.close()
+        for env in [getattr(self, "env", None), *getattr(self, "envs", [])]:
+            if env is not None:
+                env.close()
         for subscriber in getattr(self, "subscribers", []):
             subscriber.socket.close()
 

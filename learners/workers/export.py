@@ -122,6 +122,31 @@ def play_episode(policy: TrainedPolicy, env: Any, seed: int | None, deterministi
     return total, length
 
 
+def play_episodes(policy: TrainedPolicy, envs: Sequence[Any], seeds: Sequence[int],
+                  deterministic: bool = True,
+                  on_step: Callable[[], bool] | None = None) -> list[tuple[float, int]] | None:
+    """One episode on each of `envs`, from its seed, in lockstep: one batched policy call
+    per step for all of them (a fixed batch, so one compiled program), where one episode
+    at a time makes a call per step of each. (return, length) of each; None if `on_step`
+    (called after every step) returned False, cutting them."""
+    rows = len(envs)
+    obs = np.stack([env.reset(seed=seed)[0] for env, seed in zip(envs, seeds, strict=True)])
+    policy.reset()
+    totals, lengths = np.zeros(rows), np.zeros(rows, int)
+    running = np.ones(rows, bool)
+    while running.any():
+        actions = policy.act_batch(obs, deterministic)
+        for row in np.flatnonzero(running):
+            action = actions[row] if policy.spec.continuous else int(actions[row])
+            obs[row], reward, terminated, truncated, _ = envs[row].step(action)
+            totals[row] += float(reward)
+            lengths[row] += 1
+            running[row] = not (terminated or truncated)
+        if on_step is not None and not on_step():
+            return None
+    return [(float(total), int(length)) for total, length in zip(totals, lengths, strict=True)]
+
+
 @dataclass
 class TeamEpisode:
     """One episode of a multi-agent environment, its returns as training reports them."""
