@@ -29,13 +29,13 @@ class SumTree:
     def update(self, leaves: np.ndarray, values: np.ndarray) -> None:
         """Set the leaves to the values (with repeated leaves, the last value wins)."""
         index = self.base + np.asarray(leaves, np.int64)
+        if not len(index):
+            return
         self.nodes[index] = values
-        index = np.unique(index >> 1)
-        while index[0] >= 1:
+        # A parent named twice is written twice with the same sum: no need to deduplicate.
+        for _ in range(self.base.bit_length() - 1):
+            index >>= 1
             self.nodes[index] = self.nodes[2 * index] + self.nodes[2 * index + 1]
-            if index[0] == 1:
-                break
-            index = np.unique(index >> 1)
 
     def find(self, targets: np.ndarray) -> np.ndarray:
         """The leaf whose prefix-sum interval holds each target in [0, total)."""
