@@ -3,11 +3,16 @@
 Actors push chunks on the inserts stream; each is checked against the run's
 chunk layout and its steps go into a `ReplayBuffer` (replay/buffer.py). Learner
 processes send `sample_request`s on the replay stream and get `sampled` batches
-back, then send the new `priorities` of what they sampled. A `RateLimiter` holds
-the sample-to-insert ratio: while inserts run ahead the server stops reading the
-inserts stream (the actors' sends block, or drop by `actors.send_policy`); while
-samples run ahead it holds the learner's requests and tells it every
-`WAIT_NOTICE_S` that it is alive and waiting, and why. Both waits are counted.
+back, then send the new `priorities` of what they sampled. Every answer carries the
+server's size, its samplable total priority (0 below `replay.min_size`) and the id of its
+memory (`incarnation`, drawn at start), with which the learner draws one distribution
+over all shards (learners/workers/replay_intake.py); a request for 0 rows asks for these
+alone and is answered at once; priorities meant for another memory are ignored.
+A `RateLimiter` holds the sample-to-insert ratio: while inserts run ahead the server
+stops reading the inserts stream (the actors' sends block, or drop by
+`actors.send_policy`); while samples run ahead it holds the learner's requests and
+tells it every `WAIT_NOTICE_S` that it is alive and waiting, and why. Both waits are
+counted.
 
 The contents live in this process only: a replay server that dies loses them and
 is restarted empty; the learner samples from the other shards meanwhile.
@@ -16,6 +21,7 @@ is restarted empty; the learner samples from the other shards meanwhile.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections import deque
 from functools import partial
@@ -88,6 +94,9 @@ class ReplayWorker(Worker):
         self.limiter = RateLimiter(cfg.min_size, cfg.samples_per_insert,
                                    error_buffer(cfg.min_size, cfg.tolerance,
                                                 cfg.samples_per_insert))
+        self.memory_id = int.from_bytes(os.urandom(6), "big")
+        """Names this server's memory in its answers: a restarted server's is new, and
+        priority updates for its predecessor's are ignored."""
         self.pending: deque[Pending] = deque()
         self.inserted = 0
         self.sampled = 0
@@ -172,21 +181,31 @@ class ReplayWorker(Worker):
                                    envelope=1)) is not None:
             routing, message = received
             if message.kind == "priorities":
-                self._update_priorities(message.arrays)
+                self._update_priorities(message.meta, message.arrays)
             else:
                 self._queue_request(routing, message.meta)
 
     def _queue_request(self, routing: list[bytes], meta: dict) -> None:
         seq, rows, window = (meta.get(k) for k in ("seq", "rows", "window"))
         if not (type(seq) is int and type(rows) is int and type(window) is int
-                and 0 < rows <= MAX_ROWS and 0 < window <= MAX_WINDOW):
+                and 0 <= rows <= MAX_ROWS and 0 < window <= MAX_WINDOW):
             self.rejects.reject(ValueError(f"sample_request with seq {seq!r}, rows {rows!r}, "
                                            f"window {window!r}"))
             return
-        self.pending.append(Pending(routing, seq, rows, window, time.perf_counter()))
+        request = Pending(routing, seq, rows, window, time.perf_counter())
+        if rows:
+            self.pending.append(request)
+        else:  # the learner asks for the figures alone
+            self._reply(request, {})
 
-    def _update_priorities(self, arrays: dict[str, np.ndarray]) -> None:
+    def _update_priorities(self, meta: dict, arrays: dict[str, np.ndarray]) -> None:
         error = priorities_error(arrays)
+        incarnation = meta.get("incarnation")
+        if error is None and type(incarnation) is not int:
+            error = f"priorities for memory {incarnation!r}"
+        if error is None and incarnation != self.memory_id:
+            self.priorities_stale += len(arrays["slots"])  # sampled from a predecessor
+            return
         if error is None:
             try:
                 applied = self.buffer.update_priorities(
@@ -219,8 +238,10 @@ class ReplayWorker(Worker):
 
     def _reply(self, request: Pending, arrays: dict[str, np.ndarray],
                waiting: str | None = None) -> None:
-        meta = {"seq": request.seq, "size": self.buffer.size,
-                **({"waiting": waiting} if waiting else {})}
+        size = self.buffer.size
+        total = self.buffer.tree.total if size >= self.config.replay.min_size else 0.0
+        meta = {"seq": request.seq, "size": size, "total": total,
+                "incarnation": self.memory_id, **({"waiting": waiting} if waiting else {})}
         with contextlib.suppress(zmq.Again):  # the learner is gone or full: it asks again
             send(self.router, "sampled", meta, arrays, routing=request.routing,
                  flags=zmq.NOBLOCK)

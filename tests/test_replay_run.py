@@ -65,7 +65,7 @@ def malformed(push: zmq.Socket, dealer: zmq.Socket) -> int:
     ]
     for arrays in chunks:
         send(push, "samples", {}, arrays)
-    requests = [{"seq": 1, "rows": 0, "window": 3}, {"seq": 1, "rows": 1 << 20, "window": 3},
+    requests = [{"seq": 1, "rows": -1, "window": 3}, {"seq": 1, "rows": 1 << 20, "window": 3},
                 {"seq": "x", "rows": 8, "window": 3}, {"rows": 8}]
     for meta in requests:
         send(dealer, "sample_request", meta)

@@ -22,7 +22,6 @@ from learners.workers.sample_intake import SampleIntake
 from srl_jax.config.algorithms import algorithm, algorithm_config, chunk_stream
 from srl_jax.core.chunk_spec import run_chunk_layout
 from srl_jax.core.env_spec import EnvSpec
-from srl_jax.core.replay_spec import replay_layout
 from srl_jax.core.shm.attach import open_inbox
 from srl_jax.core.shm.stream_layouts import chunk_slot_layout
 from srl_jax.core.stream_table import REPLAY, SAMPLES
@@ -85,6 +84,6 @@ def open_intake(worker: Worker, spec: EnvSpec, local_envs: int, process_index: i
     sockets = [worker.socket(REPLAY, index=i) for i in range(servers)]
     keys = [REPLAY.key(worker.policy, i) for i in range(servers)]
     window = algorithm(cfg.algorithm).replay_window(algorithm_config(config))
-    rows = local_envs // servers
-    return ReplayIntake(sockets, keys, rows, window, replay_layout(rows, window, spec),
-                        worker.rejects, process_index)
+    return ReplayIntake(sockets, keys, local_envs, window, spec,
+                        config.replay.importance_exponent, worker.rejects, process_index,
+                        worker.incarnation.seed(config.seed * 7919 + process_index))

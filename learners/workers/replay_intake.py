@@ -1,70 +1,124 @@
 """The learner's intake from replay (an `Intake`, learners/workers/intake.py): sampled
-batches from its policy's replay servers.
+batches drawn from its policy's replay servers as from one prioritized memory.
 
-A learner process asks every replay server for parts of `rows` transitions
-(`sample_request`, at most `INFLIGHT` outstanding each) and builds a batch from
-any `parts` parts that came back, so that while one server is dead or refilling,
-the others fill its share. Each reply is checked against the sampled-batch layout
-(`srl_jax.core.replay_spec`); anything else is counted and dropped. After the update,
-`trained` returns each row's new priority to the server it came from.
+Prioritized replay (Schaul et al. 2016) and Ape-X (Horgan et al. 2018) sample one
+distribution over the whole memory, P(i) = p_i^a / sum_j p_j^a, and weight each row by
+(N P(i))^-beta. Here the memory is split over shards, so a batch of B rows takes n_k rows
+from shard k, drawn multinomially in proportion to the shard's total priority T_k (every
+answer carries its server's size N_k and total T_k: the learner knows them as of the
+last), and each shard samples its rows by priority within itself. A row of shard k was
+then drawn with probability (n_k / B) p_i^a / T_k, from which `shard_weights` gives its
+weight over the whole memory, N = sum N_k. A server reports a total of 0 until it holds
+`replay.min_size`, so a restarted, refilling shard gets no share until it can serve one.
 
-A server that holds a request (its rate limiter waits) says so every second; one
-that says nothing for `SILENCE_S` while asked is presumed gone, and asked again
-(its restarted successor registers anew and the socket follows it).
+A batch's requests go out together (a *round*, at most `INFLIGHT` outstanding), and the
+batch is whole when every part has come back. A server that holds a request (its rate
+limiter waits) says so every second. One that says nothing for `SILENCE_S` while asked is
+presumed gone: the rounds waiting on it are given up, and it gets no share until it
+answers again; a server not asked for `PROBE_S` (no share, or presumed gone) is asked for
+0 rows, which it answers at once with its figures. Each part is checked against the
+sampled-batch layout (`srl_jax.core.replay_spec`); anything else is counted and dropped.
+After the update, `trained` returns each row's new priority to the server it came from,
+with the id of that server's memory (`incarnation`): a restarted server, whose memory is
+new, ignores the updates meant for its predecessor's.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import numpy as np
 import zmq
 
-from srl_jax.core.chunk_spec import Layout, chunk_error
+from srl_jax.core.chunk_spec import chunk_error
+from srl_jax.core.env_spec import EnvSpec
+from srl_jax.core.replay_spec import replay_layout
 from srl_jax.core.stream_table import REPLAY
 from srl_jax.core.streams import RejectCounter, receive, send
 
 INFLIGHT = 2
-"""Sample requests outstanding per replay server."""
+"""Rounds (a batch's requests) outstanding."""
 SILENCE_S = 5.0
-"""A server asked but silent this long is presumed gone; its requests are sent again."""
+"""A server asked but silent this long is presumed gone; its rounds are given up."""
+PROBE_S = 1.0
+"""A server not asked for this long is asked for its figures (0 rows)."""
 
 
 @dataclass
 class _Server:
     socket: zmq.Socket
     key: str
+    size: int = 0
+    total: float | None = None
+    """Its samplable total priority as it last said; None: not heard from yet (an equal
+    share until it answers)."""
+    incarnation: int = 0
+    gone: bool = False
+    """Presumed gone (silent while asked): no share until it answers again."""
     inflight: dict[int, float] = field(default_factory=dict)
-    """seq -> when it was sent."""
+    """seq -> when it was sent (its parts of rounds, and probes)."""
     last_heard: float = 0.0
+    last_asked: float = 0.0
     waiting: str = ""
     """Why it holds our requests, as it last said ('' once it answers)."""
 
 
-class Part(NamedTuple):
-    server: int
-    arrays: dict[str, np.ndarray]
+@dataclass
+class _Round:
+    """One batch's requests: server -> (seq, rows), and the parts come back so far."""
+
+    asked: dict[int, tuple[int, int]]
+    parts: dict[int, tuple[dict[str, np.ndarray], int, int]] = field(default_factory=dict)
+    """server -> (arrays, its size, its incarnation) when it sampled them."""
+
+
+def shard_weights(probabilities: np.ndarray, shares: np.ndarray, memory: int,
+                  beta: float) -> np.ndarray:
+    """Importance weights (N P(i)) ** -beta of rows drawn with probability `probabilities`
+    within their shard, each shard giving `shares` (n_k / B, per row) of the batch;
+    `memory`: N, the transitions of all shards. The update divides by the largest."""
+    return (max(memory, 1) * shares * probabilities) ** -beta
+
+
+def allocate(rows: int, totals: list[float | None], rng: np.random.Generator) -> np.ndarray:
+    """Rows of a batch per server: multinomial in proportion to the known totals, servers
+    not heard from yet an equal share beside them; equal shares where no total is known
+    to be above 0 (every server refilling: their rate limiters hold the requests)."""
+    count = len(totals)
+    unknown = np.array([t is None for t in totals])
+    known = np.array([0.0 if t is None else t for t in totals])
+    if known.sum() <= 0:
+        weights = np.ones(count) / count
+    else:
+        weights = np.where(unknown, 1.0 / count, 0.0)
+        weights += (1.0 - unknown.sum() / count) * known / known.sum()
+    return rng.multinomial(rows, weights / weights.sum())
 
 
 class ReplayIntake:
     """Asks, receives, checks and assembles sampled batches; sends back priorities."""
 
-    kept = ("slots", "generations", "shards")
+    kept = ("slots", "generations", "shards", "incarnations")
     """Where each row came from: its new priority goes back there (never put on the mesh)."""
 
     def __init__(self, sockets: list[zmq.Socket], keys: list[str], rows: int, window: int,
-                 layout: Layout, rejects: RejectCounter, process_index: int) -> None:
-        """`rows` per part, one part per server in a batch; `layout`: one part's arrays;
-        `process_index`: this learner process's place in a multi-process batch."""
+                 spec: EnvSpec, importance_exponent: float, rejects: RejectCounter,
+                 process_index: int, seed: int) -> None:
+        """`rows` per batch, drawn from all servers; `process_index`: this learner
+        process's place in a multi-process batch."""
         now = time.monotonic()
         self.servers = [_Server(s, k, last_heard=now) for s, k in zip(sockets, keys, strict=True)]
-        self.rows, self.window, self.layout = rows, window, layout
+        self.rows, self.window, self.spec = rows, window, spec
+        self.beta = importance_exponent
         self.process_index = process_index
         self.rejects = rejects
-        self.ready: deque[Part] = deque()
+        self.rng = np.random.default_rng(seed)
+        self.rounds: dict[int, _Round] = {}
+        """Outstanding rounds by the seq of their first request."""
+        self.ready: deque[dict[str, np.ndarray]] = deque()
         self.poller = zmq.Poller()
         for server in self.servers:
             self.poller.register(server.socket, zmq.POLLIN)
@@ -73,25 +127,22 @@ class ReplayIntake:
         """Transitions trained on (the learner's samples)."""
         self.requests = 0
         self.timeouts = 0
+        self.rounds_given_up = 0
         self.priorities_sent = 0
         self.priorities_dropped = 0
         self.recent_returns: deque[float] = deque()
         """Episode returns never reach a replay learner (the evaluator's rank it)."""
 
     @property
-    def parts(self) -> int:
-        return len(self.servers)
-
-    @property
     def queued(self) -> int:
-        """Parts received and not yet trained on."""
+        """Batches assembled and not yet trained on."""
         return len(self.ready)
 
     def pump(self, timeout_ms: int, version: int) -> None:
-        """Ask whoever has room, wait up to `timeout_ms` for replies, take them (sampled
-        rows have no versions to check)."""
+        """Ask, wait up to `timeout_ms` for answers, take them (sampled rows have no
+        versions to check)."""
         self._ask()
-        if len(self.ready) >= self.parts:
+        if self.ready:
             timeout_ms = 0
         for socket, _ in self.poller.poll(timeout_ms):
             index = next(i for i, s in enumerate(self.servers) if s.socket is socket)
@@ -100,60 +151,122 @@ class ReplayIntake:
                 self._take(index, received[1].meta, received[1].arrays)
         self._forget_silent()
 
+    def _request(self, index: int, rows: int) -> int | None:
+        """Send server `index` a request for `rows` rows; its seq, or None if it cannot
+        take one now (not connected yet)."""
+        server = self.servers[index]
+        self._seq += 1
+        try:
+            send(server.socket, "sample_request",
+                 {"seq": self._seq, "rows": rows, "window": self.window}, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return None
+        now = time.monotonic()
+        if not server.inflight:
+            server.last_heard = now
+        server.inflight[self._seq] = server.last_asked = now
+        self.requests += 1
+        return self._seq
+
     def _ask(self) -> None:
-        if len(self.ready) >= 2 * self.parts:  # enough on hand: do not hoard samples
-            return
-        for server in self.servers:
-            while len(server.inflight) < INFLIGHT:
-                self._seq += 1
-                try:
-                    send(server.socket, "sample_request",
-                         {"seq": self._seq, "rows": self.rows, "window": self.window},
-                         flags=zmq.NOBLOCK)
-                except zmq.Again:  # not connected yet: try again next turn
+        while len(self.rounds) < INFLIGHT and len(self.ready) < 2:  # never hoard samples
+            live = [i for i, s in enumerate(self.servers) if not s.gone]
+            if not live:
+                break
+            counts = allocate(self.rows, [self.servers[i].total for i in live], self.rng)
+            asked = {}
+            for index, rows in zip(live, counts, strict=True):
+                if rows and (seq := self._request(index, int(rows))) is not None:
+                    asked[index] = (seq, int(rows))
+                elif rows:  # a round with a part missing is no batch
+                    self._drop_seqs(asked)
+                    asked = {}
                     break
-                if not server.inflight:
-                    server.last_heard = time.monotonic()
-                server.inflight[self._seq] = time.monotonic()
-                self.requests += 1
+            if not asked:
+                break
+            self.rounds[min(seq for seq, _ in asked.values())] = _Round(asked)
+        now = time.monotonic()
+        for index, server in enumerate(self.servers):
+            if not server.inflight and now - server.last_asked >= PROBE_S:
+                self._request(index, 0)
+
+    def _drop_seqs(self, asked: dict[int, tuple[int, int]]) -> None:
+        for index, (seq, _) in asked.items():
+            self.servers[index].inflight.pop(seq, None)
 
     def _take(self, index: int, meta: dict, arrays: dict[str, np.ndarray]) -> None:
         server = self.servers[index]
-        seq = meta.get("seq")
+        seq, size, total, incarnation = (meta.get(k) for k in
+                                         ("seq", "size", "total", "incarnation"))
         if type(seq) is not int or seq not in server.inflight:
             return  # the answer to a request given up on
+        if not (type(size) is int and size >= 0 and type(incarnation) is int and
+                isinstance(total, int | float) and math.isfinite(total) and total >= 0):
+            self.rejects.reject(ValueError(f"sampled with size {size!r}, total {total!r}, "
+                                           f"incarnation {incarnation!r}"))
+            return
         server.last_heard = time.monotonic()
+        server.size, server.total, server.incarnation = size, float(total), incarnation
+        server.gone = False
+        round_ = next((r for r in self.rounds.values()
+                       if r.asked.get(index, (None,))[0] == seq), None)
         if not arrays:
-            waiting = meta.get("waiting")
-            server.waiting = waiting if isinstance(waiting, str) else "waiting"
+            if round_ is None:  # a probe's answer
+                del server.inflight[seq]
+            else:
+                waiting = meta.get("waiting")
+                server.waiting = waiting if isinstance(waiting, str) else "waiting"
             return
         del server.inflight[seq]
-        error = chunk_error(arrays, self.layout)
+        if round_ is None:
+            return
+        error = chunk_error(arrays, replay_layout(round_.asked[index][1], self.window,
+                                                  self.spec))
         if error is not None:
             self.rejects.reject(ValueError(error.replace("chunk", "sampled batch")))
+            self._give_up(round_)
             return
         server.waiting = ""
-        self.ready.append(Part(index, arrays))
+        round_.parts[index] = (arrays, size, incarnation)
+        if len(round_.parts) == len(round_.asked):
+            self._give_up(round_)
+            self.ready.append(self._assemble(round_))
+
+    def _give_up(self, round_: _Round) -> None:
+        """Forget a round (done, or waiting on a part that will not come)."""
+        key = next(k for k, r in self.rounds.items() if r is round_)
+        del self.rounds[key]
+        self._drop_seqs(round_.asked)
+
+    def _assemble(self, round_: _Round) -> dict[str, np.ndarray]:
+        order = sorted(round_.parts)
+        parts = [round_.parts[i][0] for i in order]
+        batch = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+        rows = [round_.asked[i][1] for i in order]
+        batch["shards"] = np.repeat(order, rows)
+        batch["incarnations"] = np.repeat([round_.parts[i][2] for i in order], rows)
+        memory = sum(s.size for s in self.servers if not s.gone)
+        shares = np.repeat(np.asarray(rows, np.float64) / self.rows, rows)
+        batch["weights"] = shard_weights(batch["probabilities"], shares, memory,
+                                         self.beta).astype(batch["weights"].dtype)
+        self.frames_consumed += len(batch["shards"])
+        return batch
 
     def _forget_silent(self) -> None:
         now = time.monotonic()
-        for server in self.servers:
+        for index, server in enumerate(self.servers):
             if server.inflight and now - server.last_heard > SILENCE_S:
                 server.inflight.clear()
-                server.waiting = "silent: asked again"
+                server.gone, server.waiting = True, "silent: presumed gone"
                 self.timeouts += 1
+                for round_ in [r for r in self.rounds.values() if index in r.asked]:
+                    self._give_up(round_)
+                    self.rounds_given_up += 1
 
     def take_batch(self, version: int) -> dict[str, np.ndarray] | None:
-        """A batch of `parts` parts (from any servers), or None while fewer are ready;
-        its `shards` array says which server each row came from."""
-        if len(self.ready) < self.parts:
-            return None
-        parts = [self.ready.popleft() for _ in range(self.parts)]
-        batch = {name: np.concatenate([p.arrays[name] for p in parts])
-                 for name in self.layout}
-        batch["shards"] = np.repeat([p.server for p in parts], self.rows)
-        self.frames_consumed += len(batch["shards"])
-        return batch
+        """The next whole batch, or None; its `shards` array says which server each row
+        came from, `incarnations` which memory of it."""
+        return self.ready.popleft() if self.ready else None
 
     def trained(self, kept: dict[str, np.ndarray], per_row: np.ndarray | None) -> None:
         """Each row's new priority (this process's rows of `per_row`, over the global
@@ -167,16 +280,17 @@ class ReplayIntake:
 
     def _send_priorities(self, routing: dict[str, np.ndarray], priorities: np.ndarray) -> None:
         for index, server in enumerate(self.servers):
-            rows = routing["shards"] == index
-            if not rows.any():
-                continue
-            arrays = {"slots": routing["slots"][rows], "generations": routing["generations"][rows],
-                      "priorities": priorities[rows].astype(np.float32)}
-            try:
-                send(server.socket, "priorities", {}, arrays, flags=zmq.NOBLOCK)
-                self.priorities_sent += 1
-            except zmq.Again:
-                self.priorities_dropped += 1
+            for incarnation in np.unique(routing["incarnations"][routing["shards"] == index]):
+                rows = (routing["shards"] == index) & (routing["incarnations"] == incarnation)
+                arrays = {"slots": routing["slots"][rows],
+                          "generations": routing["generations"][rows],
+                          "priorities": priorities[rows].astype(np.float32)}
+                try:
+                    send(server.socket, "priorities", {"incarnation": int(incarnation)},
+                         arrays, flags=zmq.NOBLOCK)
+                    self.priorities_sent += 1
+                except zmq.Again:
+                    self.priorities_dropped += 1
 
     def waiting_on(self) -> str:
         """Which servers the learner waits for, and why."""
@@ -186,7 +300,8 @@ class ReplayIntake:
     def counters(self) -> dict[str, int]:
         """Its run counters (`srl_jax.core.metrics_table.CARRIED` that apply) and its own."""
         return {"frames_consumed": self.frames_consumed, "replay_requests": self.requests,
-                "replay_timeouts": self.timeouts, "replay_parts_ready": len(self.ready),
+                "replay_timeouts": self.timeouts, "replay_batches_ready": len(self.ready),
+                "replay_rounds_given_up": self.rounds_given_up,
                 "priorities_sent": self.priorities_sent,
                 "priorities_dropped": self.priorities_dropped}
 

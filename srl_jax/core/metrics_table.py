@@ -221,9 +221,11 @@ LEARNER = (
             "the algorithm's training diagnostics of its last update (loss, entropy, ...; "
             "`train/hp/<name>`: live hyperparameters)", (Row("learner/", Shown.VALUE),)),
     Counter("replay_requests", "requests", _SUM, "sample requests sent to replay servers"),
-    Counter("replay_timeouts", "requests", _SUM, "replay sample requests that timed out",
-            (Row("learner/replay_timeouts", optional=True),)),
-    Counter("replay_parts_ready", "parts", _LEVEL, "sampled parts waiting for a batch"),
+    Counter("replay_timeouts", "requests", _SUM, "replay servers presumed gone (silent "
+            "while asked)", (Row("learner/replay_timeouts", optional=True),)),
+    Counter("replay_batches_ready", "batches", _LEVEL, "sampled batches waiting for an update"),
+    Counter("replay_rounds_given_up", "batches", _SUM,
+            "batches given up on: a server presumed gone, or a part malformed"),
     Counter("priorities_sent", "updates", _SUM, "priority updates sent to replay"),
     Counter("priorities_dropped", "updates", _SUM, "priority updates dropped"),
     *device_memory("learner"),
@@ -236,7 +238,8 @@ REPLAY = (
             (Row("replay/samples_per_s", Shown.RATE),)),
     Counter("chunks", "chunks", _SUM, "chunks inserted"),
     Counter("priority_updates", "updates", _SUM, "priority updates applied"),
-    Counter("priorities_stale", "updates", _SUM, "priority updates for items since replaced",
+    Counter("priorities_stale", "updates", _SUM, "priority updates for items since replaced "
+            "(or meant for a predecessor's memory)",
             (Row("replay/priorities_stale"),)),
     Counter("time_insert_wait", "s", _SUM, "time inserts waited on samples_per_insert",
             (Row("replay/insert_wait_frac", Shown.SHARE, at_most=1.0),)),

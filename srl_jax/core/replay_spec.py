@@ -62,10 +62,12 @@ REPLAY_FIELDS: tuple[ReplayField, ...] = (
     ReplayField("next_obs", lambda s, n: s.obs_shape, lambda s: np.dtype(s.obs_dtype), True,
                 "observation after the window's last step (the bootstrap observation)"),
     ReplayField("weights", _scalar, _fixed(np.float32), True,
-                "importance weight (N * P(i)) ** -beta from its server (N: its size); the "
-                "learner divides by the batch's largest"),
+                "importance weight (N * P(i)) ** -beta within its server (N: its size); "
+                "the learner's intake replaces it with the weight over all shards, and the "
+                "update divides by the batch's largest"),
     ReplayField("probabilities", _scalar, _fixed(np.float64), False,
-                "probability this server sampled the row with (priority share)"),
+                "probability this server sampled the row with, among its own (priority "
+                "share)"),
     ReplayField("slots", _scalar, _fixed(np.int64), False,
                 "the row's slot in its server's ring (for priority updates)"),
     ReplayField("generations", _scalar, _fixed(np.int64), False,
