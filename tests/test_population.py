@@ -46,14 +46,33 @@ def test_members_start_from_their_own_draws_or_listed_values() -> None:
 
 
 def test_explore_perturbs_or_redraws() -> None:
-    pop = PopulationConfig(members=4, explore={LR: {"uniform": [0.5, 0.6]}},
+    pop = PopulationConfig(members=4, explore={LR: {"uniform": [0.5, 1.5]}},
                            resample_probability=0.0)
     rng = np.random.default_rng(0)
     new = [explore({LR: 1.0, "learner.ppo.ent_coef": 0.01}, pop, rng) for _ in range(20)]
     assert {round(v[LR], 6) for v in new} == {0.8, 1.2}
     assert all(v["learner.ppo.ent_coef"] == 0.01 for v in new), "not explored: kept"
     pop.resample_probability = 1.0
-    assert all(0.5 <= explore({LR: 1.0}, pop, rng)[LR] <= 0.6 for _ in range(20))
+    assert all(0.5 <= explore({LR: 1.0}, pop, rng)[LR] <= 1.5 for _ in range(20))
+
+
+def test_explore_stays_inside_the_declared_ranges_and_leaves_zero() -> None:
+    ENT = "learner.ppo.ent_coef"
+    pop = PopulationConfig(members=4, resample_probability=0.0, explore={
+        LR: {"log_uniform": [1e-4, 3e-3]}, ENT: {"uniform": [0.0, 0.05]}})
+    rng = np.random.default_rng(0)
+    values = {LR: 2.9e-3, ENT: 0.0}
+    seen = []
+    for _ in range(200):  # repeated x1.2 would walk past 3e-3; x0.8 never leaves 0
+        values = explore(values, pop, rng)
+        assert 1e-4 <= values[LR] <= 3e-3 and 0.0 <= values[ENT] <= 0.05, values
+        seen.append(values[ENT])
+    assert max(seen) > 0, "0 is left"
+    listed = PopulationConfig(members=4, resample_probability=0.0,
+                              explore={ENT: [0.0, 0.001, 0.01]})
+    steps = {explore({ENT: 0.001}, listed, rng)[ENT] for _ in range(50)}
+    assert steps == {0.0, 0.01}, "a listed value steps to a neighbouring choice"
+    assert {explore({ENT: 0.01}, listed, rng)[ENT] for _ in range(50)} == {0.001, 0.01}
 
 
 def test_a_ready_loser_copies_a_winner_and_the_others_are_kept() -> None:

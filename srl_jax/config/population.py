@@ -134,16 +134,32 @@ def initial_hyperparams(config: ExperimentConfig) -> dict[str, dict[str, float]]
     return start
 
 
+def perturbed(value: float, factor: float, spec: Any) -> float:
+    """`value` moved by `factor`, inside its spec: a range's value multiplied and kept within
+    [lo, hi] (a 0 moved by (factor - 1) of the range, since no factor moves it); a listed
+    value stepped to the neighbouring choice, up for a factor above 1, down below."""
+    if isinstance(spec, list):
+        choices = sorted(float(c) for c in spec)
+        at = int(np.argmin([abs(c - value) for c in choices]))
+        step = 1 if factor > 1 else -1 if factor < 1 else 0
+        return choices[min(max(at + step, 0), len(choices) - 1)]
+    (_, (low, high)), = spec.items()
+    moved = value * factor if value else (factor - 1) * (high - low)
+    return float(min(max(moved, low), high))
+
+
 def explore(values: Mapping[str, float], pop: PopulationConfig,
             rng: np.random.Generator) -> dict[str, float]:
     """New values from a donor's: each explored key redrawn with `resample_probability`,
-    else multiplied by one of `perturb`; keys not explored are kept."""
+    else perturbed by one of `perturb` (within its spec: `perturbed`); keys not explored
+    are kept."""
     new = dict(values)
     for key, spec in pop.explore.items():
         if key not in new or rng.random() < pop.resample_probability:
             new[key] = draw(spec, rng)
         else:
-            new[key] = float(new[key] * pop.perturb[rng.integers(len(pop.perturb))])
+            factor = pop.perturb[rng.integers(len(pop.perturb))]
+            new[key] = perturbed(float(new[key]), factor, spec)
     return new
 
 

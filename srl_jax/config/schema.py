@@ -312,10 +312,13 @@ class PopulationConfig:
     window: int = 10
     """Metrics rows whose member return since its last change (its evaluation return,
     when the evaluator runs) make its score."""
-    exploit_fraction: float = 0.25
-    """A ready member in the bottom fraction copies one of the top fraction."""
+    exploit_fraction: float = 0.2
+    """A ready member in the bottom fraction copies one of the top fraction (Jaderberg et
+    al. 2017: the bottom and top 20%)."""
     perturb: list[float] = field(default_factory=lambda: [0.8, 1.2])
-    """Explore: each explored value is multiplied by one of these, drawn at random ..."""
+    """Explore: each explored value is multiplied by one of these, drawn at random, and
+    kept inside its `explore` range (a 0 moves by the factor less 1 of the range; a listed
+    value steps to the next choice up or down) ..."""
     resample_probability: float = 0.25
     """... or, with this probability, drawn anew from its `explore` spec."""
     seed: int = 0
