@@ -57,13 +57,22 @@ class PopulationMember:
         self.rejects = rejects
         self.log = log
         self.save_copy = save_copy
+        self._last: tuple[int, dict[str, Any]] | None = None
+        """The last exploit done, by its id, and the answer it got: one sent again (the
+        manager heard nothing in time) is answered again, not done twice."""
 
     def answer(self) -> None:
         """Answer the exploits that are waiting (see `exploit`)."""
         while (received := receive(self.socket, CONTROL.binder_receives, self.rejects,
                                    envelope=1)) is not None:
             routing, message = received
-            reply = {"member": self.member, **self.exploit(message.meta)}
+            exploit_id = message.meta.get("exploit_id")
+            if self._last is not None and exploit_id == self._last[0]:
+                reply = self._last[1]
+            else:
+                reply = {"member": self.member, **self.exploit(message.meta)}
+                if type(exploit_id) is int:
+                    self._last = (exploit_id, reply)
             send(self.socket, "exploited", reply, routing=routing)
 
     def exploit(self, meta: dict[str, Any]) -> dict[str, Any]:

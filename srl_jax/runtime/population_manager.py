@@ -8,7 +8,9 @@ point applies `srl_jax.config.population.decide`. An exploit goes to the loser's
 over the control stream; the learner loads the donor's newest complete checkpoint,
 takes the new hyperparameters without restarting, checkpoints the copy, has the
 controller append the event to `population.jsonl` (so the lineage holds what a restart
-would bring back) and answers with what it loaded. A manager that starts asks the
+would bring back) and answers with what it loaded. A member has one exploit in flight:
+one unanswered for `REPLY_TIMEOUT_S` is sent again under its id (a learner that did it
+answers again without copying twice). A manager that starts asks the
 controller for the lineage so far (srl_jax/runtime/population_link.py) and ranks from
 the rows that come after, so a restarted one needs no state of its own.
 """
@@ -23,7 +25,6 @@ import zmq
 
 from srl_jax.config.population import (
     VERSION_KEY,
-    Exploit,
     MemberView,
     decide,
     event_problem,
@@ -42,7 +43,8 @@ POLL_MS = 200
 ASK_S = 1.0
 """How long one ask for the lineage waits before the manager heartbeats and asks again."""
 REPLY_TIMEOUT_S = 60.0
-"""An exploit unanswered this long (its learner died) is dropped and decided again."""
+"""An exploit unanswered this long (its learner died, or a slow save) is sent again, the
+same exploit under the same id: a member has one exploit in flight, never two."""
 ROWS_KEPT = 10_000
 
 
@@ -51,8 +53,11 @@ class PopulationManager(Worker):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.pending: dict[str, tuple[Exploit, float, float]] = {}
-        """Exploits sent, by member: (exploit, monotonic and wall time sent)."""
+        self.pending: dict[str, tuple[dict[str, Any], float, float]] = {}
+        """Exploits sent, by member: (the message, monotonic and wall time first sent)."""
+        self._resent: dict[str, float] = {}
+        """When each pending exploit was last sent."""
+        self._exploit_ids = 0
         self.exploits = 0
         self.refused = 0
 
@@ -138,12 +143,12 @@ class PopulationManager(Worker):
                 self._answered(received[1].meta)
                 changed = True
         now = time.monotonic()
-        for member, (_, sent, _) in list(self.pending.items()):
-            if now - sent > REPLY_TIMEOUT_S:
-                self.log.warning("no answer from %s's learner in %.0fs; deciding again",
-                                 member, REPLY_TIMEOUT_S)
-                del self.pending[member]
-                changed = True
+        for member, (message, _, _) in self.pending.items():
+            if now - self._resent[member] > REPLY_TIMEOUT_S:
+                self.log.warning("no answer from %s's learner in %.0fs; sending its exploit "
+                                 "again", member, REPLY_TIMEOUT_S)
+                send(self.sockets[member], "exploit", message)
+                self._resent[member] = now
         if not (self._take_rows() or changed):
             return  # nothing new to rank: the views and the decisions would be the same
         self._update_views()
@@ -154,12 +159,14 @@ class PopulationManager(Worker):
             view.ready_at = view.version + self.config.population.ready_after_updates
         for exploit in exploits:
             scores = {m: v.score for m, v in self.views.items()}
-            send(self.sockets[exploit.member], "exploit",
-                 {"member": exploit.member, "donor": exploit.donor,
-                  "hyperparams": exploit.hyperparams,
-                  "old_hyperparams": self.views[exploit.member].hyperparams,
-                  "scores": scores})
-            self.pending[exploit.member] = (exploit, time.monotonic(), time.time())
+            self._exploit_ids += 1
+            message = {"member": exploit.member, "donor": exploit.donor,
+                       "hyperparams": exploit.hyperparams,
+                       "old_hyperparams": self.views[exploit.member].hyperparams,
+                       "scores": scores, "exploit_id": self._exploit_ids}
+            send(self.sockets[exploit.member], "exploit", message)
+            self.pending[exploit.member] = (message, time.monotonic(), time.time())
+            self._resent[exploit.member] = time.monotonic()
             self.log.info("%s (score %.2f) copies %s (score %.2f): %s", exploit.member,
                           scores[exploit.member], exploit.donor, scores[exploit.donor],
                           exploit.hyperparams)
@@ -172,9 +179,10 @@ class PopulationManager(Worker):
             self.rejects.reject(ValueError(f"answer from unknown member {member!r}"))
             return
         pending = self.pending.pop(member, None)
+        self._resent.pop(member, None)
         if not meta.get("ok"):
             self.refused += 1
-            donor = pending[0].donor if pending else "its donor"
+            donor = pending[0]["donor"] if pending else "its donor"
             self.log.info("%s did not copy %s: %s", member, donor, meta.get("reason"))
             return
         if not isinstance(values, dict) or not isinstance(version, int):
