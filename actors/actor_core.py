@@ -22,9 +22,9 @@ its episode ends, so inference servers stay stateless.
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -97,6 +97,19 @@ class Turn:
     requests: list[Request] = field(default_factory=list)
 
 
+class Answer(NamedTuple):
+    """A policy's checked reply to a split's request."""
+
+    action: np.ndarray
+    logp: np.ndarray
+    value: np.ndarray
+    version: int
+    state: np.ndarray
+    """The rows' new recurrent state ([rows, 0] without a core)."""
+    q: np.ndarray | None
+    """Every action's Q-value where the spec has `action_values`."""
+
+
 class _Part:
     """One policy's share of a split: its columns' chunk and outstanding request."""
 
@@ -116,9 +129,8 @@ class _Part:
         self.state = np.zeros((len(obs), spec.state_size), np.float32)
         """The recurrent state of each column for its current observation."""
         self.request_state = self.state
-        self.answer: tuple[np.ndarray, np.ndarray, np.ndarray, int, np.ndarray] | None = None
-        """The policy's reply (action, logp, value, version, new state), held until
-        every policy of the split has answered."""
+        self.answer: Answer | None = None
+        """The policy's reply, held until every policy of the split has answered."""
         self.opponents: OpponentDraws | None = None
         """A frozen policy's that plays an opponent pool: each env's snapshot (self-play)."""
 
@@ -152,13 +164,17 @@ class ActorCore:
                  opponent_rng: np.random.Generator | None = None,
                  epsilons: list[list[np.ndarray]] | None = None,
                  explore_rng: np.random.Generator | None = None, resend_after_s: float = 60.0,
-                 team_returns: bool = False, returns_per_policy: bool = False) -> None:
+                 team_returns: bool = False, returns_per_policy: bool = False,
+                 prioritize: Callable[[dict[str, np.ndarray]], None] | None = None) -> None:
         """`splits`: the ring; `policies` and `specs`: who acts in it, in its policy order;
         `length`: T. `frozen` policies get no chunks, `pooled` ones draw an opponent
         snapshot per episode from `opponent_rng`; `epsilons`, per split and policy, each
         column's exploration rate (drawn from `explore_rng`). `team_returns`: the ring
         reports team returns (multi-agent), averaged per agent for `episode_return`;
-        `returns_per_policy`: keep each policy's returns apart too."""
+        `returns_per_policy`: keep each policy's returns apart too. `prioritize` turns
+        a finished chunk's Q-values of the actions taken into its initial priorities, for
+        a policy whose spec has `action_values` (actors/priorities.py)."""
+        self.prioritize = prioritize
         self.policies, self.specs = policies, specs
         self.resend_after_s = resend_after_s
         self.explore_rng = explore_rng
@@ -270,15 +286,18 @@ class ActorCore:
         """Record every policy's answer, step the split, and ask for the next actions."""
         turn, env_actions = Turn(), []
         for p, part in enumerate(state.parts):
-            action, logp, value, version, new_state = part.answer
+            action, logp, value, version, new_state, q = part.answer
             n = len(state.split.obs[p])
             if len(state.epsilons[p]):
                 action = explore(action[:n], state.epsilons[p], part.spec.action_dim,
                                  self.explore_rng)
             if part.chunk is not None:
+                taken = None if q is None else q[np.arange(n), action[:n]]
                 chunk = part.chunk.on_policy(action[:n], logp[:n], value[:n], version,
-                                             value[n:], part.request_state[:n])
+                                             value[n:], part.request_state[:n], taken)
                 if chunk is not None:
+                    if taken is not None and self.prioritize is not None:
+                        self.prioritize(chunk)
                     turn.chunks.append(Chunk(p, chunk,
                                              self._unsent_returns[p][-MAX_SENT_RETURNS:]))
                     self._unsent_returns[p] = []
@@ -344,10 +363,8 @@ class ActorCore:
             state.split.close()
 
 
-def _checked(part: _Part, meta: dict, arrays: dict[str, np.ndarray]
-             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, np.ndarray]:
-    """A reply to `part`'s request as (action, logp, value, version, new state), or
-    BadReply saying what is wrong with it."""
+def _checked(part: _Part, meta: dict, arrays: dict[str, np.ndarray]) -> Answer:
+    """A reply to `part`'s request, or BadReply saying what is wrong with it."""
     rows = len(part.request_obs)
     try:
         action, logp, value = (arrays[k] for k in ("action", "logp", "value"))
@@ -370,7 +387,12 @@ def _checked(part: _Part, meta: dict, arrays: dict[str, np.ndarray]
     if part.opponents is not None and \
             (problem := part.opponents.take_reply(meta, arrays, rows)) is not None:
         raise BadReply(problem)
-    return action, logp, value, version, new_state
+    q = arrays.get("q") if part.spec.action_values else None
+    if part.spec.action_values and (
+            q is None or q.shape != (rows, part.spec.action_dim) or q.dtype != np.float32
+            or not np.logical_and.reduce(np.isfinite(q), axis=None)):
+        raise BadReply("reply without every action's finite Q-value")
+    return Answer(action, logp, value, version, new_state, q)
 
 
 def _valid_actions(action: np.ndarray, spec: EnvSpec) -> bool:

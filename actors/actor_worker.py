@@ -25,6 +25,7 @@ from actors.actor_core import MAX_SENT_RETURNS, ActorCore, BadReply, Chunk, Requ
 from actors.chunk_sender import ChunkSender
 from actors.envs import env_seed, make_split, policy_spec
 from actors.exploration import column_epsilons
+from actors.priorities import chunk_prioritizer
 from srl_jax.config.algorithms import chunk_stream
 from srl_jax.config.env_families import family_of
 from srl_jax.config.schema import (
@@ -112,7 +113,9 @@ class ActorWorker(Worker):
             epsilons=[self._epsilons(s, split) for s, split in enumerate(splits)]
             if cfg.epsilon else None,
             explore_rng=self._rng(EXPLORE_STREAM), resend_after_s=cfg.inference_timeout_s,
-            team_returns=multi_agent, returns_per_policy=multi_agent or population)
+            team_returns=multi_agent, returns_per_policy=multi_agent or population,
+            prioritize=chunk_prioritizer(config)
+            if config.replay.count and config.replay.initial_priority == "actor" else None)
 
     def _chunk_sender(self, policy: str) -> ChunkSender:
         """Where `policy`'s chunks go: the samples stream to its learner, or the inserts

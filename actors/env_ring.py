@@ -164,15 +164,17 @@ class ChunkBuilder:
             self.arrays["global_state"][0] = first_state
 
     def on_policy(self, action: np.ndarray, logp: np.ndarray, value: np.ndarray,
-                  version: int, trunc_values: np.ndarray,
-                  state: np.ndarray) -> dict[str, np.ndarray] | None:
+                  version: int, trunc_values: np.ndarray, state: np.ndarray,
+                  taken_q: np.ndarray | None = None) -> dict[str, np.ndarray] | None:
         """Record the policy's answer for the current observation.
 
         `trunc_values` are the values of the final observations of the envs
         truncated on the previous step (in `StepResult.truncated_envs` order,
         given again in `truncated_envs` of the previous `on_step`); `state` is
         the recurrent state the policy acted from, kept when this step is a
-        chunk's first. Returns a finished chunk when this answer completes one.
+        chunk's first; `taken_q`, where the spec has `action_values`, the Q-value of
+        each action taken, kept in `priorities` until the chunk is finished
+        (actors/priorities.py). Returns a finished chunk when this answer completes one.
         """
         a = self.arrays
         if self.t > 0 and len(self._pending_truncated):
@@ -192,6 +194,8 @@ class ChunkBuilder:
         a["actions"][self.t] = action
         a["logp"][self.t] = logp
         a["versions"][self.t] = version
+        if taken_q is not None:
+            a["priorities"][self.t, :, 0] = taken_q
         return finished
 
     def on_step(self, result: StepResult) -> None:

@@ -48,8 +48,12 @@ def check_env_id(config: ExperimentConfig) -> None:
 
 
 def policy_spec(config: ExperimentConfig, policy: str = DEFAULT_POLICY) -> EnvSpec:
-    """What a worker of `policy` needs to know: its env spaces and its recurrent state size."""
-    return with_network(env_spec(config.env, policy), config.network)
+    """What a worker of `policy` needs to know: its env spaces, its recurrent state size,
+    and whether its actors compute initial priorities from the Q-values."""
+    spec = with_network(env_spec(config.env, policy), config.network)
+    actor_priorities = (config.replay.count > 0 and config.network.head != "actor_critic"
+                        and config.replay.initial_priority == "actor")
+    return dataclasses.replace(spec, action_values=actor_priorities)
 
 
 def check_policies(config: ExperimentConfig) -> None:

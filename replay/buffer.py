@@ -10,8 +10,10 @@ oldest overwritten first; the memory is allocated once, at construction, and
 itself is dropped from sampling.
 
 Transition i = segment * T + t is a leaf of a `SumTree` holding priority ** alpha;
-new transitions get the largest priority seen so far (Schaul et al. 2016), so
-every transition is likely to be sampled once before its TD error is known.
+a new transition gets the priority its actor computed where the chunk carries them
+(Ape-X, actors/priorities.py), else the largest priority seen so far (Schaul et al.
+2016), so that every transition is likely to be sampled once before its TD error is
+known.
 A sampled row carries its slot and its segment's generation (its insert count),
 so a priority update for a slot overwritten since is recognised and ignored.
 """
@@ -99,8 +101,15 @@ class ReplayBuffer:
         # Rows of agents out of play (multi-agent padding) are kept, for the windows of
         # their neighbours, but at priority 0: never sampled, so no loss reads them.
         active = np.swapaxes(chunk["active"], 0, 1).reshape(-1).astype(bool)
-        self.priorities[leaves] = np.where(active, self.max_priority, 0.0)
-        self.tree.update(leaves, np.where(active, self.max_priority ** self.alpha, 0.0))
+        given = chunk.get("priorities")
+        if given is not None and given.shape[-1]:  # the actor's (Ape-X)
+            new = np.swapaxes(given[..., 0], 0, 1).reshape(-1).astype(np.float64)
+            if len(new):
+                self.max_priority = max(self.max_priority, float(new[active].max(initial=0)))
+        else:
+            new = np.full(len(leaves), self.max_priority)
+        self.priorities[leaves] = np.where(active, new, 0.0)
+        self.tree.update(leaves, np.where(active, new ** self.alpha, 0.0))
         if self.frames is not None:
             stale = self.live & (self.obs[:, 0, 0] < self.frames.oldest)
             if stale.any():

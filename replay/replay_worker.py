@@ -167,6 +167,9 @@ class ReplayWorker(Worker):
                 break
             arrays = received[1].arrays
             error = chunk_error(arrays, self.layout)
+            if error is None and not np.logical_and.reduce(
+                    np.isfinite(arrays["priorities"]) & (arrays["priorities"] >= 0), axis=None):
+                error = "chunk with priorities not finite and >= 0"
             if error is not None:
                 self.rejects.reject(ValueError(error))
                 continue

@@ -172,6 +172,7 @@ def test_chunk_builder_shapes_overlap_versions_and_trunc_values():
             "active": ((T, n), bool), "action_mask": ((T, n, 0), bool),
             "global_state": ((T + 1, n, 0), np.float32),
             "trunc_global_state": ((T, n, 0), np.float32),
+            "priorities": ((T, n, 0), np.float32),
         }
         assert set(chunk) == set(expected)
         for key, (shape, dtype) in expected.items():

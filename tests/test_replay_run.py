@@ -20,8 +20,10 @@ import numpy as np
 import pytest
 import zmq
 
+from actors.envs import policy_spec
 from learners.workers.export import load_policy
-from srl_jax.config.run_dir import read_status
+from srl_jax.config.run_dir import read_run_config, read_status
+from srl_jax.core.chunk_spec import Layout, run_chunk_layout
 from srl_jax.core.memory import resident_mib
 from srl_jax.core.stream_table import INSERTS, REPLAY
 from srl_jax.core.streams import send
@@ -54,14 +56,17 @@ def replay_endpoint(run_dir: Path, key: str) -> str:
     return (run_dir / "names" / key.replace("/", "__")).read_text().strip()
 
 
-def malformed(push: zmq.Socket, dealer: zmq.Socket) -> int:
-    """Send bad inserts, sample requests and priority updates; how many there were."""
+def malformed(push: zmq.Socket, dealer: zmq.Socket, layout: Layout) -> int:
+    """Send bad inserts, sample requests and priority updates; how many there were.
+    `layout`: the run's chunks, one of which comes well formed but for its priorities."""
     good_names = ("obs", "actions", "logp", "values", "rewards", "terminated", "truncated",
                   "trunc_values", "state", "versions")
     chunks = [
         {name: np.zeros((17, 8), np.float32) for name in good_names},  # wrong shapes
         {"obs": np.zeros((17, 8, 4), np.float32)},  # missing arrays
         {name: np.zeros((3,), np.int8) for name in (*good_names, "extra")},
+        {name: np.full(shape, np.nan if name == "priorities" else 0, dtype)
+         for name, (shape, dtype) in layout.items()},  # the actor's priorities: NaN
     ]
     for arrays in chunks:
         send(push, "samples", {}, arrays)
@@ -110,7 +115,8 @@ def test_replay_servers_survive_bad_input_kills_and_keep_memory_flat(
             sock.setsockopt(zmq.LINGER, 0)
         push.connect(replay_endpoint(run_dir, INSERTS.key("default", 0)))
         dealer.connect(replay_endpoint(run_dir, REPLAY.key("default", 0)))
-        sent = malformed(push, dealer)
+        config = read_run_config(run_dir)
+        sent = malformed(push, dealer, run_chunk_layout(config, policy_spec(config)))
         wait_for(lambda: last_row(run_dir).get("system/wire_rejected", 0) - base >= sent
                  or process.poll() is not None, 30, f"{sent} rejects counted")
     finally:

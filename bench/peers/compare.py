@@ -155,17 +155,24 @@ def case_cartpole(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     return {**result, "srl_jax_config": srl_jax_config("cartpole_ppo", CARTPOLE_OVERRIDES)}
 
 
+DQN_OVERRIDES = ("replay.initial_priority=max",)
+"""The baseline gives new transitions the largest priority seen: srl_jax too, for the
+same algorithm on both sides (the config's Ape-X actor priorities are its own row)."""
+
+
 def case_dqn(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     key, seconds = "eval_return_mean", budget(args, "dqn")
     systems = {
-        "srl_jax": lambda d, seed: srl_jax_launch("cartpole_dqn", d, (f"seed={seed}",),
-                                                  seconds, key),
+        "srl_jax": lambda d, seed: srl_jax_launch("cartpole_dqn", d,
+                                                  (f"seed={seed}", *DQN_OVERRIDES), seconds,
+                                                  key),
         "cleanrl_dqn": lambda d, seed: cleanrl_launch(d, seed, seconds, "cleanrl_dqn", key),
     }
     result = target_case(args, workdir, systems,
                          f"CartPole-v1 DQN to an evaluation return of {TARGET_RETURN:g}",
                          ("fps", "time_to_target_s", "frames_to_target"), seconds)
-    return {**result, "return_key": key, "srl_jax_config": srl_jax_config("cartpole_dqn", ())}
+    return {**result, "return_key": key,
+            "srl_jax_config": srl_jax_config("cartpole_dqn", DQN_OVERRIDES)}
 
 
 def case_sampling(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:

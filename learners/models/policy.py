@@ -17,16 +17,18 @@ from srl_jax.config.schema import ExperimentConfig
 from srl_jax.core.env_spec import EnvSpec
 
 
-def make_act(policy: Policy) -> Act:
+def make_act(policy: Policy, action_values: bool = False) -> Act:
     """(params, obs [N, ...], state [N, S], legal actions [N, A or 0], key, counter) ->
-    action, log-probability, value and new state, packed into one array (`pack_outputs`)."""
+    action, log-probability, value, new state and, with `action_values` (a Q policy),
+    every action's Q-value, packed into one array (`pack_outputs`)."""
 
     def act(params: Any, obs: jax.Array, state: jax.Array, mask: jax.Array, key: jax.Array,
             counter: jax.Array) -> tuple:
         out, value, new_state = policy.apply(params, obs, state)
         out = mask_logits(out, mask)
         action = policy.dist.sample(jax.random.fold_in(key, counter), out)
-        return pack_outputs(action, policy.dist.log_prob(out, action), value, new_state)
+        return pack_outputs(action, policy.dist.log_prob(out, action), value, new_state,
+                            q=out if action_values else None)
 
     return jax.jit(act)
 
@@ -38,5 +40,6 @@ def make_runner(config: ExperimentConfig, spec: EnvSpec, sampling_seed: int, min
     not compiled yet (`PolicyRunner.compile`)."""
     policy, network = make_policy(config, spec)
     params = init_policy_params(network, spec.obs_shape, config.seed)
-    return PolicyRunner(make_act(policy), params, spec, padded_sizes(min_size, max_size),
+    return PolicyRunner(make_act(policy, spec.action_values), params, spec,
+                        padded_sizes(min_size, max_size),
                         sampling_seed)

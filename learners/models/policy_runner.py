@@ -25,26 +25,31 @@ float32 array [N, 2 + A + S] (`pack_outputs`), so a batch's outputs cross from t
 in one transfer."""
 
 
-def pack_outputs(action: Any, logp: Any, value: Any, state: Any, xp: Any = jnp) -> Any:
-    """[N, 2 + A + S] float32: log-probability, value, the action's A values (one for a
-    discrete action, exact as a float below 2**24) and the new recurrent state. `xp`:
-    the array module (jax.numpy inside a jitted act, numpy in stand-ins)."""
+def pack_outputs(action: Any, logp: Any, value: Any, state: Any, xp: Any = jnp,
+                 q: Any = None) -> Any:
+    """[N, 2 + A + S (+ Q)] float32: log-probability, value, the action's A values (one for
+    a discrete action, exact as a float below 2**24), the new recurrent state and, where
+    given, every action's Q-value. `xp`: the array module (jax.numpy inside a jitted act,
+    numpy in stand-ins)."""
     rows = logp.shape[0]
     return xp.concatenate([logp.reshape(rows, 1).astype(xp.float32),
                            value.reshape(rows, 1).astype(xp.float32),
                            action.reshape(rows, -1).astype(xp.float32),
-                           state.astype(xp.float32)], axis=1)
+                           state.astype(xp.float32),
+                           *([] if q is None else [q.astype(xp.float32)])], axis=1)
 
 
 def unpack_outputs(packed: np.ndarray, spec: EnvSpec) -> dict[str, np.ndarray]:
     """`pack_outputs`' arrays as the inference stream's replies name them: action, logp,
-    value and, for a recurrent policy, state."""
+    value and, for a recurrent policy, state; `q` where the spec has `action_values`."""
     width = spec.action_dim if spec.continuous else 1
     action = packed[:, 2:2 + width]
     outputs = {"action": action if spec.continuous else action[:, 0].astype(np.int32),
                "logp": packed[:, 0], "value": packed[:, 1]}
     if spec.state_size:
-        outputs["state"] = packed[:, 2 + width:]
+        outputs["state"] = packed[:, 2 + width:2 + width + spec.state_size]
+    if spec.action_values:
+        outputs["q"] = packed[:, 2 + width + spec.state_size:]
     return outputs
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from srl_jax.config.operations import CheckpointConfig, RayConfig, RuntimeConfig, TransportConfig
 
@@ -261,6 +261,11 @@ class ReplayConfig:
     importance_exponent: float = 0.4
     """beta: the loss weights transitions by (N * P(i)) ** -beta, normalized by the
     batch's largest weight (0: unweighted)."""
+    initial_priority: Literal["actor", "max"] = "max"
+    """A new transition's priority: `actor`, its n-step TD error as the actor computes it
+    from the acting network's Q-values (Ape-X: with many actors, max-priority
+    initialisation focuses on the newest data), which the inference server's replies then
+    carry; `max`, the largest priority seen (Schaul et al. 2016)."""
 
 
 @dataclass

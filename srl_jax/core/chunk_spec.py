@@ -94,6 +94,9 @@ CHUNK_FIELDS: tuple[ChunkField, ...] = (
                "truncated", per_env=True),
     ChunkField("versions", "T", _scalar, _fixed(np.int32), None,
                "parameter version of the acting policy (read by the staleness cap)"),
+    ChunkField("priorities", "T", lambda s: (1 if s.action_values else 0,), _fixed(np.float32),
+               None, "the step's initial replay priority, its n-step TD error under the "
+               "acting network (width 0: replay gives new steps the largest priority)"),
 )
 
 Layout = dict[str, tuple[tuple[int, ...], np.dtype]]

@@ -45,6 +45,10 @@ class EnvSpec:
     frame_stack: int = 1
     """Frames an observation stacks on its last axis (Atari's `env.atari.frame_stack`), which
     replay stores once each; 1: observations are not frame stacks."""
+    action_values: bool = False
+    """A Q policy whose actors compute their transitions' initial priorities
+    (`replay.initial_priority: actor`): replies carry every action's value, and chunks
+    each step's priority."""
 
     @property
     def action_shape(self) -> tuple[int, ...]:

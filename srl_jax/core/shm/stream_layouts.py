@@ -40,6 +40,7 @@ def reply_layout(config: ExperimentConfig, spec: EnvSpec, policy: str) -> SlotLa
     return SlotLayout("infer_reply", ("split", "seq", "version", "batch_rows"), (
         action, Field("logp", F32, (), rows), Field("value", F32, (), rows),
         *([Field("state", F32, (spec.state_size,), rows)] if spec.state_size else []),
+        *([Field("q", F32, (spec.action_dim,), rows)] if spec.action_values else []),
         *([Field("opponent", I64, (), rows),
            Field("pool", I64, (), max(config.selfplay.pool, 1), as_list=True)]
           if pooled else [])))
