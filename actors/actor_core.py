@@ -114,9 +114,10 @@ class _Part:
     """One policy's share of a split: its columns' chunk and outstanding request."""
 
     def __init__(self, obs: np.ndarray, length: int, spec: EnvSpec, mask: np.ndarray | None,
-                 global_state: np.ndarray | None, chunked: bool) -> None:
+                 global_state: np.ndarray | None, chunked: bool, overlap: int) -> None:
         self.spec = spec
-        self.chunk = ChunkBuilder(length, obs, spec, mask, global_state) if chunked else None
+        self.chunk = ChunkBuilder(length, obs, spec, mask, global_state, overlap) \
+            if chunked else None
         self.action_bounds = (np.asarray(spec.action_low, np.float32),
                               np.asarray(spec.action_high, np.float32))
         self.request: Request | None = None
@@ -165,7 +166,8 @@ class ActorCore:
                  epsilons: list[list[np.ndarray]] | None = None,
                  explore_rng: np.random.Generator | None = None, resend_after_s: float = 60.0,
                  team_returns: bool = False, returns_per_policy: bool = False,
-                 prioritize: Callable[[dict[str, np.ndarray]], None] | None = None) -> None:
+                 prioritize: Callable[[dict[str, np.ndarray]], None] | None = None,
+                 overlap: int = 0) -> None:
         """`splits`: the ring; `policies` and `specs`: who acts in it, in its policy order;
         `length`: T. `frozen` policies get no chunks, `pooled` ones draw an opponent
         snapshot per episode from `opponent_rng`; `epsilons`, per split and policy, each
@@ -173,7 +175,8 @@ class ActorCore:
         reports team returns (multi-agent), averaged per agent for `episode_return`;
         `returns_per_policy`: keep each policy's returns apart too. `prioritize` turns
         a finished chunk's Q-values of the actions taken into its initial priorities, for
-        a policy whose spec has `action_values` (actors/priorities.py)."""
+        a policy whose spec has `action_values` (actors/priorities.py). `overlap`: steps
+        each chunk repeats of the one before, for the learner's burn-in (ChunkBuilder)."""
         self.prioritize = prioritize
         self.policies, self.specs = policies, specs
         self.resend_after_s = resend_after_s
@@ -181,7 +184,8 @@ class ActorCore:
         self.team_returns, self.returns_per_policy = team_returns, returns_per_policy
         self.splits = []
         for s, split in enumerate(splits):
-            parts = [_Part(obs, length, spec, mask, split.global_state, policy not in frozen)
+            parts = [_Part(obs, length, spec, mask, split.global_state, policy not in frozen,
+                           overlap)
                      for obs, mask, spec, policy in zip(split.obs, split.masks, specs, policies,
                                                         strict=True)]
             for part, policy in zip(parts, policies, strict=True):

@@ -115,7 +115,8 @@ class ActorWorker(Worker):
             explore_rng=self._rng(EXPLORE_STREAM), resend_after_s=cfg.inference_timeout_s,
             team_returns=multi_agent, returns_per_policy=multi_agent or population,
             prioritize=chunk_prioritizer(config)
-            if config.replay.count and config.replay.initial_priority == "actor" else None)
+            if config.replay.count and config.replay.initial_priority == "actor" else None,
+            overlap=config.learner.burn_in)
 
     def _chunk_sender(self, policy: str) -> ChunkSender:
         """Where `policy`'s chunks go: the samples stream to its learner, or the inserts

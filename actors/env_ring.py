@@ -141,19 +141,28 @@ class OnePolicy:
 
 
 class ChunkBuilder:
-    """Fills [T+1, n] trajectory chunks for one split, one step at a time."""
+    """Fills [T+1, n] trajectory chunks for one split, one step at a time.
+
+    With an `overlap` of K steps (a recurrent learner's `learner.burn_in`), each chunk
+    after the first starts with the last K steps of the one before, and its stored state
+    is the one the policy acted from at the first of them: the learner warms the state on
+    those K steps, which the previous chunk trained on, so every step enters a loss once
+    (R2D2's overlapping sequences)."""
 
     def __init__(self, length: int, first_obs: np.ndarray, spec: EnvSpec,
                  first_mask: np.ndarray | None = None,
-                 first_state: np.ndarray | None = None) -> None:
+                 first_state: np.ndarray | None = None, overlap: int = 0) -> None:
         """`first_obs`: the split's current observations, one row per column; with
         action masks, `first_mask` their legal actions; with a centralized critic,
         `first_state` each env's global state."""
         self.length = length
+        self.overlap = overlap
         self.n = first_obs.shape[0]
         self.spec = spec
         self._pending_truncated = np.empty(0, np.int64)
         self._mask = first_mask
+        self._overlap_state: np.ndarray | None = None
+        """The state the policy acted from at step T - K: the next chunk's stored state."""
         self._new_chunk(first_obs, first_state)
 
     def _new_chunk(self, first_obs: np.ndarray, first_state: np.ndarray | None) -> None:
@@ -162,6 +171,22 @@ class ChunkBuilder:
         self.arrays["obs"][0] = first_obs
         if self.spec.global_state_size:
             self.arrays["global_state"][0] = first_state
+
+    def _next_chunk(self, finished: dict[str, np.ndarray]) -> None:
+        """The chunk after `finished`: its last K steps (and the observation after them)
+        copied to the start, and the state they were acted from."""
+        T, K = self.length, self.overlap
+        self._new_chunk(finished["obs"][T], finished["global_state"][T])
+        if not K:
+            return
+        for name, array in self.arrays.items():
+            if name == "state":
+                array[0] = self._overlap_state
+            elif len(array) == T + 1:
+                array[:K + 1] = finished[name][T - K:]
+            elif len(array) == T:
+                array[:K] = finished[name][T - K:]
+        self.t = K
 
     def on_policy(self, action: np.ndarray, logp: np.ndarray, value: np.ndarray,
                   version: int, trunc_values: np.ndarray, state: np.ndarray,
@@ -184,11 +209,13 @@ class ChunkBuilder:
         finished = None
         if self.t == self.length:
             finished = a
-            self._new_chunk(a["obs"][self.length], a["global_state"][self.length])
-            self.arrays["values"][0] = value
+            self._next_chunk(a)
+            self.arrays["values"][self.t] = value
         a = self.arrays
         if self.t == 0:
             a["state"][0] = state
+        if self.overlap and self.t == self.length - self.overlap:
+            self._overlap_state = np.array(state)
         if self.spec.action_masked:
             a["action_mask"][self.t] = self._mask
         a["actions"][self.t] = action

@@ -214,6 +214,40 @@ CHUNKS_PER_SPLIT = 4
 VERSION_EVERY = 3
 
 
+
+def test_chunks_overlap_by_the_burn_in_so_every_step_enters_a_loss_once():
+    """With burn-in K, each chunk after the first starts with the last K steps of the one
+    before and the state the policy acted from at the first of them; the learner trains
+    on steps K.. of each (all of the first chunk's, but its first K warm nothing), so
+    every step is trained on once, against once per chunk less K before (chunks that
+    only touched)."""
+    T, K, n = 6, 2, 2
+    builder = ChunkBuilder(T, scripted_obs(0), SCRIPTED_SPEC, overlap=K)
+    chunks = []
+    for step in range(30):
+        values = value_of(scripted_obs(step))
+        done = builder.on_policy(np.array([step % 2, 1 - step % 2]),
+                                 np.full(n, -0.1 * step, np.float32), values, step,
+                                 np.empty(0, np.float32), scripted_state(step))
+        if done is not None:
+            chunks.append({k: v.copy() for k, v in done.items()})
+        builder.on_step(StepResult(
+            rewards=np.full(n, float(step), np.float32), terminated=np.zeros(n, bool),
+            truncated=np.zeros(n, bool), next_obs=scripted_obs(step + 1),
+            truncated_envs=np.empty(0, np.int64), final_obs=np.empty((0, 3), np.float32)))
+    assert len(chunks) == 6  # steps 0-5, then 4-9, 8-13, ... (T - K new steps each)
+    for before, after in itertools.pairwise(chunks):
+        for name in ("actions", "logp", "rewards", "versions", "terminated", "truncated"):
+            np.testing.assert_array_equal(after[name][:K], before[name][T - K:], name)
+        np.testing.assert_array_equal(after["obs"][:K + 1], before["obs"][T - K:])
+        np.testing.assert_array_equal(after["values"][:K + 1], before["values"][T - K:])
+        first = int(after["versions"][0, 0])  # the step number, as scripted
+        np.testing.assert_array_equal(after["state"][0], scripted_state(first))
+    trained = [int(v) for c, chunk in enumerate(chunks)
+               for v in chunk["versions"][0 if c == 0 else K:, 0]]
+    assert trained == list(range(len(trained))), "each step once, none lost"
+
+
 def value_fn(obs: np.ndarray) -> np.ndarray:
     return (obs[:, 0] * np.float32(10) + np.float32(100)).astype(np.float32)
 

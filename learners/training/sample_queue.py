@@ -16,8 +16,12 @@ import numpy as np
 
 
 class SampleQueue:
-    def __init__(self, capacity: int, batch_envs: int, staleness_cap: int) -> None:
+    def __init__(self, capacity: int, batch_envs: int, staleness_cap: int,
+                 overlap: int = 0) -> None:
+        """`overlap`: steps each chunk repeats of the one before (burn-in), which the
+        drop counters do not count again."""
         self.capacity = capacity
+        self.overlap = overlap
         self.batch_envs = batch_envs
         self.staleness_cap = staleness_cap
         self._chunks: deque[dict[str, np.ndarray]] = deque()
@@ -39,12 +43,12 @@ class SampleQueue:
     def put(self, chunk: dict[str, np.ndarray], version: int) -> None:
         """Add a chunk unless it is already stale; drop the oldest when full."""
         if self._is_stale(chunk, version):
-            self.dropped_stale += chunk["rewards"].size
+            self.dropped_stale += chunk["rewards"][self.overlap:].size
             return
         if len(self._chunks) >= self.capacity:
             oldest = self._chunks.popleft()
             self._columns -= oldest["actions"].shape[1]
-            self.dropped_full += oldest["rewards"].size
+            self.dropped_full += oldest["rewards"][self.overlap:].size
         self._chunks.append(chunk)
         self._columns += chunk["actions"].shape[1]
 
@@ -53,7 +57,7 @@ class SampleQueue:
         kept: deque[dict[str, np.ndarray]] = deque()
         for chunk in self._chunks:
             if self._is_stale(chunk, version):
-                self.dropped_stale += chunk["rewards"].size
+                self.dropped_stale += chunk["rewards"][self.overlap:].size
             else:
                 kept.append(chunk)
         self._chunks = kept

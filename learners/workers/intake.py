@@ -78,7 +78,8 @@ def open_intake(worker: Worker, spec: EnvSpec, local_envs: int, process_index: i
                            config.actors.send_queue)
         return SampleIntake(worker.socket(SAMPLES, hwm=cfg.sample_queue),
                             SAMPLES.key(worker.policy, worker.index), layout,
-                            SampleQueue(cfg.sample_queue, local_envs, cfg.staleness_cap),
+                            SampleQueue(cfg.sample_queue, local_envs, cfg.staleness_cap,
+                                        cfg.burn_in),
                             worker.rejects, inbox)
     servers = config.replay.count
     sockets = [worker.socket(REPLAY, index=i) for i in range(servers)]

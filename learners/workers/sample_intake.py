@@ -79,7 +79,7 @@ class SampleIntake:
         if error is not None:
             self.rejects.reject(ValueError(error))
             return
-        self.frames_received += arrays["rewards"].size
+        self.frames_received += arrays["rewards"][self.queue.overlap:].size
         self._take_episode_returns(meta)
         self.queue.put(arrays, version)
 
@@ -98,7 +98,7 @@ class SampleIntake:
         """The next [T+1, B] batch of host arrays within the staleness cap, or None."""
         batch = self.queue.take_batch(version)
         if batch is not None:
-            self.frames_consumed += batch["rewards"].size
+            self.frames_consumed += batch["rewards"][self.queue.overlap:].size
         return batch
 
     def trained(self, kept: dict[str, np.ndarray], per_row: np.ndarray | None) -> None:

@@ -226,8 +226,9 @@ def check_network(config: ExperimentConfig) -> None:
     require(burn_in >= 0, "'learner.burn_in' must not be negative")
     require(burn_in == 0 or network.core != "none",
             "'learner.burn_in' warms a recurrent state: it needs 'network.core' lstm or gru")
-    require(burn_in < T, f"'learner.burn_in' ({burn_in}) must be shorter than "
-                         f"'actors.trajectory_length' ({T}): it leaves no step to learn from")
+    require(2 * burn_in <= T, f"'learner.burn_in' ({burn_in}) must be at most half of "
+                              f"'actors.trajectory_length' ({T}): each chunk repeats the last "
+                              "burn_in steps of the one before, which trained on them")
 
 
 def check_stop(config: ExperimentConfig) -> None:

@@ -199,7 +199,9 @@ class LearnerConfig:
     """Rewards are clipped to [-c, c] before the update (0: no clipping; Atari: 1)."""
     burn_in: int = 0
     """Recurrent policies: the first K steps of each chunk column only warm up the
-    stored state (no loss, no gradient), R2D2's remedy for stale states."""
+    stored state (no loss, no gradient), R2D2's remedy for stale states. Each chunk then
+    starts with the last K steps of the one before (which trained on them), so no step is
+    lost; at most half of `actors.trajectory_length`."""
     algorithms: dict[str, dict[str, Any]] = field(
         default_factory=dict, metadata={SECTIONS: True})
     """Algorithm sections as written, `learner.<name>: {...}` (e.g. `learner.ppo`), by
