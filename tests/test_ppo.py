@@ -9,7 +9,21 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from learners.algorithms.ppo import PPOConfig, gae, make_optimizer, make_update, ppo_loss
+from learners.algorithms.ppo import (
+    PPOConfig,
+    gae,
+    init_extra,
+    make_optimizer,
+    make_update,
+    ppo_loss,
+)
+from learners.algorithms.value_norm import (
+    denormalize,
+    init_value_norm,
+    moments,
+    normalize,
+    update_value_norm,
+)
 from learners.models.distributions import CATEGORICAL
 from srl_jax.config.algorithms import Sizes
 from tests.update_checks import (
@@ -242,3 +256,40 @@ def test_annealing_decays_the_step_size_to_zero():
     assert steps[0] == pytest.approx(1e-3, rel=1e-3)
     assert steps[5] == pytest.approx(0.5e-3, rel=1e-2)
     assert steps[10] == 0.0
+
+
+def test_value_norm_statistics_are_debiased_and_invert() -> None:
+    stats = init_value_norm()
+    x = jnp.asarray([90.0, 110.0, 100.0, 100.0])
+    ones = jnp.ones(4)
+    assert moments(stats) == (0.0, 1.0), "before any update: the identity"
+    stats = update_value_norm(stats, x, ones, beta=0.999)
+    mean, var = moments(stats)
+    assert float(mean) == pytest.approx(100.0, rel=1e-4), "debiased: not pulled to 0"
+    assert float(var) == pytest.approx(50.0, rel=1e-2)
+    np.testing.assert_allclose(denormalize(stats, normalize(stats, x)), x, rtol=1e-5)
+    # rows out of play (weight 0) move nothing
+    same = update_value_norm(init_value_norm(), jnp.asarray([100.0, -1e6]),
+                             jnp.asarray([1.0, 0.0]), beta=0.999)
+    assert float(moments(same)[0]) == pytest.approx(100.0, rel=1e-4)
+
+
+def test_with_value_norm_the_critic_regresses_standardized_returns() -> None:
+    """Returns of tens (rewards of 10): without normalization the value loss is in the
+    hundreds; with it the critic's targets are standardized and the statistics, in the
+    train state, follow the returns."""
+    normed = dataclasses.replace(PPO, value_norm=True)
+    batch = random_batch()
+    batch = batch._replace(rewards=np.full_like(batch.rewards, 10.0))
+    losses = {}
+    for config in (PPO, normed):
+        optimizer = make_optimizer(config, sizes_for("none"))
+        policy, state = small_policy_state(optimizer)
+        state = state._replace(extra=init_extra(state.params, config))
+        update = jax.jit(make_update(policy, optimizer, config, sizes_for("none")))
+        state, metrics = update(state, batch)
+        losses[config.value_norm] = float(metrics["value_loss"])
+    assert losses[False] > 100 and losses[True] < 10, losses
+    mean, _ = moments(state.extra["value_norm"])
+    assert float(mean) == pytest.approx(float(metrics["return_mean"]), rel=1e-3)
+    assert init_extra(state.params, PPO) == (), "off: no state, checkpoints as before"

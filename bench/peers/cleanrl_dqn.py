@@ -87,7 +87,13 @@ from learners.algorithms.train_state import TrainState, init_train_state  # noqa
 from learners.models.networks import init_policy_params, make_policy  # noqa: E402
 from learners.workers.evaluator import EVALUATOR_ACTOR_INDEX  # noqa: E402
 from replay.sum_tree import SumTree  # noqa: E402
-from srl_jax.config.algorithms import algorithm, algorithm_config, live_values, sizes  # noqa: E402
+from srl_jax.config.algorithms import (  # noqa: E402
+    algorithm,
+    algorithm_config,
+    extra_initializer,
+    live_values,
+    sizes,
+)
 from srl_jax.config.loader import load_config  # noqa: E402
 from srl_jax.config.schema import ExperimentConfig  # noqa: E402
 
@@ -195,7 +201,7 @@ def make_agent(config: ExperimentConfig, spec: Any) -> tuple[TrainState, Callabl
     @jax.jit
     def init() -> TrainState:
         params = init_policy_params(network, spec.obs_shape, config.seed)
-        return init_train_state(params, optimizer, config.seed, algo.init_extra,
+        return init_train_state(params, optimizer, config.seed, extra_initializer(algo, dqn),
                                 live_values(algo, dqn))
 
     @jax.jit

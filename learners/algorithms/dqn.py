@@ -51,7 +51,7 @@ def make_optimizer(config: DQNConfig, sizes: Sizes) -> optax.GradientTransformat
                        optax.scale_by_adam(eps=config.adam_eps))
 
 
-def init_target(params: Any) -> Any:
+def init_target(params: Any, config: DQNConfig) -> Any:
     """The target network starts as a copy of the online one."""
     return {"target": params}
 

@@ -29,6 +29,12 @@ from learners.algorithms.prepare import (
     units,
 )
 from learners.algorithms.train_state import Batch, TrainState, descend, weighted_mean
+from learners.algorithms.value_norm import (
+    denormalize,
+    init_value_norm,
+    normalize,
+    update_value_norm,
+)
 from learners.models.distributions import Distribution
 from learners.models.networks import Policy
 from srl_jax.config.algorithms import Sizes, with_live
@@ -89,6 +95,11 @@ def ppo_loss(params: Any, apply_fn: Callable, dist: Distribution, obs: jax.Array
     return loss, info
 
 
+def init_extra(params: Any, ppo: PPOConfig) -> Any:
+    """The value normalization's statistics where `ppo.value_norm` (else no state)."""
+    return {"value_norm": init_value_norm()} if ppo.value_norm else ()
+
+
 def make_optimizer(ppo: PPOConfig, sizes: Sizes) -> optax.GradientTransformation:
     """Adam's direction without its step size, which the update applies from
     `TrainState.hyper`; annealing is a factor going from 1 to 0 over the run."""
@@ -107,8 +118,17 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation, ppo: PP
     def update(state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
         live = with_live(ppo, state.hyper)
         params, batch = prepare_actor_critic(state.params, batch, policy, sizes)
+        norm = state.extra["value_norm"] if ppo.value_norm else None
+        if norm is not None:  # the critic's outputs are normalized returns
+            batch = batch._replace(values=denormalize(norm, batch.values),
+                                   trunc_values=denormalize(norm, batch.trunc_values))
         advantages, returns = gae(batch.rewards, batch.values, batch.terminated,
                                   batch.truncated, batch.trunc_values, ppo.gamma, ppo.gae_lambda)
+        raw_returns = returns
+        if norm is not None:  # regress the returns as the updated statistics standardize them
+            norm = update_value_norm(norm, returns, batch.active, ppo.value_norm_beta)
+            returns = normalize(norm, returns)
+            batch = batch._replace(values=normalize(norm, batch.values))
         samples = units(batch, policy.recurrent, advantages=advantages, returns=returns)
         n = len(samples["obs"])
 
@@ -156,9 +176,10 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation, ppo: PP
         metrics = jax.tree.map(lambda x: jnp.sum(x * ran) / steps, infos)
         metrics["epochs_run"] = ran.sum() / ppo.minibatches
         metrics["advantage_mean"] = weighted_mean(advantages, batch.active)
-        metrics["return_mean"] = weighted_mean(returns, batch.active)
+        metrics["return_mean"] = weighted_mean(raw_returns, batch.active)
         new_state = state._replace(params={**params, "net": net}, opt_state=opt_state, key=key,
-                                   version=state.version + 1)
+                                   version=state.version + 1,
+                                   extra=state.extra if norm is None else {"value_norm": norm})
         return new_state, metrics
 
     return update

@@ -43,10 +43,17 @@ class PPOConfig:
     """Decay the step size linearly to 0 over the run (needs stop.env_frames)."""
     target_kl: float | None = None
     """Stop an update's remaining epochs once an epoch's approximate KL exceeds this."""
+    value_norm: bool = False
+    """The critic learns returns standardized by running statistics (MAPPO's value
+    normalization, learners/algorithms/value_norm.py), kept in the train state."""
+    value_norm_beta: float = 0.999
+    """Weight of the old statistics at each update (an exponential moving average)."""
 
     def __post_init__(self) -> None:
         if self.minibatches < 1:
             raise ConfigError("'learner.ppo.minibatches' must be at least 1")
+        if not 0 < self.value_norm_beta < 1:
+            raise ConfigError("'learner.ppo.value_norm_beta' must be in (0, 1)")
         if self.epochs < 1:
             raise ConfigError("'learner.ppo.epochs' must be at least 1")
         if not 0 < self.gamma <= 1:
@@ -79,4 +86,5 @@ ALGORITHM = Algorithm(
     make_update=lazy("learners.algorithms.ppo", "make_update"),
     fields=("obs", "actions", "logp", "values", "rewards", "terminated", "truncated",
             "trunc_values", "state"),
-    check=check, live=("learning_rate", "ent_coef", "vf_coef", "clip_coef"))
+    check=check, live=("learning_rate", "ent_coef", "vf_coef", "clip_coef"),
+    init_extra=lazy("learners.algorithms.ppo", "init_extra"))

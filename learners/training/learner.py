@@ -38,7 +38,13 @@ from learners.training.mesh import (
     put_batch,
     replicated,
 )
-from srl_jax.config.algorithms import algorithm, algorithm_config, live_values, sizes
+from srl_jax.config.algorithms import (
+    algorithm,
+    algorithm_config,
+    extra_initializer,
+    live_values,
+    sizes,
+)
 from srl_jax.config.placement import planned_learner_devices
 from srl_jax.config.schema import ConfigError, ExperimentConfig
 from srl_jax.core.chunk_spec import empty_chunk
@@ -216,5 +222,5 @@ def build_learner(config: ExperimentConfig, spec: EnvSpec, share: int,
                    algo.make_update(policy, optimizer, algo_config, derived),
                    make_learner_mesh(planned_learner_devices() or config.learner.devices,
                                      config.learner.batch_envs),
-                   inputs, config.seed, checkpointer, algo.init_extra,
+                   inputs, config.seed, checkpointer, extra_initializer(algo, algo_config),
                    live_values(algo, algo_config))

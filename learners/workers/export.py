@@ -30,7 +30,13 @@ from learners.algorithms.train_state import init_train_state
 from learners.models.distributions import mask_logits
 from learners.models.networks import Policy, init_policy_params, make_policy
 from learners.training.checkpoint import read_step, restore_params
-from srl_jax.config.algorithms import algorithm, algorithm_config, live_values, sizes
+from srl_jax.config.algorithms import (
+    algorithm,
+    algorithm_config,
+    extra_initializer,
+    live_values,
+    sizes,
+)
 from srl_jax.config.checkpoint_location import filesystem_problem, location_problem
 from srl_jax.config.loader import config_from_dict, import_plugins
 from srl_jax.config.run_dir import (
@@ -238,7 +244,8 @@ def load_policy(run_dir: str | Path, step: int | None = None, best: bool = False
     algo_config = algorithm_config(config)
     optimizer = algo.make_optimizer(algo_config, sizes(config))
     params = init_policy_params(network, spec.obs_shape, config.seed)
-    like = init_train_state(params, optimizer, config.seed, algo.init_extra,
+    like = init_train_state(params, optimizer, config.seed,
+                            extra_initializer(algo, algo_config),
                             live_values(algo, algo_config))
     restored = read_step(run_dir, like, step, best, policy, location)
     return TrainedPolicy(config, spec, act, restored.state.params, step, seed)

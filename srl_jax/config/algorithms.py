@@ -89,9 +89,10 @@ class Algorithm:
     """Checks of its config against the sizes (ConfigError with one line), if any."""
     heads: tuple[str, ...] = ("actor_critic",)
     """The `network.head`s it can train (srl_jax.config.schema.HEADS)."""
-    init_extra: Callable[[Any], Any] | None = None
-    """Its own train state beside params and optimizer (DQN: the target network),
-    from the initial parameters; kept in `TrainState.extra` and checkpointed."""
+    init_extra: Callable[[Any, Any], Any] | None = None
+    """Its own train state beside params and optimizer (DQN: the target network; PPO
+    with value normalization: the statistics), from the initial parameters and its
+    config; kept in `TrainState.extra` and checkpointed (`extra_initializer`)."""
     replay_window: Callable[[Any], int] | None = None
     """With source 'replay': (config) -> n, the steps of each sampled window."""
     live: tuple[str, ...] = ()
@@ -247,3 +248,10 @@ def resolve_algorithms(config: ExperimentConfig) -> ExperimentConfig:
     resolved[chosen] = dataclasses.asdict(algorithm_config(config))
     return dataclasses.replace(
         config, learner=dataclasses.replace(config.learner, algorithms=resolved))
+
+
+def extra_initializer(algo: Algorithm, algo_config: Any) -> Callable[[Any], Any] | None:
+    """(initial params) -> the algorithm's own train state under `algo_config`, or None."""
+    if algo.init_extra is None:
+        return None
+    return lambda params: algo.init_extra(params, algo_config)
