@@ -114,6 +114,22 @@ def test_keeps_the_newest_and_the_best(tmp_path: Path) -> None:
     reopened.close()
 
 
+def test_a_donor_is_copied_as_of_the_version_that_earned_its_rank(tmp_path: Path) -> None:
+    """PBT: a member ranked on what version 25 scored copies its step 20 (the newest at or
+    before 25), not the newer 30 nobody ranked; with nothing that old, nothing."""
+    state = trained_state()
+    donor = Checkpointer(tmp_path, keep=5, policy="m1")
+    for step in (10, 20, 30):
+        donor.save(step, state._replace(version=jnp.int32(step)), {"version": step})
+    donor.close()
+    member = Checkpointer(tmp_path, policy="m0")
+    assert member.restore_from("m1", state, at_most=25).step == 20
+    assert member.restore_from("m1", state, at_most=30).step == 30
+    assert member.restore_from("m1", state, at_most=9) is None
+    assert member.restore_from("m1", state).step == 30
+    member.close()
+
+
 def test_a_torn_save_is_never_loaded_and_is_cleaned_up(tmp_path: Path) -> None:
     state = trained_state()
     checkpointer = Checkpointer(tmp_path)

@@ -14,6 +14,7 @@ from srl_jax.config.population import (
     explore,
     initial_hyperparams,
     member_score,
+    ranked_version,
     ranking_metric,
     sweep_overrides,
 )
@@ -109,6 +110,19 @@ def test_a_members_score_counts_only_rows_since_its_last_change() -> None:
         "an evaluation counts by the version it evaluated"
     assert ranking_metric(population()) == "episode_return_mean"
     assert ranking_metric(population("evaluation.every_updates=10")) == "eval_return_mean"
+
+
+def test_the_ranked_version_is_that_of_the_newest_value_the_score_counts() -> None:
+    rows = [{"policy/m1/policy_version": 12, "policy/m1/episode_return_mean": 5.0},
+            {"policy/m1/policy_version": 18},
+            {"policy/m1/policy_version": 24, "policy/m1/episode_return_mean": 9.0},
+            {"policy/m1/policy_version": 30}]  # no return: not what it was ranked on
+    assert ranked_version(rows, "m1", since=0) == 24
+    assert ranked_version(rows, "m1", since=24) is None
+    evaluated = [{"policy/m1/eval_policy_version": 20, "policy/m1/eval_return_mean": 400.0,
+                  "policy/m1/policy_version": 27}]
+    assert ranked_version(evaluated, "m1", since=0, metric=ranking_metric(population(
+        "evaluation.every_updates=10"))) == 20, "the version the evaluator scored"
 
 
 def test_a_sweep_is_a_population_without_exploit() -> None:

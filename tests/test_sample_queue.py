@@ -141,3 +141,17 @@ def test_dropped_sample_counters_count_frames_like_samples_per_s():
     assert counters["samples_dropped_full"] == T * 5
     assert counters["samples_dropped_stale"] == T * 5
     intake.close()
+
+
+def test_a_copy_forgets_what_the_old_parameters_acted():
+    """A population member that copied its donor at version 7: the chunks its own
+    parameters acted go, queued or arriving late; those of the copy stay."""
+    queue = SampleQueue(capacity=8, batch_envs=2, staleness_cap=10)
+    queue.put(chunk(1, 5), version=6)
+    queue.put(chunk(2, [6, 7, 7]), version=7)
+    queue.forget_before(7)
+    assert len(queue) == 0 and queue.dropped_stale == 2 * T * 2
+    queue.put(chunk(3, 6), version=8)  # acted before the copy, arriving late
+    queue.put(chunk(4, 7), version=8)
+    assert len(queue) == 1
+    assert queue.take_batch(8)["actions"][0, 0] == 4

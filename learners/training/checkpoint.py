@@ -225,11 +225,14 @@ class Checkpointer:
         step_meta(root, step)  # another format: one line, not orbax's tree mismatch
         return _restored(step, self._latest.restore(step, args=_restore_args(like)), like)
 
-    def restore_from(self, policy: str, like: Any) -> Restored | None:
+    def restore_from(self, policy: str, like: Any, at_most: int | None = None) -> Restored | None:
         """The newest complete checkpoint of another policy of the run (a population
-        member's donor, under the same location) shaped like `like`; None if it has none
-        yet."""
-        steps = steps_in(checkpoint_root(self.run_dir, False, policy, self.location))
+        member's donor, under the same location) shaped like `like`, of a step no later
+        than `at_most` where given (the version its rank was earned by); None if it has
+        none yet."""
+        steps = [step for step in steps_in(checkpoint_root(self.run_dir, False, policy,
+                                                           self.location))
+                 if at_most is None or step <= at_most]
         return read_step(self.run_dir, like, steps[-1], False, policy, self.location) \
             if steps else None
 

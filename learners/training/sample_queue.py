@@ -22,6 +22,8 @@ class SampleQueue:
         drop counters do not count again."""
         self.capacity = capacity
         self.overlap = overlap
+        self.floor = 0
+        """Chunks acted before this version are stale (`forget_before`)."""
         self.batch_envs = batch_envs
         self.staleness_cap = staleness_cap
         self._chunks: deque[dict[str, np.ndarray]] = deque()
@@ -35,10 +37,23 @@ class SampleQueue:
         return len(self._chunks)
 
     def _is_stale(self, chunk: dict[str, np.ndarray], version: int) -> bool:
-        """Too old, or acted by versions a learner restored from a checkpoint never made."""
+        """Too old, acted by versions a learner restored from a checkpoint never made, or
+        by parameters a copy replaced (`forget_before`)."""
         versions = chunk["versions"]
         return version - int(versions.min()) > self.staleness_cap or \
-            int(versions.max()) > version
+            int(versions.max()) > version or int(versions.min()) < self.floor
+
+    def forget_before(self, version: int) -> None:
+        """From now on, chunks acted before `version` are stale: the queued ones go now."""
+        self.floor = version
+        kept: deque[dict[str, np.ndarray]] = deque()
+        for chunk in self._chunks:
+            if int(chunk["versions"].min()) < version:
+                self.dropped_stale += chunk["rewards"][self.overlap:].size
+            else:
+                kept.append(chunk)
+        self._chunks = kept
+        self._columns = sum(c["actions"].shape[1] for c in kept)
 
     def put(self, chunk: dict[str, np.ndarray], version: int) -> None:
         """Add a chunk unless it is already stale; drop the oldest when full."""

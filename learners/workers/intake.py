@@ -49,6 +49,10 @@ class Intake(Protocol):
     def take_batch(self, version: int) -> dict[str, np.ndarray] | None:
         """The next batch for the learner at `version`, or None while too little is here."""
 
+    def forget_before(self, version: int) -> None:
+        """Drop what parameters older than `version` acted, queued or yet to come (a
+        population member that copied its donor); off-policy samples stay."""
+
     def trained(self, kept: dict[str, np.ndarray], per_row: np.ndarray | None) -> None:
         """After the update on a batch: its `kept` arrays and the update's per-row
         results over the global batch (new priorities), where the algorithm has them."""

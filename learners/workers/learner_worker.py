@@ -200,7 +200,10 @@ class LearnerWorker(Worker):
         self.log.info("checkpoint step %d started (training held up %.3fs)", self.version, stall)
 
     def _save_copy(self) -> None:
-        """A population member's copy of its donor: published, and checkpointed."""
+        """A population member's copy of its donor: published, and checkpointed; what its
+        own parameters acted (queued, prefetched or still on their way) is dropped."""
+        self._next = None
+        self.intake.forget_before(self.learner.version)
         self._publish()
         self._save()
 

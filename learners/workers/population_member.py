@@ -46,8 +46,8 @@ class PopulationMember:
                  rejects: RejectCounter, log: logging.Logger,
                  save_copy: Callable[[], None]) -> None:
         """`socket`: bound on the control stream; `lineage`: connected to the controller's
-        lineage stream; `save_copy` publishes the learner's parameters and starts
-        checkpointing its state with the run's counters."""
+        lineage stream; `save_copy` drops what the old parameters acted, publishes the
+        learner's parameters and starts checkpointing its state with the run's counters."""
         self.socket = socket
         self.lineage = lineage
         self.member = member
@@ -76,9 +76,12 @@ class PopulationMember:
             send(self.socket, "exploited", reply, routing=routing)
 
     def exploit(self, meta: dict[str, Any]) -> dict[str, Any]:
-        """Copy the donor member's newest complete checkpoint (weights, optimizer state,
-        observation statistics) into this learner, keeping its own version count and
-        counters, and take the new hyperparameters; no restart, no recompile.
+        """Copy the donor member's parameters that earned its rank (weights, optimizer
+        state, observation statistics: its newest complete checkpoint of the ranked
+        version `donor_version` or before, `checkpoint.every_updates` apart at most) into
+        this learner, keeping its own version count and counters, take the new
+        hyperparameters, and forget the chunks its old parameters acted (`save_copy`); no
+        restart, no recompile.
 
         The copy is checkpointed, and only once that checkpoint is complete does this
         learner send the event to the controller (which appends it to `population.jsonl`)
@@ -87,17 +90,19 @@ class PopulationMember:
         manager hears the answer.
         """
         donor, values, old = meta.get("donor"), meta.get("hyperparams"), meta.get("old_hyperparams")
-        scores = meta.get("scores")
+        scores, ranked = meta.get("scores"), meta.get("donor_version")
         if donor not in self.members or donor == self.member or \
+                not (type(ranked) is int and ranked >= 0) or \
                 not (finite_numbers(values) and finite_numbers(old) and
                      finite_numbers(scores, missing=True)) or \
                 not {field_name(str(k)) for k in values} <= set(self.learner.hyperparams()):
             self.rejects.reject(ValueError(f"exploit with donor {donor!r}, values {values!r}"))
             return {"ok": False, "reason": "malformed exploit"}
         try:
-            restored = self.checkpointer.restore_from(donor, self.learner.state)
+            restored = self.checkpointer.restore_from(donor, self.learner.state, ranked)
             if restored is None:
-                return {"ok": False, "reason": f"{donor} has no complete checkpoint yet"}
+                return {"ok": False, "reason": f"{donor} has no complete checkpoint of "
+                                               f"version {ranked} or before yet"}
         except (OSError, ValueError) as error:
             return {"ok": False, "reason": f"cannot copy {donor}: {error}"}
         self.learner.adopt(restored.state)

@@ -268,6 +268,9 @@ class ReplayIntake:
         came from, `incarnations` which memory of it."""
         return self.ready.popleft() if self.ready else None
 
+    def forget_before(self, version: int) -> None:
+        """Replay's transitions are off-policy: a copy keeps them."""
+
     def trained(self, kept: dict[str, np.ndarray], per_row: np.ndarray | None) -> None:
         """Each row's new priority (this process's rows of `per_row`, over the global
         batch) to the server that sampled it; a server that cannot take it now loses

@@ -94,6 +94,10 @@ class SampleIntake:
         self.recent_returns.extend(float(r) for r in returns)
         self.episodes_received += len(returns)
 
+    def forget_before(self, version: int) -> None:
+        """Drop the chunks acted before `version`, queued or yet to come (counted stale)."""
+        self.queue.forget_before(version)
+
     def take_batch(self, version: int) -> dict[str, np.ndarray] | None:
         """The next [T+1, B] batch of host arrays within the staleness cap, or None."""
         batch = self.queue.take_batch(version)

@@ -176,6 +176,9 @@ class MemberView:
     ready_at: int = 0
     """The version at which it is ranked next."""
     score: float | None = None
+    ranked_version: int | None = None
+    """The version its score was last earned by (`ranked_version`): a loser copies the
+    donor's parameters of then, not newer ones that were never ranked."""
 
 
 @dataclass(frozen=True)
@@ -215,14 +218,30 @@ def ranking_metric(config: ExperimentConfig) -> str:
     return EVALUATION if config.evaluation.every_updates else TRAINING
 
 
+def _scored(rows: Sequence[Mapping[str, Any]], member: str, since: int,
+            metric: str) -> list[tuple[float, int]]:
+    """(value, version) of the member's `metric` in rows of versions after `since` (for an
+    evaluation return, the version it evaluated), oldest first."""
+    value = f"policy/{member}/{metric}"
+    version = (EVAL_VERSION_KEY if metric == EVALUATION else VERSION_KEY).format(member=member)
+    return [(row[value], int(row.get(version, 0))) for row in rows
+            if value in row and row.get(version, 0) > since]
+
+
 def member_score(rows: Sequence[Mapping[str, Any]], member: str, since: int,
                  window: int, metric: str = TRAINING) -> float | None:
     """The mean of the member's last `window` values of `metric` in rows of versions
     after `since` (for an evaluation return, the version it evaluated)."""
-    value = f"policy/{member}/{metric}"
-    version = (EVAL_VERSION_KEY if metric == EVALUATION else VERSION_KEY).format(member=member)
-    values = [row[value] for row in rows if value in row and row.get(version, 0) > since]
+    values = [value for value, _ in _scored(rows, member, since, metric)]
     return float(np.mean(values[-window:])) if values else None
+
+
+def ranked_version(rows: Sequence[Mapping[str, Any]], member: str, since: int,
+                   metric: str = TRAINING) -> int | None:
+    """The version of the parameters that earned the member its latest score: that of the
+    newest value the score counts (an evaluation's evaluated version)."""
+    scored = _scored(rows, member, since, metric)
+    return scored[-1][1] if scored else None
 
 
 def sweep_overrides(sweeps: Sequence[str]) -> list[str]:

@@ -32,6 +32,7 @@ from srl_jax.config.population import (
     member_rng,
     member_score,
     parse_lineage,
+    ranked_version,
     ranking_metric,
 )
 from srl_jax.config.schema import DEFAULT_POLICY, member_names
@@ -133,6 +134,7 @@ class PopulationManager(Worker):
             if versions:
                 view.version = max(view.version, int(versions[-1]))
             view.score = member_score(self.rows, member, view.changed_at, window, metric)
+            view.ranked_version = ranked_version(self.rows, member, view.changed_at, metric)
 
     def run_once(self) -> None:
         changed = False
@@ -161,6 +163,7 @@ class PopulationManager(Worker):
             scores = {m: v.score for m, v in self.views.items()}
             self._exploit_ids += 1
             message = {"member": exploit.member, "donor": exploit.donor,
+                       "donor_version": self.views[exploit.donor].ranked_version,
                        "hyperparams": exploit.hyperparams,
                        "old_hyperparams": self.views[exploit.member].hyperparams,
                        "scores": scores, "exploit_id": self._exploit_ids}
