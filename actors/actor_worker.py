@@ -106,8 +106,9 @@ class ActorWorker(Worker):
                              global_state=config.network.critic == "global")
                   for env_seeds in seeds]
         multi_agent = family_of(config.env).multi_agent
+        specs = [policy_spec(config, policy) for policy in self.policies]
         return ActorCore(
-            splits, self.policies, [policy_spec(config, policy) for policy in self.policies],
+            splits, self.policies, specs,
             cfg.trajectory_length, frozen=config.selfplay.frozen,
             pooled=config.selfplay.opponents, opponent_rng=self._rng(OPPONENT_STREAM),
             epsilons=[self._epsilons(s, split) for s, split in enumerate(splits)]
@@ -115,7 +116,7 @@ class ActorWorker(Worker):
             explore_rng=self._rng(EXPLORE_STREAM), resend_after_s=cfg.inference_timeout_s,
             team_returns=multi_agent, returns_per_policy=multi_agent or population,
             prioritize=chunk_prioritizer(config)
-            if config.replay.count and config.replay.initial_priority == "actor" else None,
+            if any(spec.action_values for spec in specs) else None,
             overlap=config.learner.burn_in)
 
     def _chunk_sender(self, policy: str) -> ChunkSender:

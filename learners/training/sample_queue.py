@@ -46,9 +46,13 @@ class SampleQueue:
     def forget_before(self, version: int) -> None:
         """From now on, chunks acted before `version` are stale: the queued ones go now."""
         self.floor = version
+        self._drop_stale(version)
+
+    def _drop_stale(self, version: int) -> None:
+        """Drop (and count) the queued chunks stale for a learner at `version`."""
         kept: deque[dict[str, np.ndarray]] = deque()
         for chunk in self._chunks:
-            if int(chunk["versions"].min()) < version:
+            if self._is_stale(chunk, version):
                 self.dropped_stale += chunk["rewards"][self.overlap:].size
             else:
                 kept.append(chunk)
@@ -69,14 +73,7 @@ class SampleQueue:
 
     def take_batch(self, version: int) -> dict[str, np.ndarray] | None:
         """A [T(+1), B] batch of chunks within the staleness cap, or None if too few."""
-        kept: deque[dict[str, np.ndarray]] = deque()
-        for chunk in self._chunks:
-            if self._is_stale(chunk, version):
-                self.dropped_stale += chunk["rewards"][self.overlap:].size
-            else:
-                kept.append(chunk)
-        self._chunks = kept
-        self._columns = sum(c["actions"].shape[1] for c in kept)
+        self._drop_stale(version)
         if self._columns < self.batch_envs:
             return None
         taken, columns = [], 0

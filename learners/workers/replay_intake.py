@@ -66,7 +66,7 @@ class _Server:
     """Why it holds our requests, as it last said ('' once it answers)."""
 
 
-@dataclass
+@dataclass(eq=False)
 class _Round:
     """One batch's requests: server -> (seq, rows), and the parts come back so far."""
 
@@ -116,8 +116,8 @@ class ReplayIntake:
         self.process_index = process_index
         self.rejects = rejects
         self.rng = np.random.default_rng(seed)
-        self.rounds: dict[int, _Round] = {}
-        """Outstanding rounds by the seq of their first request."""
+        self.rounds: list[_Round] = []
+        """Outstanding rounds, oldest first."""
         self.ready: deque[dict[str, np.ndarray]] = deque()
         self.poller = zmq.Poller()
         for server in self.servers:
@@ -184,7 +184,7 @@ class ReplayIntake:
                     break
             if not asked:
                 break
-            self.rounds[min(seq for seq, _ in asked.values())] = _Round(asked)
+            self.rounds.append(_Round(asked))
         now = time.monotonic()
         for index, server in enumerate(self.servers):
             if not server.inflight and now - server.last_asked >= PROBE_S:
@@ -208,7 +208,7 @@ class ReplayIntake:
         server.last_heard = time.monotonic()
         server.size, server.total, server.incarnation = size, float(total), incarnation
         server.gone = False
-        round_ = next((r for r in self.rounds.values()
+        round_ = next((r for r in self.rounds
                        if r.asked.get(index, (None,))[0] == seq), None)
         if not arrays:
             if round_ is None:  # a probe's answer
@@ -234,8 +234,7 @@ class ReplayIntake:
 
     def _give_up(self, round_: _Round) -> None:
         """Forget a round (done, or waiting on a part that will not come)."""
-        key = next(k for k, r in self.rounds.items() if r is round_)
-        del self.rounds[key]
+        self.rounds.remove(round_)
         self._drop_seqs(round_.asked)
 
     def _assemble(self, round_: _Round) -> dict[str, np.ndarray]:
@@ -259,7 +258,7 @@ class ReplayIntake:
                 server.inflight.clear()
                 server.gone, server.waiting = True, "silent: presumed gone"
                 self.timeouts += 1
-                for round_ in [r for r in self.rounds.values() if index in r.asked]:
+                for round_ in [r for r in self.rounds if index in r.asked]:
                     self._give_up(round_)
                     self.rounds_given_up += 1
 
