@@ -47,7 +47,8 @@ def one_update(devices: int, algo_name: str, overrides: list[str]) -> tuple[dict
     arrays["truncated"] = arrays["truncated"] * (1 - arrays["terminated"])
     batch = learner.put(arrays)
     obs = batch["obs"] if isinstance(batch, dict) else batch.obs
-    shard_shapes = sorted({tuple(s.data.shape) for s in obs.addressable_shards})
+    shard_shapes = (sorted({tuple(s.data.shape) for s in obs.addressable_shards})
+                    if isinstance(obs, jax.Array) else [obs.shape])  # one CPU device: whole
     learner.step(batch)
     return jax.device_get(learner.params), shard_shapes
 

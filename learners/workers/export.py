@@ -69,14 +69,14 @@ class TrainedPolicy:
         """The recurrent state of each row of the last batch (width 0 without a core)."""
 
         def act(params: Any, obs: jax.Array, state: jax.Array, mask: jax.Array, key: jax.Array,
-                deterministic: bool) -> tuple[jax.Array, jax.Array]:
+                calls: jax.Array, deterministic: bool) -> tuple[jax.Array, jax.Array]:
             out, _, new_state = policy.apply(params, obs, state)
             out = mask_logits(out, mask)
             if deterministic:
                 return policy.dist.mode(out), new_state
-            return policy.dist.sample(key, out), new_state
+            return policy.dist.sample(jax.random.fold_in(key, calls), out), new_state
 
-        self._act = jax.jit(act, static_argnums=5)
+        self._act = jax.jit(act, static_argnums=6)
 
     def reset(self, rows: np.ndarray | None = None) -> None:
         """Start new episodes: zero the recurrent state of `rows` (all rows if None)."""
@@ -91,12 +91,12 @@ class TrainedPolicy:
         [N, A] where the env masks actions, clipped to the action space; a batch of
         another size than the last starts from a zero state."""
         self._calls += 1
-        key = jax.random.fold_in(self._key, self._calls)
         batch = np.asarray(obs, self.spec.obs_dtype)
         if len(self.state) != len(batch):
             self.state = np.zeros((len(batch), self.spec.state_size), np.float32)
         legal = np.ones((len(batch), 0), bool) if mask is None else np.asarray(mask, bool)
-        actions, state = self._act(self.params, batch, self.state, legal, key, deterministic)
+        actions, state = self._act(self.params, batch, self.state, legal, self._key,
+                                   np.uint32(self._calls), deterministic)
         actions, self.state = np.asarray(actions), np.array(state)
         if self.spec.continuous:
             actions = np.clip(actions, self.spec.action_low, self.spec.action_high)

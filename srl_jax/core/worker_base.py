@@ -25,7 +25,7 @@ import signal
 import socket as pysocket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -48,6 +48,49 @@ STACKS_SIGNAL = signal.SIGUSR1
 LAST_PHASE = "stopped"
 """The phase of the heartbeat a worker sends last, after `finish`, as it exits: the
 controller waits for it before the run's last metrics row."""
+
+
+class BusyBeats:
+    """One helper thread that calls `beat` every `interval` seconds while a body is
+    running (between `enter` and `exit`), for at most `bound` seconds of each body.
+
+    A beat runs under the lock that `exit` takes, so none is in flight once `exit`
+    returns: the main thread may use the sockets again.
+    """
+
+    def __init__(self, beat: Callable[[], None]) -> None:
+        self._beat = beat
+        self._cond = threading.Condition()
+        self._body: tuple[int, float, float] | None = None
+        """(number, interval, bound) of the running body; None between bodies."""
+        self._bodies = 0
+        threading.Thread(target=self._run, name="busy heartbeats", daemon=True).start()
+
+    def enter(self, interval: float, bound: float) -> None:
+        with self._cond:
+            self._bodies += 1
+            self._body = (self._bodies, interval, bound)
+            self._cond.notify()
+
+    def exit(self) -> None:
+        with self._cond:
+            self._body = None
+            self._cond.notify()
+
+    def _running(self, number: int) -> bool:
+        return self._body is not None and self._body[0] == number
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                self._cond.wait_for(lambda: self._body is not None)
+                number, interval, bound = self._body
+                deadline = time.monotonic() + bound
+                while self._running(number) and time.monotonic() < deadline:
+                    self._cond.wait(interval)
+                    if self._running(number) and time.monotonic() < deadline:
+                        self._beat()
+                self._cond.wait_for(lambda n=number: not self._running(n))
 
 
 def heartbeat_meta(name: str, kind: str, index: int, policy: str, phase: str,
@@ -95,6 +138,7 @@ class Worker:
         self._phase = "setup"
         self._lookup_wait: tuple[str, float] | None = None
         self._busy: tuple[str, float] | None = None
+        self._busy_beats: BusyBeats | None = None
         self._heartbeat_lock = threading.Lock()
         """Held while a heartbeat is sent: `busy` sends them from a helper thread."""
         self._progress = getattr(KINDS.get(self.kind), "progress", "")
@@ -133,25 +177,18 @@ class Worker:
         outlasts the bound is left to `runtime.heartbeat_timeout_s` again, so a
         worker stuck for good is still killed. Heartbeats say `what` it is busy
         with. The body must not use the worker's sockets (JAX calls release the
-        GIL, so the helper thread runs while they block).
+        GIL, so the helper thread runs while they block). Cheap enough for every
+        update: the helper thread is started once and sleeps between bodies.
         """
+        if self._busy_beats is None:
+            self._busy_beats = BusyBeats(lambda: self.heartbeat(follow=False))
         self._busy = (what, time.time())
-        done = threading.Event()
-        bound = self.config.runtime.busy_timeout_s
-        interval = self.config.runtime.stats_interval_s
-
-        def beat() -> None:
-            deadline = time.monotonic() + bound
-            while not done.wait(interval) and time.monotonic() < deadline:
-                self.heartbeat(follow=False)
-
-        helper = threading.Thread(target=beat, name=f"busy: {what}", daemon=True)
-        helper.start()
+        self._busy_beats.enter(self.config.runtime.stats_interval_s,
+                               self.config.runtime.busy_timeout_s)
         try:
             yield
         finally:
-            done.set()
-            helper.join()
+            self._busy_beats.exit()
             self._busy = None
 
     def finish(self) -> None:
