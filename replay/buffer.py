@@ -9,7 +9,8 @@ oldest overwritten first; the memory is allocated once, at construction, and
 (`FrameStore`); a segment whose frames were overwritten before the segment
 itself is dropped from sampling.
 
-Transition i = segment * T + t is a leaf of a `SumTree` holding priority ** alpha;
+Transition i = segment * T + t is a leaf of a `SumTree` holding priority ** alpha
+(`SequenceBuffer`, replay/sequence_buffer.py, makes each segment one leaf instead);
 a new transition gets the priority its actor computed where the chunk carries them
 (Ape-X, actors/priorities.py), else the largest priority seen so far (Schaul et al.
 2016), so that every transition is likely to be sampled once before its TD error is
@@ -49,33 +50,47 @@ class ReplayBuffer:
         else:
             self.obs = np.zeros((S, T + 1, *spec.obs_shape), spec.obs_dtype)
         self.actions = np.zeros((S, T, *spec.action_shape), spec.action_dtype)
+        self.states = np.zeros((S, spec.state_size), np.float32)
+        """The recurrent state each segment's actor acted from at its first step (width 0
+        without a core)."""
         self.rewards = np.zeros((S, T), np.float32)
         self.terminated = np.zeros((S, T), bool)
         self.truncated = np.zeros((S, T), bool)
         self.trunc_values = np.zeros((S, T), np.float32)
         self.generations = np.zeros(S, np.int64)
         self.live = np.zeros(S, bool)
-        self.priorities = np.zeros(S * T, np.float64)
+        self.priorities = np.zeros(S * self.leaves_per_segment, np.float64)
         """Raw priorities (|TD error|), for the statistics; the tree holds p ** alpha."""
-        self.tree = SumTree(S * T)
+        self.tree = SumTree(S * self.leaves_per_segment)
         self.max_priority = 1.0
         self.next_segment = 0
         self.inserts = 0
 
     @property
+    def leaves_per_segment(self) -> int:
+        """Sampled items per segment: its T transitions."""
+        return self.T
+
+    @property
     def size(self) -> int:
-        """Transitions that can be sampled."""
+        """Transitions held that can be sampled."""
         return int(self.live.sum()) * self.T
 
     @property
+    def items(self) -> int:
+        """Items that can be sampled (the N of the importance weights)."""
+        return int(self.live.sum()) * self.leaves_per_segment
+
+    @property
     def nbytes(self) -> int:
-        arrays = (self.obs, self.actions, self.rewards, self.terminated, self.truncated,
-                  self.trunc_values, self.generations, self.live, self.priorities,
+        arrays = (self.obs, self.actions, self.states, self.rewards, self.terminated,
+                  self.truncated, self.trunc_values, self.generations, self.live, self.priorities,
                   self.tree.nodes)
         return sum(a.nbytes for a in arrays) + (self.frames.nbytes if self.frames else 0)
 
     def _leaves(self, segments: np.ndarray) -> np.ndarray:
-        return (segments[:, None] * self.T + np.arange(self.T)).reshape(-1)
+        per = self.leaves_per_segment
+        return (segments[:, None] * per + np.arange(per)).reshape(-1)
 
     def _drop(self, segments: np.ndarray) -> None:
         self.live[segments] = False
@@ -95,19 +110,11 @@ class ReplayBuffer:
                            else np.swapaxes(obs, 0, 1))
         for name in ("actions", "rewards", "terminated", "truncated", "trunc_values"):
             getattr(self, name)[where] = np.swapaxes(chunk[name], 0, 1)
+        self.states[where] = chunk["state"][0]
         self.generations[where] = self.inserts
         self.live[where] = True
         leaves = self._leaves(where)
-        # Rows of agents out of play (multi-agent padding) are kept, for the windows of
-        # their neighbours, but at priority 0: never sampled, so no loss reads them.
-        active = np.swapaxes(chunk["active"], 0, 1).reshape(-1).astype(bool)
-        given = chunk.get("priorities")
-        if given is not None and given.shape[-1]:  # the actor's (Ape-X)
-            new = np.swapaxes(given[..., 0], 0, 1).reshape(-1).astype(np.float64)
-            if len(new):
-                self.max_priority = max(self.max_priority, float(new[active].max(initial=0)))
-        else:
-            new = np.full(len(leaves), self.max_priority)
+        active, new = self._initial_priorities(chunk)
         self.priorities[leaves] = np.where(active, new, 0.0)
         self.tree.update(leaves, np.where(active, new ** self.alpha, 0.0))
         if self.frames is not None:
@@ -115,6 +122,19 @@ class ReplayBuffer:
             if stale.any():
                 self._drop(np.flatnonzero(stale))
         return n * self.T
+
+    def _initial_priorities(self, chunk: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """(active, priority) of each new leaf. Rows of agents out of play (multi-agent
+        padding) are kept, for the windows of their neighbours, but inactive: at priority
+        0, never sampled, so no loss reads them."""
+        active = np.swapaxes(chunk["active"], 0, 1).reshape(-1).astype(bool)
+        given = chunk.get("priorities")
+        if given is not None and given.shape[-1]:  # the actor's (Ape-X)
+            new = np.swapaxes(given[..., 0], 0, 1).reshape(-1).astype(np.float64)
+            if len(new):
+                self.max_priority = max(self.max_priority, float(new[active].max(initial=0)))
+            return active, new
+        return active, np.full(len(active), self.max_priority)
 
     def sample(self, rows: int, window: int) -> dict[str, np.ndarray]:
         """`rows` transitions drawn by priority, each with its window of up to `window`
@@ -125,7 +145,7 @@ class ReplayBuffer:
         slots = self.tree.sample(rows, self.rng)
         segment, start = slots // T, slots % T
         probabilities = self.tree.values(slots) / self.tree.total
-        weights = (self.size * probabilities) ** -self.beta
+        weights = (self.items * probabilities) ** -self.beta
         offsets = np.arange(window)
         steps_at = np.minimum(start[:, None] + offsets, T - 1)  # [rows, window]
         inside = start[:, None] + offsets < T
@@ -163,11 +183,12 @@ class ReplayBuffer:
         """Set new priorities of sampled slots; an update for a slot overwritten (or
         dropped) since it was sampled is ignored. Returns how many were applied;
         ValueError for slots out of range or priorities not finite and >= 0."""
-        if len(slots) and (slots.min() < 0 or slots.max() >= self.segments * self.T):
-            raise ValueError(f"priority update for slots outside [0, {self.segments * self.T})")
+        leaves = self.segments * self.leaves_per_segment
+        if len(slots) and (slots.min() < 0 or slots.max() >= leaves):
+            raise ValueError(f"priority update for slots outside [0, {leaves})")
         if not np.all(np.isfinite(priorities) & (priorities >= 0)):
             raise ValueError("priority update with priorities not finite and >= 0")
-        segment = slots // self.T
+        segment = slots // self.leaves_per_segment
         current = (self.generations[segment] == generations) & self.live[segment]
         slots, priorities = slots[current], priorities[current]
         if len(slots):
@@ -178,7 +199,7 @@ class ReplayBuffer:
 
     def priority_stats(self) -> dict[str, float]:
         """Mean and largest raw priority of the transitions held (0 when empty)."""
-        held = self.priorities[np.repeat(self.live, self.T)]
+        held = self.priorities[np.repeat(self.live, self.leaves_per_segment)]
         if not len(held):
             return {"mean": 0.0, "max": 0.0}
         return {"mean": float(held.mean()), "max": float(held.max())}

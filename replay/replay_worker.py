@@ -3,11 +3,13 @@
 Actors push chunks on the inserts stream; each is checked against the run's
 chunk layout and its steps go into a `ReplayBuffer` (replay/buffer.py). Learner
 processes send `sample_request`s on the replay stream and get `sampled` batches
-back, then send the new `priorities` of what they sampled. Every answer carries the
-server's size, its samplable total priority (0 below `replay.min_size`) and the id of its
-memory (`incarnation`, drawn at start), with which the learner draws one distribution
-over all shards (learners/workers/replay_intake.py); a request for 0 rows asks for these
-alone and is answered at once; priorities meant for another memory are ignored.
+back, then send the new `priorities` of what they sampled (transitions, or the whole
+chunk columns of R2D2's sequences: replay/sequence_buffer.py). Every answer carries the
+server's size in those items, its samplable total priority (0 below
+`replay.min_size`) and the id of its memory (`incarnation`, drawn at start), with which
+the learner draws one distribution over all shards (learners/workers/replay_intake.py);
+a request for 0 rows asks for these alone and is answered at once; priorities meant for
+another memory are ignored.
 A `RateLimiter` holds the sample-to-insert ratio: while inserts run ahead the server
 stops reading the inserts stream (the actors' sends block, or drop by
 `actors.send_policy`); while samples run ahead it holds the learner's requests and
@@ -35,6 +37,8 @@ from actors.actor_core import MAX_SENT_RETURNS
 from actors.envs import policy_spec
 from replay.buffer import ReplayBuffer
 from replay.rate_limiter import RateLimiter, error_buffer
+from replay.sequence_buffer import SequenceBuffer
+from srl_jax.config.algorithms import algorithm
 from srl_jax.config.schema import DEFAULT_POLICY, ExperimentConfig
 from srl_jax.core.chunk_spec import chunk_error, run_chunk_layout
 from srl_jax.core.memory import resident_mib
@@ -88,9 +92,10 @@ class ReplayWorker(Worker):
         self.spec = policy_spec(config, policy)
         self.layout = run_chunk_layout(config, self.spec)
         T, columns = self.layout["actions"][0][:2]
-        self.buffer = ReplayBuffer(cfg.capacity, T, columns, self.spec, self.spec.frame_stack,
-                                   cfg.priority_exponent, cfg.importance_exponent,
-                                   config.seed * 1009 + index + self.incarnation.seed(0))
+        sequences = algorithm(config.learner.algorithm).replay_sequences
+        self.buffer = (SequenceBuffer if sequences else ReplayBuffer)(
+            cfg.capacity, T, columns, self.spec, self.spec.frame_stack, cfg.priority_exponent,
+            cfg.importance_exponent, config.seed * 1009 + index + self.incarnation.seed(0))
         self.limiter = RateLimiter(cfg.min_size, cfg.samples_per_insert,
                                    error_buffer(cfg.min_size, cfg.tolerance,
                                                 cfg.samples_per_insert))
@@ -191,7 +196,8 @@ class ReplayWorker(Worker):
     def _queue_request(self, routing: list[bytes], meta: dict) -> None:
         seq, rows, window = (meta.get(k) for k in ("seq", "rows", "window"))
         if not (type(seq) is int and type(rows) is int and type(window) is int
-                and 0 <= rows <= MAX_ROWS and 0 < window <= MAX_WINDOW):
+                and 0 <= rows <= MAX_ROWS and 0 < window <= MAX_WINDOW
+                and (window == self.buffer.T or not isinstance(self.buffer, SequenceBuffer))):
             self.rejects.reject(ValueError(f"sample_request with seq {seq!r}, rows {rows!r}, "
                                            f"window {window!r}"))
             return
@@ -230,8 +236,9 @@ class ReplayWorker(Worker):
             self.time_sample_wait += now - request.since
             start = time.perf_counter()
             batch = self.buffer.sample(request.rows, request.window)
-            self.limiter.sampled(request.rows)
-            self.sampled += request.rows
+            steps = request.rows * (self.buffer.T // self.buffer.leaves_per_segment)
+            self.limiter.sampled(steps)  # samples_per_insert counts steps, as inserts do
+            self.sampled += steps
             self.time_sample += time.perf_counter() - start
             self._reply(request, batch)
         if self.pending and now - self._last_notice >= WAIT_NOTICE_S:
@@ -243,7 +250,7 @@ class ReplayWorker(Worker):
                waiting: str | None = None) -> None:
         size = self.buffer.size
         total = self.buffer.tree.total if size >= self.config.replay.min_size else 0.0
-        meta = {"seq": request.seq, "size": size, "total": total,
+        meta = {"seq": request.seq, "size": self.buffer.items, "total": total,
                 "incarnation": self.memory_id, **({"waiting": waiting} if waiting else {})}
         with contextlib.suppress(zmq.Again):  # the learner is gone or full: it asks again
             send(self.router, "sampled", meta, arrays, routing=request.routing,

@@ -54,7 +54,7 @@ def test_dueling_q_network_and_greedy_policy() -> None:
 @pytest.mark.parametrize(("overrides", "message"), [
     (["network.head=actor_critic"], "'dqn' trains dueling or q, not 'actor_critic'"),
     (["replay.count=0"], "'dqn' learns from replay; it needs at least 1 replay server"),
-    (["network.core=lstm"], "'network.head': 'dueling' has no recurrent version"),
+    (["network.core=lstm"], "'network.core': 'dqn' replays n-step transitions"),
     (["learner.dqn.n_step=17"], "'learner.dqn.n_step' (17) must not exceed"),
     (["actors.epsilon=1.5"], "'actors.epsilon'"),
 ])

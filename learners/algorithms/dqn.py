@@ -56,6 +56,24 @@ def init_target(params: Any, config: DQNConfig) -> Any:
     return {"target": params}
 
 
+def q_learning_step(state: TrainState, params: Any, grads: Any,
+                    optimizer: optax.GradientTransformation, config: Any,
+                    metrics: dict[str, jax.Array]) -> tuple[TrainState, dict[str, jax.Array]]:
+    """The optimizer step at the live step size, and the target network's copy every
+    `config.target_update_period` updates (DQN's and R2D2's); `metrics` gain the
+    gradient norm."""
+    updates, opt_state = optimizer.update(grads, state.opt_state, params["net"])
+    learning_rate = with_live(config, state.hyper).learning_rate
+    params = {**params, "net": descend(params["net"], updates, learning_rate)}
+    version = state.version + 1
+    copy = version % config.target_update_period == 0
+    new_target = jax.tree.map(lambda online, old: jnp.where(copy, online, old),
+                              params, state.extra["target"])
+    return (state._replace(params=params, opt_state=opt_state, version=version,
+                           extra={"target": new_target}),
+            {**metrics, "grad_norm": optax.tree.norm(grads)})
+
+
 def make_update(policy: Policy, optimizer: optax.GradientTransformation, config: DQNConfig,
                 sizes: Sizes) -> Any:
     """Pure (TrainState, batch) -> (TrainState, metrics); metrics include the rows' new
@@ -92,17 +110,8 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation, config:
         target = {**params, "net": state.extra["target"]["net"]}
         (loss, (errors, q)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
             params["net"], params, target, batch)
-        updates, opt_state = optimizer.update(grads, state.opt_state, params["net"])
-        learning_rate = with_live(config, state.hyper).learning_rate
-        params = {**params, "net": descend(params["net"], updates, learning_rate)}
-        version = state.version + 1
-        copy = version % config.target_update_period == 0
-        new_target = jax.tree.map(lambda online, old: jnp.where(copy, online, old),
-                                  params, state.extra["target"])
-        metrics = {"loss": loss, "q_mean": q.mean(), "td_error_abs": jnp.abs(errors).mean(),
-                   "grad_norm": optax.tree.norm(grads),
-                   "priorities": jnp.abs(errors) + config.priority_epsilon}
-        return state._replace(params=params, opt_state=opt_state, version=version,
-                              extra={"target": new_target}), metrics
+        return q_learning_step(state, params, grads, optimizer, config, {
+            "loss": loss, "q_mean": q.mean(), "td_error_abs": jnp.abs(errors).mean(),
+            "priorities": jnp.abs(errors) + config.priority_epsilon})
 
     return update

@@ -76,6 +76,18 @@ def heads(module: nn.Module, x: jax.Array, action_dim: int,
     return out, value[:, 0]
 
 
+def q_heads(x: jax.Array, action_dim: int, dueling: bool) -> tuple[jax.Array, jax.Array]:
+    """(Q-values [N, A], max_a Q [N]) on features `x`; `dueling` splits the head into a
+    state value and advantages recombined as V + A - mean(A) (Wang et al. 2016)."""
+    advantages = nn.Dense(action_dim, name="q_head")(x)
+    if dueling:
+        value = nn.Dense(1, name="value_head")(x)
+        q = value + advantages - advantages.mean(-1, keepdims=True)
+    else:
+        q = advantages
+    return q, q.max(-1)
+
+
 class MLP(nn.Module):
     """Hidden layers with orthogonal init (scale sqrt 2), then a linear head."""
 
@@ -140,11 +152,9 @@ class NatureCNN(nn.Module):
 
 
 class QNetwork(nn.Module):
-    """Action values on the MLP or Nature-CNN torso: (Q-values [N, A], max_a Q [N]).
-
-    `dueling` splits the head into a state value and advantages recombined as
-    V + A - mean(A) (Wang et al. 2016). The max is the policy's value: the inference
-    server reports it, and actors store it as the bootstrap of a time-limit cut.
+    """Action values on the MLP or Nature-CNN torso: (Q-values [N, A], max_a Q [N])
+    (`q_heads`). The max is the policy's value: the inference server reports it, and
+    actors store it as the bootstrap of a time-limit cut.
     """
 
     action_dim: int
@@ -162,13 +172,7 @@ class QNetwork(nn.Module):
         else:
             x = mlp_torso(obs.reshape(obs.shape[0], -1).astype(jnp.float32), self.hidden,
                           self.activation)
-        advantages = nn.Dense(self.action_dim, name="q_head")(x)
-        if self.dueling:
-            value = nn.Dense(1, name="value_head")(x)
-            q = value + advantages - advantages.mean(-1, keepdims=True)
-        else:
-            q = advantages
-        return q, q.max(-1)
+        return q_heads(x, self.action_dim, self.dueling)
 
 
 class ResettingCell(nn.Module):
@@ -189,8 +193,9 @@ class ResettingCell(nn.Module):
 
 class RecurrentActorCritic(nn.Module):
     """Torso (the MLP's hidden layers or the Nature-CNN's), an LSTM or GRU core, and
-    linear policy and value heads, over [T, B] sequences: (obs [T, B, ...], state
-    [B, S], resets [T, B]) -> (policy output [T, B, A], value [T, B], state [B, S]).
+    linear policy and value heads (or, with `head` q or dueling, R2D2's Q-value heads:
+    `q_heads`), over [T, B] sequences: (obs [T, B, ...], state [B, S], resets [T, B])
+    -> (policy output [T, B, A], value [T, B], state [B, S]).
 
     The torso and the heads run on all T * B rows at once; only the core steps
     through time. Acting is the case T = 1.
@@ -205,6 +210,7 @@ class RecurrentActorCritic(nn.Module):
     size: int
     conv: str = "xla"
     frame_shape: tuple[int, ...] = ()
+    head: str = "actor_critic"
 
     @property
     def state_size(self) -> int:
@@ -232,7 +238,11 @@ class RecurrentActorCritic(nn.Module):
         core = nn.scan(ResettingCell, variable_broadcast="params", split_rngs={"params": False},
                        in_axes=0, out_axes=0)(self.core, self.size, name="core")
         carry, h = core(self.unpack(state), (x.reshape(T, B, -1), resets))
-        out, value = heads(self, h.reshape(T * B, self.size), self.action_dim, self.continuous)
+        features = h.reshape(T * B, self.size)
+        if self.head == "actor_critic":
+            out, value = heads(self, features, self.action_dim, self.continuous)
+        else:
+            out, value = q_heads(features, self.action_dim, self.head == "dueling")
         return out.reshape(T, B, -1), value.reshape(T, B), self.pack(carry)
 
 
@@ -273,13 +283,13 @@ def make_network(config: ExperimentConfig, spec: EnvSpec) -> nn.Module:
     check_network(network.kind, spec, config.env.id, network.head)
     conv = conv_impl(network.conv)
     frame = spec.frame_shape
-    if network.head != "actor_critic":
-        return QNetwork(spec.action_dim, network.kind, tuple(network.hidden), network.activation,
-                        network.head == "dueling", conv, frame)
     if network.core != "none":
         return RecurrentActorCritic(spec.action_dim, spec.continuous, network.kind,
                                     tuple(network.hidden), network.activation, network.core,
-                                    network.core_size, conv, frame)
+                                    network.core_size, conv, frame, network.head)
+    if network.head != "actor_critic":
+        return QNetwork(spec.action_dim, network.kind, tuple(network.hidden), network.activation,
+                        network.head == "dueling", conv, frame)
     if network.kind == "nature_cnn":
         return NatureCNN(spec.action_dim, conv, frame)
     return ActorCritic(spec.action_dim, spec.continuous, tuple(network.hidden),
@@ -341,7 +351,7 @@ def make_policy(config: ExperimentConfig, spec: EnvSpec) -> tuple[Policy, nn.Mod
             return network.apply(params["net"], jnp.zeros((rows, *spec.obs_shape)),
                                  critic_in)[1]
 
-    dist = GREEDY if isinstance(network, QNetwork) else distribution(spec.continuous)
+    dist = GREEDY if config.network.head != "actor_critic" else distribution(spec.continuous)
     return Policy(apply, unroll, dist, normalize, spec.state_size, critic, spec.agents,
                   critic_ids(config, spec)), network
 

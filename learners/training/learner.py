@@ -49,7 +49,12 @@ from srl_jax.config.placement import planned_learner_devices
 from srl_jax.config.schema import ConfigError, ExperimentConfig
 from srl_jax.core.chunk_spec import empty_chunk
 from srl_jax.core.env_spec import EnvSpec
-from srl_jax.core.replay_spec import empty_replay_batch, replay_batch_fields
+from srl_jax.core.replay_spec import (
+    ReplayField,
+    empty_replay_batch,
+    replay_batch_fields,
+    replay_fields,
+)
 
 UpdateFn = Callable[[TrainState, Any], tuple[TrainState, dict[str, jax.Array]]]
 PER_ROW = "priorities"
@@ -71,13 +76,17 @@ def chunk_inputs(trajectory_length: int, batch_envs: int, spec: EnvSpec) -> Inpu
     return Inputs(empty_chunk(trajectory_length, batch_envs, spec), to_batch, ENV_AXIS)
 
 
-def _replay_input(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {name: arrays[name] for name in replay_batch_fields()}
+def replay_inputs(rows: int, window: int, spec: EnvSpec,
+                  fields: tuple[ReplayField, ...] | None = None) -> Inputs:
+    """[B] sampled replay batches (`srl_jax.core.replay_spec`: transitions, or sequences
+    with `fields` SEQUENCE_FIELDS and `window` their length T), split on the rows."""
+    fields = fields or replay_fields(sequences=False)
+    trained = replay_batch_fields(fields)
 
+    def convert(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {name: arrays[name] for name in trained}
 
-def replay_inputs(rows: int, window: int, spec: EnvSpec) -> Inputs:
-    """[B] sampled replay batches (`srl_jax.core.replay_spec`), split on the rows."""
-    return Inputs(empty_replay_batch(rows, window, spec), _replay_input, 0)
+    return Inputs(empty_replay_batch(rows, window, spec, fields), convert, 0)
 
 
 def check_splits(inputs: Inputs, devices: int) -> None:
@@ -214,7 +223,10 @@ def build_learner(config: ExperimentConfig, spec: EnvSpec, share: int,
     algo = algorithm(config.learner.algorithm)
     algo_config, derived = algorithm_config(config), sizes(config)
     optimizer = algo.make_optimizer(algo_config, derived)
-    if algo.replay_window is not None:
+    if algo.replay_sequences:
+        inputs = replay_inputs(share, config.actors.trajectory_length, spec,
+                               replay_fields(sequences=True))
+    elif algo.replay_window is not None:
         inputs = replay_inputs(share, algo.replay_window(algo_config), spec)
     else:
         inputs = chunk_inputs(config.actors.trajectory_length, share, spec)

@@ -22,6 +22,7 @@ from learners.workers.sample_intake import SampleIntake
 from srl_jax.config.algorithms import algorithm, algorithm_config, chunk_stream
 from srl_jax.core.chunk_spec import run_chunk_layout
 from srl_jax.core.env_spec import EnvSpec
+from srl_jax.core.replay_spec import replay_fields
 from srl_jax.core.shm.attach import open_inbox
 from srl_jax.core.shm.stream_layouts import chunk_slot_layout
 from srl_jax.core.stream_table import REPLAY, SAMPLES
@@ -88,7 +89,14 @@ def open_intake(worker: Worker, spec: EnvSpec, local_envs: int, process_index: i
     servers = config.replay.count
     sockets = [worker.socket(REPLAY, index=i) for i in range(servers)]
     keys = [REPLAY.key(worker.policy, i) for i in range(servers)]
-    window = algorithm(cfg.algorithm).replay_window(algorithm_config(config))
+    algo = algorithm(cfg.algorithm)
+    if algo.replay_sequences:  # whole chunk columns; each step trains once, after burn-in
+        window, fields = config.actors.trajectory_length, replay_fields(sequences=True)
+        steps_per_row = window - cfg.burn_in
+    else:
+        window, fields = algo.replay_window(algorithm_config(config)), replay_fields(False)
+        steps_per_row = 1
     return ReplayIntake(sockets, keys, local_envs, window, spec,
                         config.replay.importance_exponent, worker.rejects, process_index,
-                        worker.incarnation.seed(config.seed * 7919 + process_index))
+                        worker.incarnation.seed(config.seed * 7919 + process_index),
+                        fields, steps_per_row)

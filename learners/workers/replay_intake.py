@@ -35,7 +35,7 @@ import zmq
 
 from srl_jax.core.chunk_spec import chunk_error
 from srl_jax.core.env_spec import EnvSpec
-from srl_jax.core.replay_spec import replay_layout
+from srl_jax.core.replay_spec import REPLAY_FIELDS, ReplayField, replay_layout
 from srl_jax.core.stream_table import REPLAY
 from srl_jax.core.streams import RejectCounter, receive, send
 
@@ -106,12 +106,15 @@ class ReplayIntake:
 
     def __init__(self, sockets: list[zmq.Socket], keys: list[str], rows: int, window: int,
                  spec: EnvSpec, importance_exponent: float, rejects: RejectCounter,
-                 process_index: int, seed: int) -> None:
+                 process_index: int, seed: int,
+                 fields: tuple[ReplayField, ...] = REPLAY_FIELDS, steps_per_row: int = 1) -> None:
         """`rows` per batch, drawn from all servers; `process_index`: this learner
-        process's place in a multi-process batch."""
+        process's place in a multi-process batch; `fields`: the sampled batch's
+        (`srl_jax.core.replay_spec`), each row training `steps_per_row` steps."""
         now = time.monotonic()
         self.servers = [_Server(s, k, last_heard=now) for s, k in zip(sockets, keys, strict=True)]
         self.rows, self.window, self.spec = rows, window, spec
+        self.fields, self.steps_per_row = fields, steps_per_row
         self.beta = importance_exponent
         self.process_index = process_index
         self.rejects = rejects
@@ -221,7 +224,7 @@ class ReplayIntake:
         if round_ is None:
             return
         error = chunk_error(arrays, replay_layout(round_.asked[index][1], self.window,
-                                                  self.spec))
+                                                  self.spec, self.fields))
         if error is not None:
             self.rejects.reject(ValueError(error.replace("chunk", "sampled batch")))
             self._give_up(round_)
@@ -248,7 +251,7 @@ class ReplayIntake:
         shares = np.repeat(np.asarray(rows, np.float64) / self.rows, rows)
         batch["weights"] = shard_weights(batch["probabilities"], shares, memory,
                                          self.beta).astype(batch["weights"].dtype)
-        self.frames_consumed += len(batch["shards"])
+        self.frames_consumed += len(batch["shards"]) * self.steps_per_row
         return batch
 
     def _forget_silent(self) -> None:

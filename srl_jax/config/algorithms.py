@@ -35,11 +35,11 @@ from typing import Any
 from srl_jax.config.loader import build_dataclass
 from srl_jax.config.schema import ConfigError, ExperimentConfig, LearnerConfig
 from srl_jax.core.chunk_spec import batch_fields
-from srl_jax.core.replay_spec import replay_batch_fields
+from srl_jax.core.replay_spec import SEQUENCE_FIELDS, replay_batch_fields
 from srl_jax.core.stream_table import INSERTS, REPLAY, SAMPLES, Stream
 
 BUILT_IN = {"ppo": "learners.algorithms.ppo_config", "impala": "learners.algorithms.impala_config",
-            "dqn": "learners.algorithms.dqn_config"}
+            "dqn": "learners.algorithms.dqn_config", "r2d2": "learners.algorithms.r2d2_config"}
 """Name -> module exporting `ALGORITHM` (imported on first use; it imports no JAX)."""
 SOURCES = {SAMPLES.name: batch_fields, REPLAY.name: replay_batch_fields}
 """Streams a learner can take its batches from, and the fields each one's batch has."""
@@ -95,6 +95,9 @@ class Algorithm:
     config; kept in `TrainState.extra` and checkpointed (`extra_initializer`)."""
     replay_window: Callable[[Any], int] | None = None
     """With source 'replay': (config) -> n, the steps of each sampled window."""
+    replay_sequences: bool = False
+    """With source 'replay': it samples whole chunk columns with their stored recurrent
+    state (R2D2's sequences, `SEQUENCE_FIELDS`), not n-step transitions."""
     live: tuple[str, ...] = ()
     """Float fields of its config that may change during a run (population-based
     training): kept in `TrainState.hyper` and read from there by the update, so a new
@@ -193,7 +196,8 @@ def check_inputs(algo: Algorithm) -> None:
     if (algo.source == REPLAY.name) != (algo.replay_window is not None):
         raise ConfigError(f"'learner.algorithm': '{algo.name}' needs a replay_window exactly "
                           "when it learns from replay")
-    available = SOURCES[algo.source]()
+    available = (replay_batch_fields(SEQUENCE_FIELDS) if algo.replay_sequences
+                 else SOURCES[algo.source]())
     missing = sorted(set(algo.fields) - set(available))
     if missing:
         raise ConfigError(f"'learner.algorithm': '{algo.name}' reads fields {missing} that "
@@ -214,6 +218,17 @@ def check_dataflow(algo: Algorithm, config: ExperimentConfig) -> None:
     if algo.source != REPLAY.name and replay:
         raise ConfigError(f"'replay.count': '{algo.name}' learns from fresh samples; replay "
                           f"servers would get no data (set it to 0, not {replay})")
+    recurrent = config.network.core != "none"
+    if algo.source == REPLAY.name and recurrent != algo.replay_sequences:
+        raise ConfigError(
+            f"'network.core': '{algo.name}' replays whole sequences with their recurrent "
+            "state; it needs 'network.core' lstm or gru" if algo.replay_sequences else
+            f"'network.core': '{algo.name}' replays n-step transitions, which carry no "
+            "recurrent state; a recurrent Q network learns with 'r2d2'")
+    if algo.replay_sequences and config.replay.initial_priority == "actor":
+        raise ConfigError(f"'replay.initial_priority': '{algo.name}' starts each sequence at "
+                          "the largest priority seen ('max'); the actors' per-step TD errors "
+                          "do not make a sequence's")
     if config.actors.epsilon and head == "actor_critic":
         raise ConfigError("'actors.epsilon' explores around a greedy policy (network.head "
                           "'q' or 'dueling'); an actor-critic samples its own actions")

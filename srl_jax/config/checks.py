@@ -207,9 +207,6 @@ def check_network(config: ExperimentConfig) -> None:
             f"'network.conv': unknown '{network.conv}' (known: {', '.join(CONVS)})")
     require(network.head in HEADS,
             f"'network.head': unknown '{network.head}' (known: {', '.join(HEADS)})")
-    require(network.head == "actor_critic" or network.core == "none",
-            f"'network.head': '{network.head}' has no recurrent version; set 'network.core' "
-            f"to none (R2D2 is not built yet)")
     require(network.critic in CRITICS,
             f"'network.critic': unknown '{network.critic}' (known: {', '.join(CRITICS)})")
     if network.critic == "global":

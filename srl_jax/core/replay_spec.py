@@ -76,18 +76,48 @@ REPLAY_FIELDS: tuple[ReplayField, ...] = (
 )
 
 
+_ROUTING = REPLAY_FIELDS[-4:]
+"""weights, probabilities, slots, generations: every sampled batch carries them."""
+
+SEQUENCE_FIELDS: tuple[ReplayField, ...] = (
+    ReplayField("obs", lambda s, T: (T + 1, *s.obs_shape), lambda s: np.dtype(s.obs_dtype),
+                True, "the sequence's observations, plus the one after its last step"),
+    ReplayField("actions", lambda s, T: (T, *s.action_shape), lambda s: s.action_dtype, True,
+                "actions taken"),
+    ReplayField("rewards", lambda s, T: (T,), _fixed(np.float32), True, "rewards received"),
+    ReplayField("terminated", lambda s, T: (T,), _fixed(np.float32), True,
+                "1 where the step ended its episode in a terminal state"),
+    ReplayField("truncated", lambda s, T: (T,), _fixed(np.float32), True,
+                "1 where the step was cut by a time limit"),
+    ReplayField("trunc_values", lambda s, T: (T,), _fixed(np.float32), True,
+                "acting policy's value of the final observation where truncated"),
+    ReplayField("state", lambda s, T: (s.state_size,), _fixed(np.float32), True,
+                "recurrent state the actor acted from at the first step (R2D2's stored "
+                "state)"),
+    *_ROUTING,
+)
+"""A sampled batch of whole chunk columns (R2D2's sequences): the `window` of its
+layout is the sequence length T; the routing fields are per sequence."""
+
+
+def replay_fields(sequences: bool) -> tuple[ReplayField, ...]:
+    """The fields of a sampled batch: of sequences, or of n-step transitions."""
+    return SEQUENCE_FIELDS if sequences else REPLAY_FIELDS
+
+
 def replay_layout(rows: int, window: int, spec: EnvSpec,
                   fields: tuple[ReplayField, ...] = REPLAY_FIELDS) -> Layout:
     """Shape and dtype of every array of a sampled batch of `rows` rows."""
     return {f.name: ((rows, *f.shape(spec, window)), f.dtype(spec)) for f in fields}
 
 
-def empty_replay_batch(rows: int, window: int, spec: EnvSpec) -> dict[str, np.ndarray]:
+def empty_replay_batch(rows: int, window: int, spec: EnvSpec,
+                       fields: tuple[ReplayField, ...] = REPLAY_FIELDS) -> dict[str, np.ndarray]:
     """A zeroed sampled batch (the learner compiles its update on one)."""
     return {name: np.zeros(shape, dtype)
-            for name, (shape, dtype) in replay_layout(rows, window, spec).items()}
+            for name, (shape, dtype) in replay_layout(rows, window, spec, fields).items()}
 
 
-def replay_batch_fields() -> tuple[str, ...]:
+def replay_batch_fields(fields: tuple[ReplayField, ...] = REPLAY_FIELDS) -> tuple[str, ...]:
     """Names of the fields the learner's update reads, in spec order."""
-    return tuple(f.name for f in REPLAY_FIELDS if f.trained)
+    return tuple(f.name for f in fields if f.trained)

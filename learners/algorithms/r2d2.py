@@ -1,0 +1,144 @@
+"""R2D2 as pure functions (Kapturowski et al. 2019): recurrent double Q-learning on
+replayed sequences with stored state, burn-in, n-step targets under value rescaling,
+and sequence priorities.
+
+A batch is B sequences sampled from the replay servers (`SEQUENCE_FIELDS`): T steps
+of a chunk column, its T + 1 observations and the recurrent state its actor acted
+from at the first step. Both networks unroll from that stored state; the first
+`burn_in` steps only warm the online network's state (no gradient, no loss), and the
+actors overlap their chunks by as many steps, so each step is trained once. For each
+trained step t the target is
+
+    h( sum_k gamma^k r_{t+k}  +  gamma^steps * bootstrap )
+
+over a window of up to n steps that stops at an episode's end and at the sequence's
+end; the bootstrap is 0 after a termination, the acting policy's value after a
+time-limit cut, and otherwise the target network's value of the online network's
+best action (double Q), both through h^-1 (value rescaling, Pohlen et al. 2018). The
+loss is the importance-weighted squared TD error; a sequence's new priority mixes its
+errors' max and mean (eta).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from learners.algorithms.dqn import q_learning_step
+from learners.algorithms.prepare import scale_rewards
+from learners.algorithms.r2d2_config import R2D2Config
+from learners.algorithms.sequences import episode_starts, warm_state
+from learners.algorithms.train_state import TrainState
+from learners.models.networks import Policy, update_obs_stats
+from srl_jax.config.algorithms import Sizes
+
+
+def rescale(x: jax.Array, epsilon: float) -> jax.Array:
+    """h(x) = sign(x) (sqrt(|x| + 1) - 1) + epsilon x."""
+    return jnp.sign(x) * (jnp.sqrt(jnp.abs(x) + 1.0) - 1.0) + epsilon * x
+
+
+def unrescale(x: jax.Array, epsilon: float) -> jax.Array:
+    """h^-1, in closed form."""
+    root = (jnp.sqrt(1.0 + 4.0 * epsilon * (jnp.abs(x) + 1.0 + epsilon)) - 1.0) / (2.0 * epsilon)
+    return jnp.sign(x) * (jnp.square(root) - 1.0)
+
+
+def _ahead(x: jax.Array, k: int) -> jax.Array:
+    """x[t + k] at t along the time axis, zero past the end."""
+    return jnp.concatenate([x[k:], jnp.zeros_like(x[:k])])
+
+
+def sequence_windows(rewards: jax.Array, ends: jax.Array, n: int,
+                     gamma: float) -> tuple[jax.Array, jax.Array]:
+    """(discounted rewards, steps) [T, B] of each step's window of up to n steps: its
+    first steps up to and including the first that ends an episode, within the sequence."""
+    T = rewards.shape[0]
+    returns = jnp.zeros_like(rewards)
+    steps = jnp.zeros(rewards.shape, jnp.int32)
+    alive = jnp.ones(rewards.shape, bool)
+    for k in range(n):
+        take = alive & (jnp.arange(T) + k < T)[:, None]
+        returns = returns + jnp.where(take, gamma ** k * _ahead(rewards, k), 0.0)
+        steps = steps + take
+        alive = take & ~_ahead(ends, k)
+    return returns, steps
+
+
+def sequence_targets(rewards: jax.Array, terminated: jax.Array, truncated: jax.Array,
+                     trunc_values: jax.Array, next_values: jax.Array, config: R2D2Config,
+                     ) -> jax.Array:
+    """Targets [T, B] of T steps from their [T, B] fields and the bootstrap values
+    [T + 1, B] of every observation (all in the network's h-space where it rescales)."""
+    ends = jnp.maximum(terminated, truncated) > 0
+    returns, steps = sequence_windows(rewards, ends, config.n_step, config.gamma)
+    at = jnp.arange(rewards.shape[0])[:, None] + steps  # the observation after the window
+    last = at - 1
+
+    def pick(x: jax.Array, index: jax.Array) -> jax.Array:
+        return jnp.take_along_axis(x, index, axis=0)
+
+    eps = config.rescaling_epsilon
+    inverse = (lambda v: unrescale(v, eps)) if config.value_rescaling else (lambda v: v)
+    bootstrap = jnp.where(pick(truncated, last) > 0, inverse(pick(trunc_values, last)),
+                          inverse(pick(next_values, at)))
+    bootstrap = bootstrap * (1.0 - pick(terminated, last))
+    target = returns + config.gamma ** steps.astype(jnp.float32) * bootstrap
+    return rescale(target, eps) if config.value_rescaling else target
+
+
+def sequence_priorities(errors: jax.Array, eta: float, epsilon: float) -> jax.Array:
+    """Per sequence [B] from TD errors [T, B]: eta * max + (1 - eta) * mean of |error|."""
+    magnitude = jnp.abs(errors)
+    return eta * magnitude.max(0) + (1.0 - eta) * magnitude.mean(0) + epsilon
+
+
+def make_update(policy: Policy, optimizer: optax.GradientTransformation, config: R2D2Config,
+                sizes: Sizes) -> Any:
+    """Pure (TrainState, batch) -> (TrainState, metrics); metrics include the sequences'
+    new `priorities` [B]. The `live` step size is read from `state.hyper`."""
+    K = sizes.burn_in
+
+    def time_major(batch: dict) -> dict:
+        return {name: value if name in ("state", "weights") else jnp.swapaxes(value, 0, 1)
+                for name, value in batch.items()}
+
+    def loss_fn(net: Any, params: Any, target: Any, seqs: dict) -> tuple:
+        online = {**params, "net": net}
+        obs, actions = seqs["obs"], seqs["actions"]
+        resets = episode_starts(seqs["terminated"], seqs["truncated"], obs.shape[0])
+        warm = warm_state(policy, online, obs, seqs["state"], resets, K)
+        q, _, _ = policy.unroll(online, obs[K:], warm, resets[K:])  # [T + 1 - K, B, A]
+        q_target, _, _ = policy.unroll(target, obs, seqs["state"], resets)
+        q_target = jax.lax.stop_gradient(q_target[K:])
+        chooser = jax.lax.stop_gradient(q) if config.double else q_target
+        best = jnp.argmax(chooser, -1)
+        next_values = jnp.take_along_axis(q_target, best[..., None], -1)[..., 0]
+        rewards = scale_rewards(seqs["rewards"][K:], sizes.reward_scale, sizes.reward_clip)
+        targets = sequence_targets(rewards, seqs["terminated"][K:],
+                                   seqs["truncated"][K:], seqs["trunc_values"][K:],
+                                   next_values, config)
+        taken = jnp.take_along_axis(q[:-1], actions[K:, :, None], -1)[..., 0]
+        errors = jax.lax.stop_gradient(targets) - taken
+        weights = seqs["weights"] / jnp.max(seqs["weights"])
+        loss = jnp.mean(weights[None, :] * 0.5 * jnp.square(errors))
+        return loss, (errors, taken)
+
+    def update(state: TrainState, batch: dict) -> tuple[TrainState, dict[str, jax.Array]]:
+        seqs = time_major(batch)
+        params = state.params
+        if policy.normalize_obs:
+            obs = seqs["obs"]
+            params = update_obs_stats(params, obs.reshape(-1, *obs.shape[2:]))
+        target = {**params, "net": state.extra["target"]["net"]}
+        (loss, (errors, q)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            params["net"], params, target, seqs)
+        return q_learning_step(state, params, grads, optimizer, config, {
+            "loss": loss, "q_mean": q.mean(), "td_error_abs": jnp.abs(errors).mean(),
+            "priorities": sequence_priorities(errors, config.priority_eta,
+                                              config.priority_epsilon)})
+
+    return update

@@ -1,0 +1,56 @@
+"""Recurrent replay (R2D2, Kapturowski et al. 2019): whole chunk columns sampled as sequences.
+
+The storage is `ReplayBuffer`'s (replay/buffer.py): each chunk column is a segment of T
+steps with its T + 1 observations, and here also the recurrent state its actor acted
+from at the first step (R2D2's stored state). What differs is the unit: a segment is
+one leaf of the sum tree, sampled whole, and its priority is the one the learner
+computed over the sequence (eta * max + (1 - eta) * mean of its TD errors). The
+actors' chunks overlap by `learner.burn_in` steps, so consecutive sequences of a column
+overlap as R2D2's do, and the learner trains each step once, after the burn-in.
+
+A new sequence enters at the largest priority seen so far.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from replay.buffer import ReplayBuffer
+from srl_jax.core.replay_spec import SEQUENCE_FIELDS, replay_layout
+
+
+class SequenceBuffer(ReplayBuffer):
+    @property
+    def leaves_per_segment(self) -> int:
+        """Sampled items per segment: the segment itself."""
+        return 1
+
+    def _initial_priorities(self, chunk: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """A sequence is active where any of its steps is; it starts at the largest
+        priority seen (a per-step TD error of the actor's does not make a sequence's)."""
+        active = chunk["active"].astype(bool).any(axis=0)
+        return active, np.full(len(active), self.max_priority)
+
+    def sample(self, rows: int, window: int) -> dict[str, np.ndarray]:
+        """`rows` sequences drawn by priority; `window` must be their length T."""
+        if window != self.T:
+            raise ValueError(f"sequences are {self.T} steps, not {window}")
+        if not self.live.any():
+            raise ValueError("sample from an empty replay buffer")
+        segment = self.tree.sample(rows, self.rng)
+        probabilities = self.tree.values(segment) / self.tree.total
+        out = {
+            "obs": self._observations(segment[:, None], np.arange(self.T + 1)[None, :]),
+            "actions": self.actions[segment],
+            "rewards": self.rewards[segment],
+            "terminated": self.terminated[segment],
+            "truncated": self.truncated[segment],
+            "trunc_values": self.trunc_values[segment],
+            "state": self.states[segment],
+            "weights": (self.items * probabilities) ** -self.beta,
+            "probabilities": probabilities,
+            "slots": segment,
+            "generations": self.generations[segment],
+        }
+        layout = replay_layout(rows, window, self.spec, SEQUENCE_FIELDS)
+        return {name: out[name].astype(dtype, copy=False) for name, (_, dtype) in layout.items()}
