@@ -109,7 +109,7 @@ def test_a_lost_life_ends_the_episode_for_learning_but_not_the_game() -> None:
 
 
 def test_atari_specs_are_uint8_frames_and_chunks_carry_them() -> None:
-    for name in ("atari_breakout_ppo", "atari_pong_impala"):
+    for name in ("atari_breakout_ppo", "atari_pong_impala", "atari_pong_r2d2"):
         config = load_config(REPO / "configs" / f"{name}.yaml")
         spec = env_spec(config.env)
         assert spec.obs_shape == (SIZE, SIZE, 4) and spec.obs_dtype == np.uint8

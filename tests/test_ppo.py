@@ -293,3 +293,30 @@ def test_with_value_norm_the_critic_regresses_standardized_returns() -> None:
     mean, _ = moments(state.extra["value_norm"])
     assert float(mean) == pytest.approx(float(metrics["return_mean"]), rel=1e-3)
     assert init_extra(state.params, PPO) == (), "off: no state, checkpoints as before"
+
+
+def test_a_separate_critic_optimizer_clips_and_scales_the_critic_alone() -> None:
+    params = {"params": {"actor": {"w": jnp.ones(2)}, "critic": {"w": jnp.ones(2)}}}
+    grads = {"params": {"actor": {"w": jnp.array([0.3, 0.4])},
+                        "critic": {"w": jnp.array([3e6, 4e6])}}}
+
+    def first_direction(config: PPOConfig) -> dict:
+        optimizer = make_optimizer(config, SIZES)
+        updates, _ = optimizer.update(grads, optimizer.init(params), params)
+        return updates["params"]
+
+    joint = first_direction(PPOConfig(max_grad_norm=0.5))
+    own = first_direction(PPOConfig(max_grad_norm=0.5, critic_optimizer=True,
+                                    critic_lr_scale=0.25))
+    # Adam's first direction is g / (|g| + eps) of the clipped gradient: clipped together
+    # with a critic 10^7 times larger, the actor's share is far below eps.
+    assert float(jnp.abs(joint["actor"]["w"]).max()) < 0.2
+    np.testing.assert_allclose(own["actor"]["w"], [1.0, 1.0], rtol=1e-3)
+    np.testing.assert_allclose(own["critic"]["w"], [0.25, 0.25], rtol=1e-3)
+
+
+def test_a_critic_optimizer_needs_separate_mlps() -> None:
+    from learners.algorithms.ppo_config import check
+    from srl_jax.config.schema import ConfigError
+    with pytest.raises(ConfigError, match="'learner.ppo.critic_optimizer' needs separate"):
+        check(PPOConfig(critic_optimizer=True), dataclasses.replace(SIZES, shared_torso=True))

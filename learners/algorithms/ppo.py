@@ -100,10 +100,28 @@ def init_extra(params: Any, ppo: PPOConfig) -> Any:
     return {"value_norm": init_value_norm()} if ppo.value_norm else ()
 
 
+def critic_labels(net: Any) -> Any:
+    """'critic' for the parameters of the value MLP (`ActorCritic`'s "critic"), 'actor'
+    for the others."""
+    def label(path: tuple, _: Any) -> str:
+        return "critic" if any(getattr(key, "key", None) == "critic" for key in path) \
+            else "actor"
+
+    return jax.tree_util.tree_map_with_path(label, net)
+
+
 def make_optimizer(ppo: PPOConfig, sizes: Sizes) -> optax.GradientTransformation:
     """Adam's direction without its step size, which the update applies from
-    `TrainState.hyper`; annealing is a factor going from 1 to 0 over the run."""
-    stages = [optax.clip_by_global_norm(ppo.max_grad_norm), optax.scale_by_adam(eps=1e-5)]
+    `TrainState.hyper`; annealing is a factor going from 1 to 0 over the run. With
+    `critic_optimizer` the value MLP's parameters get a clip and an Adam of their own,
+    scaled by `critic_lr_scale`."""
+    adam = optax.chain(optax.clip_by_global_norm(ppo.max_grad_norm),
+                       optax.scale_by_adam(eps=1e-5))
+    stages = [adam]
+    if ppo.critic_optimizer:
+        critic = optax.chain(optax.clip_by_global_norm(ppo.max_grad_norm),
+                             optax.scale_by_adam(eps=1e-5), optax.scale(ppo.critic_lr_scale))
+        stages = [optax.multi_transform({"actor": adam, "critic": critic}, critic_labels)]
     if ppo.anneal_lr:
         steps = sizes.total_updates * ppo.epochs * ppo.minibatches
         stages.append(optax.scale_by_schedule(optax.linear_schedule(1.0, 0.0, steps)))

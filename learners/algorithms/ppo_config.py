@@ -48,6 +48,12 @@ class PPOConfig:
     normalization, learners/algorithms/value_norm.py), kept in the train state."""
     value_norm_beta: float = 0.999
     """Weight of the old statistics at each update (an exponential moving average)."""
+    critic_optimizer: bool = False
+    """The value MLP has an Adam and a gradient clip of its own (MAPPO's separate critic
+    optimizer): its gradients neither share the policy's clip nor its Adam statistics.
+    Needs separate policy and value MLPs (network.kind mlp, network.core none)."""
+    critic_lr_scale: float = 1.0
+    """With `critic_optimizer`: the critic's step size as a multiple of learning_rate."""
 
     def __post_init__(self) -> None:
         if self.minibatches < 1:
@@ -62,6 +68,8 @@ class PPOConfig:
             raise ConfigError("'learner.ppo.gae_lambda' must be in [0, 1]")
         if self.learning_rate <= 0:
             raise ConfigError("'learner.ppo.learning_rate' must be positive")
+        if self.critic_lr_scale <= 0:
+            raise ConfigError("'learner.ppo.critic_lr_scale' must be positive")
 
 
 def check(config: PPOConfig, sizes: Sizes) -> None:
@@ -76,6 +84,9 @@ def check(config: PPOConfig, sizes: Sizes) -> None:
         raise ConfigError(
             f"'learner.ppo.minibatches' ({config.minibatches}) must divide the batch of "
             f"{samples} samples (learner.batch_envs * actors.trajectory_length)")
+    if config.critic_optimizer and sizes.shared_torso:
+        raise ConfigError("'learner.ppo.critic_optimizer' needs separate policy and value "
+                          "MLPs: 'network.kind' mlp and 'network.core' none")
     if config.anneal_lr and sizes.total_updates == 0:
         raise ConfigError(
             "'learner.ppo.anneal_lr' needs 'stop.env_frames' to know the length of the run")

@@ -65,6 +65,9 @@ class Sizes:
     """The policy has a recurrent core (network.core): updates unroll whole columns."""
     burn_in: int = 0
     """Steps at the start of each column that only warm the state (learner.burn_in)."""
+    shared_torso: bool = False
+    """Policy and value share parameters (a Nature-CNN torso, a recurrent core): no
+    separate critic MLP."""
 
 
 @dataclass(frozen=True)
@@ -177,7 +180,8 @@ def sizes(config: ExperimentConfig) -> Sizes:
                  total_updates=max(1, frames // (T * B)) if frames else 0,
                  reward_scale=config.learner.reward_scale,
                  reward_clip=config.learner.reward_clip,
-                 recurrent=config.network.core != "none", burn_in=config.learner.burn_in)
+                 recurrent=config.network.core != "none", burn_in=config.learner.burn_in,
+                 shared_torso=config.network.kind != "mlp" or config.network.core != "none")
 
 
 def _section(config: ExperimentConfig, name: str) -> Any:
