@@ -318,5 +318,5 @@ def test_a_separate_critic_optimizer_clips_and_scales_the_critic_alone() -> None
 def test_a_critic_optimizer_needs_separate_mlps() -> None:
     from learners.algorithms.ppo_config import check
     from srl_jax.config.schema import ConfigError
-    with pytest.raises(ConfigError, match="'learner.ppo.critic_optimizer' needs separate"):
+    with pytest.raises(ConfigError, match=r"'learner\.ppo\.critic_optimizer' needs separate"):
         check(PPOConfig(critic_optimizer=True), dataclasses.replace(SIZES, shared_torso=True))
