@@ -237,6 +237,8 @@ class ChunkBuilder:
         if self.spec.global_state_size:
             a["global_state"][t + 1] = result.global_state
             a["trunc_global_state"][t] = result.final_global_state
+        if self.spec.final_obs and len(result.truncated_envs):
+            a["final_obs"][t, result.truncated_envs] = result.final_obs
         self._mask = result.action_mask
         self._pending_truncated = result.truncated_envs
         self.t = t + 1

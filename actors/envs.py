@@ -11,6 +11,7 @@ import numpy as np
 
 from actors.actor_core import RingSplit
 from actors.env_families.implementation import implementation_of
+from srl_jax.config.algorithms import algorithm
 from srl_jax.config.checks import check_request_rows
 from srl_jax.config.schema import (
     DEFAULT_POLICY,
@@ -20,6 +21,7 @@ from srl_jax.config.schema import (
     policy_names,
 )
 from srl_jax.core.env_spec import EnvSpec, check_network, with_network
+from srl_jax.core.stream_table import REPLAY
 
 
 def make_env(config: EnvConfig, render_mode: str | None = None) -> Any:
@@ -53,7 +55,10 @@ def policy_spec(config: ExperimentConfig, policy: str = DEFAULT_POLICY) -> EnvSp
     spec = with_network(env_spec(config.env, policy), config.network)
     actor_priorities = (config.replay.count > 0 and config.network.head != "actor_critic"
                         and config.replay.initial_priority == "actor")
-    return dataclasses.replace(spec, action_values=actor_priorities)
+    algo = algorithm(config.learner.algorithm)
+    final_obs = (algo.source == REPLAY.name and not algo.replay_sequences
+                 and spec.frame_stack == 1 and spec.agents == 1)
+    return dataclasses.replace(spec, action_values=actor_priorities, final_obs=final_obs)
 
 
 def check_policies(config: ExperimentConfig) -> None:

@@ -57,6 +57,10 @@ class ReplayBuffer:
         self.terminated = np.zeros((S, T), bool)
         self.truncated = np.zeros((S, T), bool)
         self.trunc_values = np.zeros((S, T), np.float32)
+        self.final_obs = (np.zeros((S, T, *spec.obs_shape), spec.obs_dtype) if spec.final_obs
+                          else None)
+        """Where the chunks carry them, the final observations of time-limit cuts: a window
+        that ends in one bootstraps from it as from any next observation."""
         self.generations = np.zeros(S, np.int64)
         self.live = np.zeros(S, bool)
         self.priorities = np.zeros(S * self.leaves_per_segment, np.float64)
@@ -86,7 +90,8 @@ class ReplayBuffer:
         arrays = (self.obs, self.actions, self.states, self.rewards, self.terminated,
                   self.truncated, self.trunc_values, self.generations, self.live, self.priorities,
                   self.tree.nodes)
-        return sum(a.nbytes for a in arrays) + (self.frames.nbytes if self.frames else 0)
+        kept = [part.nbytes for part in (self.frames, self.final_obs) if part is not None]
+        return sum(a.nbytes for a in arrays) + sum(kept)
 
     def _leaves(self, segments: np.ndarray) -> np.ndarray:
         per = self.leaves_per_segment
@@ -108,7 +113,8 @@ class ReplayBuffer:
         obs = chunk["obs"]
         self.obs[where] = (self.frames.add(obs) if self.frames is not None
                            else np.swapaxes(obs, 0, 1))
-        for name in ("actions", "rewards", "terminated", "truncated", "trunc_values"):
+        for name in ("actions", "rewards", "terminated", "truncated", "trunc_values",
+                     *(("final_obs",) if self.final_obs is not None else ())):
             getattr(self, name)[where] = np.swapaxes(chunk[name], 0, 1)
         self.states[where] = chunk["state"][0]
         self.generations[where] = self.inserts
@@ -156,15 +162,21 @@ class ReplayBuffer:
         taken = inside & ~ended_before
         steps = taken.sum(1)
         last = start + steps - 1
+        truncated = self.truncated[segment, last]
+        next_obs = self._observations(segment, last + 1)
+        if self.final_obs is not None:  # the cut's own final observation, bootstrapped as any
+            cut = truncated.reshape(-1, *[1] * (next_obs.ndim - 1))
+            next_obs = np.where(cut, self.final_obs[segment, last], next_obs)
+            truncated = np.zeros_like(truncated)
         out = {
             "obs": self._observations(segment, start),
             "actions": self.actions[segment, start],
             "rewards": np.where(taken, self.rewards[segment[:, None], steps_at], 0.0),
             "steps": steps,
             "terminated": self.terminated[segment, last],
-            "truncated": self.truncated[segment, last],
+            "truncated": truncated,
             "trunc_values": self.trunc_values[segment, last],
-            "next_obs": self._observations(segment, last + 1),
+            "next_obs": next_obs,
             "weights": weights,
             "probabilities": probabilities,
             "slots": slots,

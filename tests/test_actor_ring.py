@@ -8,6 +8,7 @@ the chunks the actor streams against the requests it sent.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import signal
 import subprocess
@@ -131,7 +132,7 @@ def scripted_state(step: int, n: int = 2) -> np.ndarray:
 
 def test_chunk_builder_shapes_overlap_versions_and_trunc_values():
     T, n = 3, 2
-    builder = ChunkBuilder(T, scripted_obs(0), SCRIPTED_SPEC)
+    builder = ChunkBuilder(T, scripted_obs(0), dataclasses.replace(SCRIPTED_SPEC, final_obs=True))
     # Truncations: env 1 at step 1 (mid-chunk); env 0 at step 2, the last step of chunk 0,
     # whose bootstrap value only arrives with the answer that completes the chunk;
     # env 1 terminates at step 4.
@@ -172,7 +173,7 @@ def test_chunk_builder_shapes_overlap_versions_and_trunc_values():
             "active": ((T, n), bool), "action_mask": ((T, n, 0), bool),
             "global_state": ((T + 1, n, 0), np.float32),
             "trunc_global_state": ((T, n, 0), np.float32),
-            "priorities": ((T, n, 0), np.float32),
+            "priorities": ((T, n, 0), np.float32), "final_obs": ((T, n, 3), np.float32),
         }
         assert set(chunk) == set(expected)
         for key, (shape, dtype) in expected.items():
@@ -196,6 +197,8 @@ def test_chunk_builder_shapes_overlap_versions_and_trunc_values():
             want = np.zeros(n, np.float32)
             want[envs] = value_of(final_obs[step]) if envs else []
             np.testing.assert_array_equal(chunk["trunc_values"][t], want, err_msg=f"step {step}")
+            if envs:  # for a replay learner's target network
+                np.testing.assert_array_equal(chunk["final_obs"][t, envs], final_obs[step])
     # The overlap: chunk k+1 starts where chunk k ended, with the same bootstrap value.
     for (_, a, _), (_, b, _) in itertools.pairwise(chunks):
         np.testing.assert_array_equal(a["obs"][T], b["obs"][0])

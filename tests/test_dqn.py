@@ -98,3 +98,10 @@ def test_updates_fit_the_targets_copy_the_target_network_and_return_priorities()
     assert priorities.shape == (32,) and np.all(priorities > 0)
     q, _, _ = policy.apply(learner.state.params, batch["obs"], np.zeros((32, 0), np.float32))
     np.testing.assert_allclose(np.asarray(q)[np.arange(32), batch["actions"]], 1.0, atol=0.2)
+
+
+def test_chunks_carry_final_observations_only_for_a_replay_of_transitions() -> None:
+    from actors.envs import policy_spec
+    assert policy_spec(dqn_config()).final_obs, "DQN on CartPole: the target network values them"
+    for name in ("cartpole_ppo", "cartpole_r2d2"):  # a critic's value, a sequence's trunc_values
+        assert not policy_spec(load_config(REPO / "configs" / f"{name}.yaml")).final_obs

@@ -3,6 +3,8 @@ and the epsilon ladder actors explore with."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -67,6 +69,24 @@ def test_a_window_stops_at_the_end_of_its_episode_or_of_its_segment() -> None:
     assert len(seen) == T * n, "uniform sampling reaches every transition"
     np.testing.assert_allclose(batch["probabilities"], 1 / (T * n))
     np.testing.assert_allclose(batch["weights"], 1.0)
+
+
+def test_a_window_cut_by_a_time_limit_bootstraps_from_its_final_observation() -> None:
+    T, n = 6, 2
+    spec = dataclasses.replace(VECTOR, final_obs=True)
+    chunk = _chunk(T, n, spec, np.random.default_rng(3))
+    chunk["truncated"][1, 1] = True  # column 1: a time limit at step 1, then a new episode
+    chunk["final_obs"][1, 1] = [7.0, 8.0, 9.0]
+    buffer = ReplayBuffer(100, T, n, spec, 1, 0.0, 0.0, seed=0)
+    buffer.insert(chunk)
+    batch = buffer.sample(400, window=3)
+    assert not batch["truncated"].any(), "the target network values the final observation"
+    for i in range(400):
+        column, start = divmod(int(batch["slots"][i]), T)
+        last = start + batch["steps"][i] - 1
+        want = [7.0, 8.0, 9.0] if (column, last) == (1, 1) else chunk["obs"][last + 1, column]
+        np.testing.assert_array_equal(batch["next_obs"][i], want)
+    assert {(int(s) // T, int(s) % T) for s in batch["slots"]} >= {(1, 0), (1, 1)}
 
 
 def test_the_ring_overwrites_the_oldest_and_its_memory_stays_put() -> None:

@@ -6,13 +6,14 @@ the window ended and the observation after it. The target is
 
     G = sum_k gamma^k r_k  +  gamma^steps * bootstrap
 
-where the bootstrap is 0 after a termination, the acting policy's value of the
-final observation after a time-limit cut (it is not stored), and otherwise the
-target network's value of the online network's best action at `next_obs` (double
-DQN, van Hasselt et al. 2016). The loss is the importance-weighted Huber loss of
-the TD errors, whose magnitudes are the rows' new priorities (Horgan et al. 2018).
-The target network lives in `TrainState.extra` and is copied from the online one
-every `target_update_period` updates.
+where the bootstrap is 0 after a termination and otherwise the target network's
+value of the online network's best action at `next_obs` (double DQN, van Hasselt et
+al. 2016); after a time-limit cut `next_obs` is the episode's final observation
+where replay stores it (`EnvSpec.final_obs`), else the sampled row says `truncated`
+and the bootstrap is the acting policy's value of it (`trunc_values`). The loss is
+the importance-weighted Huber loss of the TD errors, whose magnitudes are the rows'
+new priorities (Horgan et al. 2018). The target network lives in `TrainState.extra`
+and is copied from the online one every `target_update_period` updates.
 """
 
 from __future__ import annotations

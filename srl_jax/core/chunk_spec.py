@@ -92,6 +92,9 @@ CHUNK_FIELDS: tuple[ChunkField, ...] = (
     ChunkField("trunc_global_state", "T", lambda s: (s.global_state_size,),
                _fixed(np.float32), F32, "global state of the final observation where "
                "truncated", per_env=True),
+    ChunkField("final_obs", "T", lambda s: s.obs_shape if s.final_obs else (0,),
+               lambda s: np.dtype(s.obs_dtype), None, "final observation where a time limit "
+               "cut the step (width 0: not kept, `EnvSpec.final_obs`)"),
     ChunkField("versions", "T", _scalar, _fixed(np.int32), None,
                "parameter version of the acting policy (read by the staleness cap)"),
     ChunkField("priorities", "T", lambda s: (1 if s.action_values else 0,), _fixed(np.float32),

@@ -49,6 +49,10 @@ class EnvSpec:
     """A Q policy whose actors compute their transitions' initial priorities
     (`replay.initial_priority: actor`): replies carry every action's value, and chunks
     each step's priority."""
+    final_obs: bool = False
+    """Chunks carry the final observation of each step a time limit cut (`final_obs`), for
+    a replay learner to bootstrap with its target network (DQN on single-agent envs
+    without frame stacks; elsewhere the acting policy's value of it, `trunc_values`)."""
 
     @property
     def action_shape(self) -> tuple[int, ...]:

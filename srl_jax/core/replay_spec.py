@@ -55,12 +55,14 @@ REPLAY_FIELDS: tuple[ReplayField, ...] = (
     ReplayField("terminated", _scalar, _fixed(np.float32), True,
                 "1 where the window's last step ended its episode in a terminal state"),
     ReplayField("truncated", _scalar, _fixed(np.float32), True,
-                "1 where the window's last step was cut by a time limit"),
+                "1 where the window's last step was cut by a time limit and its final "
+                "observation is not stored (`EnvSpec.final_obs`)"),
     ReplayField("trunc_values", _scalar, _fixed(np.float32), True,
                 "acting policy's value of the final observation where truncated (the "
-                "bootstrap: the final observation itself is not stored)"),
+                "bootstrap where the final observation itself is not stored)"),
     ReplayField("next_obs", lambda s, n: s.obs_shape, lambda s: np.dtype(s.obs_dtype), True,
-                "observation after the window's last step (the bootstrap observation)"),
+                "observation after the window's last step (the bootstrap observation; "
+                "after a time-limit cut, its final observation where stored)"),
     ReplayField("weights", _scalar, _fixed(np.float32), True,
                 "importance weight (N * P(i)) ** -beta within its server (N: its size); "
                 "the learner's intake replaces it with the weight over all shards, and the "
