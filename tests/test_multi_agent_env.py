@@ -118,6 +118,30 @@ def test_spread_split_matches_twin_envs_through_truncation_and_reset():
     split.close()
 
 
+def test_a_global_state_of_observations_side_by_side_skips_the_state_call(monkeypatch):
+    seeds = [3, 4]
+    calls = []
+    state = simple_spread_v3.raw_env.state
+    monkeypatch.setattr(simple_spread_v3.raw_env, "state",
+                        lambda self: calls.append(1) or state(self))
+    from_state = MultiAgentSplit(spread(), 2, seeds, global_state=True)
+    calls.clear()
+    from_obs = MultiAgentSplit(spread(global_state="observations"), 2, seeds, global_state=True)
+    np.testing.assert_array_equal(from_obs.global_state, from_state.global_state)
+    rng = np.random.default_rng(0)
+    for _ in range(30):  # through the truncation at 25 and the reset
+        actions = [[int(a) for a in rng.integers(0, 5, 6)]]
+        b = from_obs.step(actions).results[0]
+        assert not calls, "observations side by side: no state() call"
+        a = from_state.step(actions).results[0]
+        assert calls, "the default asks the env"
+        calls.clear()
+        np.testing.assert_array_equal(b.global_state, a.global_state)  # MPE: the same
+        np.testing.assert_array_equal(b.final_global_state, a.final_global_state)
+    from_state.close()
+    from_obs.close()
+
+
 def test_two_policies_split_agents_into_columns():
     config = spread(policies={"first": ["agent_0"], "rest": ["agent_*"]})
     specs = multi_agent_specs(config)

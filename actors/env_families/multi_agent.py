@@ -90,6 +90,7 @@ class MultiAgentSplit:
                            for p, (name, n) in enumerate(zip(self.policies, self._sizes,
                                                              strict=True))]
         self._state_size = next(iter(specs.values())).global_state_size if global_state else 0
+        self._from_state = config.global_state == "state"
         ends = np.cumsum([flat_size(self.envs[0].observation_space(a)) for a in self.possible])
         self._state_parts = {agent: slice(end - size, end) for agent, end, size in zip(
             self.possible, ends, np.diff(ends, prepend=0), strict=True)}
@@ -149,8 +150,8 @@ class MultiAgentSplit:
 
     def _state_of(self, env: Any, observed: dict) -> np.ndarray:
         """The env's global state (`state()`, or every agent's observation side by side,
-        zeros for agents out of play)."""
-        state = env_state(env)
+        zeros for agents out of play, where it has none or `env.global_state` says so)."""
+        state = env_state(env) if self._from_state else None
         if state is not None:
             return np.asarray(state, np.float32).reshape(-1)
         row = np.zeros(self._state_size, np.float32)

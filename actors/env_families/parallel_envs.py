@@ -154,7 +154,7 @@ def _specs(config: EnvConfig) -> dict[str, EnvSpec]:
         agents = list(env.possible_agents)
         mapping = agent_policies(config, agents)
         _, infos = env.reset(seed=0)
-        global_size = _global_state_size(env, agents)
+        global_size = _global_state_size(env, agents, config.global_state == "state")
         specs = {}
         for policy, members in mapping.items():
             first = members[0]
@@ -192,10 +192,10 @@ def is_masked_dict(space: Any) -> bool:
         and ACTION_MASK in space.spaces
 
 
-def _global_state_size(env: Any, agents: list[str]) -> int:
-    """Floats of `global_state`: the env's `state()` after a reset, or every agent's
-    observation side by side where the env has none."""
-    state = env_state(env)
+def _global_state_size(env: Any, agents: list[str], from_state: bool) -> int:
+    """Floats of `global_state`: the env's `state()` after a reset (`from_state`), or every
+    agent's observation side by side where the env has none or it is not wanted."""
+    state = env_state(env) if from_state else None
     if state is not None:
         return int(np.asarray(state).size)
     return sum(flat_size(env.observation_space(a)) for a in agents)

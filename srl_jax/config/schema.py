@@ -72,6 +72,11 @@ class EnvConfig:
     agent_id: bool = True
     """Multi-agent envs: append a one-hot of the agent's place among its policy's agents
     to its observations, so that a shared policy can tell its agents apart."""
+    global_state: Literal["state", "observations"] = "state"
+    """Multi-agent envs with a centralized critic: its global state is the env's `state()`
+    (every agent's observation side by side where the env has none), or always the
+    observations side by side, which costs no extra call a step (MPE's `state()` is
+    exactly those)."""
     mask_obs: list[int] = field(default_factory=list)
     """Gymnasium envs: indices (into the flattened observation) replaced by zeros, to make
     a partially observable task (CartPole without velocities: [1, 3])."""
