@@ -347,7 +347,8 @@ def test_actor_process_streams_consistent_chunks(tmp_path, processes, stats_sock
                       "active": ((T, N), bool), "action_mask": ((T, N, 0), bool),
                       "global_state": ((T + 1, N, 0), np.float32),
                       "trunc_global_state": ((T, N, 0), np.float32),
-                      "priorities": ((T, N, 0), np.float32)}
+                      "priorities": ((T, N, 0), np.float32),
+                      "final_obs": ((T, N, 0), np.float32)}
             assert set(chunk) == set(shapes)
             for key, (shape, dtype) in shapes.items():
                 assert chunk[key].shape == shape and chunk[key].dtype == dtype, key

@@ -40,10 +40,11 @@ def fill(server: ReplayWorker, chunks: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
     T, n = server.layout["actions"][0][:2]
     for _ in range(chunks):
-        chunk = {"obs": rng.random((T + 1, n, 4), np.float32),
-                 "actions": rng.integers(0, 2, (T, n)), "rewards": np.ones((T, n), np.float32),
-                 "terminated": np.zeros((T, n), bool), "truncated": np.zeros((T, n), bool),
-                 "trunc_values": np.zeros((T, n), np.float32), "active": np.ones((T, n), bool)}
+        chunk = {name: np.zeros(shape, dtype) for name, (shape, dtype) in server.layout.items()}
+        chunk["obs"][:] = rng.random((T + 1, n, 4), np.float32)
+        chunk["actions"][:] = rng.integers(0, 2, (T, n))
+        chunk["rewards"][:] = 1.0
+        chunk["active"][:] = True
         server.limiter.inserted(server.buffer.insert(chunk))
 
 
