@@ -32,7 +32,7 @@ WINDOW = 3
 def dqn_config() -> ExperimentConfig:
     return load_config(resolve_experiment_path("cartpole_dqn", config_dirs()),
                        ["replay.count=2", "replay.min_size=512",
-                        "replay.samples_per_insert=1000"])
+                        "replay.samples_per_insert=1000", "actors.splits=2"])  # 128 a chunk
 
 
 def fill(server: ReplayWorker, chunks: int, seed: int) -> None:
@@ -45,6 +45,7 @@ def fill(server: ReplayWorker, chunks: int, seed: int) -> None:
         chunk["actions"][:] = rng.integers(0, 2, (T, n))
         chunk["rewards"][:] = 1.0
         chunk["active"][:] = True
+        chunk["priorities"][:] = 1.0  # the actors' TD errors (cartpole_dqn: Ape-X's)
         server.limiter.inserted(server.buffer.insert(chunk))
 
 
