@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 
 import gymnasium as gym
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from mpe2 import simple_adversary_v3, simple_spread_v3
@@ -23,7 +24,9 @@ from actors.env_families.parallel_envs import (
     check_pettingzoo_id,
     multi_agent_specs,
 )
+from learners.algorithms.critic import critic_inputs
 from learners.models.networks import init_policy_params, make_policy
+from srl_jax.config.checks import validate
 from srl_jax.config.schema import ConfigError, EnvConfig
 from srl_jax.core.env_spec import EnvSpec, with_network
 from tests.conftest import make_config
@@ -140,6 +143,28 @@ def test_a_global_state_of_observations_side_by_side_skips_the_state_call(monkey
         np.testing.assert_array_equal(b.final_global_state, a.final_global_state)
     from_state.close()
     from_obs.close()
+
+
+def test_an_own_first_critic_reads_the_team_from_each_agent_on():
+    state = jnp.arange(12, dtype=jnp.float32).reshape(1, 2, 6)  # 2 envs, 3 agents x 2
+    turned = np.asarray(critic_inputs(state, 3, ids=False, own_first=True))
+    assert turned.shape == (1, 6, 6)
+    np.testing.assert_array_equal(turned[0, 0], [0, 1, 2, 3, 4, 5])  # env 0, agent 0
+    np.testing.assert_array_equal(turned[0, 1], [2, 3, 4, 5, 0, 1])  # env 0, agent 1
+    np.testing.assert_array_equal(turned[0, 5], [10, 11, 6, 7, 8, 9])  # env 1, agent 2
+    fixed = np.asarray(critic_inputs(state, 3, ids=True))
+    np.testing.assert_array_equal(fixed[0, 5], [6, 7, 8, 9, 10, 11, 0, 0, 1])
+
+    keys = ["env.id=pettingzoo:mpe2.simple_spread_v3", "network.critic=global",
+            "env.kwargs={N: 3, max_cycles: 25, continuous_actions: false}",
+            "network.critic_own_first=true", "learner.algorithm=ppo"]
+    config = make_config([*keys, "env.global_state=observations"])
+    validate(config)
+    spec = with_network(multi_agent_specs(config.env)["default"], config.network)
+    policy, _ = make_policy(config, spec)
+    assert policy.critic_own_first and policy.critic_ids and policy.critic_agents == 3
+    with pytest.raises(ConfigError, match=r"'env\.global_state' observations"):
+        validate(make_config(keys))  # state(): the env's layout, not known to be blocks
 
 
 def test_two_policies_split_agents_into_columns():

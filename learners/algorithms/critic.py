@@ -18,14 +18,23 @@ from learners.algorithms.train_state import Batch
 from learners.models.networks import Policy
 
 
-def critic_inputs(global_state: jax.Array, agents: int, ids: bool) -> jax.Array:
+def critic_inputs(global_state: jax.Array, agents: int, ids: bool,
+                  own_first: bool = False) -> jax.Array:
     """[R, E, G] per-env states -> [R, E * agents, G (+ agents)] per-column inputs.
 
     Columns are env-major (column e * agents + k is agent k of env e, as
     actors/env_families/multi_agent.py lays them out), so each state repeats `agents` times.
+    `own_first`: the state is `agents` equal blocks, one per agent (every agent's
+    observation side by side), and column k reads them from its own on: blocks
+    k, k+1, ..., k-1, so every agent sees the team from where it stands, as its policy does.
     """
     rows, envs = global_state.shape[:2]
-    x = jnp.repeat(global_state, agents, axis=1)
+    if own_first:
+        blocks = global_state.reshape(rows, envs, agents, -1)
+        turned = jnp.stack([jnp.roll(blocks, -k, axis=2) for k in range(agents)], axis=2)
+        x = turned.reshape(rows, envs * agents, -1)
+    else:
+        x = jnp.repeat(global_state, agents, axis=1)
     if ids:
         eye = jnp.tile(jnp.eye(agents, dtype=x.dtype), (envs, 1))
         x = jnp.concatenate([x, jnp.broadcast_to(eye, (rows, *eye.shape))], -1)
@@ -41,8 +50,11 @@ def with_critic_values(policy: Policy, params: Any, batch: Batch) -> Batch:
         T1, B = batch.values.shape
         return batch._replace(global_state=jnp.zeros((T1, B, 0)),
                               trunc_global_state=jnp.zeros((T1 - 1, B, 0)))
-    states = critic_inputs(batch.global_state, policy.critic_agents, policy.critic_ids)
-    final = critic_inputs(batch.trunc_global_state, policy.critic_agents, policy.critic_ids)
+    def inputs(global_state: jax.Array) -> jax.Array:
+        return critic_inputs(global_state, policy.critic_agents, policy.critic_ids,
+                             policy.critic_own_first)
+
+    states, final = inputs(batch.global_state), inputs(batch.trunc_global_state)
 
     def value(x: jax.Array) -> jax.Array:
         flat = policy.critic(params, x.reshape(-1, x.shape[-1]))

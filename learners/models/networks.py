@@ -270,6 +270,9 @@ class Policy(NamedTuple):
     """Agent columns per env: each env's global state serves this many columns."""
     critic_ids: bool = False
     """Whether the critic also reads each column's one-hot agent id."""
+    critic_own_first: bool = False
+    """Whether each column reads the global state from its own agent's block on
+    (`network.critic_own_first`)."""
 
     @property
     def recurrent(self) -> bool:
@@ -300,6 +303,13 @@ def critic_ids(config: ExperimentConfig, spec: EnvSpec) -> bool:
     """Whether a centralized critic reads agent ids: as the policy does (`env.agent_id`,
     for a policy of several agents)."""
     return config.env.agent_id and spec.agents > 1
+
+
+def own_first_critic(config: ExperimentConfig, spec: EnvSpec) -> bool:
+    """`network.critic_own_first` where a centralized critic reads a global state. The
+    config checks ask for every agent's observation side by side and one policy for
+    all agents, which needs equal spaces: the state is one equal block per agent."""
+    return config.network.critic_own_first and spec.global_state_size > 0
 
 
 def critic_width(config: ExperimentConfig, spec: EnvSpec) -> int:
@@ -353,7 +363,7 @@ def make_policy(config: ExperimentConfig, spec: EnvSpec) -> tuple[Policy, nn.Mod
 
     dist = GREEDY if config.network.head != "actor_critic" else distribution(spec.continuous)
     return Policy(apply, unroll, dist, normalize, spec.state_size, critic, spec.agents,
-                  critic_ids(config, spec)), network
+                  critic_ids(config, spec), own_first_critic(config, spec)), network
 
 
 def init_policy_params(network: nn.Module, obs_shape: tuple[int, ...], seed: int) -> dict:

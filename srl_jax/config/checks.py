@@ -219,6 +219,13 @@ def check_network(config: ExperimentConfig) -> None:
         require(config.learner.algorithm in ("ppo", "impala"),
                 f"'network.critic': 'global' is for ppo and impala, not "
                 f"'{config.learner.algorithm}'")
+    if network.critic_own_first:
+        require(network.critic == "global" and config.env.global_state == "observations"
+                and not config.env.policies,
+                "'network.critic_own_first' turns a global state of every agent's "
+                "observation to each agent: it needs 'network.critic' global, "
+                "'env.global_state' observations and one policy for every agent "
+                "(no 'env.policies')")
     burn_in, T = config.learner.burn_in, config.actors.trajectory_length
     require(burn_in >= 0, "'learner.burn_in' must not be negative")
     require(burn_in == 0 or network.core != "none",

@@ -239,6 +239,11 @@ class NetworkConfig:
     one-hot id where its policy acts for several agents). Multi-agent envs, PPO and
     IMPALA, no recurrent core. Actors carry the state once per env step; the learner
     computes the values from it."""
+    critic_own_first: bool = False
+    """With `critic: global` over `env.global_state: observations` and one policy for
+    every agent: each agent's critic reads the observations from its own on (its own,
+    then the next agent's, and round), an agent-centric global state in place of one
+    fixed order that only the agent id tells apart."""
     head: str = "actor_critic"
     """What the network outputs: 'actor_critic' (policy and value, for PPO and IMPALA),
     'q' (action values) or 'dueling' (action values as value plus advantages, Wang et
