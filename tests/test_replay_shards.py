@@ -175,3 +175,48 @@ def test_a_silent_server_gets_no_share_until_it_answers(tmp_path: Path) -> None:
             socket.close(linger=0)
         for server in servers:
             server.close()
+
+
+def test_a_round_of_several_batches_spans_the_memory_in_each_and_sends_priorities_once(
+        tmp_path: Path) -> None:
+    """`replay.batches_per_request`: one request per server gives 4 batches; each takes
+    every 4th row of the stratified sample, so each spans the whole memory (a contiguous
+    quarter would hold a quarter of it), and the priorities of 4 updates go back in one
+    message per server."""
+    config = dqn_config()
+    names = FileNameService(tmp_path / "names")
+    servers = [ReplayWorker(config, i, tmp_path, names) for i in range(2)]
+    for seed, server in enumerate(servers):
+        server.setup()
+        fill(server, 100, seed=seed)  # equal priorities: strata follow the slots
+    context = zmq.Context.instance()
+    sockets = connect(context, names, 2)
+    intake = ReplayIntake(sockets, [REPLAY.key("default", i) for i in range(2)], ROWS,
+                          WINDOW, policy_spec(config, "default"),
+                          config.replay.importance_exponent, RejectCounter(), 0, seed=0,
+                          batches=4)
+    try:
+        taken = batches(intake, servers, 8)
+        size = servers[0].buffer.size
+        for batch in taken:
+            assert len(batch["shards"]) == ROWS
+            for shard in (0, 1):
+                slots = batch["slots"][batch["shards"] == shard]
+                assert slots.min() < size / 4 and slots.max() >= 3 * size / 4, "spans it all"
+        counts = [np.bincount(b["shards"], minlength=2).tolist() for b in taken]
+        assert counts[:4] == [counts[0]] * 4 and counts[4:] == [counts[4]] * 4
+        for batch in taken[:4]:
+            assert sum(s.priority_updates for s in servers) == 0
+            intake.trained({name: batch[name] for name in intake.kept},
+                           np.full(ROWS, 5.0, np.float32))
+        deadline = time.monotonic() + 10
+        while sum(s.priority_updates for s in servers) < 2 and time.monotonic() < deadline:
+            for server in servers:
+                server.run_once()
+        assert [s.priority_updates for s in servers] == [1, 1]
+        assert all(s.buffer.max_priority == 5.0 for s in servers)
+    finally:
+        for socket in sockets:
+            socket.close(linger=0)
+        for server in servers:
+            server.close()

@@ -99,4 +99,4 @@ def open_intake(worker: Worker, spec: EnvSpec, local_envs: int, process_index: i
     return ReplayIntake(sockets, keys, local_envs, window, spec,
                         config.replay.importance_exponent, worker.rejects, process_index,
                         worker.incarnation.seed(config.seed * 7919 + process_index),
-                        fields, steps_per_row)
+                        fields, steps_per_row, config.replay.batches_per_request)

@@ -12,7 +12,11 @@ weight over the whole memory, N = sum N_k. A server reports a total of 0 until i
 `replay.min_size`, so a restarted, refilling shard gets no share until it can serve one.
 
 A batch's requests go out together (a *round*, at most `INFLIGHT` outstanding), and the
-batch is whole when every part has come back. A server that holds a request (its rate
+batch is whole when every part has come back. A round may ask for `batches` batches at
+once (`replay.batches_per_request`): each server draws all their rows in one stratified
+sample, and batch j takes every `batches`-th row of it from the j-th on, so that each
+batch spans the whole priority range; the priorities of `batches` updates go back in one
+message. A server that holds a request (its rate
 limiter waits) says so every second. One that says nothing for `SILENCE_S` while asked is
 presumed gone: the rounds waiting on it are given up, and it gets no share until it
 answers again; a server not asked for `PROBE_S` (no share, or presumed gone) is asked for
@@ -107,13 +111,18 @@ class ReplayIntake:
     def __init__(self, sockets: list[zmq.Socket], keys: list[str], rows: int, window: int,
                  spec: EnvSpec, importance_exponent: float, rejects: RejectCounter,
                  process_index: int, seed: int,
-                 fields: tuple[ReplayField, ...] = REPLAY_FIELDS, steps_per_row: int = 1) -> None:
+                 fields: tuple[ReplayField, ...] = REPLAY_FIELDS, steps_per_row: int = 1,
+                 batches: int = 1) -> None:
         """`rows` per batch, drawn from all servers; `process_index`: this learner
         process's place in a multi-process batch; `fields`: the sampled batch's
-        (`srl_jax.core.replay_spec`), each row training `steps_per_row` steps."""
+        (`srl_jax.core.replay_spec`), each row training `steps_per_row` steps;
+        `batches`: batches per round."""
         now = time.monotonic()
         self.servers = [_Server(s, k, last_heard=now) for s, k in zip(sockets, keys, strict=True)]
         self.rows, self.window, self.spec = rows, window, spec
+        self.batches = batches
+        self._trained: list[tuple[dict[str, np.ndarray], np.ndarray]] = []
+        """Routing and new priorities of updates whose message has not gone yet."""
         self.fields, self.steps_per_row = fields, steps_per_row
         self.beta = importance_exponent
         self.process_index = process_index
@@ -172,15 +181,16 @@ class ReplayIntake:
         return self._seq
 
     def _ask(self) -> None:
-        while len(self.rounds) < INFLIGHT and len(self.ready) < 2:  # never hoard samples
+        while len(self.rounds) < INFLIGHT and len(self.ready) <= self.batches:  # no hoarding
             live = [i for i, s in enumerate(self.servers) if not s.gone]
             if not live:
                 break
             counts = allocate(self.rows, [self.servers[i].total for i in live], self.rng)
             asked = {}
             for index, rows in zip(live, counts, strict=True):
-                if rows and (seq := self._request(index, int(rows))) is not None:
-                    asked[index] = (seq, int(rows))
+                rows = int(rows) * self.batches
+                if rows and (seq := self._request(index, rows)) is not None:
+                    asked[index] = (seq, rows)
                 elif rows:  # a round with a part missing is no batch
                     self._drop_seqs(asked)
                     asked = {}
@@ -233,26 +243,32 @@ class ReplayIntake:
         round_.parts[index] = (arrays, size, incarnation)
         if len(round_.parts) == len(round_.asked):
             self._give_up(round_)
-            self.ready.append(self._assemble(round_))
+            self.ready.extend(self._assemble(round_))
 
     def _give_up(self, round_: _Round) -> None:
         """Forget a round (done, or waiting on a part that will not come)."""
         self.rounds.remove(round_)
         self._drop_seqs(round_.asked)
 
-    def _assemble(self, round_: _Round) -> dict[str, np.ndarray]:
+    def _assemble(self, round_: _Round) -> list[dict[str, np.ndarray]]:
+        """The round's batches: the j-th takes rows j, j + batches, ... of every part."""
         order = sorted(round_.parts)
-        parts = [round_.parts[i][0] for i in order]
-        batch = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
-        rows = [round_.asked[i][1] for i in order]
-        batch["shards"] = np.repeat(order, rows)
-        batch["incarnations"] = np.repeat([round_.parts[i][2] for i in order], rows)
+        rows = [round_.asked[i][1] // self.batches for i in order]
         memory = sum(s.size for s in self.servers if not s.gone)
         shares = np.repeat(np.asarray(rows, np.float64) / self.rows, rows)
-        batch["weights"] = shard_weights(batch["probabilities"], shares, memory,
-                                         self.beta).astype(batch["weights"].dtype)
-        self.frames_consumed += len(batch["shards"]) * self.steps_per_row
-        return batch
+        incarnations = np.repeat([round_.parts[i][2] for i in order], rows)
+        batches = []
+        for j in range(self.batches):
+            parts = [{name: a[j::self.batches] for name, a in round_.parts[i][0].items()}
+                     for i in order]
+            batch = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+            batch["shards"] = np.repeat(order, rows)
+            batch["incarnations"] = incarnations
+            batch["weights"] = shard_weights(batch["probabilities"], shares, memory,
+                                             self.beta).astype(batch["weights"].dtype)
+            self.frames_consumed += len(batch["shards"]) * self.steps_per_row
+            batches.append(batch)
+        return batches
 
     def _forget_silent(self) -> None:
         now = time.monotonic()
@@ -275,13 +291,19 @@ class ReplayIntake:
 
     def trained(self, kept: dict[str, np.ndarray], per_row: np.ndarray | None) -> None:
         """Each row's new priority (this process's rows of `per_row`, over the global
-        batch) to the server that sampled it; a server that cannot take it now loses
-        that update."""
+        batch) to the server that sampled it, once `batches` updates have some; a server
+        that cannot take them then loses those updates."""
         if per_row is None:
             return
         local = len(kept["shards"])
         start = self.process_index * local if len(per_row) > local else 0
-        self._send_priorities(kept, per_row[start:start + local])
+        self._trained.append((kept, per_row[start:start + local]))
+        if len(self._trained) >= self.batches:
+            routing = {name: np.concatenate([k[name] for k, _ in self._trained])
+                       for name in self.kept}
+            priorities = np.concatenate([p for _, p in self._trained])
+            self._trained = []
+            self._send_priorities(routing, priorities)
 
     def _send_priorities(self, routing: dict[str, np.ndarray], priorities: np.ndarray) -> None:
         for index, server in enumerate(self.servers):

@@ -174,6 +174,7 @@ def check_replay(config: ExperimentConfig) -> None:
             f"'replay.min_size' must be in [1, replay.capacity], got {replay.min_size}")
     require(replay.samples_per_insert >= 0, "'replay.samples_per_insert' must not be negative")
     require(replay.tolerance >= 0, "'replay.tolerance' must not be negative")
+    require(replay.batches_per_request >= 1, "'replay.batches_per_request' must be at least 1")
     require(replay.priority_exponent >= 0, "'replay.priority_exponent' must not be negative")
     require(replay.importance_exponent >= 0,
             "'replay.importance_exponent' must not be negative")

@@ -273,6 +273,12 @@ class ReplayConfig:
     importance_exponent: float = 0.4
     """beta: the loss weights transitions by (N * P(i)) ** -beta, normalized by the
     batch's largest weight (0: unweighted)."""
+    batches_per_request: int = 1
+    """Batches the learner draws from each server in one request, and updates whose new
+    priorities go back in one message: k updates share a round trip, and their batches
+    are drawn with priorities up to k updates old (Ape-X's learner samples ahead too).
+    More than 1 where an update costs about as much as a round trip (small networks on
+    CPU); each batch still spans the whole priority range."""
     initial_priority: Literal["actor", "max"] = "max"
     """A new transition's priority: `actor`, its n-step TD error as the actor computes it
     from the acting network's Q-values (Ape-X: with many actors, max-priority
