@@ -267,3 +267,25 @@ def test_shared_memory_is_chosen_only_where_every_binder_shares_the_owner(
     yaml.write_text("stop: {env_frames: 100}\ntransport: {shared_memory: on}\n")
     assert load_config(yaml).transport.shared_memory == "on"
     assert load_config(yaml, ["transport.shared_memory=off"]).transport.shared_memory == "off"
+
+
+def test_a_binder_that_leaves_its_records_unread_holds_no_more_than_its_share_of_the_ring(
+        shm_dir: Path) -> None:
+    """A replay server whose rate limiter holds inserts reads nothing; the actor's chunks
+    must still reach the other server, which the learner may be waiting on."""
+    stem = shm_dir / "inserts.test"
+    bells = [Path(f"{stem}.{i}.bell") for i in range(2)]
+    held, taking = (Inbox(bell, stem, [CHUNK], 4, RejectCounter()) for bell in bells)
+    outbox = Outbox(stem, bells, 4, CHUNK)
+    chunk = {"obs": np.ones((9, 4, 4), np.float32), "rewards": np.ones((8, 4), np.float32)}
+    taken = []
+    for actor in range(12):
+        slot = outbox.free_slot()
+        assert slot is not None and outbox.send(slot, {"actor": actor}, chunk), actor
+        while (got := taking.receive(copy=True)) is not None:
+            taken.append(got[1].meta["actor"])
+    assert taken == [1, 3, *range(4, 12)], "past its share, the held binder is skipped"
+    assert [message.meta["actor"] for _, message in iter(held.receive, None)] == [0, 2]
+    outbox.close()
+    held.close()
+    taking.close()

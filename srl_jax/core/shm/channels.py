@@ -46,7 +46,11 @@ def peer_path(stem: Path, pid: int, suffix: str) -> Path:
 class Outbox:
     """A connecter's slots on one stream (its files named after `stem`), rung on the
     doorbells `bells`: in turn, the next one where one has no reader (a PUSH socket's
-    spreading)."""
+    spreading). A binder leaves records unread while it cannot take them (a replay
+    server whose rate limiter holds inserts until the learner samples); at most
+    slots / binders of the ring wait on one binder, so the rest still reaches the others
+    (as a PUSH socket's high-water mark per pipe). Without that bound the whole ring
+    could wait on one replay server while the learner waits on another for inserts."""
 
     def __init__(self, stem: Path, bells: list[Path], slots: int, layout: SlotLayout,
                  reply_layout: SlotLayout | None = None, reclaim_after_s: float = 60.0) -> None:
@@ -58,6 +62,9 @@ class Outbox:
         self.ringers = [Ringer(bell) for bell in bells]
         self._turn = 0
         self.slots = slots
+        self._per_binder = max(1, slots // len(bells))
+        self._rung_to = [-1] * slots
+        """The bell each slot was last rung on."""
         self.reclaim_after_s = reclaim_after_s
         self._stamps = itertools.count(1)
         self._sent_at = [0.0] * slots
@@ -71,22 +78,31 @@ class Outbox:
         return self.replies.fileno()
 
     def send(self, slot: int, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> bool:
-        """Write a message into `slot` and ring; False if no binder reads the bell now or
-        it is full (the slot is withdrawn: the message is not sent)."""
+        """Write a message into `slot` and ring; False if no binder reads its bell now,
+        has room in it and in its share of the ring (the slot is withdrawn: the message
+        is not sent)."""
         stamp = next(self._stamps)
         self.file.set_stamp(SENT, slot, 0)
         self.file.views[SENT].write(slot, meta, arrays)
         self.file.set_state(SENT, slot, FULL)
         self.file.set_stamp(SENT, slot, stamp)
+        self._rung_to[slot] = -1
         for _ in self.ringers:
-            ringer = self.ringers[self._turn]
-            self._turn = (self._turn + 1) % len(self.ringers)
-            if ringer.ring(self.pid, slot, stamp):
-                self._sent_at[slot] = time.monotonic()
+            turn = self._turn
+            self._turn = (turn + 1) % len(self.ringers)
+            if self._has_room(turn) and self.ringers[turn].ring(self.pid, slot, stamp):
+                self._sent_at[slot], self._rung_to[slot] = time.monotonic(), turn
                 return True
         self.file.set_stamp(SENT, slot, 0)
         self.file.set_state(SENT, slot, FREE)
         return False
+
+    def _has_room(self, turn: int) -> bool:
+        """Whether fewer than its share of the slots wait on bell `turn` (one bell: the
+        whole ring is its share)."""
+        return len(self.ringers) == 1 or self._per_binder > sum(
+            1 for slot in range(self.slots)
+            if self._rung_to[slot] == turn and self.file.state(SENT, slot)[0] == FULL)
 
     def free_slot(self) -> int | None:
         """A slot of the ring free to write (None: every one still holds a chunk): free
