@@ -69,8 +69,8 @@ def cartpole(result: dict[str, Any]) -> list[str]:
 def dqn(result: dict[str, Any]) -> list[str]:
     target = result["target_return"]
     lines = target_tables(result, f"CartPole-v1 DQN to an evaluation return of {target:g}")
-    return [*lines, "", "srl_jax `cartpole_dqn` (Ape-X DQN: actors, a replay server, the "
-            "learner and an evaluator, each a process) against "
+    return [*lines, "", "srl_jax `cartpole_dqn` (Ape-X DQN: an actor acting with its own "
+            "network copy, a replay server, the learner and an evaluator, each a process) against "
             "`python -m bench.peers.cleanrl_dqn` (one process, the same config, network and "
             "update). The return is each side's greedy evaluation (`eval_return_mean`); times "
             "count from launch.", "", machine_note(result)]
