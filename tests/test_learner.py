@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+import optax
 import pytest
 
 from actors.envs import env_spec
-from learners.models.networks import make_policy
+from learners.models.networks import init_policy_params, make_policy
 from learners.training.checkpoint import Checkpointer
-from learners.training.learner import Learner, chunk_inputs
+from learners.training.learner import Learner, chunk_inputs, init_arguments, train_state_init
 from learners.training.mesh import make_learner_mesh
 from srl_jax.config.algorithms import algorithm, algorithm_config, live_values, sizes
 from srl_jax.core.chunk_spec import empty_chunk, run_chunk_layout
@@ -58,6 +59,26 @@ def test_the_batch_it_compiles_for_is_the_chunk_layout_on_b_columns():
     config = make_config([f"actors.trajectory_length={T}", "actors.envs=4", "actors.splits=1"])
     layout = run_chunk_layout(config, env_spec(config.env))
     assert layout["obs"][0] == (T + 1, B, 4)
+
+
+def test_the_initial_state_program_is_the_same_for_every_seed_and_starting_value():
+    """A seed or a starting hyperparameter baked into the program would miss the
+    compilation cache on every new seed; as arguments they give the int seed's keys."""
+    config = make_config()
+    spec = env_spec(config.env)
+    _, network = make_policy(config, spec)
+    init = jax.jit(train_state_init(spec, network, optax.adam(1e-3), None))
+    programs = {init.lower(*init_arguments(seed, {"learning_rate": lr})).as_text()
+                for seed, lr in [(1, 1e-3), (2**32 + 7, 3e-4)]}
+    assert len(programs) == 1
+    state = init(*init_arguments(2**32 + 5, {"learning_rate": 3e-4}))
+    expected = init_policy_params(network, spec.obs_shape, 5)
+    for ours, theirs in zip(jax.tree.leaves(state.params), jax.tree.leaves(expected),
+                            strict=True):
+        np.testing.assert_array_equal(ours, theirs)
+    np.testing.assert_array_equal(jax.random.key_data(state.key),
+                                  jax.random.key_data(jax.random.key(6)))
+    assert float(state.hyper["learning_rate"]) == np.float32(3e-4)
 
 
 def test_step_trains_and_counts_versions(learner: Learner):

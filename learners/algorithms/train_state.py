@@ -47,7 +47,8 @@ class TrainState(NamedTuple):
     updates (population-based training) and are checkpointed with the rest."""
 
 
-def init_train_state(params: Any, optimizer: optax.GradientTransformation, seed: int,
+def init_train_state(params: Any, optimizer: optax.GradientTransformation,
+                     seed: int | jax.Array,
                      init_extra: Callable[[Any], Any] | None = None,
                      hyper: dict[str, float] | None = None) -> TrainState:
     """Version 0 of the state; `init_extra`: the algorithm's own state from the initial

@@ -24,6 +24,7 @@ import numpy as np
 
 from learners.models.conv import Conv, conv_impl
 from learners.models.distributions import GREEDY, Distribution, distribution
+from learners.models.orthogonal import orthogonal
 from srl_jax.config.schema import ExperimentConfig
 from srl_jax.core.env_spec import EnvSpec, check_network, core_state_size
 
@@ -35,7 +36,7 @@ def mlp_torso(x: jax.Array, hidden: Sequence[int], activation: str) -> jax.Array
     """Dense layers with orthogonal init (scale sqrt 2), made in the calling module."""
     act = ACTIVATIONS[activation]
     for width in hidden:
-        x = act(nn.Dense(width, kernel_init=nn.initializers.orthogonal(np.sqrt(2)))(x))
+        x = act(nn.Dense(width, kernel_init=orthogonal(np.sqrt(2)))(x))
     return x
 
 
@@ -46,7 +47,7 @@ def nature_torso(obs: jax.Array, conv: str = "xla",
     is the convolution's implementation (`learners.models.conv.Conv`); both have the same
     parameters. With `frame_shape`, `obs` rows are flat frames of that shape followed by
     one-hot agent ids, which join the 512 features (`EnvSpec.frame_shape`)."""
-    init = nn.initializers.orthogonal(np.sqrt(2))
+    init = orthogonal(np.sqrt(2))
     if frame_shape:
         size = int(np.prod(frame_shape))
         ids = obs[:, size:].astype(jnp.float32)
@@ -69,10 +70,10 @@ def heads(module: nn.Module, x: jax.Array, action_dim: int,
           continuous: bool) -> tuple[jax.Array, jax.Array]:
     """Linear policy output (orthogonal 0.01) and value (orthogonal 1) on shared features;
     continuous actions add a state-independent log-std, as `ActorCritic` does."""
-    out = nn.Dense(action_dim, kernel_init=nn.initializers.orthogonal(0.01), name="policy_head")(x)
+    out = nn.Dense(action_dim, kernel_init=orthogonal(0.01), name="policy_head")(x)
     if continuous:
         out = with_log_std(module, out)
-    value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0), name="value_head")(x)
+    value = nn.Dense(1, kernel_init=orthogonal(1.0), name="value_head")(x)
     return out, value[:, 0]
 
 
@@ -99,7 +100,7 @@ class MLP(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         x = mlp_torso(x, self.hidden, self.activation)
-        return nn.Dense(self.outputs, kernel_init=nn.initializers.orthogonal(self.head_scale))(x)
+        return nn.Dense(self.outputs, kernel_init=orthogonal(self.head_scale))(x)
 
 
 class ActorCritic(nn.Module):
@@ -146,8 +147,8 @@ class NatureCNN(nn.Module):
     @nn.compact
     def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
         x = nature_torso(obs, self.conv, self.frame_shape)
-        logits = nn.Dense(self.action_dim, kernel_init=nn.initializers.orthogonal(0.01))(x)
-        value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0))(x)
+        logits = nn.Dense(self.action_dim, kernel_init=orthogonal(0.01))(x)
+        value = nn.Dense(1, kernel_init=orthogonal(1.0))(x)
         return logits, value[:, 0]
 
 
@@ -187,8 +188,9 @@ class ResettingCell(nn.Module):
         x, reset = inputs
         carry = jax.tree.map(lambda c: jnp.where(reset[:, None], 0.0, c), carry)
         if self.kind == "lstm":
-            return nn.OptimizedLSTMCell(self.size, name="lstm")(carry, x)
-        return nn.GRUCell(self.size, name="gru")(carry, x)
+            return nn.OptimizedLSTMCell(self.size, recurrent_kernel_init=orthogonal(),
+                                        name="lstm")(carry, x)
+        return nn.GRUCell(self.size, recurrent_kernel_init=orthogonal(), name="gru")(carry, x)
 
 
 class RecurrentActorCritic(nn.Module):
@@ -366,8 +368,10 @@ def make_policy(config: ExperimentConfig, spec: EnvSpec) -> tuple[Policy, nn.Mod
                   critic_ids(config, spec), own_first_critic(config, spec)), network
 
 
-def init_policy_params(network: nn.Module, obs_shape: tuple[int, ...], seed: int) -> dict:
-    """Parameters from the seed alone, so every worker can build version 0 itself.
+def init_policy_params(network: nn.Module, obs_shape: tuple[int, ...],
+                       seed: int | jax.Array) -> dict:
+    """Parameters from the seed alone, so every worker can build version 0 itself (the
+    seed is a uint32 array inside a jitted init: the same key as the int's low 32 bits).
     One jitted call: run op by op, a network's initialisers lower some thirty programs,
     half a second of every JAX worker's start even when the compilation cache holds them."""
     obs = jnp.zeros((1, *obs_shape), jnp.float32)
