@@ -6,7 +6,8 @@ For every config in ``configs/`` (or those named) it
 1. runs ``python -m srl_jax.launch <config>`` as shipped ``--runs`` times, each
    in a fresh run directory; a config with no wall-time limit, or one longer
    than ``--max-minutes``, gets ``stop.wall_time_s`` = ``--max-minutes`` (the
-   Atari configs train for 50M frames, far past what a CPU does in minutes);
+   Atari configs train for 50M frames, far past what a CPU does in minutes); with
+   ``--seeds`` run k takes the config's seed + k, each run's ``seed`` is recorded;
 2. reads each run's ``metrics.jsonl`` (``srl_jax.analysis``): the first return
    (mean of the first 3 rows with one), the final return (mean of the last 10),
    the best row, the time and frames at the end and to the config's
@@ -26,7 +27,7 @@ machine: the figures are wall-clock times.
     .venv/bin/python -m bench.configs                                   # all configs
     .venv/bin/python -m bench.configs cartpole_ppo pendulum_ppo --runs 3
     .venv/bin/python -m bench.configs atari_pong_impala --max-minutes 15
-    .venv/bin/python -m bench.configs mpe_spread_ppo mpe_spread_mappo --runs 3 --interleave
+    .venv/bin/python -m bench.configs mpe_spread_ppo mpe_spread_mappo --runs 3 --interleave --seeds
     .venv/bin/python -m bench.configs atari_breakout_ppo --figure    # its curve, as a PNG
 
 Every process this script starts is stopped by its pid on Ctrl-C or error.
@@ -91,14 +92,16 @@ def shipped(name: str) -> ExperimentConfig:
     return load_config(CONFIGS_DIR / f"{name}.yaml")
 
 
-def run_config(name: str, max_s: float, run_dir: Path) -> tuple[int, list[str]]:
-    """One run of config `name` as shipped, capped at `max_s`; (exit code, overrides)."""
+def run_config(name: str, max_s: float, run_dir: Path,
+               seed: int | None = None) -> tuple[int, list[str]]:
+    """One run of config `name` as shipped (with `seed`: that seed), capped at `max_s`;
+    (exit code, the overrides every run of it gets)."""
     stop = shipped(name).stop
     overrides = []
     if not stop.wall_time_s or stop.wall_time_s > max_s:
         overrides = [f"stop.wall_time_s={max_s:g}"]
     command = [sys.executable, "-m", "srl_jax.launch", name, "--run-dir", str(run_dir), "--quiet"]
-    for override in overrides:
+    for override in [*overrides, *([f"seed={seed}"] if seed is not None else [])]:
         command += ["--set", override]
     limit = min(stop.wall_time_s or max_s, max_s) + START_MARGIN_S + STOP_GRACE_S
     log_path = run_dir.parent / f"{run_dir.name}.log"
@@ -210,10 +213,11 @@ def train_once(name: str, index: int, args: argparse.Namespace,
     """Run `index` of config `name`: (its figures, the overrides it ran with)."""
     run_dir = workdir / f"{name}-{index}"
     started = time.monotonic()
-    code, overrides = run_config(name, args.max_minutes * 60, run_dir)
+    seed = shipped(name).seed + index if args.seeds else None
+    code, overrides = run_config(name, args.max_minutes * 60, run_dir, seed)
     if code != 0:
         raise BenchError(f"the run exited with {code} (log: {run_dir}.log)")
-    figures = run_figures(run_dir)
+    figures = {**run_figures(run_dir), "seed": shipped(name).seed if seed is None else seed}
     print(f"{name} run {index}: return {figures['first_return']:.1f} -> "
           f"{figures['final_return']:.1f} (best {figures['max_return']:.1f}) in "
           f"{figures['time_s']:.0f}s, {figures['env_frames']:,} frames "
@@ -304,6 +308,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--interleave", action="store_true",
                         help="run k of every named config before run k+1 of any (for a "
                              "comparison: the arms see the machine's load alike)")
+    parser.add_argument("--seeds", action="store_true",
+                        help="run k with the config's seed + k: the runs then sample the "
+                             "seeds' spread, not only the machine's (runs of one seed can "
+                             "agree to 0.1 and still say little of another)")
     parser.add_argument("--figure", action="store_true",
                         help="run nothing: draw docs/figures/<config>.png of each named "
                              "config from its curves in the results file")

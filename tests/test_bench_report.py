@@ -122,3 +122,23 @@ def test_the_scale_text_names_the_bare_pyzmq_floor_where_it_was_measured() -> No
     assert zmq_floor({"per_request_overhead_us": 70.0}) == ""
     text = zmq_floor({"per_request_zmq_floor_us": 36.4, "per_request_zmq_floor_ipc_us": 33.6})
     assert "36 us over TCP" in text and "34 us over ipc://" in text
+
+
+def test_with_seeds_run_k_launches_with_the_configs_seed_plus_k(tmp_path, monkeypatch) -> None:
+    from bench import configs
+
+    commands: list[list[str]] = []
+    monkeypatch.setattr(configs, "run_launcher",
+                        lambda command, *_: commands.append(command) or 0)
+    figures = {"first_return": -2.0, "final_return": -1.0, "max_return": -1.0, "time_s": 1.0,
+               "env_frames": 10, "stop_reason": "wall time"}
+    monkeypatch.setattr(configs, "run_figures", lambda run_dir: dict(figures))
+    shipped_seed = configs.shipped("mpe_spread_ppo").seed
+    for seeds in (False, True):
+        args = configs.parse_args(["mpe_spread_ppo", "--runs", "2", "--max-minutes", "1"]
+                                  + (["--seeds"] if seeds else []))
+        runs = [configs.train_once("mpe_spread_ppo", k, args, tmp_path)[0] for k in range(2)]
+        assert [run["seed"] for run in runs] == \
+            [shipped_seed, shipped_seed + 1 if seeds else shipped_seed]
+    seeds_set = [[c for c in command if c.startswith("seed=")] for command in commands]
+    assert seeds_set == [[], [], [f"seed={shipped_seed}"], [f"seed={shipped_seed + 1}"]]
