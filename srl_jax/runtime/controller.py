@@ -84,7 +84,6 @@ class Controller:
         self.name_server: NameServer | None = None
         self.log_sink: LogSink | None = None
         self.population_link: PopulationLink | None = None
-        self.writer: MetricsWriter | None = None
         self.names: NameService = backend.name_service()
         self.placement = placement
         self.keys = keys
@@ -149,6 +148,8 @@ class Controller:
         self.transport.bind(self.stats, self.names, STATS.key())
         self.population_link = population_link(self.config, self.transport, self.names,
                                                self.run_dir)
+        self.writer = MetricsWriter(self.run_dir,
+                                    self.population_link and self.population_link.publish)
         try:
             for record in self.workers:
                 self.supervisor.start(record)
@@ -163,8 +164,7 @@ class Controller:
                     service.close()
             self.transport.close()
             self.backend.close()
-            if self.writer is not None:
-                self.writer.close()
+            self.writer.close()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         ok = self.exit_code == EXIT_OK
@@ -254,10 +254,6 @@ class Controller:
         if self.name_server is not None:
             row["system/name_requests"] = self.name_server.requests
         row["system/workers_missing"] = len(self.supervisor.missing())
-        if self.writer is None:  # made here, not before the workers start: its TensorBoard
-            # import takes 0.15 s
-            self.writer = MetricsWriter(self.run_dir,
-                                        self.population_link and self.population_link.publish)
         self.writer.write(row)
         self.progress.show(row)
         self._watch_progress(row)

@@ -334,10 +334,9 @@ class MetricsWriter:
     def __init__(self, run_dir: Path, also: Callable[[str], None] | None = None) -> None:
         """`also`: takes each row's JSON line too (the population manager's rows stream:
         srl_jax/runtime/population_link.py)."""
-        from tensorboardX import SummaryWriter
-
+        self._run_dir = run_dir
         self._file = open(Path(run_dir) / "metrics.jsonl", "a")  # noqa: SIM115 - held for the run
-        self._events = SummaryWriter(str(run_dir), flush_secs=5)
+        self._events: Any = None
         self._also = also
 
     def write(self, row: dict[str, Any]) -> None:
@@ -346,6 +345,11 @@ class MetricsWriter:
         self._file.flush()
         if self._also is not None:
             self._also(line)
+        if self._events is None:
+            # Made at the first row: TensorBoard's import (0.15 s) held up the workers' start.
+            from tensorboardX import SummaryWriter
+
+            self._events = SummaryWriter(str(self._run_dir), flush_secs=5)
         for key, value in row.items():
             tag = tensorboard_tag(key)
             if tag is not None and isinstance(value, int | float):
@@ -353,7 +357,8 @@ class MetricsWriter:
 
     def close(self) -> None:
         self._file.close()
-        self._events.close()
+        if self._events is not None:
+            self._events.close()
 
 
 def _si(value: float) -> str:
