@@ -90,7 +90,10 @@ def test_lstm_ppo_evaluates_at_500_through_a_killed_actor_and_inference_server(
     versions = [r["eval_policy_version"] for r in evaluated]
     assert versions == sorted(versions) and all(
         b - a >= 10 for a, b in itertools.pairwise(versions))
-    assert evaluated[-1]["eval_return_mean"] == 500
+    # The first row at 500 stopped the run; an evaluation that ends before the stop
+    # reaches the evaluator may still follow it, with any score.
+    stopping = next(r for r in evaluated if r["eval_return_mean"] >= 500)
+    assert stopping["eval_return_mean"] == 500
     assert worker(final, "evaluator-0")["restarts"] == 0
     # The best so far is kept: the first evaluation at 500 (the evaluator may score 500
     # again before the stop reaches it, and two evaluations may share a metrics row).
@@ -106,7 +109,7 @@ def test_lstm_ppo_evaluates_at_500_through_a_killed_actor_and_inference_server(
     seeds = [env_seed(policy.config.seed, EVALUATOR_ACTOR_INDEX, episode)
              for episode in range(10)]
     with_memory = np.mean([play_episode(policy, env, seed)[0] for seed in seeds])
-    assert with_memory == evaluated[-1]["eval_return_mean"] == 500
+    assert with_memory == stopping["eval_return_mean"] == 500
     # Velocities are masked: the policy balances only by remembering earlier positions.
     without = np.mean([forgetful_return(policy, env, seed) for seed in seeds])
     assert without < 100, without
