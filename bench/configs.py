@@ -213,11 +213,12 @@ def train_once(name: str, index: int, args: argparse.Namespace,
     """Run `index` of config `name`: (its figures, the overrides it ran with)."""
     run_dir = workdir / f"{name}-{index}"
     started = time.monotonic()
-    seed = shipped(name).seed + index if args.seeds else None
-    code, overrides = run_config(name, args.max_minutes * 60, run_dir, seed)
+    seed = shipped(name).seed + (index if args.seeds else 0)
+    code, overrides = run_config(name, args.max_minutes * 60, run_dir,
+                                 seed if args.seeds else None)
     if code != 0:
         raise BenchError(f"the run exited with {code} (log: {run_dir}.log)")
-    figures = {**run_figures(run_dir), "seed": shipped(name).seed if seed is None else seed}
+    figures = {**run_figures(run_dir), "seed": seed}
     print(f"{name} run {index}: return {figures['first_return']:.1f} -> "
           f"{figures['final_return']:.1f} (best {figures['max_return']:.1f}) in "
           f"{figures['time_s']:.0f}s, {figures['env_frames']:,} frames "
