@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
+from pathlib import Path
 from typing import Any
 
+from bench.peers import compare
 from bench.peers.rounds import RunFigures, all_solved, figures
 from bench.peers.summary import RATIO_FIGURES, ratio_rounds
 from bench.peers.systems import ROLLING_WINDOWS
+from srl_jax.config.loader import load_config
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_each_window_has_its_own_time_and_frames_to_the_target() -> None:
@@ -40,3 +46,24 @@ def test_ratios_pair_the_same_window_on_both_sides() -> None:
     assert ratio_rounds(runs, "srl_jax", "cleanrl_ppo",
                                 "time_to_target_last20_s") == [0.4]  # round 2 did not get there
     assert RATIO_FIGURES["time_to_target_last20_s"] == "time_to_475_last20_ratio"
+
+
+def test_the_cartpole_case_reads_both_sides_at_the_same_row_interval(
+        monkeypatch: Any, tmp_path: Path) -> None:
+    captured: dict[str, Any] = {}
+
+    def capture(args: Any, workdir: Path, systems: dict, *rest: Any) -> dict[str, Any]:
+        captured.update(systems)
+        return {}
+
+    monkeypatch.setattr(compare, "target_case", capture)
+    result = compare.case_cartpole(argparse.Namespace(budget=30.0), tmp_path)
+    assert result["row_interval_s"] == compare.ROW_INTERVAL_S
+    ours = captured["srl_jax"](tmp_path / "srl", 3).command
+    baseline = captured["cleanrl_ppo"](tmp_path / "cleanrl", 3).command
+    interval = f"{compare.ROW_INTERVAL_S:g}"
+    overrides = [ours[i + 1] for i, word in enumerate(ours) if word == "--set"]
+    config = load_config(REPO / "configs" / "cartpole_ppo.yaml", overrides)  # valid overrides
+    assert config.runtime.log_interval_s == config.runtime.stats_interval_s \
+        == compare.ROW_INTERVAL_S
+    assert baseline[baseline.index("--report-interval") + 1] == interval

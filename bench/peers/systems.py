@@ -73,13 +73,15 @@ def read_srl_jax(workdir: Path) -> list[dict[str, Any]]:
 
 def cleanrl_launch(workdir: Path, seed: int, seconds: float, baseline: str = "cleanrl_ppo",
                    return_key: str = "episode_return_mean",
-                   windows: dict[str, str] | None = None) -> Launch:
-    """A single-process baseline, `bench.peers.<baseline>`, which prints JSON lines; with
-    `windows` it does not stop itself at the target: the harness stops it once every
-    window got there."""
+                   windows: dict[str, str] | None = None,
+                   report_interval_s: float = 1.0) -> Launch:
+    """A single-process baseline, `bench.peers.<baseline>`, which prints JSON lines (one
+    every `report_interval_s`); with `windows` it does not stop itself at the target: the
+    harness stops it once every window got there."""
     target = "none" if windows else f"{TARGET_RETURN:g}"
     command = [sys.executable, "-m", f"bench.peers.{baseline}", "--seed", str(seed),
-               "--target-return", target, "--seconds", f"{seconds:g}"]
+               "--target-return", target, "--seconds", f"{seconds:g}",
+               "--report-interval", f"{report_interval_s:g}"]
     return Launch(command, read_json_lines, return_key=return_key, windows=windows or {})
 
 
