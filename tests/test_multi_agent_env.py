@@ -167,6 +167,37 @@ def test_an_own_first_critic_reads_the_team_from_each_agent_on():
         validate(make_config(keys))  # state(): the env's layout, not known to be blocks
 
 
+def test_layer_norm_makes_actor_and_critic_blind_to_each_rows_scale_and_offset():
+    """`network.layer_norm` (MAPPO's MLP) normalizes each input row first: a row scaled
+    by a positive factor and shifted gives the same logits and values."""
+    keys = ["env.id=pettingzoo:mpe2.simple_spread_v3", "network.critic=global",
+            "env.kwargs={N: 3, max_cycles: 25, continuous_actions: false}",
+            "env.global_state=observations", "learner.algorithm=ppo"]
+    rng = np.random.default_rng(0)
+    outputs = {}
+    for layer_norm in (False, True):
+        config = make_config([*keys, f"network.layer_norm={str(layer_norm).lower()}"])
+        validate(config)
+        spec = with_network(multi_agent_specs(config.env)["default"], config.network)
+        policy, network = make_policy(config, spec)
+        params = init_policy_params(network, spec.obs_shape, 0)
+        norms = [name for name in params["net"]["params"]["critic"] if "LayerNorm" in name]
+        assert len(norms) == (3 if layer_norm else 0)  # the inputs, then each hidden layer
+        obs = rng.normal(size=(4, *spec.obs_shape)).astype(np.float32)
+        critic_in = rng.normal(size=(4, network.critic_width)).astype(np.float32)
+        scale, shift = np.float32([[0.5], [2.0], [3.0], [10.0]]), np.float32([[1], [-2], [0], [5]])
+        outputs[layer_norm] = [
+            (policy.apply(params, x, jnp.zeros((4, 0)))[0], policy.critic(params, c))
+            for x, c in ((obs, critic_in), (obs * scale + shift, critic_in * scale + shift))]
+    (logits, values), (moved_logits, moved_values) = outputs[True]
+    np.testing.assert_allclose(moved_logits, logits, atol=1e-4)
+    np.testing.assert_allclose(moved_values, values, atol=1e-4)
+    (logits, values), (moved_logits, moved_values) = outputs[False]
+    assert not np.allclose(moved_values, values, atol=1e-2), "plain MLPs see the scale"
+    with pytest.raises(ConfigError, match=r"'network\.layer_norm'.*'network\.core' none"):
+        validate(make_config(["network.layer_norm=true", "network.core=gru"]))
+
+
 def test_two_policies_split_agents_into_columns():
     config = spread(policies={"first": ["agent_0"], "rest": ["agent_*"]})
     specs = multi_agent_specs(config)

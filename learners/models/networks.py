@@ -32,11 +32,17 @@ ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu}
 OBS_CLIP = 10.0
 
 
-def mlp_torso(x: jax.Array, hidden: Sequence[int], activation: str) -> jax.Array:
-    """Dense layers with orthogonal init (scale sqrt 2), made in the calling module."""
+def mlp_torso(x: jax.Array, hidden: Sequence[int], activation: str,
+              layer_norm: bool = False) -> jax.Array:
+    """Dense layers with orthogonal init (scale sqrt 2), made in the calling module;
+    `layer_norm`: a LayerNorm over the inputs and after each activation (MAPPO's MLP)."""
     act = ACTIVATIONS[activation]
+    if layer_norm:
+        x = nn.LayerNorm()(x)
     for width in hidden:
         x = act(nn.Dense(width, kernel_init=orthogonal(np.sqrt(2)))(x))
+        if layer_norm:
+            x = nn.LayerNorm()(x)
     return x
 
 
@@ -96,10 +102,11 @@ class MLP(nn.Module):
     outputs: int
     head_scale: float
     activation: str = "tanh"
+    layer_norm: bool = False
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        x = mlp_torso(x, self.hidden, self.activation)
+        x = mlp_torso(x, self.hidden, self.activation, self.layer_norm)
         return nn.Dense(self.outputs, kernel_init=orthogonal(self.head_scale))(x)
 
 
@@ -110,7 +117,8 @@ class ActorCritic(nn.Module):
     state-independent log-std side by side for continuous ones. With
     `critic_width` (a centralized critic, MAPPO's) the value MLP reads `critic_in`
     [N, critic_width] instead of the observation; acting passes none and gets zero
-    values, which the learner replaces with the critic's.
+    values, which the learner replaces with the critic's. `layer_norm`: both MLPs
+    normalize their inputs and hidden layers (`network.layer_norm`).
     """
 
     action_dim: int
@@ -118,17 +126,19 @@ class ActorCritic(nn.Module):
     hidden: Sequence[int] = (64, 64)
     activation: str = "tanh"
     critic_width: int = 0
+    layer_norm: bool = False
 
     @nn.compact
     def __call__(self, obs: jax.Array,
                  critic_in: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
         x = obs.reshape(obs.shape[0], -1).astype(jnp.float32)
-        out = MLP(self.hidden, self.action_dim, 0.01, self.activation, name="actor")(x)
+        out = MLP(self.hidden, self.action_dim, 0.01, self.activation, self.layer_norm,
+                  name="actor")(x)
         if self.continuous:
             out = with_log_std(self, out)
         if self.critic_width and critic_in is None:
             return out, jnp.zeros(x.shape[0], jnp.float32)
-        value = MLP(self.hidden, 1, 1.0, self.activation, name="critic")(
+        value = MLP(self.hidden, 1, 1.0, self.activation, self.layer_norm, name="critic")(
             x if not self.critic_width else critic_in.astype(jnp.float32))
         return out, value[:, 0]
 
@@ -298,7 +308,7 @@ def make_network(config: ExperimentConfig, spec: EnvSpec) -> nn.Module:
     if network.kind == "nature_cnn":
         return NatureCNN(spec.action_dim, conv, frame)
     return ActorCritic(spec.action_dim, spec.continuous, tuple(network.hidden),
-                       network.activation, critic_width(config, spec))
+                       network.activation, critic_width(config, spec), network.layer_norm)
 
 
 def critic_ids(config: ExperimentConfig, spec: EnvSpec) -> bool:

@@ -227,6 +227,10 @@ def check_network(config: ExperimentConfig) -> None:
                 "observation to each agent: it needs 'network.critic' global, "
                 "'env.global_state' observations and one policy for every agent "
                 "(no 'env.policies')")
+    require(not network.layer_norm or (network.kind == "mlp" and network.core == "none"
+                                       and network.head == "actor_critic"),
+            "'network.layer_norm' normalizes the actor's and the critic's MLPs: it needs "
+            "'network.kind' mlp, 'network.core' none and 'network.head' actor_critic")
     burn_in, T = config.learner.burn_in, config.actors.trajectory_length
     require(burn_in >= 0, "'learner.burn_in' must not be negative")
     require(burn_in == 0 or network.core != "none",

@@ -244,6 +244,12 @@ class NetworkConfig:
     every agent: each agent's critic reads the observations from its own on (its own,
     then the next agent's, and round), an agent-centric global state in place of one
     fixed order that only the agent id tells apart."""
+    layer_norm: bool = False
+    """MAPPO's MLP (Yu et al. 2022, `use_feature_normalization` and its MLP layers): a
+    LayerNorm over the inputs and after each hidden layer's activation, in the actor's
+    and the critic's MLPs. A centralized critic's inputs span several agents' views at
+    several scales; normalized, one step size fits them. 'mlp' actor-critics without a
+    recurrent core."""
     head: str = "actor_critic"
     """What the network outputs: 'actor_critic' (policy and value, for PPO and IMPALA),
     'q' (action values) or 'dueling' (action values as value plus advantages, Wang et
