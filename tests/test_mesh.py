@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from learners.training.mesh import make_learner_mesh
-from tests.conftest import FAST_COMPILES, REPO
+from tests.conftest import FAST_COMPILES, REPO, make_config
 
 CASES = [
     ("ppo", []),
@@ -41,7 +41,8 @@ def four_device_checks() -> dict:
 def test_four_devices_match_one(four_device_checks: dict, case: int) -> None:
     assert four_device_checks["devices"] == 4
     out = four_device_checks["cases"][case]
-    T, B = 32, 32  # configs/cartpole_ppo.yaml
+    default = make_config()  # configs/cartpole_ppo.yaml, which the script trains
+    T, B = default.actors.trajectory_length, default.learner.batch_envs
     if CASES[case][0] == "dqn":  # B sampled rows
         assert out["shards_1"] == [[B, 4]]
         assert out["shards_4"] == [[B // 4, 4]], "the batch is split on its rows"

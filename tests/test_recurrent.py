@@ -385,7 +385,7 @@ def test_mask_obs_zeroes_the_entries_it_names() -> None:
 @pytest.mark.parametrize("overrides, fragment", [
     (["learner.burn_in=4"], "'learner.burn_in' warms a recurrent state: it needs 'network.core'"),
     (["network.core=rnn"], "'network.core': unknown 'rnn' (known: none, lstm, gru)"),
-    (["network.core=lstm", "learner.burn_in=17"],
+    (["network.core=lstm", "actors.trajectory_length=32", "learner.burn_in=17"],
      "'learner.burn_in' (17) must be at most half of 'actors.trajectory_length' (32)"),
     (["network.core=lstm", "learner.ppo.minibatches=64"],
      "'learner.ppo.minibatches' (64) must divide 'learner.batch_envs' (32): a recurrent "
