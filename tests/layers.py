@@ -52,7 +52,7 @@ LAYERS = (
     Layer("models", ("learners/models",), _names("core", "models"),
           ENV_PACKAGES | {"zmq", "ray"}),
     Layer("algorithms", ("learners/algorithms",), _names(*LEARNING[:4]),
-          only_third_party=frozenset({"jax", "flax", "optax", "numpy"})),
+          only_third_party=frozenset({"jax", "flax", "optax", "numpy", "mctx"})),
     Layer("training", ("learners/training",), _names(*LEARNING), ENV_PACKAGES | {"zmq", "ray"}),
     Layer("jax workers", ("learners/workers",), _names(*LEARNING, "actors", "jax workers"),
           frozenset({"ray"})),

@@ -1,0 +1,78 @@
+"""MuZero's learned model (flax linen): representation, dynamics and prediction.
+
+The representation maps an observation to a latent state of `latent` units, scaled to
+[0, 1] per row (min-max, as MuZero scales its hidden states, so that the dynamics sees
+one range however deep the unroll goes). The dynamics maps a latent state and an action
+(one-hot) to the next latent state and the reward's logits over the support; the
+prediction maps a latent state to policy logits and the value's logits. `torso` 'mlp'
+reads flat observations through MLPs; 'nature_cnn' reads frames through the Nature-CNN.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from learners.models.networks import MLP, nature_torso
+
+
+def scale_latent(latent: jax.Array) -> jax.Array:
+    """Each row min-max scaled to [0, 1]."""
+    low = latent.min(-1, keepdims=True)
+    high = latent.max(-1, keepdims=True)
+    return (latent - low) / jnp.maximum(high - low, 1e-5)
+
+
+class MuZeroModel(nn.Module):
+    """h (observation -> latent), g (latent, action -> latent, reward logits) and
+    f (latent -> policy logits, value logits), on a support of `2 support_size + 1`."""
+
+    action_dim: int
+    hidden: Sequence[int] = (64, 64)
+    latent: int = 64
+    support_size: int = 10
+    torso: str = "mlp"
+    activation: str = "relu"
+
+    def setup(self) -> None:
+        width = 2 * self.support_size + 1
+        self.represent_mlp = MLP(self.hidden, self.latent, 1.0, self.activation)
+        self.dynamics_mlp = MLP(self.hidden, self.latent, 1.0, self.activation)
+        self.reward_mlp = MLP(self.hidden, width, 0.0, self.activation)
+        self.policy_mlp = MLP(self.hidden, self.action_dim, 0.01, self.activation)
+        self.value_mlp = MLP(self.hidden, width, 0.0, self.activation)
+        if self.torso == "nature_cnn":
+            self.frames = nn.Dense(self.latent)
+
+    def represent(self, obs: jax.Array) -> jax.Array:
+        if self.torso == "nature_cnn":
+            return scale_latent(self.frames(nature_torso(obs)))
+        x = obs.reshape(obs.shape[0], -1).astype(jnp.float32)
+        return scale_latent(self.represent_mlp(x))
+
+    def predict(self, latent: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return self.policy_mlp(latent), self.value_mlp(latent)
+
+    def dynamics(self, latent: jax.Array, action: jax.Array) -> tuple[jax.Array, jax.Array]:
+        x = jnp.concatenate([latent, jax.nn.one_hot(action, self.action_dim)], -1)
+        return scale_latent(self.dynamics_mlp(x)), self.reward_mlp(x)
+
+    def initial(self, obs: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """(latent, policy logits, value logits) of observations [N, ...]."""
+        latent = self.represent(obs)
+        return (latent, *self.predict(latent))
+
+    def recurrent(self, latent: jax.Array,
+                  action: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+        """(next latent, reward logits, policy logits, value logits) of a step."""
+        latent, reward = self.dynamics(latent, action)
+        return (latent, reward, *self.predict(latent))
+
+    def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Every part once (for `init`): the first step's policy and value logits."""
+        latent, _, _ = self.initial(obs)
+        _, _, policy, value = self.recurrent(latent, jnp.zeros(obs.shape[0], jnp.int32))
+        return policy, value

@@ -1,0 +1,125 @@
+"""MuZero's math: the supports, the search on a known model, the unrolled loss on a case
+worked by hand, and the model as the search and the loss use it."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from learners.algorithms.muzero.loss import LogitFns, UnrollTargets, logit_fns, unrolled_loss
+from learners.algorithms.muzero.model import MuZeroModel
+from learners.algorithms.muzero.search import ModelFns, model_fns, search
+from learners.algorithms.muzero.support import from_support, to_support, two_hot
+from learners.algorithms.r2d2 import unrescale
+
+EPS = 1e-3
+
+
+def test_two_hot_keeps_the_mean_and_clips_to_the_support() -> None:
+    x = jnp.array([-2.5, -0.25, 0.0, 1.75, 3.0, 7.0])
+    probs = two_hot(x, 3)
+    support = jnp.arange(-3, 4)
+    np.testing.assert_allclose(probs.sum(-1), 1.0, rtol=1e-6)
+    np.testing.assert_allclose((probs * support).sum(-1), [-2.5, -0.25, 0, 1.75, 3, 3],
+                               atol=1e-6)
+    assert (probs > 0).sum(-1).max() <= 2, "two neighbours at most"
+
+
+@pytest.mark.parametrize("x", [-120.0, -3.0, 0.0, 0.4, 17.0, 500.0])
+def test_a_target_read_back_from_its_support_is_itself(x: float) -> None:
+    probs = to_support(jnp.array([x]), 300, EPS)
+    np.testing.assert_allclose(from_support(jnp.log(probs + 1e-30), 300, EPS), [x],
+                               rtol=1e-3, atol=1e-3)
+
+
+def known_model(best: int, actions: int) -> ModelFns:
+    """Uniform priors, values 0; the step that takes `best` earns 1, any other 0."""
+    def initial(params, obs):
+        rows = obs.shape[0]
+        return jnp.zeros((rows, 1)), jnp.zeros((rows, actions)), jnp.zeros(rows)
+
+    def recurrent(params, latent, action):
+        rows = action.shape[0]
+        return latent, (action == best).astype(jnp.float32), jnp.zeros((rows, actions)), \
+            jnp.zeros(rows)
+
+    return ModelFns(initial, recurrent)
+
+
+def test_the_search_picks_the_best_action_of_a_known_model() -> None:
+    """Without Gumbel noise every row takes the best action; with it (acting), the noise
+    may outbid the search's Q now and then, but the policy it trains towards never does."""
+    def run(scale: float) -> object:
+        return jax.jit(lambda obs, key: search(known_model(2, 4), {}, obs, key, 16, 0.99,
+                                               gumbel_scale=scale))(
+            jnp.zeros((64, 3)), jax.random.key(0))
+
+    exact, noisy = run(0.0), run(1.0)
+    np.testing.assert_array_equal(exact.action, [2] * 64)
+    assert (noisy.action == 2).mean() >= 0.9
+    np.testing.assert_array_equal(jnp.argmax(noisy.policy, -1), [2] * 64)
+    np.testing.assert_allclose(noisy.policy.sum(-1), 1.0, rtol=1e-5)
+    assert (noisy.root_value > 0).all(), "the root's value counts the reward search found"
+    assert (noisy.depth >= 1).all()
+
+
+def test_the_unrolled_loss_of_a_case_worked_by_hand() -> None:
+    """Support -1..1 (3 atoms), 2 actions, K = 2. Every head's distribution is known:
+    values and rewards (1/4, 1/2, 1/4), policies uniform. A target of 0 is (0, 1, 0), whose
+    cross-entropy is ln 2; a target h^-1(0.5) is (0, 1/2, 1/2): 1/2 ln 2 + 1/2 ln 4."""
+    atoms = jnp.log(jnp.array([[0.25, 0.5, 0.25]]))
+
+    def initial(params, obs):
+        return obs, jnp.zeros((1, 2)), atoms
+
+    def recurrent(params, latent, action):
+        return latent, atoms, jnp.zeros((1, 2)), atoms
+
+    half = float(unrescale(jnp.float32(0.5), EPS))
+    targets = UnrollTargets(
+        actions=jnp.array([[1], [0]]), rewards=jnp.array([[half], [0.0]]),
+        values=jnp.array([[0.0], [0.0], [half]]),
+        policies=jnp.array([[[1.0, 0.0]], [[0.3, 0.7]], [[0.5, 0.5]]]),
+        policy_mask=jnp.array([[1.0], [1.0], [0.0]]), weights=jnp.ones(1))
+    loss, metrics = unrolled_loss(LogitFns(initial, recurrent), {}, jnp.zeros((1, 1)),
+                                  targets, support_size=1, epsilon=EPS, value_coef=0.25)
+    ln2 = np.log(2.0)
+    step0 = 0.25 * ln2 + ln2                      # value 0, policy (uniform against any)
+    step1 = 1.5 * ln2 + 0.25 * ln2 + ln2          # reward h^-1(0.5), value 0, policy
+    step2 = ln2 + 0.25 * 1.5 * ln2                # reward 0, value h^-1(0.5), no policy
+    np.testing.assert_allclose(loss, step0 + (step1 + step2) / 2, rtol=1e-5)
+    np.testing.assert_allclose(metrics["reward_loss"], (1.5 * ln2 + ln2) / 2, rtol=1e-5)
+    np.testing.assert_allclose(metrics["priorities"], [0.0], atol=1e-5)  # predicted 0
+
+
+def test_the_model_serves_the_search_and_trains_by_the_loss() -> None:
+    model = MuZeroModel(action_dim=2, hidden=(32,), latent=16, support_size=20)
+    obs = jax.random.normal(jax.random.key(1), (6, 4))
+    params = model.init(jax.random.key(0), obs)
+    latent, _, _ = model.apply(params, obs, method=MuZeroModel.initial)
+    assert latent.shape == (6, 16) and latent.min() >= 0 and latent.max() <= 1
+    out = search(model_fns(model, EPS), params, obs, jax.random.key(2), simulations=8,
+                 gamma=0.997)
+    assert out.action.shape == (6,) and out.policy.shape == (6, 2)
+    K = 3
+    targets = UnrollTargets(
+        actions=jnp.ones((K, 6), jnp.int32), rewards=jnp.ones((K, 6)),
+        values=jnp.full((K + 1, 6), 5.0), policies=jnp.full((K + 1, 6, 2), 0.5),
+        policy_mask=jnp.ones((K + 1, 6)), weights=jnp.ones(6))
+    fns = logit_fns(model)
+
+    def loss(p):
+        return unrolled_loss(fns, p, obs, targets, 20, EPS, 0.25)[0]
+
+    grads = jax.grad(loss)(params)
+    start = loss(params)
+    stepped = jax.tree.map(lambda p, g: p - 0.05 * g, params, grads)
+    assert loss(stepped) < start, "a gradient step lowers the loss"
+    norms = {name: float(optax_norm(g)) for name, g in grads["params"].items()}
+    assert norms["dynamics_mlp"] > 0 and norms["reward_mlp"] > 0 and norms["represent_mlp"] > 0
+
+
+def optax_norm(tree) -> jax.Array:
+    return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree)))
