@@ -12,6 +12,7 @@ from learners.algorithms.muzero.loss import LogitFns, UnrollTargets, logit_fns, 
 from learners.algorithms.muzero.model import MuZeroModel
 from learners.algorithms.muzero.search import ModelFns, model_fns, search
 from learners.algorithms.muzero.support import from_support, to_support, two_hot
+from learners.algorithms.muzero.targets import unroll_targets
 from learners.algorithms.r2d2 import unrescale
 
 EPS = 1e-3
@@ -82,7 +83,8 @@ def test_the_unrolled_loss_of_a_case_worked_by_hand() -> None:
         actions=jnp.array([[1], [0]]), rewards=jnp.array([[half], [0.0]]),
         values=jnp.array([[0.0], [0.0], [half]]),
         policies=jnp.array([[[1.0, 0.0]], [[0.3, 0.7]], [[0.5, 0.5]]]),
-        policy_mask=jnp.array([[1.0], [1.0], [0.0]]), weights=jnp.ones(1))
+        policy_mask=jnp.array([[1.0], [1.0], [0.0]]), value_mask=jnp.ones((3, 1)),
+        reward_mask=jnp.ones((2, 1)), weights=jnp.ones(1))
     loss, metrics = unrolled_loss(LogitFns(initial, recurrent), {}, jnp.zeros((1, 1)),
                                   targets, support_size=1, epsilon=EPS, value_coef=0.25)
     ln2 = np.log(2.0)
@@ -107,7 +109,8 @@ def test_the_model_serves_the_search_and_trains_by_the_loss() -> None:
     targets = UnrollTargets(
         actions=jnp.ones((K, 6), jnp.int32), rewards=jnp.ones((K, 6)),
         values=jnp.full((K + 1, 6), 5.0), policies=jnp.full((K + 1, 6, 2), 0.5),
-        policy_mask=jnp.ones((K + 1, 6)), weights=jnp.ones(6))
+        policy_mask=jnp.ones((K + 1, 6)), value_mask=jnp.ones((K + 1, 6)),
+        reward_mask=jnp.ones((K, 6)), weights=jnp.ones(6))
     fns = logit_fns(model)
 
     def loss(p):
@@ -123,3 +126,28 @@ def test_the_model_serves_the_search_and_trains_by_the_loss() -> None:
 
 def optax_norm(tree) -> jax.Array:
     return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree)))
+
+
+def test_unroll_targets_stop_at_the_episode_and_the_sequence() -> None:
+    """One column of T = 4 steps that terminates at step 1; K = 2, n = 1, gamma 1/2. Root
+    values 10..50, so the value targets are 1 + 20/2, 2 (terminal), 3 + 40/2, 4 + 50/2
+    and 50, the last observation's own."""
+    policies = jnp.array([[1.0, 0.0], [0.0, 1.0], [0.5, 0.5], [0.2, 0.8]])[:, None, :]
+    seqs = {"obs": jnp.arange(5.0)[:, None, None], "actions": jnp.array([[0], [1], [0], [1]]),
+            "rewards": jnp.array([[1.0], [2.0], [3.0], [4.0]]),
+            "terminated": jnp.array([[0.0], [1.0], [0.0], [0.0]]),
+            "truncated": jnp.zeros((4, 1)), "trunc_values": jnp.zeros((4, 1)),
+            "values": jnp.array([[10.0], [20.0], [30.0], [40.0], [50.0]]),
+            "search_policy": policies, "weights": jnp.array([0.5])}
+    obs, targets = unroll_targets(seqs, K=2, n=1, gamma=0.5)
+    np.testing.assert_array_equal(obs[:, 0], [0, 1, 2, 3])  # a row per step t
+    # Columns are the start steps t = 0..3; rows the unroll steps k.
+    np.testing.assert_allclose(targets.values, [[11, 2, 23, 29], [2, 0, 29, 50], [0, 0, 50, 0]])
+    np.testing.assert_array_equal(targets.value_mask, [[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 0]])
+    np.testing.assert_allclose(targets.rewards, [[1, 2, 3, 4], [2, 0, 4, 0]])
+    np.testing.assert_array_equal(targets.reward_mask, [[1, 1, 1, 1], [1, 1, 1, 0]])
+    np.testing.assert_array_equal(targets.actions, [[0, 1, 0, 1], [1, 0, 1, 1]])
+    np.testing.assert_array_equal(targets.policy_mask, [[1, 1, 1, 1], [1, 0, 1, 0], [0, 0, 0, 0]])
+    np.testing.assert_allclose(targets.policies[0], policies[:, 0])
+    np.testing.assert_allclose(targets.policies[1, 2], [0.2, 0.8])
+    np.testing.assert_allclose(targets.weights, [0.5] * 4)

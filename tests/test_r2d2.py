@@ -19,7 +19,6 @@ from learners.algorithms.r2d2 import (
     sequence_windows,
     unrescale,
 )
-from learners.algorithms.r2d2_config import R2D2Config
 from learners.training.learner import build_learner
 from replay.sequence_buffer import SequenceBuffer
 from srl_jax.config.algorithms import algorithm_config
@@ -49,7 +48,6 @@ def test_windows_stop_at_an_episode_end_and_at_the_sequence_end() -> None:
 
 
 def test_targets_bootstrap_by_how_each_window_ended() -> None:
-    config = R2D2Config(gamma=0.5, n_step=2, value_rescaling=False)
     T = 4
     rewards = jnp.ones((T, 1))
     terminated = jnp.array([[0.0], [1.0], [0.0], [0.0]])
@@ -57,14 +55,14 @@ def test_targets_bootstrap_by_how_each_window_ended() -> None:
     trunc_values = jnp.array([[0.0], [0.0], [0.0], [8.0]])
     next_values = jnp.array([[10.0], [20.0], [30.0], [40.0], [50.0]])  # per observation
     targets = sequence_targets(rewards, terminated, truncated, trunc_values, next_values,
-                               config)
+                               n=2, gamma=0.5)
     np.testing.assert_allclose(targets[:, 0], [
         1 + 0.5 * 1,            # steps 0-1, ends in a termination: no bootstrap
         1,                      # step 1 terminates
         1 + 0.5 * 1 + 0.25 * 8,  # steps 2-3, step 3 cut by the time limit: its value
         1 + 0.5 * 8])           # step 3 alone, cut
     rescaled = sequence_targets(rewards, terminated, truncated, rescale(trunc_values, 1e-3),
-                                rescale(next_values, 1e-3), R2D2Config(gamma=0.5, n_step=2))
+                                rescale(next_values, 1e-3), n=2, gamma=0.5, epsilon=1e-3)
     np.testing.assert_allclose(unrescale(rescaled, 1e-3), targets, rtol=1e-4)
 
 

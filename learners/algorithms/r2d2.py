@@ -69,25 +69,25 @@ def sequence_windows(rewards: jax.Array, ends: jax.Array, n: int,
 
 
 def sequence_targets(rewards: jax.Array, terminated: jax.Array, truncated: jax.Array,
-                     trunc_values: jax.Array, next_values: jax.Array, config: R2D2Config,
-                     ) -> jax.Array:
-    """Targets [T, B] of T steps from their [T, B] fields and the bootstrap values
-    [T + 1, B] of every observation (all in the network's h-space where it rescales)."""
+                     trunc_values: jax.Array, next_values: jax.Array, n: int, gamma: float,
+                     epsilon: float | None = None) -> jax.Array:
+    """n-step targets [T, B] of T steps from their [T, B] fields and the bootstrap values
+    [T + 1, B] of every observation; with `epsilon`, values and targets are in h-space
+    (value rescaling, h's epsilon)."""
     ends = jnp.maximum(terminated, truncated) > 0
-    returns, steps = sequence_windows(rewards, ends, config.n_step, config.gamma)
+    returns, steps = sequence_windows(rewards, ends, n, gamma)
     at = jnp.arange(rewards.shape[0])[:, None] + steps  # the observation after the window
     last = at - 1
 
     def pick(x: jax.Array, index: jax.Array) -> jax.Array:
         return jnp.take_along_axis(x, index, axis=0)
 
-    eps = config.rescaling_epsilon
-    inverse = (lambda v: unrescale(v, eps)) if config.value_rescaling else (lambda v: v)
+    inverse = (lambda v: v) if epsilon is None else (lambda v: unrescale(v, epsilon))
     bootstrap = jnp.where(pick(truncated, last) > 0, inverse(pick(trunc_values, last)),
                           inverse(pick(next_values, at)))
     bootstrap = bootstrap * (1.0 - pick(terminated, last))
-    target = returns + config.gamma ** steps.astype(jnp.float32) * bootstrap
-    return rescale(target, eps) if config.value_rescaling else target
+    target = returns + gamma ** steps.astype(jnp.float32) * bootstrap
+    return target if epsilon is None else rescale(target, epsilon)
 
 
 def sequence_priorities(errors: jax.Array, eta: float, epsilon: float) -> jax.Array:
@@ -120,7 +120,9 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation, config:
         rewards = scale_rewards(seqs["rewards"][K:], sizes.reward_scale, sizes.reward_clip)
         targets = sequence_targets(rewards, seqs["terminated"][K:],
                                    seqs["truncated"][K:], seqs["trunc_values"][K:],
-                                   next_values, config)
+                                   next_values, config.n_step, config.gamma,
+                                   config.rescaling_epsilon if config.value_rescaling
+                                   else None)
         taken = jnp.take_along_axis(q[:-1], actions[K:, :, None], -1)[..., 0]
         errors = jax.lax.stop_gradient(targets) - taken
         weights = seqs["weights"] / jnp.max(seqs["weights"])

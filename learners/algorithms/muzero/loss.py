@@ -43,6 +43,11 @@ class UnrollTargets(NamedTuple):
     policy_mask: jax.Array
     """[K + 1, B]: 1 where that observation is a state of the sampled episode that was
     searched (the policy target exists), else 0."""
+    value_mask: jax.Array
+    """[K + 1, B]: 1 where the value target is known (inside the episode and the sequence,
+    or absorbing after a termination)."""
+    reward_mask: jax.Array
+    """[K, B]: as `value_mask`, for the rewards."""
     weights: jax.Array
     """[B]: each row's importance weight (prioritized replay), max-normalized."""
 
@@ -78,15 +83,17 @@ def unrolled_loss(fns: LogitFns, params: Any, obs: jax.Array, targets: UnrollTar
         return to_support(x, support_size, epsilon)
 
     latent, policy, value = fns.initial(params, obs)
-    value_loss = cross_entropy(value, on_support(targets.values[0]))
+    value_loss = cross_entropy(value, on_support(targets.values[0])) * targets.value_mask[0]
     policy_loss = cross_entropy(policy, targets.policies[0]) * targets.policy_mask[0]
     reward_loss = jnp.zeros_like(value_loss)
     first_value = from_support(value, support_size, epsilon)
     for k in range(K):
         latent = scale_gradient(latent, 0.5)
         latent, reward, policy, value = fns.recurrent(params, latent, targets.actions[k])
-        reward_loss += cross_entropy(reward, on_support(targets.rewards[k])) / K
-        value_loss += cross_entropy(value, on_support(targets.values[k + 1])) / K
+        reward_loss += (cross_entropy(reward, on_support(targets.rewards[k]))
+                        * targets.reward_mask[k] / K)
+        value_loss += (cross_entropy(value, on_support(targets.values[k + 1]))
+                       * targets.value_mask[k + 1] / K)
         policy_loss += (cross_entropy(policy, targets.policies[k + 1])
                         * targets.policy_mask[k + 1] / K)
     per_row = reward_loss + value_coef * value_loss + policy_loss
