@@ -8,12 +8,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from learners.algorithms.dqn import make_optimizer as dqn_optimizer
 from learners.algorithms.muzero.loss import LogitFns, UnrollTargets, logit_fns, unrolled_loss
-from learners.algorithms.muzero.model import MuZeroModel
 from learners.algorithms.muzero.search import ModelFns, model_fns, search
 from learners.algorithms.muzero.support import from_support, to_support, two_hot
 from learners.algorithms.muzero.targets import unroll_targets
+from learners.algorithms.muzero.update import make_update
+from learners.algorithms.muzero_config import MuZeroConfig
 from learners.algorithms.r2d2 import unrescale
+from learners.algorithms.train_state import init_train_state
+from learners.models.muzero_model import MuZeroModel
+from srl_jax.config.algorithms import Sizes
 
 EPS = 1e-3
 
@@ -99,11 +104,12 @@ def test_the_unrolled_loss_of_a_case_worked_by_hand() -> None:
 def test_the_model_serves_the_search_and_trains_by_the_loss() -> None:
     model = MuZeroModel(action_dim=2, hidden=(32,), latent=16, support_size=20)
     obs = jax.random.normal(jax.random.key(1), (6, 4))
-    params = model.init(jax.random.key(0), obs)
-    latent, _, _ = model.apply(params, obs, method=MuZeroModel.initial)
+    params = jax.jit(model.init)(jax.random.key(0), obs)
+    latent, _, _ = jax.jit(lambda p, o: model.apply(p, o, method=MuZeroModel.initial))(
+        params, obs)
     assert latent.shape == (6, 16) and latent.min() >= 0 and latent.max() <= 1
-    out = search(model_fns(model, EPS), params, obs, jax.random.key(2), simulations=8,
-                 gamma=0.997)
+    out = jax.jit(lambda p, o, k: search(model_fns(model, EPS), p, o, k, simulations=8,
+                                         gamma=0.997))(params, obs, jax.random.key(2))
     assert out.action.shape == (6,) and out.policy.shape == (6, 2)
     K = 3
     targets = UnrollTargets(
@@ -116,10 +122,9 @@ def test_the_model_serves_the_search_and_trains_by_the_loss() -> None:
     def loss(p):
         return unrolled_loss(fns, p, obs, targets, 20, EPS, 0.25)[0]
 
-    grads = jax.grad(loss)(params)
-    start = loss(params)
+    start, grads = jax.jit(jax.value_and_grad(loss))(params)
     stepped = jax.tree.map(lambda p, g: p - 0.05 * g, params, grads)
-    assert loss(stepped) < start, "a gradient step lowers the loss"
+    assert jax.jit(loss)(stepped) < start, "a gradient step lowers the loss"
     norms = {name: float(optax_norm(g)) for name, g in grads["params"].items()}
     assert norms["dynamics_mlp"] > 0 and norms["reward_mlp"] > 0 and norms["represent_mlp"] > 0
 
@@ -151,3 +156,31 @@ def test_unroll_targets_stop_at_the_episode_and_the_sequence() -> None:
     np.testing.assert_allclose(targets.policies[0], policies[:, 0])
     np.testing.assert_allclose(targets.policies[1, 2], [0.2, 0.8])
     np.testing.assert_allclose(targets.weights, [0.5] * 4)
+
+
+def test_updates_on_sequences_lower_the_loss_and_give_each_sequence_a_priority() -> None:
+    config = MuZeroConfig(support_size=20, latent=16, unroll_steps=3, n_step=3, gamma=0.9,
+                          learning_rate=3e-3)
+    sizes = Sizes(trajectory_length=8, batch_envs=4, total_updates=0, reward_scale=1.0,
+                  reward_clip=0.0)
+    model = MuZeroModel(action_dim=2, hidden=(32,), latent=16, support_size=20)
+    B, T = 4, 8
+    keys = jax.random.split(jax.random.key(3), 2)
+    actions = jax.random.randint(keys[0], (B, T), 0, 2)
+    batch = {"obs": jax.random.normal(keys[1], (B, T + 1, 4)), "actions": actions,
+             "rewards": actions.astype(jnp.float32),  # the model can learn: reward = action
+             "terminated": jnp.zeros((B, T)).at[0, 5].set(1.0), "truncated": jnp.zeros((B, T)),
+             "trunc_values": jnp.zeros((B, T)), "values": jnp.full((B, T + 1), 2.0),
+             "search_policy": jax.nn.one_hot(actions, 2), "weights": jnp.ones(B)}
+    optimizer = dqn_optimizer(config, sizes)
+    state = init_train_state({"net": jax.jit(model.init)(jax.random.key(0),
+                                                         batch["obs"][:, 0])},
+                             optimizer, 0)
+    update = jax.jit(make_update(model, optimizer, config, sizes))
+    losses = []
+    for _ in range(40):
+        state, metrics = update(state, batch)
+        losses.append(float(metrics["loss"]))
+    assert losses[-1] < 0.6 * losses[0], losses
+    assert int(state.version) == 40
+    assert metrics["priorities"].shape == (B,) and (metrics["priorities"] > 0).all()

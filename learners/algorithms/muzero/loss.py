@@ -16,8 +16,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from learners.algorithms.muzero.model import MuZeroModel
 from learners.algorithms.muzero.support import from_support, to_support
+from learners.models.muzero_model import MuZeroModel
 
 
 class LogitFns(NamedTuple):

@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 import mctx
 
-from learners.algorithms.muzero.model import MuZeroModel
 from learners.algorithms.muzero.support import from_support
+from learners.models.muzero_model import MuZeroModel
 
 
 class ModelFns(NamedTuple):
