@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from learners.algorithms.dqn import make_optimizer as dqn_optimizer
+from learners.algorithms.muzero.acting import make_search_act
 from learners.algorithms.muzero.loss import LogitFns, UnrollTargets, logit_fns, unrolled_loss
 from learners.algorithms.muzero.search import ModelFns, model_fns, search
 from learners.algorithms.muzero.support import from_support, to_support, two_hot
@@ -184,3 +185,20 @@ def test_updates_on_sequences_lower_the_loss_and_give_each_sequence_a_priority()
     assert losses[-1] < 0.6 * losses[0], losses
     assert int(state.version) == 40
     assert metrics["priorities"].shape == (B,) and (metrics["priorities"] > 0).all()
+
+
+def test_acting_by_search_packs_the_action_its_policy_and_the_root_value() -> None:
+    config = MuZeroConfig(support_size=10, latent=8, simulations=4)
+    model = MuZeroModel(action_dim=3, hidden=(8,), latent=8, support_size=10)
+    obs = jnp.ones((5, 4))
+    params = {"net": jax.jit(model.init)(jax.random.key(0), obs)}
+    act = make_search_act(model, config)
+    legal = jnp.array([[True, False, True]] * 5)
+    packed = np.asarray(act(params, obs, jnp.zeros((5, 0)), legal, jax.random.key(1),
+                            np.uint32(1)))
+    assert packed.shape == (5, 2 + 1 + 0 + 3)  # logp, value, action, state, policy
+    action, policy = packed[:, 2].astype(int), packed[:, 3:]
+    assert set(action) <= {0, 2}, "never an illegal action"
+    np.testing.assert_allclose(policy[:, 1], 0.0, atol=1e-6)
+    np.testing.assert_allclose(policy.sum(1), 1.0, rtol=1e-5)
+    np.testing.assert_allclose(packed[:, 0], np.log(policy[np.arange(5), action]), rtol=1e-5)

@@ -76,10 +76,11 @@ def tree_depth(tree: mctx.Tree) -> jax.Array:
 
 
 def search(fns: ModelFns, params: Any, obs: jax.Array, key: jax.Array, simulations: int,
-           gamma: float, considered_actions: int = 16,
-           gumbel_scale: float = 1.0) -> SearchOutput:
-    """Gumbel MuZero's search from each row of `obs` [N, ...], `simulations` each.
-    `gumbel_scale` 0 searches without sampling (evaluation)."""
+           gamma: float, considered_actions: int = 16, gumbel_scale: float = 1.0,
+           legal: jax.Array | None = None) -> SearchOutput:
+    """Gumbel MuZero's search from each row of `obs` [N, ...], `simulations` each, among
+    the `legal` actions [N, A] at the root (None: all). `gumbel_scale` 0 searches without
+    sampling (evaluation)."""
     latent, logits, value = fns.initial(params, obs)
     root = mctx.RootFnOutput(prior_logits=logits, value=value, embedding=latent)
 
@@ -92,6 +93,7 @@ def search(fns: ModelFns, params: Any, obs: jax.Array, key: jax.Array, simulatio
 
     out = mctx.gumbel_muzero_policy(
         params, key, root, recurrent_fn, simulations,
+        invalid_actions=None if legal is None else ~legal,
         max_num_considered_actions=min(considered_actions, logits.shape[-1]),
         gumbel_scale=gumbel_scale)
     return SearchOutput(out.action.astype(jnp.int32), out.action_weights,
