@@ -160,17 +160,17 @@ def test_unroll_targets_stop_at_the_episode_and_the_sequence() -> None:
 
 
 def test_updates_on_sequences_lower_the_loss_and_give_each_sequence_a_priority() -> None:
-    config = MuZeroConfig(support_size=20, latent=16, unroll_steps=3, n_step=3, gamma=0.9,
+    config = MuZeroConfig(support_size=10, latent=8, unroll_steps=2, n_step=3, gamma=0.9,
                           learning_rate=3e-3)
-    sizes = Sizes(trajectory_length=8, batch_envs=4, total_updates=0, reward_scale=1.0,
+    sizes = Sizes(trajectory_length=6, batch_envs=4, total_updates=0, reward_scale=1.0,
                   reward_clip=0.0)
-    model = MuZeroModel(action_dim=2, hidden=(32,), latent=16, support_size=20)
-    B, T = 4, 8
+    model = MuZeroModel(action_dim=2, hidden=(16,), latent=8, support_size=10)
+    B, T = 4, 6
     keys = jax.random.split(jax.random.key(3), 2)
     actions = jax.random.randint(keys[0], (B, T), 0, 2)
     batch = {"obs": jax.random.normal(keys[1], (B, T + 1, 4)), "actions": actions,
              "rewards": actions.astype(jnp.float32),  # the model can learn: reward = action
-             "terminated": jnp.zeros((B, T)).at[0, 5].set(1.0), "truncated": jnp.zeros((B, T)),
+             "terminated": jnp.zeros((B, T)).at[0, 3].set(1.0), "truncated": jnp.zeros((B, T)),
              "trunc_values": jnp.zeros((B, T)), "values": jnp.full((B, T + 1), 2.0),
              "search_policy": jax.nn.one_hot(actions, 2), "weights": jnp.ones(B)}
     optimizer = dqn_optimizer(config, sizes)
