@@ -202,3 +202,14 @@ def test_acting_by_search_packs_the_action_its_policy_and_the_root_value() -> No
     np.testing.assert_allclose(policy[:, 1], 0.0, atol=1e-6)
     np.testing.assert_allclose(policy.sum(1), 1.0, rtol=1e-5)
     np.testing.assert_allclose(packed[:, 0], np.log(policy[np.arange(5), action]), rtol=1e-5)
+
+
+def test_the_frame_model_reads_frames_through_the_nature_cnn() -> None:
+    model = MuZeroModel(action_dim=6, hidden=(8,), latent=8, support_size=5,
+                        torso="nature_cnn")
+    frames = jnp.zeros((1, 84, 84, 4), jnp.uint8)
+    params = jax.jit(model.init)(jax.random.key(0), frames)
+    assert "Conv_0" in params["params"]["frames"]
+    latent, policy, value = jax.jit(
+        lambda p, o: model.apply(p, o, method=MuZeroModel.initial))(params, frames)
+    assert latent.shape == (1, 8) and policy.shape == (1, 6) and value.shape == (1, 11)

@@ -26,6 +26,16 @@ def scale_latent(latent: jax.Array) -> jax.Array:
     return (latent - low) / jnp.maximum(high - low, 1e-5)
 
 
+class FrameEncoder(nn.Module):
+    """The Nature-CNN torso, then a dense layer to the latent width."""
+
+    latent: int
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        return nn.Dense(self.latent)(nature_torso(obs))
+
+
 class MuZeroModel(nn.Module):
     """h (observation -> latent), g (latent, action -> latent, reward logits) and
     f (latent -> policy logits, value logits), on a support of `2 support_size + 1`."""
@@ -45,11 +55,11 @@ class MuZeroModel(nn.Module):
         self.policy_mlp = MLP(self.hidden, self.action_dim, 0.01, self.activation)
         self.value_mlp = MLP(self.hidden, width, 0.0, self.activation)
         if self.torso == "nature_cnn":
-            self.frames = nn.Dense(self.latent)
+            self.frames = FrameEncoder(self.latent)
 
     def represent(self, obs: jax.Array) -> jax.Array:
         if self.torso == "nature_cnn":
-            return scale_latent(self.frames(nature_torso(obs)))
+            return scale_latent(self.frames(obs))
         x = obs.reshape(obs.shape[0], -1).astype(jnp.float32)
         return scale_latent(self.represent_mlp(x))
 
