@@ -10,7 +10,7 @@ import pytest
 
 from learners.algorithms.dqn import make_optimizer as dqn_optimizer
 from learners.algorithms.muzero.acting import make_search_act
-from learners.algorithms.muzero.loss import LogitFns, UnrollTargets, unrolled_loss
+from learners.algorithms.muzero.loss import UnrollTargets, unrolled_loss
 from learners.algorithms.muzero.search import ModelFns, search
 from learners.algorithms.muzero.support import from_support, to_support, two_hot
 from learners.algorithms.muzero.targets import unroll_targets
@@ -18,7 +18,7 @@ from learners.algorithms.muzero.update import make_update
 from learners.algorithms.muzero_config import MuZeroConfig
 from learners.algorithms.r2d2 import unrescale
 from learners.algorithms.train_state import init_train_state
-from learners.models.muzero_model import MuZeroModel
+from learners.models.muzero_model import LogitFns, MuZeroModel
 from srl_jax.config.algorithms import Sizes
 
 EPS = 1e-3

@@ -10,7 +10,8 @@ reads flat observations through MLPs; 'nature_cnn' reads frames through the Natu
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -86,3 +87,26 @@ class MuZeroModel(nn.Module):
         latent, _, _ = self.initial(obs)
         _, _, policy, value = self.recurrent(latent, jnp.zeros(obs.shape[0], jnp.int32))
         return policy, value
+
+
+class LogitFns(NamedTuple):
+    """A model as functions of its parameters, its heads' logits as they are (the loss
+    reads them so; the search turns the supports into scalars first)."""
+
+    initial: Callable[[Any, jax.Array], tuple[jax.Array, jax.Array, jax.Array]]
+    """(params, obs [B, ...]) -> (latent, policy logits [B, A], value logits [B, W])."""
+    recurrent: Callable[[Any, jax.Array, jax.Array],
+                        tuple[jax.Array, jax.Array, jax.Array, jax.Array]]
+    """(params, latent, action [B]) -> (latent, reward logits, policy logits, value logits)."""
+
+
+def logit_fns(model: MuZeroModel) -> LogitFns:
+    """`model`'s initial and recurrent steps as `LogitFns`."""
+
+    def initial(params: Any, obs: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        return model.apply(params, obs, method=MuZeroModel.initial)
+
+    def recurrent(params: Any, latent: jax.Array, action: jax.Array) -> tuple:
+        return model.apply(params, latent, action, method=MuZeroModel.recurrent)
+
+    return LogitFns(initial, recurrent)

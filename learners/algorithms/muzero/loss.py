@@ -10,24 +10,13 @@ MuZero scales them, so a deeper unroll does not swamp the first step.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from learners.algorithms.muzero.support import from_support, to_support
-from learners.models.muzero_model import MuZeroModel
-
-
-class LogitFns(NamedTuple):
-    """A model as the loss calls it: its heads' logits."""
-
-    initial: Callable[[Any, jax.Array], tuple[jax.Array, jax.Array, jax.Array]]
-    """(params, obs [B, ...]) -> (latent, policy logits [B, A], value logits [B, W])."""
-    recurrent: Callable[[Any, jax.Array, jax.Array],
-                        tuple[jax.Array, jax.Array, jax.Array, jax.Array]]
-    """(params, latent, action [B]) -> (latent, reward logits, policy logits, value logits)."""
+from learners.models.muzero_model import LogitFns
 
 
 class UnrollTargets(NamedTuple):
@@ -50,16 +39,6 @@ class UnrollTargets(NamedTuple):
     """[K, B]: as `value_mask`, for the rewards."""
     weights: jax.Array
     """[B]: each row's importance weight (prioritized replay), max-normalized."""
-
-
-def logit_fns(model: MuZeroModel) -> LogitFns:
-    def initial(params: Any, obs: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-        return model.apply(params, obs, method=MuZeroModel.initial)
-
-    def recurrent(params: Any, latent: jax.Array, action: jax.Array) -> tuple:
-        return model.apply(params, latent, action, method=MuZeroModel.recurrent)
-
-    return LogitFns(initial, recurrent)
 
 
 def scale_gradient(x: jax.Array, scale: float) -> jax.Array:

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import mctx
 
 from learners.algorithms.muzero.support import from_support
-from learners.models.muzero_model import MuZeroModel
+from learners.models.muzero_model import MuZeroModel, logit_fns
 
 
 class ModelFns(NamedTuple):
@@ -44,16 +44,15 @@ class SearchOutput(NamedTuple):
 
 def model_fns(model: MuZeroModel, epsilon: float) -> ModelFns:
     """The search's view of `model`: its support logits turned into scalars."""
-    size = model.support_size
+    size, logits = model.support_size, logit_fns(model)
 
     def initial(params: Any, obs: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-        latent, logits, value = model.apply(params, obs, method=MuZeroModel.initial)
-        return latent, logits, from_support(value, size, epsilon)
+        latent, policy, value = logits.initial(params, obs)
+        return latent, policy, from_support(value, size, epsilon)
 
     def recurrent(params: Any, latent: jax.Array, action: jax.Array) -> tuple:
-        latent, reward, logits, value = model.apply(params, latent, action,
-                                                    method=MuZeroModel.recurrent)
-        return (latent, from_support(reward, size, epsilon), logits,
+        latent, reward, policy, value = logits.recurrent(params, latent, action)
+        return (latent, from_support(reward, size, epsilon), policy,
                 from_support(value, size, epsilon))
 
     return ModelFns(initial, recurrent)

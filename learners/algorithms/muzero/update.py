@@ -11,12 +11,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from learners.algorithms.muzero.loss import logit_fns, unrolled_loss
+from learners.algorithms.muzero.loss import unrolled_loss
 from learners.algorithms.muzero.targets import unroll_targets
 from learners.algorithms.muzero_config import MuZeroConfig
 from learners.algorithms.r2d2 import sequence_priorities
 from learners.algorithms.train_state import TrainState, descend
-from learners.models.muzero_model import MuZeroModel
+from learners.models.muzero_model import MuZeroModel, logit_fns
 from srl_jax.config.algorithms import Sizes, with_live
 
 
