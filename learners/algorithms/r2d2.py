@@ -30,7 +30,7 @@ import optax
 from learners.algorithms.dqn import q_learning_step
 from learners.algorithms.prepare import scale_rewards
 from learners.algorithms.r2d2_config import R2D2Config
-from learners.algorithms.sequences import episode_starts, warm_state
+from learners.algorithms.sequences import episode_starts, time_major, warm_state
 from learners.algorithms.train_state import TrainState
 from learners.models.networks import Policy, update_obs_stats
 from srl_jax.config.algorithms import Sizes
@@ -101,10 +101,6 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation, config:
     """Pure (TrainState, batch) -> (TrainState, metrics); metrics include the sequences'
     new `priorities` [B]. The `live` step size is read from `state.hyper`."""
     K = sizes.burn_in
-
-    def time_major(batch: dict) -> dict:
-        return {name: value if name in ("state", "weights") else jnp.swapaxes(value, 0, 1)
-                for name, value in batch.items()}
 
     def loss_fn(net: Any, params: Any, target: Any, seqs: dict) -> tuple:
         online = {**params, "net": net}

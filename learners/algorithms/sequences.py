@@ -39,6 +39,13 @@ def warm_state(policy: Policy, params: Any, obs: jax.Array, state: jax.Array,
     return jax.lax.stop_gradient(warm)
 
 
+def time_major(batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+    """Replayed sequences [B, T (+ 1), ...] as [T (+ 1), B, ...], but for the fields that
+    hold one value per sequence (its stored `state`, its importance `weights`)."""
+    return {name: value if name in ("state", "weights") else jnp.swapaxes(value, 0, 1)
+            for name, value in batch.items()}
+
+
 def after_burn_in(seqs: Mapping[str, jax.Array], burn_in: int) -> dict[str, jax.Array]:
     """Time-major fields without their first `burn_in` steps (every per-step field; the
     stored `state` is not per step and stays)."""

@@ -51,9 +51,9 @@ def unroll_targets(seqs: dict[str, jax.Array], K: int, n: int,
         return x[jnp.clip(index, 0, x.shape[0] - 1), columns]
 
     pos = jnp.arange(T)[:, None, None] + jnp.arange(K + 1)[None, :, None]  # [T, K + 1, 1]
-    within = pos <= end
-    values = jnp.where(within & (pos <= T), at(z, pos), 0.0)
-    value_mask = jnp.where(within, pos <= T, terminal)
+    within = pos <= end  # end <= T: an observation of t's episode exists
+    values = jnp.where(within, at(z, pos), 0.0)
+    value_mask = within | terminal
     policy_mask = within & (pos < T)
     policies = jnp.where(policy_mask[..., None], at(seqs["search_policy"], pos), 0.0)
     step = pos[:, 1:] - 1  # the action after observation t + k - 1

@@ -15,6 +15,7 @@ from learners.algorithms.muzero.loss import unrolled_loss
 from learners.algorithms.muzero.targets import unroll_targets
 from learners.algorithms.muzero_config import MuZeroConfig
 from learners.algorithms.r2d2 import sequence_priorities
+from learners.algorithms.sequences import time_major
 from learners.algorithms.train_state import TrainState, descend
 from learners.models.muzero_model import MuZeroModel, logit_fns
 from srl_jax.config.algorithms import Sizes, with_live
@@ -28,8 +29,7 @@ def make_update(model: MuZeroModel, optimizer: optax.GradientTransformation,
     fns = logit_fns(model)
 
     def update(state: TrainState, batch: dict) -> tuple[TrainState, dict[str, jax.Array]]:
-        seqs = {name: value if name == "weights" else jnp.swapaxes(value, 0, 1)
-                for name, value in batch.items()}
+        seqs = time_major(batch)
         seqs["weights"] = seqs["weights"] / jnp.max(seqs["weights"])
         obs, targets = unroll_targets(seqs, config.unroll_steps, config.n_step, config.gamma)
 
