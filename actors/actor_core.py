@@ -108,6 +108,8 @@ class Answer(NamedTuple):
     """The rows' new recurrent state ([rows, 0] without a core)."""
     q: np.ndarray | None
     """Every action's Q-value where the spec has `action_values`."""
+    search_policy: np.ndarray | None
+    """The search's policy over the actions where the spec has `search_policy`."""
 
 
 class _Part:
@@ -290,15 +292,17 @@ class ActorCore:
         """Record every policy's answer, step the split, and ask for the next actions."""
         turn, env_actions = Turn(), []
         for p, part in enumerate(state.parts):
-            action, logp, value, version, new_state, q = part.answer
+            action, logp, value, version, new_state, q, search_policy = part.answer
             n = len(state.split.obs[p])
             if len(state.epsilons[p]):
                 action = explore(action[:n], state.epsilons[p], part.spec.action_dim,
                                  self.explore_rng)
             if part.chunk is not None:
                 taken = None if q is None else q[np.arange(n), action[:n]]
-                chunk = part.chunk.on_policy(action[:n], logp[:n], value[:n], version,
-                                             value[n:], part.request_state[:n], taken)
+                chunk = part.chunk.on_policy(
+                    action[:n], logp[:n], value[:n], version, value[n:],
+                    part.request_state[:n], taken,
+                    None if search_policy is None else search_policy[:n])
                 if chunk is not None:
                     if taken is not None and self.prioritize is not None:
                         self.prioritize(chunk)
@@ -396,7 +400,18 @@ def _checked(part: _Part, meta: dict, arrays: dict[str, np.ndarray]) -> Answer:
             q is None or q.shape != (rows, part.spec.action_dim) or q.dtype != np.float32
             or not np.logical_and.reduce(np.isfinite(q), axis=None)):
         raise BadReply("reply without every action's finite Q-value")
-    return Answer(action, logp, value, version, new_state, q)
+    search_policy = arrays.get("search_policy") if part.spec.search_policy else None
+    if part.spec.search_policy and not _is_distribution(search_policy, rows, part.spec):
+        raise BadReply("reply without each row's search policy")
+    return Answer(action, logp, value, version, new_state, q, search_policy)
+
+
+def _is_distribution(probs: np.ndarray | None, rows: int, spec: EnvSpec) -> bool:
+    """Whether `probs` is [rows, A] float32 probabilities, each row summing to 1."""
+    if probs is None or probs.shape != (rows, spec.action_dim) or probs.dtype != np.float32:
+        return False
+    return bool(np.logical_and.reduce((probs >= 0) & (probs <= 1), axis=None)
+                and np.logical_and.reduce(np.abs(probs.sum(1) - 1) < 1e-3))
 
 
 def _valid_actions(action: np.ndarray, spec: EnvSpec) -> bool:

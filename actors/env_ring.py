@@ -190,7 +190,8 @@ class ChunkBuilder:
 
     def on_policy(self, action: np.ndarray, logp: np.ndarray, value: np.ndarray,
                   version: int, trunc_values: np.ndarray, state: np.ndarray,
-                  taken_q: np.ndarray | None = None) -> dict[str, np.ndarray] | None:
+                  taken_q: np.ndarray | None = None,
+                  search_policy: np.ndarray | None = None) -> dict[str, np.ndarray] | None:
         """Record the policy's answer for the current observation.
 
         `trunc_values` are the values of the final observations of the envs
@@ -199,7 +200,8 @@ class ChunkBuilder:
         the recurrent state the policy acted from, kept when this step is a
         chunk's first; `taken_q`, where the spec has `action_values`, the Q-value of
         each action taken, kept in `priorities` until the chunk is finished
-        (actors/priorities.py). Returns a finished chunk when this answer completes one.
+        (actors/priorities.py); `search_policy`, where the spec has it, the search's
+        policy at each column. Returns a finished chunk when this answer completes one.
         """
         a = self.arrays
         if self.t > 0 and len(self._pending_truncated):
@@ -223,6 +225,8 @@ class ChunkBuilder:
         a["versions"][self.t] = version
         if taken_q is not None:
             a["priorities"][self.t, :, 0] = taken_q
+        if search_policy is not None:
+            a["search_policy"][self.t] = search_policy
         return finished
 
     def on_step(self, result: StepResult) -> None:

@@ -51,14 +51,16 @@ def check_env_id(config: ExperimentConfig) -> None:
 
 def policy_spec(config: ExperimentConfig, policy: str = DEFAULT_POLICY) -> EnvSpec:
     """What a worker of `policy` needs to know: its env spaces, its recurrent state size,
-    and whether its actors compute initial priorities from the Q-values."""
+    whether its actors compute initial priorities from the Q-values, and whether it acts
+    by search."""
     spec = with_network(env_spec(config.env, policy), config.network)
     actor_priorities = (config.replay.count > 0 and config.network.head != "actor_critic"
                         and config.replay.initial_priority == "actor")
     algo = algorithm(config.learner.algorithm)
     final_obs = (algo.source == REPLAY.name and not algo.replay_sequences
                  and spec.frame_stack == 1 and spec.agents == 1)
-    return dataclasses.replace(spec, action_values=actor_priorities, final_obs=final_obs)
+    return dataclasses.replace(spec, action_values=actor_priorities, final_obs=final_obs,
+                               search_policy=algo.search_act is not None)
 
 
 def check_policies(config: ExperimentConfig) -> None:

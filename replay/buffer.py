@@ -76,6 +76,12 @@ class ReplayBuffer:
         return self.T
 
     @property
+    def stored_fields(self) -> tuple[str, ...]:
+        """The chunk fields kept per step as they are ([T or T + 1] per segment)."""
+        return ("actions", "rewards", "terminated", "truncated", "trunc_values",
+                *(("final_obs",) if self.final_obs is not None else ()))
+
+    @property
     def size(self) -> int:
         """Transitions held that can be sampled."""
         return int(self.live.sum()) * self.T
@@ -87,11 +93,10 @@ class ReplayBuffer:
 
     @property
     def nbytes(self) -> int:
-        arrays = (self.obs, self.actions, self.states, self.rewards, self.terminated,
-                  self.truncated, self.trunc_values, self.generations, self.live, self.priorities,
-                  self.tree.nodes)
-        kept = [part.nbytes for part in (self.frames, self.final_obs) if part is not None]
-        return sum(a.nbytes for a in arrays) + sum(kept)
+        arrays = [getattr(self, name) for name in self.stored_fields]
+        arrays += [self.obs, self.states, self.generations, self.live, self.priorities,
+                   self.tree.nodes]
+        return sum(a.nbytes for a in arrays) + (self.frames.nbytes if self.frames else 0)
 
     def _leaves(self, segments: np.ndarray) -> np.ndarray:
         per = self.leaves_per_segment
@@ -113,8 +118,7 @@ class ReplayBuffer:
         obs = chunk["obs"]
         self.obs[where] = (self.frames.add(obs) if self.frames is not None
                            else np.swapaxes(obs, 0, 1))
-        for name in ("actions", "rewards", "terminated", "truncated", "trunc_values",
-                     *(("final_obs",) if self.final_obs is not None else ())):
+        for name in self.stored_fields:
             getattr(self, name)[where] = np.swapaxes(chunk[name], 0, 1)
         self.states[where] = chunk["state"][0]
         self.generations[where] = self.inserts

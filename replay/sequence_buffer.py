@@ -9,6 +9,10 @@ actors' chunks overlap by `learner.burn_in` steps, so consecutive sequences of a
 overlap as R2D2's do, and the learner trains each step once, after the burn-in.
 
 A new sequence enters at the largest priority seen so far.
+
+For a policy that searches (MuZero) a segment also keeps what trains it besides the
+steps: the search's root value at each of its T + 1 observations and the search's policy
+at each step. Reanalysis replaces both with a newer search's (`refresh`).
 """
 
 from __future__ import annotations
@@ -16,10 +20,27 @@ from __future__ import annotations
 import numpy as np
 
 from replay.buffer import ReplayBuffer
+from srl_jax.core.env_spec import EnvSpec
 from srl_jax.core.replay_spec import SEQUENCE_FIELDS, replay_layout
 
 
 class SequenceBuffer(ReplayBuffer):
+    def __init__(self, capacity: int, trajectory_length: int, columns: int, spec: EnvSpec,
+                 frame_stack: int, priority_exponent: float, importance_exponent: float,
+                 seed: int) -> None:
+        super().__init__(capacity, trajectory_length, columns, spec, frame_stack,
+                         priority_exponent, importance_exponent, seed)
+        S, T = self.segments, self.T
+        self.values = np.zeros((S, T + 1), np.float32)
+        """The acting (or the last reanalysing) search's root value at each observation."""
+        self.search_policy = np.zeros((S, T, spec.action_dim if spec.search_policy else 0),
+                                      np.float32)
+        """The search's policy at each step (width 0: a policy that does not search)."""
+
+    @property
+    def stored_fields(self) -> tuple[str, ...]:
+        return (*super().stored_fields, "values", "search_policy")
+
     @property
     def leaves_per_segment(self) -> int:
         """Sampled items per segment: the segment itself."""
@@ -46,6 +67,8 @@ class SequenceBuffer(ReplayBuffer):
             "terminated": self.terminated[segment],
             "truncated": self.truncated[segment],
             "trunc_values": self.trunc_values[segment],
+            "values": self.values[segment],
+            "search_policy": self.search_policy[segment],
             "state": self.states[segment],
             "weights": (self.items * probabilities) ** -self.beta,
             "probabilities": probabilities,
@@ -54,3 +77,13 @@ class SequenceBuffer(ReplayBuffer):
         }
         layout = replay_layout(rows, window, self.spec, SEQUENCE_FIELDS)
         return {name: out[name].astype(dtype, copy=False) for name, (_, dtype) in layout.items()}
+
+    def refresh(self, slots: np.ndarray, generations: np.ndarray, values: np.ndarray,
+                search_policy: np.ndarray) -> int:
+        """Replace the root values [n, T + 1] and search policies [n, T, A] of sampled
+        sequences with a newer search's; a sequence overwritten since it was sampled keeps
+        its successor's. Returns how many were replaced."""
+        current = (self.generations[slots] == generations) & self.live[slots]
+        self.values[slots[current]] = values[current]
+        self.search_policy[slots[current]] = search_policy[current]
+        return int(current.sum())

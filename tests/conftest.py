@@ -86,9 +86,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=rank)
 
 
-def make_config(overrides: list[str] = ()) -> ExperimentConfig:
-    """The default experiment's config with `key=value` overrides."""
-    values = yaml.safe_load((REPO / "configs" / "cartpole_ppo.yaml").read_text())
+def make_config(overrides: list[str] = (), experiment: str = "cartpole_ppo") -> ExperimentConfig:
+    """A shipped experiment's config (the default's unless named) with `key=value`
+    overrides."""
+    values = yaml.safe_load((REPO / "configs" / f"{experiment}.yaml").read_text())
     return config_from_dict(apply_overrides(values, list(overrides)))
 
 

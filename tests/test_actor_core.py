@@ -185,3 +185,26 @@ def test_inline_inference_runs_the_jax_side_actor_class():
     assert load_worker_class("actor", make_config()).__name__ == "ActorWorker"
     inline = load_worker_class("actor", make_config(["actors.inline_inference=true"]))
     assert inline.__name__ == "InlineActorWorker" and inline.kind == "actor"
+
+
+def test_a_searching_policy_s_replies_carry_its_search_policy_into_the_chunks():
+    searching = EnvSpec((2,), np.dtype(np.float32), 3, continuous=False, search_policy=True)
+    core = ActorCore([ScriptedSplit()], ["default"], [searching], T)
+    (request,) = core.start()
+    meta, arrays = reply(request)
+    with pytest.raises(BadReply, match="search policy"):
+        core.on_reply(0, meta, arrays)
+    uneven = np.full((N, 3), 0.5, np.float32)  # sums to 1.5
+    with pytest.raises(BadReply, match="search policy"):
+        core.on_reply(0, meta, {**arrays, "search_policy": uneven})
+    chunks, requests = [], [request]
+    for step in range(T + 1):  # the reply for the next chunk's first step completes one
+        meta, arrays = reply(requests[0])
+        rows = len(arrays["action"])
+        policy = np.tile(np.array([0.1 * step, 0.0, 1 - 0.1 * step], np.float32), (rows, 1))
+        turn = core.on_reply(0, meta, {**arrays, "search_policy": policy})
+        chunks += turn.chunks
+        requests = turn.requests
+    (chunk,) = chunks
+    assert chunk.arrays["search_policy"].shape == (T, N, 3)
+    np.testing.assert_allclose(chunk.arrays["search_policy"][:, 0, 0], [0.0, 0.1, 0.2])

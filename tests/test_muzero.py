@@ -12,13 +12,13 @@ from learners.algorithms.dqn import make_optimizer as dqn_optimizer
 from learners.algorithms.muzero.acting import make_search_act
 from learners.algorithms.muzero.loss import UnrollTargets, unrolled_loss
 from learners.algorithms.muzero.search import ModelFns, search
-from learners.algorithms.muzero.support import from_support, to_support, two_hot
 from learners.algorithms.muzero.targets import unroll_targets
 from learners.algorithms.muzero.update import make_update
 from learners.algorithms.muzero_config import MuZeroConfig
-from learners.algorithms.r2d2 import unrescale
 from learners.algorithms.train_state import init_train_state
 from learners.models.muzero_model import LogitFns, MuZeroModel
+from learners.models.networks import muzero_policy
+from learners.models.support import from_support, to_support, two_hot, unrescale
 from srl_jax.config.algorithms import Sizes
 
 EPS = 1e-3
@@ -145,7 +145,7 @@ def test_updates_on_sequences_lower_the_loss_and_give_each_sequence_a_priority()
     state = init_train_state({"net": jax.jit(model.init)(jax.random.key(0),
                                                          batch["obs"][:, 0])},
                              optimizer, 0)
-    update = jax.jit(make_update(model, optimizer, config, sizes))
+    update = jax.jit(make_update(muzero_policy(model), optimizer, config, sizes))
     losses = []
     for _ in range(40):
         state, metrics = update(state, batch)
@@ -167,8 +167,9 @@ def test_acting_by_search_packs_the_action_its_policy_and_the_root_value() -> No
     legal = jnp.array([[True, False, True]] * 5)
     packed = np.asarray(act(params, obs, jnp.zeros((5, 0)), legal, jax.random.key(1),
                             np.uint32(1)))
-    assert packed.shape == (5, 2 + 1 + 0 + 3)  # logp, value, action, state, policy
-    action, policy = packed[:, 2].astype(int), packed[:, 3:]
+    assert packed.shape == (5, 2 + 1 + 0 + 3 + 1)  # logp, value, action, state, policy, depth
+    action, policy = packed[:, 2].astype(int), packed[:, 3:6]
+    assert ((packed[:, 6] >= 1) & (packed[:, 6] <= 4)).all(), "4 simulations: depth 1 to 4"
     assert set(action) <= {0, 2}, "never an illegal action"
     np.testing.assert_allclose(policy[:, 1], 0.0, atol=1e-6)
     np.testing.assert_allclose(policy.sum(1), 1.0, rtol=1e-5)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from srl_jax.config.algorithms import Sizes
+from srl_jax.config.algorithms import Algorithm, Sizes, lazy
 from srl_jax.config.schema import ConfigError
 
 
@@ -48,6 +48,10 @@ class MuZeroConfig:
     |predicted value - value target| (R2D2's mix)."""
     priority_epsilon: float = 1e-6
     """Added to a sequence's priority so that none is 0."""
+    reanalyse_fraction: float = 0.5
+    """Of the sequences the replay servers sample, the fraction whose root values and
+    search policies they renew by searching again with the newest parameters before
+    sending them (MuZero Reanalyze); 0: the acting search's targets only."""
 
     def __post_init__(self) -> None:
         positive = ("learning_rate", "adam_eps", "max_grad_norm", "value_coef",
@@ -65,6 +69,8 @@ class MuZeroConfig:
             raise ConfigError("'learner.muzero.considered_actions' must be at least 2")
         if not 0 <= self.priority_eta <= 1:
             raise ConfigError("'learner.muzero.priority_eta' must be in [0, 1]")
+        if not 0 <= self.reanalyse_fraction <= 1:
+            raise ConfigError("'learner.muzero.reanalyse_fraction' must be in [0, 1]")
 
 
 def check(config: MuZeroConfig, sizes: Sizes) -> None:
@@ -75,3 +81,16 @@ def check(config: MuZeroConfig, sizes: Sizes) -> None:
     if sizes.recurrent or sizes.burn_in:
         raise ConfigError("'learner.muzero' learns its own dynamics: leave 'network.core' "
                           "none and 'learner.burn_in' 0")
+
+
+ALGORITHM = Algorithm(
+    name="muzero", config=MuZeroConfig,
+    make_optimizer=lazy("learners.algorithms.dqn", "make_optimizer"),  # Adam, clipped
+    make_update=lazy("learners.algorithms.muzero.update", "make_update"),
+    fields=("obs", "actions", "rewards", "terminated", "truncated", "trunc_values", "values",
+            "search_policy", "weights"),
+    source="replay", check=check, heads=("muzero",),
+    replay_window=lambda config: config.n_step, replay_sequences=True,
+    search_act=lazy("learners.algorithms.muzero.acting", "make_search_act"),
+    reanalyse=lambda config: config.reanalyse_fraction,
+    live=("learning_rate",))

@@ -33,18 +33,8 @@ from learners.algorithms.r2d2_config import R2D2Config
 from learners.algorithms.sequences import episode_starts, time_major, warm_state
 from learners.algorithms.train_state import TrainState
 from learners.models.networks import Policy, update_obs_stats
+from learners.models.support import rescale, unrescale
 from srl_jax.config.algorithms import Sizes
-
-
-def rescale(x: jax.Array, epsilon: float) -> jax.Array:
-    """h(x) = sign(x) (sqrt(|x| + 1) - 1) + epsilon x."""
-    return jnp.sign(x) * (jnp.sqrt(jnp.abs(x) + 1.0) - 1.0) + epsilon * x
-
-
-def unrescale(x: jax.Array, epsilon: float) -> jax.Array:
-    """h^-1, in closed form."""
-    root = (jnp.sqrt(1.0 + 4.0 * epsilon * (jnp.abs(x) + 1.0 + epsilon)) - 1.0) / (2.0 * epsilon)
-    return jnp.sign(x) * (jnp.square(root) - 1.0)
 
 
 def _ahead(x: jax.Array, k: int) -> jax.Array:

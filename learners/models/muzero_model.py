@@ -17,7 +17,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from learners.models.networks import MLP, nature_torso
+from learners.models.torsos import MLP, nature_torso
+from srl_jax.config.algorithms import algorithm_config
+from srl_jax.config.schema import ExperimentConfig
+from srl_jax.core.env_spec import EnvSpec
 
 
 def scale_latent(latent: jax.Array) -> jax.Array:
@@ -47,6 +50,8 @@ class MuZeroModel(nn.Module):
     support_size: int = 10
     torso: str = "mlp"
     activation: str = "relu"
+    rescaling_epsilon: float = 1e-3
+    """The epsilon of h, under which the supports hold values and rewards."""
 
     def setup(self) -> None:
         width = 2 * self.support_size + 1
@@ -110,3 +115,13 @@ def logit_fns(model: MuZeroModel) -> LogitFns:
         return model.apply(params, latent, action, method=MuZeroModel.recurrent)
 
     return LogitFns(initial, recurrent)
+
+
+def muzero_model(config: ExperimentConfig, spec: EnvSpec) -> MuZeroModel:
+    """The model `network.head` muzero names: `network.kind` picks its torso, `hidden` and
+    `activation` its MLPs, `learner.muzero` its latent width, support and h."""
+    settings = algorithm_config(config)
+    return MuZeroModel(spec.action_dim, tuple(config.network.hidden), settings.latent,
+                       settings.support_size, "nature_cnn" if config.network.kind ==
+                       "nature_cnn" else "mlp", config.network.activation,
+                       settings.rescaling_epsilon)

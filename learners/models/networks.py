@@ -20,50 +20,17 @@ from typing import Any, NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from learners.models.conv import Conv, conv_impl
+from learners.models.conv import conv_impl
 from learners.models.distributions import GREEDY, Distribution, distribution
+from learners.models.muzero_model import MuZeroModel, muzero_model
 from learners.models.orthogonal import orthogonal
+from learners.models.support import from_support
+from learners.models.torsos import MLP, mlp_torso, nature_torso
 from srl_jax.config.schema import ExperimentConfig
 from srl_jax.core.env_spec import EnvSpec, check_network, core_state_size
 
-ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu}
 OBS_CLIP = 10.0
-
-
-def mlp_torso(x: jax.Array, hidden: Sequence[int], activation: str,
-              layer_norm: bool = False) -> jax.Array:
-    """Dense layers with orthogonal init (scale sqrt 2), made in the calling module;
-    `layer_norm`: a LayerNorm over the inputs and after each activation (MAPPO's MLP)."""
-    act = ACTIVATIONS[activation]
-    if layer_norm:
-        x = nn.LayerNorm()(x)
-    for width in hidden:
-        x = act(nn.Dense(width, kernel_init=orthogonal(np.sqrt(2)))(x))
-        if layer_norm:
-            x = nn.LayerNorm()(x)
-    return x
-
-
-def nature_torso(obs: jax.Array, conv: str = "xla",
-                 frame_shape: tuple[int, ...] = ()) -> jax.Array:
-    """The Nature-DQN torso (Mnih et al. 2015) on [N, H, W, C] frames in 0..255: conv 32
-    8x8/4, conv 64 4x4/2, conv 64 3x3/1, dense 512; made in the calling module. `conv`
-    is the convolution's implementation (`learners.models.conv.Conv`); both have the same
-    parameters. With `frame_shape`, `obs` rows are flat frames of that shape followed by
-    one-hot agent ids, which join the 512 features (`EnvSpec.frame_shape`)."""
-    init = orthogonal(np.sqrt(2))
-    if frame_shape:
-        size = int(np.prod(frame_shape))
-        ids = obs[:, size:].astype(jnp.float32)
-        obs = obs[:, :size].reshape(obs.shape[0], *frame_shape)
-    x = obs.astype(jnp.float32) * (1.0 / 255.0)
-    x = nn.relu(Conv(32, 8, 4, conv, init, name="Conv_0")(x))
-    x = nn.relu(Conv(64, 4, 2, conv, init, name="Conv_1")(x))
-    x = nn.relu(Conv(64, 3, 1, conv, init, name="Conv_2")(x))
-    x = nn.relu(nn.Dense(512, kernel_init=init)(x.reshape(x.shape[0], -1)))
-    return jnp.concatenate([x, ids], -1) if frame_shape else x
 
 
 def with_log_std(module: nn.Module, means: jax.Array) -> jax.Array:
@@ -93,21 +60,6 @@ def q_heads(x: jax.Array, action_dim: int, dueling: bool) -> tuple[jax.Array, ja
     else:
         q = advantages
     return q, q.max(-1)
-
-
-class MLP(nn.Module):
-    """Hidden layers with orthogonal init (scale sqrt 2), then a linear head."""
-
-    hidden: Sequence[int]
-    outputs: int
-    head_scale: float
-    activation: str = "tanh"
-    layer_norm: bool = False
-
-    @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
-        x = mlp_torso(x, self.hidden, self.activation, self.layer_norm)
-        return nn.Dense(self.outputs, kernel_init=orthogonal(self.head_scale))(x)
 
 
 class ActorCritic(nn.Module):
@@ -285,6 +237,9 @@ class Policy(NamedTuple):
     critic_own_first: bool = False
     """Whether each column reads the global state from its own agent's block on
     (`network.critic_own_first`)."""
+    network: Any = None
+    """The flax module, for an algorithm that calls its parts itself (MuZero's model:
+    representation, dynamics, prediction); None where `apply` and `unroll` suffice."""
 
     @property
     def recurrent(self) -> bool:
@@ -298,6 +253,8 @@ def make_network(config: ExperimentConfig, spec: EnvSpec) -> nn.Module:
     check_network(network.kind, spec, config.env.id, network.head)
     conv = conv_impl(network.conv)
     frame = spec.frame_shape
+    if network.head == "muzero":
+        return muzero_model(config, spec)
     if network.core != "none":
         return RecurrentActorCritic(spec.action_dim, spec.continuous, network.kind,
                                     tuple(network.hidden), network.activation, network.core,
@@ -335,6 +292,8 @@ def make_policy(config: ExperimentConfig, spec: EnvSpec) -> tuple[Policy, nn.Mod
     """The policy of `config.network` for `spec`, which must carry that network's state
     size (`actors.envs.policy_spec` or `srl_jax.core.env_spec.with_network` gives it)."""
     network = make_network(config, spec)
+    if isinstance(network, MuZeroModel):
+        return muzero_policy(network), network
     normalize = config.learner.normalize_obs
     state_size = core_state_size(config.network.core, config.network.core_size)
     if spec.state_size != state_size:
@@ -376,6 +335,23 @@ def make_policy(config: ExperimentConfig, spec: EnvSpec) -> tuple[Policy, nn.Mod
     dist = GREEDY if config.network.head != "actor_critic" else distribution(spec.continuous)
     return Policy(apply, unroll, dist, normalize, spec.state_size, critic, spec.agents,
                   critic_ids(config, spec), own_first_critic(config, spec)), network
+
+
+def muzero_policy(model: MuZeroModel) -> Policy:
+    """`model` as a policy: `apply` gives each observation's prior logits and predicted
+    value (acting itself searches: the algorithm's `search_act`); the search and the loss
+    call the model's parts through `network`. Observations reach it as they are."""
+
+    def apply(params: Any, obs: jax.Array, state: jax.Array) -> tuple:
+        _, logits, value = model.apply(params["net"], obs, method=MuZeroModel.initial)
+        return logits, from_support(value, model.support_size, model.rescaling_epsilon), state
+
+    def unroll(params: Any, obs: jax.Array, state: jax.Array, resets: jax.Array) -> tuple:
+        T, B = resets.shape
+        logits, value, _ = apply(params, obs.reshape(T * B, *obs.shape[2:]), state)
+        return logits.reshape(T, B, -1), value.reshape(T, B), state
+
+    return Policy(apply, unroll, distribution(False), False, 0, network=model)
 
 
 def init_policy_params(network: nn.Module, obs_shape: tuple[int, ...],

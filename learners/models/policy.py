@@ -13,6 +13,7 @@ import jax
 from learners.models.distributions import mask_logits
 from learners.models.networks import Policy, init_policy_params, make_policy
 from learners.models.policy_runner import Act, PolicyRunner, pack_outputs, padded_sizes
+from srl_jax.config.algorithms import algorithm, algorithm_config
 from srl_jax.config.schema import ExperimentConfig
 from srl_jax.core.env_spec import EnvSpec
 
@@ -34,12 +35,15 @@ def make_act(policy: Policy, action_values: bool = False) -> Act:
 
 
 def make_runner(config: ExperimentConfig, spec: EnvSpec, sampling_seed: int, min_size: int,
-                max_size: int) -> PolicyRunner:
+                max_size: int, explore: bool = True) -> PolicyRunner:
     """A runner of the configured network with version 0 of its parameters (from the
     seed, as the learner builds them), padded from `min_size` to `max_size` rows;
-    not compiled yet (`PolicyRunner.compile`)."""
+    not compiled yet (`PolicyRunner.compile`). An algorithm that acts by search
+    (`Algorithm.search_act`) acts with its search, which samples at the root where
+    `explore` (not for reanalysis, whose targets are the model's, not a draw's)."""
     policy, network = make_policy(config, spec)
     params = init_policy_params(network, spec.obs_shape, config.seed)
-    return PolicyRunner(make_act(policy, spec.action_values), params, spec,
-                        padded_sizes(min_size, max_size),
-                        sampling_seed)
+    search_act = algorithm(config.learner.algorithm).search_act
+    act = make_act(policy, spec.action_values) if search_act is None else \
+        search_act(network, algorithm_config(config), 1.0 if explore else 0.0)
+    return PolicyRunner(act, params, spec, padded_sizes(min_size, max_size), sampling_seed)

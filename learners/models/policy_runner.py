@@ -41,7 +41,9 @@ def pack_outputs(action: Any, logp: Any, value: Any, state: Any, xp: Any = jnp,
 
 def unpack_outputs(packed: np.ndarray, spec: EnvSpec) -> dict[str, np.ndarray]:
     """`pack_outputs`' arrays as the inference stream's replies name them: action, logp,
-    value and, for a recurrent policy, state; `q` where the spec has `action_values`."""
+    value and, for a recurrent policy, state; `q` where the spec has `action_values`,
+    `search_policy` and `search_depth` where it has `search_policy` (both ride in the last
+    columns: A of Q-values, or A of the search's policy and its depth)."""
     width = spec.action_dim if spec.continuous else 1
     action = packed[:, 2:2 + width]
     outputs = {"action": action if spec.continuous else action[:, 0].astype(np.int32),
@@ -50,6 +52,10 @@ def unpack_outputs(packed: np.ndarray, spec: EnvSpec) -> dict[str, np.ndarray]:
         outputs["state"] = packed[:, 2 + width:2 + width + spec.state_size]
     if spec.action_values:
         outputs["q"] = packed[:, 2 + width + spec.state_size:]
+    if spec.search_policy:
+        searched = packed[:, 2 + width + spec.state_size:]
+        outputs["search_policy"] = searched[:, :spec.action_dim]
+        outputs["search_depth"] = searched[:, spec.action_dim]
     return outputs
 
 

@@ -43,6 +43,7 @@ from learners.training.device_memory import device_memory_counters
 from learners.training.jax_runtime import configure_jax
 from learners.workers.param_stream import ParamSubscriber
 from learners.workers.pool_runner import PoolRunner, PoolSubscriber, follow
+from srl_jax.config.algorithms import algorithm_config
 from srl_jax.config.schema import DEFAULT_POLICY, ExperimentConfig
 from srl_jax.core.env_spec import EnvSpec
 from srl_jax.core.names import NameService
@@ -88,6 +89,9 @@ class InferenceServer(Worker):
         self.batches = 0
         self.padded_rows = 0
         self.time_compute = 0.0
+        self.search_depth_sum = 0.0
+        self.simulations = 0
+        """Simulations per row searched, where the policy acts by search (else 0)."""
         self.runner: PolicyRunner | None = None
         self.router: zmq.Socket | None = None
         """Where the ROUTER socket listens, once `setup` has bound it."""
@@ -117,6 +121,8 @@ class InferenceServer(Worker):
                 self.config, spec, self.incarnation.seed(self.config.seed + 1000 + self.index),
                 cfg.min_padded_batch, cfg.max_batch)
             self.runner.compile()
+        if spec.search_policy:
+            self.simulations = algorithm_config(self.config).simulations
         layouts = [request_layout(self.config, spec, self.policy),
                    reply_layout(self.config, spec, self.policy)]
         self.inbox = open_inbox(self, INFERENCE, layouts, max_slots=2 * self.config.actors.splits)
@@ -247,6 +253,8 @@ class InferenceServer(Worker):
                 outputs, version = self.pool.run(batch, states, masks, np.concatenate(
                     [request.opponent for request in pending]))
             self.time_compute += time.perf_counter() - start
+            if "search_depth" in outputs:
+                self.search_depth_sum += float(outputs.pop("search_depth").sum())
             self.batches += 1
             self.requests += len(pending)
             self.rows += rows
@@ -279,8 +287,15 @@ class InferenceServer(Worker):
             "policy_version": self.runner.version if self.runner else 0,
             "shm_requests": self.inbox.received if self.inbox is not None else 0,
             "shm_stale": self.inbox.stale + self.inbox.bell.torn if self.inbox is not None else 0,
-            **device_memory_counters(),
+            **device_memory_counters(), **self._search_counters(),
         }
+
+    def _search_counters(self) -> dict[str, float]:
+        """A policy that acts by search: its simulations and the depth its searches reach."""
+        if not self.simulations:
+            return {}
+        return {"simulations": self.rows * self.simulations,
+                "search_depth_sum": self.search_depth_sum}
 
     def close(self) -> None:
         if self.inbox is not None:

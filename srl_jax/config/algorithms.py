@@ -39,7 +39,8 @@ from srl_jax.core.replay_spec import SEQUENCE_FIELDS, replay_batch_fields
 from srl_jax.core.stream_table import INSERTS, REPLAY, SAMPLES, Stream
 
 BUILT_IN = {"ppo": "learners.algorithms.ppo_config", "impala": "learners.algorithms.impala_config",
-            "dqn": "learners.algorithms.dqn_config", "r2d2": "learners.algorithms.r2d2_config"}
+            "dqn": "learners.algorithms.dqn_config", "r2d2": "learners.algorithms.r2d2_config",
+            "muzero": "learners.algorithms.muzero_config"}
 """Name -> module exporting `ALGORITHM` (imported on first use; it imports no JAX)."""
 SOURCES = {SAMPLES.name: batch_fields, REPLAY.name: replay_batch_fields}
 """Streams a learner can take its batches from, and the fields each one's batch has."""
@@ -101,6 +102,15 @@ class Algorithm:
     replay_sequences: bool = False
     """With source 'replay': it samples whole chunk columns with their stored recurrent
     state (R2D2's sequences, `SEQUENCE_FIELDS`), not n-step transitions."""
+    search_act: Callable[[Any, Any, float], Any] | None = None
+    """An algorithm that acts by its own search (MuZero): (network, config, gumbel_scale)
+    -> the servers' jitted acting call (`learners.models.policy_runner.Act`), whose
+    outputs carry the search's policy (`EnvSpec.search_policy`); gumbel_scale 0 for
+    evaluation. None: the network's distribution samples the actions."""
+    reanalyse: Callable[[Any], float] | None = None
+    """With `search_act`: (config) -> the fraction of the sampled sequences whose search
+    targets the replay servers renew with the newest parameters before sending them
+    (MuZero Reanalyze; learners/workers/reanalysing_replay.py). None or 0: none."""
     live: tuple[str, ...] = ()
     """Float fields of its config that may change during a run (population-based
     training): kept in `TrainState.hyper` and read from there by the update, so a new
@@ -223,7 +233,8 @@ def check_dataflow(algo: Algorithm, config: ExperimentConfig) -> None:
         raise ConfigError(f"'replay.count': '{algo.name}' learns from fresh samples; replay "
                           f"servers would get no data (set it to 0, not {replay})")
     recurrent = config.network.core != "none"
-    if algo.source == REPLAY.name and recurrent != algo.replay_sequences:
+    if algo.source == REPLAY.name and algo.search_act is None \
+            and recurrent != algo.replay_sequences:
         raise ConfigError(
             f"'network.core': '{algo.name}' replays whole sequences with their recurrent "
             "state; it needs 'network.core' lstm or gru" if algo.replay_sequences else
@@ -233,9 +244,9 @@ def check_dataflow(algo: Algorithm, config: ExperimentConfig) -> None:
         raise ConfigError(f"'replay.initial_priority': '{algo.name}' starts each sequence at "
                           "the largest priority seen ('max'); the actors' per-step TD errors "
                           "do not make a sequence's")
-    if config.actors.epsilon and head == "actor_critic":
+    if config.actors.epsilon and head in ("actor_critic", "muzero"):
         raise ConfigError("'actors.epsilon' explores around a greedy policy (network.head "
-                          "'q' or 'dueling'); an actor-critic samples its own actions")
+                          f"'q' or 'dueling'); a '{head}' head samples its own actions")
 
 
 def algorithm_config(config: ExperimentConfig) -> Any:
@@ -267,6 +278,12 @@ def resolve_algorithms(config: ExperimentConfig) -> ExperimentConfig:
     resolved[chosen] = dataclasses.asdict(algorithm_config(config))
     return dataclasses.replace(
         config, learner=dataclasses.replace(config.learner, algorithms=resolved))
+
+
+def reanalyses(config: ExperimentConfig) -> bool:
+    """Whether the run's replay servers reanalyse what they sample (`Algorithm.reanalyse`)."""
+    algo = algorithm(config.learner.algorithm)
+    return algo.reanalyse is not None and algo.reanalyse(algorithm_config(config)) > 0
 
 
 def extra_initializer(algo: Algorithm, algo_config: Any) -> Callable[[Any], Any] | None:

@@ -192,7 +192,7 @@ def check_network(config: ExperimentConfig) -> None:
     require(not (network.kind == "nature_cnn" and config.learner.normalize_obs),
             "'learner.normalize_obs' is for vector observations; 'nature_cnn' scales pixels "
             "itself")
-    if network.kind == "nature_cnn":  # its layers are fixed: these keys would do nothing
+    if network.kind == "nature_cnn" and network.head != "muzero":  # its layers are fixed
         for key in ("hidden", "activation"):
             require(getattr(network, key) == getattr(NetworkConfig(), key),
                     f"'network.{key}' is not used by 'nature_cnn' (its layers are fixed); "
@@ -231,6 +231,14 @@ def check_network(config: ExperimentConfig) -> None:
                                        and network.head == "actor_critic"),
             "'network.layer_norm' normalizes the actor's and the critic's MLPs: it needs "
             "'network.kind' mlp, 'network.core' none and 'network.head' actor_critic")
+    if network.head == "muzero":
+        require(network.core == "none", "'network.head': 'muzero' learns its own dynamics; "
+                                        "leave 'network.core' none")
+        require(not config.learner.normalize_obs,
+                "'learner.normalize_obs': a 'muzero' model reads observations as they are")
+        require(not config.evaluation.every_updates,
+                "'evaluation.every_updates': the evaluator plays the network's most likely "
+                "action, and a 'muzero' head acts by search: leave it 0")
     burn_in, T = config.learner.burn_in, config.actors.trajectory_length
     require(burn_in >= 0, "'learner.burn_in' must not be negative")
     require(burn_in == 0 or network.core != "none",

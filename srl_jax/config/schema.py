@@ -18,7 +18,7 @@ from srl_jax.config.operations import CheckpointConfig, RayConfig, RuntimeConfig
 
 NETWORKS = ("mlp", "nature_cnn")
 CORES = ("none", "lstm", "gru")
-HEADS = ("actor_critic", "q", "dueling")
+HEADS = ("actor_critic", "q", "dueling", "muzero")
 CRITICS = ("local", "global")
 CONVS = ("auto", "xla", "matmul")
 DEFAULT_BACKEND = "gymnasium"
@@ -253,7 +253,9 @@ class NetworkConfig:
     head: str = "actor_critic"
     """What the network outputs: 'actor_critic' (policy and value, for PPO and IMPALA),
     'q' (action values) or 'dueling' (action values as value plus advantages, Wang et
-    al. 2016), for DQN. A Q head acts greedily; `actors.epsilon` explores."""
+    al. 2016), for DQN. A Q head acts greedily; `actors.epsilon` explores. 'muzero': a
+    learned model (representation, dynamics, prediction) that acts by search, for
+    `learner.algorithm` muzero (learners/models/muzero_model.py)."""
 
 
 @dataclass

@@ -97,6 +97,9 @@ CHUNK_FIELDS: tuple[ChunkField, ...] = (
                "cut the step (width 0: not kept, `EnvSpec.final_obs`)"),
     ChunkField("versions", "T", _scalar, _fixed(np.int32), None,
                "parameter version of the acting policy (read by the staleness cap)"),
+    ChunkField("search_policy", "T", lambda s: (s.action_dim if s.search_policy else 0,),
+               _fixed(np.float32), None, "the search's policy over the actions at the step, "
+               "the policy head's target (width 0: a policy that does not search)"),
     ChunkField("priorities", "T", lambda s: (1 if s.action_values else 0,), _fixed(np.float32),
                None, "the step's initial replay priority, its n-step TD error under the "
                "acting network (width 0: replay gives new steps the largest priority)"),

@@ -49,6 +49,9 @@ class EnvSpec:
     """A Q policy whose actors compute their transitions' initial priorities
     (`replay.initial_priority: actor`): replies carry every action's value, and chunks
     each step's priority."""
+    search_policy: bool = False
+    """A policy that acts by search (MuZero): replies carry the search's policy over the
+    actions, and chunks each step's, which trains the policy head."""
     final_obs: bool = False
     """Chunks carry the final observation of each step a time limit cut (`final_obs`), for
     a replay learner to bootstrap with its target network (DQN on single-agent envs

@@ -182,6 +182,12 @@ INFERENCE = (
             (Row("inference/time_compute_frac", Shown.SHARE),)),
     Counter("param_updates", "updates", _SUM, "parameter versions taken"),
     Counter("policy_version", "version", _MAX, "the parameter version it acts with"),
+    Counter("simulations", "simulations", _SUM, "search simulations run: rows searched times "
+            "`learner.muzero.simulations` (a policy that acts by search)",
+            (Row("inference/simulations_per_s", Shown.RATE, optional=True),)),
+    Counter("search_depth_sum", "nodes", _SUM, "depth of the deepest node of each row's "
+            "search, summed (a policy that acts by search)",
+            (Row("inference/search_depth_mean", Shown.RATIO, over="rows", optional=True),)),
     Counter("shm_requests", "requests", _SUM, "requests that came through shared memory",
             (Row("inference/shm_frac", Shown.RATIO, over="requests"),)),
     Counter("shm_stale", "requests", _SUM, "shared-memory requests dropped: sent again "
@@ -248,6 +254,13 @@ REPLAY = (
     Counter("time_insert", "s", _SUM, "time inserting"),
     Counter("time_sample", "s", _SUM, "time sampling"),
     Counter("pending_requests", "requests", _LEVEL, "sample requests waiting"),
+    Counter("reanalysed", "items", _SUM, "steps of sampled sequences whose search targets "
+            "were renewed with the newest parameters (MuZero Reanalyze)",
+            (Row("replay/reanalysed_per_s", Shown.RATE, optional=True),)),
+    Counter("time_reanalyse", "s", _SUM, "time reanalysing",
+            (Row("replay/reanalyse_frac", Shown.SHARE, optional=True),)),
+    Counter("reanalyse_version", "version", _MAX, "the parameter version reanalysis "
+            "searches with"),
     Counter("storage_mb", "MiB", _LEVEL, "memory of the stored items",
             (Row("replay/memory_mb", digits=1),)),
     Counter("rss_mb", "MiB", _LEVEL, "resident memory of the process",

@@ -155,12 +155,12 @@ REPLAY = Stream(
     doc="A learner process asks each replay server for sampled transitions and sends back "
         "their new priorities.")
 PARAMS = Stream(
-    name="params", binder="learner", connecters=("inference", "evaluator", "actor"),
+    name="params", binder="learner", connecters=("inference", "evaluator", "actor", "replay"),
     bind_type=zmq.PUB, connect_type=zmq.SUB,
     binder_receives=frozenset(), connecter_receives=frozenset({"params"}),
     per_policy=True, indexed=False,
     doc="Learner process 0 publishes each new version; subscribers keep the newest (actors "
-        "only with inline inference).")
+        "only with inline inference, replay servers only where they reanalyse).")
 RELAY = Stream(
     name="relay", binder="agent", connecters=("agent",),
     bind_type=zmq.XPUB, connect_type=zmq.SUB,

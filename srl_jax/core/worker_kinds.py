@@ -15,6 +15,7 @@ import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 
+from srl_jax.config.algorithms import reanalyses
 from srl_jax.config.operations import RayConfig
 from srl_jax.config.schema import (
     DEFAULT_POLICY,
@@ -181,6 +182,10 @@ def _replay_servers(config: ExperimentConfig) -> int:
     return config.replay.count
 
 
+def _reanalysing(config: ExperimentConfig) -> bool:
+    return reanalyses(config)
+
+
 def _actors(config: ExperimentConfig) -> int:
     return config.actors.count
 
@@ -212,7 +217,8 @@ register_kind(WorkerKind(
 register_kind(WorkerKind(
     "replay", "replay.replay_worker:ReplayWorker", True, _replay_servers, "learner",
     "stores its policy's transitions and serves prioritized samples to the learner",
-    counters=REPLAY))
+    counters=REPLAY,
+    variant=(_reanalysing, "learners.workers.reanalysing_replay:ReanalysingReplayWorker")))
 register_kind(WorkerKind(
     "actor", "actors.actor_worker:ActorWorker", False, _actors, "actor",
     "steps environments for every policy (a population member's: for it alone), sends "

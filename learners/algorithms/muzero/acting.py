@@ -3,7 +3,9 @@ policy runner's calling convention (`learners.models.policy_runner.Act`), so a r
 rows are searched in one batch on the server's device and their outputs cross back in one
 transfer. The packed outputs hold the action, the log-probability of the action under
 the search's policy, the root's value, the (empty) recurrent state and, in the slot a Q
-policy's action values take, the search's policy, which the actors store for training."""
+policy's action values take, the search's policy, which the actors store for training
+(`EnvSpec.search_policy`), then the depth of the deepest node the search expanded, which
+the server counts."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ def make_search_act(model: MuZeroModel, config: MuZeroConfig, gumbel_scale: floa
                     ) -> Act:
     """(params, obs, state, legal actions [N, A or 0], key, counter) -> packed outputs;
     `gumbel_scale` 0 for evaluation (no sampling at the root)."""
-    fns = model_fns(model, config.rescaling_epsilon)
+    fns = model_fns(model)
 
     def act(params: Any, obs: jax.Array, state: jax.Array, mask: jax.Array, key: jax.Array,
             counter: jax.Array) -> jax.Array:
@@ -32,6 +34,6 @@ def make_search_act(model: MuZeroModel, config: MuZeroConfig, gumbel_scale: floa
                      gumbel_scale, legal)
         taken = jnp.take_along_axis(out.policy, out.action[:, None], -1)[:, 0]
         return pack_outputs(out.action, jnp.log(jnp.maximum(taken, 1e-30)), out.root_value,
-                            state, q=out.policy)
+                            state, q=jnp.concatenate([out.policy, out.depth[:, None]], -1))
 
     return jax.jit(act)

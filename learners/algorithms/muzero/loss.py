@@ -15,8 +15,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from learners.algorithms.muzero.support import from_support, to_support
 from learners.models.muzero_model import LogitFns
+from learners.models.support import from_support, to_support
 
 
 class UnrollTargets(NamedTuple):

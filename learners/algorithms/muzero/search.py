@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 import mctx
 
-from learners.algorithms.muzero.support import from_support
 from learners.models.muzero_model import MuZeroModel, logit_fns
+from learners.models.support import from_support
 
 
 class ModelFns(NamedTuple):
@@ -42,9 +42,9 @@ class SearchOutput(NamedTuple):
     """[N] int32: the depth of the deepest node the search expanded."""
 
 
-def model_fns(model: MuZeroModel, epsilon: float) -> ModelFns:
+def model_fns(model: MuZeroModel) -> ModelFns:
     """The search's view of `model`: its support logits turned into scalars."""
-    size, logits = model.support_size, logit_fns(model)
+    size, epsilon, logits = model.support_size, model.rescaling_epsilon, logit_fns(model)
 
     def initial(params: Any, obs: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         latent, policy, value = logits.initial(params, obs)

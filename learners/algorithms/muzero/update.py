@@ -17,16 +17,18 @@ from learners.algorithms.muzero_config import MuZeroConfig
 from learners.algorithms.r2d2 import sequence_priorities
 from learners.algorithms.sequences import time_major
 from learners.algorithms.train_state import TrainState, descend
-from learners.models.muzero_model import MuZeroModel, logit_fns
+from learners.models.muzero_model import logit_fns
+from learners.models.networks import Policy
 from srl_jax.config.algorithms import Sizes, with_live
 
 
-def make_update(model: MuZeroModel, optimizer: optax.GradientTransformation,
+def make_update(policy: Policy, optimizer: optax.GradientTransformation,
                 config: MuZeroConfig, sizes: Sizes) -> Any:
-    """Pure (TrainState, batch of sequences) -> (TrainState, metrics); the batch's fields
-    are [B, ...] (the replay's rows), its metrics include the sequences' `priorities` [B].
-    The step size is read from `state.hyper` where it has it."""
-    fns = logit_fns(model)
+    """Pure (TrainState, batch of sequences) -> (TrainState, metrics) for the MuZero model
+    `policy.network`; the batch's fields are [B, ...] (the replay's rows), its metrics
+    include the sequences' `priorities` [B]. The step size is read from `state.hyper`
+    where it has it."""
+    fns = logit_fns(policy.network)
 
     def update(state: TrainState, batch: dict) -> tuple[TrainState, dict[str, jax.Array]]:
         seqs = time_major(batch)

@@ -5,8 +5,8 @@ both ends build them alike (srl_jax/core/shm/layout.py says what a layout fixes)
   (recurrent), action_mask (masked actions) and opponent (one that plays an opponent
   pool), each up to `inference.max_batch` rows, the most a request may carry;
 - inference replies: `split`, `seq`, `version`, `batch_rows`; action, logp, value, and
-  where the policy has them state, opponent and the pool's versions (`pool`, up to
-  `selfplay.pool`);
+  where the policy has them state, q (actor priorities), search_policy (a policy that
+  searches), opponent and the pool's versions (`pool`, up to `selfplay.pool`);
 - chunks (samples, inserts): `actor`; every array of the run's chunk layout
   (srl_jax/core/chunk_spec.py), and the recent episode returns (`episode_returns`).
 """
@@ -41,6 +41,8 @@ def reply_layout(config: ExperimentConfig, spec: EnvSpec, policy: str) -> SlotLa
         action, Field("logp", F32, (), rows), Field("value", F32, (), rows),
         *([Field("state", F32, (spec.state_size,), rows)] if spec.state_size else []),
         *([Field("q", F32, (spec.action_dim,), rows)] if spec.action_values else []),
+        *([Field("search_policy", F32, (spec.action_dim,), rows)] if spec.search_policy
+          else []),
         *([Field("opponent", I64, (), rows),
            Field("pool", I64, (), max(config.selfplay.pool, 1), as_list=True)]
           if pooled else [])))

@@ -1,13 +1,23 @@
-"""Scalars as categorical distributions over the integers -size..size, after h (MuZero,
-appendix F): the reward and value heads predict these and learn by cross-entropy, which
-keeps one loss scale for returns of any size. Pure functions."""
+"""Value rescaling h(x) (Pohlen et al. 2018), which R2D2's Q-values learn under, and scalars
+as categorical distributions over the integers -size..size after h (MuZero, appendix F),
+which a MuZero model's reward and value heads predict and learn by cross-entropy: one
+loss scale for returns of any size. Pure functions."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
-from learners.algorithms.r2d2 import rescale, unrescale
+
+def rescale(x: jax.Array, epsilon: float) -> jax.Array:
+    """h(x) = sign(x) (sqrt(|x| + 1) - 1) + epsilon x."""
+    return jnp.sign(x) * (jnp.sqrt(jnp.abs(x) + 1.0) - 1.0) + epsilon * x
+
+
+def unrescale(x: jax.Array, epsilon: float) -> jax.Array:
+    """h^-1, in closed form."""
+    root = (jnp.sqrt(1.0 + 4.0 * epsilon * (jnp.abs(x) + 1.0 + epsilon)) - 1.0) / (2.0 * epsilon)
+    return jnp.sign(x) * (jnp.square(root) - 1.0)
 
 
 def two_hot(x: jax.Array, size: int) -> jax.Array:

@@ -1,0 +1,108 @@
+"""MuZero on the dataflow, without processes: the config's refusals, the servers' acting
+call and its replies, the replay's search targets and their reanalysis with new
+parameters. The run itself (servers killed mid-run) is tests/test_muzero_run.py."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from actors.envs import policy_spec
+from learners.algorithms.muzero.search import model_fns, search
+from learners.models.networks import init_policy_params, make_policy
+from learners.models.param_codec import params_to_arrays
+from learners.models.policy import make_runner
+from learners.workers.reanalysing_replay import reanalyse
+from replay.sequence_buffer import SequenceBuffer
+from srl_jax.config.algorithms import algorithm_config
+from srl_jax.config.schema import ConfigError
+from srl_jax.core.chunk_spec import empty_chunk
+from srl_jax.core.replay_spec import SEQUENCE_FIELDS, replay_layout
+from srl_jax.config.loader import load_config
+from srl_jax.launch import check_before_launch
+from tests.conftest import REPO, make_config
+
+T = 4
+SMALL = (f"actors.trajectory_length={T}", "learner.muzero.unroll_steps=2",
+         "learner.muzero.simulations=4", "learner.muzero.latent=8", "network.hidden=[16]")
+
+
+def muzero_config(*overrides: str):
+    return make_config([*SMALL, *overrides], "cartpole_muzero")
+
+
+@pytest.mark.parametrize(("overrides", "error"), [
+    (("learner.algorithm=ppo",), "'network.head': 'ppo' trains actor_critic, not 'muzero'"),
+    (("network.head=actor_critic",), "'network.head': 'muzero' trains muzero"),
+    (("learner.normalize_obs=true",), "reads observations as they are"),
+    (("evaluation.every_updates=10",), "acts by search: leave it 0"),
+    (("network.core=lstm",), "learns its own dynamics"),
+    (("learner.muzero.reanalyse_fraction=1.5",), "reanalyse_fraction' must be in"),
+    (("learner.muzero.unroll_steps=9",), "must not exceed 'actors.trajectory_length'"),
+])
+def test_a_muzero_config_that_cannot_run_is_refused_in_one_line(overrides, error) -> None:
+    with pytest.raises(ConfigError, match=error):
+        check_before_launch(load_config(REPO / "configs" / "cartpole_muzero.yaml",
+                                        [*SMALL, *overrides]))
+
+
+def test_the_servers_search_and_reply_with_the_search_policy_and_its_depth() -> None:
+    config = muzero_config()
+    spec = policy_spec(config)
+    assert spec.search_policy and not spec.action_values
+    runner = make_runner(config, spec, 0, 4, 4)
+    out, version = runner.run(np.zeros((3, 4), np.float32), runner.zero_state(3))
+    assert version == 0 and set(out) == {"action", "logp", "value", "search_policy",
+                                         "search_depth"}
+    np.testing.assert_allclose(out["search_policy"].sum(1), 1.0, rtol=1e-5)
+    np.testing.assert_allclose(np.exp(out["logp"]),
+                               out["search_policy"][np.arange(3), out["action"]], rtol=1e-5)
+    assert ((out["search_depth"] >= 1) & (out["search_depth"] <= 4)).all()
+
+
+def stored_sequences(spec, columns: int) -> SequenceBuffer:
+    buffer = SequenceBuffer(100, T, columns, spec, 1, 1.0, 0.5, seed=0)
+    chunk = empty_chunk(T, columns, spec)
+    chunk["obs"] = np.random.default_rng(0).normal(size=chunk["obs"].shape).astype(np.float32)
+    chunk["values"][:] = 7.0
+    chunk["search_policy"][:] = [1.0, 0.0]
+    buffer.insert(chunk)
+    return buffer
+
+
+def test_reanalysis_searches_with_the_newest_parameters_and_renews_what_is_stored() -> None:
+    config = muzero_config()
+    spec = policy_spec(config)
+    buffer = stored_sequences(spec, columns=2)
+    batch = buffer.sample(2, T)
+    assert batch.keys() == replay_layout(2, T, spec, SEQUENCE_FIELDS).keys()
+    np.testing.assert_array_equal(batch["values"], 7.0)
+    np.testing.assert_array_equal(batch["search_policy"][..., 0], 1.0)
+
+    runner = make_runner(config, spec, 0, T + 1, 2 * (T + 1), explore=False)
+    first_values, _ = reanalyse(runner, batch["obs"])
+    policy, network = make_policy(config, spec)
+    initial = init_policy_params(network, spec.obs_shape, seed=0)
+    keys = iter(jax.random.split(jax.random.key(7), 64))
+    newer = jax.tree.map(lambda x: x + 0.3 * jax.random.normal(next(keys), x.shape), initial)
+    runner.set_params(params_to_arrays(newer), version=3)
+    values, policies = reanalyse(runner, batch["obs"])
+    assert values.shape == (2, T + 1) and policies.shape == (2, T, 2)
+    assert not np.allclose(values, first_values), "the newest parameters, not version 0's"
+    settings = algorithm_config(config)
+    expected = search(model_fns(policy.network), newer["net"],
+                      batch["obs"].reshape(2 * (T + 1), 4), jax.random.key(0),
+                      settings.simulations, settings.gamma, settings.considered_actions,
+                      gumbel_scale=0.0)
+    np.testing.assert_allclose(values.reshape(-1), expected.root_value, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(policies, np.asarray(expected.policy).reshape(2, T + 1, 2)[:, :T],
+                               rtol=1e-4, atol=1e-5)
+
+    # Stored: the next sample of those sequences carries the renewed targets ...
+    assert buffer.refresh(batch["slots"], batch["generations"], values, policies) == 2
+    again = buffer.sample(2, T)
+    order = np.argsort(again["slots"])
+    np.testing.assert_allclose(again["values"][order], values[np.argsort(batch["slots"])])
+    # ... but a sequence overwritten since it was sampled keeps its successor's.
+    assert buffer.refresh(batch["slots"], batch["generations"] - 1, values * 0, policies) == 0
