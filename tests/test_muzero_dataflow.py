@@ -16,10 +16,10 @@ from learners.models.policy import make_runner
 from learners.workers.reanalysing_replay import reanalyse
 from replay.sequence_buffer import SequenceBuffer
 from srl_jax.config.algorithms import algorithm_config
+from srl_jax.config.loader import load_config
 from srl_jax.config.schema import ConfigError
 from srl_jax.core.chunk_spec import empty_chunk
 from srl_jax.core.replay_spec import SEQUENCE_FIELDS, replay_layout
-from srl_jax.config.loader import load_config
 from srl_jax.launch import check_before_launch
 from tests.conftest import REPO, make_config
 
