@@ -174,6 +174,7 @@ def test_chunk_builder_shapes_overlap_versions_and_trunc_values():
             "global_state": ((T + 1, n, 0), np.float32),
             "trunc_global_state": ((T, n, 0), np.float32),
             "priorities": ((T, n, 0), np.float32), "final_obs": ((T, n, 3), np.float32),
+            "search_policy": ((T, n, 0), np.float32),
         }
         assert set(chunk) == set(expected)
         for key, (shape, dtype) in expected.items():
@@ -348,7 +349,8 @@ def test_actor_process_streams_consistent_chunks(tmp_path, processes, stats_sock
                       "global_state": ((T + 1, N, 0), np.float32),
                       "trunc_global_state": ((T, N, 0), np.float32),
                       "priorities": ((T, N, 0), np.float32),
-                      "final_obs": ((T, N, 0), np.float32)}
+                      "final_obs": ((T, N, 0), np.float32),
+                      "search_policy": ((T, N, 0), np.float32)}
             assert set(chunk) == set(shapes)
             for key, (shape, dtype) in shapes.items():
                 assert chunk[key].shape == shape and chunk[key].dtype == dtype, key
