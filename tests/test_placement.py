@@ -77,6 +77,15 @@ def test_two_gpus_give_the_learner_one_and_the_servers_the_other() -> None:
     assert cpu_servers.workers["inference-0"].env == {"JAX_PLATFORMS": "cpu"}
 
 
+def test_reanalysing_replay_servers_search_where_the_inference_servers_do() -> None:
+    muzero = plan_placement(make_config([], "cartpole_muzero"), gpus(2), "local")
+    assert muzero.workers["replay-0"].devices == muzero.workers["inference-0"].devices == (1,)
+    assert muzero.workers["replay-0"].env["CUDA_VISIBLE_DEVICES"] == "GPU-0001"
+    plain = plan_placement(make_config(["learner.muzero.reanalyse_fraction=0"],
+                                       "cartpole_muzero"), gpus(2), "local")
+    assert plain.workers["replay-0"].env == {"JAX_PLATFORMS": "cpu"}, "no search: no device"
+
+
 def test_eight_gpus_split_by_the_documented_rule() -> None:
     placement = plan(gpus(8), "inference.count=2", "learner.batch_envs=192",
                      "actors.envs=96", *WITH_EVALUATOR)

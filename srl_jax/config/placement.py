@@ -134,7 +134,7 @@ def _wants(config: ExperimentConfig) -> tuple[list[_Want], dict[str, str]]:
     wants, others = [], {}
     for kind, index, policy in worker_plan(config):
         name = worker_name(kind, index, policy)
-        section = worker_kind(kind).device_keys
+        section = worker_kind(kind).devices_section(config)
         if not section:
             others[name] = kind
         elif section == "learner":

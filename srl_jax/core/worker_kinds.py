@@ -93,6 +93,16 @@ class WorkerKind:
     variant: tuple[Callable[[ExperimentConfig], bool], str] | None = None
     """(when, "module:Class"): the class the kind runs instead of `entry` where `when(config)`
     holds (an actor with inline inference: a JAX-side subclass that runs the policy)."""
+    variant_device_keys: str = ""
+    """Where the variant runs: its `device_keys` (a reanalysing replay server searches on
+    the inference servers' device: 'inference'); '': the kind's own."""
+
+    def devices_section(self, config: ExperimentConfig) -> str:
+        """The config section that places this kind's workers for `config` (`device_keys`,
+        or `variant_device_keys` where the variant runs)."""
+        if self.variant_device_keys and self.variant is not None and self.variant[0](config):
+            return self.variant_device_keys
+        return self.device_keys
 
     def __post_init__(self) -> None:
         for entry in [self.entry] + ([self.variant[1]] if self.variant else []):
@@ -218,7 +228,8 @@ register_kind(WorkerKind(
     "replay", "replay.replay_worker:ReplayWorker", True, _replay_servers, "learner",
     "stores its policy's transitions and serves prioritized samples to the learner",
     counters=REPLAY,
-    variant=(_reanalysing, "learners.workers.reanalysing_replay:ReanalysingReplayWorker")))
+    variant=(_reanalysing, "learners.workers.reanalysing_replay:ReanalysingReplayWorker"),
+    variant_device_keys="inference"))
 register_kind(WorkerKind(
     "actor", "actors.actor_worker:ActorWorker", False, _actors, "actor",
     "steps environments for every policy (a population member's: for it alone), sends "
