@@ -235,7 +235,7 @@ class ReplayWorker(Worker):
             request = self.pending.popleft()
             self.time_sample_wait += now - request.since
             start = time.perf_counter()
-            batch = self.finish(self.buffer.sample(request.rows, request.window))
+            batch = self.outgoing(self.buffer.sample(request.rows, request.window))
             steps = request.rows * (self.buffer.T // self.buffer.leaves_per_segment)
             self.limiter.sampled(steps)  # samples_per_insert counts steps, as inserts do
             self.sampled += steps
@@ -246,7 +246,7 @@ class ReplayWorker(Worker):
             for request in self.pending:
                 self._reply(request, {}, waiting=self._why_waiting())
 
-    def finish(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def outgoing(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """A sampled batch as it is sent (a subclass may renew its targets first)."""
         return batch
 

@@ -13,6 +13,7 @@ from learners.algorithms.muzero.search import model_fns, search
 from learners.models.networks import init_policy_params, make_policy
 from learners.models.param_codec import params_to_arrays
 from learners.models.policy import make_runner
+from learners.workers.export import TrainedPolicy
 from learners.workers.reanalysing_replay import reanalyse
 from replay.sequence_buffer import SequenceBuffer
 from srl_jax.config.algorithms import algorithm_config
@@ -36,7 +37,6 @@ def muzero_config(*overrides: str):
     (("learner.algorithm=ppo",), "'network.head': 'ppo' trains actor_critic, not 'muzero'"),
     (("network.head=actor_critic",), "'network.head': 'muzero' trains muzero"),
     (("learner.normalize_obs=true",), "reads observations as they are"),
-    (("evaluation.every_updates=10",), "acts by search: leave it 0"),
     (("network.core=lstm",), "learns its own dynamics"),
     (("learner.muzero.reanalyse_fraction=1.5",), "reanalyse_fraction' must be in"),
     (("learner.muzero.unroll_steps=9",), "must not exceed 'actors.trajectory_length'"),
@@ -106,3 +106,14 @@ def test_reanalysis_searches_with_the_newest_parameters_and_renews_what_is_store
     np.testing.assert_allclose(again["values"][order], values[np.argsort(batch["slots"])])
     # ... but a sequence overwritten since it was sampled keeps its successor's.
     assert buffer.refresh(batch["slots"], batch["generations"] - 1, values * 0, policies) == 0
+
+
+def test_an_evaluated_or_loaded_muzero_policy_acts_by_its_search_without_sampling() -> None:
+    config = muzero_config()
+    spec = policy_spec(config)
+    runner = make_runner(config, spec, 0, 8, 8, explore=False)
+    policy, _ = make_policy(config, spec)
+    trained = TrainedPolicy(config, spec, policy, runner.params, step=0)
+    obs = np.random.default_rng(1).normal(size=(8, 4)).astype(np.float32)
+    searched, _ = runner.run(obs, runner.zero_state(8))
+    np.testing.assert_array_equal(trained.act_batch(obs), searched["action"])

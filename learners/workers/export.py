@@ -68,15 +68,24 @@ class TrainedPolicy:
         self.state = np.zeros((0, spec.state_size), np.float32)
         """The recurrent state of each row of the last batch (width 0 without a core)."""
 
-        def act(params: Any, obs: jax.Array, state: jax.Array, mask: jax.Array, key: jax.Array,
-                calls: jax.Array, deterministic: bool) -> tuple[jax.Array, jax.Array]:
+        def sample(params: Any, obs: jax.Array, state: jax.Array, mask: jax.Array,
+                   key: jax.Array, calls: jax.Array, deterministic: bool) -> tuple:
             out, _, new_state = policy.apply(params, obs, state)
             out = mask_logits(out, mask)
             if deterministic:
                 return policy.dist.mode(out), new_state
             return policy.dist.sample(jax.random.fold_in(key, calls), out), new_state
 
-        self._act = jax.jit(act, static_argnums=6)
+        search_act = algorithm(config.learner.algorithm).search_act
+        search = None if search_act is None else \
+            search_act(policy.network, algorithm_config(config), 0.0)
+
+        def by_search(params: Any, obs: jax.Array, state: jax.Array, mask: jax.Array,
+                      key: jax.Array, calls: jax.Array, deterministic: bool) -> tuple:
+            """A policy that acts by search: its action, without sampling at the root."""
+            return search(params, obs, state, mask, key, calls)[:, 2].astype("int32"), state
+
+        self._act = jax.jit(sample if search is None else by_search, static_argnums=6)
 
     def reset(self, rows: np.ndarray | None = None) -> None:
         """Start new episodes: zero the recurrent state of `rows` (all rows if None)."""

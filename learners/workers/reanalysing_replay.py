@@ -75,7 +75,7 @@ class ReanalysingReplayWorker(ReplayWorker):
         self.params.poll()
         super().run_once()
 
-    def finish(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def outgoing(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """`batch` with the targets of a random `fraction` of its sequences renewed (the
         count rounded at random, so that the fraction holds on average)."""
         rows = len(batch["slots"])

@@ -236,9 +236,6 @@ def check_network(config: ExperimentConfig) -> None:
                                         "leave 'network.core' none")
         require(not config.learner.normalize_obs,
                 "'learner.normalize_obs': a 'muzero' model reads observations as they are")
-        require(not config.evaluation.every_updates,
-                "'evaluation.every_updates': the evaluator plays the network's most likely "
-                "action, and a 'muzero' head acts by search: leave it 0")
     burn_in, T = config.learner.burn_in, config.actors.trajectory_length
     require(burn_in >= 0, "'learner.burn_in' must not be negative")
     require(burn_in == 0 or network.core != "none",
