@@ -258,20 +258,6 @@ def test_annealing_decays_the_step_size_to_zero():
     assert steps[10] == 0.0
 
 
-def test_warmup_raises_the_step_size_from_zero() -> None:
-    config = PPOConfig(learning_rate=1e-3, warmup_updates=2, epochs=2, minibatches=2)
-    optimizer = make_optimizer(config, SIZES)
-    params = {"w": jnp.ones(3)}
-    opt_state = optimizer.init(params)
-    steps = []
-    for _ in range(10):  # 4 Adam steps an update: 8 to warm up
-        updates, opt_state = optimizer.update({"w": jnp.ones(3)}, opt_state, params)
-        steps.append(config.learning_rate * float(jnp.abs(updates["w"][0])))
-    assert steps[0] == 0.0
-    assert steps[4] == pytest.approx(0.5e-3, rel=1e-2)
-    assert steps[8] == pytest.approx(1e-3, rel=1e-3) and steps[9] == pytest.approx(1e-3, rel=1e-3)
-
-
 def test_value_norm_statistics_are_debiased_and_invert() -> None:
     stats = init_value_norm()
     x = jnp.asarray([90.0, 110.0, 100.0, 100.0])

@@ -114,7 +114,7 @@ def make_optimizer(ppo: PPOConfig, sizes: Sizes) -> optax.GradientTransformation
     """Adam's direction without its step size, which the update applies from
     `TrainState.hyper`; annealing is a factor going from 1 to 0 over the run. With
     `critic_optimizer` the value MLP's parameters get a clip and an Adam of their own,
-    scaled by `critic_lr_scale`; a warm-up is a factor going from 0 to 1."""
+    scaled by `critic_lr_scale`."""
     adam = optax.chain(optax.clip_by_global_norm(ppo.max_grad_norm),
                        optax.scale_by_adam(eps=1e-5))
     stages = [adam]
@@ -122,12 +122,8 @@ def make_optimizer(ppo: PPOConfig, sizes: Sizes) -> optax.GradientTransformation
         critic = optax.chain(optax.clip_by_global_norm(ppo.max_grad_norm),
                              optax.scale_by_adam(eps=1e-5), optax.scale(ppo.critic_lr_scale))
         stages = [optax.multi_transform({"actor": adam, "critic": critic}, critic_labels)]
-    steps_per_update = ppo.epochs * ppo.minibatches
-    if ppo.warmup_updates:
-        stages.append(optax.scale_by_schedule(
-            optax.linear_schedule(0.0, 1.0, ppo.warmup_updates * steps_per_update)))
     if ppo.anneal_lr:
-        steps = sizes.total_updates * steps_per_update
+        steps = sizes.total_updates * ppo.epochs * ppo.minibatches
         stages.append(optax.scale_by_schedule(optax.linear_schedule(1.0, 0.0, steps)))
     return optax.chain(*stages)
 

@@ -41,11 +41,6 @@ class PPOConfig:
     """Clip the value update around the acting policy's value, as cleanrl does."""
     anneal_lr: bool = False
     """Decay the step size linearly to 0 over the run (needs stop.env_frames)."""
-    warmup_updates: int = 0
-    """Raise the step size linearly from 0 over this many updates. A critic with
-    value normalization leaves the actor's first steps at full size (without it the
-    early value loss dominates the shared gradient clip and holds them back), which can
-    collapse the policy's entropy before the critic has learnt anything."""
     target_kl: float | None = None
     """Stop an update's remaining epochs once an epoch's approximate KL exceeds this."""
     value_norm: bool = False
@@ -73,8 +68,6 @@ class PPOConfig:
             raise ConfigError("'learner.ppo.gae_lambda' must be in [0, 1]")
         if self.learning_rate <= 0:
             raise ConfigError("'learner.ppo.learning_rate' must be positive")
-        if self.warmup_updates < 0:
-            raise ConfigError("'learner.ppo.warmup_updates' must be at least 0")
         if self.critic_lr_scale <= 0:
             raise ConfigError("'learner.ppo.critic_lr_scale' must be positive")
 
