@@ -153,12 +153,16 @@ def curve(df: pd.DataFrame) -> list[list[float]]:
             for _, r in rows.iloc[picked].iterrows()]
 
 
+NAMES = {"muzero": "MuZero"}
+"""How the table names an algorithm whose name is not its upper case."""
+
+
 def describe_config(config: ExperimentConfig) -> dict[str, str]:
     """What a config trains and which extras it needs (bench.report puts it in the README)."""
     env, learner = config.env, config.learner
     multi_agent = family_of(env).multi_agent
     shown = env.id.partition(":")[2] if multi_agent else env.id  # the module of 'family:module'
-    what = f"{learner.algorithm.upper()}, {shown}"
+    what = f"{NAMES.get(learner.algorithm, learner.algorithm.upper())}, {shown}"
     if config.network.kind != "mlp":
         what += f", {config.network.kind}"
     if config.network.core != "none":
