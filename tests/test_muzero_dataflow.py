@@ -47,6 +47,7 @@ def test_a_muzero_config_that_cannot_run_is_refused_in_one_line(overrides, error
                                         [*SMALL, *overrides]))
 
 
+@pytest.mark.slow  # compiles searches: seconds each on a cold cache
 def test_the_servers_search_and_reply_with_the_search_policy_and_its_depth() -> None:
     config = muzero_config()
     spec = policy_spec(config)
@@ -71,6 +72,7 @@ def stored_sequences(spec, columns: int) -> SequenceBuffer:
     return buffer
 
 
+@pytest.mark.slow  # compiles searches: seconds each on a cold cache
 def test_reanalysis_searches_with_the_newest_parameters_and_renews_what_is_stored() -> None:
     config = muzero_config()
     spec = policy_spec(config)
@@ -91,10 +93,10 @@ def test_reanalysis_searches_with_the_newest_parameters_and_renews_what_is_store
     assert values.shape == (2, T + 1) and policies.shape == (2, T, 2)
     assert not np.allclose(values, first_values), "the newest parameters, not version 0's"
     settings = algorithm_config(config)
-    expected = search(model_fns(policy.network), newer["net"],
-                      batch["obs"].reshape(2 * (T + 1), 4), jax.random.key(0),
-                      settings.simulations, settings.gamma, settings.considered_actions,
-                      gumbel_scale=0.0)
+    expected = jax.jit(lambda net, obs: search(
+        model_fns(policy.network), net, obs, jax.random.key(0), settings.simulations,
+        settings.gamma, settings.considered_actions, gumbel_scale=0.0))(
+        newer["net"], batch["obs"].reshape(2 * (T + 1), 4))
     np.testing.assert_allclose(values.reshape(-1), expected.root_value, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(policies, np.asarray(expected.policy).reshape(2, T + 1, 2)[:, :T],
                                rtol=1e-4, atol=1e-5)
@@ -108,6 +110,7 @@ def test_reanalysis_searches_with_the_newest_parameters_and_renews_what_is_store
     assert buffer.refresh(batch["slots"], batch["generations"] - 1, values * 0, policies) == 0
 
 
+@pytest.mark.slow  # compiles searches: seconds each on a cold cache
 def test_an_evaluated_or_loaded_muzero_policy_acts_by_its_search_without_sampling() -> None:
     config = muzero_config()
     spec = policy_spec(config)

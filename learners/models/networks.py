@@ -1,5 +1,7 @@
 """Networks (flax linen): the actor-critic MLP, the Nature-CNN, their recurrent
-versions, the Q-network of value-based algorithms, and the policy the workers share.
+versions, the Q-network of value-based algorithms, MuZero's model as a policy
+(`muzero_policy`), and the policy the workers share. Their torsos are in
+`learners/models/torsos.py`.
 
 A policy's parameters are one pytree: the network's weights under "net" and
 the running observation statistics under "obs_mean", "obs_var", "obs_count".
