@@ -74,13 +74,11 @@ class MuZeroConfig:
 
 
 def check(config: MuZeroConfig, sizes: Sizes) -> None:
-    """Each sampled sequence holds an unroll, and nothing warms a recurrent state."""
+    """Each sampled sequence holds an unroll (a recurrent core, and with it a burn-in, is
+    refused for the `muzero` head by the network checks)."""
     if config.unroll_steps > sizes.trajectory_length:
         raise ConfigError(f"'learner.muzero.unroll_steps' ({config.unroll_steps}) must not "
                           f"exceed 'actors.trajectory_length' ({sizes.trajectory_length})")
-    if sizes.recurrent or sizes.burn_in:
-        raise ConfigError("'learner.muzero' learns its own dynamics: leave 'network.core' "
-                          "none and 'learner.burn_in' 0")
 
 
 ALGORITHM = Algorithm(

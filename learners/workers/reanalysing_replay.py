@@ -24,7 +24,7 @@ import numpy as np
 import zmq
 
 from replay.replay_worker import ReplayWorker
-from srl_jax.config.algorithms import algorithm, algorithm_config
+from srl_jax.config.algorithms import reanalyse_fraction
 from srl_jax.config.schema import DEFAULT_POLICY, ExperimentConfig
 from srl_jax.core.names import NameService
 
@@ -50,7 +50,7 @@ class ReanalysingReplayWorker(ReplayWorker):
     def __init__(self, config: ExperimentConfig, index: int, run_dir: Path,
                  names: NameService, policy: str = DEFAULT_POLICY) -> None:
         super().__init__(config, index, run_dir, names, policy)
-        self.fraction = algorithm(config.learner.algorithm).reanalyse(algorithm_config(config))
+        self.fraction = reanalyse_fraction(config)
         self.rng = np.random.default_rng(self.incarnation.seed(config.seed + 3000 + index))
         self.runner: PolicyRunner | None = None
         self.params: ParamSubscriber | None = None

@@ -280,10 +280,16 @@ def resolve_algorithms(config: ExperimentConfig) -> ExperimentConfig:
         config, learner=dataclasses.replace(config.learner, algorithms=resolved))
 
 
-def reanalyses(config: ExperimentConfig) -> bool:
-    """Whether the run's replay servers reanalyse what they sample (`Algorithm.reanalyse`)."""
+def reanalyse_fraction(config: ExperimentConfig) -> float:
+    """The fraction of sampled sequences the run's replay servers reanalyse
+    (`Algorithm.reanalyse`; 0: none)."""
     algo = algorithm(config.learner.algorithm)
-    return algo.reanalyse is not None and algo.reanalyse(algorithm_config(config)) > 0
+    return 0.0 if algo.reanalyse is None else algo.reanalyse(algorithm_config(config))
+
+
+def reanalyses(config: ExperimentConfig) -> bool:
+    """Whether the run's replay servers reanalyse what they sample."""
+    return reanalyse_fraction(config) > 0
 
 
 def extra_initializer(algo: Algorithm, algo_config: Any) -> Callable[[Any], Any] | None:

@@ -192,10 +192,6 @@ def _replay_servers(config: ExperimentConfig) -> int:
     return config.replay.count
 
 
-def _reanalysing(config: ExperimentConfig) -> bool:
-    return reanalyses(config)
-
-
 def _actors(config: ExperimentConfig) -> int:
     return config.actors.count
 
@@ -228,7 +224,7 @@ register_kind(WorkerKind(
     "replay", "replay.replay_worker:ReplayWorker", True, _replay_servers, "learner",
     "stores its policy's transitions and serves prioritized samples to the learner",
     counters=REPLAY,
-    variant=(_reanalysing, "learners.workers.reanalysing_replay:ReanalysingReplayWorker"),
+    variant=(reanalyses, "learners.workers.reanalysing_replay:ReanalysingReplayWorker"),
     variant_device_keys="inference"))
 register_kind(WorkerKind(
     "actor", "actors.actor_worker:ActorWorker", False, _actors, "actor",
