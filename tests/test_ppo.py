@@ -151,7 +151,7 @@ def test_ppo_loss_hand_computed_with_normalization():
 def test_ppo_loss_gradient_stops_at_the_clip():
     config = PPOConfig(clip_coef=0.2, vf_coef=0.5, ent_coef=0.0, normalize_advantages=False)
     params = {"logits": jnp.asarray(LOGITS), "values": jnp.asarray(VALUES)}
-    grads, _ = jax.grad(lambda p: run_loss(config, p), has_aux=True)(params)
+    grads, _ = jax.jit(jax.grad(lambda p: run_loss(config, p), has_aux=True))(params)
     # Samples 1 and 2 are clipped in the pessimistic direction: no policy gradient.
     # Sample 0: d(-A r / 3)/d logits = -(1/3) * r * (onehot(0) - p) = -(1/3) * (0.5, -0.5).
     np.testing.assert_allclose(np.asarray(grads["logits"]),

@@ -242,8 +242,8 @@ def test_impala_loss_gradients():
     params = {"logits": jnp.asarray(rng.normal(size=((T + 1) * B, A)), jnp.float32),
               "values": jnp.asarray(rng.normal(size=(T + 1) * B), jnp.float32)}
     config = ImpalaConfig(gamma=0.9, vf_coef=0.5, ent_coef=0.0)
-    grads, info = jax.grad(lambda p: impala_loss(p, stub_apply, CATEGORICAL, batch, config),
-                           has_aux=True)(params)
+    grads, info = jax.jit(jax.grad(
+        lambda p: impala_loss(p, stub_apply, CATEGORICAL, batch, config), has_aux=True))(params)
     values = np.asarray(params["values"]).reshape(T + 1, B)
     logp = np.asarray(CATEGORICAL.log_prob(params["logits"][:T * B],
                                            batch.actions.reshape(-1))).reshape(T, B)
