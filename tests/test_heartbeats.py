@@ -9,10 +9,13 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 import zmq
 
 from actors.actor_core import Request, Turn
 from actors.actor_worker import ActorWorker
+from learners.workers import evaluator as evaluator_module
+from learners.workers.evaluator import EvaluatorWorker
 from srl_jax.config.schema import ExperimentConfig
 from srl_jax.core.names import FileNameService
 from srl_jax.core.stream_table import INFERENCE, STATS
@@ -117,6 +120,42 @@ def test_busy_heartbeats_end_at_the_bound_so_a_stuck_worker_is_still_killed(
             assert _heartbeats(controller) == [], "silent past runtime.busy_timeout_s"
     finally:
         worker._stats_socket.close(linger=0)
+        controller.close(linger=0)
+
+
+class BuildingStopped(Exception):
+    """Ends an evaluator's setup once its policies are built (nothing to subscribe to here)."""
+
+
+def test_an_evaluator_heartbeats_while_it_builds_its_policies(tmp_path: Path,
+                                                               monkeypatch) -> None:
+    """Building a policy is XLA work that a cold compilation cache and a loaded CPU can
+    stretch past the heartbeat timeout: the evaluator was killed at start for it."""
+    config = ExperimentConfig()
+    config.runtime.stats_interval_s = 0.05
+    config.runtime.compilation_cache_dir = ""  # this process keeps the suite's cache
+    controller = make_socket(zmq.Context.instance(), STATS.bind_type, hwm=1000)
+    controller.bind("inproc://test-evaluator-busy")
+    FileNameService(tmp_path / "names").register(STATS.key(), "inproc://test-evaluator-busy")
+    evaluator = EvaluatorWorker(config, 0, tmp_path, FileNameService(tmp_path / "names"))
+    seen: list[dict] = []
+
+    def slow_build(*args, **kwargs):
+        time.sleep(0.5)  # releases the GIL, as a compile does
+        seen.extend(_heartbeats(controller))
+        raise BuildingStopped
+
+    monkeypatch.setattr(evaluator_module, "make_runner", slow_build)
+    try:
+        evaluator.connect_stats()
+        assert controller.poll(1000)
+        _heartbeats(controller)  # the one connecting sends
+        with pytest.raises(BuildingStopped):
+            evaluator.setup()
+        assert len(seen) >= 5, "heartbeats went on while the policies were built"
+        assert all(meta["waiting"][0] == "building the policies it evaluates" for meta in seen)
+    finally:
+        evaluator._stats_socket.close(linger=0)
         controller.close(linger=0)
 
 

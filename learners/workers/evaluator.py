@@ -122,14 +122,19 @@ class EvaluatorWorker(Worker):
         self.groups = [_Group(m, [m]) for m in members] or [_Group("", policy_names(env))]
         self.subscribers: list[ParamSubscriber] = []
         self.poller = zmq.Poller()
+        # Building a policy initialises its parameters, XLA work that can outlast a heartbeat
+        # timeout on a loaded CPU with a cold compilation cache: busy time, as the server's.
+        with self.busy("building the policies it evaluates"):
+            for group in self.groups:
+                for name in group.names:
+                    spec = policy_spec(self.config, name)
+                    runner = make_runner(self.config, spec, self.config.seed, 1, 1)
+                    policy, _ = make_policy(self.config, spec)
+                    group.runners.append(runner)
+                    group.team.append(TrainedPolicy(self.config, spec, policy, runner.params,
+                                                    step=0))
         for group in self.groups:
-            for name in group.names:
-                spec = policy_spec(self.config, name)
-                runner = make_runner(self.config, spec, self.config.seed, 1, 1)
-                policy, _ = make_policy(self.config, spec)
-                group.runners.append(runner)
-                group.team.append(TrainedPolicy(self.config, spec, policy, runner.params,
-                                                step=0))
+            for name, runner in zip(group.names, group.runners, strict=True):
                 self.subscribers.append(subscribe(self, runner, name))
                 self.poller.register(self.subscribers[-1].socket, zmq.POLLIN)
                 root = evaluated_root(self.run_dir, name, self.config.checkpoint.dir)
