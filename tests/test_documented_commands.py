@@ -11,7 +11,6 @@ example is run as soon as it is written. Its runs directory, `runs/`, lies under
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import signal
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FAST_COMPILES, REPO
+from tests.conftest import REPO
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
@@ -145,8 +144,7 @@ def placeheld(arg: str, cwd: Path) -> str:
 def run(argv: list[str], cwd: Path) -> tuple[int, str]:
     """Run it to its end; a `--watch` redraws until Ctrl-C, which comes after its first
     screen. (exit code, output)."""
-    env = {**os.environ, **FAST_COMPILES}  # compiles as the suite's own processes do
-    with subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+    with subprocess.Popen(argv, cwd=cwd, stdin=subprocess.DEVNULL,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True) as process:
         if "--watch" in argv:

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from learners.training.mesh import make_learner_mesh
-from tests.conftest import FAST_COMPILES, REPO, make_config
+from tests.conftest import REPO, make_config
 
 CASES = [
     ("ppo", []),
@@ -22,7 +22,7 @@ CASES = [
 pytestmark = pytest.mark.slow
 """A fresh interpreter with 4 devices compiles every case: some 20 s on 2 cores, the
 largest cost the quick part had (`./test.sh -m "not slow"` took 110 s with it)."""
-FOUR_DEVICES = {**FAST_COMPILES, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+FOUR_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
 """XLA_FLAGS must be set before JAX starts, hence a fresh interpreter."""
 
 
