@@ -71,11 +71,14 @@ def test_a_controller_that_does_not_read_costs_heartbeats_not_returns(tmp_path: 
         controller.close(linger=0)
 
 
-def _stats_pair(tmp_path: Path, config: ExperimentConfig, name: str) -> tuple[zmq.Socket, Worker]:
+def _stats_pair(tmp_path: Path, config: ExperimentConfig, name: str,
+                worker: Worker | None = None) -> tuple[zmq.Socket, Worker]:
+    """A controller's end of the stats stream and `worker` (a ReturnsWorker if none)
+    connected to it, past the heartbeat the connecting sends."""
     controller = make_socket(zmq.Context.instance(), STATS.bind_type, hwm=1000)
     controller.bind(f"inproc://{name}")
     FileNameService(tmp_path / "names").register(STATS.key(), f"inproc://{name}")
-    worker = ReturnsWorker(config, tmp_path)
+    worker = worker or ReturnsWorker(config, tmp_path)
     worker.connect_stats()
     assert controller.poll(1000)
     receive(controller, STATS.binder_receives, RejectCounter())  # the one connecting sends
@@ -134,10 +137,8 @@ def test_an_evaluator_heartbeats_while_it_builds_its_policies(tmp_path: Path,
     config = ExperimentConfig()
     config.runtime.stats_interval_s = 0.05
     config.runtime.compilation_cache_dir = ""  # this process keeps the suite's cache
-    controller = make_socket(zmq.Context.instance(), STATS.bind_type, hwm=1000)
-    controller.bind("inproc://test-evaluator-busy")
-    FileNameService(tmp_path / "names").register(STATS.key(), "inproc://test-evaluator-busy")
     evaluator = EvaluatorWorker(config, 0, tmp_path, FileNameService(tmp_path / "names"))
+    controller, _ = _stats_pair(tmp_path, config, "test-evaluator-busy", evaluator)
     seen: list[dict] = []
 
     def slow_build(*args, **kwargs):
@@ -147,9 +148,6 @@ def test_an_evaluator_heartbeats_while_it_builds_its_policies(tmp_path: Path,
 
     monkeypatch.setattr(evaluator_module, "make_runner", slow_build)
     try:
-        evaluator.connect_stats()
-        assert controller.poll(1000)
-        _heartbeats(controller)  # the one connecting sends
         with pytest.raises(BuildingStopped):
             evaluator.setup()
         assert len(seen) >= 5, "heartbeats went on while the policies were built"
