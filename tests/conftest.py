@@ -41,9 +41,9 @@ FAST_COMPILES = {"JAX_DISABLE_MOST_OPTIMIZATIONS": "1"}
 """JAX settings for the suite's processes: tests compile many small programs and run each a
 few times, so XLA's optimizer costs more than it saves. So do the runs tests start: most
 spend their seconds starting and being killed, not training, and on a cold compilation
-cache (CI's) the optimizer took most of a start (a cartpole_ppo start: 14 CPU-s against
-10). Six of the longest files took 204 s against 253 s with it; the runs trained to a
-target took as long either way."""
+cache (a fresh machine's) the optimizer took a good part of a start (a cartpole_ppo start:
+14 CPU-s with it against 10). Five of the longest files took 271 test-seconds against 314
+with it; the runs trained to a target took as long either way."""
 
 
 TEST_COMPILATION_CACHE = Path("~/.cache/srl_jax/jax_tests").expanduser()
