@@ -55,15 +55,21 @@ keys hold the program, its options and JAX's version, so clones of other code sh
 safely."""
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    """FAST_COMPILES for the test process and every process it starts (by the environment);
-    TEST_COMPILATION_CACHE for the test process alone."""
-    os.environ.update(FAST_COMPILES)
-    jax.config.update("jax_disable_most_optimizations", True)
+def use_test_compilation_cache() -> None:
+    """TEST_COMPILATION_CACHE for this process: the test process's, and the scripts tests
+    run in fresh interpreters of their own (tests/mesh_check.py: 25 s cold, on 2 cores)."""
     jax.config.update("jax_compilation_cache_dir", str(TEST_COMPILATION_CACHE))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     jax.config.update("jax_compilation_cache_max_size", 256 * 2**20)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """FAST_COMPILES for the test process and every process it starts (by the environment);
+    TEST_COMPILATION_CACHE for the test process (runs keep their own cache)."""
+    os.environ.update(FAST_COMPILES)
+    jax.config.update("jax_disable_most_optimizations", True)
+    use_test_compilation_cache()
 
 
 LONGEST_FILES = ("test_ray_backend.py", "test_population_run.py", "test_faults.py",

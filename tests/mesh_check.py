@@ -14,7 +14,7 @@ import numpy as np
 from actors.envs import env_spec
 from learners.training.learner import Learner, build_learner
 from learners.training.mesh import MeshError, make_learner_mesh
-from tests.conftest import make_config
+from tests.conftest import make_config, use_test_compilation_cache
 
 
 def example_window(learner: Learner) -> int:
@@ -84,6 +84,7 @@ def chosen_devices() -> dict:
 def main() -> None:
     """argv[1]: a JSON list of [algorithm, [override, ...]] cases."""
     cases = json.loads(sys.argv[1])
+    use_test_compilation_cache()
     print(json.dumps({"devices": len(jax.devices()), "indivisible_error": indivisible_error(),
                       "chosen": chosen_devices(),
                       "cases": [compare(algo, overrides) for algo, overrides in cases]}))
