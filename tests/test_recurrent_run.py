@@ -1,6 +1,6 @@
 """A recurrent experiment end to end: `cartpole_lstm_ppo` (CartPole without velocities,
 an LSTM policy) in real processes, through remote inference, a killed actor and a
-killed inference server (both restarted), until its evaluator sees 500; then the
+killed inference server (both restarted), until its evaluator sees EVAL_TARGET; then the
 policy it saved plays with its memory in `srl_jax.evaluate` and through `load_policy`.
 The evaluator's and `srl_jax.evaluate`'s end-to-end checks live here: one trained run
 serves them all."""
@@ -34,6 +34,11 @@ from tests.conftest import (
 pytestmark = pytest.mark.slow
 RANDOM_RETURN = 22.0
 """CartPole's mean return under uniformly random actions."""
+EVAL_TARGET = 300
+"""The evaluator's mean over 10 episodes that stops the run: far above what the policy plays
+without its memory (under 100, asserted below), and short of 500, which took this run 7 s
+more of its 20 alone on 2 cores (cartpole_lstm_ppo's time to 475 is benchmarked, in
+bench/results/configs.json)."""
 
 
 def forgetful_return(policy: TrainedPolicy, env, seed: int) -> float:
@@ -47,12 +52,12 @@ def forgetful_return(policy: TrainedPolicy, env, seed: int) -> float:
     return total
 
 
-def test_lstm_ppo_evaluates_at_500_through_a_killed_actor_and_inference_server(
+def test_lstm_ppo_evaluates_at_its_target_through_a_killed_actor_and_inference_server(
         processes: Processes, tmp_path: Path) -> None:
     """The server dies first: until its successor serves, nothing moves, so the run cannot
     reach its target before both successors are seen running."""
     process, run_dir = launch(processes, tmp_path, "stop.target_return=null",
-                              "stop.target_eval_return=500", "stop.wall_time_s=300",
+                              f"stop.target_eval_return={EVAL_TARGET}", "stop.wall_time_s=300",
                               "evaluation.every_updates=10", "evaluation.episodes=10",
                               "actors.inference_timeout_s=1", "runtime.restart_backoff_s=0.2",
                               # One actor: its 64 envs act more than the learner takes, and
@@ -70,11 +75,10 @@ def test_lstm_ppo_evaluates_at_500_through_a_killed_actor_and_inference_server(
 
     rows = read_metrics(run_dir)
     final = read_status(run_dir)
-    # LSTM PPO here peaks at 500 and may fall back for a while: frequent evaluations
-    # catch a peak, and the stop reason says whether one was caught in time. Ten episodes
-    # an evaluation keep a lucky peak from passing: the checkpoint that stops the run is
-    # played again below on other seeds.
-    assert "eval_return_mean 500.0" in final["stop_reason"], final["stop_reason"]
+    # Ten episodes an evaluation keep a lucky one from passing: the checkpoint that stops
+    # the run is played again below.
+    assert final["stop_reason"].startswith("eval_return_mean ") and \
+        f"reached the target {EVAL_TARGET}" in final["stop_reason"], final["stop_reason"]
     assert all(a["env_frames"] <= b["env_frames"] for a, b in itertools.pairwise(rows))
     assert any("policy_lag_mean" in r for r in rows)
     assert rows[-1]["system/restarts"] == 2
@@ -90,26 +94,25 @@ def test_lstm_ppo_evaluates_at_500_through_a_killed_actor_and_inference_server(
     versions = [r["eval_policy_version"] for r in evaluated]
     assert versions == sorted(versions) and all(
         b - a >= 10 for a, b in itertools.pairwise(versions))
-    # The first row at 500 stopped the run; an evaluation that ends before the stop
+    # The first row at the target stopped the run; an evaluation that ends before the stop
     # reaches the evaluator may still follow it, with any score.
-    stopping = next(r for r in evaluated if r["eval_return_mean"] >= 500)
-    assert stopping["eval_return_mean"] == 500
+    stopping = next(r for r in evaluated if r["eval_return_mean"] >= EVAL_TARGET)
     assert worker(final, "evaluator-0")["restarts"] == 0
-    # The best so far is kept: the first evaluation at 500 (the evaluator may score 500
-    # again before the stop reaches it, and two evaluations may share a metrics row).
+    # The best so far is kept: the first evaluation at the target (the evaluator may score
+    # higher before the stop reaches it, and two evaluations may share a metrics row).
     [best] = steps_in(evaluated_root(run_dir))
     assert best <= versions[-1] and step_meta(evaluated_root(run_dir), best)[
-        "eval_return_mean"] == 500
+        "eval_return_mean"] == stopping["eval_return_mean"]
 
     # The best checkpoint is the policy the evaluator scored: on the evaluator's own
-    # episodes it plays exactly that score. (On other seeds an LSTM policy caught at its
-    # peak still drops an episode now and then: 4 of 5 at 487-500 and one at 227, once.)
+    # episodes it plays exactly that score (on other seeds an LSTM policy's returns spread
+    # widely: once 4 of 5 at 487-500 and one at 227, caught at 500).
     policy = load_policy(run_dir, best=True)
     env = make_env(policy.config.env)
     seeds = [env_seed(policy.config.seed, EVALUATOR_ACTOR_INDEX, episode)
              for episode in range(10)]
     with_memory = np.mean([play_episode(policy, env, seed)[0] for seed in seeds])
-    assert with_memory == stopping["eval_return_mean"] == 500
+    assert with_memory == pytest.approx(stopping["eval_return_mean"], abs=1e-6)
     # Velocities are masked: the policy balances only by remembering earlier positions.
     without = np.mean([forgetful_return(policy, env, seed) for seed in seeds])
     assert without < 100, without

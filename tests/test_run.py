@@ -29,19 +29,23 @@ from tests.paced_env import SMALL_PACED_RUN
 pytestmark = pytest.mark.slow
 
 
-def test_impala_solves_cartpole_on_envpool_with_inline_inference_on_four_devices(
+def test_impala_trains_cartpole_on_envpool_with_inline_inference_on_four_devices(
         processes: Processes, tmp_path: Path) -> None:
-    """One run covers several features, so the suite pays for one solve, not four. The
-    default experiment (PPO, remote inference) solves in tests/test_distributed.py (two
-    learner processes; on Ray it trains to 300 in tests/test_ray_backend.py), and the LSTM
-    config in tests/test_recurrent_run.py."""
-    process, run_dir = launch(processes, tmp_path, "stop.wall_time_s=240",
+    """One run covers several features, so the suite pays for one training run, not four;
+    to 300, far above random play (about 20): the last stretch to 475 took it 8 s more of
+    its 16 alone on 2 cores, and cartpole_impala's time to 475 is benchmarked
+    (bench/results/configs.json). The default experiment (PPO, remote inference) solves in
+    tests/test_distributed.py (two learner processes; on Ray it trains to 300 in
+    tests/test_ray_backend.py), and the LSTM config evaluates at 300 in
+    tests/test_recurrent_run.py."""
+    process, run_dir = launch(processes, tmp_path, "stop.target_return=300",
+                              "stop.wall_time_s=240",
                               "env.backend=envpool", "actors.inline_inference=true",
                               "learner.devices=4", experiment="cartpole_impala",
                               env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
     assert process.wait(timeout=300) == 0, (tmp_path / "launch.log").read_text()
     rows = read_metrics(run_dir)
-    assert max(r.get("episode_return_mean", 0) for r in rows) >= 475
+    assert max(r.get("episode_return_mean", 0) for r in rows) >= 300
     assert all(a["env_frames"] <= b["env_frames"] for a, b in itertools.pairwise(rows))
     assert rows[-1]["system/wire_rejected"] == 0
     final = read_status(run_dir)
