@@ -298,9 +298,14 @@ def s3_bucket(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """An empty bucket on an S3 server on loopback (moto's), as `s3://bucket`: the standard
     AWS variables point s3fs, tensorstore and every process the test starts at it."""
     import s3fs
+    from moto import backends
     from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # a line per request otherwise
+    # moto's server lists its package's folders on every request to tell a service's name
+    # from a host's: some 200 stat calls a request, most of the S3 checkpoint test's 20 s
+    modules = tuple(backends.list_of_moto_modules())
+    monkeypatch.setattr(backends, "list_of_moto_modules", lambda: modules)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     endpoint = "http://{}:{}".format(*server.get_host_and_port())

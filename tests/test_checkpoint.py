@@ -350,7 +350,7 @@ def test_checkpoint_dir_is_a_local_path_or_a_known_uri() -> None:
 
 @pytest.mark.parametrize("store", [
     "file",
-    # 10 s and more: moto answers the copy of the best step's files one request at a time
+    # some 12 s on 2 cores: moto, in the test's own process, answers every request
     pytest.param("s3", marks=pytest.mark.slow)])
 def test_checkpoints_go_to_a_location_outside_the_run_dir(
         store: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:

@@ -48,11 +48,11 @@ import logging
 import os
 import shutil
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import fsspec.core
 import jax
 import orbax.checkpoint as ocp
 from etils import epath
@@ -266,29 +266,24 @@ def _restore_args(like: Any) -> ocp.args.Composite:
 
 def _copy_step(source: epath.Path, target: epath.Path) -> None:
     """Copy a complete step to `target` so that no reader sees it half copied: locally
-    as hard links, renamed into place; in a bucket file by file (`BUCKET_COPIES` at once:
-    one by one, a step of the default experiment's 90 files held the learner up 4 s), the
-    commit file last."""
+    as hard links, renamed into place; in a bucket by one listing and server-side copies
+    (fsspec's, `BUCKET_COPIES` at once), so no byte passes through the learner's host, the
+    commit file last. (File by file through epath, each copy a download and an upload
+    after two listings, the S3 test's step copies made most of its 6,600 requests.)"""
     if not is_bucket(target):
         linking = target.with_name(f"{target.name}.linking")
         shutil.rmtree(linking, ignore_errors=True)
         shutil.copytree(source, linking, copy_function=os.link)
         linking.rename(target)
         return
-
-    def copy(file: epath.Path) -> None:  # a bucket has no folders to make first
-        file.copy(target / file.relative_to(source), overwrite=True)
-
-    with ThreadPoolExecutor(BUCKET_COPIES) as pool:
-        list(pool.map(copy, [f for f in _files(source) if f.name != COMMIT_FILE]))
-    copy(source / COMMIT_FILE)
-
-
-def _files(directory: epath.Path) -> list[epath.Path]:
-    """Every file under `directory` (epath's glob has no `**`, and its walk hands s3fs an
-    argument it refuses)."""
-    return [file for path in directory.iterdir()
-            for file in (_files(path) if path.is_dir() else [path])]
+    fs, source_key = fsspec.core.url_to_fs(os.fspath(source))
+    target_key = fs._strip_protocol(os.fspath(target))
+    files = fs.find(source_key)
+    commit = f"{source_key}/{COMMIT_FILE}"
+    rest = [key for key in files if key != commit]
+    fs.copy(rest, [target_key + key[len(source_key):] for key in rest],
+            batch_size=BUCKET_COPIES)
+    fs.copy(commit, f"{target_key}/{COMMIT_FILE}")
 
 
 def _absolute(directory: epath.Path | Path) -> epath.Path:
