@@ -277,7 +277,7 @@ def _copy_step(source: epath.Path, target: epath.Path) -> None:
         linking.rename(target)
         return
     fs, source_key = fsspec.core.url_to_fs(os.fspath(source))
-    target_key = fs._strip_protocol(os.fspath(target))
+    _, target_key = fsspec.core.url_to_fs(os.fspath(target))
     files = fs.find(source_key)
     commit = f"{source_key}/{COMMIT_FILE}"
     rest = [key for key in files if key != commit]
