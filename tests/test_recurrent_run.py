@@ -1,6 +1,6 @@
 """A recurrent experiment end to end: `cartpole_lstm_ppo` (CartPole without velocities,
 an LSTM policy) in real processes, through remote inference, a killed actor and a
-killed inference server (both restarted), until its evaluator sees EVAL_TARGET; then the
+killed inference server (both restarted), until its evaluator's mean reaches 300; then the
 policy it saved plays with its memory in `srl_jax.evaluate` and through `load_policy`.
 The evaluator's and `srl_jax.evaluate`'s end-to-end checks live here: one trained run
 serves them all."""
@@ -98,11 +98,12 @@ def test_lstm_ppo_evaluates_at_its_target_through_a_killed_actor_and_inference_s
     # reaches the evaluator may still follow it, with any score.
     stopping = next(r for r in evaluated if r["eval_return_mean"] >= EVAL_TARGET)
     assert worker(final, "evaluator-0")["restarts"] == 0
-    # The best so far is kept: the first evaluation at the target (the evaluator may score
-    # higher before the stop reaches it, and two evaluations may share a metrics row).
+    # The best so far is kept: at least the stopping row's score (the evaluator may score
+    # higher before the stop reaches it, and two evaluations may share a metrics row, whose
+    # score is then their mean).
     [best] = steps_in(evaluated_root(run_dir))
-    assert best <= versions[-1] and step_meta(evaluated_root(run_dir), best)[
-        "eval_return_mean"] == stopping["eval_return_mean"]
+    best_score = step_meta(evaluated_root(run_dir), best)["eval_return_mean"]
+    assert best <= versions[-1] and best_score >= stopping["eval_return_mean"]
 
     # The best checkpoint is the policy the evaluator scored: on the evaluator's own
     # episodes it plays exactly that score (on other seeds an LSTM policy's returns spread
@@ -112,7 +113,7 @@ def test_lstm_ppo_evaluates_at_its_target_through_a_killed_actor_and_inference_s
     seeds = [env_seed(policy.config.seed, EVALUATOR_ACTOR_INDEX, episode)
              for episode in range(10)]
     with_memory = np.mean([play_episode(policy, env, seed)[0] for seed in seeds])
-    assert with_memory == pytest.approx(stopping["eval_return_mean"], abs=1e-6)
+    assert with_memory == best_score
     # Velocities are masked: the policy balances only by remembering earlier positions.
     without = np.mean([forgetful_return(policy, env, seed) for seed in seeds])
     assert without < 100, without
