@@ -5,6 +5,10 @@
 #   ./test.sh -m "not slow"   # the quick part
 source "$(dirname "$0")/scripts/ensure_venv.sh" dev
 cd "$ROOT"
+# The dev install is not compiled to bytecode (scripts/ensure_venv.sh): Python writes it as
+# modules are first imported, once, where PYTHONDONTWRITEBYTECODE would have every process of
+# every test compile them anew.
+unset PYTHONDONTWRITEBYTECODE
 "$VENV/bin/ruff" check .
 # --strict: a broken link or anchor fails; the site goes to build/site/ (ignored by git).
 NO_MKDOCS_2_WARNING=1 "$VENV/bin/mkdocs" build --strict
