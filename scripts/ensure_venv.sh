@@ -41,8 +41,8 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
         fi
         "$PYTHON" -m venv "$VENV"
     fi
-    # uv installs the lock (pip took 90 s of the suite's 9 minutes on 2 cores, uv 25 s); uv
-    # itself comes by pip from its own lock, hashes checked too.
+    # uv installs the lock (pip took 90 s of the suite's 9 minutes on 2 cores, uv 2 s without
+    # compiling); uv itself comes by pip from its own lock, hashes checked too.
     "$VENV/bin/python" -m pip install -q --require-hashes -r "$ROOT/requirements/installer.lock" >&2
     uv_install() { "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" "$@" >&2; }
     # run.sh's lean install is compiled to bytecode here, so a run's processes never compile
