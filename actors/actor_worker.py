@@ -39,7 +39,12 @@ from srl_jax.core.incarnation import Incarnation
 from srl_jax.core.names import NameService
 from srl_jax.core.shm.attach import open_outbox
 from srl_jax.core.shm.channels import Outbox
-from srl_jax.core.shm.stream_layouts import chunk_slot_layout, reply_layout, request_layout
+from srl_jax.core.shm.stream_layouts import (
+    REQUEST_SLOTS,
+    chunk_slot_layout,
+    reply_layout,
+    request_layout,
+)
 from srl_jax.core.stream_table import INFERENCE, INSERTS
 from srl_jax.core.streams import receive, send
 from srl_jax.core.wire import Message
@@ -51,8 +56,6 @@ EXPLORE_STREAM = 1 << 20
 OPPONENT_STREAM = EXPLORE_STREAM + 1
 """Env index of the seed of the generator that draws self-play opponents."""
 SEND_WAIT_LOG_S = 5.0
-REQUEST_SLOTS = 2
-"""Shared-memory request slots per split: a request sent again goes to the other one."""
 
 
 def split_seeds(config: ExperimentConfig, actor_index: int,
@@ -85,6 +88,8 @@ class ActorWorker(Worker):
         self.outboxes: list[Outbox | None] = []
         """Per policy, its requests' shared-memory slots where its servers share this
         host (None: they go on the socket)."""
+        self.retired: list[Outbox] = []
+        """Request slots handed to ZeroMQ (`_hand_off`), kept for their counters."""
 
     def setup(self) -> None:
         self.core = self._build_core()
@@ -208,9 +213,13 @@ class ActorWorker(Worker):
     def _send_request(self, request: Request) -> None:
         """Send `request`; with no server connected, the core asks again shortly."""
         outbox = self.outboxes[request.policy]
+        if outbox is not None and outbox.unreachable:
+            self._hand_off(request.policy)
+            outbox = None
         if outbox is not None:
-            delivered = outbox.send(REQUEST_SLOTS * request.split + request.seq % REQUEST_SLOTS,
-                                    request.meta, request.arrays)
+            first = REQUEST_SLOTS * request.split
+            slot = outbox.open_slot(range(first, first + REQUEST_SLOTS))
+            delivered = slot is not None and outbox.send(slot, request.meta, request.arrays)
         else:
             try:
                 send(self.inference[request.policy], "infer_request", request.meta,
@@ -225,6 +234,17 @@ class ActorWorker(Worker):
                 self._next_no_server_log = now + SEND_WAIT_LOG_S
                 self.log.info("waiting for an inference server of policy '%s' to connect",
                               self.policies[request.policy])
+
+    def _hand_off(self, p: int) -> None:
+        """Policy `p`'s servers could not be rung for a heartbeat timeout: its requests go
+        over ZeroMQ from now on (counted, logged once)."""
+        self.log.warning("the inference servers of policy '%s' could not be rung through "
+                         "shared memory for %.0fs: ZeroMQ carries their requests from now on",
+                         self.policies[p], self.outboxes[p].handoff_after_s)
+        self.poller.unregister(self.outboxes[p])
+        self.poller.register(self.inference[p], zmq.POLLIN)
+        self.retired.append(self.outboxes[p])
+        self.outboxes[p] = None
 
     def _send_chunk(self, chunk: Chunk) -> None:
         """Send a chunk to its policy's learner (or replay servers), with that policy's
@@ -257,11 +277,16 @@ class ActorWorker(Worker):
         core = self.core.counters() if self.core is not None else \
             dict.fromkeys(ActorCore.COUNTERS, 0)
         senders = [sender for sender in self.samples if sender is not None]
-        owned = [*(s.outbox for s in senders), *self.outboxes]
+        live = [outbox for outbox in (*(s.outbox for s in senders), *self.outboxes)
+                if outbox is not None]
+        every = [*live, *self.retired, *(s.retired for s in senders if s.retired is not None)]
         return {**core, "chunks_sent": sum(s.sent for s in senders),
                 "chunks_dropped": sum(s.dropped for s in senders),
                 "time_wait": self.time_wait, "time_send": self.time_send,
-                "shm_mib": sum(o.nbytes for o in owned if o is not None) / 2**20}
+                "shm_mib": sum(outbox.nbytes for outbox in live) / 2**20,
+                "shm_reclaimed": sum(outbox.reclaimed for outbox in every),
+                "shm_rerung": sum(outbox.rerung for outbox in every),
+                "shm_handoffs": len(every) - len(live)}
 
     def stats_arrays(self) -> dict[str, np.ndarray]:
         return self.core.episode_arrays() if self.core is not None else super().stats_arrays()
@@ -272,7 +297,7 @@ class ActorWorker(Worker):
         for sender in self.samples:
             if sender is not None:
                 sender.close()
-        for outbox in self.outboxes:
+        for outbox in (*self.outboxes, *self.retired):
             if outbox is not None:
                 outbox.close()
         for socket in self.inference:

@@ -2,7 +2,9 @@
 replay servers on other hosts), or the actor's ring of shared-memory slots where they
 share its host (srl_jax/core/shm/). A full stream drops the chunk or blocks,
 heartbeating, as `actors.send_policy` says: full is the socket's high-water mark, or
-every slot of the ring still waiting to be copied out."""
+every slot of the ring still waiting to be copied out (a slot is never overwritten while
+its chunk waits). Where the binders could not be rung through shared memory for a
+heartbeat timeout, the stream is handed to ZeroMQ for good (logged once)."""
 
 from __future__ import annotations
 
@@ -38,6 +40,8 @@ class ChunkSender:
         self.keep_alive = keep_alive
         self.sent = 0
         self.dropped = 0
+        self.retired: Outbox | None = None
+        """The shared-memory slots handed to ZeroMQ, kept for their counters."""
         self.blocked_since: float | None = None
         """Wall time since which a send waits on a full stream (None: it does not)."""
 
@@ -50,6 +54,11 @@ class ChunkSender:
             self._send_blocking(meta, arrays)
 
     def _try(self, meta: dict, arrays: dict[str, np.ndarray]) -> bool:
+        if self.outbox is not None and self.outbox.unreachable:
+            log.warning("the %s could not be rung through shared memory for %.0fs: ZeroMQ "
+                        "carries its chunks from now on", self.destination,
+                        self.outbox.handoff_after_s)
+            self.retired, self.outbox = self.outbox, None
         if self.outbox is not None:
             slot = self.outbox.free_slot()
             return slot is not None and self.outbox.send(slot, meta, arrays)
@@ -81,6 +90,7 @@ class ChunkSender:
             self.blocked_since = None
 
     def close(self) -> None:
-        if self.outbox is not None:
-            self.outbox.close()
+        for outbox in (self.outbox, self.retired):
+            if outbox is not None:
+                outbox.close()
         self.socket.close()

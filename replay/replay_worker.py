@@ -44,7 +44,7 @@ from srl_jax.core.chunk_spec import chunk_error, run_chunk_layout
 from srl_jax.core.memory import resident_mib
 from srl_jax.core.names import NameService
 from srl_jax.core.shm.attach import open_inbox
-from srl_jax.core.shm.channels import Inbox, InTurn
+from srl_jax.core.shm.channels import Inbox, InTurn, shm_counters
 from srl_jax.core.shm.stream_layouts import chunk_slot_layout
 from srl_jax.core.stream_table import INSERTS, REPLAY
 from srl_jax.core.streams import receive, send
@@ -289,6 +289,7 @@ class ReplayWorker(Worker):
             "time_insert": self.time_insert, "time_sample": self.time_sample,
             "pending_requests": len(self.pending),
             "storage_mb": self.buffer.nbytes / 2**20, "rss_mb": resident_mib() or 0.0,
+            **shm_counters(self.inbox),
             **{f"priority_{k}": v for k, v in stats.items()},
         }
 

@@ -29,6 +29,7 @@ import shutil
 import sys
 import time
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 
 import yaml
@@ -234,9 +235,10 @@ def network_names(config: ExperimentConfig, backend: str, ray_address: str | Non
 
 
 def make_backend(name: str, run_dir: Path, config: ExperimentConfig,
-                 ray_address: str | None = None) -> LaunchBackend:
+                 ray_address: str | None = None, shared_memory: bool = True) -> LaunchBackend:
+    """`shared_memory`: the local backend owns its workers' (`shared_memory_plan`)."""
     if name == "local":
-        return LocalBackend(run_dir)
+        return LocalBackend(run_dir, shared_memory)
     if name == "ray":
         from srl_jax.runtime.ray_backend import RayBackend  # imports ray
 
@@ -244,11 +246,22 @@ def make_backend(name: str, run_dir: Path, config: ExperimentConfig,
     raise ValueError(f"unknown backend '{name}'")
 
 
+def shared_memory_plan(config: ExperimentConfig, backend: str) -> tuple[bool, str | None]:
+    """Whether the run's workers of this host share memory, and the line that says why
+    not where `auto` falls back (srl_jax/core/shm/budget.py); ConfigError for `on`."""
+    from actors.actor_core import MAX_SENT_RETURNS
+    from actors.envs import policy_spec
+    from srl_jax.core.shm.budget import plan_shared_memory
+
+    return plan_shared_memory(config, backend, partial(policy_spec, config), MAX_SENT_RETURNS)
+
+
 def main(argv: list[str] | None = None) -> int:
     launched = time.time()
     args = parse_args(argv)
     try:
         config, run_dir, resume_steps, placement = prepare_run(args)
+        shared_memory, fallback = shared_memory_plan(config, args.backend)
     except ConfigError as error:
         print(f"srl_jax.launch: config error: {error}", file=sys.stderr)
         return EXIT_CONFIG
@@ -266,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, filename=run_dir / "logs" / "controller.log",
         format="%(asctime)s controller %(levelname)s %(name)s: %(message)s")
     try:
-        backend = make_backend(args.backend, run_dir, config, args.ray_address)
+        backend = make_backend(args.backend, run_dir, config, args.ray_address, shared_memory)
     except BackendError as error:
         print(f"srl_jax.launch: {error}", file=sys.stderr)
         return EXIT_FAILED
@@ -281,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"srl_jax: {config.name} resumes from checkpoint {where} -> {run_dir}",
               flush=True)
     print("\n".join(placement.lines()), flush=True)
+    if fallback:
+        print(f"srl_jax: {fallback}", flush=True)
+        logging.getLogger(__name__).warning("%s", fallback)
     return Controller(config, run_dir, backend, progress, resume_row=resume_row,
                       resumed=resume_steps is not None, keys=keys, placement=placement,
                       launched=launched,

@@ -123,10 +123,11 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
-def shm_dirs(owner_pid: int) -> list[Path]:
-    """The shared-memory directories of the workers a controller `owner_pid` started
+def shm_dir(run_dir: Path) -> Path | None:
+    """The shared-memory directory of a run's workers, as its status.json names it
     (srl_jax/core/shm/place.py)."""
-    return sorted(Path("/dev/shm").glob(f"srl_jax-{os.getuid()}-{owner_pid}-*"))
+    path = read_status(run_dir).get("shared_memory")
+    return Path(path) if path else None
 
 
 def pid_alive(pid: int) -> bool:

@@ -28,6 +28,7 @@ from srl_jax.config.run_dir import checkpoint_steps, read_run_config
 from srl_jax.core.faults import FAULTS_ENV, FaultPlan, InjectedFault
 from srl_jax.core.incarnation import FIRST, Incarnation
 from srl_jax.core.names import FileNameService
+from srl_jax.core.shm import place
 from srl_jax.core.stream_table import INFERENCE
 from tests.conftest import (
     REPO,
@@ -39,7 +40,7 @@ from tests.conftest import (
     pid_alive,
     read_metrics,
     read_status,
-    shm_dirs,
+    shm_dir,
     wait_for,
     wait_restarted,
     worker,
@@ -174,12 +175,13 @@ def test_workers_that_raise_or_freeze_are_replaced_and_lose_nothing_saved(
         trains_on(run_dir, f"training after {' and '.join(names)} were replaced")
     # Their requests and chunks went through shared memory, and the slots of the actor
     # killed went with it (its successor removed them).
-    [directory] = shm_dirs(process.pid)
-    slots = [int(path.name.split(".")[-2]) for path in directory.glob("*.slots")]
-    assert len(slots) == 4 and all(pid_alive(pid) for pid in slots), slots  # 2 actors x 2
+    directory = shm_dir(run_dir)
+    slots = [int(path.name.split(".")[-2], 16) for path in directory.glob("*.slots")]
+    assert len(slots) == 4 and all(place.alive(directory, token) for token in slots), \
+        slots  # 2 actors x 2
 
     interrupt(process, tmp_path / "launch.log")
-    assert not shm_dirs(process.pid), "the controller removed its shared memory"
+    assert not directory.exists(), "the controller removed its shared memory"
     log = (run_dir / "logs" / "controller.log").read_text()
     for name in frozen:
         assert re.search(rf"no heartbeat from {name} for \d+s; killing it", log), name

@@ -97,6 +97,9 @@ class ScriptedBackend:
     def ports(self) -> list[dict[str, Any]]:
         return []
 
+    def shared_memory_dir(self) -> Path | None:
+        return None
+
     def exit_code(self, handle: WorkerHandle) -> int | None:
         return handle.ref.code
 

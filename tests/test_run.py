@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import os
 import signal
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from tests.conftest import (
     pid_alive,
     read_metrics,
     read_status,
-    shm_dirs,
+    shm_dir,
     wait_for,
     worker,
 )
@@ -91,7 +90,9 @@ def test_workers_exit_when_the_controller_is_killed(processes: Processes,
                                                     tmp_path: Path) -> None:
     process, run_dir = launch(processes, tmp_path, "stop.wall_time_s=300", *SMALL_PACED_RUN)
     wait_for(lambda: all_running(run_dir), 90, "all workers running")
-    assert shm_dirs(process.pid), "the workers met through shared memory"
+    directory = shm_dir(run_dir)
+    assert directory is not None and any(directory.glob("*.slots")), \
+        "the workers met through shared memory"
     pids = [w["pid"] for w in read_status(run_dir)["workers"]]
     process.kill()
     process.wait()
@@ -99,8 +100,9 @@ def test_workers_exit_when_the_controller_is_killed(processes: Processes,
     # The killed controller's shared memory waits for the next run on this host, whose
     # launch backend removes it when it starts, and its own when it ends. (Another test's
     # run may start first and sweep it: tests/test_shared_memory.py covers the sweep.)
+    assert directory.is_dir()
     LocalBackend(tmp_path / "next").close()
-    assert not shm_dirs(process.pid) and not shm_dirs(os.getpid())
+    assert not directory.exists()
 
 
 def test_config_error_leaves_no_run(tmp_path: Path) -> None:

@@ -1,35 +1,41 @@
 """Same-host streams through shared memory (srl_jax/core/shm/): both ends of the
 inference and chunk streams over real files in /dev/shm and real FIFOs, the wire's rules
-on a slot (bounded rows, a peer of another layout refused, counted and dropped), stale
-and dead peers, and the sweeps that leave nothing behind. Runs that kill workers and
-controllers with shared memory on: tests/test_faults.py and tests/test_run.py."""
+on a slot (bounded rows, a peer of another layout refused, counted and dropped), and
+what the kernel vouches for: peers and owners alive by their locks (not their pids), a
+slot never overwritten while its message waits or is read, each message taken once,
+directories and FIFOs that are this user's alone. Runs that kill workers and controllers
+with shared memory on: tests/test_faults.py and tests/test_run.py; runs in two PID
+namespaces and under a small /dev/shm: tests/test_shm_isolation.py."""
 
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from srl_jax.config.loader import load_config
-from srl_jax.config.schema import ExperimentConfig
+from srl_jax.config.schema import ConfigError, ExperimentConfig, request_rows
 from srl_jax.core.env_spec import EnvSpec
 from srl_jax.core.names import FileNameService
-from srl_jax.core.shm import place
-from srl_jax.core.shm.attach import SCHEME, open_inbox, open_outbox
-from srl_jax.core.shm.bell import MAGIC, RECORD
-from srl_jax.core.shm.channels import Inbox, Outbox, peer_path
+from srl_jax.core.shm import bell as bell_module
+from srl_jax.core.shm import budget, place
+from srl_jax.core.shm.attach import SCHEME, SharedMemoryUnavailable, open_inbox, open_outbox
+from srl_jax.core.shm.bell import MAGIC, RECORD, Bell
+from srl_jax.core.shm.channels import FREE, TAKEN, WAITING, Inbox, Outbox, peer_path
 from srl_jax.core.shm.layout import PREFIX_BYTES
-from srl_jax.core.shm.slot_file import FREE, TAKEN
 from srl_jax.core.shm.stream_layouts import chunk_slot_layout, reply_layout, request_layout
 from srl_jax.core.stream_table import INFERENCE, SAMPLES
 from srl_jax.core.streams import RejectCounter
 from tests.conftest import REPO
 
-pytestmark = pytest.mark.skipif(not place.available(), reason="needs /dev/shm and /proc")
+pytestmark = pytest.mark.skipif(place.unsupported_reason() is not None,
+                                reason="needs /dev/shm on x86")
 
 SPEC = EnvSpec(obs_shape=(4,), obs_dtype=np.dtype(np.float32), action_dim=2, continuous=False)
 CONFIG = ExperimentConfig()
@@ -37,6 +43,13 @@ CONFIG.selfplay.opponents = {"default": "trained"}  # a policy with every field:
 REQUEST, REPLY = request_layout(CONFIG, SPEC, "default"), reply_layout(CONFIG, SPEC, "default")
 CHUNK = chunk_slot_layout({"obs": ((9, 4, 4), np.dtype(np.float32)),
                            "rewards": ((8, 4), np.dtype(np.float32))}, max_returns=16)
+OBS = np.zeros((2, 4), np.float32)
+ANSWER = {"action": np.zeros(2, np.int32)}
+CHUNK_ARRAYS = {"obs": np.ones((9, 4, 4), np.float32), "rewards": np.ones((8, 4), np.float32)}
+
+
+def answer(seq: int, rows: int = 2) -> dict:
+    return {"split": 0, "seq": seq, "version": 0, "batch_rows": rows}
 
 
 @pytest.fixture
@@ -50,12 +63,26 @@ def shm_dir(tmp_path: Path) -> Path:
     directory.rmdir()
 
 
-def ends(shm_dir: Path, rejects: RejectCounter, slots: int = 4
+def ends(shm_dir: Path, rejects: RejectCounter, slots: int = 4, read_records: int = 1
          ) -> tuple[Inbox, Outbox]:
     stem = shm_dir / "inference.test"
     bell = Path(f"{stem}.bell")
-    return Inbox(bell, stem, [REQUEST, REPLY], slots, rejects), \
+    return Inbox(bell, stem, [REQUEST, REPLY], slots, rejects, read_records), \
         Outbox(stem, [bell], slots, REQUEST, REPLY)
+
+
+def chunk_ends(shm_dir: Path, binders: int = 1, slots: int = 2, **outbox: float
+               ) -> tuple[list[Inbox], Outbox]:
+    stem = shm_dir / "samples.test"
+    bells = [Path(f"{stem}.{i}.bell") for i in range(binders)]
+    return [Inbox(bell, stem, [CHUNK], slots, RejectCounter()) for bell in bells], \
+        Outbox(stem, bells, slots, CHUNK, **outbox)
+
+
+def replay(bell: Path, token: int, slot: int, stamp: int) -> None:
+    """Ring `bell` again with a record already rung (a writer that replays records)."""
+    with open(bell, "wb", buffering=0) as fifo:
+        fifo.write(RECORD.pack(token, slot, MAGIC, stamp))
 
 
 def test_a_request_and_its_reply_go_through_the_slots(shm_dir: Path) -> None:
@@ -69,27 +96,29 @@ def test_a_request_and_its_reply_go_through_the_slots(shm_dir: Path) -> None:
     plain = request_layout(ExperimentConfig(), SPEC, "default")  # no state, mask, opponent
     assert [field.name for field in plain.fields] == ["obs"]
     np.testing.assert_array_equal(request.arrays["obs"], obs)
+    assert outbox.status(1) == TAKEN, "claimed by the server until it answers"
     reply = {"action": np.array([1, 0, 1], np.int32), "logp": np.zeros(3, np.float32),
              "value": np.ones(3, np.float32)}
-    assert inbox.reply(route, {"split": 0, "seq": 1, "version": 7, "batch_rows": 3,
-                               "pool": [2, 5]}, reply)
-    answer = outbox.receive(rejects)
-    assert answer.meta == {"split": 0, "seq": 1, "version": 7, "batch_rows": 3, "pool": [2, 5]}
-    np.testing.assert_array_equal(answer.arrays["action"], reply["action"])
+    assert inbox.reply(route, {**answer(1, 3), "pool": [2, 5]}, reply)
+    assert outbox.status(1) == FREE
+    got = outbox.receive(rejects)
+    assert got.meta == {**answer(1, 3), "pool": [2, 5]}
+    np.testing.assert_array_equal(got.arrays["action"], reply["action"])
     assert outbox.receive(rejects) is None and inbox.receive() is None
     assert rejects.count == 0 and inbox.stale == 0
     outbox.close()
     inbox.close()
 
 
-def test_a_message_that_does_not_fit_its_layout_is_refused_by_the_writer(
-        shm_dir: Path) -> None:
+def test_request_slots_hold_the_most_rows_one_request_carries(shm_dir: Path) -> None:
+    """Not the servers' max_batch: atari_pong_impala's were 110 MiB an actor."""
+    rows = request_rows(CONFIG.actors, SPEC.agents)
+    assert REQUEST.fields[0].max_rows == rows < CONFIG.inference.max_batch * 4
     inbox, outbox = ends(shm_dir, RejectCounter())
     with pytest.raises(ValueError, match="do not fit"):
         outbox.send(0, {"split": 0, "seq": 1}, {"obs": np.zeros((3, 5), np.float32)})
-    too_many = np.zeros((CONFIG.inference.max_batch + 1, 4), np.float32)
     with pytest.raises(ValueError, match="do not fit"):
-        outbox.send(0, {"split": 0, "seq": 1}, {"obs": too_many})
+        outbox.send(0, {"split": 0, "seq": 1}, {"obs": np.zeros((rows + 1, 4), np.float32)})
     outbox.close()
     inbox.close()
 
@@ -97,33 +126,54 @@ def test_a_message_that_does_not_fit_its_layout_is_refused_by_the_writer(
 def test_a_slot_with_rows_past_its_bound_is_counted_and_dropped(shm_dir: Path) -> None:
     """The row count is what a slot's reader takes from shared memory: out of bounds,
     the message is malformed (counted once, as a socket's would be) and the next one
-    is read."""
+    is read; its slot is free again."""
     rejects = RejectCounter()
     inbox, outbox = ends(shm_dir, rejects)
-    outbox.send(0, {"split": 0, "seq": 1}, {"obs": np.zeros((2, 4), np.float32)})
+    outbox.send(0, {"split": 0, "seq": 1}, {"obs": OBS})
     rows = memoryview(outbox.file._mm).cast("I")
     rows[(outbox.file.views[0].base(0) + PREFIX_BYTES) // 4] = 10**6  # obs's row count
-    outbox.send(1, {"split": 0, "seq": 2}, {"obs": np.ones((2, 4), np.float32)})
+    outbox.send(1, {"split": 0, "seq": 2}, {"obs": OBS + 1})
     _, request = inbox.receive()
-    assert request.meta["seq"] == 2 and rejects.count == 1
+    assert request.meta["seq"] == 2 and rejects.count == 1 and outbox.status(0) == FREE
     rows.release()
     outbox.close()
     inbox.close()
 
 
-def test_a_slot_rewritten_before_it_is_read_is_stale_and_a_late_reply_is_dropped(
-        shm_dir: Path) -> None:
+def test_a_request_sent_again_takes_a_slot_no_live_server_answers(shm_dir: Path) -> None:
+    """One writer per reply slot: a slow server's late answer lands in its own slot, never
+    in the one the request was sent again into; a request still waiting unclaimed is
+    withdrawn instead (its record is then stale), and one a live server holds is not."""
     rejects = RejectCounter()
     inbox, outbox = ends(shm_dir, rejects)
-    obs = np.zeros((2, 4), np.float32)
-    outbox.send(0, {"split": 0, "seq": 2}, {"obs": obs})
+    split = range(0, 2)
+    assert outbox.open_slot(split) == 0 and outbox.send(0, {"split": 0, "seq": 1}, {"obs": OBS})
+    slow, _ = inbox.receive()  # a server takes it, and is slow to answer
+    again = outbox.open_slot(split)
+    assert again == 1 and outbox.send(again, {"split": 0, "seq": 2}, {"obs": OBS + 1})
+    assert outbox.open_slot(split) == 1, "waiting unclaimed: withdrawn to send again"
+    assert outbox.status(1) == FREE and inbox.receive() is None and inbox.stale == 1
+    assert outbox.send(1, {"split": 0, "seq": 3}, {"obs": OBS + 2})
+    fast, request = inbox.receive()
+    assert request.meta["seq"] == 3 and outbox.open_slot(split) is None, \
+        "each slot held by a live server: nothing is overwritten"
+    assert inbox.reply(fast, answer(3), ANSWER) and inbox.reply(slow, answer(1), ANSWER)
+    assert [outbox.receive(rejects).meta["seq"] for _ in range(2)] == [3, 1]
+    assert rejects.count == 0
+    outbox.close()
+    inbox.close()
+
+
+def test_a_late_reply_to_a_withdrawn_request_is_dropped(shm_dir: Path) -> None:
+    """A server that claimed a request just as the actor withdrew it sees the withdrawal
+    and answers nothing; the slot is free once it has let go."""
+    rejects = RejectCounter()
+    inbox, outbox = ends(shm_dir, rejects)
+    outbox.send(0, {"split": 0, "seq": 1}, {"obs": OBS})
     route, _ = inbox.receive()
-    outbox.send(0, {"split": 0, "seq": 4}, {"obs": obs + 1})  # sent again, same slot
-    assert not inbox.reply(route, {"split": 0, "seq": 2, "version": 0, "batch_rows": 2},
-                           {"action": np.zeros(2, np.int32)})
-    assert outbox.receive(rejects) is None
-    route, request = inbox.receive()
-    assert request.meta["seq"] == 4 and inbox.stale == 1 and rejects.count == 0
+    assert not outbox._withdraw(0), "claimed by a live server: not free"
+    assert not inbox.reply(route, answer(1), ANSWER) and inbox.stale == 1
+    assert outbox.status(0) == FREE and outbox.receive(rejects) is None
     outbox.close()
     inbox.close()
 
@@ -133,15 +183,16 @@ def test_a_doorbell_read_with_a_cut_or_foreign_record_is_dropped_and_the_next_is
     """A writer that is not ours (or a cut write) shifts every record after it: the read
     is dropped with all the FIFO holds, and the bell reads in step again."""
     rejects = RejectCounter()
-    inbox, outbox = ends(shm_dir, rejects)
-    obs = np.zeros((1, 4), np.float32)
-    for garbage in (b"\x01" * 7, RECORD.pack(os.getpid(), 0, MAGIC ^ 1, 1)):
-        outbox.send(0, {"split": 0, "seq": 1}, {"obs": obs})
+    inbox, outbox = ends(shm_dir, rejects, read_records=64)
+    for garbage in (b"\x01" * 7, RECORD.pack(outbox.token, 0, MAGIC ^ 1, 1)):
+        outbox.send(0, {"split": 0, "seq": 1}, {"obs": OBS})
         with open(inbox.bell.path, "wb", buffering=0) as fifo:
             fifo.write(garbage)
         assert inbox.receive() is None
-        outbox.send(1, {"split": 0, "seq": 2}, {"obs": obs})
-        assert inbox.receive()[1].meta["seq"] == 2
+        outbox.send(1, {"split": 0, "seq": 2}, {"obs": OBS})
+        route, request = inbox.receive()
+        assert request.meta["seq"] == 2
+        inbox.release(route)
     assert inbox.bell.torn == 2 and rejects.count == 0
     outbox.close()
     inbox.close()
@@ -160,35 +211,94 @@ def test_a_peer_file_of_another_layout_is_refused(shm_dir: Path) -> None:
     inbox.close()
 
 
-def test_a_chunk_ring_fills_frees_and_takes_back_a_dead_readers_slot(shm_dir: Path) -> None:
-    rejects = RejectCounter()
-    stem = shm_dir / "samples.test"
-    bells = [Path(f"{stem}.{i}.bell") for i in range(2)]
-    inboxes = [Inbox(bell, stem, [CHUNK], 2, rejects) for bell in bells]
-    outbox = Outbox(stem, bells, 2, CHUNK)
-    chunk = {"obs": np.ones((9, 4, 4), np.float32), "rewards": np.ones((8, 4), np.float32)}
+def test_a_chunk_ring_fills_frees_and_takes_back_only_a_dead_readers_slot(
+        shm_dir: Path) -> None:
+    """A reader is dead when its lock is free, not when its pid is: a reader of this very
+    process (alive, same pid) that has let go of its lock has its slot taken back."""
+    inboxes, outbox = chunk_ends(shm_dir, binders=2)
     for actor in (3, 4):
         slot = outbox.free_slot()
-        assert outbox.send(slot, {"actor": actor, "episode_returns": [1.5]}, chunk)
+        assert outbox.send(slot, {"actor": actor, "episode_returns": [1.5]}, CHUNK_ARRAYS)
     assert outbox.free_slot() is None, "both slots wait to be copied out"
     got = [inbox.receive(copy=True) for inbox in inboxes]  # spread over both binders
     assert [message.meta["actor"] for _, message in got] == [3, 4]
     assert got[0][1].meta["episode_returns"] == [1.5]
-    chunk["obs"][:] = 9  # the reader's copy does not change with the slot
-    assert got[0][1].arrays["obs"].max() == 1
     assert outbox.free_slot() is not None
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)
     for slot in (0, 1):
-        outbox.file.set_state(0, slot, TAKEN, reader=int(dead.stdout))
-    assert outbox.free_slot() == 0, "the slot of a reader that died is taken back"
-    outbox.file.set_state(0, 0, TAKEN, reader=os.getpid())
-    outbox.file.set_state(0, 1, TAKEN, reader=os.getpid())
-    assert outbox.free_slot() is None, "a live reader's slot is not"
-    outbox.file.set_state(0, 1, FREE)
+        assert outbox.send(slot, {"actor": slot}, CHUNK_ARRAYS)
+    reader = place.HeldLock(place.presence_path(shm_dir, 0x5EED))  # a reader's presence
+    for slot in (0, 1):
+        outbox.file.set_claim(0, slot, outbox._stamp_of[slot], 0x5EED)
+    assert outbox.free_slot() is None, "a live reader's slots are not taken back"
+    assert outbox.status(0) == TAKEN and outbox.reclaimed == 0
+    reader.release()
+    assert outbox.free_slot() == 0 and outbox.reclaimed == 1, \
+        "its lock released: its pid (this process's) still runs, and the slot is taken back"
     outbox.close()
     for inbox in inboxes:
         inbox.close()
+
+
+def test_a_replayed_record_is_dropped_and_counted(shm_dir: Path) -> None:
+    """Exactly once: a record for a chunk already copied out, or a request already
+    answered, finds its slot done, not its message."""
+    [inbox], outbox = chunk_ends(shm_dir)
+    assert outbox.send(0, {"actor": 7}, CHUNK_ARRAYS)
+    assert inbox.receive(copy=True)[1].meta["actor"] == 7
+    replay(inbox.bell.path, outbox.token, 0, outbox._stamp_of[0])
+    assert inbox.receive(copy=True) is None and inbox.stale == 1 and inbox.received == 1
+    outbox.close()
+    inbox.close()
+    rejects = RejectCounter()
+    inbox, outbox = ends(shm_dir, rejects)
+    outbox.send(0, {"split": 0, "seq": 1}, {"obs": OBS})
+    route, _ = inbox.receive()
+    replay(inbox.bell.path, outbox.token, 0, outbox._stamp_of[0])
+    assert inbox.receive() is None and inbox.stale == 1, "claimed: not taken twice"
+    assert inbox.reply(route, answer(1), ANSWER)
+    replay(inbox.bell.path, outbox.token, 0, outbox._stamp_of[0])
+    assert inbox.receive() is None and inbox.stale == 2, "answered: not taken again"
+    assert outbox.receive(rejects).meta["seq"] == 1 and outbox.receive(rejects) is None
+    outbox.close()
+    inbox.close()
+
+
+def test_a_chunk_left_unread_past_the_timeout_is_never_overwritten(shm_dir: Path) -> None:
+    """`send_policy: block` blocks on shared memory as on ZeroMQ: a binder that reads
+    nothing for the timeout (a rate limiter, a long compile) gets every chunk intact once
+    it reads; the record rung again meanwhile is counted stale, not taken twice."""
+    [inbox], outbox = chunk_ends(shm_dir, reclaim_after_s=0.05)
+    for actor in (0, 1):
+        assert outbox.send(outbox.free_slot(), {"actor": actor}, CHUNK_ARRAYS)
+    time.sleep(0.1)
+    assert outbox.free_slot() is None, "full slots wait past the timeout: none is reused"
+    assert outbox.rerung == 2 and outbox.status(0) == WAITING
+    got = [message.meta["actor"] for _, message in iter(lambda: inbox.receive(copy=True), None)]
+    assert got == [0, 1] and inbox.stale == 2 and outbox.free_slot() is not None
+    outbox.close()
+    inbox.close()
+
+
+def test_servers_sharing_a_bell_leave_requests_for_each_other(shm_dir: Path) -> None:
+    """A server takes no more records than it serves: one that stalls after taking a
+    request strands that one alone, and its peer serves the rest."""
+    rejects = RejectCounter()
+    stem = shm_dir / "inference.test"
+    bell = Path(f"{stem}.bell")
+    stalled, serving = (Inbox(bell, stem, [REQUEST, REPLY], 8, rejects, read_records=1)
+                        for _ in range(2))
+    outbox = Outbox(stem, [bell], 8, REQUEST, REPLY)
+    for seq in range(8):
+        assert outbox.send(seq, {"split": seq // 2, "seq": seq}, {"obs": OBS})
+    assert stalled.receive()[1].meta["seq"] == 0
+    served = []
+    while (got := serving.receive(limit=2)) is not None:
+        served.append(got[1].meta["seq"])
+        assert serving.reply(got[0], answer(got[1].meta["seq"]), ANSWER)
+    assert served == list(range(1, 8)) and stalled.stale == serving.stale == 0
+    outbox.close()
+    stalled.close()
+    serving.close()
 
 
 def test_a_reply_to_a_connecter_that_is_gone_is_counted_and_its_file_let_go(
@@ -205,38 +315,145 @@ def test_a_reply_to_a_connecter_that_is_gone_is_counted_and_its_file_let_go(
             "out.send(0, {'split': 0, 'seq': 1}, {'obs': np.zeros((1, 4), np.float32)})\n")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
     route, _ = inbox.receive()
-    assert not inbox.reply(route, {"split": 0, "seq": 1, "version": 0, "batch_rows": 1},
-                           {"action": np.zeros(1, np.int32)})
-    assert inbox.lost_replies == 1 and not inbox.peers
+    assert inbox.mapped_bytes > 0
+    assert not inbox.reply(route, answer(1, 1), {"action": np.zeros(1, np.int32)})
+    assert inbox.lost_replies == 1 and not inbox.peers and inbox.mapped_bytes == 0
     assert sorted(place.sweep_dead_peers(shm_dir)) == sorted(
-        peer_path(stem, route.peer.pid, suffix) for suffix in ("slots", "reply"))
-    assert sorted(p.name for p in shm_dir.iterdir()) == [bell.name]
+        peer_path(stem, route.peer.token, suffix) for suffix in ("slots", "reply"))
+    assert sorted(p.name for p in shm_dir.iterdir()) == [bell.name, f"peer.{inbox.token:08x}"]
     inbox.close()
 
 
-def test_owner_directories_of_exited_owners_are_swept_and_live_ones_kept(
-        tmp_path: Path) -> None:
-    gone = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+def test_a_connecter_that_reuses_a_pid_is_a_new_peer(shm_dir: Path) -> None:
+    """Peers are their tokens: a new actor with a dead one's pid (here: the same process,
+    its first ends closed) gets its own slots answered, not the old file's."""
+    rejects = RejectCounter()
+    inbox, first = ends(shm_dir, rejects)
+    first.send(0, {"split": 0, "seq": 1}, {"obs": OBS})
+    route, _ = inbox.receive()
+    assert inbox.reply(route, answer(1), ANSWER) and first.receive(rejects) is not None
+    first.close()
+    assert [p.name for p in shm_dir.glob("peer.*")] == [f"peer.{inbox.token:08x}"], \
+        "a closed end removed its presence"
+    stem = shm_dir / "inference.test"
+    second = Outbox(stem, [Path(f"{stem}.bell")], 4, REQUEST, REPLY)
+    assert second.token != first.token
+    second.send(0, {"split": 0, "seq": 9}, {"obs": OBS + 9})
+    route, request = inbox.receive()
+    assert request.meta["seq"] == 9 and request.arrays["obs"].max() == 9
+    assert inbox.reply(route, answer(9), ANSWER) and second.receive(rejects).meta["seq"] == 9
+    inbox.prune()
+    assert list(inbox.peers) == [second.token], "the dead peer's mapping let go"
+    second.close()
+    inbox.close()
+
+
+def test_a_ringer_follows_its_bell_to_a_new_fifo(shm_dir: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A binder restarted after its FIFO was replaced: the actors ring the new one (on a
+    failed ring, and where the old one still has a reader, within a second); a stream
+    that no bell answers for the handoff time is unreachable."""
+    [first], outbox = chunk_ends(shm_dir, slots=4, handoff_after_s=0.05)
+    assert outbox.send(outbox.free_slot(), {"actor": 1}, CHUNK_ARRAYS)
+    assert first.receive(copy=True)[1].meta["actor"] == 1
+    first.close()
+    first.bell.path.unlink()
+    assert not outbox.send(outbox.free_slot(), {"actor": 2}, CHUNK_ARRAYS), "no reader"
+    time.sleep(0.1)
+    assert outbox.unreachable
+    [second], other = chunk_ends(shm_dir, slots=4)  # a new FIFO at the same path
+    assert outbox.send(outbox.free_slot(), {"actor": 3}, CHUNK_ARRAYS)
+    assert not outbox.unreachable and second.receive(copy=True)[1].meta["actor"] == 3
+    monkeypatch.setattr(bell_module, "RECHECK_S", 0.0)
+    second.bell.path.rename(shm_dir / "retired.bell")  # the old FIFO keeps its reader
+    [third], another = chunk_ends(shm_dir, slots=4)
+    assert outbox.send(outbox.free_slot(), {"actor": 4}, CHUNK_ARRAYS)
+    assert third.receive(copy=True)[1].meta["actor"] == 4 and second.receive(copy=True) is None
+    for connecter in (other, another, outbox):
+        connecter.close()
+    for inbox in (second, third):
+        inbox.close()
+
+
+def test_bells_and_directories_of_others_are_refused(shm_dir: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing another user (or a mode open to all) made is used: an owner directory of
+    mode 0777 or of another uid, a FIFO of mode 0666, a link in a bell's place; and an
+    owner's name taken already is never reused."""
+    config = ExperimentConfig()
+    for mode, uid in ((0o777, os.geteuid()), (0o700, 65534)):
+        other = place.SHM_ROOT / f"{shm_dir.name}-{mode:o}"
+        other.mkdir()
+        os.chmod(other, mode)
+        os.chown(other, uid, -1)
+        monkeypatch.setenv(place.OWNER_ENV, str(other))
+        try:
+            from srl_jax.core.shm.attach import owner_directory
+            assert owner_directory("auto") is None
+            with pytest.raises(SharedMemoryUnavailable, match="refused"):
+                owner_directory("on")
+        finally:
+            other.rmdir()
+    assert config.transport.shared_memory == "auto"
+    fifo = shm_dir / "open.bell"
+    os.mkfifo(fifo)
+    os.chmod(fifo, 0o666)
+    with pytest.raises(place.NotPrivate, match="mode 666"):
+        Bell(fifo)
+    (shm_dir / "link.bell").symlink_to(fifo)
+    with pytest.raises(OSError):
+        Bell(shm_dir / "link.bell")
+    (shm_dir / "link.bell").unlink()
+    taken = place.SHM_ROOT / f"{place.DIR_PREFIX}{os.geteuid()}-{'ab' * 8}"
+    taken.mkdir()
+    os.chmod(taken, 0o777)
+    monkeypatch.setattr(place.secrets, "token_hex", lambda _: "ab" * 8)
     try:
-        mine = place.make_owner_dir(os.getpid(), tmp_path)
-        theirs = place.make_owner_dir(gone.pid, tmp_path)
-        (theirs / "inference.x.bell").write_text("")
-        recycled = tmp_path / f"{place.DIR_PREFIX}{os.getuid()}-{os.getpid()}-1"
-        recycled.mkdir()  # this pid, another start: an owner whose pid was reused
+        with pytest.raises(FileExistsError):
+            place.OwnerDirectory()
+        assert stat.S_IMODE(taken.stat().st_mode) == 0o777, "left as it was"
     finally:
-        gone.kill()
-        gone.wait()
-    assert sorted(place.sweep_stale(tmp_path)) == sorted([theirs, recycled])
-    assert [p.name for p in tmp_path.iterdir()] == [mine.name]
-    assert oct(mine.stat().st_mode & 0o777) == "0o700"
+        taken.rmdir()
+
+
+def test_a_sweep_removes_only_directories_no_live_owner_holds(tmp_path: Path) -> None:
+    """Liveness by lock: a directory whose owner exited goes, even while a child it
+    forked lives on (the child never holds its parent's lock); a live owner's stays
+    whatever its pid; a lockless one goes only once it is old."""
+    code = ("import os, sys, time\nfrom pathlib import Path\n"
+            "from srl_jax.core.shm.place import OwnerDirectory\n"
+            f"owner = OwnerDirectory(Path({str(tmp_path)!r}))\n"
+            "child = os.fork()\n"
+            "if child == 0:\n    null = os.open(os.devnull, os.O_WRONLY)\n"
+            "    os.dup2(null, 1)\n    os.dup2(null, 2)\n"
+            "    time.sleep(60)\n    os._exit(0)\n"
+            "print(child, flush=True)\nos._exit(0)\n")
+    child = int(subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True,
+                               capture_output=True, text=True).stdout)
+    try:
+        mine = place.OwnerDirectory(tmp_path)
+        old, young = (tmp_path / f"{place.DIR_PREFIX}{os.geteuid()}-{n}" for n in ("1-1", "2-2"))
+        old.mkdir(mode=0o700)
+        young.mkdir(mode=0o700)
+        os.utime(old, (time.time() - 2 * place.ORPHAN_AGE_S,) * 2)
+        [orphaned] = [p for p in tmp_path.iterdir() if p not in (mine.path, old, young)]
+        assert os.kill(child, 0) is None, "the forked child still runs"
+        assert sorted(place.sweep_stale(tmp_path)) == sorted([orphaned, old])
+        assert sorted(tmp_path.iterdir()) == sorted([mine.path, young])
+        assert stat.S_IMODE(mine.path.stat().st_mode) == 0o700
+        mine.remove()
+        assert not mine.path.exists()
+    finally:
+        os.kill(child, 9)
 
 
 def test_shared_memory_is_chosen_only_where_every_binder_shares_the_owner(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """auto: a binder registers its doorbell; a connecter of the same owner uses it, one
-    of another owner (or with it off) uses ZeroMQ; on: a host without /dev/shm is an
+    of another owner (or with it off) uses ZeroMQ; on: a worker without an owner is an
     error; the config's on/off read from YAML's booleans."""
-    monkeypatch.setenv(place.OWNER_ENV, str(os.getpid()))
+    owner = place.OwnerDirectory()
+    monkeypatch.setenv(place.OWNER_ENV, str(owner.path))
 
     class Peer:  # what open_inbox and open_outbox read of a worker
         def __init__(self, kind_config: ExperimentConfig, index: int = 0) -> None:
@@ -244,25 +461,30 @@ def test_shared_memory_is_chosen_only_where_every_binder_shares_the_owner(
             self.names, self.rejects = FileNameService(tmp_path / "names"), RejectCounter()
 
     config = ExperimentConfig()
-    directory = place.owner_dir(os.getpid())
     inbox = open_inbox(Peer(config), INFERENCE, [REQUEST, REPLY], 4)
     try:
         bell = Peer(config).names.get(INFERENCE.bell_key(index=0))
-        assert bell == SCHEME + str(inbox.bell.path) and inbox.bell.path.parent == directory
+        assert bell == SCHEME + str(inbox.bell.path) and inbox.bell.path.parent == owner.path
         outbox = open_outbox(Peer(config), INFERENCE, 4, REQUEST, REPLY)
         assert outbox is not None
         outbox.close()
         config.transport.shared_memory = "off"
         assert open_outbox(Peer(config), INFERENCE, 4, REQUEST, REPLY) is None
         config.transport.shared_memory = "auto"
-        monkeypatch.setenv(place.OWNER_ENV, "1")  # another owner: another host's workers
+        other = place.OwnerDirectory()  # another owner: another host's workers
+        monkeypatch.setenv(place.OWNER_ENV, str(other.path))
         assert open_outbox(Peer(config), INFERENCE, 4, REQUEST, REPLY) is None
-        monkeypatch.setenv(place.OWNER_ENV, str(os.getpid()))
+        other.remove()
+        monkeypatch.setenv(place.OWNER_ENV, str(owner.path))
         assert open_outbox(Peer(config), SAMPLES, 4, CHUNK) is None, "no learner rang"
+        monkeypatch.delenv(place.OWNER_ENV)
+        config.transport.shared_memory = "on"
+        with pytest.raises(SharedMemoryUnavailable, match="no owner"):
+            open_outbox(Peer(config), INFERENCE, 4, REQUEST, REPLY)
     finally:
         inbox.close()
-        place.remove_own()
-    assert not directory.exists()
+        owner.remove()
+    assert not owner.path.exists()
     yaml = tmp_path / "on.yaml"
     yaml.write_text("stop: {env_frames: 100}\ntransport: {shared_memory: on}\n")
     assert load_config(yaml).transport.shared_memory == "on"
@@ -273,15 +495,11 @@ def test_a_binder_that_leaves_its_records_unread_holds_no_more_than_its_share_of
         shm_dir: Path) -> None:
     """A replay server whose rate limiter holds inserts reads nothing; the actor's chunks
     must still reach the other server, which the learner may be waiting on."""
-    stem = shm_dir / "inserts.test"
-    bells = [Path(f"{stem}.{i}.bell") for i in range(2)]
-    held, taking = (Inbox(bell, stem, [CHUNK], 4, RejectCounter()) for bell in bells)
-    outbox = Outbox(stem, bells, 4, CHUNK)
-    chunk = {"obs": np.ones((9, 4, 4), np.float32), "rewards": np.ones((8, 4), np.float32)}
+    (held, taking), outbox = chunk_ends(shm_dir, binders=2, slots=4)
     taken = []
     for actor in range(12):
         slot = outbox.free_slot()
-        assert slot is not None and outbox.send(slot, {"actor": actor}, chunk), actor
+        assert slot is not None and outbox.send(slot, {"actor": actor}, CHUNK_ARRAYS), actor
         while (got := taking.receive(copy=True)) is not None:
             taken.append(got[1].meta["actor"])
     assert taken == [1, 3, *range(4, 12)], "past its share, the held binder is skipped"
@@ -289,3 +507,25 @@ def test_a_binder_that_leaves_its_records_unread_holds_no_more_than_its_share_of
     outbox.close()
     held.close()
     taking.close()
+
+
+def test_the_run_is_sized_before_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan's shared memory against /dev/shm's free space: auto falls back to ZeroMQ
+    with one line naming the size and --shm-size; on is a config error; so is on for a
+    backend that starts no owner."""
+    config = ExperimentConfig()
+    spec_of = {"default": SPEC}.get
+    needed = budget.run_bytes(config, spec_of, 16)
+    per_actor = budget.actor_bytes(config, SPEC, "default", 16)
+    assert needed == config.actors.count * per_actor > 0
+    assert budget.plan_shared_memory(config, "local", spec_of, 16) == (True, None)
+    monkeypatch.setattr(budget, "free_bytes", lambda root: needed - 1)
+    use, line = budget.plan_shared_memory(config, "local", spec_of, 16)
+    assert not use and "--shm-size=64m" in line and f"{needed / 2**20:.1f} MiB" in line
+    config.transport.shared_memory = "on"
+    with pytest.raises(ConfigError, match="shm-size"):
+        budget.plan_shared_memory(config, "local", spec_of, 16)
+    with pytest.raises(ConfigError, match="ray backend"):
+        budget.plan_shared_memory(config, "ray", None, 16)
+    config.transport.shared_memory = "off"
+    assert budget.plan_shared_memory(config, "local", spec_of, 16) == (False, None)

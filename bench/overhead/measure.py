@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from actors.actor_worker import REQUEST_SLOTS, ActorWorker
+from actors.actor_worker import ActorWorker
 from actors.env_ring import ChunkBuilder, StepResult
 from actors.envs import policy_spec
 from bench.harness.launcher import BenchError
@@ -25,8 +25,8 @@ from srl_jax.config.schema import DEFAULT_POLICY
 from srl_jax.core.names import FileNameService
 from srl_jax.core.shm.attach import SCHEME
 from srl_jax.core.shm.channels import Outbox
-from srl_jax.core.shm.place import OWNER_ENV, remove_own
-from srl_jax.core.shm.stream_layouts import reply_layout, request_layout
+from srl_jax.core.shm.place import OWNER_ENV, OwnerDirectory
+from srl_jax.core.shm.stream_layouts import REQUEST_SLOTS, reply_layout, request_layout
 from srl_jax.core.streams import RejectCounter, make_socket, receive, send
 
 
@@ -114,14 +114,14 @@ def request_overhead(sink: Sink, name: str, envs: int, in_flight: int,
 
 
 def shm_request_overhead(sink: Sink, name: str, envs: int, in_flight: int,
-                         seconds: float) -> dict[str, Any]:
+                         seconds: float, owner: Path) -> dict[str, Any]:
     """Requests of `envs` rows from `in_flight` askers to the real server loop through
     shared memory (srl_jax/core/shm/), as actors on its host send them: this process's
     slot file (one split per asker) and the server's doorbell."""
     obs_shape, obs_dtype = OBS_CASES[name]
     case = {"name": f"shm-{name}-{in_flight}", "envs": envs, "in_flight": in_flight,
             "splits": in_flight, "max_batch": envs * in_flight, "obs_shape": list(obs_shape),
-            "obs_dtype": obs_dtype, "shared_memory": "on", "owner": os.getpid()}
+            "obs_dtype": obs_dtype, "shared_memory": "on", "owner": str(owner)}
     bell = Path(sink.call(("requests", case)).removeprefix(SCHEME))
     config = micro_config(case)
     spec = policy_spec(config)
@@ -136,8 +136,8 @@ def shm_request_overhead(sink: Sink, name: str, envs: int, in_flight: int,
 
     def ask(asker: int) -> None:
         seqs[asker] += 1
-        outbox.send(REQUEST_SLOTS * asker + seqs[asker] % REQUEST_SLOTS,
-                    {"split": asker, "seq": seqs[asker]}, {"obs": obs})
+        slot = outbox.open_slot(range(REQUEST_SLOTS * asker, REQUEST_SLOTS * (asker + 1)))
+        outbox.send(slot, {"split": asker, "seq": seqs[asker]}, {"obs": obs})
 
     def run(duration: float) -> int:
         answered, deadline = 0, time.perf_counter() + duration
@@ -158,14 +158,14 @@ def shm_request_overhead(sink: Sink, name: str, envs: int, in_flight: int,
     return _median_window(case, "shm", name, int(obs.nbytes), windows)
 
 
-def actor_overhead(sink: Sink, envs: int, seconds: float, shared_memory: str
+def actor_overhead(sink: Sink, envs: int, seconds: float, shared_memory: str, owner: Path
                    ) -> dict[str, Any]:
     """A real actor (`ActorWorker`: its ring of null envs, its core, its sockets or slots)
     against a server acting with zeros and a learner's intake in the child: this
     process's CPU per env frame, the null env's steps included and apart."""
     obs_shape, obs_dtype = OBS_CASES["vector"]
     case = {"name": f"actor-{shared_memory}", "envs": envs, "obs_shape": list(obs_shape),
-            "obs_dtype": obs_dtype, "shared_memory": shared_memory, "owner": os.getpid()}
+            "obs_dtype": obs_dtype, "shared_memory": shared_memory, "owner": str(owner)}
     names = FileNameService(Path(sink.call(("actor", case))))
     own_shared_memory(case)
     actor = ActorWorker(micro_config(case), 0, names.root.parent, names)
@@ -327,19 +327,21 @@ def measure_overheads(envs: int, seconds: float) -> dict[str, Any]:
     """Per request and per sample, for each observation case, and per actor frame, over
     ZeroMQ and through shared memory, `seconds` each."""
     sink = Sink()
+    owner = OwnerDirectory()
     try:
         requests, samples, actors = [], [], []
         for name in OBS_CASES:
             requests.append(request_overhead(sink, name, envs, 1, seconds))
             requests.append(request_overhead(sink, name, envs, IN_FLIGHT, seconds))
-            requests.append(shm_request_overhead(sink, name, envs, IN_FLIGHT, seconds))
+            requests.append(shm_request_overhead(sink, name, envs, IN_FLIGHT, seconds,
+                                                 owner.path))
             samples.append(sample_overhead(sink, name, envs, seconds))
         for floor in ("echo", "echo-ipc"):
             requests.append(request_overhead(sink, "vector", envs, IN_FLIGHT, seconds, floor))
         requests.append(shared_memory_floor(sink, envs, IN_FLIGHT, seconds))
         for shared_memory in ("off", "on"):
-            actors.append(actor_overhead(sink, envs, seconds, shared_memory))
+            actors.append(actor_overhead(sink, envs, seconds, shared_memory, owner.path))
     finally:
         sink.close()
-        remove_own()
+        owner.remove()
     return {"requests": requests, "samples": samples, "actors": actors}

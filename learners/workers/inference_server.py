@@ -44,12 +44,12 @@ from learners.training.jax_runtime import configure_jax
 from learners.workers.param_stream import ParamSubscriber
 from learners.workers.pool_runner import PoolRunner, PoolSubscriber, follow
 from srl_jax.config.algorithms import algorithm_config
-from srl_jax.config.schema import DEFAULT_POLICY, ExperimentConfig
+from srl_jax.config.schema import DEFAULT_POLICY, ExperimentConfig, request_rows
 from srl_jax.core.env_spec import EnvSpec
 from srl_jax.core.names import NameService
 from srl_jax.core.shm.attach import open_inbox
-from srl_jax.core.shm.channels import Inbox, InTurn, Route
-from srl_jax.core.shm.stream_layouts import reply_layout, request_layout
+from srl_jax.core.shm.channels import Inbox, InTurn, Route, shm_counters
+from srl_jax.core.shm.stream_layouts import REQUEST_SLOTS, reply_layout, request_layout
 from srl_jax.core.stream_table import INFERENCE
 from srl_jax.core.streams import receive, send
 from srl_jax.core.wire import Message
@@ -103,6 +103,10 @@ class InferenceServer(Worker):
         """A frozen policy's opponent pool (learners/workers/pool_runner.py)."""
         self.poller = zmq.Poller()
         self._held: Request | None = None
+        self._rows_gathered = 0
+        """Rows of the batch being gathered (`_from_inbox` reads what still fits)."""
+        self._request_rows = 1
+        """The most rows one request carries (set with the policy)."""
         """A request that would have overflowed the last batch: it starts the next."""
         self._last_batch_wall = time.time()
         self._no_state = np.zeros((config.inference.max_batch, 0), np.float32)
@@ -125,7 +129,9 @@ class InferenceServer(Worker):
             self.simulations = algorithm_config(self.config).simulations
         layouts = [request_layout(self.config, spec, self.policy),
                    reply_layout(self.config, spec, self.policy)]
-        self.inbox = open_inbox(self, INFERENCE, layouts, max_slots=2 * self.config.actors.splits)
+        self.inbox = open_inbox(self, INFERENCE, layouts,
+                                max_slots=REQUEST_SLOTS * self.config.actors.splits)
+        self._request_rows = request_rows(self.config.actors, spec.agents)
         self.router = self.socket(INFERENCE, hwm=cfg.request_queue)
         self.pool, self.params = follow(self, self.runner)
         self.poller.register(self.router, zmq.POLLIN)
@@ -133,7 +139,7 @@ class InferenceServer(Worker):
         """The request sources: the ROUTER, and the doorbell of the shared-memory ones."""
         self.requests_in.register(self.router, zmq.POLLIN)
         self._receive = InTurn(self._from_router) if self.inbox is None else \
-            InTurn(self.inbox.receive, self._from_router_if_ready)
+            InTurn(self._from_inbox, self._from_router_if_ready)
         """The next request, from shared memory or the ROUTER (each first in turn)."""
         if self.inbox is not None:
             self.poller.register(self.inbox, zmq.POLLIN)
@@ -150,6 +156,12 @@ class InferenceServer(Worker):
         if ready or self.router in events or (
                 self.inbox is not None and self.inbox.fileno() in events):
             self._serve()
+
+    def _from_inbox(self) -> tuple[Route, Message] | None:
+        """A request through shared memory; no more records are taken from the doorbell
+        than the batch has room for, so the others stay there for an idle peer."""
+        room = self.config.inference.max_batch - self._rows_gathered
+        return self.inbox.receive(limit=max(1, room // self._request_rows))
 
     def _from_router(self) -> tuple[list[bytes], Message] | None:
         return receive(self.router, INFERENCE.binder_receives, self.rejects, envelope=1)
@@ -177,6 +189,7 @@ class InferenceServer(Worker):
         self._held = None
         deadline = None
         while rows < cfg.max_batch:
+            self._rows_gathered = rows
             received = self._receive()
             if received is None:
                 if not pending:
@@ -193,6 +206,8 @@ class InferenceServer(Worker):
             routing, message = received
             request = self._checked(routing, message.meta, message.arrays)
             if request is None:
+                if type(routing) is Route:
+                    self.inbox.release(routing)
                 continue
             obs = request.obs
             if rows + obs.shape[0] > cfg.max_batch:
@@ -285,8 +300,7 @@ class InferenceServer(Worker):
             "padded_rows": self.padded_rows, "time_compute": self.time_compute,
             "param_updates": self.runner.updates if self.runner else 0,
             "policy_version": self.runner.version if self.runner else 0,
-            "shm_requests": self.inbox.received if self.inbox is not None else 0,
-            "shm_stale": self.inbox.stale + self.inbox.bell.torn if self.inbox is not None else 0,
+            **shm_counters(self.inbox),
             **device_memory_counters(), **self._search_counters(),
         }
 

@@ -67,6 +67,7 @@ from srl_jax.config.schema import DEFAULT_POLICY, ConfigError, ExperimentConfig
 from srl_jax.core.incarnation import FIRST
 from srl_jax.core.metrics_table import CARRIED
 from srl_jax.core.names import NameService
+from srl_jax.core.shm.channels import shm_counters
 from srl_jax.core.stream_table import COORDINATOR, PARAMS, POOL
 from srl_jax.core.worker_base import Worker
 
@@ -301,6 +302,7 @@ class LearnerWorker(Worker):
             "learner_steps": self.version, "policy_version": self.version,
             **self._carried(),
             "queue_chunks": self.intake.queued,
+            **shm_counters(getattr(self.intake, "inbox", None)),
             "checkpoints_saved": self.saves.saves,
             "checkpoint_step": self.saves.saved_step if self.saves.saved_step is not None
             else -1,

@@ -138,6 +138,9 @@ COMMON = (
 """Counters every worker sends (srl_jax/core/worker_base.py): rows sum them over all kinds."""
 
 
+_SUM, _CARRIED, _LEVEL, _MAX = Aggregate.SUM, Aggregate.CARRIED, Aggregate.LEVEL, Aggregate.MAX
+
+
 def device_memory(kind: str) -> tuple[Counter, ...]:
     """A JAX kind's device memory counters: levels of the live process, summed over its
     devices, where the platform reports them (GPUs and TPUs do; the CPU does not)."""
@@ -147,10 +150,22 @@ def device_memory(kind: str) -> tuple[Counter, ...]:
                     (Row(f"{kind}/device_memory_peak_mib", digits=1, optional=True),)))
 
 
+def shm_binder(kind: str, received: tuple[Row, ...] = ()) -> tuple[Counter, ...]:
+    """A binder's shared-memory counters (srl_jax/core/shm/channels.py, `Inbox.counters`):
+    0 where ZeroMQ carries its stream; `received`: the rows of the messages received."""
+    return (Counter("shm_received", "messages", _SUM, "messages that came through shared "
+                    "memory", received),
+            Counter("shm_stale", "records", _SUM, "doorbell records dropped: their slot no "
+                    "longer held the message (sent again, withdrawn, already taken: a record "
+                    "replayed), its connecter gone, or a read that held a record cut short or "
+                    "not ours (srl_jax/core/shm/bell.py)", (Row(f"{kind}/shm_stale"),)),
+            Counter("shm_mapped_mib", "MiB", _LEVEL, "connecters' slot files it maps (a dead "
+                    "one's let go within half a heartbeat timeout)",
+                    (Row(f"{kind}/shm_mapped_mib", digits=2),)))
+
+
 DEVICE_MEMORY = tuple(counter.name for counter in device_memory(""))
 """The device memory counters' names (status.json shows them per worker)."""
-_SUM, _CARRIED, _LEVEL, _MAX = Aggregate.SUM, Aggregate.CARRIED, Aggregate.LEVEL, Aggregate.MAX
-
 ACTOR = (
     Counter("env_frames", "frames", _SUM, "environment steps of all its envs",
             (Row("env_frames"), Row("fps", Shown.RATE), Row(f"policy/{POLICY}/env_frames"))),
@@ -169,6 +184,14 @@ ACTOR = (
     Counter("shm_mib", "MiB", _LEVEL, "shared memory of its slot files (requests, replies "
             "and chunks to workers of its host; 0 where ZeroMQ carries them)",
             (Row("actor/shm_mib", digits=2),)),
+    Counter("shm_reclaimed", "slots", _SUM, "shared-memory slots taken back from a binder "
+            "that died holding them (a chunk lost with its reader)",
+            (Row("actor/shm_reclaimed"),)),
+    Counter("shm_rerung", "records", _SUM, "doorbell records rung again for chunks left "
+            "unread a heartbeat timeout (or rung on a FIFO since replaced)"),
+    Counter("shm_handoffs", "streams", _SUM, "same-host streams handed to ZeroMQ: their "
+            "binders could not be rung through shared memory for a heartbeat timeout",
+            (Row("actor/shm_handoffs"),)),
 )
 INFERENCE = (
     Counter("requests", "requests", _SUM, "observation requests answered",
@@ -188,11 +211,7 @@ INFERENCE = (
     Counter("search_depth_sum", "nodes", _SUM, "depth of the deepest node of each row's "
             "search, summed (a policy that acts by search)",
             (Row("inference/search_depth_mean", Shown.RATIO, over="rows", optional=True),)),
-    Counter("shm_requests", "requests", _SUM, "requests that came through shared memory",
-            (Row("inference/shm_frac", Shown.RATIO, over="requests"),)),
-    Counter("shm_stale", "requests", _SUM, "shared-memory requests dropped: sent again "
-            "meanwhile, their actor gone, or a doorbell read that held a record cut short or "
-            "not ours (srl_jax/core/shm/bell.py)", (Row("inference/shm_stale"),)),
+    *shm_binder("inference", (Row("inference/shm_frac", Shown.RATIO, over="requests"),)),
     *device_memory("inference"),
 )
 LEARNER = (
@@ -234,6 +253,7 @@ LEARNER = (
             "batches given up on: a server presumed gone, or a part malformed"),
     Counter("priorities_sent", "updates", _SUM, "priority updates sent to replay"),
     Counter("priorities_dropped", "updates", _SUM, "priority updates dropped"),
+    *shm_binder("learner"),
     *device_memory("learner"),
 )
 REPLAY = (
@@ -270,6 +290,7 @@ REPLAY = (
             (Row("replay/priority_max", Shown.LARGEST, optional=True),)),
     Counter("priority_mean", "", _LEVEL, "the mean priority stored (rows: mean of the means)",
             (Row("replay/priority_mean", Shown.MEAN, optional=True),)),
+    *shm_binder("replay"),
 )
 EVALUATOR = (
     Counter("evaluations", "evaluations", _SUM, "evaluations run"),

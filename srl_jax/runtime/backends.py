@@ -76,6 +76,9 @@ class LaunchBackend(Protocol):
         """The ports the backend itself listens on (a local Ray instance), as
         `Transport.port_list` lists them."""
 
+    def shared_memory_dir(self) -> Path | None:
+        """The directory of its workers' shared memory (None: they use none)."""
+
     def exit_code(self, handle: WorkerHandle) -> int | None:
         """The worker's exit code, or None while it runs."""
 
@@ -93,13 +96,13 @@ def worker_args(kind: str, index: int, run_dir: Path, policy: str) -> list[str]:
 
 
 def spawn_worker(args: list[str], env: dict[str, str], log_path: Path,
-                 owns_shared_memory: bool = False) -> subprocess.Popen:
+                 shared_memory: Path | None = None) -> subprocess.Popen:
     """Start `python args...` in its own session, appending its output to `log_path`
     (made where missing: a host that shares no run directory has none).
-    `owns_shared_memory`: this process owns the worker's shared memory and removes it
-    (srl_jax/core/shm/place.py)."""
+    `shared_memory`: the directory of this process's, which owns the worker's shared
+    memory and removes it (srl_jax/core/shm/place.py)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    own = {OWNER_ENV: str(os.getpid())} if owns_shared_memory else {}
+    own = {OWNER_ENV: str(shared_memory)} if shared_memory is not None else {}
     with open(log_path, "ab") as log_file:
         return subprocess.Popen(
             [sys.executable, *args], stdin=subprocess.DEVNULL, stdout=log_file,
@@ -118,12 +121,20 @@ def apart_folder(name: str, env: Mapping[str, str]) -> Path | None:
 
 class LocalBackend:
     """One process per worker on this machine; logs to `<run_dir>/logs/<worker>.log`.
-    It owns their shared memory: it removes what runs gone before it left, and its own
-    when it closes (srl_jax/core/shm/place.py)."""
+    With `shared_memory` (srl_jax/core/shm/budget.py decides) it owns their shared
+    memory: it removes what runs gone before it left, makes its own directory, and
+    removes it when it closes (srl_jax/core/shm/place.py)."""
 
-    def __init__(self, run_dir: Path) -> None:
-        for path in shm_place.sweep_stale():
-            log.info("removed shared memory of an earlier run: %s", path)
+    def __init__(self, run_dir: Path, shared_memory: bool = True) -> None:
+        self.shared_memory: shm_place.OwnerDirectory | None = None
+        if shared_memory:
+            for path in shm_place.sweep_stale():
+                log.info("removed shared memory of an earlier run: %s", path)
+            try:
+                self.shared_memory = shm_place.OwnerDirectory()
+            except OSError as error:
+                log.warning("no shared memory for this run (%s): ZeroMQ carries its "
+                            "same-host streams", error)
         self.run_dir = Path(run_dir)
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         self._names = FileNameService(self.run_dir / "names")
@@ -140,8 +151,9 @@ class LocalBackend:
         run_dir, log_path = self.run_dir, self.run_dir / "logs" / f"{name}.log"
         if (apart := apart_folder(name, env)) is not None:
             run_dir, log_path = apart / "scratch", apart / "launcher.log"
+        owner = self.shared_memory.path if self.shared_memory is not None else None
         process = spawn_worker(worker_args(kind, index, run_dir, policy), env, log_path,
-                               owns_shared_memory=True)
+                               shared_memory=owner)
         return WorkerHandle(kind, index, process.pid, socket.gethostname(), process, policy)
 
     def placement_wait(self, kind: str) -> str:
@@ -149,6 +161,9 @@ class LocalBackend:
 
     def ports(self) -> list[dict[str, Any]]:
         return []
+
+    def shared_memory_dir(self) -> Path | None:
+        return self.shared_memory.path if self.shared_memory is not None else None
 
     def exit_code(self, handle: WorkerHandle) -> int | None:
         return handle.ref.poll()
@@ -160,4 +175,5 @@ class LocalBackend:
 
     def close(self) -> None:
         """Every worker process has been waited for: their shared memory goes."""
-        shm_place.remove_own()
+        if self.shared_memory is not None:
+            self.shared_memory.remove()

@@ -294,6 +294,7 @@ class Controller:
             "stalled_for": round(self._stalled_for(), 1),
             "startup": self.startup.to_json(),
             "ports": self.transport.port_list() + self.backend.ports(),
+            "shared_memory": str(shm) if (shm := self.backend.shared_memory_dir()) else None,
             "missing": self.supervisor.missing(),
             "workers": [{**r.status(), **device_status(r.name, self.placement, self.metrics)}
                         for r in self.workers],

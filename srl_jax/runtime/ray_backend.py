@@ -248,6 +248,9 @@ class RayBackend:
     def ports(self) -> list[dict[str, Any]]:
         return self._ports
 
+    def shared_memory_dir(self) -> Path | None:
+        return None
+
     def placement_wait(self, kind: str) -> str:
         return f"no node has {worker_kind(kind).ray_resources(self.config)} free (ray.{kind})"
 

@@ -2,24 +2,27 @@
 
 `transport.shared_memory`: `auto` uses it wherever binder and connecter were started by
 one owner (srl_jax/core/shm/place.py: the controller of a local run), which is what
-sharing a host means here; `off` never; `on` as auto, and a host without
-shared memory (/dev/shm and /proc) is then an error instead of a fallback. A binder
-registers its doorbell under `Stream.bell_key` before it binds its ZMQ socket, so a
-connecter that found every binder's socket finds their doorbells too; it writes to
-them only if every binder of the stream shares its owner (else ZeroMQ carries all of
-it: the binders elsewhere would never see a chunk rung here). Workers whose launch
-backend names no owner (Ray's, a cluster's, or started by hand) use ZeroMQ.
+sharing a host means here; `off` never; `on` as auto, and anything that keeps a worker
+from it (no owner, a host without /dev/shm or not x86, a directory that is not private)
+is then an error instead of a fallback. A binder registers its doorbell under
+`Stream.bell_key` before it binds its ZMQ socket, so a connecter that found every
+binder's socket finds their doorbells too; it writes to them only if every binder of the
+stream shares its owner (else ZeroMQ carries all of it: the binders elsewhere would never
+see a chunk rung here). Workers whose launch backend names no owner (Ray's, a cluster's,
+or started by hand) use ZeroMQ.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
 from srl_jax.config.schema import ConfigError
 from srl_jax.core.shm import place
+from srl_jax.core.shm.bell import READ_RECORDS
 from srl_jax.core.shm.channels import Inbox, Outbox
 from srl_jax.core.shm.layout import SlotLayout
 from srl_jax.core.stream_table import INFERENCE, Stream
@@ -34,17 +37,28 @@ class SharedMemoryUnavailable(ConfigError):
     ends the run with this line, srl_jax/worker.py) rather than failing and restarting."""
 
 
-def owner_directory(mode: str, create: bool) -> Path | None:
-    """This worker's owner's directory, or None where shared memory is not used."""
+def owner_directory(mode: str) -> Path | None:
+    """This worker's owner's directory, or None where shared memory is not used (with
+    `on`, SharedMemoryUnavailable says why instead)."""
+    if mode == "off":
+        return None
     owner = os.environ.get(place.OWNER_ENV)
-    if mode == "off" or not owner:
-        return None
-    if not place.available():
-        if mode == "on":
-            raise SharedMemoryUnavailable("'transport.shared_memory: on' on a host without "
-                                          "/dev/shm and /proc; set it to auto or off")
-        return None
-    return place.make_owner_dir(int(owner)) if create else place.owner_dir(int(owner))
+    problem = place.unsupported_reason() or (
+        None if owner else "this worker has no owner of shared memory (only the local "
+        "backend's workers share a host through it)")
+    if problem is None:
+        try:
+            place.check_private(Path(owner), stat.S_IFDIR)
+        except OSError as error:
+            problem = f"the shared-memory directory is refused: {error}"
+    if problem is None:
+        return Path(owner)
+    if mode == "on":
+        raise SharedMemoryUnavailable(f"'transport.shared_memory: on': {problem}; set it "
+                                      "to auto or off")
+    if owner:
+        log.warning("no shared memory: %s; ZeroMQ carries the same-host streams", problem)
+    return None
 
 
 def stream_stem(directory: Path, stream: Stream, policy: str) -> Path:
@@ -63,12 +77,18 @@ def open_inbox(worker: Any, stream: Stream, layouts: list[SlotLayout], max_slots
     """The binder's end of `stream`, its doorbell registered under the stream's bell key
     (call before binding the ZMQ socket); None where shared memory is not used."""
     policy = worker.policy if policy is None else policy
-    directory = owner_directory(worker.config.transport.shared_memory, create=True)
+    mode = worker.config.transport.shared_memory
+    directory = owner_directory(mode)
     if directory is None:
         return None
     stem = stream_stem(directory, stream, policy)
     bell = bell_path(stem, stream, worker.index)
-    inbox = Inbox(bell, stem, layouts, max_slots, worker.rejects)
+    try:
+        inbox = Inbox(bell, stem, layouts, max_slots, worker.rejects,
+                      read_records=1 if stream is INFERENCE else READ_RECORDS,
+                      prune_every_s=worker.config.runtime.heartbeat_timeout_s / 2)
+    except OSError as error:
+        return _unavailable(mode, stream, error)
     worker.names.register(stream.bell_key(policy, worker.index), SCHEME + str(bell))
     return inbox
 
@@ -79,7 +99,8 @@ def open_outbox(worker: Any, stream: Stream, slots: int, layout: SlotLayout,
     """The connecter's end of `stream` (call once its ZMQ socket found every binder), or
     None: shared memory is not used, or some binder does not share this worker's owner."""
     policy = worker.policy if policy is None else policy
-    directory = owner_directory(worker.config.transport.shared_memory, create=False)
+    mode = worker.config.transport.shared_memory
+    directory = owner_directory(mode)
     if directory is None:
         return None
     stem = stream_stem(directory, stream, policy)
@@ -88,13 +109,18 @@ def open_outbox(worker: Any, stream: Stream, slots: int, layout: SlotLayout,
     registered = {worker.names.get(stream.bell_key(policy, index)) for index in binders}
     if registered != {SCHEME + str(bell) for bell in bells}:
         return None
+    timeout = worker.config.runtime.heartbeat_timeout_s
     try:
-        return Outbox(stem, bells, slots, layout, reply_layout,
-                      reclaim_after_s=worker.config.runtime.heartbeat_timeout_s)
+        return Outbox(stem, bells, slots, layout, reply_layout, reclaim_after_s=timeout,
+                      handoff_after_s=timeout)
     except OSError as error:
-        if worker.config.transport.shared_memory == "on":
-            raise SharedMemoryUnavailable(f"shared memory for the {stream.name} stream: "
-                                          f"{error}") from None
-        log.warning("no shared memory for the %s stream (%s): ZeroMQ carries it", stream.name,
-                    error)
-        return None
+        return _unavailable(mode, stream, error)
+
+
+def _unavailable(mode: str, stream: Stream, error: OSError) -> None:
+    """A stream's shared memory could not be opened: ZeroMQ carries it (`on`: an error)."""
+    if mode == "on":
+        raise SharedMemoryUnavailable(f"shared memory for the {stream.name} stream: "
+                                      f"{error}") from None
+    log.warning("no shared memory for the %s stream (%s): ZeroMQ carries it", stream.name,
+                error)

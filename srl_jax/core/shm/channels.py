@@ -3,18 +3,19 @@ doorbell, its own reply doorbell) and the binder's `Inbox` (its doorbell, the pe
 slot files it maps on first sight). A malformed message is counted in the
 receiver's `RejectCounter` and dropped, like one off a socket.
 
-Requests and replies (the inference stream): the actor writes a request into its slot
-(two per split, alternating, so that a request sent again never overwrites one a
-server may be reading) and rings; a server answers into the same slot of the file's
-reply area and rings the actor's reply doorbell. Chunks (the samples and inserts
-streams): a ring of slots, each FULL until a binder has copied its chunk out.
-Messages sit in their slots in a fixed layout (srl_jax/core/shm/layout.py).
+Requests and replies (the inference stream): the actor writes a request into one of its
+split's two slots and rings; the server that claims it answers into the same slot of
+the file's reply area and rings the actor's reply doorbell. A request sent again goes to
+a slot no live server is answering, so a reply slot has one writer at a time. Chunks (the
+samples and inserts streams): a ring of slots, each held until a binder has copied its
+chunk out. Who may write a slot when is srl_jax/core/shm/slot_file.py's; messages sit
+in their slots in a fixed layout (srl_jax/core/shm/layout.py).
 """
 
 from __future__ import annotations
 
 import itertools
-import os
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,25 +23,30 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from srl_jax.core.shm.bell import Bell, Ringer
+from srl_jax.core.shm.bell import MAX_SLOTS, READ_RECORDS, Bell, Ringer
 from srl_jax.core.shm.layout import SlotLayout
-from srl_jax.core.shm.place import alive, sweep_dead_peers
-from srl_jax.core.shm.slot_file import FREE, FULL, TAKEN, SlotFile
+from srl_jax.core.shm.place import Presence, alive, sweep_dead_peers
+from srl_jax.core.shm.slot_file import SlotFile, fence
 from srl_jax.core.streams import RejectCounter
 from srl_jax.core.wire import Message, WireError
 
 SENT, REPLIES = 0, 1
 """The areas of a slot file: what the connecter writes, what the binder answers."""
-MAX_PEERS_BEFORE_PRUNE = 64
+FREE, WAITING, TAKEN = 0, 1, 2
+"""A slot as its connecter sees it: free to write; its message waits in a doorbell
+(unclaimed); a binder claimed it and has not finished with it."""
+
+log = logging.getLogger(__name__)
 
 
 def _copied(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {name: array.copy() for name, array in arrays.items()}
 
 
-def peer_path(stem: Path, pid: int, suffix: str) -> Path:
-    """A connecter's file of the stream and policy `stem` names: `<stem>.<pid>.<suffix>`."""
-    return stem.parent / f"{stem.name}.{pid}.{suffix}"
+def peer_path(stem: Path, token: int, suffix: str) -> Path:
+    """A connecter's file of the stream and policy `stem` names: `<stem>.<token>.<suffix>`
+    (its token: srl_jax/core/shm/place.py)."""
+    return stem.parent / f"{stem.name}.{token:08x}.{suffix}"
 
 
 class Outbox:
@@ -50,24 +56,51 @@ class Outbox:
     server whose rate limiter holds inserts until the learner samples); at most
     slots / binders of the ring wait on one binder, so the rest still reaches the others
     (as a PUSH socket's high-water mark per pipe). Without that bound the whole ring
-    could wait on one replay server while the learner waits on another for inserts."""
+    could wait on one replay server while the learner waits on another for inserts.
+
+    A slot is written again only once its binder is done with it, or the binder that
+    claimed it died (`reclaimed` counts those: a chunk lost with its reader); a message
+    that waits unread is never overwritten (`free_slot`), only a request withdrawn to be
+    sent again (`open_slot`)."""
 
     def __init__(self, stem: Path, bells: list[Path], slots: int, layout: SlotLayout,
-                 reply_layout: SlotLayout | None = None, reclaim_after_s: float = 60.0) -> None:
-        sweep_dead_peers(stem.parent)
-        self.pid = os.getpid()
+                 reply_layout: SlotLayout | None = None, reclaim_after_s: float = 60.0,
+                 handoff_after_s: float = 60.0) -> None:
+        """`reclaim_after_s`: a chunk unread this long is rung for again (its record may
+        have been lost with a doorbell); `handoff_after_s`: no bell could be rung for this
+        long, the stream is `unreachable` (its connecter hands it to ZeroMQ)."""
+        if not 1 <= slots <= MAX_SLOTS:
+            raise ValueError(f"{slots} slots: a doorbell record names at most {MAX_SLOTS}")
+        directory = stem.parent
+        sweep_dead_peers(directory)
+        self.presence = Presence(directory)
+        self.token = self.presence.token
         areas = [(slots, layout)] + ([(slots, reply_layout)] if reply_layout else [])
-        self.file = SlotFile.create(peer_path(stem, self.pid, "slots"), areas)
-        self.replies = Bell(peer_path(stem, self.pid, "reply")) if reply_layout else None
+        try:
+            self.file = SlotFile.create(peer_path(stem, self.token, "slots"), areas)
+            self.replies = Bell(peer_path(stem, self.token, "reply")) if reply_layout else None
+        except BaseException:
+            if hasattr(self, "file"):
+                self.file.close(unlink=True)
+            self.presence.leave()
+            raise
         self.ringers = [Ringer(bell) for bell in bells]
         self._turn = 0
         self.slots = slots
         self._per_binder = max(1, slots // len(bells))
         self._rung_to = [-1] * slots
         """The bell each slot was last rung on."""
-        self.reclaim_after_s = reclaim_after_s
-        self._stamps = itertools.count(1)
+        self._stamp_of = [0] * slots
+        """The stamp of each slot's last message (0: none yet)."""
         self._sent_at = [0.0] * slots
+        self.reclaim_after_s = reclaim_after_s
+        self.handoff_after_s = handoff_after_s
+        self._stamps = itertools.count(1)
+        self._failing_since: float | None = None
+        self.reclaimed = 0
+        """Slots taken back from a binder that died holding them."""
+        self.rerung = 0
+        """Records rung again for messages left unread (a doorbell that lost them)."""
 
     @property
     def nbytes(self) -> int:
@@ -77,44 +110,115 @@ class Outbox:
         """The reply doorbell (for a `zmq.Poller`)."""
         return self.replies.fileno()
 
+    @property
+    def unreachable(self) -> bool:
+        """No bell of the stream could be rung for `handoff_after_s`."""
+        return self._failing_since is not None and \
+            time.monotonic() - self._failing_since > self.handoff_after_s
+
+    def status(self, slot: int) -> int:
+        """FREE, WAITING or TAKEN (by a binder alive or not: `open_slot` asks)."""
+        stamp = self._stamp_of[slot]
+        if stamp == 0 or self.file.done(SENT, slot) == stamp:
+            return FREE
+        if self.file.claim(SENT, slot)[0] == stamp:
+            return TAKEN
+        return WAITING if self.file.stamp(SENT, slot) == stamp else FREE
+
+    def _reader_died(self, slot: int) -> bool:
+        """Whether the binder that claimed `slot` is gone (then counted as reclaimed)."""
+        if alive(self.file.path.parent, self.file.claim(SENT, slot)[1]):
+            return False
+        self.reclaimed += 1
+        return True
+
+    def free_slot(self) -> int | None:
+        """A slot of the ring free to write (None: every one still holds a chunk): a free
+        one, else one whose binder died holding it. Chunks unread for `reclaim_after_s`
+        are rung for again, never overwritten."""
+        self._ring_again()
+        taken = []
+        for slot in range(self.slots):
+            status = self.status(slot)
+            if status == FREE:
+                return slot
+            if status == TAKEN:
+                taken.append(slot)
+        return next((slot for slot in taken if self._reader_died(slot)), None)
+
+    def open_slot(self, slots: range) -> int | None:
+        """A slot of `slots` to write a request into: a free one, else one whose binder
+        died, else one whose request still waits unclaimed, withdrawn (it is sent again);
+        None while a live binder is answering each."""
+        waiting = []
+        for slot in slots:
+            status = self.status(slot)
+            if status == FREE or (status == TAKEN and self._reader_died(slot)):
+                return slot
+            if status == WAITING:
+                waiting.append(slot)
+        return next((slot for slot in waiting if self._withdraw(slot)), None)
+
+    def _withdraw(self, slot: int) -> bool:
+        """Take back an unclaimed message: stamp 0, then look for a claim (a binder that
+        took it meanwhile either sees the 0 and lets it go, or is seen here): whether the
+        slot is free to write now."""
+        stamp = self._stamp_of[slot]
+        self.file.set_stamp(SENT, slot, 0)
+        fence()
+        claim, reader = self.file.claim(SENT, slot)
+        return not (claim == stamp and self.file.done(SENT, slot) != stamp
+                    and alive(self.file.path.parent, reader))
+
     def send(self, slot: int, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> bool:
-        """Write a message into `slot` and ring; False if no binder reads its bell now,
-        has room in it and in its share of the ring (the slot is withdrawn: the message
-        is not sent)."""
+        """Write a message into `slot` (one `free_slot` or `open_slot` gave) and ring;
+        False if no binder reads its bell now, has room in it and in its share of the ring
+        (the message is withdrawn: it is not sent)."""
         stamp = next(self._stamps)
         self.file.set_stamp(SENT, slot, 0)
+        self._stamp_of[slot] = stamp
         self.file.views[SENT].write(slot, meta, arrays)
-        self.file.set_state(SENT, slot, FULL)
         self.file.set_stamp(SENT, slot, stamp)
         self._rung_to[slot] = -1
         for _ in self.ringers:
             turn = self._turn
             self._turn = (turn + 1) % len(self.ringers)
-            if self._has_room(turn) and self.ringers[turn].ring(self.pid, slot, stamp):
+            if self._has_room(turn) and self._ring(turn, slot, stamp):
                 self._sent_at[slot], self._rung_to[slot] = time.monotonic(), turn
                 return True
-        self.file.set_stamp(SENT, slot, 0)
-        self.file.set_state(SENT, slot, FREE)
+        self.file.set_stamp(SENT, slot, 0)  # no record out: no binder can claim it
         return False
+
+    def _ring(self, turn: int, slot: int, stamp: int) -> bool:
+        ringer = self.ringers[turn]
+        if ringer.ring(self.token, slot, stamp):
+            self._failing_since = None
+            return True
+        if ringer.fd is None and self._failing_since is None:  # no reader, not a full bell
+            self._failing_since = time.monotonic()
+        return False
+
+    def _ring_again(self) -> None:
+        """Ring again for chunks unread for `reclaim_after_s`, and for those rung on a FIFO
+        that its path no longer names, on the bell each was rung on."""
+        now = time.monotonic()
+        moved = {turn for turn, ringer in enumerate(self.ringers) if ringer.moved}
+        for ringer in self.ringers:
+            ringer.moved = False
+        for slot in range(self.slots):
+            turn = self._rung_to[slot]
+            if turn >= 0 and (turn in moved or now - self._sent_at[slot] > self.reclaim_after_s) \
+                    and self.status(slot) == WAITING \
+                    and self.ringers[turn].ring(self.token, slot, self._stamp_of[slot]):
+                self._sent_at[slot] = now
+                self.rerung += 1
 
     def _has_room(self, turn: int) -> bool:
         """Whether fewer than its share of the slots wait on bell `turn` (one bell: the
         whole ring is its share)."""
         return len(self.ringers) == 1 or self._per_binder > sum(
             1 for slot in range(self.slots)
-            if self._rung_to[slot] == turn and self.file.state(SENT, slot)[0] == FULL)
-
-    def free_slot(self) -> int | None:
-        """A slot of the ring free to write (None: every one still holds a chunk): free
-        ones, and those of a reader that died holding them or left unread for
-        `reclaim_after_s` (their doorbell records, if still queued, then read as stale)."""
-        now = time.monotonic()
-        for slot in range(self.slots):
-            state, reader = self.file.state(SENT, slot)
-            if state == FREE or (state == TAKEN and not alive(reader)) or (
-                    state == FULL and now - self._sent_at[slot] > self.reclaim_after_s):
-                return slot
-        return None
+            if self._rung_to[slot] == turn and self.status(slot) == WAITING)
 
     def receive(self, rejects: RejectCounter) -> Message | None:
         """The next reply (arrays copied out of its slot), or None if none is waiting."""
@@ -139,6 +243,16 @@ class Outbox:
             self.replies.close()
             self.replies.path.unlink(missing_ok=True)
         self.file.close(unlink=True)
+        self.presence.leave()
+
+
+def shm_counters(inbox: Inbox | None) -> dict[str, float]:
+    """A binder's shared-memory heartbeat counters (srl_jax/core/metrics_table.py,
+    `shm_binder`), 0 without shared memory."""
+    if inbox is None:
+        return {"shm_received": 0, "shm_stale": 0, "shm_mapped_mib": 0.0}
+    return {"shm_received": inbox.received, "shm_stale": inbox.stale + inbox.bell.torn,
+            "shm_mapped_mib": inbox.mapped_bytes / 2**20}
 
 
 class InTurn:
@@ -164,8 +278,8 @@ class InTurn:
 class _Peer:
     """A connecter's mapped file and, for replies, its doorbell."""
 
-    def __init__(self, pid: int, file: SlotFile, reply: Path) -> None:
-        self.pid = pid
+    def __init__(self, token: int, file: SlotFile, reply: Path) -> None:
+        self.token = token
         self.file = file
         self.ringer = Ringer(reply)
 
@@ -179,22 +293,38 @@ class Route(NamedTuple):
 
 
 class Inbox:
-    """A binder's side of one same-host stream: its doorbell and its peers' slots."""
+    """A binder's side of one same-host stream: its doorbell and its peers' slots. Each
+    message is taken once: claimed before it is read, done once copied out or answered;
+    a record for a slot that no longer holds its message, or whose message was already
+    claimed (a record replayed), is dropped and counted in `stale`."""
 
     def __init__(self, bell: Path, stem: Path, layouts: list[SlotLayout], max_slots: int,
-                 rejects: RejectCounter) -> None:
+                 rejects: RejectCounter, read_records: int = READ_RECORDS,
+                 prune_every_s: float = 30.0) -> None:
         """`stem`: names the connecters' files (`Outbox`); `layouts`: what connecters
-        send and, for a request stream, what it answers."""
-        self.bell = Bell(bell)
+        send and, for a request stream, what it answers; `read_records`: records taken
+        from the doorbell at once where `receive` is given no limit (1 where binders
+        share the bell); `prune_every_s`: how often the files of peers that died are
+        let go."""
+        self.presence = Presence(stem.parent)
+        self.token = self.presence.token
+        try:
+            self.bell = Bell(bell)
+        except BaseException:
+            self.presence.leave()
+            raise
         self.stem = stem
         self.layouts = layouts
         self.max_slots = max_slots
         self.rejects = rejects
-        self.pid = os.getpid()
+        self.read_records = read_records
+        self.prune_every_s = prune_every_s
+        self._pruned_at = time.monotonic()
         self.peers: dict[int, _Peer] = {}
         self.received = 0
         self.stale = 0
-        """Records whose slot no longer held their message (sent again, or given up)."""
+        """Records whose slot no longer held their message (sent again, already taken,
+        its connecter gone), and doorbell reads dropped as cut or not ours."""
         self.lost_replies = 0
         """Replies to a connecter that is gone."""
 
@@ -205,84 +335,103 @@ class Inbox:
     def pending(self) -> bool:
         return self.bell.pending
 
-    def _peer(self, pid: int) -> _Peer | None:
-        peer = self.peers.get(pid)
-        if peer is None:
-            try:
-                file = SlotFile.open(peer_path(self.stem, pid, "slots"), self.layouts,
-                                     self.max_slots)
-            except FileNotFoundError:
-                return None
-            except (OSError, WireError) as error:
-                self.rejects.reject(WireError(f"peer slot file: {error}"))
-                return None
-            if len(self.peers) >= MAX_PEERS_BEFORE_PRUNE:
-                self.prune()
-            peer = self.peers[pid] = _Peer(pid, file, peer_path(self.stem, pid, "reply"))
+    @property
+    def mapped_bytes(self) -> int:
+        """Bytes of the peers' files this binder maps."""
+        return sum(peer.file.nbytes for peer in self.peers.values())
+
+    def _peer(self, token: int) -> _Peer | None:
+        try:
+            file = SlotFile.open(peer_path(self.stem, token, "slots"), self.layouts,
+                                 self.max_slots)
+        except FileNotFoundError:
+            return None
+        except (OSError, WireError) as error:
+            self.rejects.reject(WireError(f"peer slot file: {error}"))
+            return None
+        peer = self.peers[token] = _Peer(token, file, peer_path(self.stem, token, "reply"))
         return peer
 
     def prune(self) -> None:
         """Unmap the files of peers that have exited."""
-        for pid in [pid for pid in self.peers if not alive(pid)]:
-            self._forget(pid)
+        self._pruned_at = time.monotonic()
+        for token in [token for token in self.peers if not alive(self.stem.parent, token)]:
+            self._forget(token)
 
-    def _forget(self, pid: int) -> None:
-        peer = self.peers.pop(pid)
+    def _forget(self, token: int) -> None:
+        peer = self.peers.pop(token)
         peer.ringer.close()
         peer.file.close()
 
-    def receive(self, copy: bool = False) -> tuple[Route, Message] | None:
-        """The next well-formed message rung for, or None. `copy`: its arrays copied out
-        and its slot given back at once (chunks); else they view the slot, which stays
-        the connecter's until it is answered (requests: `reply` checks it still holds
-        the request)."""
+    def _claim(self, file: SlotFile, slot: int, stamp: int) -> bool:
+        """Take `slot`'s message of `stamp`, unless it is gone, taken or withdrawn."""
+        if file.stamp(SENT, slot) != stamp or file.done(SENT, slot) == stamp \
+                or file.claim(SENT, slot)[0] == stamp:
+            return False
+        file.set_claim(SENT, slot, stamp, self.token)
+        fence()
+        if file.stamp(SENT, slot) != stamp:  # withdrawn meanwhile: let it go
+            file.set_done(SENT, slot, stamp)
+            return False
+        return True
+
+    def receive(self, copy: bool = False, limit: int | None = None
+                ) -> tuple[Route, Message] | None:
+        """The next well-formed message rung for, or None; at most `limit` records are
+        read from the doorbell at once (`read_records` by default). `copy`: its arrays
+        copied out and its slot given back at once (chunks); else they view the slot,
+        which stays claimed until it is answered (`reply`) or let go (`release`)."""
+        if time.monotonic() - self._pruned_at > self.prune_every_s:
+            self.prune()
         kind = self.layouts[SENT].kind
-        while (record := self.bell.next()) is not None:
-            pid, slot, stamp = record
-            peer = self.peers.get(pid) or self._peer(pid)
+        while (record := self.bell.next(limit or self.read_records)) is not None:
+            token, slot, stamp = record
+            peer = self.peers.get(token) or self._peer(token)
             if peer is None or not 0 <= slot < peer.file.counts[SENT] \
-                    or peer.file.stamp(SENT, slot) != stamp:
+                    or not self._claim(peer.file, slot, stamp):
                 self.stale += 1
                 continue
             file = peer.file
-            if copy:  # a writer takes back a TAKEN slot only once this process is gone
-                file.set_state(SENT, slot, TAKEN, self.pid)
             try:
                 meta, arrays = file.views[SENT].read(slot)
                 if copy:
                     arrays = _copied(arrays)
             except WireError as error:
                 self.rejects.reject(error)
-                meta = None
+                file.set_done(SENT, slot, stamp)
+                continue
             if copy:
-                if file.stamp(SENT, slot) != stamp:  # taken back meanwhile: not ours
-                    self.stale += meta is not None
-                    continue
-                file.set_state(SENT, slot, FREE)
-            if meta is not None:
-                self.received += 1
-                return Route(peer, slot, stamp), Message(kind, meta, arrays)
+                file.set_done(SENT, slot, stamp)
+            self.received += 1
+            return Route(peer, slot, stamp), Message(kind, meta, arrays)
         return None
+
+    def release(self, route: Route) -> None:
+        """Let a claimed request go unanswered (it was refused): its slot is free again."""
+        route.peer.file.set_done(SENT, route.slot, route.stamp)
 
     def reply(self, route: Route, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> bool:
         """Answer into the slot's reply and ring its connecter; False if the request was
-        sent again meanwhile (the answer is dropped) or the connecter is gone."""
+        withdrawn meanwhile (the answer is dropped) or the connecter is gone."""
         peer, slot, stamp = route
         file = peer.file
         if file.stamp(SENT, slot) != stamp:
+            file.set_done(SENT, slot, stamp)
             self.stale += 1
             return False
         file.set_stamp(REPLIES, slot, 0)
         file.views[REPLIES].write(slot, meta, arrays)
         file.set_stamp(REPLIES, slot, stamp)
-        if peer.ringer.ring(self.pid, slot, stamp):
+        file.set_done(SENT, slot, stamp)
+        if peer.ringer.ring(self.token, slot, stamp):
             return True
         self.lost_replies += 1
-        if not alive(peer.pid) and self.peers.get(peer.pid) is peer:
-            self._forget(peer.pid)
+        if not alive(self.stem.parent, peer.token) and self.peers.get(peer.token) is peer:
+            self._forget(peer.token)
         return False
 
     def close(self) -> None:
-        for pid in list(self.peers):
-            self._forget(pid)
+        for token in list(self.peers):
+            self._forget(token)
         self.bell.close()
+        self.presence.leave()

@@ -10,8 +10,9 @@ needs no header to parse: the only thing read from shared memory that could be w
 each field's row count, and one above its `max_rows` is a malformed slot (counted and
 dropped). Dtypes and shapes cannot differ; nothing is unpickled.
 
-    slot: stamp u64 | state u32 | reader u32 | rows u32 per field (to 8 bytes) |
-          ints i64 each | each field's max_rows x row bytes (each from 8 bytes)
+    slot: stamp u64 | claim u64 | done u64 | reader u32 | 4 spare bytes |
+          rows u32 per field (to 8 bytes) | ints i64 each |
+          each field's max_rows x row bytes (each from 8 bytes)
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from srl_jax.core.wire import WireError
 
 ABSENT = 0xFFFFFFFF
 """A field's row count when the message leaves it out (a policy without a state)."""
-PREFIX_BYTES = 16
-"""stamp u64, state u32, reader u32."""
+PREFIX_BYTES = 32
+"""stamp, claim and done u64, reader u32 (srl_jax/core/shm/slot_file.py)."""
 
 
 def _aligned(n: int) -> int:

@@ -1,103 +1,237 @@
-"""Where a run's shared memory lives, and how it never outlives the run.
+"""Where a run's shared memory lives, who owns it, and how the kernel says who is alive.
 
 Every same-host stream's files (srl_jax/core/shm/) sit in one directory in /dev/shm per
-*owner*: the process that started the workers of this host and cleans up after them
-(the controller, with the local backend), named by the owner's pid and its start time,
-so that a recycled pid is never taken for the owner. The owner gives its workers its pid
-(`OWNER_ENV`; a worker without it uses ZeroMQ), removes the directory when it exits,
-and first removes the directories of owners that are gone (a controller killed with
-SIGKILL leaves its directory to the next start on this host). A worker that starts
-sweeps the files of dead peers in its directory (an actor killed with SIGKILL leaves its
-slots to its successor). Only this user's directories are touched, and they are 0700.
+*owner*: the process that starts the workers of this host and cleans up after them (the
+controller, with the local backend). The owner makes it under a random name with
+`mkdir` (which fails on anything already there), 0700, checks that it is its own, and
+holds an `flock` on the lock file inside for its whole life; it gives its workers the
+path (`OWNER_ENV`; a worker without it uses ZeroMQ) and removes the directory when it
+exits. A sweep (at each owner's start) removes only directories whose lock it can take:
+the kernel drops a lock with the last descriptor of its holder, so a directory whose lock
+is free has no owner, whatever PID namespace that owner lived in (two containers sharing
+/dev/shm see each other's pids as strangers, and their own pids may be the same numbers).
+
+Peers (each end of a same-host stream a worker opens) are named alike: a random token
+whose presence file (`peer.<token>`) the end creates exclusively and holds locked for
+its life. Its slot files carry the token, its doorbell records carry the token, and a
+binder that claims a slot writes its own token there: whether a peer lives is whether
+its lock is held, which pid reuse cannot fake. Locks are closed in a child after `fork`,
+so a forked child never holds its parent's lock as its own.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import platform
 import re
+import secrets
 import shutil
+import stat
+import time
+import weakref
 from pathlib import Path
 
 SHM_ROOT = Path("/dev/shm")
-OWNER_ENV = "SRL_JAX_SHM_OWNER"
-"""The pid of the owner of a worker's shared memory, in the worker's environment."""
+OWNER_ENV = "SRL_JAX_SHM_DIR"
+"""The path of the owner's directory, in its workers' environment."""
 DIR_PREFIX = "srl_jax-"
-PEER_FILE = re.compile(r"^.+\.(\d+)\.(slots|reply)$")
-"""A connecter's files: `<stream bell>.<pid>.slots` and `.reply`."""
+OWNER_LOCK = "owner.lock"
+PRESENCE = re.compile(r"^peer\.([0-9a-f]{8})$")
+PEER_FILE = re.compile(r"^.+\.([0-9a-f]{8})\.(slots|reply)$")
+"""A connecter's files: `<stream stem>.<token>.slots` and `.reply`."""
+ORPHAN_AGE_S = 60.0
+"""A directory of ours without a lock file (one being made, or left by an older
+version) is removed by a sweep only once it is this old."""
+ORDERED_MACHINES = frozenset({"x86_64", "amd64", "i386", "i686", "x86"})
+"""Where stores are seen in program order and loads are not reordered with each other
+(x86's TSO), which is all the slots' seqlocks need from plain Python writes."""
+OPEN_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def start_ticks(pid: int) -> int | None:
-    """When process `pid` started (clock ticks since boot), or None: no such process or no
-    /proc (shared memory is then off)."""
+class NotPrivate(OSError):
+    """A path of the shared memory that is not this user's alone (mode, owner, kind)."""
+
+
+def unsupported_reason(root: Path = SHM_ROOT) -> str | None:
+    """Why this host cannot use shared memory, or None where it can."""
+    if platform.machine().lower() not in ORDERED_MACHINES:
+        return (f"shared memory needs an x86 CPU (its slots are seqlocks that rely on x86's "
+                f"store order); this is {platform.machine()}")
+    if not (root.is_dir() and os.access(root, os.W_OK)):
+        return f"no writable {root}"
+    return None
+
+
+def check_private(path: Path, kind: int, st: os.stat_result | None = None) -> None:
+    """NotPrivate unless `path` (or its `fstat`) is of `kind` (stat.S_IFDIR ...), this
+    user's, not a link and closed to group and others."""
+    st = st or os.lstat(path)
+    problem = ("not " + {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO",
+                         stat.S_IFREG: "a file"}[kind] if stat.S_IFMT(st.st_mode) != kind
+               else f"owned by uid {st.st_uid}, not {os.geteuid()}" if st.st_uid != os.geteuid()
+               else f"mode {stat.S_IMODE(st.st_mode):o}" if st.st_mode & 0o077 else None)
+    if problem:
+        raise NotPrivate(f"{path}: {problem}")
+
+
+def free_bytes(root: Path = SHM_ROOT) -> int:
+    """Bytes this user may still allocate in `root`."""
+    vfs = os.statvfs(root)
+    return vfs.f_bavail * vfs.f_frsize
+
+
+_HELD: weakref.WeakSet[HeldLock] = weakref.WeakSet()
+
+
+def _close_in_child() -> None:
+    """After fork: the child shares its parent's lock descriptions; it lets them go, so the
+    lock goes with the parent (the parent's own descriptors stay open)."""
+    for lock in list(_HELD):
+        lock.forget()
+
+
+os.register_at_fork(after_in_child=_close_in_child)
+
+
+class HeldLock:
+    """An exclusive `flock` on a file this process made, held until `release` or exit."""
+
+    def __init__(self, path: Path) -> None:
+        """Make `path` (it must not exist) and lock it; FileExistsError if it exists."""
+        self.path = path
+        self.fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | OPEN_FLAGS,
+                                      0o600)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        _HELD.add(self)
+
+    def forget(self) -> None:
+        """Close without unlinking (a forked child's copy)."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def release(self, unlink: bool = True) -> None:
+        if self.fd is not None and unlink:
+            self.path.unlink(missing_ok=True)
+        self.forget()
+
+
+def held(path: Path) -> bool:
+    """Whether some live process holds the lock of `path` (False: it is gone, or nobody
+    does). The probe's own shared lock goes with its descriptor."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        fd = os.open(path, os.O_RDONLY | OPEN_FLAGS)
     except OSError:
-        return None
-    try:  # the command name (field 2) may hold spaces and parentheses: split after it
-        return int(stat.rsplit(")", 1)[1].split()[19])
-    except (IndexError, ValueError):
-        return None
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
 
 
-def available(root: Path = SHM_ROOT) -> bool:
-    """Whether this host has a tmpfs for shared memory and /proc to name owners by."""
-    return root.is_dir() and os.access(root, os.W_OK) and start_ticks(os.getpid()) is not None
+class OwnerDirectory:
+    """An owner's directory, made new and private, locked while the owner lives."""
 
+    def __init__(self, root: Path = SHM_ROOT) -> None:
+        self.path = root / f"{DIR_PREFIX}{os.geteuid()}-{secrets.token_hex(8)}"
+        os.mkdir(self.path, 0o700)  # FileExistsError on anything there, never reused
+        try:
+            check_private(self.path, stat.S_IFDIR)
+            self.lock = HeldLock(self.path / OWNER_LOCK)
+        except BaseException:
+            shutil.rmtree(self.path, ignore_errors=True)
+            raise
+        self.pid = os.getpid()
 
-def owner_dir(owner_pid: int, root: Path = SHM_ROOT) -> Path | None:
-    """The directory of the workers started by process `owner_pid` (None: no such
-    process, or no shared memory on this host)."""
-    ticks = start_ticks(owner_pid)
-    if ticks is None or not root.is_dir():
-        return None
-    return root / f"{DIR_PREFIX}{os.getuid()}-{owner_pid}-{ticks}"
-
-
-def make_owner_dir(owner_pid: int, root: Path = SHM_ROOT) -> Path | None:
-    """`owner_dir`, created (0700) if it is not there yet."""
-    directory = owner_dir(owner_pid, root)
-    if directory is not None:
-        directory.mkdir(mode=0o700, exist_ok=True)
-    return directory
+    def remove(self) -> None:
+        """Remove the directory (at the owner's exit, its workers gone); not in a forked
+        child, which owns nothing."""
+        if os.getpid() == self.pid:
+            shutil.rmtree(self.path, ignore_errors=True)
+            self.lock.release(unlink=False)
 
 
 def sweep_stale(root: Path = SHM_ROOT) -> list[Path]:
-    """Remove this user's directories whose owner has exited; returns them."""
+    """Remove this user's directories that no live owner holds; returns them."""
     removed = []
-    pattern = re.compile(rf"^{re.escape(DIR_PREFIX)}{os.getuid()}-(\d+)-(\d+)$")
+    prefix = f"{DIR_PREFIX}{os.geteuid()}-"
     with contextlib.suppress(OSError):
         for path in root.iterdir():
-            match = pattern.match(path.name)
-            if match and start_ticks(int(match[1])) != int(match[2]):
-                shutil.rmtree(path, ignore_errors=True)
+            if path.name.startswith(prefix) and _ownerless(path):
                 removed.append(path)
     return removed
 
 
-def remove_own(root: Path = SHM_ROOT) -> None:
-    """Remove the directory of this process's workers (at the owner's exit)."""
-    directory = owner_dir(os.getpid(), root)
-    if directory is not None:
-        shutil.rmtree(directory, ignore_errors=True)
-
-
-def alive(pid: int) -> bool:
-    """Whether process `pid` exists (a zombie counts as gone: it keeps no mapping)."""
-    ticks_path = Path(f"/proc/{pid}/stat")
+def _ownerless(path: Path) -> bool:
+    """Remove `path` if no live owner holds it (while holding its lock, so that no owner
+    takes it meanwhile); whether it was removed."""
     try:
-        return ") Z " not in ticks_path.read_text()
+        check_private(path, stat.S_IFDIR)
+        fd = os.open(path / OWNER_LOCK, os.O_RDONLY | OPEN_FLAGS)
+    except FileNotFoundError:
+        with contextlib.suppress(OSError):
+            if time.time() - os.lstat(path).st_mtime > ORPHAN_AGE_S:
+                shutil.rmtree(path, ignore_errors=True)
+                return True
+        return False
     except OSError:
         return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        shutil.rmtree(path, ignore_errors=True)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+class Presence:
+    """One end of a stream's presence in a directory (an `Outbox`, an `Inbox`): a random
+    token whose file it made exclusively and holds locked until `leave`."""
+
+    def __init__(self, directory: Path) -> None:
+        while True:
+            self.token = secrets.randbits(32) or 1
+            with contextlib.suppress(FileExistsError):
+                self.lock = HeldLock(presence_path(directory, self.token))
+                break
+
+    def leave(self) -> None:
+        """Remove the presence file (after the end's own files)."""
+        self.lock.release()
+
+
+def presence_path(directory: Path, token: int) -> Path:
+    return directory / f"peer.{token:08x}"
+
+
+def alive(directory: Path, token: int) -> bool:
+    """Whether the peer of `token` in `directory` lives (its presence lock is held)."""
+    return held(presence_path(directory, token))
 
 
 def sweep_dead_peers(directory: Path) -> list[Path]:
-    """Remove the connecters' files in `directory` whose process has exited."""
+    """Remove the presence files of peers that are gone, and their files; returns the
+    files removed (presence files apart)."""
     removed = []
     with contextlib.suppress(OSError):
-        for path in directory.iterdir():
+        entries = list(directory.iterdir())
+        live = set()
+        for path in entries:
+            match = PRESENCE.match(path.name)
+            if match and held(path):
+                live.add(match[1])
+            elif match:
+                path.unlink(missing_ok=True)
+        for path in entries:
             match = PEER_FILE.match(path.name)
-            if match and not alive(int(match[1])):
+            if match and match[1] not in live and not alive(directory, int(match[1], 16)):
                 path.unlink(missing_ok=True)
                 removed.append(path)
     return removed

@@ -5,14 +5,25 @@ fingerprint, srl_jax/core/shm/layout.py) that a binder checks against its own la
 when it first maps a peer's file. Areas: the messages the connecter writes, and for a
 request stream the replies written back into the same slot numbers.
 
-Each slot starts with a stamp, a seqlock: a writer sets it to 0, writes, then sets it
-to the message's stamp (never 0, and what the doorbell record carries); a reader takes
-a slot only while its stamp is the one it was rung for, and checks it again once it has
-copied what it needs, so a slot rewritten underneath it is dropped, not misread. Then
-its `state`, used by the chunk rings: FULL until a binder has copied the chunk, FREE
-again after, TAKEN (with the reader's pid) while it copies, so that a writer can take
-back a slot whose reader died. Files are reserved whole when made (`posix_fallocate`):
-a full /dev/shm is an error at the start, never a SIGBUS later.
+Each slot starts with three stamps and a token, each with one writer at a time:
+- `stamp`, the connecter's: a seqlock. It sets it to 0, writes, then sets it to the
+  message's stamp (never 0, and what the doorbell record carries); a reader takes a slot
+  only while its stamp is the one it was rung for, and checks it again once it has what
+  it needs, so a slot rewritten underneath it is dropped, not misread.
+- `claim` and `reader`, the binder's that took the message: the stamp it took and its
+  token (srl_jax/core/shm/place.py), written before it reads. A record whose stamp is
+  already claimed or done is a duplicate (replayed) and dropped.
+- `done`, the same binder's: the stamp it finished with (a chunk copied out, a request
+  answered). Only then, or once the claimant's lock says it died, may the connecter
+  write the slot again: a slot is never overwritten while its message waits or is read.
+
+A connecter that withdraws an unclaimed message (a request it sends again elsewhere) and
+a binder that claims it meet as in Dekker's algorithm: each writes (stamp 0; the claim),
+then `fence`, then reads the other's field, so at least one of them sees the other and
+backs off. Plain Python stores and loads are ordered on x86, the only CPU shared memory
+is used on (place.py), but a store may still wait in a store buffer past a later load:
+the fence, a lock's atomic instruction, drains it. Files are reserved whole when made
+(`posix_fallocate`): a full /dev/shm is an error at the start, never a SIGBUS later.
 """
 
 from __future__ import annotations
@@ -20,17 +31,31 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import stat
 import struct
+import threading
 from pathlib import Path
 
 from srl_jax.core.shm.layout import SlotLayout, SlotViews
+from srl_jax.core.shm.place import OPEN_FLAGS, check_private
 from srl_jax.core.wire import WireError
 
-MAGIC = b"SRLSLOT2"
+MAGIC = b"SRLSLOT3"
 MAX_AREAS = 2
 TABLE = struct.Struct("<8sI4x" + "IxxxxQQ" * MAX_AREAS)
 TABLE_BYTES = 128
-FREE, FULL, TAKEN = 0, 1, 2
+_FENCE = threading.Lock()
+
+
+def fence() -> None:
+    """A full memory barrier: the stores before it are seen before the loads after it."""
+    _FENCE.acquire()
+    _FENCE.release()
+
+
+def file_bytes(areas: list[tuple[int, SlotLayout]]) -> int:
+    """The size of a slot file of `areas` (count, layout)."""
+    return TABLE_BYTES + sum(count * layout.slot_bytes for count, layout in areas)
 
 
 class SlotFile:
@@ -39,7 +64,7 @@ class SlotFile:
     def __init__(self, path: Path, fd: int, areas: list[tuple[int, SlotLayout]]) -> None:
         self.path = path
         self.counts = [count for count, _ in areas]
-        self.nbytes = TABLE_BYTES + sum(count * layout.slot_bytes for count, layout in areas)
+        self.nbytes = file_bytes(areas)
         try:
             self._mm = mmap.mmap(fd, self.nbytes)
         finally:
@@ -52,6 +77,7 @@ class SlotFile:
             start += count * layout.slot_bytes
         self._stamp_at = [[views.base(slot) >> 3 for slot in range(count)]
                           for views, (count, _) in zip(self.views, areas, strict=True)]
+        """Each slot's stamp as an index of 8-byte words (claim and done follow it)."""
 
     @classmethod
     def create(cls, path: Path, areas: list[tuple[int, SlotLayout]]) -> SlotFile:
@@ -59,8 +85,8 @@ class SlotFile:
         /dev/shm cannot hold it."""
         if not 1 <= len(areas) <= MAX_AREAS or any(count < 1 for count, _ in areas):
             raise ValueError(f"bad slot areas {areas}")
-        nbytes = TABLE_BYTES + sum(count * layout.slot_bytes for count, layout in areas)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        nbytes = file_bytes(areas)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | OPEN_FLAGS, 0o600)
         try:
             os.posix_fallocate(fd, 0, nbytes)
             table = [*((count, layout.slot_bytes, layout.fingerprint) for count, layout in areas),
@@ -75,10 +101,13 @@ class SlotFile:
     @classmethod
     def open(cls, path: Path, layouts: list[SlotLayout], max_slots: int) -> SlotFile:
         """Map a peer's file if its table names `layouts` (at most `max_slots` slots
-        each) and its size fits; OSError: it is gone; WireError: it is not such a file."""
-        fd = os.open(path, os.O_RDWR)
+        each) and its size fits; OSError: it is gone, or not a private file of this user's
+        (place.NotPrivate); WireError: it is not such a file."""
+        fd = os.open(path, os.O_RDWR | OPEN_FLAGS)
         try:
-            size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            check_private(path, stat.S_IFREG, st)
+            size = st.st_size
             raw = os.pread(fd, TABLE.size, 0)
             if len(raw) != TABLE.size:
                 raise WireError("slot file without its table")
@@ -90,7 +119,7 @@ class SlotFile:
                     for (n, size_, fingerprint), layout in zip(rows, layouts, strict=False)):
                 raise WireError("slot file of another layout")
             areas = [(row[0], layout) for row, layout in zip(rows, layouts, strict=False)]
-            if TABLE_BYTES + sum(n * layout.slot_bytes for n, layout in areas) != size:
+            if file_bytes(areas) != size:
                 raise WireError("slot file of the wrong size")
         except BaseException:
             os.close(fd)
@@ -104,15 +133,23 @@ class SlotFile:
         """0 before writing (or to withdraw a message), the message's stamp after."""
         self._u64[self._stamp_at[area][slot]] = stamp
 
-    def state(self, area: int, slot: int) -> tuple[int, int]:
-        """(state, the reader's pid while TAKEN)."""
-        at = (self.views[area].base(slot) >> 2) + 2
-        return self._u32[at], self._u32[at + 1]
+    def claim(self, area: int, slot: int) -> tuple[int, int]:
+        """(the stamp a binder took, its token)."""
+        at = self._stamp_at[area][slot]
+        return self._u64[at + 1], self._u32[2 * at + 6]
 
-    def set_state(self, area: int, slot: int, state: int, reader: int = 0) -> None:
-        at = (self.views[area].base(slot) >> 2) + 2
-        self._u32[at + 1] = reader
-        self._u32[at] = state
+    def set_claim(self, area: int, slot: int, stamp: int, reader: int) -> None:
+        """The token first: whoever sees the claim sees whose it is."""
+        at = self._stamp_at[area][slot]
+        self._u32[2 * at + 6] = reader
+        self._u64[at + 1] = stamp
+
+    def done(self, area: int, slot: int) -> int:
+        """The stamp the binder that claimed it finished with."""
+        return self._u64[self._stamp_at[area][slot] + 2]
+
+    def set_done(self, area: int, slot: int, stamp: int) -> None:
+        self._u64[self._stamp_at[area][slot] + 2] = stamp
 
     def close(self, unlink: bool = False) -> None:
         """Unmap (once no array views it any more) and, with `unlink`, remove the file."""

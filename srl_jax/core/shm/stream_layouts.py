@@ -3,7 +3,8 @@ both ends build them alike (srl_jax/core/shm/layout.py says what a layout fixes)
 
 - inference requests: `split`, `seq`; obs, and where the policy has them state
   (recurrent), action_mask (masked actions) and opponent (one that plays an opponent
-  pool), each up to `inference.max_batch` rows, the most a request may carry;
+  pool), each up to the most rows one of an actor's requests carries (`request_rows`:
+  a split's columns, twice over), not the servers' `inference.max_batch`;
 - inference replies: `split`, `seq`, `version`, `batch_rows`; action, logp, value, and
   where the policy has them state, q (actor priorities), search_policy (a policy that
   searches), opponent and the pool's versions (`pool`, up to `selfplay.pool`);
@@ -15,16 +16,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from srl_jax.config.schema import ExperimentConfig
+from srl_jax.config.schema import ExperimentConfig, request_rows
 from srl_jax.core.chunk_spec import Layout
 from srl_jax.core.env_spec import EnvSpec
 from srl_jax.core.shm.layout import Field, SlotLayout
 
 F32, I64 = np.dtype(np.float32), np.dtype(np.int64)
+REQUEST_SLOTS = 2
+"""Request slots per split: a request sent again goes to one no server is answering."""
 
 
 def request_layout(config: ExperimentConfig, spec: EnvSpec, policy: str) -> SlotLayout:
-    rows, pooled = config.inference.max_batch, policy in config.selfplay.opponents
+    rows, pooled = request_rows(config.actors, spec.agents), policy in config.selfplay.opponents
     return SlotLayout("infer_request", ("split", "seq"), (
         Field("obs", np.dtype(spec.obs_dtype), tuple(spec.obs_shape), rows),
         *([Field("state", F32, (spec.state_size,), rows)] if spec.state_size else []),
@@ -34,7 +37,7 @@ def request_layout(config: ExperimentConfig, spec: EnvSpec, policy: str) -> Slot
 
 
 def reply_layout(config: ExperimentConfig, spec: EnvSpec, policy: str) -> SlotLayout:
-    rows, pooled = config.inference.max_batch, policy in config.selfplay.opponents
+    rows, pooled = request_rows(config.actors, spec.agents), policy in config.selfplay.opponents
     action = Field("action", F32, tuple(spec.action_shape), rows) if spec.continuous \
         else Field("action", np.dtype(np.int32), (), rows)
     return SlotLayout("infer_reply", ("split", "seq", "version", "batch_rows"), (
