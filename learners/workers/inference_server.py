@@ -106,7 +106,7 @@ class InferenceServer(Worker):
         self._rows_gathered = 0
         """Rows of the batch being gathered (`_from_inbox` reads what still fits)."""
         self._request_rows = 1
-        """The most rows one request carries (set with the policy)."""
+        """The rows of a request (a split's columns; set with the policy)."""
         """A request that would have overflowed the last batch: it starts the next."""
         self._last_batch_wall = time.time()
         self._no_state = np.zeros((config.inference.max_batch, 0), np.float32)
@@ -131,7 +131,7 @@ class InferenceServer(Worker):
                    reply_layout(self.config, spec, self.policy)]
         self.inbox = open_inbox(self, INFERENCE, layouts,
                                 max_slots=REQUEST_SLOTS * self.config.actors.splits)
-        self._request_rows = request_rows(self.config.actors, spec.agents)
+        self._request_rows = request_rows(self.config.actors, spec.agents) // 2
         self.router = self.socket(INFERENCE, hwm=cfg.request_queue)
         self.pool, self.params = follow(self, self.runner)
         self.poller.register(self.router, zmq.POLLIN)
@@ -159,7 +159,9 @@ class InferenceServer(Worker):
 
     def _from_inbox(self) -> tuple[Route, Message] | None:
         """A request through shared memory; no more records are taken from the doorbell
-        than the batch has room for, so the others stay there for an idle peer."""
+        than the batch has room for (at a split's columns a request: one that ends
+        episodes by a time limit carries twice as many), so the others stay there for
+        an idle peer."""
         room = self.config.inference.max_batch - self._rows_gathered
         return self.inbox.receive(limit=max(1, room // self._request_rows))
 

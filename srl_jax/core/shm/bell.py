@@ -117,19 +117,23 @@ class Ringer:
         if now - self._checked > RECHECK_S:
             self._checked = now
             self._follow()
-        for _ in range(2):  # the FIFO held, then the one the path names now
-            if self.fd is None and not self._open():
-                return False
-            try:
-                os.write(self.fd, record)
-                return True
-            except BlockingIOError:
-                return False
-            except OSError as error:
-                if error.errno not in GONE:
-                    raise
-                self.close()
-        return False
+        sent = self._write(record) if self.fd is not None else None
+        if sent is None and self._open():  # the FIFO the path names now
+            sent = self._write(record)
+        return bool(sent)
+
+    def _write(self, record: bytes) -> bool | None:
+        """True: queued; False: the bell is full; None: it has no reader (let go)."""
+        try:
+            os.write(self.fd, record)
+            return True
+        except BlockingIOError:
+            return False
+        except OSError as error:
+            if error.errno not in GONE:
+                raise
+            self.close()
+            return None
 
     def _follow(self) -> None:
         """Let the FIFO go if the path now names another one (or none)."""

@@ -364,14 +364,16 @@ class Inbox:
         peer.file.close()
 
     def _claim(self, file: SlotFile, slot: int, stamp: int) -> bool:
-        """Take `slot`'s message of `stamp`, unless it is gone, taken or withdrawn."""
-        if file.stamp(SENT, slot) != stamp or file.done(SENT, slot) == stamp \
-                or file.claim(SENT, slot)[0] == stamp:
+        """Take `slot`'s message of `stamp`, unless it is gone, taken or withdrawn (the
+        slot's words read directly: this runs once a message, `SlotFile` says what they
+        are)."""
+        words, at = file.words, file.stamp_at[SENT][slot]
+        if words[at] != stamp or words[at + 2] == stamp or words[at + 1] == stamp:
             return False
         file.set_claim(SENT, slot, stamp, self.token)
         fence()
-        if file.stamp(SENT, slot) != stamp:  # withdrawn meanwhile: let it go
-            file.set_done(SENT, slot, stamp)
+        if words[at] != stamp:  # withdrawn meanwhile: let it go
+            words[at + 2] = stamp
             return False
         return True
 

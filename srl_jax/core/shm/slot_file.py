@@ -69,15 +69,15 @@ class SlotFile:
             self._mm = mmap.mmap(fd, self.nbytes)
         finally:
             os.close(fd)
-        self._u64 = memoryview(self._mm).cast("Q")
+        self.words = memoryview(self._mm).cast("Q")
         self._u32 = memoryview(self._mm).cast("I")
         self.views, start = [], TABLE_BYTES
         for count, layout in areas:
             self.views.append(SlotViews(layout, self._mm, start, count))
             start += count * layout.slot_bytes
-        self._stamp_at = [[views.base(slot) >> 3 for slot in range(count)]
+        self.stamp_at = [[views.base(slot) >> 3 for slot in range(count)]
                           for views, (count, _) in zip(self.views, areas, strict=True)]
-        """Each slot's stamp as an index of 8-byte words (claim and done follow it)."""
+        """Each slot's stamp as an index of `words` (its claim and done follow it)."""
 
     @classmethod
     def create(cls, path: Path, areas: list[tuple[int, SlotLayout]]) -> SlotFile:
@@ -127,29 +127,29 @@ class SlotFile:
         return cls(path, fd, areas)
 
     def stamp(self, area: int, slot: int) -> int:
-        return self._u64[self._stamp_at[area][slot]]
+        return self.words[self.stamp_at[area][slot]]
 
     def set_stamp(self, area: int, slot: int, stamp: int) -> None:
         """0 before writing (or to withdraw a message), the message's stamp after."""
-        self._u64[self._stamp_at[area][slot]] = stamp
+        self.words[self.stamp_at[area][slot]] = stamp
 
     def claim(self, area: int, slot: int) -> tuple[int, int]:
         """(the stamp a binder took, its token)."""
-        at = self._stamp_at[area][slot]
-        return self._u64[at + 1], self._u32[2 * at + 6]
+        at = self.stamp_at[area][slot]
+        return self.words[at + 1], self._u32[2 * at + 6]
 
     def set_claim(self, area: int, slot: int, stamp: int, reader: int) -> None:
         """The token first: whoever sees the claim sees whose it is."""
-        at = self._stamp_at[area][slot]
+        at = self.stamp_at[area][slot]
         self._u32[2 * at + 6] = reader
-        self._u64[at + 1] = stamp
+        self.words[at + 1] = stamp
 
     def done(self, area: int, slot: int) -> int:
         """The stamp the binder that claimed it finished with."""
-        return self._u64[self._stamp_at[area][slot] + 2]
+        return self.words[self.stamp_at[area][slot] + 2]
 
     def set_done(self, area: int, slot: int, stamp: int) -> None:
-        self._u64[self._stamp_at[area][slot] + 2] = stamp
+        self.words[self.stamp_at[area][slot] + 2] = stamp
 
     def close(self, unlink: bool = False) -> None:
         """Unmap (once no array views it any more) and, with `unlink`, remove the file."""
@@ -158,6 +158,6 @@ class SlotFile:
         with contextlib.suppress(BufferError):  # arrays still view it: the GC unmaps it
             for views in self.views:
                 views.release()
-            self._u64.release()
+            self.words.release()
             self._u32.release()
             self._mm.close()
