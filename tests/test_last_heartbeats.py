@@ -97,7 +97,7 @@ class ScriptedBackend:
     def ports(self) -> list[dict[str, Any]]:
         return []
 
-    def shared_memory_dir(self) -> Path | None:
+    def shared_memory_dir(self) -> str | None:
         return None
 
     def exit_code(self, handle: WorkerHandle) -> int | None:

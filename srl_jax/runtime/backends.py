@@ -76,7 +76,7 @@ class LaunchBackend(Protocol):
         """The ports the backend itself listens on (a local Ray instance), as
         `Transport.port_list` lists them."""
 
-    def shared_memory_dir(self) -> Path | None:
+    def shared_memory_dir(self) -> str | None:
         """The directory of its workers' shared memory (None: they use none)."""
 
     def exit_code(self, handle: WorkerHandle) -> int | None:
@@ -162,8 +162,8 @@ class LocalBackend:
     def ports(self) -> list[dict[str, Any]]:
         return []
 
-    def shared_memory_dir(self) -> Path | None:
-        return self.shared_memory.path if self.shared_memory is not None else None
+    def shared_memory_dir(self) -> str | None:
+        return str(self.shared_memory.path) if self.shared_memory is not None else None
 
     def exit_code(self, handle: WorkerHandle) -> int | None:
         return handle.ref.poll()

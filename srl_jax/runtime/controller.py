@@ -291,11 +291,10 @@ class Controller:
             "experiment": self.config.name, "run_dir": str(self.run_dir), "state": state,
             "stop_reason": self.stop_reason, "controller_pid": os.getpid(),
             "started": self.started_wall, "updated": time.time(), "resumes": self.resumes,
-            "stalled_for": round(self._stalled_for(), 1),
+            "stalled_for": round(self._stalled_for(), 1), "missing": self.supervisor.missing(),
             "startup": self.startup.to_json(),
             "ports": self.transport.port_list() + self.backend.ports(),
-            "shared_memory": str(shm) if (shm := self.backend.shared_memory_dir()) else None,
-            "missing": self.supervisor.missing(),
+            "shared_memory": self.backend.shared_memory_dir(),
             "workers": [{**r.status(), **device_status(r.name, self.placement, self.metrics)}
                         for r in self.workers],
         }

@@ -248,7 +248,7 @@ class RayBackend:
     def ports(self) -> list[dict[str, Any]]:
         return self._ports
 
-    def shared_memory_dir(self) -> Path | None:
+    def shared_memory_dir(self) -> str | None:
         return None
 
     def placement_wait(self, kind: str) -> str:
