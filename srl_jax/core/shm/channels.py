@@ -15,7 +15,6 @@ in their slots in a fixed layout (srl_jax/core/shm/layout.py).
 from __future__ import annotations
 
 import itertools
-import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,8 +34,6 @@ SENT, REPLIES = 0, 1
 FREE, WAITING, TAKEN = 0, 1, 2
 """A slot as its connecter sees it: free to write; its message waits in a doorbell
 (unclaimed); a binder claimed it and has not finished with it."""
-
-log = logging.getLogger(__name__)
 
 
 def _copied(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
