@@ -521,7 +521,7 @@ def test_the_run_is_sized_before_launch(monkeypatch: pytest.MonkeyPatch) -> None
     assert budget.plan_shared_memory(config, "local", spec_of, 16) == (True, None)
     monkeypatch.setattr(budget, "free_bytes", lambda root: needed - 1)
     use, line = budget.plan_shared_memory(config, "local", spec_of, 16)
-    assert not use and "--shm-size=64m" in line and f"{needed / 2**20:.1f} MiB" in line
+    assert not use and "--shm-size=64m" in line and f"needs {-(-needed // 1024)} KiB" in line
     config.transport.shared_memory = "on"
     with pytest.raises(ConfigError, match="shm-size"):
         budget.plan_shared_memory(config, "local", spec_of, 16)

@@ -36,6 +36,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(
 LAUNCH = [sys.executable, "-m", "srl_jax.launch", "cartpole_ppo", "--quiet"]
 IN_PID_NAMESPACE = ["unshare", "--pid", "--fork", "--mount-proc"]
 FRAME_LIMIT = 4000
+SMALL = ("actors.count=1", "actors.envs=4", "learner.batch_envs=8")
 
 
 def overrides(*pairs: str) -> list[str]:
@@ -51,7 +52,7 @@ def test_runs_in_two_pid_namespaces_leave_each_other_alone(processes: Processes,
     hold.touch()
     run_a, run_b = tmp_path / "a", tmp_path / "b"
     a = processes.start([*IN_PID_NAMESPACE, *LAUNCH, "--run-dir", str(run_a), *overrides(
-        "actors.count=1", "actors.envs=4", "learner.batch_envs=8", "learner.sample_queue=4",
+        *SMALL, "learner.sample_queue=4",
         f"env.id=tests.paced_env:{PACED_ID}",
         f"env.kwargs={{step_s: 0.0, held_while: {hold}}}",
         f"stop.env_frames={FRAME_LIMIT}", "stop.wall_time_s=240")],
@@ -62,7 +63,7 @@ def test_runs_in_two_pid_namespaces_leave_each_other_alone(processes: Processes,
     files_a = sorted(directory_a.iterdir())
     assert any(path.suffix == ".slots" for path in files_a)
     b = subprocess.run([*IN_PID_NAMESPACE, *LAUNCH, "--run-dir", str(run_b), *overrides(
-        "actors.count=1", "stop.env_frames=2000")], capture_output=True, text=True, timeout=180)
+        *SMALL, "stop.env_frames=2000")], capture_output=True, text=True, timeout=180)
     assert b.returncode == 0, b.stdout + b.stderr
     assert read_status(run_b)["controller_pid"] == read_status(run_a)["controller_pid"], \
         "the two controllers have one pid, each in its namespace"
@@ -90,15 +91,17 @@ def test_runs_in_two_pid_namespaces_leave_each_other_alone(processes: Processes,
 @pytest.mark.parametrize("mode", ["auto", "on"])
 def test_a_small_dev_shm_falls_back_or_refuses_before_launch(mode: str,
                                                               tmp_path: Path) -> None:
-    """/dev/shm of 64 KiB (the run's actors need about 0.2 MiB): auto says what it needs
-    and runs on ZeroMQ; on exits 2 with the same reason, before any worker starts."""
-    script = ("mount -t tmpfs -o size=64k tmpfs /dev/shm && exec \"$@\"")
+    """/dev/shm of 64 KiB (the run's actor, with 32 chunk slots, needs 113 KiB; the rest
+    of the run a few pages for semaphores): auto says what it needs and runs on ZeroMQ;
+    on exits 2 with the same reason, before any worker starts."""
+    script = "mount -t tmpfs -o size=64k tmpfs /dev/shm && exec \"$@\""
     run = tmp_path / "run"
     result = subprocess.run(
         ["unshare", "--mount", "sh", "-c", script, "sh", *LAUNCH, "--run-dir", str(run),
-         *overrides(f"transport.shared_memory={mode}", "stop.env_frames=500")],
+         *overrides(f"transport.shared_memory={mode}", "stop.env_frames=500", *SMALL,
+                   "actors.send_queue=32")],
         capture_output=True, text=True, timeout=180)
-    line = "needs 0.2 MiB of shared memory and /dev/shm has 0.1 MiB free"
+    line = "of shared memory and /dev/shm has 64 KiB free"
     if mode == "on":
         assert result.returncode == EXIT_CONFIG and line in result.stderr, result.stderr
         assert "--shm-size" in result.stderr and not (run / "logs").exists()

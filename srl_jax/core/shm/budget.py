@@ -75,14 +75,18 @@ def plan_shared_memory(config: ExperimentConfig, backend: str,
     if problem is None and spec_of is not None:
         needed, free = run_bytes(config, spec_of, max_returns), free_bytes(root)
         if needed > free:
-            problem = (f"the run needs {needed / 2**20:.1f} MiB of shared memory and {root} "
-                       f"has {free / 2**20:.1f} MiB free (in a container, start it with "
+            problem = (f"the run needs {_size(needed)} of shared memory and {root} has "
+                       f"{_size(free)} free (in a container, start it with "
                        f"--shm-size={_suggested_size(needed)} or --ipc=host)")
     if problem is None:
         return True, None
     if mode == "on":
         raise ConfigError(f"'transport.shared_memory: on': {problem}; set it to auto or off")
     return False, f"shared memory: {problem}; ZeroMQ carries the same-host streams"
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 2**20 else f"{-(-nbytes // 1024)} KiB"
 
 
 def _suggested_size(needed: int) -> str:
