@@ -11,6 +11,7 @@ line that says what it needs) or does not start (`on`).
 
 from __future__ import annotations
 
+import mmap
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -34,17 +35,18 @@ BACKENDS_THAT_OWN = frozenset({"local"})
 
 def actor_bytes(config: ExperimentConfig, spec: EnvSpec, policy: str, max_returns: int,
                 chunks: bool = True) -> int:
-    """Bytes one actor maps for `policy`: its request file where servers answer it, and
-    its chunk ring where it sends chunks (`chunks`: the policy is trained)."""
-    total = 0
+    """Bytes one actor maps for `policy`, in whole pages as tmpfs holds them: its request
+    file where servers answer it, and its chunk ring where it sends chunks (`chunks`:
+    the policy is trained)."""
+    files = []
     if not config.actors.inline_inference and config.inference.count:
         slots = REQUEST_SLOTS * config.actors.splits
-        total += file_bytes([(slots, request_layout(config, spec, policy)),
-                             (slots, reply_layout(config, spec, policy))])
+        files.append(file_bytes([(slots, request_layout(config, spec, policy)),
+                                 (slots, reply_layout(config, spec, policy))]))
     if chunks:
         layout = chunk_slot_layout(run_chunk_layout(config, spec), max_returns)
-        total += file_bytes([(config.actors.send_queue, layout)])
-    return total
+        files.append(file_bytes([(config.actors.send_queue, layout)]))
+    return sum(-(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE for nbytes in files)
 
 
 def run_bytes(config: ExperimentConfig, spec_of: Callable[[str], EnvSpec],
