@@ -489,6 +489,8 @@ def test_shared_memory_is_chosen_only_where_every_binder_shares_the_owner(
     yaml.write_text("stop: {env_frames: 100}\ntransport: {shared_memory: on}\n")
     assert load_config(yaml).transport.shared_memory == "on"
     assert load_config(yaml, ["transport.shared_memory=off"]).transport.shared_memory == "off"
+    with pytest.raises(ConfigError, match="names a slot in 16 bits"):
+        load_config(yaml, ["actors.send_queue=65537"])
 
 
 def test_a_binder_that_leaves_its_records_unread_holds_no_more_than_its_share_of_the_ring(

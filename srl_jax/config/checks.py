@@ -29,6 +29,8 @@ from srl_jax.config.schema import (
     policy_names,
     request_rows,
 )
+from srl_jax.core.shm.bell import MAX_SLOTS
+from srl_jax.core.shm.stream_layouts import REQUEST_SLOTS
 from srl_jax.core.transport import is_loopback
 
 RAY_AUTH_MODE = "RAY_AUTH_MODE"
@@ -93,6 +95,9 @@ def check_actors(config: ExperimentConfig) -> None:
     require(actors.send_policy in ("block", "drop"),
             f"'actors.send_policy' must be 'block' or 'drop', got '{actors.send_policy}'")
     require(actors.send_queue >= 1, "'actors.send_queue' must be at least 1")
+    require(actors.send_queue <= MAX_SLOTS and REQUEST_SLOTS * actors.splits <= MAX_SLOTS,
+            f"'actors.send_queue' and {REQUEST_SLOTS} x 'actors.splits' must be at most "
+            f"{MAX_SLOTS}: a shared-memory doorbell names a slot in 16 bits")
 
 
 def check_inference(config: ExperimentConfig) -> None:

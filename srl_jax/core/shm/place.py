@@ -64,16 +64,19 @@ def unsupported_reason(root: Path = SHM_ROOT) -> str | None:
     return None
 
 
+KIND_NAMES = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFREG: "a file"}
+
+
 def check_private(path: Path, kind: int, st: os.stat_result | None = None) -> None:
     """NotPrivate unless `path` (or its `fstat`) is of `kind` (stat.S_IFDIR ...), this
     user's, not a link and closed to group and others."""
     st = st or os.lstat(path)
-    problem = ("not " + {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO",
-                         stat.S_IFREG: "a file"}[kind] if stat.S_IFMT(st.st_mode) != kind
-               else f"owned by uid {st.st_uid}, not {os.geteuid()}" if st.st_uid != os.geteuid()
-               else f"mode {stat.S_IMODE(st.st_mode):o}" if st.st_mode & 0o077 else None)
-    if problem:
-        raise NotPrivate(f"{path}: {problem}")
+    if stat.S_IFMT(st.st_mode) != kind:
+        raise NotPrivate(f"{path}: not {KIND_NAMES[kind]}")
+    if st.st_uid != os.geteuid():
+        raise NotPrivate(f"{path}: owned by uid {st.st_uid}, not {os.geteuid()}")
+    if st.st_mode & 0o077:
+        raise NotPrivate(f"{path}: mode {stat.S_IMODE(st.st_mode):o}")
 
 
 def free_bytes(root: Path = SHM_ROOT) -> int:
@@ -99,11 +102,21 @@ class HeldLock:
     """An exclusive `flock` on a file this process made, held until `release` or exit."""
 
     def __init__(self, path: Path) -> None:
-        """Make `path` (it must not exist) and lock it; FileExistsError if it exists."""
+        """Make `path` (it must not exist) and lock it; FileExistsError if it exists. The
+        file is locked under a name of its own first and linked to `path` after, so that
+        no one ever sees `path` unlocked and takes its maker for dead."""
         self.path = path
-        self.fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | OPEN_FLAGS,
+        staging = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+        self.fd: int | None = os.open(staging, os.O_RDWR | os.O_CREAT | os.O_EXCL | OPEN_FLAGS,
                                       0o600)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+            os.link(staging, path)
+        except BaseException:
+            self.forget()
+            raise
+        finally:
+            staging.unlink()
         _HELD.add(self)
 
     def forget(self) -> None:
