@@ -103,11 +103,11 @@ class InferenceServer(Worker):
         """A frozen policy's opponent pool (learners/workers/pool_runner.py)."""
         self.poller = zmq.Poller()
         self._held: Request | None = None
+        """A request that would have overflowed the last batch: it starts the next."""
         self._rows_gathered = 0
         """Rows of the batch being gathered (`_from_inbox` reads what still fits)."""
-        self._request_rows = 1
-        """The rows of a request (a split's columns; set with the policy)."""
-        """A request that would have overflowed the last batch: it starts the next."""
+        self._split_rows = 1
+        """The rows of most requests: a split's columns (set with the policy)."""
         self._last_batch_wall = time.time()
         self._no_state = np.zeros((config.inference.max_batch, 0), np.float32)
         """The empty state of rows of a policy without a core (shared, never written)."""
@@ -131,7 +131,7 @@ class InferenceServer(Worker):
                    reply_layout(self.config, spec, self.policy)]
         self.inbox = open_inbox(self, INFERENCE, layouts,
                                 max_slots=REQUEST_SLOTS * self.config.actors.splits)
-        self._request_rows = request_rows(self.config.actors, spec.agents) // 2
+        self._split_rows = request_rows(self.config.actors, spec.agents) // 2
         self.router = self.socket(INFERENCE, hwm=cfg.request_queue)
         self.pool, self.params = follow(self, self.runner)
         self.poller.register(self.router, zmq.POLLIN)
@@ -163,7 +163,7 @@ class InferenceServer(Worker):
         episodes by a time limit carries twice as many), so the others stay there for
         an idle peer."""
         room = self.config.inference.max_batch - self._rows_gathered
-        return self.inbox.receive(limit=max(1, room // self._request_rows))
+        return self.inbox.receive(limit=max(1, room // self._split_rows))
 
     def _from_router(self) -> tuple[list[bytes], Message] | None:
         return receive(self.router, INFERENCE.binder_receives, self.rejects, envelope=1)

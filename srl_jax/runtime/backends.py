@@ -100,8 +100,10 @@ def spawn_worker(args: list[str], env: dict[str, str], log_path: Path,
     """Start `python args...` in its own session, appending its output to `log_path`
     (made where missing: a host that shares no run directory has none).
     `shared_memory`: the directory of this process's, which owns the worker's shared
-    memory and removes it (srl_jax/core/shm/place.py)."""
+    memory and removes it (srl_jax/core/shm/place.py); without it the worker gets no
+    owner, whatever `env` says."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    env = {name: value for name, value in env.items() if name != OWNER_ENV}
     own = {OWNER_ENV: str(shared_memory)} if shared_memory is not None else {}
     with open(log_path, "ab") as log_file:
         return subprocess.Popen(
