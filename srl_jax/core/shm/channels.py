@@ -73,14 +73,16 @@ class Outbox:
         self.presence = Presence(directory)
         self.token = self.presence.token
         areas = [(slots, layout)] + ([(slots, reply_layout)] if reply_layout else [])
+        file = None
         try:
-            self.file = SlotFile.create(peer_path(stem, self.token, "slots"), areas)
+            file = SlotFile.create(peer_path(stem, self.token, "slots"), areas)
             self.replies = Bell(peer_path(stem, self.token, "reply")) if reply_layout else None
         except BaseException:
-            if hasattr(self, "file"):
-                self.file.close(unlink=True)
+            if file is not None:
+                file.close(unlink=True)
             self.presence.leave()
             raise
+        self.file = file
         self.ringers = [Ringer(bell) for bell in bells]
         self._turn = 0
         self.slots = slots
