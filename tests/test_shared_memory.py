@@ -343,8 +343,16 @@ def test_a_connecter_that_reuses_a_pid_is_a_new_peer(shm_dir: Path) -> None:
     assert request.meta["seq"] == 9 and request.arrays["obs"].max() == 9
     assert inbox.reply(route, answer(9), ANSWER) and second.receive(rejects).meta["seq"] == 9
     inbox.prune()
-    assert list(inbox.peers) == [second.token], "the dead peer's mapping let go"
+    assert list(inbox.peers) == [second.token], "the dead peer forgotten"
+    second.send(1, {"split": 0, "seq": 10}, {"obs": OBS})
+    route, _ = inbox.receive()
     second.close()
+    inbox.prune()  # while the request waits in a batch: its reply is lost, nothing breaks
+    assert not inbox.reply(route, answer(10), ANSWER) and inbox.lost_replies == 1
+    inbox.release(route)
+    assert inbox.mapped_bytes == 0
+    inbox.prune()
+    assert not inbox._forgotten, "unmapped a prune later"
     inbox.close()
 
 

@@ -160,7 +160,7 @@ def shm_binder(kind: str, received: tuple[Row, ...] = ()) -> tuple[Counter, ...]
                     "replayed), its connecter gone, or a read that held a record cut short or "
                     "not ours (srl_jax/core/shm/bell.py)", (Row(f"{kind}/shm_stale"),)),
             Counter("shm_mapped_mib", "MiB", _LEVEL, "connecters' slot files it maps (a dead "
-                    "one's let go within half a heartbeat timeout)",
+                    "one's let go within a heartbeat timeout)",
                     (Row(f"{kind}/shm_mapped_mib", digits=2),)))
 
 

@@ -124,19 +124,15 @@ def apart_folder(name: str, env: Mapping[str, str]) -> Path | None:
 class LocalBackend:
     """One process per worker on this machine; logs to `<run_dir>/logs/<worker>.log`.
     With `shared_memory` (srl_jax/core/shm/budget.py decides) it owns their shared
-    memory: it removes what runs gone before it left, makes its own directory, and
-    removes it when it closes (srl_jax/core/shm/place.py)."""
+    memory: it removes what runs gone before it left, makes its own directory when it
+    starts its first worker, and removes it when it closes (srl_jax/core/shm/place.py)."""
 
     def __init__(self, run_dir: Path, shared_memory: bool = True) -> None:
         self.shared_memory: shm_place.OwnerDirectory | None = None
+        self._make_shared_memory = shared_memory
         if shared_memory:
             for path in shm_place.sweep_stale():
                 log.info("removed shared memory of an earlier run: %s", path)
-            try:
-                self.shared_memory = shm_place.OwnerDirectory()
-            except OSError as error:
-                log.warning("no shared memory for this run (%s): ZeroMQ carries its "
-                            "same-host streams", error)
         self.run_dir = Path(run_dir)
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         self._names = FileNameService(self.run_dir / "names")
@@ -153,6 +149,13 @@ class LocalBackend:
         run_dir, log_path = self.run_dir, self.run_dir / "logs" / f"{name}.log"
         if (apart := apart_folder(name, env)) is not None:
             run_dir, log_path = apart / "scratch", apart / "launcher.log"
+        if self._make_shared_memory:
+            self._make_shared_memory = False
+            try:
+                self.shared_memory = shm_place.OwnerDirectory()
+            except OSError as error:
+                log.warning("no shared memory for this run (%s): ZeroMQ carries its "
+                            "same-host streams", error)
         owner = self.shared_memory.path if self.shared_memory is not None else None
         process = spawn_worker(worker_args(kind, index, run_dir, policy), env, log_path,
                                shared_memory=owner)

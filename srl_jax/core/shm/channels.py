@@ -320,6 +320,8 @@ class Inbox:
         self.prune_every_s = prune_every_s
         self._pruned_at = time.monotonic()
         self.peers: dict[int, _Peer] = {}
+        self._forgotten: list[_Peer] = []
+        """Peers that exited, unmapped at the next prune."""
         self.received = 0
         self.stale = 0
         """Records whose slot no longer held their message (sent again, already taken,
@@ -352,13 +354,18 @@ class Inbox:
         return peer
 
     def prune(self) -> None:
-        """Unmap the files of peers that have exited."""
+        """Unmap the files of peers forgotten at the last prune, and forget the peers that
+        have exited since (a request of theirs may still wait in a batch being gathered:
+        its reply finds the peer forgotten, not its file unmapped)."""
         self._pruned_at = time.monotonic()
+        for peer in self._forgotten:
+            self._let_go(peer)
+        self._forgotten = []
         for token in [token for token in self.peers if not alive(self.stem.parent, token)]:
-            self._forget(token)
+            self._forgotten.append(self.peers.pop(token))
 
-    def _forget(self, token: int) -> None:
-        peer = self.peers.pop(token)
+    @staticmethod
+    def _let_go(peer: _Peer) -> None:
         peer.ringer.close()
         peer.file.close()
 
@@ -409,13 +416,17 @@ class Inbox:
 
     def release(self, route: Route) -> None:
         """Let a claimed request go unanswered (it was refused): its slot is free again."""
-        route.peer.file.set_done(SENT, route.slot, route.stamp)
+        if self.peers.get(route.peer.token) is route.peer:
+            route.peer.file.set_done(SENT, route.slot, route.stamp)
 
     def reply(self, route: Route, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> bool:
         """Answer into the slot's reply and ring its connecter; False if the request was
         withdrawn meanwhile (the answer is dropped) or the connecter is gone."""
         peer, slot, stamp = route
         file = peer.file
+        if self.peers.get(peer.token) is not peer:  # forgotten: its connecter exited
+            self.lost_replies += 1
+            return False
         if file.stamp(SENT, slot) != stamp:
             file.set_done(SENT, slot, stamp)
             self.stale += 1
@@ -427,12 +438,13 @@ class Inbox:
         if peer.ringer.ring(self.token, slot, stamp):
             return True
         self.lost_replies += 1
-        if not alive(self.stem.parent, peer.token) and self.peers.get(peer.token) is peer:
-            self._forget(peer.token)
+        if not alive(self.stem.parent, peer.token):
+            self._forgotten.append(self.peers.pop(peer.token))
         return False
 
     def close(self) -> None:
-        for token in list(self.peers):
-            self._forget(token)
+        for peer in (*self.peers.values(), *self._forgotten):
+            self._let_go(peer)
+        self.peers, self._forgotten = {}, []
         self.bell.close()
         self.presence.leave()
