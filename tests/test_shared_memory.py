@@ -25,7 +25,13 @@ from srl_jax.core.env_spec import EnvSpec
 from srl_jax.core.names import FileNameService
 from srl_jax.core.shm import bell as bell_module
 from srl_jax.core.shm import budget, place
-from srl_jax.core.shm.attach import SCHEME, SharedMemoryUnavailable, open_inbox, open_outbox
+from srl_jax.core.shm.attach import (
+    SCHEME,
+    SharedMemoryUnavailable,
+    open_inbox,
+    open_outbox,
+    owner_directory,
+)
 from srl_jax.core.shm.bell import MAGIC, RECORD, Bell
 from srl_jax.core.shm.channels import FREE, TAKEN, WAITING, Inbox, Outbox, peer_path
 from srl_jax.core.shm.layout import PREFIX_BYTES
@@ -388,7 +394,6 @@ def test_bells_and_directories_of_others_are_refused(shm_dir: Path,
     """Nothing another user (or a mode open to all) made is used: an owner directory of
     mode 0777 or of another uid, a FIFO of mode 0666, a link in a bell's place; and an
     owner's name taken already is never reused."""
-    config = ExperimentConfig()
     for mode, uid in ((0o777, os.geteuid()), (0o700, 65534)):
         other = place.SHM_ROOT / f"{shm_dir.name}-{mode:o}"
         other.mkdir()
@@ -396,13 +401,11 @@ def test_bells_and_directories_of_others_are_refused(shm_dir: Path,
         os.chown(other, uid, -1)
         monkeypatch.setenv(place.OWNER_ENV, str(other))
         try:
-            from srl_jax.core.shm.attach import owner_directory
             assert owner_directory("auto") is None
             with pytest.raises(SharedMemoryUnavailable, match="refused"):
                 owner_directory("on")
         finally:
             other.rmdir()
-    assert config.transport.shared_memory == "auto"
     fifo = shm_dir / "open.bell"
     os.mkfifo(fifo)
     os.chmod(fifo, 0o666)
