@@ -100,6 +100,9 @@ class ScriptedBackend:
     def shared_memory_dir(self) -> str | None:
         return None
 
+    def warm_parents(self) -> list[dict[str, Any]]:
+        return []
+
     def exit_code(self, handle: WorkerHandle) -> int | None:
         return handle.ref.code
 

@@ -41,6 +41,9 @@ DEFAULT_RESOURCES = {"CPU": 1.0}
 PARENT_ENV = "SRL_JAX_PARENT_PID"
 """The pid of the process that started a worker: the worker stops once its parent is
 no longer that one, even if the parent died before the worker got to look."""
+PARENT_PIDFD_ENV = "SRL_JAX_PARENT_PIDFD"
+"""In a worker forked by a warm parent (srl_jax/runtime/hosts/warm_parent.py): an inherited
+pidfd of the process that asked for it, which it watches in place of its parent's pid."""
 EXIT_REFUSED = 2
 """Exit code of a worker that refuses what the run asks of it (a `ConfigError` it can
 only see on its host, e.g. a checkpoint directory holding another run's steps): the
@@ -82,13 +85,18 @@ class WorkerKind:
     """A per-policy kind that frozen policies (`selfplay.frozen`, which act but do not
     train) have too: inference servers; learners and replay servers are only trained ones'."""
     progress: str = ""
-    """The counter whose first rise is the run's first progress (actors: `env_frames`): a
-    worker of this kind heartbeats at once when it rises, so that the controller times
-    the first env frame of the run closely (status.json `startup`)."""
+    """The counter whose first rise is the run's first progress (actors: `env_frames`,
+    learners: `learner_steps`): a worker of this kind heartbeats at once when it rises, so
+    that the controller times the run's first env frame and update closely (status.json
+    `startup`)."""
     counters: tuple[Counter, ...] = ()
     """Its heartbeat counters, declared once: what each is and the rows of metrics.jsonl
     it becomes (srl_jax/core/metrics_table.py); those it sends undeclared add up as sums
     and make no row."""
+
+    warm: bool = False
+    """Forked from its host's warm parent (srl_jax/runtime/hosts/warm_parent.py), which has
+    imported JAX and the kind's module: what imports JAX, or is cheap to fork."""
 
     variant: tuple[Callable[[ExperimentConfig], bool], str] | None = None
     """(when, "module:Class"): the class the kind runs instead of `entry` where `when(config)`
@@ -215,15 +223,15 @@ register_kind(WorkerKind(
     "learner", "learners.workers.learner_worker:LearnerWorker", True, _learners, "learner",
     "trains its policy on sample chunks and publishes its parameters",
     saves_state=True, process_group=True, env={"MALLOC_ARENA_MAX": "2"},
-    device_keys="learner", counters=LEARNER))
+    device_keys="learner", counters=LEARNER, warm=True, progress="learner_steps"))
 register_kind(WorkerKind(
     "inference", "learners.workers.inference_server:InferenceServer", True, _inference_servers,
     "inference", "answers the actors' batched policy requests", device_keys="inference",
-    frozen_too=True, counters=INFERENCE))
+    frozen_too=True, counters=INFERENCE, warm=True))
 register_kind(WorkerKind(
     "replay", "replay.replay_worker:ReplayWorker", True, _replay_servers, "learner",
     "stores its policy's transitions and serves prioritized samples to the learner",
-    counters=REPLAY,
+    counters=REPLAY, warm=True,
     variant=(reanalyses, "learners.workers.reanalysing_replay:ReanalysingReplayWorker"),
     variant_device_keys="inference"))
 register_kind(WorkerKind(
@@ -235,7 +243,7 @@ register_kind(WorkerKind(
 register_kind(WorkerKind(
     "evaluator", "learners.workers.evaluator:EvaluatorWorker", False, _evaluators, "actor",
     "plays evaluation episodes with the latest parameters", device_keys="evaluation",
-    counters=EVALUATOR))
+    counters=EVALUATOR, warm=True))
 register_kind(WorkerKind(
     "population", "srl_jax.runtime.population_manager:PopulationManager", False,
     _population_managers, "learner",

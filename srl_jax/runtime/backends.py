@@ -1,10 +1,12 @@
 """Launch backends: how the controller starts, watches and stops worker processes.
 
 The controller only needs the small `LaunchBackend` interface. The local
-backend runs each worker as its own Python process on this machine
-(`python -m srl_jax.worker`, a fresh interpreter: nothing is forked from a
-process that imported JAX); the Ray backend (srl_jax/runtime/ray_backend.py) has Ray
-place a host for each worker on a node, which runs the same command there.
+backend runs each worker as its own Python process on this machine: a fresh
+interpreter (`python -m srl_jax.worker`) for an actor, a fork of the host's warm
+parent (srl_jax/runtime/hosts/warm_parent.py, which has imported JAX) for the kinds
+forked warm (`WorkerKind.warm`: learners, inference servers, ...); the Ray backend
+(srl_jax/runtime/ray_backend.py) has Ray place a host for each worker on a node, which
+starts it there the same way (forked by that node's warm parent where the kind is warm).
 `srl_jax.launch` picks one (`--backend`).
 """
 
@@ -13,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -25,7 +29,8 @@ from srl_jax.config.schema import DEFAULT_POLICY
 from srl_jax.core.names import FileNameService, NameService, worker_name
 from srl_jax.core.shm import place as shm_place
 from srl_jax.core.shm.place import OWNER_ENV
-from srl_jax.core.worker_kinds import PARENT_ENV
+from srl_jax.core.worker_kinds import PARENT_ENV, worker_kind
+from srl_jax.runtime.hosts.warm_client import START_TIMEOUT_S, WarmChild, WarmParent
 from srl_jax.runtime.name_server import NAMES_ENV
 
 log = logging.getLogger(__name__)
@@ -79,6 +84,10 @@ class LaunchBackend(Protocol):
     def shared_memory_dir(self) -> str | None:
         """The directory of its workers' shared memory (None: they use none)."""
 
+    def warm_parents(self) -> list[dict[str, Any]]:
+        """The warm parents its workers were forked from (srl_jax/runtime/hosts/warm_parent.py):
+        each one's host, pid, starts and forks."""
+
     def exit_code(self, handle: WorkerHandle) -> int | None:
         """The worker's exit code, or None while it runs."""
 
@@ -95,22 +104,42 @@ def worker_args(kind: str, index: int, run_dir: Path, policy: str) -> list[str]:
             "--policy", policy]
 
 
-def spawn_worker(args: list[str], env: dict[str, str], log_path: Path,
-                 shared_memory: Path | None = None) -> subprocess.Popen:
-    """Start `python args...` in its own session, appending its output to `log_path`
-    (made where missing: a host that shares no run directory has none).
-    `shared_memory`: the directory of this process's, which owns the worker's shared
-    memory and removes it (srl_jax/core/shm/place.py); without it the worker gets no
-    owner, whatever `env` says."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+Process = subprocess.Popen | WarmChild
+"""A worker process as a backend holds it: started, or forked warm (the same interface)."""
+
+
+def worker_env(env: Mapping[str, str], shared_memory: Path | None) -> dict[str, str]:
+    """A worker's whole environment: `env`, this process as its starter, and
+    `shared_memory`, the directory of this process's that owns the worker's shared memory
+    and removes it (srl_jax/core/shm/place.py): without it the worker gets no owner,
+    whatever `env` says."""
     env = {name: value for name, value in env.items() if name != OWNER_ENV}
     own = {OWNER_ENV: str(shared_memory)} if shared_memory is not None else {}
+    return {**env, "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid()), **own}
+
+
+def spawn_worker(args: list[str], env: dict[str, str], log_path: Path,
+                 shared_memory: Path | None = None, warm: WarmParent | None = None) -> Process:
+    """Start `python args...` in its own session, appending its output to `log_path`
+    (made where missing: a host that shares no run directory has none): forked by `warm`
+    where given (and it forks), else a fresh interpreter. `shared_memory`: `worker_env`'s."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    env = worker_env(env, shared_memory)
+    forked = warm.fork(args, env, log_path) if warm is not None else None
+    return forked if forked is not None else start_fresh(args, env, log_path)
+
+
+def start_fresh(args: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen:
+    """`python args...` in a fresh interpreter of its own session, with exactly `env`."""
     with open(log_path, "ab") as log_file:
         return subprocess.Popen(
             [sys.executable, *args], stdin=subprocess.DEVNULL, stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env={**env, "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid()), **own},
-            start_new_session=True)
+            stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def warm_address(run: str) -> str:
+    """The abstract Unix socket name of a run's warm parent on a host."""
+    return f"srl_jax-warm-{os.getuid()}-{run}"
 
 
 def apart_folder(name: str, env: Mapping[str, str]) -> Path | None:
@@ -123,6 +152,8 @@ def apart_folder(name: str, env: Mapping[str, str]) -> Path | None:
 
 class LocalBackend:
     """One process per worker on this machine; logs to `<run_dir>/logs/<worker>.log`.
+    The kinds forked warm are forked by this host's warm parent for the run, started with
+    the first of them (`logs/warm_parent.log`), and again where it died.
     With `shared_memory` (srl_jax/core/shm/budget.py decides) it owns their shared
     memory: it removes what runs gone before it left, makes its own directory when it
     starts its first worker, and removes it when it closes (srl_jax/core/shm/place.py)."""
@@ -136,6 +167,11 @@ class LocalBackend:
         self.run_dir = Path(run_dir)
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         self._names = FileNameService(self.run_dir / "names")
+        self.warm = WarmParent(warm_address(secrets.token_hex(8)),
+                               self.run_dir / "logs" / "warm_parent.log", os.environ)
+        self._forking: dict[str, tuple[Any, list[str], dict[str, str], Path]] = {}
+        """Each worker whose fork was asked for and not yet answered: (what `request`
+        returned, its command line, environment and log)."""
 
     def name_service(self) -> NameService:
         return self._names
@@ -144,7 +180,8 @@ class LocalBackend:
         return None
 
     def start(self, kind: str, index: int, policy: str = DEFAULT_POLICY,
-              env: dict[str, str] | None = None) -> WorkerHandle:
+              env: dict[str, str] | None = None) -> WorkerHandle | None:
+        """None while its warm parent has not answered yet (it imports JAX first)."""
         name, env = worker_name(kind, index, policy), {**os.environ, **(env or {})}
         run_dir, log_path = self.run_dir, self.run_dir / "logs" / f"{name}.log"
         if (apart := apart_folder(name, env)) is not None:
@@ -157,11 +194,30 @@ class LocalBackend:
                 log.warning("no shared memory for this run (%s): ZeroMQ carries its "
                             "same-host streams", error)
         owner = self.shared_memory.path if self.shared_memory is not None else None
-        process = spawn_worker(worker_args(kind, index, run_dir, policy), env, log_path,
-                               shared_memory=owner)
+        args, env = worker_args(kind, index, run_dir, policy), worker_env(env, owner)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        process = self._fork(name, args, env, log_path) if worker_kind(kind).warm else \
+            start_fresh(args, env, log_path)
+        if process is None:
+            return None
         return WorkerHandle(kind, index, process.pid, socket.gethostname(), process, policy)
 
+    def _fork(self, name: str, args: list[str], env: dict[str, str],
+              log_path: Path) -> Process | None:
+        """The worker forked warm (a fresh interpreter where the warm parent refused), or
+        None while its answer has not come."""
+        if name not in self._forking:
+            self._forking[name] = self.warm.request(args, env, log_path), args, env, log_path
+        asked, args, env, log_path = self._forking[name]
+        answer = self.warm.answer(asked)
+        if answer is None:
+            return None
+        del self._forking[name]
+        return answer if isinstance(answer, WarmChild) else start_fresh(args, env, log_path)
+
     def placement_wait(self, kind: str) -> str:
+        if worker_kind(kind).warm:
+            return "the warm parent's fork (it imports JAX once, for every worker it forks)"
         return "nothing: a local process starts at once"
 
     def ports(self) -> list[dict[str, Any]]:
@@ -170,15 +226,27 @@ class LocalBackend:
     def shared_memory_dir(self) -> str | None:
         return str(self.shared_memory.path) if self.shared_memory is not None else None
 
+    def warm_parents(self) -> list[dict[str, Any]]:
+        described = self.warm.describe()
+        return [{"host": socket.gethostname(), **described}] if described else []
+
     def exit_code(self, handle: WorkerHandle) -> int | None:
         return handle.ref.poll()
 
     def send_signal(self, handle: WorkerHandle, sig: int) -> None:
         if handle.ref.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(handle.pid, sig)
+                handle.ref.send_signal(sig)
 
     def close(self) -> None:
-        """Every worker process has been waited for: their shared memory goes."""
+        """Every worker process has been waited for: their shared memory goes, and the warm
+        parent with its last client. A fork still unanswered is stopped once it comes."""
+        for asked, *_ in self._forking.values():
+            answer = self.warm.answer(asked, START_TIMEOUT_S)
+            if isinstance(answer, WarmChild):
+                answer.send_signal(signal.SIGTERM)
+                answer.wait()
+        self._forking.clear()
+        self.warm.close()
         if self.shared_memory is not None:
             self.shared_memory.remove()

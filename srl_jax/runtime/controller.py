@@ -234,9 +234,9 @@ class Controller:
         if record.state == "starting":
             record.state = "running"
             self.startup.mark(record.name, "running")
-        progress = counters.get(worker_kind(record.kind).progress)
-        if isinstance(progress, int | float) and progress > 0:
-            self.startup.first_frame()
+        counter = worker_kind(record.kind).progress
+        if isinstance(progress := counters.get(counter), int | float) and progress > 0:
+            self.startup.first(counter)
         self.metrics.offer(record.name, record.kind, counters, arrays,
                            first=not record.reported, policy=record.policy)
         record.reported = True
@@ -292,7 +292,7 @@ class Controller:
             "stop_reason": self.stop_reason, "controller_pid": os.getpid(),
             "started": self.started_wall, "updated": time.time(), "resumes": self.resumes,
             "stalled_for": round(self._stalled_for(), 1), "missing": self.supervisor.missing(),
-            "startup": self.startup.to_json(),
+            "startup": self.startup.to_json(), "warm_parents": self.backend.warm_parents(),
             "ports": self.transport.port_list() + self.backend.ports(),
             "shared_memory": self.backend.shared_memory_dir(),
             "workers": [{**r.status(), **device_status(r.name, self.placement, self.metrics)}

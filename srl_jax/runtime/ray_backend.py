@@ -39,7 +39,6 @@ import os
 import secrets
 import signal
 import socket
-import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import asdict
@@ -57,8 +56,16 @@ from srl_jax.core.names import FileNameService, NameService, worker_name
 from srl_jax.core.stream_table import NAMES
 from srl_jax.core.transport import BIND_HOST_ENV, KEYS_ENV, CurveKeys, Port
 from srl_jax.core.worker_kinds import worker_kind, worker_plan
-from srl_jax.runtime.backends import BackendError, WorkerHandle, spawn_worker, worker_args
+from srl_jax.runtime.backends import (
+    BackendError,
+    Process,
+    WorkerHandle,
+    spawn_worker,
+    warm_address,
+    worker_args,
+)
 from srl_jax.runtime.hosts.host_agent import HostAgent, agent_address
+from srl_jax.runtime.hosts.warm_client import WarmParent
 from srl_jax.runtime.name_server import NAMES_ENV, fixed_endpoint
 
 log = logging.getLogger(__name__)
@@ -79,26 +86,35 @@ class WorkerHost:
     """One worker process on the node Ray placed this actor on."""
 
     def __init__(self) -> None:
-        self.process: subprocess.Popen | None = None
+        self.process: Process | None = None
+        self.warm: WarmParent | None = None
 
     def start(self, args: list[str], env: dict[str, str], log_path: str,
-              bind_node: bool, agents: str | None) -> tuple[int, str, str]:
-        """(pid, node address, node id) of the worker started; with `agents` (the run's
-        token) it asks its node's host agent for names, not the controller."""
+              bind_node: bool, agents: str | None, warm_run: str | None = None
+              ) -> tuple[int, str, str, int | None]:
+        """(pid, node address, node id, warm parent's pid) of the worker started; with `agents` (the run's
+        token) it asks its node's host agent for names, not the controller; with
+        `warm_run` (the run's token, for a kind forked warm) its node's warm parent for
+        the run forks it (started by the first host of the node that asks)."""
         node = ray.util.get_node_ip_address()
         node_id = ray.get_runtime_context().get_node_id()
         env = {**os.environ, **env, **({BIND_HOST_ENV: node} if bind_node else {})}
         if agents:
             env[NAMES_ENV] = fixed_endpoint(agent_address(agents, node_id[:16]), NAMES)
-        self.process = spawn_worker(args, env, Path(log_path))
-        return self.process.pid, node, node_id
+        if warm_run is not None:
+            self.warm = WarmParent(warm_address(f"{warm_run}-{node_id[:16]}"),
+                                   Path(log_path).parent / f"warm_parent-{node_id[:16]}.log",
+                                   os.environ)
+        self.process = spawn_worker(args, env, Path(log_path), warm=self.warm)
+        forked = self.warm is not None and self.process.pid in self.warm.link.children
+        return self.process.pid, node, node_id, self.warm.pid if forked else None
 
     def wait(self) -> int:
         return self.process.wait()
 
     def signal(self, sig: int) -> None:
         if self.process.poll() is None:
-            os.kill(self.process.pid, sig)
+            self.process.send_signal(sig)
 
 
 class NodeAgent:
@@ -208,6 +224,8 @@ class RayBackend:
         self._known_pids: dict[str, int] = {}
         self._agents_checked = 0.0
         self._run_token = secrets.token_hex(4)
+        self._warm_parents: dict[str, int] = {}
+        """The pid of the warm parent that last forked a worker, by node address."""
         self._live: dict[int, Any] = {}
         self._pending: dict[str, tuple[Any, Any, dict[str, str] | None]] = {}
         """Each worker waiting to be placed: its host actor, the ref of its start and the
@@ -251,6 +269,10 @@ class RayBackend:
     def shared_memory_dir(self) -> str | None:
         return None
 
+    def warm_parents(self) -> list[dict[str, Any]]:
+        """Each node's, as of its last fork (its log: `logs/warm_parent-<node id>.log`)."""
+        return [{"host": node, "pid": pid} for node, pid in self._warm_parents.items()]
+
     def placement_wait(self, kind: str) -> str:
         return f"no node has {worker_kind(kind).ray_resources(self.config)} free (ray.{kind})"
 
@@ -265,13 +287,14 @@ class RayBackend:
             agents = self._run_token if self._agents_wanted(env) else None
             self._pending[name] = host, host.start.remote(
                 worker_args(kind, index, self.run_dir, policy), {**forwarded, **(env or {})},
-                str(self.run_dir / "logs" / f"{name}.log"), self._bind_nodes, agents), env
+                str(self.run_dir / "logs" / f"{name}.log"), self._bind_nodes, agents,
+                self._run_token if worker_kind(kind).warm else None), env
         host, started, env = self._pending[name]
         if not ray.wait([started], timeout=0)[0]:
             return None
         del self._pending[name]
         try:
-            pid, node, node_id = ray.get(started)
+            pid, node, node_id, warm_pid = ray.get(started)
         except ray.exceptions.RayError as error:  # its node left before the worker started
             log.warning("the host placed for %s died before starting it: %s", name,
                         str(error).splitlines()[0])
@@ -279,6 +302,8 @@ class RayBackend:
             return None
         if self._agents_wanted(env):
             self._start_agent(node_id, env)
+        if warm_pid is not None:
+            self._warm_parents[node] = warm_pid
         handle = WorkerHandle(kind, index, pid, node, (host, host.wait.remote(), node_id),
                               policy)
         self._live[id(handle)] = host

@@ -129,12 +129,17 @@ EVENTS = ("spawned", "heard", "running")
 """A worker's start-up steps, in order."""
 
 
+FIRSTS = {"env_frames": "first_frame_s", "learner_steps": "first_update_s"}
+"""The startup events the progress counters' first rises are (status.json `startup`)."""
+
+
 class StartupTimeline:
     def __init__(self, launched: float) -> None:
         """`launched`: wall time (time.time()) when the launcher started."""
         self.launched = launched
         self.controller_s = self._since()
-        self.first_frame_s: float | None = None
+        self.firsts: dict[str, float] = {}
+        """When each progress counter (`WorkerKind.progress`) first rose, by its event."""
         self.workers: dict[str, dict[str, float]] = {}
 
     def _since(self) -> float:
@@ -146,11 +151,18 @@ class StartupTimeline:
         if (key := f"{event}_s") not in marks:  # asked on every heartbeat: cheap when known
             marks[key] = self._since()
 
-    def first_frame(self) -> None:
-        """An actor reported env frames; only the first report counts."""
-        if self.first_frame_s is None:
-            self.first_frame_s = self._since()
+    def first(self, counter: str) -> None:
+        """A worker reported progress on `counter` (env frames, updates): the run's first
+        frame or update, where it is the first report (FIRSTS names the event)."""
+        event = FIRSTS.get(counter, f"first_{counter}_s")
+        if event not in self.firsts:
+            self.firsts[event] = self._since()
+
+    @property
+    def first_frame_s(self) -> float | None:
+        return self.firsts.get(FIRSTS["env_frames"])
 
     def to_json(self) -> dict[str, Any]:
         return {"launched": self.launched, "controller_s": self.controller_s,
-                "first_frame_s": self.first_frame_s, "workers": self.workers}
+                **{event: self.firsts.get(event) for event in FIRSTS.values()},
+                "workers": self.workers}
