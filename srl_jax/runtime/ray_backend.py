@@ -92,8 +92,9 @@ class WorkerHost:
     def start(self, args: list[str], env: dict[str, str], log_path: str,
               bind_node: bool, agents: str | None, warm_run: str | None = None
               ) -> tuple[int, str, str, int | None]:
-        """(pid, node address, node id, warm parent's pid) of the worker started; with `agents` (the run's
-        token) it asks its node's host agent for names, not the controller; with
+        """(pid, node address, node id, warm parent's pid) of the worker started; with
+        `agents` (the run's token) it asks its node's host agent for names, not the
+        controller; with
         `warm_run` (the run's token, for a kind forked warm) its node's warm parent for
         the run forks it (started by the first host of the node that asks)."""
         node = ray.util.get_node_ip_address()
