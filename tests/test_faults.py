@@ -135,12 +135,19 @@ def test_workers_that_raise_or_freeze_are_replaced_and_lose_nothing_saved(
     seeds = logged_env_seeds(run_dir, 0)
     assert set(itertools.chain(*seeds[FIRST])).isdisjoint(itertools.chain(*seeds[restarted]))
 
-    # The learner raises: its successor goes on from the checkpoint, not from scratch.
+    # The warm parent is killed: what it forked runs on, and the learner's successor below
+    # is forked by another. The learner raises: its successor goes on from the checkpoint,
+    # not from scratch.
+    killed = read_status(run_dir)["warm_parents"][0]["pid"]
+    os.kill(killed, signal.SIGKILL)
     wait_for(lambda: checkpoint_steps(run_dir), 60, "the learner's first checkpoint")
     raise_in_loop(run_dir, faults, "learner-0")
     log = (run_dir / "logs" / "learner-0.log").read_text()
     restored = int(re.search(r"restored checkpoint step (\d+)", log).group(1))
     assert restored >= 5, "the successor went on from the checkpoint, not from scratch"
+    warm = read_status(run_dir)["warm_parents"][0]
+    assert warm["starts"] == 2 and warm["pid"] != killed and warm["alive"], warm
+    assert restarts(run_dir) == {"actor-0": 1, "learner-0": 1}, "the rest ran on"
 
     # The server raises, and its old entry goes with it, as when Ray restarts a worker on
     # another node: the successor binds a new port (not the old one back) and the actors,

@@ -21,11 +21,12 @@ import contextlib
 import faulthandler
 import logging
 import os
+import select
 import signal
 import socket as pysocket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -39,7 +40,7 @@ from srl_jax.core.names import NameService, worker_name
 from srl_jax.core.stream_table import STATS, Stream
 from srl_jax.core.streams import RejectCounter, limit_message_size, make_socket, send
 from srl_jax.core.transport import Transport
-from srl_jax.core.worker_kinds import KINDS, PARENT_ENV, worker_kind
+from srl_jax.core.worker_kinds import KINDS, PARENT_ENV, PARENT_PIDFD_ENV, worker_kind
 
 LOOKUP_TIMEOUT_S = 120.0
 EXIT_FAILED = 1
@@ -97,6 +98,19 @@ def heartbeat_meta(name: str, kind: str, index: int, policy: str, phase: str,
             "waiting": list(waiting) if waiting else None}
 
 
+def parent_watch(environ: Mapping[str, str]) -> Callable[[], bool]:
+    """Whether the process that started this worker (the controller, a Ray host) is gone: a
+    worker forked by a warm parent polls its starter's pidfd, a started one compares its
+    parent's pid with its starter's (a pid, unlike a pidfd, may name another process)."""
+    pidfd = environ.get(PARENT_PIDFD_ENV)
+    if pidfd is not None:
+        poller = select.poll()
+        poller.register(int(pidfd), select.POLLIN)
+        return lambda: bool(poller.poll(0))
+    parent = int(environ.get(PARENT_ENV, os.getppid()))
+    return lambda: os.getppid() != parent
+
+
 class WorkerStopped(Exception):
     """Raised out of a wait when the worker is told to stop."""
 
@@ -126,7 +140,7 @@ class Worker:
         self._stop = False
         self._followed: list[list[Any]] = []
         """[socket, key, endpoint] of each connection that follows its key (`connect_to`)."""
-        self._parent = int(os.environ.get(PARENT_ENV, os.getppid()))
+        self._parent_gone = parent_watch(os.environ)
         self._last_stats = 0.0
         self._stats_socket: zmq.Socket | None = None
         self._phase = "setup"
@@ -292,8 +306,8 @@ class Worker:
         self._last_stats = now
         if follow:
             self._follow_endpoints()
-        if os.getppid() != self._parent:
-            self.log.warning("controller (pid %d) is gone; stopping", self._parent)
+        if self._parent_gone():
+            self.log.warning("the process that started it is gone; stopping")
             self._stop = True
         if self._stats_socket is None:
             return

@@ -55,7 +55,7 @@ from srl_jax.core.transport import CurveKeys, Transport, curve_connect
 from srl_jax.core.wire import MAX_ARRAYS, MAX_HEADER_BYTES, Message
 from srl_jax.runtime.hosts.param_relay import Relays
 from srl_jax.runtime.name_client import SWEEP_S, NetworkNameService, change_of
-from srl_jax.runtime.name_server import NameServer, fixed_endpoint
+from srl_jax.runtime.name_server import NameServer, Wakeup, fixed_endpoint
 
 log = logging.getLogger("host_agent")
 
@@ -75,8 +75,8 @@ HELD_BATCHES = 64
 """Batches kept while the controller takes none; past it the oldest are dropped (their
 counters are carried by later heartbeats; their episode returns are lost, and counted)."""
 UPLINK_POLL_MS = 200
-"""How long the uplink waits for a change before it passes registers on (and checks the
-snapshot's time)."""
+"""How long the uplink waits for a change or a register to pass on before it checks the
+snapshot's time."""
 STOOD_FOR = (STATS, LOGS, NAMES, CHANGES)
 """The controller's streams the agent binds for its host; its others (a population's
 rows and lineage) a worker reaches at the controller's own address."""
@@ -107,27 +107,27 @@ class Coalescer:
 
     def __init__(self, full_every_s: float = FULL_EVERY_S) -> None:
         self.full_every_s = full_every_s
-        self._forwarded: dict[tuple[Any, Any], _Forwarded] = {}
+        self._wake_uplink: dict[tuple[Any, Any], _Forwarded] = {}
 
     def take(self, meta: dict[str, Any], arrays: dict[str, np.ndarray], now: float
              ) -> Beat | None:
         """The heartbeat to send on whole (its arrays with those that waited), or None
         where a sign of life does."""
         key = (meta.get("worker"), meta.get("pid"))
-        last = self._forwarded.get(key)
+        last = self._wake_uplink.get(key)
         if last is not None and now - last.at < self.full_every_s \
                 and meta.get("phase") == last.phase and meta.get("waiting") == last.waiting:
             if arrays:
                 last.arrays.append(arrays)
             return None
         waited = last.arrays if last is not None else []
-        self._forwarded[key] = _Forwarded(meta.get("phase"), meta.get("waiting"), now)
+        self._wake_uplink[key] = _Forwarded(meta.get("phase"), meta.get("waiting"), now)
         return meta, joined([*waited, arrays])
 
     def forget_old(self, now: float) -> None:
         """Forget the processes not heard from for FORGET_S (replaced or gone)."""
-        for key in [k for k, f in self._forwarded.items() if now - f.at > FORGET_S]:
-            del self._forwarded[key]
+        for key in [k for k, f in self._wake_uplink.items() if now - f.at > FORGET_S]:
+            del self._wake_uplink[key]
 
 
 def joined(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -209,6 +209,8 @@ class HostAgent:
         self._stopping = threading.Event()
         self._forwards: list[tuple[str, str, str | None]] = []
         self._forwards_lock = threading.Lock()
+        self._wake_uplink = Wakeup()
+        """Set for a register to pass on (a worker on another host waits for it) and to stop."""
         self._offered: list[Beat] = []
         self._offered_lock = threading.Lock()
         self.upstream = NetworkNameService(context, upstream, keys)
@@ -245,6 +247,8 @@ class HostAgent:
 
     def close(self) -> None:
         self._stopping.set()
+        self._wake_uplink.set()
+        self.names.wakeup.set()
         for thread in self._threads:
             thread.join(timeout=2)
         self.relays.close()
@@ -254,6 +258,7 @@ class HostAgent:
         for socket in (self._stats_in, self._logs_in, self._stats_out, self._logs_out,
                        self._changes):
             socket.close(linger=0)
+        self._wake_uplink.close()
 
     def _bind(self, local: Transport, kind: int, key: str) -> zmq.Socket:
         socket = make_socket(self._context, kind, hwm=QUEUE)
@@ -269,6 +274,7 @@ class HostAgent:
         """A worker's register or unregister, for the uplink thread to pass on."""
         with self._forwards_lock:
             self._forwards.append((op, key, endpoint))
+        self._wake_uplink.set()
 
     def _replicate(self, table: dict[str, str]) -> None:
         """Take a snapshot of the controller's names (its own streams' excepted: the agent
@@ -292,12 +298,16 @@ class HostAgent:
     def _uplink(self) -> None:
         """Changes from the controller, a snapshot every SWEEP_S, registers passed on."""
         next_snapshot = time.monotonic() + SWEEP_S
+        poller = zmq.Poller()
+        poller.register(self._changes, zmq.POLLIN)
+        poller.register(self._wake_uplink, zmq.POLLIN)
         while not self._stopping.is_set():
-            if self._changes.poll(UPLINK_POLL_MS):
+            if self._changes in dict(poller.poll(UPLINK_POLL_MS)):
                 while (received := receive(self._changes, CHANGES.connecter_receives,
                                            self.rejects)) is not None:
                     if (change := change_of(received[1])) is not None and _replicated(change[0]):
                         self._copy(*change)
+            self._wake_uplink.clear()
             with self._forwards_lock:
                 forwards, self._forwards = self._forwards, []
             for op, key, endpoint in forwards:
@@ -324,7 +334,7 @@ class HostAgent:
         held: list[Beat] = []
         next_batch = time.monotonic() + BATCH_S
         poller = zmq.Poller()
-        for socket in (self.names.socket, self._stats_in, self._logs_in):
+        for socket in (self.names.socket, self.names.wakeup, self._stats_in, self._logs_in):
             poller.register(socket, zmq.POLLIN)
         coalescer = Coalescer()
         beats: list[Beat] = []

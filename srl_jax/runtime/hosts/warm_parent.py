@@ -38,6 +38,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+import setproctitle
+
 from srl_jax.runtime.hosts import fork_setup
 
 log = logging.getLogger("warm_parent")
@@ -210,6 +212,7 @@ def preload(modules: list[str]) -> None:
     """Import what every forked worker needs, and touch no backend (jax has none yet)."""
     for module in [*PRELOAD, *modules]:
         importlib.import_module(module)
+    setproctitle.getproctitle()  # finds argv's memory now, before a child's env moves it
     if thread_count() != 1:
         log.warning("%s", fork_refusal())
 
