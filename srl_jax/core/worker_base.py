@@ -46,6 +46,9 @@ LOOKUP_TIMEOUT_S = 120.0
 EXIT_FAILED = 1
 STACKS_SIGNAL = signal.SIGUSR1
 """A worker that gets it writes every thread's Python stack to its log."""
+SET_UP = "set up in"
+"""How the log line that says what a worker's start cost begins (bench/startup.py reads it:
+a worker forked warm counts from its fork)."""
 LAST_PHASE = "stopped"
 """The phase of the heartbeat a worker sends last, after `finish`, as it exits: the
 controller waits for it before the run's last metrics row."""
@@ -338,6 +341,7 @@ class Worker:
         try:
             self.setup()
             self._phase = "running"
+            self.log.info("%s %.2f CPU-s from its process's start", SET_UP, time.process_time())
             self.log.info("running")
             self.heartbeat(force=True)
             fault = FaultPlan(self.name)

@@ -34,6 +34,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +47,8 @@ log = logging.getLogger("warm_parent")
 
 PRELOAD = ("jax", "flax.linen", "optax", "orbax.checkpoint", "srl_jax.worker")
 """What the warm parent imports before its first fork, besides its kinds' worker modules."""
+IMPORTED = "imported in"
+"""How its log line that says what its imports cost begins (bench/startup.py reads it)."""
 MAX_MESSAGE = 1 << 20
 """The largest request: a worker's whole environment, as JSON."""
 LISTEN_BACKLOG = 64
@@ -235,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     extra = [name for name in args.preload.split(",") if name]
     preload([*fork_setup.worker_modules(), *extra])
-    log.info("serving at %s", args.address)
+    log.info("%s %.2f CPU-s; serving at %s", IMPORTED, time.process_time(), args.address)
     server.serve()
     return 0
 
