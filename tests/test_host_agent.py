@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import threading
 import time
 from collections.abc import Iterator
 
@@ -23,6 +24,7 @@ from srl_jax.core.streams import RejectCounter, make_socket, receive, send
 from srl_jax.core.transport import CurveKeys, Transport, curve_connect
 from srl_jax.core.wire import MAX_HEADER_BYTES, Message, decode, encode
 from srl_jax.core.worker_base import heartbeat_meta
+from srl_jax.runtime.hosts import host_agent
 from srl_jax.runtime.hosts.host_agent import (
     FULL_EVERY_S,
     Coalescer,
@@ -160,3 +162,33 @@ def test_an_agent_stands_for_its_hosts_workers(controller: Controller) -> None:
         worker.close()
         agent.close()
         own.destroy(linger=0)
+
+
+def test_a_register_on_one_host_answers_a_lookup_waiting_on_another_at_once(
+        controller: Controller, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the agents' loops waking every 30 s on their own, a worker's lookup held at its
+    agent is answered as a worker on another host registers the key: the register goes on
+    to the controller, and the change into the other agent's held lookup, at once."""
+    monkeypatch.setattr(host_agent, "UPLINK_POLL_MS", 30_000)
+    monkeypatch.setattr(host_agent, "BATCH_S", 30.0)
+    run = secrets.token_hex(4)
+    contexts = [zmq.Context(), zmq.Context()]
+    agents = [HostAgent(own, controller.names.endpoint, controller.keys,
+                        agent_address(run, f"h{i}")) for i, own in enumerate(contexts)]
+    workers = [NetworkNameService(controller.context, agent.endpoint, controller.keys)
+               for agent in agents]
+    try:
+        late = threading.Timer(0.2, workers[0].register,
+                               (INFERENCE.key(index=0), "tcp://10.0.0.5:5"))
+        started = time.monotonic()
+        late.start()
+        try:
+            assert workers[1].lookup(INFERENCE.key(index=0), 20) == "tcp://10.0.0.5:5"
+        finally:
+            late.join()
+        assert time.monotonic() - started < 5
+    finally:
+        for closing in (*workers, *agents):
+            closing.close()
+        for own in contexts:
+            own.destroy(linger=0)

@@ -8,6 +8,7 @@ follow.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -17,12 +18,14 @@ import msgpack
 import pytest
 import zmq
 
+import srl_jax.core.names as file_names
 from srl_jax.core.names import FileNameService, NameService
 from srl_jax.core.stream_table import INFERENCE, NAMES, PARAMS, SAMPLES, STATS
 from srl_jax.core.streams import make_socket, receive, send
 from srl_jax.core.transport import CurveKeys, Transport, curve_connect
 from srl_jax.core.wire import WIRE_VERSION
 from srl_jax.launch import network_names
+from srl_jax.runtime import name_server
 from srl_jax.runtime.name_client import NetworkNameService
 from srl_jax.runtime.name_server import NameServer
 from tests.conftest import make_config
@@ -106,6 +109,26 @@ def test_a_lookup_waits_for_a_late_registration(names) -> None:
     finally:
         late.join()
     assert 0.25 <= time.monotonic() - started < 10
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="files are watched with Linux's inotify")
+def test_a_waiting_lookup_hears_of_its_key_at_once_not_at_a_next_check(
+        names, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the file service's checks and the server's turns 30 s apart, a lookup still
+    returns as its key is registered: a file written wakes the file lookup, a register
+    (over the network or in the server's process) answers the held network lookup."""
+    monkeypatch.setattr(file_names, "POLL_S", 30.0)
+    monkeypatch.setattr(name_server, "POLL_MS", 30_000)
+    service, other = names
+    for waiter, registrar, key in ((service, other, KEY), (other, service, PARAMS.key())):
+        late = threading.Timer(0.2, registrar.register, (key, "tcp://10.0.0.4:8000"))
+        started = time.monotonic()
+        late.start()
+        try:
+            assert waiter.lookup(key, timeout_s=20) == "tcp://10.0.0.4:8000"
+        finally:
+            late.join()
+        assert time.monotonic() - started < 5
 
 
 def test_a_lookup_gives_up_at_its_timeout_naming_the_key(names) -> None:

@@ -8,8 +8,14 @@ directory; a cluster backend implements the same two-method interface.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import functools
 import logging
 import os
+import select
+import sys
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,6 +24,13 @@ from typing import Protocol
 from srl_jax.config.schema import DEFAULT_POLICY
 
 log = logging.getLogger(__name__)
+
+POLL_S = 0.02
+"""Longest a file lookup waits between checks of its key: where no change is reported
+(another host's write to a shared directory; a system without inotify)."""
+IN_CLOSE_WRITE, IN_MOVED_TO = 0x8, 0x80
+"""inotify's events for a file written in place and one renamed into the directory."""
+
 
 def policy_key(policy: str, key: str) -> str:
     """`key` in `policy`'s namespace: each policy has its own learner and servers.
@@ -58,6 +71,62 @@ def moved_by_get(names: NameService, followed: Mapping[str, str]) -> dict[str, s
             if endpoint and endpoint != followed[key]}
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    """The C library, for inotify: Linux's alone."""
+    return ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+
+
+class DirectoryWatch:
+    """Wakes a wait when a file is written or renamed into a directory (Linux's inotify):
+    a lookup sees its key as it is registered, not at its next check. Where the kernel
+    gives no watch (another system, no inotify instance left), a wait is a plain sleep."""
+
+    def __init__(self, root: Path) -> None:
+        self._root = root
+        self._fd: int | None = None
+        """The inotify instance; None until the first wait, -1 where there is none."""
+
+    def wait(self, timeout_s: float) -> None:
+        """Until a file changes in the directory or `timeout_s` has passed. The first wait
+        opens the watch and returns at once, for the caller to check again: a change made
+        before the watch is seen by that check, and a key already there costs no watch."""
+        if self._fd is None:
+            self._fd = self._open()
+            return
+        if self._fd < 0:
+            time.sleep(timeout_s)
+            return
+        poller = select.poll()
+        poller.register(self._fd, select.POLLIN)
+        if poller.poll(timeout_s * 1000):
+            with contextlib.suppress(BlockingIOError):
+                os.read(self._fd, 1 << 16)
+
+    def _open(self) -> int:
+        libc = _libc()
+        fd = -1 if libc is None else libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        if fd >= 0 and libc.inotify_add_watch(fd, os.fsencode(self._root),
+                                              IN_CLOSE_WRITE | IN_MOVED_TO) < 0:
+            os.close(fd)
+            return -1
+        return fd
+
+    def close(self) -> None:
+        """Closing a watched inotify instance waits out a kernel grace period (8 to 20 ms):
+        a helper thread does it, and the lookup returns at once."""
+        if self._fd is not None and self._fd >= 0:
+            threading.Thread(target=os.close, args=(self._fd,), name="inotify close",
+                             daemon=True).start()
+        self._fd = -1
+
+    def __enter__(self) -> DirectoryWatch:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
 class FileNameService:
     """Names as small files under `<run_dir>/names/`, written atomically."""
 
@@ -93,14 +162,16 @@ class FileNameService:
     def lookup(self, key: str, timeout_s: float) -> str:
         deadline = time.monotonic() + timeout_s
         next_log = time.monotonic() + 5.0
-        while True:
-            endpoint = self.get(key)
-            if endpoint:
-                return endpoint
-            now = time.monotonic()
-            if now >= deadline:
-                raise TimeoutError(f"no endpoint registered under '{key}' after {timeout_s:.0f}s")
-            if now >= next_log:
-                log.info("waiting for '%s' to register in %s", key, self.root)
-                next_log = now + 5.0
-            time.sleep(0.02)
+        with DirectoryWatch(self.root) as watch:
+            while True:
+                endpoint = self.get(key)
+                if endpoint:
+                    return endpoint
+                now = time.monotonic()
+                if now >= deadline:
+                    raise TimeoutError(f"no endpoint registered under '{key}' after "
+                                       f"{timeout_s:.0f}s")
+                if now >= next_log:
+                    log.info("waiting for '%s' to register in %s", key, self.root)
+                    next_log = now + 5.0
+                watch.wait(min(POLL_S, deadline - now))

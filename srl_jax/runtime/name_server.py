@@ -23,10 +23,12 @@ a request the server refuses, for `config` the config's YAML as a uint8 array, a
 `names` also `"names": {key: endpoint}` (those of `keys` that are registered; without
 `keys`, the whole table). A lookup of a key not yet registered is held until the key is
 registered or `wait_s` (at most MAX_WAIT_S) has passed, then answered with None; the
-client asks again until its own timeout, as the file service polls. A request that is
-not the wire format is counted and dropped; one that decodes but is wrong (unknown op,
-fields of the wrong type, a key that is no worker's stream to register) is counted and
-refused.
+client asks again until its own timeout, as the file service waits. A key registered in
+process (the controller's own streams, a host agent's copy of the controller's change)
+wakes the serving loop (`Wakeup`): its held lookups are answered, and the change
+published, at once, not at the loop's next turn. A request that is not the wire format
+is counted and dropped; one that decodes but is wrong (unknown op, fields of the wrong
+type, a key that is no worker's stream to register) is counted and refused.
 
 Followers are told, not asked: every change of the table goes out at once on the
 changes stream (`name_change`, meta `{"key", "endpoint": str or None}`), a PUB that a
@@ -41,7 +43,9 @@ request that must be answered (register, config) is asked again with backoff.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -68,6 +72,36 @@ MAX_HELD = 4096
 """Lookups held at once; past it a lookup is answered at once (None: not yet)."""
 POLL_MS = 20
 OPS = frozenset({"register", "unregister", "get", "lookup", "config", "names"})
+
+
+class Wakeup:
+    """Wakes a loop blocked in a poll from another thread: a pipe whose read end a
+    `zmq.Poller` (or `select`) waits on beside its sockets. Setting it twice before the
+    loop clears it wakes it once."""
+
+    def __init__(self) -> None:
+        self._read, self._write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._lock = threading.Lock()
+        """Held while writing and closing: a set after `close` writes to no reused fd."""
+
+    def fileno(self) -> int:
+        return self._read
+
+    def set(self) -> None:
+        with self._lock, contextlib.suppress(BlockingIOError):  # a full pipe is set
+            if self._write >= 0:
+                os.write(self._write, b"\0")
+
+    def clear(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.read(self._read, 1 << 16)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._write >= 0:
+                os.close(self._read)
+                os.close(self._write)
+                self._read = self._write = -1
 
 
 @dataclass
@@ -139,7 +173,7 @@ class NameServer:
         and unregister a client asks for (None: this is the run's own table). `at`: bind
         `<at>-names` and `<at>-changes` (None: ports the transport picks). `own_thread`:
         serve from a thread of its own; False: its owner polls `socket` and calls `serve`
-        in its own loop, and `close` from there."""
+        in its own loop (waking for `wakeup` too), and `close` from there."""
         self.rejects = RejectCounter()
         self.requests = 0
         """Requests answered or held so far (`system/name_requests`)."""
@@ -149,6 +183,8 @@ class NameServer:
         self._unsent: list[tuple[str, str | None]] = []
         """Changes not yet published (only the serving thread touches the sockets)."""
         self._changed = threading.Condition()
+        self.wakeup = Wakeup()
+        """Set by each change, and to stop: the serving loop acts on it at once."""
         self._stopping = threading.Event()
         self._changes = make_socket(transport.context, CHANGES.bind_type, hwm=CHANGES_QUEUE)
         self._socket = make_socket(transport.context, NAMES.bind_type)
@@ -177,6 +213,7 @@ class NameServer:
                 self._names[key] = endpoint
             self._unsent.append((key, endpoint))
             self._changed.notify_all()
+        self.wakeup.set()
 
     def unregister(self, key: str) -> None:
         self.register(key, None)
@@ -203,6 +240,7 @@ class NameServer:
 
     def close(self) -> None:
         self._stopping.set()
+        self.wakeup.set()
         if self._thread.is_alive():
             self._thread.join(timeout=2)
         else:
@@ -211,6 +249,7 @@ class NameServer:
     def serve(self) -> None:
         """Answer what has come, publish the changes made, answer held lookups whose key
         came or whose wait is over."""
+        self.wakeup.clear()
         while (received := receive(self._socket, NAMES.binder_receives, self.rejects,
                                    envelope=1)) is not None:
             self._answer(*received, self._held)
@@ -218,9 +257,12 @@ class NameServer:
         self._held[:] = [h for h in self._held if not self._answer_held(h)]
 
     def _serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._socket, zmq.POLLIN)
+        poller.register(self.wakeup, zmq.POLLIN)
         try:
             while not self._stopping.is_set():
-                self._socket.poll(POLL_MS)
+                poller.poll(POLL_MS)
                 self.serve()
         finally:
             self._close_sockets()
@@ -228,6 +270,7 @@ class NameServer:
     def _close_sockets(self) -> None:
         self._socket.close(linger=0)
         self._changes.close(linger=0)
+        self.wakeup.close()
 
     def _publish(self) -> None:
         with self._changed:

@@ -8,8 +8,10 @@ local `ipc://` sockets, and the agent to the controller:
 
 - names: the agent serves its workers from a replica of the controller's table (a
   `NameServer` of its own), kept current by the controller's changes stream and a
-  snapshot now and then; a register or unregister goes on to the controller. A
-  worker's lookups, sweeps and config request end at the agent.
+  snapshot now and then; a register or unregister goes on to the controller. A change
+  copied in and a register to pass on each wake the thread that acts on it (`Wakeup`):
+  a lookup held here for a key that a worker on another host registers is answered at
+  once, not a poll later. A worker's lookups, sweeps and config request end at the agent.
 - heartbeats: the agent takes its workers' `stats` messages and sends them on in
   `stats_batch` messages, one every BATCH_S (more where one would pass the wire's
   header limit), which the controller takes heartbeat by heartbeat as before
@@ -107,27 +109,27 @@ class Coalescer:
 
     def __init__(self, full_every_s: float = FULL_EVERY_S) -> None:
         self.full_every_s = full_every_s
-        self._wake_uplink: dict[tuple[Any, Any], _Forwarded] = {}
+        self._forwarded: dict[tuple[Any, Any], _Forwarded] = {}
 
     def take(self, meta: dict[str, Any], arrays: dict[str, np.ndarray], now: float
              ) -> Beat | None:
         """The heartbeat to send on whole (its arrays with those that waited), or None
         where a sign of life does."""
         key = (meta.get("worker"), meta.get("pid"))
-        last = self._wake_uplink.get(key)
+        last = self._forwarded.get(key)
         if last is not None and now - last.at < self.full_every_s \
                 and meta.get("phase") == last.phase and meta.get("waiting") == last.waiting:
             if arrays:
                 last.arrays.append(arrays)
             return None
         waited = last.arrays if last is not None else []
-        self._wake_uplink[key] = _Forwarded(meta.get("phase"), meta.get("waiting"), now)
+        self._forwarded[key] = _Forwarded(meta.get("phase"), meta.get("waiting"), now)
         return meta, joined([*waited, arrays])
 
     def forget_old(self, now: float) -> None:
         """Forget the processes not heard from for FORGET_S (replaced or gone)."""
-        for key in [k for k, f in self._wake_uplink.items() if now - f.at > FORGET_S]:
-            del self._wake_uplink[key]
+        for key in [k for k, f in self._forwarded.items() if now - f.at > FORGET_S]:
+            del self._forwarded[key]
 
 
 def joined(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
