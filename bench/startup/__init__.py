@@ -141,7 +141,8 @@ def run_case(workdir: Path, name: str, experiment: str, runs: int, updates: int,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.startup",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--updates", type=int, default=3,
                         help="each run stops after this many learner updates")
@@ -183,7 +184,3 @@ def main(argv: list[str] | None = None) -> int:
     except BenchError as error:
         print(f"bench.startup: {error}", file=sys.stderr)
         return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
