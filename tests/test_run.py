@@ -93,10 +93,13 @@ def test_workers_exit_when_the_controller_is_killed(processes: Processes,
     directory = shm_dir(run_dir)
     assert directory is not None and any(directory.glob("*.slots")), \
         "the workers met through shared memory"
-    pids = [w["pid"] for w in read_status(run_dir)["workers"]]
+    status = read_status(run_dir)
+    pids = [w["pid"] for w in status["workers"]] + [w["pid"] for w in status["warm_parents"]]
+    assert len(status["warm_parents"]) == 1, "the learner and the server were forked warm"
     process.kill()
     process.wait()
-    wait_for(lambda: not any(pid_alive(p) for p in pids), 15, "orphaned workers to exit")
+    wait_for(lambda: not any(pid_alive(p) for p in pids), 15,
+             "orphaned workers and the warm parent to exit")
     # The killed controller's shared memory waits for the next run on this host, whose
     # launch backend removes it when it starts, and its own when it ends. (Another test's
     # run may start first and sweep it: tests/test_shared_memory.py covers the sweep.)
