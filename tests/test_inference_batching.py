@@ -49,7 +49,7 @@ class Served:
         self.rejects = RejectCounter()
 
     def runner(self, config: ExperimentConfig, spec: EnvSpec, sampling_seed: int,
-               min_size: int, max_size: int) -> PolicyRunner:
+               min_size: int, max_size: int, published: bool) -> PolicyRunner:
         def act(params: Any, obs: np.ndarray, state: np.ndarray, mask: np.ndarray, key: Any,
                 counter: Any) -> np.ndarray:
             self.calls.append(obs.shape[0])

@@ -1,4 +1,5 @@
-"""The inference server as a real process: batching across actors, new parameters, bad input."""
+"""The inference server as a real process: waiting for the learner's first parameters,
+batching across actors, new parameters, bad input."""
 
 from __future__ import annotations
 
@@ -69,19 +70,33 @@ class Server:
         assert received is not None and self.rejects.count == 0, "malformed reply"
         return received[1]
 
+    def publish_until_answered(self, params: Any, client: zmq.Socket) -> None:
+        """Publish `params` as version 0, the learner's first, until `client` has a reply
+        waiting: the server answers nothing before them, and the first messages may be
+        lost (slow joiner)."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not client.poll(100):
+            assert time.monotonic() < deadline, f"version 0 never answered ({self.log_tail()})"
+            send(self.pub, "params", {"version": 0}, params_to_arrays(params))
+
     def log_tail(self) -> str:
         path = self.run_dir / "logs" / "inference-0.log"
         text = path.read_text() if path.exists() else ""
         return f"exit code {self.process.poll()}, log tail: {text[-1500:]}"
 
-    def latest_counters(self) -> dict[str, Any] | None:
-        """Counters of the newest heartbeat waiting on the stats stream, if any."""
-        counters = None
+    def latest_heartbeat(self) -> dict[str, Any] | None:
+        """The newest heartbeat's metadata waiting on the stats stream, if any."""
+        meta = None
         while self.stats.poll(0):
             message = wire.decode(self.stats.recv_multipart(copy=False))
             if message.kind == "stats" and message.meta.get("worker") == "inference-0":
-                counters = message.meta["counters"]
-        return counters
+                meta = message.meta
+        return meta
+
+    def latest_counters(self) -> dict[str, Any] | None:
+        """Counters of the newest heartbeat waiting on the stats stream, if any."""
+        meta = self.latest_heartbeat()
+        return None if meta is None else meta["counters"]
 
     def close(self) -> None:
         for socket in self.sockets:
@@ -122,6 +137,26 @@ def check_reply(reply: wire.Message, seq: int, obs: np.ndarray, version: int,
         np.testing.assert_allclose(logp, logp_table[np.arange(rows), action], rtol=1e-4,
                                    atol=1e-5)
         np.testing.assert_allclose(value, values, rtol=1e-4, atol=1e-5)
+
+
+def waits_for_the_first_parameters(server: Server, params0: Any,
+                                   rng: np.random.Generator) -> None:
+    """The server builds no parameters: it answers nothing before the learner's first, and
+    its heartbeats say so; a request sent meanwhile waits for them, and is answered with
+    them (version 0)."""
+    client = server.dealer()
+    obs = observations(4, rng)
+    send(client, "infer_request", {"split": 0, "seq": 0}, {"obs": obs})
+
+    def waits_on_params() -> bool:
+        meta = server.latest_heartbeat()
+        return meta is not None and (meta["waiting"] or [""])[0] == \
+            "the first parameters of policy 'default'"
+
+    wait_for(waits_on_params, START_TIMEOUT_S, "a heartbeat waiting on the first parameters")
+    assert not client.poll(500), "answered before any parameters came"
+    server.publish_until_answered(params0, client)
+    check_reply(server.reply(client), 0, obs, 0, *expected_outputs(server.config, params0, obs))
 
 
 def serves_batches_across_actors(server: Server, params0: Any,
@@ -224,7 +259,7 @@ def takes_newer_params(server: Server, params0: Any, params5: Any,
     server.latest_counters()  # skip heartbeats sent before the last reply
     counters = wait_for(server.latest_counters, 10, "a heartbeat from the inference server")
     assert counters["policy_version"] == 5
-    assert counters["param_updates"] == 1
+    assert counters["param_updates"] == 2, "version 0, then 5"
 
 
 def test_inference_server_batches_survives_garbage_and_takes_params(server: Server) -> None:
@@ -235,6 +270,7 @@ def test_inference_server_batches_survives_garbage_and_takes_params(server: Serv
     params0 = init_policy_params(network, spec.obs_shape, server.config.seed)
     params5 = init_policy_params(network, spec.obs_shape, server.config.seed + 99)
 
+    waits_for_the_first_parameters(server, params0, rng)
     serves_batches_across_actors(server, params0, rng)
     drops_and_counts_malformed_requests(server, rng)
     takes_newer_params(server, params0, params5, rng)

@@ -25,11 +25,14 @@ from learners.algorithms.ppo_config import PPOConfig
 from learners.algorithms.train_state import init_train_state, to_batch
 from learners.models.distributions import CATEGORICAL, mask_logits
 from learners.models.networks import Policy, init_policy_params, make_policy
+from learners.models.param_codec import params_to_arrays
+from learners.models.policy import make_runner
+from learners.models.policy_runner import PolicyRunner
 from learners.training.learner import check_splits, chunk_inputs
 from learners.workers.inference_server import InferenceServer
 from srl_jax.config.algorithms import Sizes
-from srl_jax.config.schema import ConfigError, EnvConfig
-from srl_jax.core.env_spec import with_network
+from srl_jax.config.schema import ConfigError, EnvConfig, ExperimentConfig
+from srl_jax.core.env_spec import EnvSpec, with_network
 from srl_jax.core.names import FileNameService
 from srl_jax.core.stream_table import INFERENCE, PARAMS
 from srl_jax.core.streams import RejectCounter, make_socket, receive, send
@@ -257,6 +260,15 @@ def test_a_masked_env_whose_agents_come_and_go_trains_end_to_end(processes, tmp_
                 if line.startswith("episode ")]) == 3
 
 
+def seeded_runner(config: ExperimentConfig, spec: EnvSpec, sampling_seed: int, min_size: int,
+                  max_size: int, published: bool) -> PolicyRunner:
+    """The policy with the seed's parameters, taken as if the learner had published them
+    (`published` or not), so that the server acts without one."""
+    runner = make_runner(config, spec, sampling_seed, min_size, max_size)
+    runner.set_params(params_to_arrays(runner.params), version=0)
+    return runner
+
+
 def test_the_server_samples_legal_actions_and_drops_requests_whose_mask_does_not_fit(
         tmp_path):
     config = make_config([f"env.id={MASKED}", "network.hidden=[16]", "inference.max_batch=8",
@@ -265,7 +277,7 @@ def test_the_server_samples_legal_actions_and_drops_requests_whose_mask_does_not
     context = zmq.Context.instance()
     params = make_socket(context, PARAMS.bind_type)
     Transport(context).bind(params, names, PARAMS.key())
-    server = InferenceServer(config, 0, tmp_path, names)
+    server = InferenceServer(config, 0, tmp_path, names, runner_factory=seeded_runner)
     server.setup()
     dealer = make_socket(context, INFERENCE.connect_type)
     dealer.connect(names.lookup(INFERENCE.key(index=0), timeout_s=5))

@@ -96,3 +96,34 @@ def test_set_params_changes_outputs_and_version_and_refuses_a_misfit() -> None:
     with pytest.raises(ValueError, match="arrays for"):
         runner.set_params(misfit, version=8)
     assert runner.run(obs, state)[1] == 7 and runner.updates == 1
+
+
+def test_a_runner_of_the_parameters_shapes_compiles_ahead_and_acts_once_it_takes_them() -> None:
+    """An inference server's runner: nothing initialised, every padded size compiled against
+    the shapes, nothing traced or compiled again once the learner's parameters come."""
+    seeded = runner_for(DISCRETE)
+    runner = make_runner(make_config(), DISCRETE, sampling_seed=0, min_size=1, max_size=8,
+                         published=True)
+    assert seeded.ready and not runner.ready
+    assert all(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(runner.params))
+    runner.compile()
+    assert runner.calls == 0, "compiled without acting"
+    obs = {rows: observations(rows, DISCRETE) for rows in (1, 2, 3, 8)}
+    expected = {rows: seeded.run(o, seeded.zero_state(rows))[0]["value"] for rows, o in obs.items()}
+    runner.set_params(params_to_arrays(seeded.params), version=0, incarnation=3)
+    assert runner.ready and (runner.version, runner.updates) == (0, 1)
+    seen: list[str] = []
+
+    def listen(event: str, _seconds: float, **_: object) -> None:
+        if event.startswith("/jax/core/compile/"):
+            seen.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        values = {rows: runner.run(o, runner.zero_state(rows))[0]["value"]
+                  for rows, o in obs.items()}
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert not seen, f"compiled again on the first calls: {seen}"
+    for rows, value in values.items():
+        np.testing.assert_allclose(value, expected[rows], rtol=1e-6, atol=1e-6)

@@ -110,10 +110,12 @@ def test_an_actor_draws_a_snapshot_per_env_and_episode_and_reports_the_one_that_
 def test_a_pool_server_acts_each_row_with_its_snapshot():
     config = load_config(RPS, [])
     spec = policy_spec(config, "opponent")
-    runner = make_runner(config, spec, 0, 8, 32)
+    seed = params_to_arrays(make_runner(config, spec, 0, 8, 32).params)
+    runner = make_runner(config, spec, 0, 8, 32, published=True)  # a server's: shapes alone
     pool = PoolRunner(runner)
-    seed = {name: array.copy() for name, array in params_to_arrays(runner.params).items()}
+    assert pool.versions == [], "nothing held before the pool's first snapshot"
     other = {name: array + 0.5 for name, array in seed.items()}
+    pool.take(0, 1, [0], seed)
     pool.take(10, 1, [0, 10], other)
     assert pool.versions == [0, 10]
     obs = np.eye(4, dtype=np.float32)[[0, 1, 2, 3, 0, 1]]
@@ -155,7 +157,7 @@ def test_malformed_snapshots_are_counted_and_dropped():
             send(publisher, "snapshot", meta, arrays)
         subscriber = PoolSubscriber(socket, pool, rejects)
         wait_for(lambda: subscriber.poll() or pool.updates, 5, "the good snapshot")
-        assert rejects.count == 4 and pool.versions == [0, 7]
+        assert rejects.count == 4 and pool.versions == [7]
     finally:
         publisher.close(linger=0)
         socket.close(linger=0)

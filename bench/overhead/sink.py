@@ -43,9 +43,9 @@ def _zero_act(params: Any, obs: np.ndarray, state: np.ndarray, mask: np.ndarray,
 
 
 def zero_runner(config: Any, spec: Any, sampling_seed: int, min_size: int,
-                max_size: int) -> Any:
+                max_size: int, published: bool) -> Any:
     """A policy runner that acts with `_zero_act`, its (empty) parameters already
-    taken, so that the server does not wait for a learner's."""
+    taken, so that the server does not wait for a learner's (`published` or not)."""
     from learners.models.policy_runner import PolicyRunner, padded_sizes
 
     runner = PolicyRunner(_zero_act, {}, spec, padded_sizes(min_size, max_size), sampling_seed)

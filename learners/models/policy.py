@@ -6,6 +6,7 @@ evaluator; the batching itself is `learners.models.policy_runner.PolicyRunner`.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -35,14 +36,18 @@ def make_act(policy: Policy, action_values: bool = False) -> Act:
 
 
 def make_runner(config: ExperimentConfig, spec: EnvSpec, sampling_seed: int, min_size: int,
-                max_size: int, explore: bool = True) -> PolicyRunner:
+                max_size: int, published: bool = False, explore: bool = True) -> PolicyRunner:
     """A runner of the configured network with version 0 of its parameters (from the
     seed, as the learner builds them), padded from `min_size` to `max_size` rows;
-    not compiled yet (`PolicyRunner.compile`). An algorithm that acts by search
-    (`Algorithm.search_act`) acts with its search, which samples at the root where
-    `explore` (not for reanalysis, whose targets are the model's, not a draw's)."""
+    not compiled yet (`PolicyRunner.compile`). Where a learner `published` the
+    parameters, the runner holds only their shapes until it takes the first: nothing
+    is initialised (a server would spend a good part of its start-up on it). An
+    algorithm that acts by search (`Algorithm.search_act`) acts with its search, which
+    samples at the root where `explore` (not for reanalysis, whose targets are the
+    model's, not a draw's)."""
     policy, network = make_policy(config, spec)
-    params = init_policy_params(network, spec.obs_shape, config.seed)
+    init = functools.partial(init_policy_params, network, spec.obs_shape, config.seed)
+    params = jax.eval_shape(init) if published else init()
     search_act = algorithm(config.learner.algorithm).search_act
     act = make_act(policy, spec.action_values) if search_act is None else \
         search_act(network, algorithm_config(config), 1.0 if explore else 0.0)

@@ -3,7 +3,9 @@
 Socket-free, so it is tested on arrays, and shared by the inference server,
 the actors' inline policy and the evaluator. Padding to powers of two means
 jit compiles a handful of programs, not one per batch size; `compile` builds
-every one of them up front, so the first requests do not wait for XLA.
+every one of them up front, so the first requests do not wait for XLA. A runner
+whose parameters a learner publishes (the inference server's) may start from their
+shapes alone: it compiles against them and acts once it has taken the first.
 """
 
 from __future__ import annotations
@@ -72,12 +74,19 @@ class PolicyRunner:
 
     def __init__(self, act: Act, params: Any, spec: EnvSpec, sizes: Sequence[int],
                  sampling_seed: int) -> None:
-        """`params`: version 0, which every worker builds from the seed itself;
+        """`params`: version 0, which every worker builds from the seed itself, or only
+        their shapes (`jax.ShapeDtypeStruct`s, from `jax.eval_shape`; `act` jitted), where
+        a learner publishes them: then it cannot act before `set_params` (`ready`);
         `sizes`: the padded batch sizes (`padded_sizes`)."""
         self.spec = spec
         self.sizes = tuple(sizes)
         self.params = params
-        self.template = jax.tree.map(np.asarray, params)
+        self.template = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype),
+                                     params)
+        """The parameters' shapes and dtypes, as published parameters must have them."""
+        self.ready = not any(isinstance(leaf, jax.ShapeDtypeStruct)
+                             for leaf in jax.tree.leaves(params))
+        """Whether it holds parameters to act with, not only their shapes."""
         self.version = 0
         self.incarnation = -1
         self.updates = 0
@@ -88,10 +97,15 @@ class PolicyRunner:
         self._key = jax.random.key(sampling_seed, impl="unsafe_rbg")
 
     def compile(self) -> None:
-        """Compile the acting call for every padded size."""
+        """Compile the acting call for every padded size: by a call on zeros, or while it
+        holds only the parameters' shapes, ahead of time against them."""
         for size in self.sizes:
-            self.run(np.zeros((size, *self.spec.obs_shape), self.spec.obs_dtype),
-                     self.zero_state(size), self.all_legal(size))
+            inputs = (np.zeros((size, *self.spec.obs_shape), self.spec.obs_dtype),
+                      self.zero_state(size), self.all_legal(size))
+            if self.ready:
+                self.run(*inputs)
+            else:
+                self._act.lower(self.template, *inputs, self._key, np.uint32(0)).compile()
 
     def zero_state(self, rows: int) -> np.ndarray:
         """The recurrent state of `rows` columns at the start of their episodes."""
@@ -109,6 +123,7 @@ class PolicyRunner:
         self.params = jax.device_put(arrays_to_params(arrays, self.template))
         self.version, self.incarnation = version, incarnation
         self.updates += 1
+        self.ready = True
 
     def wants(self, version: int, incarnation: int = 0) -> bool:
         """Whether parameters of `version` are newer than what we act with.

@@ -3,8 +3,10 @@
 In the spirit of Acme's `Learner`: built whole by its constructor from what it
 is given (the env spec, the network, the optimizer, the algorithm's update, the
 device mesh, the `Inputs` it trains on, a seed and optionally a `Checkpointer`),
-it builds the train state replicated on the mesh and compiles the update for
-batches of this process's columns (trajectory chunks) or rows (replay samples).
+it builds the train state replicated on the mesh; `compile` compiles the update for
+batches of this process's columns (trajectory chunks) or rows (replay samples), which
+else the first step does: the learner worker publishes the parameters between the two,
+so that servers act while the update compiles (seconds to minutes).
 `step` trains on one batch; `params` and `version` are what a publisher sends;
 `save` and `restore` go through the checkpointer; `set_hyperparams` changes the
 live hyperparameters (`Algorithm.live`) from the next update on, without
@@ -133,7 +135,7 @@ class Learner:
                  checkpointer: Checkpointer | None = None,
                  init_extra: Callable[[Any], Any] | None = None,
                  hyper: dict[str, float] | None = None) -> None:
-        """Build the state and compile `update` (slow: seconds to minutes).
+        """Build the state (`compile` compiles `update`).
 
         `inputs`: this process's share of a batch (all of it with one process).
         `init_extra`: the algorithm's own state (e.g. DQN's target network) from the
@@ -152,8 +154,14 @@ class Learner:
         init = jax.jit(train_state_init(spec, network, optimizer, init_extra),
                        out_shardings=replicated(mesh))
         self.state = init(*init_arguments(seed, hyper))
-        self._update = compile_update(update, mesh, self.state, self.put(inputs.example),
-                                      inputs.axis)
+        self._update_fn = update
+        self._update: UpdateFn | None = None
+        """The compiled update, once `compile` has run."""
+
+    def compile(self) -> None:
+        """Compile the update for this learner's batches (slow: seconds to minutes)."""
+        self._update = compile_update(self._update_fn, self.mesh, self.state,
+                                      self.put(self.inputs.example), self.inputs.axis)
 
     @property
     def params(self) -> Any:
@@ -190,14 +198,17 @@ class Learner:
 
     def step(self, batch: dict[str, np.ndarray] | Any,
              overlap: Callable[[], None] | None = None) -> dict[str, Any]:
-        """One update on `batch` (host arrays, or a `put` batch); returns its metrics,
-        floats but for `PER_ROW` (a host array over the whole batch).
+        """One update on `batch` (host arrays, or a `put` batch), compiled first unless
+        `compile` was; returns its metrics, floats but for `PER_ROW` (a host array over
+        the whole batch).
 
         `overlap` runs while the update does (e.g. putting the next batch on the
         mesh), before `version` counts this update.
         """
         if isinstance(batch, dict) and all(isinstance(a, np.ndarray) for a in batch.values()):
             batch = self.put(batch)  # host arrays, not yet `put`
+        if self._update is None:
+            self.compile()
         self.state, metrics = self._update(self.state, batch)
         if overlap is not None:
             overlap()

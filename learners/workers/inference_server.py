@@ -18,11 +18,13 @@ do not fit the policy (counted in `rejects`), as is one whose legal-action mask
 does not match its rows and actions. Each reply carries action,
 log-probability, value (and new state) and the parameter version that produced
 them. Parameters arrive on the
-parameter stream; the newest version wins. Until the first arrives, the server
-acts with version 0, which it builds from the seed exactly as the learner does
-(a restarted or resumed server first waits a few seconds for the learner's).
-A frozen policy's server (self-play) follows an opponent pool instead, each row
-acted by the snapshot it names (learners/workers/pool_runner.py).
+parameter stream; the newest version wins. The server initialises none: it compiles
+the policy against their shapes (`jax.eval_shape`) and answers nothing until the
+learner's first arrive (its version 0, published as soon as the learner's state
+exists); requests wait for them, queued. A frozen policy's server (self-play) follows
+an opponent pool instead, each row acted by the snapshot it names, and waits for the
+pool's first snapshot (learners/workers/pool_runner.py); one that plays no pool
+builds version 0 from the seed, exactly as a learner would, and acts with it.
 """
 
 from __future__ import annotations
@@ -41,8 +43,8 @@ from learners.models.policy import make_runner
 from learners.models.policy_runner import PolicyRunner
 from learners.training.device_memory import device_memory_counters
 from learners.training.jax_runtime import configure_jax
-from learners.workers.param_stream import ParamSubscriber
-from learners.workers.pool_runner import PoolRunner, PoolSubscriber, follow
+from learners.workers.param_stream import ParamSubscriber, await_first
+from learners.workers.pool_runner import PoolRunner, PoolSubscriber, follow, learner_publishes
 from srl_jax.config.algorithms import algorithm_config
 from srl_jax.config.schema import DEFAULT_POLICY, ExperimentConfig, request_rows
 from srl_jax.core.env_spec import EnvSpec
@@ -57,8 +59,9 @@ from srl_jax.core.worker_base import Worker
 
 POLL_MS = 100
 
-RunnerFactory = Callable[[ExperimentConfig, EnvSpec, int, int, int], PolicyRunner]
-"""(config, spec, sampling seed, min padded size, max batch) -> an uncompiled runner."""
+RunnerFactory = Callable[[ExperimentConfig, EnvSpec, int, int, int, bool], PolicyRunner]
+"""(config, spec, sampling seed, min padded size, max batch, whether a learner publishes
+the parameters) -> an uncompiled runner (`make_runner`)."""
 
 
 class Request(NamedTuple):
@@ -118,12 +121,14 @@ class InferenceServer(Worker):
         configure_jax(self.config.runtime)
         spec = policy_spec(self.config, self.policy)
         cfg = self.config.inference
-        # Building the network initialises its parameters, itself XLA work that can outlast
-        # a heartbeat timeout on a loaded CPU (a Nature-CNN): it is busy time too.
-        with self.busy("building and compiling the policy"):
+        # Initialising parameters from the seed (where no learner publishes them) is XLA
+        # work that can outlast a heartbeat timeout on a loaded CPU (a Nature-CNN).
+        with self.busy("building the policy"):
             self.runner = self.runner_factory(
                 self.config, spec, self.incarnation.seed(self.config.seed + 1000 + self.index),
-                cfg.min_padded_batch, cfg.max_batch)
+                cfg.min_padded_batch, cfg.max_batch, learner_publishes(self.config, self.policy))
+        self.pool, self.params = follow(self, self.runner)  # what is published meanwhile waits
+        with self.busy("compiling the policy"):
             self.runner.compile()
         if spec.search_policy:
             self.simulations = algorithm_config(self.config).simulations
@@ -133,7 +138,6 @@ class InferenceServer(Worker):
                                 max_slots=REQUEST_SLOTS * self.config.actors.splits)
         self._split_rows = request_rows(self.config.actors, spec.agents) // 2
         self.router = self.socket(INFERENCE, hwm=cfg.request_queue)
-        self.pool, self.params = follow(self, self.runner)
         self.poller.register(self.router, zmq.POLLIN)
         self.requests_in = zmq.Poller()
         """The request sources: the ROUTER, and the doorbell of the shared-memory ones."""
@@ -146,6 +150,7 @@ class InferenceServer(Worker):
             self.requests_in.register(self.inbox, zmq.POLLIN)
         if self.params is not None:
             self.poller.register(self.params.socket, zmq.POLLIN)
+            await_first(self.params, math.inf, self.keep_alive)  # requests queue until then
 
     def run_once(self) -> None:
         # A held request is served now, with what else comes within max_wait.
@@ -291,10 +296,12 @@ class InferenceServer(Worker):
                     send(self.router, "infer_reply", reply_meta, reply, routing=routing)
 
     def waiting(self) -> tuple[str, float] | None:
-        """Requests from actors (the time since the last batch it served)."""
-        if self.router is not None:
-            return "requests from actors", self._last_batch_wall
-        return super().waiting()
+        """The policy's first parameters, then requests from actors (since the last batch)."""
+        if self.router is None:
+            return super().waiting()
+        if self.params is not None and not self.params.taken:
+            return f"the first parameters of policy '{self.policy}'", self._last_batch_wall
+        return "requests from actors", self._last_batch_wall
 
     def counters(self) -> dict[str, float]:
         return {

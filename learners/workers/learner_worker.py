@@ -5,9 +5,11 @@ chunks on the sample stream, checked against the shapes this run expects and que
 under the staleness cap, or batches of B transitions sampled by the replay servers,
 which get each update's new priorities back. Each batch is put onto the learner's
 device mesh (split on the env axis) while the previous update still runs, and goes
-through one compiled update of the configured algorithm. The new parameters are
-published with the next version number, and re-sent every
-`learner.republish_interval_s` so that servers that (re)joined late catch up.
+through one compiled update of the configured algorithm. The parameters are
+published as soon as the train state exists (restored, where there is a checkpoint),
+before the update compiles, then after each update with the next version number, and
+re-sent every `learner.republish_interval_s` so that servers that (re)joined late
+catch up.
 
 The learner checkpoints its train state and counters (see
 `learners.training.checkpoint`) every `checkpoint.interval_s` and/or
@@ -140,11 +142,18 @@ class LearnerWorker(Worker):
         if ckpt.enabled:
             self.checkpointer = Checkpointer(self.run_dir, ckpt.keep, ckpt.keep_best,
                                              ckpt.async_save, self.policy, ckpt.dir)
-        with self.busy("building the train state and compiling the update"):
+        with self.busy("building the train state"):
             self.learner = build_learner(self.config, self.spec, self.local_envs,
                                          self.checkpointer)
             start_hyperparams(self.config, self.policy, self.learner)
             self._restore()
+        # Published before the update compiles: the inference servers, which build no
+        # parameters of their own, act with these meanwhile.
+        self._publish()
+        if self.pool is not None:
+            self.pool.start(self.version, self.learner.params)
+        with self.busy("compiling the update"):
+            self.learner.compile()
         mesh = self.learner.mesh
         self._nccl = mesh.size > 1 and mesh.devices.flat[0].platform == "gpu"
         self.log.info("%s on %d device(s): %s; hyperparameters %s",
@@ -152,9 +161,6 @@ class LearnerWorker(Worker):
                       [str(d) for d in mesh.devices.flat], self.learner.hyperparams())
         self.member = open_population_member(self, self.learner, self.checkpointer,
                                              self._save_copy)
-        self._publish()
-        if self.pool is not None:
-            self.pool.start(self.version, self.learner.params)
 
     def _restore(self) -> None:
         """Continue from the newest complete checkpoint of this run, if there is one.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import zmq
 
@@ -18,6 +18,20 @@ if TYPE_CHECKING:
 
 POLL_MS = 100
 FIRST_PARAMS_WAIT_S = 3.0
+
+
+class Subscriber(Protocol):
+    """A SUB socket that feeds what acts with the parameters it brings (`ParamSubscriber`,
+    `learners.workers.pool_runner.PoolSubscriber`)."""
+
+    socket: zmq.Socket
+
+    @property
+    def taken(self) -> bool:
+        """Whether it has fed any parameters yet."""
+
+    def poll(self) -> None:
+        """Take what is waiting on the socket."""
 
 
 class ParamSubscriber:
@@ -49,31 +63,36 @@ class ParamSubscriber:
         except ValueError as error:
             self.rejects.reject(error)
 
-    def await_first(self, timeout_s: float, keep_alive: Callable[[], bool]) -> None:
-        """Wait up to `timeout_s` for the learner's current parameters.
+    @property
+    def taken(self) -> bool:
+        return self.runner.updates > 0
 
-        A worker restarted mid-run would otherwise act with version 0 until the
-        next republish, and its samples would all be dropped as stale.
-        `keep_alive` heartbeats and returns False when the worker should stop.
-        """
-        deadline = time.monotonic() + timeout_s
-        while self.runner.updates == 0 and time.monotonic() < deadline and keep_alive():
-            if self.socket.poll(POLL_MS):
-                self.poll()
+
+def await_first(subscriber: Subscriber, timeout_s: float, keep_alive: Callable[[], bool]
+                ) -> None:
+    """Wait up to `timeout_s` for the first parameters `subscriber` takes; `keep_alive`
+    heartbeats and returns False when the worker should stop."""
+    deadline = time.monotonic() + timeout_s
+    while not subscriber.taken and time.monotonic() < deadline and keep_alive():
+        if subscriber.socket.poll(POLL_MS):
+            subscriber.poll()
 
 
 def subscribe(worker: Worker, runner: PolicyRunner, policy: str | None = None
               ) -> ParamSubscriber:
     """Connect `worker` to the parameters of `policy`'s learner (default: the worker's
     policy); a restarted or resumed worker takes the current ones if they come within
-    FIRST_PARAMS_WAIT_S.
+    FIRST_PARAMS_WAIT_S: it would otherwise act with version 0 until the next
+    republish, and its samples would all be dropped as stale.
 
     The first start of a fresh run does not wait: its learner starts from version 0,
     the parameters every worker builds from the seed, so acting with them at once
-    loses nothing and the first frames come as soon as the worker is up.
+    loses nothing and the first frames come as soon as the worker is up. Nor does a
+    runner that holds only the parameters' shapes (an inference server's): it cannot act
+    before its learner's anyway, and its worker waits for them once it is ready to serve.
     """
     socket = worker.socket(PARAMS, policy, hwm=worker.config.learner.param_queue)
     subscriber = ParamSubscriber(socket, runner, worker.rejects)
-    if worker.incarnation != FIRST:
-        subscriber.await_first(FIRST_PARAMS_WAIT_S, worker.keep_alive)
+    if worker.incarnation != FIRST and runner.ready:
+        await_first(subscriber, FIRST_PARAMS_WAIT_S, worker.keep_alive)
     return subscriber

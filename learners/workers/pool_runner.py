@@ -6,11 +6,11 @@ pool stream instead of a parameter stream: `PoolRunner` holds every snapshot the
 pool lists, and each request row names the snapshot its episode plays
 (`opponent`, picked by the actor). Rows are grouped by snapshot and each group runs
 through the server's `PolicyRunner` with that snapshot's parameters; the reply says
-which snapshot acted for each row. Until the pool arrives the server holds version
-0 alone, the seed's parameters, which it builds itself as the learner does; a row
-asking for a snapshot it does not hold is acted by the nearest it does
-(`srl_jax.config.opponent_pool.nearest_held`). A frozen policy without an opponent entry
-follows nothing and acts with version 0 forever.
+which snapshot acted for each row. The server builds no parameters of its own: it
+answers once the pool's first snapshot has come; a row asking for a snapshot it does
+not hold is acted by the nearest it does (`srl_jax.config.opponent_pool.nearest_held`).
+A frozen policy without an opponent entry follows nothing and acts with version 0, the
+seed's parameters, forever.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from learners.models.param_codec import arrays_to_params
 from learners.models.policy_runner import PolicyRunner
 from learners.workers.param_stream import ParamSubscriber, subscribe
 from srl_jax.config.opponent_pool import nearest_held
+from srl_jax.config.schema import ExperimentConfig
 from srl_jax.core.stream_table import POOL
 from srl_jax.core.streams import RejectCounter, receive
 
@@ -36,15 +37,16 @@ class PoolRunner:
     """The snapshots of an opponent pool by version, acting through one `PolicyRunner`."""
 
     def __init__(self, runner: PolicyRunner) -> None:
-        """`runner`: built with version 0 (the seed's parameters), the first snapshot held."""
+        """`runner`: the policy's, which may hold only the parameters' shapes; snapshots come
+        from the pool stream (`take`)."""
         self.runner = runner
-        self.snapshots: dict[int, Any] = {0: runner.params}
+        self.snapshots: dict[int, Any] = {}
         self.incarnation = -1
         self.updates = 0
 
     @property
     def versions(self) -> list[int]:
-        """The snapshots held, oldest first."""
+        """The snapshots held, oldest first (one at least, once the first is taken)."""
         return sorted(self.snapshots)
 
     def take(self, version: int, incarnation: int, pool: list[int],
@@ -97,6 +99,10 @@ class PoolSubscriber:
         self.pool = pool
         self.rejects = rejects
 
+    @property
+    def taken(self) -> bool:
+        return self.pool.updates > 0
+
     def poll(self) -> None:
         """Take every waiting snapshot."""
         while (received := receive(self.socket, POOL.connecter_receives,
@@ -114,16 +120,22 @@ class PoolSubscriber:
                 self.rejects.reject(error)
 
 
+def learner_publishes(config: ExperimentConfig, policy: str) -> bool:
+    """Whether a learner sends `policy`'s servers its parameters: a trained policy's own,
+    a frozen one's opponent pool; a frozen policy without one acts with the seed's."""
+    return policy not in config.selfplay.frozen or policy in config.selfplay.opponents
+
+
 def follow(worker: Worker, runner: PolicyRunner
            ) -> tuple[PoolRunner | None, ParamSubscriber | PoolSubscriber | None]:
     """What an inference server of `worker.policy` acts with and listens to: a trained
     policy's parameter stream; a frozen policy's opponent pool (a `PoolRunner` over
     `runner`, fed by its source's pool stream); or, frozen without a pool, nothing."""
-    selfplay = worker.config.selfplay
-    source = selfplay.opponents.get(worker.policy)
+    if not learner_publishes(worker.config, worker.policy):
+        return None, None
+    source = worker.config.selfplay.opponents.get(worker.policy)
     if source is None:
-        frozen = worker.policy in selfplay.frozen
-        return None, None if frozen else subscribe(worker, runner)
+        return None, subscribe(worker, runner)
     pool = PoolRunner(runner)
     socket = worker.socket(POOL, source, hwm=worker.config.learner.param_queue)
     return pool, PoolSubscriber(socket, pool, worker.rejects)
