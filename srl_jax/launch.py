@@ -238,7 +238,7 @@ def make_backend(name: str, run_dir: Path, config: ExperimentConfig,
                  ray_address: str | None = None, shared_memory: bool = True) -> LaunchBackend:
     """`shared_memory`: the local backend owns its workers' (`shared_memory_plan`)."""
     if name == "local":
-        return LocalBackend(run_dir, shared_memory)
+        return LocalBackend(run_dir, shared_memory, config.runtime.warm_parent)
     if name == "ray":
         from srl_jax.runtime.ray_backend import RayBackend  # imports ray
 

@@ -113,6 +113,10 @@ class RuntimeConfig:
     """Seconds workers get to exit after SIGTERM before SIGKILL."""
     compilation_cache_dir: str = "~/.cache/srl_jax/jax"
     """JAX's persistent compilation cache: later runs skip compiling ('' disables it)."""
+    warm_parent: bool = True
+    """Fork each host's learners, inference servers, evaluators and replay servers from
+    one process that has imported JAX (srl_jax/runtime/hosts/warm_parent.py), started
+    with the run; false: each starts as a fresh interpreter and imports JAX itself."""
     host_agents: bool = True
     """With the network name service on Ray, one host agent per node stands for that
     node's workers towards the controller (names, heartbeats, logs:

@@ -158,7 +158,10 @@ class LocalBackend:
     memory: it removes what runs gone before it left, makes its own directory when it
     starts its first worker, and removes it when it closes (srl_jax/core/shm/place.py)."""
 
-    def __init__(self, run_dir: Path, shared_memory: bool = True) -> None:
+    def __init__(self, run_dir: Path, shared_memory: bool = True,
+                 warm_parent: bool = False) -> None:
+        """`warm_parent`: fork the kinds forked warm from a warm parent, started now, so
+        that its imports overlap the controller's start (else each starts fresh)."""
         self.shared_memory: shm_place.OwnerDirectory | None = None
         self._make_shared_memory = shared_memory
         if shared_memory:
@@ -167,8 +170,11 @@ class LocalBackend:
         self.run_dir = Path(run_dir)
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         self._names = FileNameService(self.run_dir / "names")
-        self.warm = WarmParent(warm_address(secrets.token_hex(8)),
-                               self.run_dir / "logs" / "warm_parent.log", os.environ)
+        self.warm: WarmParent | None = None
+        if warm_parent:
+            self.warm = WarmParent(warm_address(secrets.token_hex(8)),
+                                   self.run_dir / "logs" / "warm_parent.log", os.environ)
+            self.warm.connect()
         self._forking: dict[str, tuple[Any, list[str], dict[str, str], Path]] = {}
         """Each worker whose fork was asked for and not yet answered: (what `request`
         returned, its command line, environment and log)."""
@@ -196,7 +202,8 @@ class LocalBackend:
         owner = self.shared_memory.path if self.shared_memory is not None else None
         args, env = worker_args(kind, index, run_dir, policy), worker_env(env, owner)
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        process = self._fork(name, args, env, log_path) if worker_kind(kind).warm else \
+        warm = self.warm is not None and worker_kind(kind).warm
+        process = self._fork(name, args, env, log_path) if warm else \
             start_fresh(args, env, log_path)
         if process is None:
             return None
@@ -216,7 +223,7 @@ class LocalBackend:
         return answer if isinstance(answer, WarmChild) else start_fresh(args, env, log_path)
 
     def placement_wait(self, kind: str) -> str:
-        if worker_kind(kind).warm:
+        if self.warm is not None and worker_kind(kind).warm:
             return "the warm parent's fork (it imports JAX once, for every worker it forks)"
         return "nothing: a local process starts at once"
 
@@ -227,7 +234,7 @@ class LocalBackend:
         return str(self.shared_memory.path) if self.shared_memory is not None else None
 
     def warm_parents(self) -> list[dict[str, Any]]:
-        described = self.warm.describe()
+        described = self.warm.describe() if self.warm is not None else None
         return [{"host": socket.gethostname(), **described}] if described else []
 
     def exit_code(self, handle: WorkerHandle) -> int | None:
@@ -247,6 +254,7 @@ class LocalBackend:
                 answer.send_signal(signal.SIGTERM)
                 answer.wait()
         self._forking.clear()
-        self.warm.close()
+        if self.warm is not None:
+            self.warm.close()
         if self.shared_memory is not None:
             self.shared_memory.remove()

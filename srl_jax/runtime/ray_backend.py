@@ -289,7 +289,7 @@ class RayBackend:
             self._pending[name] = host, host.start.remote(
                 worker_args(kind, index, self.run_dir, policy), {**forwarded, **(env or {})},
                 str(self.run_dir / "logs" / f"{name}.log"), self._bind_nodes, agents,
-                self._run_token if worker_kind(kind).warm else None), env
+                self._run_token if self._warm(kind) else None), env
         host, started, env = self._pending[name]
         if not ray.wait([started], timeout=0)[0]:
             return None
@@ -309,6 +309,10 @@ class RayBackend:
                               policy)
         self._live[id(handle)] = host
         return handle
+
+    def _warm(self, kind: str) -> bool:
+        """Whether its node's warm parent forks a worker of `kind` (`runtime.warm_parent`)."""
+        return self.config.runtime.warm_parent and worker_kind(kind).warm
 
     def _agents_wanted(self, env: dict[str, str] | None) -> bool:
         """Host agents serve workers that use the network name service (`runtime.host_agents`)."""

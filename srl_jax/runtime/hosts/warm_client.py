@@ -164,8 +164,7 @@ class WarmParent:
                 ) -> tuple[_Link, int]:
         """Ask for the worker `python args...` forked warm (starting a warm parent where
         none serves); `answer` says when it is."""
-        if self.link is None or self.link.closed:
-            self._connect()
+        self.connect()
         return self.link, self.link.request(args, env, str(log_path))
 
     def answer(self, asked: tuple[_Link, int], timeout_s: float = 0.0) -> WarmChild | str | None:
@@ -183,7 +182,11 @@ class WarmParent:
         answer = self.answer(self.request(args, env, log_path), START_TIMEOUT_S)
         return answer if isinstance(answer, WarmChild) else None
 
-    def _connect(self) -> None:
+    def connect(self) -> None:
+        """Connect to the warm parent serving at the address, starting one where none does
+        (it imports meanwhile: forks asked for wait in its socket)."""
+        if self.link is not None and not self.link.closed:
+            return
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             connection.connect("\0" + self.address)
