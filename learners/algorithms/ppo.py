@@ -171,7 +171,10 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation, ppo: PP
                 info = jax.tree.map(jnp.zeros_like, jax.eval_shape(grad_fn, net, mb)[1])
                 return net, opt_state, info
 
-            net, opt_state, info = jax.lax.cond(stopped, skip, step, None)
+            if ppo.target_kl is None:  # never stops early: no branch to trace (half the trace)
+                net, opt_state, info = step(None)
+            else:
+                net, opt_state, info = jax.lax.cond(stopped, skip, step, None)
             return (net, opt_state, stopped), (info, ~stopped)
 
         def epoch(carry: tuple, key: jax.Array) -> tuple:
