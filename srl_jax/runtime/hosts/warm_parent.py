@@ -35,7 +35,6 @@ import socket
 import sys
 import threading
 import time
-import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +76,18 @@ def fork_refusal() -> str | None:
     named = ", ".join(sorted(t.name for t in threading.enumerate()))
     return (f"the warm parent has {threads} threads (Python's: {named}); a forked child "
             "would inherit the locks they hold")
+
+
+class Forked(BaseException):
+    """Raised in a child just forked, out of the serving loop to `main`, which runs the
+    worker: so that it exits as a fresh interpreter would (its non-daemon threads joined,
+    atexit handlers run, output flushed), with none of the server's frames beneath it."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log_path: str,
+                 parent_pidfd: int) -> None:
+        super().__init__(" ".join(args))
+        self.command, self.env, self.log_path = args, env, log_path
+        self.parent_pidfd = parent_pidfd
 
 
 class WarmParentServer:
@@ -150,37 +161,27 @@ class WarmParentServer:
             return
         pid = os.fork()
         if pid == 0:
-            self._become(client, args, env, log_path)
+            self._drop(client)
+            raise Forked(args, env, log_path, client.pidfd)
         pidfd = os.pidfd_open(pid)
         client.children.add(pid)
         self.owner[pid] = client
         self._send(client, {"op": "forked", "id": request_id, "pid": pid}, pidfd)
         os.close(pidfd)
 
-    def _become(self, client: Client, args: list[str], env: dict[str, str],
-                log_path: str) -> None:
-        """In the child: drop the server's sockets, and run the worker (never returns)."""
-        code = 1
-        try:
-            signal.set_wakeup_fd(-1)
-            for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, signal.SIG_DFL)
-            keep = client.pidfd
-            for other in self.clients.values():
-                other.connection.close()
-                if other.pidfd != keep:
-                    os.close(other.pidfd)
-            self.listener.close()
-            os.close(self._wake_read)
-            os.close(self._wake_write)
-            code = fork_setup.run_forked(args, env, log_path, keep)
-        except BaseException:  # nothing may return into the serving loop
-            traceback.print_exc()
-        finally:
-            with contextlib.suppress(Exception):
-                sys.stdout.flush()
-                sys.stderr.flush()
-            os._exit(code)
+    def _drop(self, client: Client) -> None:
+        """In a child just forked: let go of the server's sockets and signal handlers, keeping
+        the pidfd of `client`, which the worker watches."""
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL)
+        for other in self.clients.values():
+            other.connection.close()
+            if other.pidfd != client.pidfd:
+                os.close(other.pidfd)
+        self.listener.close()
+        os.close(self._wake_read)
+        os.close(self._wake_write)
 
     def _reap(self) -> None:
         while True:
@@ -239,8 +240,12 @@ def main(argv: list[str] | None = None) -> int:
     extra = [name for name in args.preload.split(",") if name]
     preload([*fork_setup.worker_modules(), *extra])
     log.info("%s %.2f CPU-s; serving at %s", IMPORTED, time.process_time(), args.address)
-    server.serve()
-    return 0
+    try:
+        server.serve()
+        return 0
+    except Forked as forked:
+        child = forked.with_traceback(None)  # the server's frames go
+    return fork_setup.run_forked(child.command, child.env, child.log_path, child.parent_pidfd)
 
 
 if __name__ == "__main__":
