@@ -101,9 +101,9 @@ def test_workers_exit_when_the_controller_is_killed(processes: Processes,
     wait_for(lambda: not any(pid_alive(p) for p in pids), 15,
              "orphaned workers and the warm parent to exit")
     # The killed controller's shared memory waits for the next run on this host, whose
-    # launch backend removes it when it starts, and its own when it ends. (Another test's
-    # run may start first and sweep it: tests/test_shared_memory.py covers the sweep.)
-    assert directory.is_dir()
+    # launch backend removes it when it starts, and its own when it ends. Another test's
+    # run may be that next run, so whether it is still there now is not asserted
+    # (tests/test_shared_memory.py covers the sweep: only directories of owners gone).
     LocalBackend(tmp_path / "next").close()
     assert not directory.exists()
 
