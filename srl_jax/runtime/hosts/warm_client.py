@@ -63,7 +63,8 @@ class WarmChild:
         while self.poll() is None:
             if deadline is not None and time.monotonic() > deadline:
                 raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
-            readable(self.pidfd, 0.05)
+            if readable(self.pidfd, 0.05):  # exited: its code is on its way
+                self.link.drain(0.05)
         return self.returncode
 
     def send_signal(self, sig: int) -> None:

@@ -35,7 +35,7 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import setproctitle
@@ -55,12 +55,11 @@ LISTEN_BACKLOG = 64
 
 @dataclass
 class Client:
-    """One connection: the process that asks for forks, and the children it asked for."""
+    """One connection: the process that asks for forks."""
 
     connection: socket.socket
     pidfd: int
     """The client process's pidfd: its children inherit it and stop once it is readable."""
-    children: set[int] = field(default_factory=set)
 
 
 def thread_count() -> int:
@@ -164,7 +163,6 @@ class WarmParentServer:
             self._drop(client)
             raise Forked(args, env, log_path, client.pidfd)
         pidfd = os.pidfd_open(pid)
-        client.children.add(pid)
         self.owner[pid] = client
         self._send(client, {"op": "forked", "id": request_id, "pid": pid}, pidfd)
         os.close(pidfd)
@@ -194,7 +192,6 @@ class WarmParentServer:
             code = os.waitstatus_to_exitcode(status)
             client = self.owner.pop(pid, None)
             if client is not None and client.connection.fileno() in self.clients:
-                client.children.discard(pid)
                 self._send(client, {"op": "exited", "pid": pid, "code": code})
 
     def _send(self, client: Client, message: dict[str, Any], fd: int | None = None) -> None:
