@@ -152,8 +152,8 @@ def apart_folder(name: str, env: Mapping[str, str]) -> Path | None:
 
 class LocalBackend:
     """One process per worker on this machine; logs to `<run_dir>/logs/<worker>.log`.
-    The kinds forked warm are forked by this host's warm parent for the run, started with
-    the first of them (`logs/warm_parent.log`), and again where it died.
+    With `warm_parent`, the kinds forked warm are forked by this host's warm parent for the
+    run, started with the backend (`logs/warm_parent.log`), and again where it died.
     With `shared_memory` (srl_jax/core/shm/budget.py decides) it owns their shared
     memory: it removes what runs gone before it left, makes its own directory when it
     starts its first worker, and removes it when it closes (srl_jax/core/shm/place.py)."""

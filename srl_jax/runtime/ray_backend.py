@@ -65,7 +65,7 @@ from srl_jax.runtime.backends import (
     worker_args,
 )
 from srl_jax.runtime.hosts.host_agent import HostAgent, agent_address
-from srl_jax.runtime.hosts.warm_client import WarmParent
+from srl_jax.runtime.hosts.warm_client import WarmChild, WarmParent
 from srl_jax.runtime.name_server import NAMES_ENV, fixed_endpoint
 
 log = logging.getLogger(__name__)
@@ -94,9 +94,8 @@ class WorkerHost:
               ) -> tuple[int, str, str, int | None]:
         """(pid, node address, node id, warm parent's pid) of the worker started; with
         `agents` (the run's token) it asks its node's host agent for names, not the
-        controller; with
-        `warm_run` (the run's token, for a kind forked warm) its node's warm parent for
-        the run forks it (started by the first host of the node that asks)."""
+        controller; with `warm_run` (the run's token, for a kind forked warm) its node's
+        warm parent for the run forks it (started by the first host of the node to ask)."""
         node = ray.util.get_node_ip_address()
         node_id = ray.get_runtime_context().get_node_id()
         env = {**os.environ, **env, **({BIND_HOST_ENV: node} if bind_node else {})}
@@ -107,7 +106,7 @@ class WorkerHost:
                                    Path(log_path).parent / f"warm_parent-{node_id[:16]}.log",
                                    os.environ)
         self.process = spawn_worker(args, env, Path(log_path), warm=self.warm)
-        forked = self.warm is not None and self.process.pid in self.warm.link.children
+        forked = isinstance(self.process, WarmChild)
         return self.process.pid, node, node_id, self.warm.pid if forked else None
 
     def wait(self) -> int:

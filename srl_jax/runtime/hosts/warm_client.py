@@ -192,6 +192,7 @@ class WarmParent:
         try:
             connection.connect("\0" + self.address)
         except OSError:
+            connection.close()
             self._start()
             connection = self._connect_started()
         self.link = _Link(connection)
