@@ -31,8 +31,8 @@ import numpy as np
 from actors.env_ring import ChunkBuilder, RingStep
 from actors.exploration import explore
 from actors.opponents import OpponentDraws, ended_envs
-from srl_jax.core.env_spec import EnvSpec
-from srl_jax.core.metrics_table import (
+from srl_jax.dataflow.env_spec import EnvSpec
+from srl_jax.dataflow.metrics_table import (
     OPPONENT_VERSION,
     POLICY_RETURN,
     TEAM_RETURN,

@@ -3,14 +3,15 @@
 The core (actors/actor_core.py) steps the ring and decides what to ask and what to
 send; this shell owns the sockets. Requests are spread over the policy's inference
 servers (one DEALER connected to all of them by `Worker.socket`); finished chunks go
-on the stream the algorithm's declared source chooses (`srl_jax.config.algorithms.chunk_stream`): to
-the learner on the samples stream, or to the replay servers on the inserts stream.
+on the stream the algorithm's declared source chooses
+(`srl_jax.dataflow.algorithms.chunk_stream`): to the learner on the samples stream, or to
+the replay servers on the inserts stream.
 A full sample stream drops the chunk or blocks (heartbeating), as
 `actors.send_policy` says.
 With `actors.inline_inference` the worker kind runs a JAX-side subclass instead
-(learners/workers/inline_policy.py), which never talks to a server.
+(policy/inline_policy.py), which never talks to a server.
 Env seeds derive from the config's seed, the actor's index and its incarnation
-(srl_jax/core/incarnation.py): a restarted or resumed actor plays new episodes.
+(srl_jax/runtime/incarnation.py): a restarted or resumed actor plays new episodes.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from actors.chunk_sender import ChunkSender
 from actors.envs import env_seed, make_split, policy_spec
 from actors.exploration import column_epsilons
 from actors.priorities import chunk_prioritizer
-from srl_jax.config.algorithms import chunk_stream
 from srl_jax.config.env_families import family_of
 from srl_jax.config.schema import (
     DEFAULT_POLICY,
@@ -34,21 +34,22 @@ from srl_jax.config.schema import (
     member_names,
     policy_names,
 )
-from srl_jax.core.chunk_spec import run_chunk_layout
-from srl_jax.core.incarnation import Incarnation
-from srl_jax.core.names import NameService
-from srl_jax.core.shm.attach import open_outbox
-from srl_jax.core.shm.channels import Outbox
-from srl_jax.core.shm.stream_layouts import (
-    REQUEST_SLOTS,
+from srl_jax.dataflow.algorithms import chunk_stream
+from srl_jax.dataflow.chunk_spec import run_chunk_layout
+from srl_jax.dataflow.shm_layouts import (
     chunk_slot_layout,
     reply_layout,
     request_layout,
 )
-from srl_jax.core.stream_table import INFERENCE, INSERTS
-from srl_jax.core.streams import receive, send
-from srl_jax.core.wire import Message
-from srl_jax.core.worker_base import Worker
+from srl_jax.dataflow.stream_table import INFERENCE, INSERTS
+from srl_jax.runtime.incarnation import Incarnation
+from srl_jax.runtime.shm_attach import open_outbox
+from srl_jax.runtime.worker_base import Worker
+from srl_jax.wire.codec import Message
+from srl_jax.wire.names import NameService
+from srl_jax.wire.shm.channels import Outbox
+from srl_jax.wire.shm.layout import REQUEST_SLOTS
+from srl_jax.wire.streams import receive, send
 
 POLL_MS = 100
 EXPLORE_STREAM = 1 << 20

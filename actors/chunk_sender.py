@@ -1,6 +1,6 @@
 """Where one policy's chunks go from an actor: a ZMQ socket (to the learner or the
 replay servers on other hosts), or the actor's ring of shared-memory slots where they
-share its host (srl_jax/core/shm/). A full stream drops the chunk or blocks,
+share its host (srl_jax/wire/shm/). A full stream drops the chunk or blocks,
 heartbeating, as `actors.send_policy` says: full is the socket's high-water mark, or
 every slot of the ring still waiting to be copied out (a slot is never overwritten while
 its chunk waits). Where the binders could not be rung through shared memory for a
@@ -15,8 +15,8 @@ from collections.abc import Callable
 import numpy as np
 import zmq
 
-from srl_jax.core.shm.channels import Outbox
-from srl_jax.core.streams import NOBLOCK, send
+from srl_jax.wire.shm.channels import Outbox
+from srl_jax.wire.streams import NOBLOCK, send
 
 POLL_MS = 100
 SLOT_WAIT_S = 0.002

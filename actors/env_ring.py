@@ -7,7 +7,7 @@ would instead hand back the reset one step later). For a truncated episode the
 final observation is kept, so its value can bootstrap the return.
 
 A `ChunkBuilder` fills one split's chunk of T steps with the arrays that
-`srl_jax.core.chunk_spec.CHUNK_FIELDS` declares (names, shapes, dtypes and meanings).
+`srl_jax.dataflow.chunk_spec.CHUNK_FIELDS` declares (names, shapes, dtypes and meanings).
 
 Consecutive chunks overlap by one observation: the last of one is the first of
 the next. In a multi-agent env (actors/env_families/multi_agent.py) every agent is a column
@@ -22,8 +22,8 @@ import gymnasium as gym
 import numpy as np
 
 from srl_jax.config.schema import DEFAULT_POLICY
-from srl_jax.core.chunk_spec import empty_chunk
-from srl_jax.core.env_spec import EnvSpec
+from srl_jax.dataflow.chunk_spec import empty_chunk
+from srl_jax.dataflow.env_spec import EnvSpec
 
 
 @dataclass

@@ -11,7 +11,6 @@ import numpy as np
 
 from actors.actor_core import RingSplit
 from actors.env_families.implementation import implementation_of
-from srl_jax.config.algorithms import algorithm
 from srl_jax.config.checks import check_request_rows
 from srl_jax.config.schema import (
     DEFAULT_POLICY,
@@ -20,8 +19,9 @@ from srl_jax.config.schema import (
     ExperimentConfig,
     policy_names,
 )
-from srl_jax.core.env_spec import EnvSpec, check_network, with_network
-from srl_jax.core.stream_table import REPLAY
+from srl_jax.dataflow.algorithms import algorithm
+from srl_jax.dataflow.env_spec import EnvSpec, check_network, with_network
+from srl_jax.dataflow.stream_table import REPLAY
 
 
 def make_env(config: EnvConfig, render_mode: str | None = None) -> Any:

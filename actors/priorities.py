@@ -21,8 +21,8 @@ from functools import partial
 
 import numpy as np
 
-from srl_jax.config.algorithms import algorithm, algorithm_config, sizes
 from srl_jax.config.schema import ExperimentConfig
+from srl_jax.dataflow.algorithms import algorithm, algorithm_config, sizes
 
 
 def initial_priorities(rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,

@@ -3,7 +3,7 @@
 For when a machine with an accelerator is at hand (no CI machine has one). It
 
 1. describes the host as the launcher's placement plan sees it
-   (`srl_jax.config.placement.describe_host`) and stops at once, with one line, where
+   (`srl_jax.runtime.placement.describe_host`) and stops at once, with one line, where
    there is no accelerator;
 2. runs the default experiment (cartpole_ppo) and atari_pong_impala through
    `python -m srl_jax.launch`, each for a bounded time (`--default-seconds`,
@@ -42,9 +42,9 @@ from bench.harness.launcher import STOP_GRACE_S, stop_process
 from bench.harness.machine import REPO_ROOT, RESULTS_DIR, config_hash, describe, git_commit
 from bench.harness.run_rows import read_rows
 from bench.learner.case import RESULT_PREFIX
-from srl_jax.config.host_devices import HostDevices, describe_host
-from srl_jax.config.placement import JAX_PLATFORM_NAMES
-from srl_jax.config.run_dir import read_status
+from srl_jax.runtime.host_devices import HostDevices, describe_host
+from srl_jax.runtime.placement import JAX_PLATFORM_NAMES
+from srl_jax.runtime.run_dir import read_status
 
 RESULTS_NAME = "accelerator"
 START_MARGIN_S = 240.0

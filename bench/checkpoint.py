@@ -45,9 +45,9 @@ from learners.algorithms.train_state import init_train_state, to_batch
 from learners.models.networks import init_policy_params
 from learners.training.checkpoint import Checkpointer
 from learners.training.mesh import compile_update, make_learner_mesh, put_batch, replicated
-from srl_jax.config.algorithms import algorithm, algorithm_config, live_values, sizes
 from srl_jax.config.schema import CONVS
-from srl_jax.core.chunk_spec import run_chunk_layout
+from srl_jax.dataflow.algorithms import algorithm, algorithm_config, live_values, sizes
+from srl_jax.dataflow.chunk_spec import run_chunk_layout
 
 
 def build(case: str, args: argparse.Namespace) -> tuple[Any, Any, Any]:

@@ -69,8 +69,8 @@ from srl_jax.analysis import CONFIG_PREFIX, RETURN, load_run, summarize
 from srl_jax.config.env_families import extras_of, family_of
 from srl_jax.config.loader import load_config
 from srl_jax.config.schema import EnvConfig, ExperimentConfig, policy_names
-from srl_jax.core.env_spec import EnvSpec
-from srl_jax.core.metrics_table import agent_mean_returns
+from srl_jax.dataflow.env_spec import EnvSpec
+from srl_jax.dataflow.metrics_table import agent_mean_returns
 
 FIGURES_DIR = REPO_ROOT / "docs" / "figures"
 EVAL_RETURN = "eval_return_mean"

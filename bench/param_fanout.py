@@ -55,12 +55,12 @@ from bench.harness.launcher import BenchError, busy_warning, raise_on_sigterm, r
 from bench.harness.machine import git_commit, nproc, write_results
 from bench.simulated.fanout_hosts import run_agent, run_subscribers
 from bench.swarm import read_results
-from learners.workers.param_publisher import ParamPublisher
+from learners.param_publisher import ParamPublisher
 from srl_jax.config.schema import LearnerConfig
-from srl_jax.core.stream_table import LOGS, PARAMS, STATS
-from srl_jax.core.streams import make_socket
-from srl_jax.core.transport import Transport
+from srl_jax.dataflow.stream_table import LOGS, PARAMS, STATS
 from srl_jax.runtime.name_server import NameServer
+from srl_jax.wire.streams import make_socket
+from srl_jax.wire.transport import Transport
 
 SUBSCRIBER_PROCESSES = 4
 WARM_UP_TIMEOUT_S = 120.0

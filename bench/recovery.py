@@ -28,7 +28,7 @@ from typing import Any
 from bench.harness.launcher import BenchError, in_workdir, raise_on_sigterm, stop_process
 from bench.harness.machine import DEFAULT_EXPERIMENT, REPO_ROOT, config_hash, write_results
 from bench.harness.run_rows import read_rows
-from srl_jax.config.run_dir import read_status
+from srl_jax.runtime.run_dir import read_status
 
 FAULTS = ("kill:actor-0", "kill:inference-0", "kill:learner-0", "stop:actor-0",
           "stop:inference-0", "stop:learner-0", "raise:actor-0", "raise:inference-0",

@@ -33,7 +33,7 @@ from bench.harness.launcher import BenchError, busy_warning, raise_on_sigterm, r
 from bench.harness.machine import nproc
 from bench.harness.run_rows import RunResult, read_rows, steady_figures
 from srl_jax.config.loader import config_dirs, load_config, resolve_experiment_path
-from srl_jax.core.chunk_spec import chunk_layout
+from srl_jax.dataflow.chunk_spec import chunk_layout
 
 EXPERIMENT = "cartpole_lstm_ppo"
 FEED_FORWARD = "network.core=none"

@@ -36,8 +36,8 @@ import time
 import numpy as np
 
 from replay.buffer import ReplayBuffer
-from srl_jax.core.chunk_spec import empty_chunk
-from srl_jax.core.env_spec import EnvSpec
+from srl_jax.dataflow.chunk_spec import empty_chunk
+from srl_jax.dataflow.env_spec import EnvSpec
 
 CASES = {
     # name: (spec, T, columns, capacity, rows, window, frame stacks to compare)

@@ -69,9 +69,9 @@ def per_core(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     import numpy as np
 
     from actors.envs import policy_spec
-    from learners.models.policy import make_runner
-    from srl_jax.config.algorithms import algorithm_config
+    from policy.acting import make_runner
     from srl_jax.config.loader import config_dirs, load_config, resolve_experiment_path
+    from srl_jax.dataflow.algorithms import algorithm_config
 
     config = load_config(resolve_experiment_path(EXPERIMENT, config_dirs()))
     spec = policy_spec(config)

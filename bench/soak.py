@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.harness.machine import DEFAULT_EXPERIMENT, REPO_ROOT
-from srl_jax.config.run_dir import read_status
-from srl_jax.core.memory import resident_mib
+from srl_jax.runtime.memory import resident_mib
+from srl_jax.runtime.run_dir import read_status
 
 FD_SLACK = 4
 """Open files may move by a few (a log rotation, a socket reconnecting) without a leak."""

@@ -51,7 +51,7 @@ from typing import Any
 from bench.harness.launcher import BenchError, busy_warning, raise_on_sigterm, release_workdir
 from bench.harness.machine import REPO_ROOT, RESULTS_DIR, git_commit, nproc, write_results
 from bench.simulated.swarm_hosts import HEARTBEAT_S
-from srl_jax.config.run_dir import read_metrics, read_status
+from srl_jax.runtime.run_dir import read_metrics, read_status
 
 STARTUP_TIMEOUT_S = 600.0
 SAMPLE_S = 1.0

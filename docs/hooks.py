@@ -5,7 +5,7 @@ tables at every build, so that they cannot drift from it; none of them is commit
                            (srl_jax/config/schema.py, each algorithm's `learner.<name>`)
     reference/dataflow.md  the streams, the chunk's fields, the worker kinds and the layers
                            (tests/layers.py: which folder may import which)
-    reference/metrics.md   the keys of metrics.jsonl (srl_jax/core/metrics_table.py)
+    reference/metrics.md   the keys of metrics.jsonl (srl_jax/dataflow/metrics_table.py)
     reference/registries.md  the algorithms and the env families, as registered
 
 and the home page, `index.md`: the repository's README.md, its links into `docs/` made
@@ -31,12 +31,12 @@ import zmq
 from mkdocs.config.defaults import MkDocsConfig
 from mkdocs.structure.files import File, Files
 
-from srl_jax.config.algorithms import BUILT_IN, algorithm
 from srl_jax.config.env_families import families
 from srl_jax.config.schema import SECTIONS, ExperimentConfig
-from srl_jax.core.chunk_spec import AS_SENT, CHUNK_FIELDS
-from srl_jax.core.stream_table import KEY_PREFIX, STREAMS
-from srl_jax.core.worker_kinds import KINDS, metrics_reference_markdown
+from srl_jax.dataflow.algorithms import BUILT_IN, algorithm
+from srl_jax.dataflow.chunk_spec import AS_SENT, CHUNK_FIELDS
+from srl_jax.dataflow.stream_table import KEY_PREFIX, STREAMS
+from srl_jax.dataflow.worker_kinds import KINDS, metrics_reference_markdown
 
 GENERATED = "*Generated from the code at every build of this site by `docs/hooks.py`.*"
 REPOSITORY = Path(__file__).resolve().parent.parent
@@ -160,14 +160,14 @@ def dataflow_page() -> str:
         "# Dataflow tables", "", GENERATED, "",
         "The streams, the chunk and the worker kinds, as the code declares them. "
         "[Architecture](../architecture.md) explains how they fit together.", "",
-        "## Streams", "", "From `STREAMS` in `srl_jax/core/stream_table.py`. A key under "
+        "## Streams", "", "From `STREAMS` in `srl_jax/dataflow/stream_table.py`. A key under "
         "`<policy>/` is the policy's own (the `default` policy keeps the plain key).", "",
         *table(("stream", "binder (socket)", "connecters (socket)", "message kinds",
                 "name-service key", "what travels"), streams), "",
-        "## Chunk fields", "", "From `CHUNK_FIELDS` in `srl_jax/core/chunk_spec.py`: the "
+        "## Chunk fields", "", "From `CHUNK_FIELDS` in `srl_jax/dataflow/chunk_spec.py`: the "
         "rows of a chunk of T steps, and how each field reaches the learner's batch.", "",
         *table(("field", "rows", "columns", "in the batch as", "holds"), fields), "",
-        "## Worker kinds", "", "From the registry of `srl_jax/core/worker_kinds.py` "
+        "## Worker kinds", "", "From the registry of `srl_jax/dataflow/worker_kinds.py` "
         "(`register_kind`), as a run of this checkout has them.", "",
         *table(("kind", "class", "per policy", "host role", "saves state", "does"), kinds), "",
         "## Layers", "", "From `LAYERS` in `tests/layers.py`, bottom to top: a module's folder "
@@ -181,7 +181,7 @@ def metrics_page() -> str:
     return "\n".join([
         "# Metrics keys", "", GENERATED, "",
         "Every counter each worker kind sends with its heartbeats, from its declaration in "
-        "`srl_jax/core/metrics_table.py` (or beside its `register_kind` call): its unit, how "
+        "`srl_jax/dataflow/metrics_table.py` (or beside its `register_kind` call): its unit, how "
         "it adds up across workers and restarts, and the rows of `metrics.jsonl` it becomes. "
         "`{policy}` stands for a policy's (or population member's) name. "
         "[Metrics and analysis](../metrics.md) says which to read for what.", "",
@@ -195,7 +195,7 @@ def registries_page() -> str:
     algorithms = [algorithm(name) for name in BUILT_IN]
     return "\n".join([
         "# Algorithms and env families", "", GENERATED, "",
-        "## Algorithms", "", "The built-in algorithms of `srl_jax/config/algorithms.py` "
+        "## Algorithms", "", "The built-in algorithms of `srl_jax/dataflow/algorithms.py` "
         "(`BUILT_IN`; a plugin adds its own with `register`). Each one's hyperparameters are "
         "its section `learner.<name>` of [Config keys](config.md); how to write one is in "
         "[Architecture](../architecture.md#algorithms).", "",

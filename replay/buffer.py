@@ -25,8 +25,8 @@ import numpy as np
 
 from replay.frame_store import FrameStore
 from replay.sum_tree import SumTree
-from srl_jax.core.env_spec import EnvSpec
-from srl_jax.core.replay_spec import replay_layout
+from srl_jax.dataflow.env_spec import EnvSpec
+from srl_jax.dataflow.replay_spec import replay_layout
 
 
 class ReplayBuffer:
@@ -148,7 +148,7 @@ class ReplayBuffer:
 
     def sample(self, rows: int, window: int) -> dict[str, np.ndarray]:
         """`rows` transitions drawn by priority, each with its window of up to `window`
-        steps (`srl_jax.core.replay_spec`); the buffer must hold at least one."""
+        steps (`srl_jax.dataflow.replay_spec`); the buffer must hold at least one."""
         if not self.live.any():
             raise ValueError("sample from an empty replay buffer")
         T = self.T

@@ -7,7 +7,7 @@ back, then send the new `priorities` of what they sampled (transitions, or the w
 chunk columns of R2D2's sequences: replay/sequence_buffer.py). Every answer carries the
 server's size in those items, its samplable total priority (0 below
 `replay.min_size`) and the id of its memory (`incarnation`, drawn at start), with which
-the learner draws one distribution over all shards (learners/workers/replay_intake.py);
+the learner draws one distribution over all shards (learners/intake/replay_intake.py);
 a request for 0 rows asks for these alone and is answered at once; priorities meant for
 another memory are ignored.
 A `RateLimiter` holds the sample-to-insert ratio: while inserts run ahead the server
@@ -38,17 +38,17 @@ from actors.envs import policy_spec
 from replay.buffer import ReplayBuffer
 from replay.rate_limiter import RateLimiter, error_buffer
 from replay.sequence_buffer import SequenceBuffer
-from srl_jax.config.algorithms import algorithm
 from srl_jax.config.schema import DEFAULT_POLICY, ExperimentConfig
-from srl_jax.core.chunk_spec import chunk_error, run_chunk_layout
-from srl_jax.core.memory import resident_mib
-from srl_jax.core.names import NameService
-from srl_jax.core.shm.attach import open_inbox
-from srl_jax.core.shm.channels import Inbox, InTurn, shm_counters
-from srl_jax.core.shm.stream_layouts import chunk_slot_layout
-from srl_jax.core.stream_table import INSERTS, REPLAY
-from srl_jax.core.streams import receive, send
-from srl_jax.core.worker_base import Worker
+from srl_jax.dataflow.algorithms import algorithm
+from srl_jax.dataflow.chunk_spec import chunk_error, run_chunk_layout
+from srl_jax.dataflow.shm_layouts import chunk_slot_layout
+from srl_jax.dataflow.stream_table import INSERTS, REPLAY
+from srl_jax.runtime.memory import resident_mib
+from srl_jax.runtime.shm_attach import open_inbox
+from srl_jax.runtime.worker_base import Worker
+from srl_jax.wire.names import NameService
+from srl_jax.wire.shm.channels import Inbox, InTurn, shm_counters
+from srl_jax.wire.streams import receive, send
 
 POLL_MS = 20
 MAX_DRAIN = 64
@@ -116,7 +116,7 @@ class ReplayWorker(Worker):
         self._last_notice = 0.0
         self.pull: zmq.Socket | None = None
         self.inbox: Inbox | None = None
-        """Inserts of actors on this host, through shared memory (srl_jax/core/shm/)."""
+        """Inserts of actors on this host, through shared memory (srl_jax/wire/shm/)."""
         self.router: zmq.Socket | None = None
 
     def setup(self) -> None:

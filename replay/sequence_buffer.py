@@ -20,8 +20,8 @@ from __future__ import annotations
 import numpy as np
 
 from replay.buffer import ReplayBuffer
-from srl_jax.core.env_spec import EnvSpec
-from srl_jax.core.replay_spec import SEQUENCE_FIELDS, replay_layout
+from srl_jax.dataflow.env_spec import EnvSpec
+from srl_jax.dataflow.replay_spec import SEQUENCE_FIELDS, replay_layout
 
 
 class SequenceBuffer(ReplayBuffer):

@@ -28,7 +28,7 @@ import numpy as np
 from srl_jax.config.env_families import family_of
 
 if TYPE_CHECKING:
-    from learners.workers.export import TeamEpisode, TrainedPolicy
+    from policy.export import TeamEpisode, TrainedPolicy
 
 EXIT_USAGE = 2
 VIDEO_FPS = 30
@@ -69,7 +69,7 @@ def _make_player(team: list[TrainedPolicy], args: argparse.Namespace
     """play(seed, frames) -> the episode's returns and length, in the team's environment
     (made here once, closed at exit); ValueError when the env cannot be made."""
     from actors.envs import make_env, make_split
-    from learners.workers.export import TeamEpisode, play_episode, play_team_episode
+    from policy.export import TeamEpisode, play_episode, play_team_episode
 
     config, deterministic = team[0].config.env, not args.stochastic
     render_mode = "rgb_array" if args.video else None
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.episodes < 1:
         print("srl_jax.evaluate: '--episodes' must be at least 1", file=sys.stderr)
         return EXIT_USAGE
-    from learners.workers.export import load_team
+    from policy.export import load_team
 
     try:
         policies = load_team(args.run_dir, step=args.step, best=args.best, seed=args.seed,

@@ -14,7 +14,7 @@ the run's own resolved config plus any `--set` overrides (actor and server
 counts, stop limits, ... may change; what the checkpoint's shapes depend on
 may not). Checkpoints in a learner host's own directory, which this host does
 not see, are known by the steps the learners reported in metrics.jsonl
-(`srl_jax.config.run_dir.newest_steps`); the learners restore them themselves.
+(`srl_jax.runtime.run_dir.newest_steps`); the learners restore them themselves.
 Checkpoints in another format than this srl_jax's are refused here where this host
 sees them (exit code 2, one line), and by the learner that restores them otherwise.
 """
@@ -36,7 +36,6 @@ import yaml
 
 from srl_jax.config.checkpoint_location import checkpoint_location, filesystem_problem, seen_here
 from srl_jax.config.checks import check_checkpoint_hosts, check_exposure, spans_hosts
-from srl_jax.config.host_devices import describe_host
 from srl_jax.config.loader import (
     EXIT_CONFIG,
     config_dirs,
@@ -44,17 +43,18 @@ from srl_jax.config.loader import (
     load_config,
     resolve_experiment_path,
 )
-from srl_jax.config.placement import Placement, plan_placement
 from srl_jax.config.population import check_population, sweep_overrides
-from srl_jax.config.run_dir import (
+from srl_jax.config.schema import DEFAULT_POLICY, ConfigError, ExperimentConfig, run_policies
+from srl_jax.runtime.backends import BackendError, LaunchBackend, LocalBackend
+from srl_jax.runtime.host_devices import describe_host
+from srl_jax.runtime.placement import Placement, plan_placement
+from srl_jax.runtime.run_dir import (
     check_formats,
     checkpoint_steps,
     latest_resumable_run,
     newest_steps,
     trim_metrics,
 )
-from srl_jax.config.schema import DEFAULT_POLICY, ConfigError, ExperimentConfig, run_policies
-from srl_jax.runtime.backends import BackendError, LaunchBackend, LocalBackend
 
 EXIT_FAILED = 1
 RUNS_ROOT = Path("runs")
@@ -216,7 +216,7 @@ def check_before_launch(config: ExperimentConfig) -> ExperimentConfig:
     """The checks `load_config` leaves out: those that need the environment packages and
     the algorithm's own; returns `config` with its algorithm sections written whole."""
     from actors.envs import check_env_id, check_policies
-    from srl_jax.config.algorithms import algorithm, resolve_algorithms
+    from srl_jax.dataflow.algorithms import algorithm, resolve_algorithms
 
     check_env_id(config)
     check_policies(config)
@@ -248,10 +248,10 @@ def make_backend(name: str, run_dir: Path, config: ExperimentConfig,
 
 def shared_memory_plan(config: ExperimentConfig, backend: str) -> tuple[bool, str | None]:
     """Whether the run's workers of this host share memory, and the line that says why
-    not where `auto` falls back (srl_jax/core/shm/budget.py); ConfigError for `on`."""
+    not where `auto` falls back (srl_jax/dataflow/shm_budget.py); ConfigError for `on`."""
     from actors.actor_core import MAX_SENT_RETURNS
     from actors.envs import policy_spec
-    from srl_jax.core.shm.budget import plan_shared_memory
+    from srl_jax.dataflow.shm_budget import plan_shared_memory
 
     return plan_shared_memory(config, backend, partial(policy_spec, config), MAX_SENT_RETURNS)
 
@@ -265,9 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"srl_jax.launch: config error: {error}", file=sys.stderr)
         return EXIT_CONFIG
-    from srl_jax.core.transport import CurveKeys, curve_wanted
     from srl_jax.runtime.controller import Controller
     from srl_jax.runtime.metrics import ProgressDisplay
+    from srl_jax.wire.transport import CurveKeys, curve_wanted
 
     resume_row = None
     if resume_steps is not None:

@@ -5,7 +5,7 @@ controller's name service, srl_jax/runtime/name_server.py; `SRL_JAX_CURVE_KEYS` 
 run uses CURVE) a worker reads nothing from a shared run directory: its config and
 every endpoint come from the controller, its output goes to the controller's
 `logs/<worker>.log` (srl_jax/runtime/log_stream.py), and DIR is a scratch directory of its
-own host. The worker classes' common base is srl_jax/core/worker_base.py.
+own host. The worker classes' common base is srl_jax/runtime/worker_base.py.
 """
 
 from __future__ import annotations
@@ -19,13 +19,9 @@ from pathlib import Path
 import zmq
 
 from srl_jax.config.loader import import_plugins
-from srl_jax.config.run_dir import parse_run_config, read_run_config
 from srl_jax.config.schema import DEFAULT_POLICY, ConfigError, ExperimentConfig
-from srl_jax.core.names import FileNameService, NameService, worker_name
-from srl_jax.core.stream_table import LOGS
-from srl_jax.core.transport import keys_from_env
-from srl_jax.core.worker_base import EXIT_FAILED, LOOKUP_TIMEOUT_S
-from srl_jax.core.worker_kinds import (
+from srl_jax.dataflow.stream_table import LOGS
+from srl_jax.dataflow.worker_kinds import (
     EXIT_REFUSED,
     KINDS,
     UnknownWorkerKind,
@@ -34,6 +30,10 @@ from srl_jax.core.worker_kinds import (
 from srl_jax.runtime.log_stream import LogForwarder
 from srl_jax.runtime.name_client import NetworkNameService
 from srl_jax.runtime.name_server import NAMES_ENV
+from srl_jax.runtime.run_dir import parse_run_config, read_run_config
+from srl_jax.runtime.worker_base import EXIT_FAILED, LOOKUP_TIMEOUT_S
+from srl_jax.wire.names import FileNameService, NameService, worker_name
+from srl_jax.wire.transport import keys_from_env
 
 
 def names_and_config(run_dir: Path, names_endpoint: str | None,
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Run one worker of the dataflow",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="worker kinds (srl_jax/core/worker_kinds.py):\n" + "\n".join(
+        epilog="worker kinds (srl_jax/dataflow/worker_kinds.py):\n" + "\n".join(
             f"  {kind.name}: {kind.doc}" for kind in KINDS.values()))
     parser.add_argument("kind", help="the kind of worker to run (below)")
     parser.add_argument("index", type=int)

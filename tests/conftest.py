@@ -23,15 +23,15 @@ import yaml
 import zmq
 from tensorboardX.proto import event_pb2
 
-from srl_jax.config.algorithms import resolve_algorithms
 from srl_jax.config.loader import apply_overrides, config_from_dict, config_to_dict
-from srl_jax.config.run_dir import read_status
 from srl_jax.config.schema import ExperimentConfig
-from srl_jax.core.incarnation import Incarnation
-from srl_jax.core.names import FileNameService
-from srl_jax.core.stream_table import STATS
-from srl_jax.core.streams import make_socket
-from srl_jax.core.transport import Transport
+from srl_jax.dataflow.algorithms import resolve_algorithms
+from srl_jax.dataflow.stream_table import STATS
+from srl_jax.runtime.incarnation import Incarnation
+from srl_jax.runtime.run_dir import read_status
+from srl_jax.wire.names import FileNameService
+from srl_jax.wire.streams import make_socket
+from srl_jax.wire.transport import Transport
 
 REPO = Path(__file__).resolve().parent.parent
 SEEDS_LOGGED = re.compile(r"resume (\d+), restart (\d+): env seeds by split (\[[\d\[\], ]+\])")
@@ -125,7 +125,7 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
 
 def shm_dir(run_dir: Path) -> Path | None:
     """The shared-memory directory of a run's workers, as its status.json names it
-    (srl_jax/core/shm/place.py)."""
+    (srl_jax/wire/shm/place.py)."""
     path = read_status(run_dir).get("shared_memory")
     return Path(path) if path else None
 

@@ -1,7 +1,7 @@
 """A worker kind from outside the package: 'disk', which watches the run directory's size.
 
 The whole kind is this module: its worker class, its counters (the rows of
-metrics.jsonl they become, srl_jax/core/metrics_table.py) and one `register_kind` call,
+metrics.jsonl they become, srl_jax/dataflow/metrics_table.py) and one `register_kind` call,
 run when the module is imported. An experiment names the module in `plugins`, so the
 launcher and every worker process import it; nothing in the package is edited.
 
@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 
 from srl_jax.config.schema import ExperimentConfig
-from srl_jax.core.metrics_table import Aggregate, Counter, Row, Shown
-from srl_jax.core.worker_base import Worker
-from srl_jax.core.worker_kinds import WorkerKind, register_kind
+from srl_jax.dataflow.metrics_table import Aggregate, Counter, Row, Shown
+from srl_jax.dataflow.worker_kinds import WorkerKind, register_kind
+from srl_jax.runtime.worker_base import Worker
 
 SCAN_EVERY_S = 0.2
 

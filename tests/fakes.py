@@ -10,11 +10,11 @@ import numpy as np
 import zmq
 
 from srl_jax.config.schema import DEFAULT_POLICY
-from srl_jax.core.names import FileNameService
-from srl_jax.core.stream_table import INFERENCE, SAMPLES
-from srl_jax.core.streams import RejectCounter, make_socket, receive
-from srl_jax.core.transport import Transport
-from srl_jax.core.wire import Message
+from srl_jax.dataflow.stream_table import INFERENCE, SAMPLES
+from srl_jax.wire.codec import Message
+from srl_jax.wire.names import FileNameService
+from srl_jax.wire.streams import RejectCounter, make_socket, receive
+from srl_jax.wire.transport import Transport
 
 
 class FakeServerAndLearner:

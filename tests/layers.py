@@ -104,7 +104,7 @@ def imports(path: Path) -> list[tuple[int, str]]:
 
 
 def _internal(imported: str, modules: dict[str, Path]) -> str | None:
-    """The module of ours an import names (`from srl_jax.core.wire import X`: srl_jax.core.wire)."""
+    """The module of ours an import names (`from srl_jax.wire.codec import X`: srl_jax.wire.codec)."""
     parts = imported.split(".")
     for end in range(len(parts), 0, -1):
         name = ".".join(parts[:end])

@@ -12,10 +12,10 @@ import pytest
 
 from actors.actor_core import ActorCore, BadReply, Request
 from actors.env_ring import RingStep, StepResult
-from srl_jax.config.algorithms import chunk_stream
-from srl_jax.core.env_spec import EnvSpec
-from srl_jax.core.stream_table import INSERTS, SAMPLES
-from srl_jax.core.worker_kinds import load_worker_class
+from srl_jax.dataflow.algorithms import chunk_stream
+from srl_jax.dataflow.env_spec import EnvSpec
+from srl_jax.dataflow.stream_table import INSERTS, SAMPLES
+from srl_jax.dataflow.worker_kinds import load_worker_class
 from tests.conftest import make_config
 
 SPEC = EnvSpec((2,), np.dtype(np.float32), 3, continuous=False)

@@ -9,8 +9,8 @@ import numpy as np
 from actors.envs import policy_spec
 from actors.priorities import initial_priorities
 from replay.buffer import ReplayBuffer
-from srl_jax.core.chunk_spec import empty_chunk
-from srl_jax.core.env_spec import EnvSpec
+from srl_jax.dataflow.chunk_spec import empty_chunk
+from srl_jax.dataflow.env_spec import EnvSpec
 from tests.conftest import make_config
 
 CARTPOLE = EnvSpec((4,), np.dtype(np.float32), 2, False)

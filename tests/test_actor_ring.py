@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 
 from actors.env_ring import ChunkBuilder, EnvSplit, StepResult
-from srl_jax.core.env_spec import EnvSpec
-from srl_jax.core.stream_table import STATS
-from srl_jax.core.streams import RejectCounter, receive, send
+from srl_jax.dataflow.env_spec import EnvSpec
+from srl_jax.dataflow.stream_table import STATS
+from srl_jax.wire.streams import RejectCounter, receive, send
 from tests.conftest import make_config, write_run_dir
 from tests.fakes import FakeServerAndLearner
 

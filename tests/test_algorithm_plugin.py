@@ -28,7 +28,9 @@ from learners.algorithms.prepare import prepare
 from learners.algorithms.sequences import episode_starts
 from learners.algorithms.train_state import Batch, TrainState
 from learners.models.networks import Policy
-from srl_jax.config.algorithms import (
+from srl_jax.config.loader import config_from_dict
+from srl_jax.config.schema import ConfigError
+from srl_jax.dataflow.algorithms import (
     Algorithm,
     Sizes,
     algorithm,
@@ -36,9 +38,7 @@ from srl_jax.config.algorithms import (
     check_inputs,
     register,
 )
-from srl_jax.config.loader import config_from_dict
-from srl_jax.config.run_dir import read_status
-from srl_jax.config.schema import ConfigError
+from srl_jax.runtime.run_dir import read_status
 from tests.conftest import Processes, launch, read_metrics
 from tests.update_checks import (
     SIZES,

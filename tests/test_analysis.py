@@ -18,7 +18,7 @@ import yaml
 
 from srl_jax import analysis
 from srl_jax.analysis.runs import t_quantile
-from srl_jax.config.run_dir import STATUS, read_status
+from srl_jax.runtime.run_dir import STATUS, read_status
 
 REPO = Path(__file__).resolve().parent.parent
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -15,9 +15,9 @@ from actors.env_families.atari import register_atari
 from actors.env_ring import EnvSplit
 from actors.envs import env_spec, make_env
 from srl_jax.config.loader import load_config
-from srl_jax.config.run_dir import read_status
 from srl_jax.config.schema import EnvConfig
-from srl_jax.core.chunk_spec import run_chunk_layout
+from srl_jax.dataflow.chunk_spec import run_chunk_layout
+from srl_jax.runtime.run_dir import read_status
 from tests.conftest import REPO, Processes, stop_when
 
 SIZE = 84

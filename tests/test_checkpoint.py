@@ -36,7 +36,11 @@ from srl_jax.config.checkpoint_location import (
 )
 from srl_jax.config.checks import check_checkpoint_hosts
 from srl_jax.config.loader import SHIPPED_CONFIGS, config_from_dict, config_to_dict, load_config
-from srl_jax.config.run_dir import (
+from srl_jax.config.schema import ConfigError
+from srl_jax.evaluate import main as evaluate_main
+from srl_jax.launch import main as launch_main
+from srl_jax.launch import parse_args, prepare_run
+from srl_jax.runtime.run_dir import (
     DISCARDED_METRICS,
     checkpoint_meta,
     checkpoint_root,
@@ -48,10 +52,6 @@ from srl_jax.config.run_dir import (
     step_meta,
     trim_metrics,
 )
-from srl_jax.config.schema import ConfigError
-from srl_jax.evaluate import main as evaluate_main
-from srl_jax.launch import main as launch_main
-from srl_jax.launch import parse_args, prepare_run
 from tests.conftest import make_config
 from tests.test_config import assert_one_config_error_line
 from tests.update_checks import small_policy_state

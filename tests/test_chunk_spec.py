@@ -7,7 +7,7 @@ import pytest
 
 from actors.env_ring import ChunkBuilder
 from learners.algorithms.train_state import Batch, batch_type, to_batch
-from srl_jax.core.chunk_spec import (
+from srl_jax.dataflow.chunk_spec import (
     CHUNK_FIELDS,
     ChunkField,
     batch_arrays,
@@ -15,7 +15,7 @@ from srl_jax.core.chunk_spec import (
     chunk_layout,
     empty_chunk,
 )
-from srl_jax.core.env_spec import EnvSpec
+from srl_jax.dataflow.env_spec import EnvSpec
 
 CARTPOLE = EnvSpec((4,), np.dtype(np.float32), 2, continuous=False)
 PENDULUM = EnvSpec((3,), np.dtype(np.float32), 1, continuous=True)

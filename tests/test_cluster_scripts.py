@@ -22,7 +22,7 @@ import pytest
 
 from srl_jax.cluster.cli import main as cluster_main
 from srl_jax.cluster.remote_shell import detached, stop_group
-from srl_jax.core.worker_kinds import worker_kind, worker_plan
+from srl_jax.dataflow.worker_kinds import worker_kind, worker_plan
 from srl_jax.launch import launch_line_checks, parse_args
 
 SHELLCHECK = Path(sys.executable).parent / "shellcheck"

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from srl_jax.config.algorithms import algorithm_config
 from srl_jax.config.env_families import SHIPPED, family_of
 from srl_jax.config.loader import (
     SHIPPED_CONFIGS,
@@ -21,10 +20,11 @@ from srl_jax.config.loader import (
     load_config,
     resolve_experiment_path,
 )
-from srl_jax.config.run_dir import STATUS
 from srl_jax.config.schema import ConfigError, EnvConfig
+from srl_jax.dataflow.algorithms import algorithm_config
 from srl_jax.launch import check_before_launch
 from srl_jax.launch import main as launch_main
+from srl_jax.runtime.run_dir import STATUS
 from tests.conftest import REPO, make_config, write_run_dir
 
 DEFAULT = REPO / "configs" / "cartpole_ppo.yaml"

@@ -28,11 +28,11 @@ from learners.algorithms.prepare import prepare
 from learners.algorithms.train_state import Batch, init_train_state
 from learners.models.distributions import CATEGORICAL, GAUSSIAN, distribution
 from learners.models.networks import OBS_CLIP, init_policy_params, make_policy, update_obs_stats
-from srl_jax.config.algorithms import algorithm_config, sizes
 from srl_jax.config.loader import load_config
 from srl_jax.config.schema import EnvConfig
-from srl_jax.core.stream_table import STATS
-from srl_jax.core.streams import RejectCounter, receive, send
+from srl_jax.dataflow.algorithms import algorithm_config, sizes
+from srl_jax.dataflow.stream_table import STATS
+from srl_jax.wire.streams import RejectCounter, receive, send
 from tests.conftest import REPO, make_config, stop_when, write_run_dir
 from tests.fakes import FakeServerAndLearner
 from tests.update_checks import single_agent_batch

@@ -12,10 +12,10 @@ from learners.algorithms import impala, ppo
 from learners.algorithms.train_state import Batch, init_train_state
 from learners.models.conv import matmul_conv, patches_matmul_conv, xla_conv
 from learners.models.networks import init_policy_params, make_policy
-from srl_jax.config.algorithms import Sizes
 from srl_jax.config.checks import validate
 from srl_jax.config.schema import ConfigError
-from srl_jax.core.env_spec import EnvSpec
+from srl_jax.dataflow.algorithms import Sizes
+from srl_jax.dataflow.env_spec import EnvSpec
 from tests.conftest import make_config
 from tests.update_checks import single_agent_batch
 

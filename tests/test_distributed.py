@@ -12,9 +12,9 @@ import pytest
 
 from learners.training.collectives import GLOO_KEY, listening_sockets
 from learners.training.distributed import free_address, process_layout
-from srl_jax.config.run_dir import checkpoint_steps, read_status
-from srl_jax.core.stream_table import COORDINATOR
-from srl_jax.core.transport import primary_address
+from srl_jax.dataflow.stream_table import COORDINATOR
+from srl_jax.runtime.run_dir import checkpoint_steps, read_status
+from srl_jax.wire.transport import primary_address
 from tests.conftest import Processes, descendants, make_config, wait_for
 
 

@@ -26,7 +26,7 @@ from actors.envs import check_env_id, env_spec, make_split
 from srl_jax.config.env_families import EnvFamily, family_of, register_family
 from srl_jax.config.loader import load_config
 from srl_jax.config.schema import DEFAULT_POLICY, ConfigError, EnvConfig, ExperimentConfig
-from srl_jax.core.env_spec import EnvSpec
+from srl_jax.dataflow.env_spec import EnvSpec
 
 PREFIX = "countdown:"
 

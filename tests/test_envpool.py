@@ -25,7 +25,7 @@ from actors.env_families.envpool_split import EnvPoolSplit, check_envpool, envpo
 from actors.env_ring import ChunkBuilder, EnvSplit
 from actors.envs import env_spec, make_env, make_split
 from srl_jax.config.schema import ConfigError, EnvConfig
-from srl_jax.core.chunk_spec import run_chunk_layout
+from srl_jax.dataflow.chunk_spec import run_chunk_layout
 from tests.conftest import make_config
 
 N = 4

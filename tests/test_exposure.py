@@ -23,9 +23,9 @@ from learners.training.collectives import (
 )
 from learners.training.distributed import coordinator_host
 from srl_jax.config.checks import check_exposure
-from srl_jax.core.names import FileNameService
-from srl_jax.core.transport import Transport
 from srl_jax.launch import main as launch_main
+from srl_jax.wire.names import FileNameService
+from srl_jax.wire.transport import Transport
 from tests.conftest import make_config
 from tests.test_config import assert_one_config_error_line
 

@@ -1,7 +1,7 @@
 """Failure injection: workers that raise inside their loop, keep failing, or freeze.
 
 The faults are real: an environment that raises in the actor's loop (the way a
-buggy or crashing env does), any worker raising from its loop (srl_jax/core/faults.py),
+buggy or crashing env does), any worker raising from its loop (srl_jax/runtime/faults.py),
 SIGSTOP and SIGKILL. Two runs take their faults one after another, each recovery
 observed (a successor running, the run training on) before the next fault, and end
 on Ctrl-C: a frame limit could come before a successor does. Past the retry budget a
@@ -24,12 +24,12 @@ import gymnasium as gym
 import pytest
 
 from actors.actor_worker import split_seeds
-from srl_jax.config.run_dir import checkpoint_steps, read_run_config
-from srl_jax.core.faults import FAULTS_ENV, FaultPlan, InjectedFault
-from srl_jax.core.incarnation import FIRST, Incarnation
-from srl_jax.core.names import FileNameService
-from srl_jax.core.shm import place
-from srl_jax.core.stream_table import INFERENCE
+from srl_jax.dataflow.stream_table import INFERENCE
+from srl_jax.runtime.faults import FAULTS_ENV, FaultPlan, InjectedFault
+from srl_jax.runtime.incarnation import FIRST, Incarnation
+from srl_jax.runtime.run_dir import checkpoint_steps, read_run_config
+from srl_jax.wire.names import FileNameService
+from srl_jax.wire.shm import place
 from tests.conftest import (
     REPO,
     Processes,
@@ -205,7 +205,7 @@ def raise_in_loop(run_dir: Path, faults: Path, name: str, trains: bool = True) -
     (faults / name).write_text("0")
     successor = wait_restarted(run_dir, name, victim, 90)
     assert not (faults / name).exists(), "the fault fired once"
-    assert "srl_jax.core.faults.InjectedFault: injected by" in \
+    assert "srl_jax.runtime.faults.InjectedFault: injected by" in \
         (run_dir / "logs" / f"{name}.log").read_text()
     if trains:
         trains_on(run_dir, f"training after {name} restarted")

@@ -14,14 +14,14 @@ import zmq
 
 from actors.actor_core import Request, Turn
 from actors.actor_worker import ActorWorker
-from learners.workers import evaluator as evaluator_module
-from learners.workers.evaluator import EvaluatorWorker
+from policy import evaluator as evaluator_module
+from policy.evaluator import EvaluatorWorker
 from srl_jax.config.schema import ExperimentConfig
-from srl_jax.core.names import FileNameService
-from srl_jax.core.stream_table import INFERENCE, STATS
-from srl_jax.core.streams import RejectCounter, make_socket, receive, send
-from srl_jax.core.worker_base import Worker
-from srl_jax.core.worker_kinds import PARENT_ENV
+from srl_jax.dataflow.stream_table import INFERENCE, STATS
+from srl_jax.dataflow.worker_kinds import PARENT_ENV
+from srl_jax.runtime.worker_base import Worker
+from srl_jax.wire.names import FileNameService
+from srl_jax.wire.streams import RejectCounter, make_socket, receive, send
 
 QUEUE = 2
 

@@ -19,11 +19,7 @@ import numpy as np
 import pytest
 import zmq
 
-from srl_jax.core.stream_table import INFERENCE, LOGS, ROWS, STATS
-from srl_jax.core.streams import RejectCounter, make_socket, receive, send
-from srl_jax.core.transport import CurveKeys, Transport, curve_connect
-from srl_jax.core.wire import MAX_HEADER_BYTES, Message, decode, encode
-from srl_jax.core.worker_base import heartbeat_meta
+from srl_jax.dataflow.stream_table import INFERENCE, LOGS, ROWS, STATS
 from srl_jax.runtime.hosts import host_agent
 from srl_jax.runtime.hosts.host_agent import (
     FULL_EVERY_S,
@@ -36,6 +32,10 @@ from srl_jax.runtime.hosts.host_agent import (
 )
 from srl_jax.runtime.name_client import NetworkNameService
 from srl_jax.runtime.name_server import NameServer
+from srl_jax.runtime.worker_base import heartbeat_meta
+from srl_jax.wire.codec import MAX_HEADER_BYTES, Message, decode, encode
+from srl_jax.wire.streams import RejectCounter, make_socket, receive, send
+from srl_jax.wire.transport import CurveKeys, Transport, curve_connect
 
 RUN_CONFIG = "name: agent-test\n"
 

@@ -15,8 +15,8 @@ import pytest
 
 from actors.actor_worker import ActorWorker, split_seeds
 from actors.envs import env_seed, make_split
-from srl_jax.core.incarnation import FIRST, RESTARTS_ENV, RESUMES_ENV, Incarnation
-from srl_jax.core.names import FileNameService
+from srl_jax.runtime.incarnation import FIRST, RESTARTS_ENV, RESUMES_ENV, Incarnation
+from srl_jax.wire.names import FileNameService
 from tests.conftest import make_config
 
 LATER = [Incarnation(0, 1), Incarnation(0, 2), Incarnation(1, 0), Incarnation(1, 1),

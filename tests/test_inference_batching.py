@@ -13,15 +13,15 @@ import numpy as np
 import pytest
 import zmq
 
-from learners.models.policy_runner import PolicyRunner, pack_outputs, padded_sizes
-from learners.workers.inference_server import InferenceServer
+from policy.inference_server import InferenceServer
+from policy.policy_runner import PolicyRunner, pack_outputs, padded_sizes
 from srl_jax.config.schema import ExperimentConfig
-from srl_jax.core import wire
-from srl_jax.core.env_spec import EnvSpec
-from srl_jax.core.names import FileNameService
-from srl_jax.core.stream_table import INFERENCE, PARAMS
-from srl_jax.core.streams import RejectCounter, make_socket, receive, send
-from srl_jax.core.transport import Transport
+from srl_jax.dataflow.env_spec import EnvSpec
+from srl_jax.dataflow.stream_table import INFERENCE, PARAMS
+from srl_jax.wire import codec as wire
+from srl_jax.wire.names import FileNameService
+from srl_jax.wire.streams import RejectCounter, make_socket, receive, send
+from srl_jax.wire.transport import Transport
 from tests.conftest import make_config
 
 MAX_BATCH = 8

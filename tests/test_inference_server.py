@@ -17,11 +17,11 @@ from actors.envs import env_spec
 from learners.models.networks import init_policy_params, make_policy
 from learners.models.param_codec import params_to_arrays
 from srl_jax.config.schema import ExperimentConfig
-from srl_jax.core import wire
-from srl_jax.core.names import FileNameService
-from srl_jax.core.stream_table import INFERENCE, PARAMS
-from srl_jax.core.streams import RejectCounter, make_socket, receive, send
-from srl_jax.core.transport import Transport
+from srl_jax.dataflow.stream_table import INFERENCE, PARAMS
+from srl_jax.wire import codec as wire
+from srl_jax.wire.names import FileNameService
+from srl_jax.wire.streams import RejectCounter, make_socket, receive, send
+from srl_jax.wire.transport import Transport
 from tests.conftest import Processes, make_config, wait_for, write_run_dir
 
 pytestmark = pytest.mark.slow

@@ -22,16 +22,16 @@ import pytest
 import zmq
 
 from srl_jax.config.loader import load_config
-from srl_jax.config.run_dir import read_metrics
 from srl_jax.config.schema import DEFAULT_POLICY
-from srl_jax.core.names import FileNameService, NameService, worker_name
-from srl_jax.core.stream_table import STATS
-from srl_jax.core.streams import make_socket, send
-from srl_jax.core.worker_base import LAST_PHASE
+from srl_jax.dataflow.stream_table import STATS
 from srl_jax.runtime import supervisor
 from srl_jax.runtime.backends import WorkerHandle
 from srl_jax.runtime.controller import Controller
+from srl_jax.runtime.run_dir import read_metrics
 from srl_jax.runtime.supervisor import EXIT_OK, LAST_HEARTBEAT_S
+from srl_jax.runtime.worker_base import LAST_PHASE
+from srl_jax.wire.names import FileNameService, NameService, worker_name
+from srl_jax.wire.streams import make_socket, send
 from tests.conftest import REPO
 
 LATE_S = 0.5

@@ -39,7 +39,7 @@ def test_a_planted_bad_import_fails_naming_the_file_and_the_import(tmp_path: Pat
     wire.write_text("\n".join([*lines, "", "def _late() -> None:", "    import jax", ""]))
     bad_line = len(lines) + 3
     assert violations(root) == [
-        f"srl_jax/core/wire.py:{bad_line}: srl_jax.core.wire (core) imports jax"]
+        f"srl_jax/wire/codec.py:{bad_line}: srl_jax.wire.codec (core) imports jax"]
 
 
 def test_an_actor_module_importing_a_learner_module_is_refused(tmp_path: Path) -> None:
@@ -108,7 +108,7 @@ def test_bench_is_a_package_that_edits_no_import_path() -> None:
 
 
 def test_the_learner_worker_switches_on_no_intake_type() -> None:
-    """Sample and replay intakes answer one protocol (learners/workers/intake.py)."""
+    """Sample and replay intakes answer one protocol (learners/intake/intake.py)."""
     switches = [f"{path.relative_to(ROOT)}:{node.lineno}"
                 for path in sorted((ROOT / "learners").rglob("*.py"))
                 for node in ast.walk(ast.parse(path.read_text()))

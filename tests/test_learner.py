@@ -12,8 +12,8 @@ from learners.models.networks import init_policy_params, make_policy
 from learners.training.checkpoint import Checkpointer
 from learners.training.learner import Learner, chunk_inputs, init_arguments, train_state_init
 from learners.training.mesh import make_learner_mesh
-from srl_jax.config.algorithms import algorithm, algorithm_config, live_values, sizes
-from srl_jax.core.chunk_spec import empty_chunk, run_chunk_layout
+from srl_jax.dataflow.algorithms import algorithm, algorithm_config, live_values, sizes
+from srl_jax.dataflow.chunk_spec import empty_chunk, run_chunk_layout
 from tests.conftest import make_config
 
 T, B = 8, 4

@@ -18,9 +18,9 @@ from learners.algorithms.impala_config import ALGORITHM as IMPALA
 from learners.algorithms.ppo_config import ALGORITHM as PPO
 from learners.training.checkpoint import Checkpointer
 from learners.training.learner import Learner, build_learner
-from srl_jax.config.algorithms import Algorithm, algorithm_config, live_values
 from srl_jax.config.loader import load_config
 from srl_jax.config.schema import ExperimentConfig
+from srl_jax.dataflow.algorithms import Algorithm, algorithm_config, live_values
 from tests.conftest import REPO, make_config
 from tests.test_learner import B, T, random_batch
 from tests.update_checks import SIZES, small_policy_state

@@ -22,12 +22,12 @@ import numpy as np
 import pytest
 import zmq
 
-from srl_jax.core.names import FileNameService
-from srl_jax.core.stream_table import CHANGES, LOGS, STATS
-from srl_jax.core.streams import RejectCounter, make_socket, receive, send
-from srl_jax.core.transport import KEYS_ENV, CurveKeys, Transport
+from srl_jax.dataflow.stream_table import CHANGES, LOGS, STATS
 from srl_jax.runtime.log_stream import LogSink
 from srl_jax.runtime.name_server import NAMES_ENV, NameServer
+from srl_jax.wire.names import FileNameService
+from srl_jax.wire.streams import RejectCounter, make_socket, receive, send
+from srl_jax.wire.transport import KEYS_ENV, CurveKeys, Transport
 from tests.conftest import Processes, make_config, wait_for, write_run_dir
 
 

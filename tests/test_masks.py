@@ -26,17 +26,17 @@ from learners.algorithms.train_state import init_train_state, to_batch
 from learners.models.distributions import CATEGORICAL, mask_logits
 from learners.models.networks import Policy, init_policy_params, make_policy
 from learners.models.param_codec import params_to_arrays
-from learners.models.policy import make_runner
-from learners.models.policy_runner import PolicyRunner
 from learners.training.learner import check_splits, chunk_inputs
-from learners.workers.inference_server import InferenceServer
-from srl_jax.config.algorithms import Sizes
+from policy.acting import make_runner
+from policy.inference_server import InferenceServer
+from policy.policy_runner import PolicyRunner
 from srl_jax.config.schema import ConfigError, EnvConfig, ExperimentConfig
-from srl_jax.core.env_spec import EnvSpec, with_network
-from srl_jax.core.names import FileNameService
-from srl_jax.core.stream_table import INFERENCE, PARAMS
-from srl_jax.core.streams import RejectCounter, make_socket, receive, send
-from srl_jax.core.transport import Transport
+from srl_jax.dataflow.algorithms import Sizes
+from srl_jax.dataflow.env_spec import EnvSpec, with_network
+from srl_jax.dataflow.stream_table import INFERENCE, PARAMS
+from srl_jax.wire.names import FileNameService
+from srl_jax.wire.streams import RejectCounter, make_socket, receive, send
+from srl_jax.wire.transport import Transport
 from tests.conftest import make_config, stop_when
 from tests.update_checks import check_pinned
 

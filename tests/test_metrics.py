@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from srl_jax.core.metrics_table import (
+from srl_jax.dataflow.metrics_table import (
     COMMON,
     CONTRACT_KEYS,
     OTHER_ROWS,
@@ -20,7 +20,7 @@ from srl_jax.core.metrics_table import (
     recent_return_means,
     row_keys,
 )
-from srl_jax.core.worker_kinds import KINDS, WorkerKind, metrics_reference_markdown
+from srl_jax.dataflow.worker_kinds import KINDS, WorkerKind, metrics_reference_markdown
 from srl_jax.runtime.metrics import MetricsAggregator, MetricsWriter, tensorboard_tag
 from tests.conftest import read_events
 

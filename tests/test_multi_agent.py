@@ -17,21 +17,21 @@ import numpy as np
 import pytest
 
 from actors.envs import env_spec
-from learners.workers.export import load_policy, load_team
+from policy.export import load_policy, load_team
 from srl_jax.config.loader import load_config
-from srl_jax.config.run_dir import (
+from srl_jax.config.schema import ConfigError, policy_names, request_rows
+from srl_jax.dataflow.chunk_spec import run_chunk_layout
+from srl_jax.dataflow.metrics_table import POLICY_RETURN, TEAM_RETURN
+from srl_jax.launch import check_before_launch
+from srl_jax.runtime.metrics import MetricsAggregator
+from srl_jax.runtime.run_dir import (
     checkpoint_steps,
     evaluated_root,
     read_status,
     step_meta,
     steps_in,
 )
-from srl_jax.config.schema import ConfigError, policy_names, request_rows
-from srl_jax.core.chunk_spec import run_chunk_layout
-from srl_jax.core.metrics_table import POLICY_RETURN, TEAM_RETURN
-from srl_jax.core.streams import send
-from srl_jax.launch import check_before_launch
-from srl_jax.runtime.metrics import MetricsAggregator
+from srl_jax.wire.streams import send
 from tests.conftest import REPO, read_metrics, stop_when, write_run_dir
 from tests.fakes import FakeServerAndLearner
 

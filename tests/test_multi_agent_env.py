@@ -28,7 +28,7 @@ from learners.algorithms.critic import critic_inputs
 from learners.models.networks import init_policy_params, make_policy
 from srl_jax.config.checks import validate
 from srl_jax.config.schema import ConfigError, EnvConfig
-from srl_jax.core.env_spec import EnvSpec, with_network
+from srl_jax.dataflow.env_spec import EnvSpec, with_network
 from tests.conftest import make_config
 
 SPREAD = {"N": 3, "max_cycles": 25, "continuous_actions": False}

@@ -29,8 +29,8 @@ from pathlib import Path
 import pytest
 
 from srl_jax.config.checkpoint_location import steps_in
-from srl_jax.config.run_dir import read_status
-from srl_jax.core.stream_table import SAMPLES
+from srl_jax.dataflow.stream_table import SAMPLES
+from srl_jax.runtime.run_dir import read_status
 from tests.conftest import (
     Processes,
     last_row,

@@ -19,7 +19,7 @@ from learners.algorithms.train_state import init_train_state
 from learners.models.muzero_model import LogitFns, MuZeroModel
 from learners.models.networks import muzero_policy
 from learners.models.support import from_support, to_support, two_hot, unrescale
-from srl_jax.config.algorithms import Sizes
+from srl_jax.dataflow.algorithms import Sizes
 
 EPS = 1e-3
 

@@ -12,15 +12,15 @@ from actors.envs import policy_spec
 from learners.algorithms.muzero.search import model_fns, search
 from learners.models.networks import init_policy_params, make_policy
 from learners.models.param_codec import params_to_arrays
-from learners.models.policy import make_runner
-from learners.workers.export import TrainedPolicy
-from learners.workers.reanalysing_replay import reanalyse
+from policy.acting import make_runner
+from policy.export import TrainedPolicy
+from replay.reanalysing_replay import reanalyse
 from replay.sequence_buffer import SequenceBuffer
-from srl_jax.config.algorithms import algorithm_config
 from srl_jax.config.loader import load_config
 from srl_jax.config.schema import ConfigError
-from srl_jax.core.chunk_spec import empty_chunk
-from srl_jax.core.replay_spec import SEQUENCE_FIELDS, replay_layout
+from srl_jax.dataflow.algorithms import algorithm_config
+from srl_jax.dataflow.chunk_spec import empty_chunk
+from srl_jax.dataflow.replay_spec import SEQUENCE_FIELDS, replay_layout
 from srl_jax.launch import check_before_launch
 from tests.conftest import REPO, make_config
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from srl_jax.config.run_dir import read_status
+from srl_jax.runtime.run_dir import read_status
 from tests.conftest import (
     Processes,
     all_running,

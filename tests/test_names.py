@@ -18,16 +18,16 @@ import msgpack
 import pytest
 import zmq
 
-import srl_jax.core.names as file_names
-from srl_jax.core.names import FileNameService, NameService
-from srl_jax.core.stream_table import INFERENCE, NAMES, PARAMS, SAMPLES, STATS
-from srl_jax.core.streams import make_socket, receive, send
-from srl_jax.core.transport import CurveKeys, Transport, curve_connect
-from srl_jax.core.wire import WIRE_VERSION
+import srl_jax.wire.names as file_names
+from srl_jax.dataflow.stream_table import INFERENCE, NAMES, PARAMS, SAMPLES, STATS
 from srl_jax.launch import network_names
 from srl_jax.runtime import name_server
 from srl_jax.runtime.name_client import NetworkNameService
 from srl_jax.runtime.name_server import NameServer
+from srl_jax.wire.codec import WIRE_VERSION
+from srl_jax.wire.names import FileNameService, NameService
+from srl_jax.wire.streams import make_socket, receive, send
+from srl_jax.wire.transport import CurveKeys, Transport, curve_connect
 from tests.conftest import make_config
 
 RUN_CONFIG = "name: names-test\nseed: 3\n"

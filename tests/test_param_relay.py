@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 import zmq
 
-from srl_jax.core.stream_table import LOGS, PARAMS, RELAY, STATS
-from srl_jax.core.streams import RejectCounter, make_socket, receive, send
-from srl_jax.core.transport import Transport
+from srl_jax.dataflow.stream_table import LOGS, PARAMS, RELAY, STATS
 from srl_jax.runtime.hosts import param_relay
 from srl_jax.runtime.hosts.host_agent import HostAgent, agent_address
 from srl_jax.runtime.hosts.param_relay import PolicyView, parent_rank, upstream_of, views_of
 from srl_jax.runtime.name_client import NetworkNameService
 from srl_jax.runtime.name_server import NameServer
+from srl_jax.wire.streams import RejectCounter, make_socket, receive, send
+from srl_jax.wire.transport import Transport
 from tests.conftest import REPO
 
 ROOT = "tcp://learner"

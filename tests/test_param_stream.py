@@ -7,10 +7,10 @@ import pytest
 import zmq
 
 from learners.models.param_codec import params_to_arrays
-from learners.models.policy import make_runner
-from learners.models.policy_runner import PolicyRunner
-from learners.workers.param_stream import ParamSubscriber
-from srl_jax.core.streams import RejectCounter, make_socket, send
+from policy.acting import make_runner
+from policy.param_stream import ParamSubscriber
+from policy.policy_runner import PolicyRunner
+from srl_jax.wire.streams import RejectCounter, make_socket, send
 from tests.conftest import make_config, wait_for
 
 

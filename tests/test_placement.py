@@ -7,16 +7,16 @@ import re
 import pytest
 
 from srl_jax.config.checks import validate
-from srl_jax.config.host_devices import HostDevices, _visible, describe_host, parse_gpu_query
-from srl_jax.config.placement import (
+from srl_jax.config.schema import ConfigError
+from srl_jax.launch import main
+from srl_jax.runtime.host_devices import HostDevices, _visible, describe_host, parse_gpu_query
+from srl_jax.runtime.metrics import MetricsAggregator
+from srl_jax.runtime.placement import (
     LEARNER_DEVICES_ENV,
     PlacementError,
     plan_placement,
     planned_learner_devices,
 )
-from srl_jax.config.schema import ConfigError
-from srl_jax.launch import main
-from srl_jax.runtime.metrics import MetricsAggregator
 from tests.conftest import make_config
 
 

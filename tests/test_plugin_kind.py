@@ -50,7 +50,7 @@ def test_the_metrics_reference_documents_a_plugin_kind() -> None:
     """In a process of its own: importing the plugin here would register the kind in
     every other test's registry."""
     result = subprocess.run(
-        [sys.executable, "-c", f"import {PLUGIN}; from srl_jax.core.worker_kinds import "
+        [sys.executable, "-c", f"import {PLUGIN}; from srl_jax.dataflow.worker_kinds import "
          "metrics_reference_markdown; print(metrics_reference_markdown())"],
         capture_output=True, text=True, cwd=REPO, timeout=60, check=True)
     assert "### disk" in result.stdout

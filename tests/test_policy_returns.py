@@ -14,13 +14,13 @@ import pytest
 
 from actors.env_families.multi_agent import MultiAgentSplit
 from learners.training.checkpoint import restore_params
-from learners.workers.evaluator import Evaluated, keep_best
+from policy.evaluator import Evaluated, keep_best
 from srl_jax.config.loader import load_config
-from srl_jax.config.run_dir import evaluated_root, step_meta, steps_in
 from srl_jax.config.schema import ConfigError
-from srl_jax.core.metrics_table import POLICY_RETURN, TEAM_RETURN, agent_mean_returns
+from srl_jax.dataflow.metrics_table import POLICY_RETURN, TEAM_RETURN, agent_mean_returns
 from srl_jax.launch import check_before_launch
 from srl_jax.runtime.metrics import MetricsAggregator
+from srl_jax.runtime.run_dir import evaluated_root, step_meta, steps_in
 from srl_jax.runtime.stop_rule import StopRule
 from tests.conftest import REPO
 

@@ -8,9 +8,9 @@ import pytest
 
 from learners.models.networks import init_policy_params, make_policy
 from learners.models.param_codec import params_to_arrays
-from learners.models.policy import make_runner
-from learners.models.policy_runner import PolicyRunner, padded_sizes
-from srl_jax.core.env_spec import EnvSpec, with_network
+from policy.acting import make_runner
+from policy.policy_runner import PolicyRunner, padded_sizes
+from srl_jax.dataflow.env_spec import EnvSpec, with_network
 from tests.conftest import make_config
 
 DISCRETE = EnvSpec((4,), np.dtype(np.float32), 2, continuous=False)

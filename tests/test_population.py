@@ -19,7 +19,7 @@ from srl_jax.config.population import (
     sweep_overrides,
 )
 from srl_jax.config.schema import ConfigError, PopulationConfig
-from srl_jax.core.worker_kinds import worker_plan
+from srl_jax.dataflow.worker_kinds import worker_plan
 from tests.conftest import make_config
 
 LR = "learner.ppo.learning_rate"

@@ -11,11 +11,11 @@ from pathlib import Path
 import zmq
 
 from srl_jax.config.population import append_lineage, parse_lineage, read_lineage
-from srl_jax.core.names import FileNameService
-from srl_jax.core.stream_table import LINEAGE, ROWS
-from srl_jax.core.streams import RejectCounter, ask, make_socket, receive
-from srl_jax.core.transport import Transport
+from srl_jax.dataflow.stream_table import LINEAGE, ROWS
 from srl_jax.runtime.population_link import PopulationLink
+from srl_jax.wire.names import FileNameService
+from srl_jax.wire.streams import RejectCounter, ask, make_socket, receive
+from srl_jax.wire.transport import Transport
 
 
 def copy_of(member: str, donor: str, version: int) -> dict:

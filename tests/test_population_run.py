@@ -21,10 +21,10 @@ import pytest
 import zmq
 
 from srl_jax.config.population import read_lineage
-from srl_jax.config.run_dir import evaluated_root, steps_in
-from srl_jax.core.stream_table import CONTROL
-from srl_jax.core.streams import RejectCounter, receive, send
+from srl_jax.dataflow.stream_table import CONTROL
 from srl_jax.runtime.backends import APART_ENV
+from srl_jax.runtime.run_dir import evaluated_root, steps_in
+from srl_jax.wire.streams import RejectCounter, receive, send
 from tests.conftest import (
     Processes,
     launch,

@@ -25,7 +25,7 @@ from learners.algorithms.value_norm import (
     update_value_norm,
 )
 from learners.models.distributions import CATEGORICAL
-from srl_jax.config.algorithms import Sizes
+from srl_jax.dataflow.algorithms import Sizes
 from tests.update_checks import (
     SIZES,
     check_pinned,

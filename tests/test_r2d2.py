@@ -21,12 +21,12 @@ from learners.algorithms.r2d2 import (
 )
 from learners.training.learner import build_learner
 from replay.sequence_buffer import SequenceBuffer
-from srl_jax.config.algorithms import algorithm_config
 from srl_jax.config.loader import load_config
 from srl_jax.config.schema import ConfigError
-from srl_jax.core.chunk_spec import empty_chunk
-from srl_jax.core.env_spec import EnvSpec
-from srl_jax.core.replay_spec import SEQUENCE_FIELDS, replay_layout
+from srl_jax.dataflow.algorithms import algorithm_config
+from srl_jax.dataflow.chunk_spec import empty_chunk
+from srl_jax.dataflow.env_spec import EnvSpec
+from srl_jax.dataflow.replay_spec import SEQUENCE_FIELDS, replay_layout
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "cartpole_r2d2.yaml"
 RECURRENT = EnvSpec((3,), np.dtype(np.float32), 2, False, state_size=4)

@@ -23,15 +23,15 @@ from actors.envs import make_env, policy_spec
 from learners.algorithms.sequences import episode_starts
 from learners.algorithms.train_state import Batch, init_train_state
 from learners.models.networks import init_policy_params, make_policy
-from learners.models.policy import make_runner
-from learners.models.policy_runner import PolicyRunner
-from learners.workers.export import TrainedPolicy
-from srl_jax.config.algorithms import algorithm, algorithm_config, sizes
-from srl_jax.core.names import FileNameService
-from srl_jax.core.stream_table import PARAMS
-from srl_jax.core.streams import make_socket, send
-from srl_jax.core.transport import Transport
+from policy.acting import make_runner
+from policy.export import TrainedPolicy
+from policy.policy_runner import PolicyRunner
+from srl_jax.dataflow.algorithms import algorithm, algorithm_config, sizes
+from srl_jax.dataflow.stream_table import PARAMS
 from srl_jax.launch import main as launch_main
+from srl_jax.wire.names import FileNameService
+from srl_jax.wire.streams import make_socket, send
+from srl_jax.wire.transport import Transport
 from tests.conftest import Processes, make_config, wait_for, write_run_dir
 from tests.fakes import FakeServerAndLearner
 from tests.test_config import assert_one_config_error_line

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from actors.envs import env_seed, make_env
-from learners.workers.evaluator import EVALUATOR_ACTOR_INDEX
-from learners.workers.export import TrainedPolicy, load_policy, play_episode
-from srl_jax.config.run_dir import evaluated_root, step_meta, steps_in
+from policy.evaluator import EVALUATOR_ACTOR_INDEX
+from policy.export import TrainedPolicy, load_policy, play_episode
+from srl_jax.runtime.run_dir import evaluated_root, step_meta, steps_in
 from tests.conftest import (
     Processes,
     all_running,

@@ -7,11 +7,11 @@ from pathlib import Path
 import zmq
 
 from srl_jax.config.loader import load_config
-from srl_jax.core.transport import Transport
-from srl_jax.core.worker_kinds import EXIT_REFUSED
+from srl_jax.dataflow.worker_kinds import EXIT_REFUSED
 from srl_jax.runtime.backends import LocalBackend, WorkerHandle
 from srl_jax.runtime.controller import Controller
 from srl_jax.runtime.supervisor import EXIT_FAILED
+from srl_jax.wire.transport import Transport
 from tests.conftest import REPO
 
 

@@ -13,9 +13,9 @@ from replay.buffer import ReplayBuffer
 from replay.frame_store import FrameStore
 from replay.rate_limiter import RateLimiter, error_buffer
 from replay.sum_tree import SumTree
-from srl_jax.core.chunk_spec import empty_chunk
-from srl_jax.core.env_spec import EnvSpec
-from srl_jax.core.replay_spec import replay_layout
+from srl_jax.dataflow.chunk_spec import empty_chunk
+from srl_jax.dataflow.env_spec import EnvSpec
+from srl_jax.dataflow.replay_spec import replay_layout
 
 VECTOR = EnvSpec((3,), np.dtype(np.float32), 2, False)
 FRAMES = EnvSpec((24, 24, 4), np.dtype(np.uint8), 6, False)

@@ -21,12 +21,12 @@ import pytest
 import zmq
 
 from actors.envs import policy_spec
-from learners.workers.export import load_policy
-from srl_jax.config.run_dir import read_run_config, read_status
-from srl_jax.core.chunk_spec import Layout, run_chunk_layout
-from srl_jax.core.memory import resident_mib
-from srl_jax.core.stream_table import INSERTS, REPLAY
-from srl_jax.core.streams import send
+from policy.export import load_policy
+from srl_jax.dataflow.chunk_spec import Layout, run_chunk_layout
+from srl_jax.dataflow.stream_table import INSERTS, REPLAY
+from srl_jax.runtime.memory import resident_mib
+from srl_jax.runtime.run_dir import read_run_config, read_status
+from srl_jax.wire.streams import send
 from tests.conftest import (
     Processes,
     all_running,

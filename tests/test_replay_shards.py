@@ -1,4 +1,4 @@
-"""Replay shards sampled as one prioritized memory (learners/workers/replay_intake.py).
+"""Replay shards sampled as one prioritized memory (learners/intake/replay_intake.py).
 
 Two real replay servers (`ReplayWorker`, in this process, on real sockets) answer a
 learner's `ReplayIntake`: one holds ten times the transitions of the other, as after a
@@ -17,13 +17,13 @@ import numpy as np
 import zmq
 
 from actors.envs import policy_spec
-from learners.workers.replay_intake import SILENCE_S, ReplayIntake, allocate
+from learners.intake.replay_intake import SILENCE_S, ReplayIntake, allocate
 from replay.replay_worker import ReplayWorker
 from srl_jax.config.loader import config_dirs, load_config, resolve_experiment_path
 from srl_jax.config.schema import ExperimentConfig
-from srl_jax.core.names import FileNameService
-from srl_jax.core.stream_table import REPLAY
-from srl_jax.core.streams import RejectCounter
+from srl_jax.dataflow.stream_table import REPLAY
+from srl_jax.wire.names import FileNameService
+from srl_jax.wire.streams import RejectCounter
 
 ROWS = 128
 WINDOW = 3

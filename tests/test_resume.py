@@ -26,15 +26,9 @@ import zmq
 
 from actors.actor_worker import split_seeds
 from learners.models.param_codec import params_to_arrays
-from learners.workers.export import load_policy
+from policy.export import load_policy
 from srl_jax.config.checkpoint_location import COMMIT_FILE, FORMAT, FORMAT_KEY, steps_in
-from srl_jax.config.run_dir import (
-    checkpoint_root,
-    checkpoint_steps,
-    read_run_config,
-)
-from srl_jax.core.incarnation import FIRST, Incarnation
-from srl_jax.core.metrics_table import (
+from srl_jax.dataflow.metrics_table import (
     COMMON,
     CONTRACT_KEYS,
     OTHER_ROWS,
@@ -43,12 +37,18 @@ from srl_jax.core.metrics_table import (
     Row,
     Shown,
 )
-from srl_jax.core.names import FileNameService
-from srl_jax.core.stream_table import PARAMS, STATS
-from srl_jax.core.streams import LOOPBACK, RejectCounter, make_socket, receive
-from srl_jax.core.worker_kinds import EXIT_REFUSED, metrics_reference_markdown, worker_kind
+from srl_jax.dataflow.stream_table import PARAMS, STATS
+from srl_jax.dataflow.worker_kinds import EXIT_REFUSED, metrics_reference_markdown, worker_kind
 from srl_jax.evaluate import main as evaluate_main
+from srl_jax.runtime.incarnation import FIRST, Incarnation
 from srl_jax.runtime.metrics import tensorboard_tag
+from srl_jax.runtime.run_dir import (
+    checkpoint_root,
+    checkpoint_steps,
+    read_run_config,
+)
+from srl_jax.wire.names import FileNameService
+from srl_jax.wire.streams import LOOPBACK, RejectCounter, make_socket, receive
 from tests.conftest import (
     REPO,
     Processes,

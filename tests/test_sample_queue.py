@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import zmq
 
+from learners.intake.sample_intake import SampleIntake
 from learners.training.sample_queue import SampleQueue
-from learners.workers.sample_intake import SampleIntake
-from srl_jax.core.stream_table import SAMPLES
-from srl_jax.core.streams import RejectCounter
+from srl_jax.dataflow.stream_table import SAMPLES
+from srl_jax.wire.streams import RejectCounter
 
 T = 3
 FRAMES = T * 2

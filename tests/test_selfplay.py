@@ -21,16 +21,16 @@ from actors.env_ring import StepResult
 from actors.envs import policy_spec
 from actors.opponents import OpponentDraws, ended_envs
 from learners.models.param_codec import params_to_arrays
-from learners.models.policy import make_runner
-from learners.workers.export import load_policy
-from learners.workers.pool_runner import PoolRunner, PoolSubscriber
+from policy.acting import make_runner
+from policy.export import load_policy
+from policy.pool_runner import PoolRunner, PoolSubscriber
 from srl_jax.config.loader import load_config
 from srl_jax.config.opponent_pool import SnapshotPool, nearest_held, pick_version
-from srl_jax.config.run_dir import checkpoint_steps, pool_root, read_status
 from srl_jax.config.schema import ConfigError, acting_policies, run_policies
-from srl_jax.core.streams import RejectCounter, send
-from srl_jax.core.worker_kinds import worker_plan
+from srl_jax.dataflow.worker_kinds import worker_plan
 from srl_jax.launch import check_before_launch
+from srl_jax.runtime.run_dir import checkpoint_steps, pool_root, read_status
+from srl_jax.wire.streams import RejectCounter, send
 from tests.conftest import REPO, stop_when, wait_for
 
 RPS = REPO / "configs" / "rps_selfplay.yaml"

@@ -1,4 +1,4 @@
-"""Same-host streams through shared memory (srl_jax/core/shm/): both ends of the
+"""Same-host streams through shared memory (srl_jax/wire/shm/): both ends of the
 inference and chunk streams over real files in /dev/shm and real FIFOs, the wire's rules
 on a slot (bounded rows, a peer of another layout refused, counted and dropped), and
 what the kernel vouches for: peers and owners alive by their locks (not their pids), a
@@ -21,23 +21,23 @@ import pytest
 
 from srl_jax.config.loader import load_config
 from srl_jax.config.schema import ConfigError, ExperimentConfig, request_rows
-from srl_jax.core.env_spec import EnvSpec
-from srl_jax.core.names import FileNameService
-from srl_jax.core.shm import bell as bell_module
-from srl_jax.core.shm import budget, place
-from srl_jax.core.shm.attach import (
+from srl_jax.dataflow.env_spec import EnvSpec
+from srl_jax.dataflow.shm_layouts import chunk_slot_layout, reply_layout, request_layout
+from srl_jax.dataflow.stream_table import INFERENCE, SAMPLES
+from srl_jax.runtime.shm_attach import (
     SCHEME,
     SharedMemoryUnavailable,
     open_inbox,
     open_outbox,
     owner_directory,
 )
-from srl_jax.core.shm.bell import MAGIC, RECORD, Bell
-from srl_jax.core.shm.channels import FREE, TAKEN, WAITING, Inbox, Outbox, peer_path
-from srl_jax.core.shm.layout import PREFIX_BYTES
-from srl_jax.core.shm.stream_layouts import chunk_slot_layout, reply_layout, request_layout
-from srl_jax.core.stream_table import INFERENCE, SAMPLES
-from srl_jax.core.streams import RejectCounter
+from srl_jax.wire.names import FileNameService
+from srl_jax.wire.shm import bell as bell_module
+from srl_jax.wire.shm import budget, place
+from srl_jax.wire.shm.bell import MAGIC, RECORD, Bell
+from srl_jax.wire.shm.channels import FREE, TAKEN, WAITING, Inbox, Outbox, peer_path
+from srl_jax.wire.shm.layout import PREFIX_BYTES
+from srl_jax.wire.streams import RejectCounter
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.skipif(place.unsupported_reason() is not None,
@@ -316,7 +316,7 @@ def test_a_reply_to_a_connecter_that_is_gone_is_counted_and_its_file_let_go(
     inbox = Inbox(bell, stem, [REQUEST, REPLY], 4, rejects)
     code = ("import sys, numpy as np; from pathlib import Path\n"
             "from tests.test_shared_memory import REQUEST, REPLY\n"
-            "from srl_jax.core.shm.channels import Outbox\n"
+            "from srl_jax.wire.shm.channels import Outbox\n"
             f"out = Outbox(Path({str(stem)!r}), [Path({str(bell)!r})], 4, REQUEST, REPLY)\n"
             "out.send(0, {'split': 0, 'seq': 1}, {'obs': np.zeros((1, 4), np.float32)})\n")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
@@ -432,7 +432,7 @@ def test_a_sweep_removes_only_directories_no_live_owner_holds(tmp_path: Path) ->
     forked lives on (the child never holds its parent's lock); a live owner's stays
     whatever its pid; a lockless one goes only once it is old."""
     code = ("import os, sys, time\nfrom pathlib import Path\n"
-            "from srl_jax.core.shm.place import OwnerDirectory\n"
+            "from srl_jax.wire.shm.place import OwnerDirectory\n"
             f"owner = OwnerDirectory(Path({str(tmp_path)!r}))\n"
             "child = os.fork()\n"
             "if child == 0:\n    null = os.open(os.devnull, os.O_WRONLY)\n"

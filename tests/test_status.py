@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from srl_jax.config.run_dir import read_status
-from srl_jax.core.stream_table import SAMPLES
+from srl_jax.dataflow.stream_table import SAMPLES
+from srl_jax.runtime.run_dir import read_status
 from srl_jax.runtime.status import dump_stacks, render
 from tests.conftest import Processes, all_running, interrupt, launch, read_metrics, wait_for
 

@@ -10,8 +10,7 @@ import pytest
 import zmq
 
 from srl_jax.config.schema import DEFAULT_POLICY
-from srl_jax.core import wire
-from srl_jax.core.stream_table import (
+from srl_jax.dataflow.stream_table import (
     CHANGES,
     CONTROL,
     COORDINATOR,
@@ -28,23 +27,24 @@ from srl_jax.core.stream_table import (
     Stream,
     stream_of,
 )
-from srl_jax.core.streams import RejectCounter, make_socket, receive, send
-from srl_jax.core.worker_kinds import KINDS
+from srl_jax.dataflow.worker_kinds import KINDS
+from srl_jax.wire import codec as wire
+from srl_jax.wire.streams import RejectCounter, make_socket, receive, send
 
 REPO = Path(__file__).resolve().parent.parent
 ZMQ_STREAMS = [stream for stream in STREAMS if stream.is_zmq]
 SENDERS = {
     "actors/actor_worker.py": {SAMPLES.binder_receives, INFERENCE.binder_receives},
-    "learners/workers/inference_server.py": {INFERENCE.connecter_receives},
-    "learners/workers/param_publisher.py": {PARAMS.connecter_receives},
-    "learners/workers/pool_publisher.py": {POOL.connecter_receives},
-    "srl_jax/core/worker_base.py": {STATS.binder_receives},
+    "policy/inference_server.py": {INFERENCE.connecter_receives},
+    "learners/param_publisher.py": {PARAMS.connecter_receives},
+    "learners/pool_publisher.py": {POOL.connecter_receives},
+    "srl_jax/runtime/worker_base.py": {STATS.binder_receives},
     "srl_jax/runtime/name_server.py": {NAMES.binder_receives, NAMES.connecter_receives,
                                        CHANGES.connecter_receives},
     "srl_jax/runtime/log_stream.py": {LOGS.binder_receives},
     "srl_jax/runtime/population_link.py": {LINEAGE.connecter_receives, ROWS.connecter_receives},
     "srl_jax/runtime/population_manager.py": {CONTROL.binder_receives},
-    "learners/workers/population_member.py": {CONTROL.connecter_receives},
+    "learners/population_member.py": {CONTROL.connecter_receives},
 }
 """Each worker module and the streams it sends on (as the kinds it may send there)."""
 

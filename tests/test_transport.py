@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 import zmq
 
-from srl_jax.config.run_dir import read_status
-from srl_jax.core.names import FileNameService
-from srl_jax.core.stream_table import INFERENCE, PARAMS, SAMPLES, STATS
-from srl_jax.core.streams import RejectCounter, make_socket, receive, send
-from srl_jax.core.transport import (
+from srl_jax.dataflow.stream_table import INFERENCE, PARAMS, SAMPLES, STATS
+from srl_jax.runtime.run_dir import read_status
+from srl_jax.wire.codec import Message
+from srl_jax.wire.names import FileNameService
+from srl_jax.wire.streams import RejectCounter, make_socket, receive, send
+from srl_jax.wire.transport import (
     KEYS_ENV,
     CurveKeys,
     Transport,
@@ -22,7 +23,6 @@ from srl_jax.core.transport import (
     curve_wanted,
     primary_address,
 )
-from srl_jax.core.wire import Message
 from tests.conftest import Processes, last_row, launch, stop_when, wait_for
 
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from srl_jax.config.host_devices import HostDevices
-from srl_jax.config.placement import plan_placement
-from srl_jax.core.worker_kinds import PARENT_PIDFD_ENV, worker_kind
+from srl_jax.dataflow.worker_kinds import PARENT_PIDFD_ENV, worker_kind
 from srl_jax.runtime.backends import spawn_worker, warm_address, worker_env
+from srl_jax.runtime.host_devices import HostDevices
 from srl_jax.runtime.hosts.warm_client import WarmChild, WarmParent
+from srl_jax.runtime.placement import plan_placement
 from tests.conftest import make_config
 from tests.test_placement import TPU_HOST, gpus
 

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 import zmq
 
-from srl_jax.core import streams, wire
-from srl_jax.core.names import FileNameService
-from srl_jax.core.streams import make_socket
-from srl_jax.core.wire import WireError, decode, encode
-from srl_jax.core.worker_base import Worker
+from srl_jax.runtime.worker_base import Worker
+from srl_jax.wire import codec as wire
+from srl_jax.wire import streams
+from srl_jax.wire.codec import WireError, decode, encode
+from srl_jax.wire.names import FileNameService
+from srl_jax.wire.streams import make_socket
 from tests.conftest import make_config
 
 DTYPES = sorted(wire.ALLOWED_DTYPES)
@@ -270,7 +271,7 @@ def test_receive_counts_malformed_messages_and_keeps_going(push_pull, caplog) ->
     rejects = streams.RejectCounter()
     expected = frozenset({"samples"})
     good = sample_array("<i4", (3, 2))
-    with caplog.at_level(logging.WARNING, logger="srl_jax.core.streams"):
+    with caplog.at_level(logging.WARNING, logger="srl_jax.wire.streams"):
         push.send_multipart([b"\xc1 garbage"])
         push.send_multipart([b"\xc1 more garbage", b"\0" * 8])
         streams.send(push, "params", {"version": 1}, {})  # a kind this receiver does not take

@@ -23,8 +23,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from srl_jax.core import wire
-from srl_jax.core.wire import WireError, decode, encode
+from srl_jax.wire import codec as wire
+from srl_jax.wire.codec import WireError, decode, encode
 from tests.wire_junk import BAD_DTYPES, DTYPES, HUGE, KINDS, header_with_raw_meta, nested
 
 MSGPACK_INTS = st.integers(-(2**63), 2**64 - 1)

@@ -27,13 +27,14 @@ import numpy as np
 import pytest
 import zmq
 
-from srl_jax.config.run_dir import read_status
-from srl_jax.core import streams, wire
-from srl_jax.core.memory import resident_mib
-from srl_jax.core.shm.attach import SCHEME
-from srl_jax.core.shm.bell import MAGIC, RECORD
-from srl_jax.core.stream_table import INFERENCE, PARAMS, SAMPLES, STATS, Stream, stream_of
-from srl_jax.core.wire import WireError, decode, encode
+from srl_jax.dataflow.stream_table import INFERENCE, PARAMS, SAMPLES, STATS, Stream, stream_of
+from srl_jax.runtime.memory import resident_mib
+from srl_jax.runtime.run_dir import read_status
+from srl_jax.runtime.shm_attach import SCHEME
+from srl_jax.wire import codec as wire
+from srl_jax.wire import streams
+from srl_jax.wire.codec import WireError, decode, encode
+from srl_jax.wire.shm.bell import MAGIC, RECORD
 from tests.conftest import (
     Processes,
     all_running,
@@ -396,7 +397,7 @@ def test_live_run_survives_thousands_of_malformed_messages(processes: Processes,
     rss_before = {name: rss_mb(pid) for name, pid in pids.items()}
     base = last_row(run_dir)["system/wire_rejected"]
     endpoints = read_endpoints(run_dir)
-    # The same-host streams' doorbells (srl_jax/core/shm/): FIFOs, fuzzed below.
+    # The same-host streams' doorbells (srl_jax/wire/shm/): FIFOs, fuzzed below.
     bells = {key: Path(endpoints.pop(key).removeprefix(SCHEME))
              for key in [k for k, endpoint in endpoints.items() if endpoint.startswith(SCHEME)]}
     assert sorted(stream_of(key).name for key in bells) == ["inference", "samples"], bells

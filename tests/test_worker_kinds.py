@@ -12,8 +12,7 @@ import pytest
 
 from srl_jax.cluster.roles import placement_overrides, worker_asks
 from srl_jax.config.schema import ExperimentConfig
-from srl_jax.core.worker_base import Worker
-from srl_jax.core.worker_kinds import (
+from srl_jax.dataflow.worker_kinds import (
     KINDS,
     UnknownWorkerKind,
     WorkerKind,
@@ -22,6 +21,7 @@ from srl_jax.core.worker_kinds import (
     worker_kind,
     worker_plan,
 )
+from srl_jax.runtime.worker_base import Worker
 from tests.conftest import REPO, make_config, write_run_dir
 
 TWO_POLICIES = "env.policies={first: [agent_0], others: ['agent_*']}"

@@ -13,8 +13,8 @@ import pytest
 
 from learners.algorithms.train_state import Batch, TrainState, init_train_state
 from learners.models.networks import Policy, init_policy_params, make_policy
-from srl_jax.config.algorithms import Sizes
-from srl_jax.core.env_spec import EnvSpec, with_network
+from srl_jax.dataflow.algorithms import Sizes
+from srl_jax.dataflow.env_spec import EnvSpec, with_network
 from tests.conftest import make_config
 
 T, B, OBS_SHAPE, ACTIONS_N = 8, 4, (4,), 2

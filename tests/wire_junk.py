@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgpack
 
-from srl_jax.core import wire
+from srl_jax.wire import codec as wire
 
 DTYPES = sorted(wire.ALLOWED_DTYPES)
 KINDS = sorted(wire.KINDS)

@@ -29,7 +29,7 @@ import numpy as np
 
 from actors.env_families.gymnasium_envs import GymnasiumEnvs
 from srl_jax.config.schema import ConfigError, EnvConfig
-from srl_jax.core.env_spec import EnvSpec
+from srl_jax.dataflow.env_spec import EnvSpec
 
 
 class EpisodicLife(gym.Wrapper):

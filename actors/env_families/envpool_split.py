@@ -30,7 +30,7 @@ import numpy as np
 from actors.env_families.implementation import EnvFamilyImplementation, implementation_of
 from actors.env_ring import OnePolicy, StepResult
 from srl_jax.config.schema import DEFAULT_BACKEND, ConfigError, EnvConfig
-from srl_jax.core.env_spec import EnvSpec
+from srl_jax.dataflow.env_spec import EnvSpec
 
 ALE_NAMESPACE = "ALE/"
 """What EnvPool's names of ALE games leave out."""

@@ -13,7 +13,7 @@ from actors.env_families.implementation import EnvFamilyImplementation
 from actors.env_families.spaces import spec_from_spaces
 from actors.env_ring import EnvSplit, OnePolicy
 from srl_jax.config.schema import ConfigError, EnvConfig
-from srl_jax.core.env_spec import EnvSpec
+from srl_jax.dataflow.env_spec import EnvSpec
 
 
 class GymnasiumEnvs(EnvFamilyImplementation):

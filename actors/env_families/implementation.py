@@ -13,7 +13,7 @@ from typing import Any
 from actors.actor_core import RingSplit
 from srl_jax.config.env_families import implementation_name
 from srl_jax.config.schema import ConfigError, EnvConfig
-from srl_jax.core.env_spec import EnvSpec
+from srl_jax.dataflow.env_spec import EnvSpec
 
 
 class EnvFamilyImplementation(ABC):

@@ -27,7 +27,7 @@ from actors.env_families.parallel_envs import (
 )
 from actors.env_ring import RingStep, StepResult
 from srl_jax.config.schema import EnvConfig
-from srl_jax.core.env_spec import EnvSpec
+from srl_jax.dataflow.env_spec import EnvSpec
 
 
 class MultiAgentSplit:

@@ -24,7 +24,7 @@ import numpy as np
 
 from actors.env_families.spaces import one_hot_discrete, spec_from_spaces
 from srl_jax.config.schema import DEFAULT_POLICY, ConfigError, EnvConfig
-from srl_jax.core.env_spec import EnvSpec
+from srl_jax.dataflow.env_spec import EnvSpec
 
 INSTALL_HINT = "pip install -e '.[multiagent]'"
 _PACKAGES = ("pettingzoo", "mpe2")

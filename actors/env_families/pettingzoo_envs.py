@@ -7,7 +7,7 @@ from actors.env_families.implementation import EnvFamilyImplementation
 from actors.env_families.multi_agent import MultiAgentSplit
 from actors.env_families.parallel_envs import check_pettingzoo_id, multi_agent_specs
 from srl_jax.config.schema import ConfigError, EnvConfig
-from srl_jax.core.env_spec import EnvSpec
+from srl_jax.dataflow.env_spec import EnvSpec
 
 
 class PettingZooEnvs(EnvFamilyImplementation):

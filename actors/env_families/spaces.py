@@ -12,7 +12,7 @@ import gymnasium as gym
 import numpy as np
 
 from srl_jax.config.schema import ConfigError
-from srl_jax.core.env_spec import EnvSpec
+from srl_jax.dataflow.env_spec import EnvSpec
 
 
 def spec_from_spaces(obs_space: gym.Space, action_space: gym.Space, env_id: str) -> EnvSpec:

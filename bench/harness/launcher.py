@@ -17,7 +17,7 @@ from pathlib import Path
 from types import FrameType
 
 from bench.harness.machine import REPO_ROOT, nproc
-from srl_jax.config.run_dir import read_status
+from srl_jax.runtime.run_dir import read_status
 
 STOP_GRACE_S = 20.0
 """How long the launcher gets to stop its workers after SIGTERM before it is killed."""

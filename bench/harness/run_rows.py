@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness.launcher import BenchError
-from srl_jax.config.run_dir import read_status
+from srl_jax.runtime.run_dir import read_status
 
 SPLIT_COLUMNS: tuple[tuple[str, str], ...] = (
     ("env", "actor/time_env_frac"),

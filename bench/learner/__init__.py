@@ -3,7 +3,7 @@
 What it measures
 ----------------
 For each case, one (network, device count) pair, it builds the update exactly
-as the learner worker does (`learners/workers/learner_worker.py`): the algorithm's
+as the learner worker does (`learners/learner_worker.py`): the algorithm's
 optimizer and `make_update`, `make_learner_mesh(devices, B)`, the train state
 put replicated on the mesh, `compile_update` on an example batch shaped by
 `chunk_layout`, and batches turned into the update's input by `to_batch` and

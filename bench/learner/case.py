@@ -47,7 +47,7 @@ def case_policy(case: str, config: ExperimentConfig, args: argparse.Namespace) -
     """(env spec, policy, network) of a case: the experiment's MLP or the Nature-CNN."""
     from actors.envs import policy_spec
     from learners.models.networks import make_policy
-    from srl_jax.core.env_spec import EnvSpec
+    from srl_jax.dataflow.env_spec import EnvSpec
 
     if case == "mlp":
         spec = policy_spec(config)
@@ -91,8 +91,8 @@ def run_case(case: str, devices: int, args: argparse.Namespace) -> dict[str, Any
     from learners.algorithms.train_state import init_train_state, to_batch
     from learners.models.networks import init_policy_params
     from learners.training.mesh import compile_update, make_learner_mesh, put_batch, replicated
-    from srl_jax.config.algorithms import algorithm, algorithm_config, live_values, sizes
-    from srl_jax.core.chunk_spec import run_chunk_layout
+    from srl_jax.dataflow.algorithms import algorithm, algorithm_config, live_values, sizes
+    from srl_jax.dataflow.chunk_spec import run_chunk_layout
 
     config = case_config(case, args)
     spec, policy, network = case_policy(case, config, args)

@@ -5,7 +5,7 @@ own code over real loopback TCP sockets between this process and one child
 process (spawned, and stopped by its pid):
 
 - *per inference request*: this process plays the actors: DEALER sockets send
-  `infer_request` messages (`srl_jax.core.streams.send`, the real wire encoding)
+  `infer_request` messages (`srl_jax.wire.streams.send`, the real wire encoding)
   of `--envs` rows and read the replies (`streams.receive`). The child runs a
   real `InferenceServer`, built by its constructor and its `setup`, whose
   policy runner acts with zeros instead of the jitted network (its

@@ -22,12 +22,13 @@ from bench.overhead.cases import IN_FLIGHT, OBS_CASES, TRAJECTORY, WINDOWS, micr
 from bench.overhead.shared_slots import SlotSegment, doorbell_path, reply_path
 from bench.overhead.sink import Sink, own_shared_memory
 from srl_jax.config.schema import DEFAULT_POLICY
-from srl_jax.core.names import FileNameService
-from srl_jax.core.shm.attach import SCHEME
-from srl_jax.core.shm.channels import Outbox
-from srl_jax.core.shm.place import OWNER_ENV, OwnerDirectory
-from srl_jax.core.shm.stream_layouts import REQUEST_SLOTS, reply_layout, request_layout
-from srl_jax.core.streams import RejectCounter, make_socket, receive, send
+from srl_jax.dataflow.shm_layouts import reply_layout, request_layout
+from srl_jax.runtime.shm_attach import SCHEME
+from srl_jax.wire.names import FileNameService
+from srl_jax.wire.shm.channels import Outbox
+from srl_jax.wire.shm.layout import REQUEST_SLOTS
+from srl_jax.wire.shm.place import OWNER_ENV, OwnerDirectory
+from srl_jax.wire.streams import RejectCounter, make_socket, receive, send
 
 
 @dataclass
@@ -116,7 +117,7 @@ def request_overhead(sink: Sink, name: str, envs: int, in_flight: int,
 def shm_request_overhead(sink: Sink, name: str, envs: int, in_flight: int,
                          seconds: float, owner: Path) -> dict[str, Any]:
     """Requests of `envs` rows from `in_flight` askers to the real server loop through
-    shared memory (srl_jax/core/shm/), as actors on its host send them: this process's
+    shared memory (srl_jax/wire/shm/), as actors on its host send them: this process's
     slot file (one split per asker) and the server's doorbell."""
     obs_shape, obs_dtype = OBS_CASES[name]
     case = {"name": f"shm-{name}-{in_flight}", "envs": envs, "in_flight": in_flight,

@@ -30,9 +30,9 @@ from bench.overhead.shared_slots import (
     reply_path,
     segment_path,
 )
-from srl_jax.core.shm.place import OWNER_ENV
-from srl_jax.core.stream_table import INFERENCE, PARAMS, SAMPLES
-from srl_jax.core.streams import make_socket
+from srl_jax.dataflow.stream_table import INFERENCE, PARAMS, SAMPLES
+from srl_jax.wire.shm.place import OWNER_ENV
+from srl_jax.wire.streams import make_socket
 
 
 def _zero_act(params: Any, obs: np.ndarray, state: np.ndarray, mask: np.ndarray, key: Any,
@@ -46,7 +46,7 @@ def zero_runner(config: Any, spec: Any, sampling_seed: int, min_size: int,
                 max_size: int, published: bool) -> Any:
     """A policy runner that acts with `_zero_act`, its (empty) parameters already
     taken, so that the server does not wait for a learner's (`published` or not)."""
-    from learners.models.policy_runner import PolicyRunner, padded_sizes
+    from policy.policy_runner import PolicyRunner, padded_sizes
 
     runner = PolicyRunner(_zero_act, {}, spec, padded_sizes(min_size, max_size), sampling_seed)
     runner.set_params({}, version=0)
@@ -79,9 +79,9 @@ def own_shared_memory(case: dict[str, Any]) -> None:
 def _server(case: dict[str, Any], root: Path) -> tuple[Any, zmq.Socket]:
     """A real inference server acting with zeros, set up, and the learner's parameter
     socket it follows (which sends nothing)."""
-    from learners.workers.inference_server import InferenceServer
-    from srl_jax.core.names import FileNameService
-    from srl_jax.core.transport import Transport
+    from policy.inference_server import InferenceServer
+    from srl_jax.wire.names import FileNameService
+    from srl_jax.wire.transport import Transport
 
     own_shared_memory(case)
     names = FileNameService(root / "names")
@@ -141,8 +141,8 @@ def _echo_requests(conn: Connection, case: dict[str, Any], root: Path) -> None:
     as soon as it arrives, until the parent says 'end'. Over loopback TCP, or over
     `ipc://` (a Unix socket under `root`) with `case["ipc"]`: what co-located actors
     and servers would gain from it."""
-    from learners.workers.inference_server import POLL_MS
-    from srl_jax.core.wire import encode
+    from policy.inference_server import POLL_MS
+    from srl_jax.wire.codec import encode
 
     rows = case["envs"]
     reply = encode("infer_reply", {"split": 0, "seq": 0, "version": 0, "batch_rows": rows},
@@ -183,7 +183,7 @@ def _echo_shared_memory(conn: Connection, case: dict[str, Any], root: Path) -> N
     runtime code, until the parent says 'end'. The segment is removed however it ends."""
     import select
 
-    from learners.workers.inference_server import POLL_MS
+    from policy.inference_server import POLL_MS
 
     make_fifos(root, case["in_flight"])
     with contextlib.ExitStack() as opened:
@@ -222,10 +222,10 @@ class LearnerEnd:
     `LearnerWorker.run_once` up to the update."""
 
     def __init__(self, case: dict[str, Any], root: Path) -> None:
+        from learners.intake.intake import open_intake
         from learners.training.mesh import make_learner_mesh
-        from learners.workers.intake import open_intake
-        from srl_jax.core.names import FileNameService
-        from srl_jax.core.worker_base import Worker
+        from srl_jax.runtime.worker_base import Worker
+        from srl_jax.wire.names import FileNameService
 
         class IntakeShell(Worker):
             kind = "learner"
@@ -266,7 +266,7 @@ class LearnerEnd:
 
 def _take_samples(conn: Connection, case: dict[str, Any], root: Path) -> None:
     """The learner's intake without an update, until the parent says 'end'."""
-    from learners.workers.learner_worker import POLL_MS
+    from learners.learner_worker import POLL_MS
 
     learner = LearnerEnd(case, root)
     try:
@@ -283,7 +283,7 @@ CHILD_ROLES = {"requests": _serve_requests, "echo": _echo_requests,
 
 def sink_main(conn: Connection) -> None:
     """Child process: the server and learner ends of the measurements."""
-    for module in ("learners.workers.inference_server", "learners.workers.learner_worker"):
+    for module in ("policy.inference_server", "learners.learner_worker"):
         importlib.import_module(module)  # JAX and the workers, before any timing
 
     with tempfile.TemporaryDirectory(prefix="srl_overhead_sink_") as tmp:

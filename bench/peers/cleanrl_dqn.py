@@ -33,7 +33,7 @@ n-step windows, the samples-per-insert schedule and the evaluation are written
 here, as a user would write them. A time-limit cut bootstraps as srl_jax's does:
 from the acting network's max Q of the final observation, taken when it is seen.
 
-Evaluation, as srl_jax's evaluator (learners/workers/evaluator.py): every
+Evaluation, as srl_jax's evaluator (policy/evaluator.py): every
 evaluation.every_updates (250) updates, evaluation.episodes (5) episodes on envs of
 its own, greedy, from the evaluator's seeds (the same starts every time), their
 mean return `eval_return_mean`. srl_jax's evaluator runs beside the learner in a
@@ -85,17 +85,17 @@ from bench.harness.machine import CONFIGS_DIR  # noqa: E402
 from bench.peers.cleanrl_ppo import target_value  # noqa: E402
 from learners.algorithms.train_state import TrainState, init_train_state  # noqa: E402
 from learners.models.networks import init_policy_params, make_policy  # noqa: E402
-from learners.workers.evaluator import EVALUATOR_ACTOR_INDEX  # noqa: E402
+from policy.evaluator import EVALUATOR_ACTOR_INDEX  # noqa: E402
 from replay.sum_tree import SumTree  # noqa: E402
-from srl_jax.config.algorithms import (  # noqa: E402
+from srl_jax.config.loader import load_config  # noqa: E402
+from srl_jax.config.schema import ExperimentConfig  # noqa: E402
+from srl_jax.dataflow.algorithms import (  # noqa: E402
     algorithm,
     algorithm_config,
     extra_initializer,
     live_values,
     sizes,
 )
-from srl_jax.config.loader import load_config  # noqa: E402
-from srl_jax.config.schema import ExperimentConfig  # noqa: E402
 
 DEFAULT_CONFIG = CONFIGS_DIR / "cartpole_dqn.yaml"
 

@@ -70,7 +70,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-from srl_jax.core.metrics_table import RETURN_WINDOWS, recent_return_means  # noqa: E402
+from srl_jax.dataflow.metrics_table import RETURN_WINDOWS, recent_return_means  # noqa: E402
 
 Params = Any
 

@@ -16,8 +16,8 @@ from bench.harness.launcher import stop_process
 from bench.harness.machine import config_hash
 from bench.harness.run_rows import read_rows
 from bench.peers import sample_factory
-from srl_jax.config.run_dir import read_status
-from srl_jax.core.metrics_table import RETURN_WINDOWS
+from srl_jax.dataflow.metrics_table import RETURN_WINDOWS
+from srl_jax.runtime.run_dir import read_status
 
 TARGET_RETURN = 475.0
 ROLLING_WINDOWS = {f"last{n}": f"episode_return_mean_last{n}" for n in RETURN_WINDOWS}

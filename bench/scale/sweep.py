@@ -19,7 +19,7 @@ from bench.harness.launcher import BenchError, is_worker_of, stop_process
 from bench.harness.machine import REPO_ROOT, nproc
 from bench.harness.run_rows import read_rows
 from bench.overhead.cases import BATCH_CHUNKS, TRAJECTORY
-from srl_jax.config.run_dir import read_status
+from srl_jax.runtime.run_dir import read_status
 
 LAUNCH_SAFETY_S = 900
 """stop.wall_time_s of a sweep launch: the script stops it long before, by its pid."""

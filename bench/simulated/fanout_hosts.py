@@ -13,11 +13,11 @@ from typing import Any
 import zmq
 
 from bench.harness.launcher import raise_on_sigterm
-from srl_jax.core.stream_table import NAMES, PARAMS
-from srl_jax.core.streams import RejectCounter, make_socket, receive
+from srl_jax.dataflow.stream_table import NAMES, PARAMS
 from srl_jax.runtime.hosts.host_agent import HostAgent, agent_address
 from srl_jax.runtime.name_client import NetworkNameService
 from srl_jax.runtime.name_server import fixed_endpoint
+from srl_jax.wire.streams import RejectCounter, make_socket, receive
 
 POLL_MS = 50
 

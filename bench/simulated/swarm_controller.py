@@ -29,11 +29,11 @@ from bench.harness.machine import CONFIGS_DIR, DEFAULT_EXPERIMENT, REPO_ROOT
 from bench.simulated.swarm_hosts import SOCKETS_PER_WORKER
 from srl_jax.config.loader import config_to_dict, load_config
 from srl_jax.config.schema import DEFAULT_POLICY, ExperimentConfig
-from srl_jax.core.names import worker_name
-from srl_jax.core.worker_kinds import worker_plan
+from srl_jax.dataflow.worker_kinds import worker_plan
 from srl_jax.runtime.backends import LocalBackend, WorkerHandle
 from srl_jax.runtime.controller import Controller
 from srl_jax.runtime.name_server import NAMES_ENV
+from srl_jax.wire.names import worker_name
 
 EVENTS_S = 0.02
 """How often the backend takes the exits the host processes report."""

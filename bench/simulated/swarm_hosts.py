@@ -37,12 +37,12 @@ import msgpack
 import numpy as np
 import zmq
 
-from srl_jax.core.stream_table import INFERENCE, LOGS, PARAMS, SAMPLES, STATS, stream_of
-from srl_jax.core.streams import NOBLOCK, make_socket, send
-from srl_jax.core.worker_base import heartbeat_meta
-from srl_jax.core.worker_kinds import KINDS
+from srl_jax.dataflow.stream_table import INFERENCE, LOGS, PARAMS, SAMPLES, STATS, stream_of
+from srl_jax.dataflow.worker_kinds import KINDS
 from srl_jax.runtime.hosts.host_agent import HostAgent, agent_address
 from srl_jax.runtime.name_client import NetworkNameService
+from srl_jax.runtime.worker_base import heartbeat_meta
+from srl_jax.wire.streams import NOBLOCK, make_socket, send
 
 HEARTBEAT_S = 0.5
 LOG_EVERY_S = 30.0

@@ -52,10 +52,10 @@ from bench.harness.launcher import (
 )
 from bench.harness.machine import DEFAULT_EXPERIMENT, REPO_ROOT, describe, git_commit
 from bench.harness.run_rows import read_rows
-from srl_jax.config.run_dir import read_status
-from srl_jax.core.worker_base import SET_UP
-from srl_jax.core.worker_kinds import KINDS
+from srl_jax.dataflow.worker_kinds import KINDS
 from srl_jax.runtime.hosts.warm_parent import IMPORTED
+from srl_jax.runtime.run_dir import read_status
+from srl_jax.runtime.worker_base import SET_UP
 
 ATARI_EXPERIMENT = "atari_pong_impala"
 FIGURES = ("launch_to_first_frame_s", "launch_to_first_update_s", "jax_worker_start_cpu_s",

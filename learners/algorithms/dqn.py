@@ -1,6 +1,6 @@
 """Ape-X DQN as pure functions: n-step double-DQN targets and one prioritized update.
 
-A batch is B transitions sampled from the replay servers (`srl_jax.core.replay_spec`):
+A batch is B transitions sampled from the replay servers (`srl_jax.dataflow.replay_spec`):
 each row's observation and action, the rewards of its window of up to n steps, how
 the window ended and the observation after it. The target is
 
@@ -28,7 +28,7 @@ from learners.algorithms.dqn_config import DQNConfig
 from learners.algorithms.prepare import scale_rewards
 from learners.algorithms.train_state import TrainState, descend
 from learners.models.networks import Policy, update_obs_stats
-from srl_jax.config.algorithms import Sizes, with_live
+from srl_jax.dataflow.algorithms import Sizes, with_live
 
 
 def nstep_targets(rewards: jax.Array, steps: jax.Array, terminated: jax.Array,

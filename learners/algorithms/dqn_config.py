@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from srl_jax.config.algorithms import Algorithm, Sizes, lazy
 from srl_jax.config.schema import ConfigError
+from srl_jax.dataflow.algorithms import Algorithm, Sizes, lazy
 
 
 @dataclass

@@ -4,7 +4,7 @@ Espeholt et al. 2018, "IMPALA: Scalable Distributed Deep-RL with Importance
 Weighted Actor-Learner Architectures". Actors act with a policy that may be
 several versions behind the learner; V-trace corrects for that lag with
 truncated importance weights. A batch is one [T+1, B] block of trajectory
-chunks (see srl_jax/core/chunk_spec.py for the fields). The update evaluates the
+chunks (see srl_jax/dataflow/chunk_spec.py for the fields). The update evaluates the
 *current* network on every observation, computes V-trace targets and
 policy-gradient advantages from those values, and takes `minibatches` SGD
 steps in one pass, splitting the batch on the env axis. How the policy reads a
@@ -29,7 +29,7 @@ from learners.algorithms.prepare import policy_over, prepare_actor_critic
 from learners.algorithms.train_state import Batch, TrainState, descend, weighted_mean
 from learners.models.distributions import Distribution
 from learners.models.networks import Policy
-from srl_jax.config.algorithms import Sizes, with_live
+from srl_jax.dataflow.algorithms import Sizes, with_live
 
 
 class VTrace(NamedTuple):

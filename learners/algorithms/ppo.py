@@ -1,6 +1,6 @@
 """PPO as pure functions: GAE, the clipped loss, and one update over a batch.
 
-A batch is one [T+1, B] block of trajectory chunks (see srl_jax/core/chunk_spec.py
+A batch is one [T+1, B] block of trajectory chunks (see srl_jax/dataflow/chunk_spec.py
 for the fields). The update reads top to bottom: prepare the batch, compute
 advantages with the acting policy's values (with a centralized critic, the
 current critic's), then run `epochs` passes of `minibatches` clipped-objective
@@ -37,7 +37,7 @@ from learners.algorithms.value_norm import (
 )
 from learners.models.distributions import Distribution
 from learners.models.networks import Policy
-from srl_jax.config.algorithms import Sizes, with_live
+from srl_jax.dataflow.algorithms import Sizes, with_live
 
 
 def gae(rewards: jax.Array, values: jax.Array, terminated: jax.Array, truncated: jax.Array,

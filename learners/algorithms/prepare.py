@@ -32,7 +32,7 @@ from learners.algorithms.sequences import (
 from learners.algorithms.train_state import Batch
 from learners.models.distributions import mask_logits
 from learners.models.networks import Policy, update_obs_stats
-from srl_jax.config.algorithms import Sizes
+from srl_jax.dataflow.algorithms import Sizes
 
 Sequences = dict[str, jax.Array]
 """Time-major [L, b, ...] per-step fields under their `Batch` names (`obs`, and for

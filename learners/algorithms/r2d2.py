@@ -34,7 +34,7 @@ from learners.algorithms.sequences import episode_starts, time_major, warm_state
 from learners.algorithms.train_state import TrainState
 from learners.models.networks import Policy, update_obs_stats
 from learners.models.support import rescale, unrescale
-from srl_jax.config.algorithms import Sizes
+from srl_jax.dataflow.algorithms import Sizes
 
 
 def _ahead(x: jax.Array, k: int) -> jax.Array:

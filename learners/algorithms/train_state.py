@@ -10,11 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from srl_jax.core.chunk_spec import CHUNK_FIELDS, ChunkField, batch_arrays, batch_fields
+from srl_jax.dataflow.chunk_spec import CHUNK_FIELDS, ChunkField, batch_arrays, batch_fields
 
 
 def batch_type(fields: tuple[ChunkField, ...] = CHUNK_FIELDS) -> type:
-    """A NamedTuple pytree of the fields the learner trains on (`srl_jax.core.chunk_spec`)."""
+    """A NamedTuple pytree of the fields the learner trains on (`srl_jax.dataflow.chunk_spec`)."""
     return NamedTuple("Batch", [(name, jax.Array) for name in batch_fields(fields)])
 
 

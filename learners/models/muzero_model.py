@@ -18,9 +18,9 @@ import jax
 import jax.numpy as jnp
 
 from learners.models.torsos import MLP, nature_torso
-from srl_jax.config.algorithms import algorithm_config
 from srl_jax.config.schema import ExperimentConfig
-from srl_jax.core.env_spec import EnvSpec
+from srl_jax.dataflow.algorithms import algorithm_config
+from srl_jax.dataflow.env_spec import EnvSpec
 
 
 def scale_latent(latent: jax.Array) -> jax.Array:

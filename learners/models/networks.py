@@ -30,7 +30,7 @@ from learners.models.orthogonal import orthogonal
 from learners.models.support import from_support
 from learners.models.torsos import MLP, mlp_torso, nature_torso
 from srl_jax.config.schema import ExperimentConfig
-from srl_jax.core.env_spec import EnvSpec, check_network, core_state_size
+from srl_jax.dataflow.env_spec import EnvSpec, check_network, core_state_size
 
 OBS_CLIP = 10.0
 
@@ -292,7 +292,7 @@ def critic_width(config: ExperimentConfig, spec: EnvSpec) -> int:
 
 def make_policy(config: ExperimentConfig, spec: EnvSpec) -> tuple[Policy, nn.Module]:
     """The policy of `config.network` for `spec`, which must carry that network's state
-    size (`actors.envs.policy_spec` or `srl_jax.core.env_spec.with_network` gives it)."""
+    size (`actors.envs.policy_spec` or `srl_jax.dataflow.env_spec.with_network` gives it)."""
     network = make_network(config, spec)
     if isinstance(network, MuZeroModel):
         return muzero_policy(network), network

@@ -39,7 +39,7 @@ Orbax also runs each save in new threads, and glibc gives new threads malloc
 arenas in turn (up to 8 per core): what the saves free stays spread over all of
 them, free but resident, and a learner saving every 5 s grew by about 1 MB a
 minute that way. Learner processes therefore start with two arenas
-(`MALLOC_ARENA_MAX`, set by the controller: `srl_jax.core.worker_kinds`).
+(`MALLOC_ARENA_MAX`, set by the controller: `srl_jax.dataflow.worker_kinds`).
 """
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ from srl_jax.config.checkpoint_location import (
     is_bucket,
     steps_in,
 )
-from srl_jax.config.run_dir import checkpoint_root, step_meta
 from srl_jax.config.schema import DEFAULT_POLICY
+from srl_jax.runtime.run_dir import checkpoint_root, step_meta
 
 s3_arrays.install()  # before any save or restore in an s3:// bucket
 

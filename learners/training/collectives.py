@@ -30,7 +30,7 @@ from pathlib import Path
 from jax._src import distributed, xla_bridge
 from jax._src.lib import _jax
 
-from srl_jax.core.transport import Transport, is_loopback
+from srl_jax.wire.transport import Transport, is_loopback
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ so that servers act while the update compiles (seconds to minutes).
 `step` trains on one batch; `params` and `version` are what a publisher sends;
 `save` and `restore` go through the checkpointer; `set_hyperparams` changes the
 live hyperparameters (`Algorithm.live`) from the next update on, without
-recompiling. The learner worker (learners/workers/learner_worker.py) wraps it in a
+recompiling. The learner worker (learners/learner_worker.py) wraps it in a
 process; tests and benchmarks use it on arrays.
 
 With several JAX processes every process builds the same Learner and must call
@@ -40,23 +40,23 @@ from learners.training.mesh import (
     put_batch,
     replicated,
 )
-from srl_jax.config.algorithms import (
+from srl_jax.config.schema import ConfigError, ExperimentConfig
+from srl_jax.dataflow.algorithms import (
     algorithm,
     algorithm_config,
     extra_initializer,
     live_values,
     sizes,
 )
-from srl_jax.config.placement import planned_learner_devices
-from srl_jax.config.schema import ConfigError, ExperimentConfig
-from srl_jax.core.chunk_spec import empty_chunk
-from srl_jax.core.env_spec import EnvSpec
-from srl_jax.core.replay_spec import (
+from srl_jax.dataflow.chunk_spec import empty_chunk
+from srl_jax.dataflow.env_spec import EnvSpec
+from srl_jax.dataflow.replay_spec import (
     ReplayField,
     empty_replay_batch,
     replay_batch_fields,
     replay_fields,
 )
+from srl_jax.runtime.placement import planned_learner_devices
 
 UpdateFn = Callable[[TrainState, Any], tuple[TrainState, dict[str, jax.Array]]]
 PER_ROW = "priorities"
@@ -74,13 +74,13 @@ class Inputs(NamedTuple):
 
 
 def chunk_inputs(trajectory_length: int, batch_envs: int, spec: EnvSpec) -> Inputs:
-    """[T+1, B] trajectory batches (`srl_jax.core.chunk_spec`), split on the env columns."""
+    """[T+1, B] trajectory batches (`srl_jax.dataflow.chunk_spec`), split on the env columns."""
     return Inputs(empty_chunk(trajectory_length, batch_envs, spec), to_batch, ENV_AXIS)
 
 
 def replay_inputs(rows: int, window: int, spec: EnvSpec,
                   fields: tuple[ReplayField, ...] | None = None) -> Inputs:
-    """[B] sampled replay batches (`srl_jax.core.replay_spec`: transitions, or sequences
+    """[B] sampled replay batches (`srl_jax.dataflow.replay_spec`: transitions, or sequences
     with `fields` SEQUENCE_FIELDS and `window` their length T), split on the rows."""
     fields = fields or replay_fields(sequences=False)
     trained = replay_batch_fields(fields)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from srl_jax.config.run_dir import read_metrics, read_status
+from srl_jax.runtime.run_dir import read_metrics, read_status
 
 try:
     import pandas as pd

@@ -15,8 +15,8 @@ import shlex
 from dataclasses import dataclass, field
 
 from srl_jax.config.schema import ConfigError, ExperimentConfig
-from srl_jax.core.names import worker_name
-from srl_jax.core.worker_kinds import worker_kind, worker_plan
+from srl_jax.dataflow.worker_kinds import worker_kind, worker_plan
+from srl_jax.wire.names import worker_name
 
 CPU = "CPU"
 """A host whose offer has no CPU figure (a VM whose cores Ray counts when it starts) takes

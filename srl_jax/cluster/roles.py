@@ -20,7 +20,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from srl_jax.config.schema import ExperimentConfig
-from srl_jax.core.worker_kinds import HOST_ROLES, KINDS, WorkerKind, worker_kind, worker_plan
+from srl_jax.dataflow.worker_kinds import HOST_ROLES, KINDS, WorkerKind, worker_kind, worker_plan
 
 RAY_CLI = ("-m", "ray.scripts.scripts")
 """Ray's command line through the interpreter, so no PATH is needed on the hosts."""

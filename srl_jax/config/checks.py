@@ -3,7 +3,7 @@
 `validate` rejects what cannot run before a single worker starts, each message
 one line naming the key. Checks that must build or import an environment live
 with the actors (`actors.envs.check_env_id`), and each algorithm checks its own
-section (`srl_jax/config/algorithms.py`); the launcher runs all three.
+section (`srl_jax/dataflow/algorithms.py`); the launcher runs all three.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from srl_jax.config.schema import (
     policy_names,
     request_rows,
 )
-from srl_jax.core.shm.bell import MAX_SLOTS
-from srl_jax.core.shm.stream_layouts import REQUEST_SLOTS
-from srl_jax.core.transport import is_loopback
+from srl_jax.wire.shm.bell import MAX_SLOTS
+from srl_jax.wire.shm.layout import REQUEST_SLOTS
+from srl_jax.wire.transport import is_loopback
 
 RAY_AUTH_MODE = "RAY_AUTH_MODE"
 """Ray's switch for its token authentication ('token': on, the default of Ray 2.60 for a
@@ -371,7 +371,7 @@ def _check_memory_share(key: str, value: str | float) -> None:
 
 
 def check_placement_keys(config: ExperimentConfig) -> None:
-    """The placement keys' own values; what the host can give is srl_jax.config.placement's."""
+    """The placement keys' own values; what the host can give is srl_jax.runtime.placement's."""
     _check_memory_share("learner.device_memory", config.learner.device_memory)
     for section in ("inference", "evaluation"):
         keys = getattr(config, section)

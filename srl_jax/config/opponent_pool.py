@@ -5,7 +5,7 @@ The learner of a policy that frozen policies play (`selfplay.opponents`) keeps a
 versions (version 0, the seed's parameters, first), the newest `selfplay.pool` of
 them. Each snapshot is the parameters as the parameter stream carries them (named
 host arrays, `learners/models/param_codec.py`), saved as `<version>.npz` under the
-policy's checkpoints, `pool/` (`srl_jax.config.run_dir.pool_root`), so that a restarted or
+policy's checkpoints, `pool/` (`srl_jax.runtime.run_dir.pool_root`), so that a restarted or
 resumed learner keeps its pool. No JAX here: the learner hands in host arrays, and
 the actors use `pick_version`.
 

@@ -11,7 +11,7 @@ A sweep is a population without exploit: each member keeps the values it started
 with (`sweep_overrides`).
 
 Hyperparameters are named by their config keys, `learner.<algorithm>.<name>`, and
-must be among the algorithm's live ones (`srl_jax.config.algorithms.Algorithm.live`): a
+must be among the algorithm's live ones (`srl_jax.dataflow.algorithms.Algorithm.live`): a
 learner changes them in its train state without recompiling.
 """
 

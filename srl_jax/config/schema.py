@@ -5,7 +5,7 @@ docstring. `srl_jax.config.loader` turns YAML plus `--set key=value` overrides
 into an `ExperimentConfig`, `srl_jax.config.checks` rejects what cannot run, and
 the sections about operating a run are in `srl_jax.config.operations`;
 each algorithm owns the schema of its section under `learner`
-(`srl_jax/config/algorithms.py`). Errors are `ConfigError` with one line naming the key.
+(`srl_jax/dataflow/algorithms.py`). Errors are `ConfigError` with one line naming the key.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from srl_jax.config.operations import CheckpointConfig, RayConfig, RuntimeConfig, TransportConfig
+from srl_jax.wire.names import DEFAULT_POLICY
 
 NETWORKS = ("mlp", "nature_cnn")
 CORES = ("none", "lstm", "gru")
@@ -24,7 +25,6 @@ CONVS = ("auto", "xla", "matmul")
 DEFAULT_BACKEND = "gymnasium"
 """The `env.backend` that every env family has (others: `srl_jax.config.env_families`)."""
 NAME_SERVICES = ("auto", "files", "network")
-DEFAULT_POLICY = "default"
 POLICY_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 RESERVED_POLICY_NAMES = ("best", "evaluated", "pool")
 """Directories of `checkpoints/` that a policy's own checkpoints would collide with."""
@@ -167,7 +167,7 @@ class InferenceConfig:
 @dataclass
 class LearnerConfig:
     algorithm: str = "ppo"
-    """Learning algorithm: a name in the registry of `srl_jax/config/algorithms.py` (built in:
+    """Learning algorithm: a name in the registry of `srl_jax/dataflow/algorithms.py` (built in:
     'ppo', 'impala', 'dqn'; more from `plugins`). Its hyperparameters are `learner.<name>`."""
     batch_envs: int = 32
     """B: env columns per update, a batch of [T+1, B]; for an algorithm that learns from
@@ -188,7 +188,7 @@ class LearnerConfig:
     devices: int | list[int] = 0
     """Devices to train on, data-parallel: a count per learner process (0: what the
     placement plan gives it, all local devices on a CPU), or a list of this host's
-    device ids (split among the host's learner processes). See `srl_jax/config/placement.py`."""
+    device ids (split among the host's learner processes). See `srl_jax/runtime/placement.py`."""
     device_memory: str | float = "auto"
     """Share of each of its GPUs' memory a learner process takes: a fraction (0, 1],
     'on_demand' (no preallocation; grows as needed), or 'auto' (the placement plan's)."""
@@ -210,7 +210,7 @@ class LearnerConfig:
     algorithms: dict[str, dict[str, Any]] = field(
         default_factory=dict, metadata={SECTIONS: True})
     """Algorithm sections as written, `learner.<name>: {...}` (e.g. `learner.ppo`), by
-    name; `srl_jax.config.algorithms.algorithm_config` builds and checks the chosen one with
+    name; `srl_jax.dataflow.algorithms.algorithm_config` builds and checks the chosen one with
     that algorithm's own config class. Not a key of its own in the YAML."""
 
 
@@ -381,7 +381,7 @@ class ExperimentConfig:
     plugins: list[str] = field(default_factory=list)
     """Modules imported (by the launcher and by every worker process) before the config
     is checked: importing one registers what it adds, e.g. an algorithm
-    (`srl_jax.config.algorithms.register`). Every process imports them, actors included."""
+    (`srl_jax.dataflow.algorithms.register`). Every process imports them, actors included."""
     env: EnvConfig = field(default_factory=EnvConfig)
     """Environment."""
     actors: ActorConfig = field(default_factory=ActorConfig)

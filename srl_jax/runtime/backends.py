@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from srl_jax.config.schema import DEFAULT_POLICY
-from srl_jax.core.names import FileNameService, NameService, worker_name
-from srl_jax.core.shm import place as shm_place
-from srl_jax.core.shm.place import OWNER_ENV
-from srl_jax.core.worker_kinds import PARENT_ENV, worker_kind
+from srl_jax.dataflow.worker_kinds import PARENT_ENV, worker_kind
 from srl_jax.runtime.hosts.warm_client import START_TIMEOUT_S, WarmChild, WarmParent
 from srl_jax.runtime.name_server import NAMES_ENV
+from srl_jax.wire.names import FileNameService, NameService, worker_name
+from srl_jax.wire.shm import place as shm_place
+from srl_jax.wire.shm.place import OWNER_ENV
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ Process = subprocess.Popen | WarmChild
 def worker_env(env: Mapping[str, str], shared_memory: Path | None) -> dict[str, str]:
     """A worker's whole environment: `env`, this process as its starter, and
     `shared_memory`, the directory of this process's that owns the worker's shared memory
-    and removes it (srl_jax/core/shm/place.py): without it the worker gets no owner,
+    and removes it (srl_jax/wire/shm/place.py): without it the worker gets no owner,
     whatever `env` says."""
     env = {name: value for name, value in env.items() if name != OWNER_ENV}
     own = {OWNER_ENV: str(shared_memory)} if shared_memory is not None else {}
@@ -154,9 +154,9 @@ class LocalBackend:
     """One process per worker on this machine; logs to `<run_dir>/logs/<worker>.log`.
     With `warm_parent`, the kinds forked warm are forked by this host's warm parent for the
     run, started with the backend (`logs/warm_parent.log`), and again where it died.
-    With `shared_memory` (srl_jax/core/shm/budget.py decides) it owns their shared
+    With `shared_memory` (srl_jax/dataflow/shm_budget.py decides) it owns their shared
     memory: it removes what runs gone before it left, makes its own directory when it
-    starts its first worker, and removes it when it closes (srl_jax/core/shm/place.py)."""
+    starts its first worker, and removes it when it closes (srl_jax/wire/shm/place.py)."""
 
     def __init__(self, run_dir: Path, shared_memory: bool = True,
                  warm_parent: bool = False) -> None:

@@ -23,28 +23,19 @@ from typing import Any
 
 import zmq
 
-from srl_jax.config.placement import Placement
-from srl_jax.config.run_dir import policy_version, write_status
 from srl_jax.config.schema import ExperimentConfig, run_policies
-from srl_jax.core.incarnation import Incarnation
-from srl_jax.core.metrics_table import DEVICE_MEMORY
-from srl_jax.core.names import NameService, worker_name
-from srl_jax.core.stream_table import COORDINATOR, STATS
-from srl_jax.core.streams import (
-    RejectCounter,
-    limit_message_size,
-    make_socket,
-    receive,
-)
-from srl_jax.core.transport import KEYS_ENV, CurveKeys, Transport
-from srl_jax.core.worker_base import LAST_PHASE, STACKS_SIGNAL
-from srl_jax.core.worker_kinds import worker_kind, worker_plan
+from srl_jax.dataflow.metrics_table import DEVICE_MEMORY
+from srl_jax.dataflow.stream_table import COORDINATOR, STATS
+from srl_jax.dataflow.worker_kinds import worker_kind, worker_plan
 from srl_jax.runtime.backends import BackendError, LaunchBackend
 from srl_jax.runtime.hosts.host_agent import signs_of_life, unbatch
+from srl_jax.runtime.incarnation import Incarnation
 from srl_jax.runtime.log_stream import LogSink
 from srl_jax.runtime.metrics import MetricsAggregator, MetricsWriter, ProgressDisplay
 from srl_jax.runtime.name_server import NAMES_ENV, NameServer
+from srl_jax.runtime.placement import Placement
 from srl_jax.runtime.population_link import PopulationLink, population_link
+from srl_jax.runtime.run_dir import policy_version, write_status
 from srl_jax.runtime.stop_rule import StopRule
 from srl_jax.runtime.supervisor import (
     EXIT_FAILED,
@@ -53,7 +44,16 @@ from srl_jax.runtime.supervisor import (
     LOOP_S,
     Supervisor,
 )
+from srl_jax.runtime.worker_base import LAST_PHASE, STACKS_SIGNAL
 from srl_jax.runtime.worker_records import StartupTimeline, WorkerRecord, heartbeat_problem
+from srl_jax.wire.names import NameService, worker_name
+from srl_jax.wire.streams import (
+    RejectCounter,
+    limit_message_size,
+    make_socket,
+    receive,
+)
+from srl_jax.wire.transport import KEYS_ENV, CurveKeys, Transport
 
 log = logging.getLogger("controller")
 

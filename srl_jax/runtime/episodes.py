@@ -10,7 +10,7 @@ competitive game the sum says who won, not how well each side plays),
 `policy/<name>/episode_return_mean` the mean return of one of that policy's agents;
 `eval_return_mean`, `team_eval_return_mean` and `policy/<name>/eval_return_mean` are
 the evaluator's counterparts. The row keys are listed in
-`srl_jax.core.metrics_table.OTHER_ROWS`.
+`srl_jax.dataflow.metrics_table.OTHER_ROWS`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from srl_jax.core.metrics_table import (
+from srl_jax.dataflow.metrics_table import (
     MEMBER_EVAL,
     OPPONENT_VERSION,
     POLICY_RETURN,

@@ -31,10 +31,10 @@ from typing import BinaryIO
 import numpy as np
 import zmq
 
-from srl_jax.core.names import NameService
-from srl_jax.core.stream_table import LOGS
-from srl_jax.core.streams import NOBLOCK, RejectCounter, make_socket, receive, send
-from srl_jax.core.transport import CurveKeys, Transport, curve_connect
+from srl_jax.dataflow.stream_table import LOGS
+from srl_jax.wire.names import NameService
+from srl_jax.wire.streams import NOBLOCK, RejectCounter, make_socket, receive, send
+from srl_jax.wire.transport import CurveKeys, Transport, curve_connect
 
 LOG_QUEUE = 256
 """Chunks queued towards the controller (ZMQ high-water mark, each end)."""

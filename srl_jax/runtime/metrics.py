@@ -4,7 +4,7 @@ Workers send cumulative counters; the aggregator keeps the latest per worker,
 adds the last counters of workers that were restarted (so totals never go
 back), and turns differences between rows into rates and time fractions. Which
 counters become which row keys, and how, is the metrics table each worker kind
-declares (srl_jax/core/metrics_table.py): this module reads it and knows no counter
+declares (srl_jax/dataflow/metrics_table.py): this module reads it and knows no counter
 by name. Row keys docs/metrics.md lists as always there never change; extra keys
 are grouped by prefix (`actor/`, `inference/`, `learner/`, `replay/`, `policy/`,
 `system/`). The episode keys come from the heartbeat arrays (srl_jax/runtime/episodes.py).
@@ -25,7 +25,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from srl_jax.config.schema import DEFAULT_POLICY
-from srl_jax.core.metrics_table import (
+from srl_jax.dataflow.metrics_table import (
     COMMON,
     CONTRACT_KEYS,
     POLICY,
@@ -35,7 +35,7 @@ from srl_jax.core.metrics_table import (
     Row,
     Shown,
 )
-from srl_jax.core.worker_kinds import KINDS
+from srl_jax.dataflow.worker_kinds import KINDS
 from srl_jax.runtime.episodes import EpisodeRows
 
 log = logging.getLogger("metrics")

@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 import zmq
 
-from srl_jax.core.stream_table import CHANGES, NAMES
-from srl_jax.core.streams import NOBLOCK, RejectCounter, make_socket, receive, send
-from srl_jax.core.transport import CurveKeys, curve_connect
-from srl_jax.core.wire import Message
+from srl_jax.dataflow.stream_table import CHANGES, NAMES
+from srl_jax.wire.codec import Message
+from srl_jax.wire.streams import NOBLOCK, RejectCounter, make_socket, receive, send
+from srl_jax.wire.transport import CurveKeys, curve_connect
 
 log = logging.getLogger(__name__)
 

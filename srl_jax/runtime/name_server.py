@@ -55,12 +55,12 @@ from typing import Any
 import numpy as np
 import zmq
 
-from srl_jax.core.names import moved_by_get
-from srl_jax.core.stream_table import CHANGES, NAMES, Stream, stream_of
-from srl_jax.core.streams import NOBLOCK, RejectCounter, make_socket, receive, send
-from srl_jax.core.transport import Transport
-from srl_jax.core.wire import Message
+from srl_jax.dataflow.stream_table import CHANGES, NAMES, Stream, stream_of
 from srl_jax.runtime.name_client import CHANGES_QUEUE, MAX_KEYS, MAX_WAIT_S
+from srl_jax.wire.codec import Message
+from srl_jax.wire.names import moved_by_get
+from srl_jax.wire.streams import NOBLOCK, RejectCounter, make_socket, receive, send
+from srl_jax.wire.transport import Transport
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The controller's side of a population run, so that neither the population manager nor
 the learners need the run directory: a cluster's hosts may share no disk.
 
-The controller binds two streams for it (srl_jax/core/stream_table.py):
+The controller binds two streams for it (srl_jax/dataflow/stream_table.py):
 
 - rows: each metrics row, as `metrics.jsonl` gets it, published to the manager, which
   ranks the members by them (a PUB: a manager that is starting misses the rows before
@@ -28,11 +28,11 @@ import numpy as np
 
 from srl_jax.config.population import append_lineage, event_problem, lineage_line, read_lineage
 from srl_jax.config.schema import ExperimentConfig, member_names
-from srl_jax.core.names import NameService
-from srl_jax.core.stream_table import LINEAGE, ROWS
-from srl_jax.core.streams import NOBLOCK, RejectCounter, make_socket, receive, send
-from srl_jax.core.transport import Transport
-from srl_jax.core.worker_kinds import worker_kind
+from srl_jax.dataflow.stream_table import LINEAGE, ROWS
+from srl_jax.dataflow.worker_kinds import worker_kind
+from srl_jax.wire.names import NameService
+from srl_jax.wire.streams import NOBLOCK, RejectCounter, make_socket, receive, send
+from srl_jax.wire.transport import Transport
 
 ROWS_QUEUE = 64
 """Rows queued towards a manager that is behind (then it misses rows, never blocks us)."""

@@ -36,9 +36,9 @@ from srl_jax.config.population import (
     ranking_metric,
 )
 from srl_jax.config.schema import DEFAULT_POLICY, member_names
-from srl_jax.core.stream_table import CONTROL, LINEAGE, ROWS
-from srl_jax.core.streams import ask, receive, send
-from srl_jax.core.worker_base import LOOKUP_TIMEOUT_S, Worker, WorkerStopped
+from srl_jax.dataflow.stream_table import CONTROL, LINEAGE, ROWS
+from srl_jax.runtime.worker_base import LOOKUP_TIMEOUT_S, Worker, WorkerStopped
+from srl_jax.wire.streams import ask, receive, send
 
 POLL_MS = 200
 ASK_S = 1.0

@@ -52,10 +52,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from srl_jax.config.checks import RAY_AUTH_MODE
 from srl_jax.config.operations import TransportConfig
 from srl_jax.config.schema import DEFAULT_POLICY, ExperimentConfig
-from srl_jax.core.names import FileNameService, NameService, worker_name
-from srl_jax.core.stream_table import NAMES
-from srl_jax.core.transport import BIND_HOST_ENV, KEYS_ENV, CurveKeys, Port
-from srl_jax.core.worker_kinds import worker_kind, worker_plan
+from srl_jax.dataflow.stream_table import NAMES
+from srl_jax.dataflow.worker_kinds import worker_kind, worker_plan
 from srl_jax.runtime.backends import (
     BackendError,
     Process,
@@ -67,6 +65,8 @@ from srl_jax.runtime.backends import (
 from srl_jax.runtime.hosts.host_agent import HostAgent, agent_address
 from srl_jax.runtime.hosts.warm_client import WarmChild, WarmParent
 from srl_jax.runtime.name_server import NAMES_ENV, fixed_endpoint
+from srl_jax.wire.names import FileNameService, NameService, worker_name
+from srl_jax.wire.transport import BIND_HOST_ENV, KEYS_ENV, CurveKeys, Port
 
 log = logging.getLogger(__name__)
 

@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from srl_jax.config.run_dir import STATUS, read_metrics, read_status
-from srl_jax.core.worker_base import STACKS_SIGNAL
+from srl_jax.runtime.run_dir import STATUS, read_metrics, read_status
+from srl_jax.runtime.worker_base import STACKS_SIGNAL
 
 EXIT_USAGE = 2
 STACK_WAIT_S = 1.0

@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from srl_jax.config.schema import ExperimentConfig
-from srl_jax.core.worker_base import STACKS_SIGNAL
-from srl_jax.core.worker_kinds import EXIT_REFUSED, worker_kind
+from srl_jax.dataflow.worker_kinds import EXIT_REFUSED, worker_kind
 from srl_jax.runtime.backends import LaunchBackend
 from srl_jax.runtime.metrics import MetricsAggregator
+from srl_jax.runtime.worker_base import STACKS_SIGNAL
 from srl_jax.runtime.worker_records import UNPLACED, StartupTimeline, WorkerRecord
 
 log = logging.getLogger("controller")

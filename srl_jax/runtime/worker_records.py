@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from srl_jax.config.schema import DEFAULT_POLICY
-from srl_jax.core.names import worker_name
 from srl_jax.runtime.backends import WorkerHandle
+from srl_jax.wire.names import worker_name
 
 MAX_PORTS = 64
 PORT_FIELDS = {"key": str, "endpoint": str, "bind": str, "authenticated": bool}

@@ -1,5 +1,5 @@
 """Acting by search: the inference server's jitted call for a MuZero policy, in the
-policy runner's calling convention (`learners.models.policy_runner.Act`), so a request's
+policy runner's calling convention (`policy.policy_runner.Act`), so a request's
 rows are searched in one batch on the server's device and their outputs cross back in one
 transfer. The packed outputs hold the action, the log-probability of the action under
 the search's policy, the root's value, the (empty) recurrent state and, in the slot a Q
@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from learners.algorithms.muzero.search import model_fns, search
 from learners.algorithms.muzero_config import MuZeroConfig
 from learners.models.muzero_model import MuZeroModel
-from learners.models.policy_runner import Act, pack_outputs
+from policy.policy_runner import Act, pack_outputs
 
 
 def make_search_act(model: MuZeroModel, config: MuZeroConfig, gumbel_scale: float = 1.0,

@@ -19,7 +19,7 @@ from learners.algorithms.sequences import time_major
 from learners.algorithms.train_state import TrainState, descend
 from learners.models.muzero_model import logit_fns
 from learners.models.networks import Policy
-from srl_jax.config.algorithms import Sizes, with_live
+from srl_jax.dataflow.algorithms import Sizes, with_live
 
 
 def make_update(policy: Policy, optimizer: optax.GradientTransformation,

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import setproctitle
 
-from srl_jax.core.worker_kinds import KINDS, PARENT_PIDFD_ENV
+from srl_jax.dataflow.worker_kinds import KINDS, PARENT_PIDFD_ENV
 
 MALLOC_OPTIONS = {"MALLOC_TRIM_THRESHOLD_": -1, "MALLOC_TOP_PAD_": -2,
                   "MALLOC_MMAP_THRESHOLD_": -3, "MALLOC_MMAP_MAX_": -4,

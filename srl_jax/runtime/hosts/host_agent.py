@@ -51,13 +51,13 @@ import numpy as np
 import zmq
 
 from srl_jax.config.operations import RuntimeConfig
-from srl_jax.core.stream_table import CHANGES, LOGS, NAMES, PARAMS, STATS, stream_of
-from srl_jax.core.streams import LOOPBACK, NOBLOCK, RejectCounter, make_socket, receive, send
-from srl_jax.core.transport import CurveKeys, Transport, curve_connect
-from srl_jax.core.wire import MAX_ARRAYS, MAX_HEADER_BYTES, Message
+from srl_jax.dataflow.stream_table import CHANGES, LOGS, NAMES, PARAMS, STATS, stream_of
 from srl_jax.runtime.hosts.param_relay import Relays
 from srl_jax.runtime.name_client import SWEEP_S, NetworkNameService, change_of
 from srl_jax.runtime.name_server import NameServer, Wakeup, fixed_endpoint
+from srl_jax.wire.codec import MAX_ARRAYS, MAX_HEADER_BYTES, Message
+from srl_jax.wire.streams import LOOPBACK, NOBLOCK, RejectCounter, make_socket, receive, send
+from srl_jax.wire.transport import CurveKeys, Transport, curve_connect
 
 log = logging.getLogger("host_agent")
 

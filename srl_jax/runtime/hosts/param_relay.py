@@ -37,11 +37,11 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from srl_jax.config.schema import DEFAULT_POLICY
-from srl_jax.core.stream_table import PARAMS, RELAY, Stream, stream_of
-from srl_jax.core.streams import NOBLOCK, RejectCounter, make_socket, receive_frames, send_frames
-from srl_jax.core.transport import Transport
-from srl_jax.core.wire import Message
+from srl_jax.dataflow.stream_table import PARAMS, RELAY, Stream, stream_of
 from srl_jax.runtime.name_server import NameServer
+from srl_jax.wire.codec import Message
+from srl_jax.wire.streams import NOBLOCK, RejectCounter, make_socket, receive_frames, send_frames
+from srl_jax.wire.transport import Transport
 
 log = logging.getLogger("param_relay")
 

@@ -1,0 +1,1 @@
+"""Where a learner's training batches come from: the sample stream or replay."""

@@ -1,0 +1,103 @@
+"""A replay server that reanalyses (MuZero Reanalyze, Schrittwieser et al. 2021).
+
+Where the algorithm reanalyses (`Algorithm.reanalyse`, MuZero's `reanalyse_fraction`), the
+replay worker kind runs this subclass (srl_jax/dataflow/worker_kinds.py picks it). It follows
+the learner's parameter stream as an inference server does, and before a sampled batch
+of sequences leaves, it searches again from every observation of a fraction of them with
+the newest parameters: their root values (which the value targets bootstrap from) and
+search policies (the policy head's targets) are replaced in the batch and in storage, so
+that the learner does not keep fitting what an old model thought. The work rides on
+sampling, so the replay's rate limiter paces it as it paces sampling. The search does not
+sample at the root: a target is the model's, not a draw's.
+
+Replay servers without reanalysis never import this module, nor JAX.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import zmq
+
+from replay.replay_worker import ReplayWorker
+from srl_jax.config.schema import DEFAULT_POLICY, ExperimentConfig
+from srl_jax.dataflow.algorithms import reanalyse_fraction
+from srl_jax.wire.names import NameService
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before JAX is imported: it searches on CPU
+
+from learners.training.jax_runtime import configure_jax
+from policy.acting import make_runner
+from policy.param_stream import ParamSubscriber, subscribe
+from policy.policy_runner import PolicyRunner, padded_sizes
+
+
+def reanalyse(runner: PolicyRunner, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Search from every observation of sequences `obs` [n, T + 1, ...] with the runner's
+    parameters: (root values [n, T + 1], search policies [n, T, A] of the steps)."""
+    n, steps = obs.shape[:2]
+    rows = obs.reshape(n * steps, *obs.shape[2:])
+    out, _ = runner.run(rows, runner.zero_state(len(rows)))
+    policy = out["search_policy"].reshape(n, steps, -1)[:, :-1]
+    return out["value"].reshape(n, steps), policy
+
+
+class ReanalysingReplayWorker(ReplayWorker):
+    def __init__(self, config: ExperimentConfig, index: int, run_dir: Path,
+                 names: NameService, policy: str = DEFAULT_POLICY) -> None:
+        super().__init__(config, index, run_dir, names, policy)
+        self.fraction = reanalyse_fraction(config)
+        self.rng = np.random.default_rng(self.incarnation.seed(config.seed + 3000 + index))
+        self.runner: PolicyRunner | None = None
+        self.params: ParamSubscriber | None = None
+        self.reanalysed = 0
+        self.time_reanalyse = 0.0
+
+    def setup(self) -> None:
+        super().setup()
+        configure_jax(self.config.runtime)
+        steps = self.buffer.T + 1
+        most = math.ceil(self.fraction * self.config.learner.batch_envs)
+        with self.busy("building the reanalysis search"):
+            self.runner = make_runner(self.config, self.spec, self.incarnation.seed(self.index),
+                                      steps, most * steps, explore=False)
+        # Whole sequences, padded to powers of two of them, each compiled when first used:
+        # a server mostly sees one count.
+        self.runner.sizes = tuple(steps * n for n in padded_sizes(1, most))
+        self.params = subscribe(self, self.runner)
+        self.poller.register(self.params.socket, zmq.POLLIN)  # wake for new parameters
+
+    def run_once(self) -> None:
+        self.params.poll()
+        super().run_once()
+
+    def outgoing(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """`batch` with the targets of a random `fraction` of its sequences renewed (the
+        count rounded at random, so that the fraction holds on average)."""
+        rows = len(batch["slots"])
+        k = min(rows, int(self.fraction * rows + self.rng.random()))
+        if not k:
+            return batch
+        start = time.perf_counter()
+        with self.busy("reanalysing"):  # the first search of a size compiles it
+            values, policy = reanalyse(self.runner, batch["obs"][:k])
+        self.buffer.refresh(batch["slots"][:k], batch["generations"][:k], values, policy)
+        batch["values"][:k] = values
+        batch["search_policy"][:k] = policy
+        self.reanalysed += k * self.buffer.T
+        self.time_reanalyse += time.perf_counter() - start
+        return batch
+
+    def counters(self) -> dict[str, float]:
+        return {**super().counters(), "reanalysed": self.reanalysed,
+                "time_reanalyse": self.time_reanalyse,
+                "reanalyse_version": self.runner.version if self.runner else 0}
+
+    def close(self) -> None:
+        if self.params is not None:
+            self.params.socket.close()
+        super().close()

@@ -1,1 +1,0 @@
-"""srl_jax/core"""

@@ -1,0 +1,299 @@
+"""The algorithm registry: one `Algorithm` object per algorithm, found by name.
+
+An algorithm is one module. It exports one `Algorithm`: its name, its own config
+dataclass (its section `learner.<name>` of the experiment YAML, every field with a
+one-line doc, checked in `__post_init__`), the builders of its optimizer and of its
+pure (TrainState, Batch) -> (TrainState, metrics) update, which get that config and
+the derived `Sizes` (never the whole experiment config), the fields the update
+reads, the stream it learns from (fresh chunks on `samples`, or sampled batches
+from the replay servers on `replay`), the network heads it can train and the
+config fields that may change during a run (`live`: the update reads their current
+values from `TrainState.hyper`, so changing one recompiles nothing). The
+built-in ones (`BUILT_IN`) are imported on first use; any other module registers
+its algorithm with `register(...)` when it is imported, which the experiment's
+`plugins` list makes happen in every process.
+
+This module imports no JAX: the launcher checks configs with it before any worker
+starts. A built-in algorithm's `Algorithm` lives with its config in a module of its own
+that imports no JAX either (`learners/algorithms/ppo_config.py` beside the math in
+`learners/algorithms/ppo.py`),
+and names its builders with `lazy`: the launcher, which imports JAX nowhere else, starts
+about a second sooner. It sits with the config, below actors and learners, so that the
+learner and the actors read the same declared source (`chunk_stream`).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from srl_jax.config.loader import build_dataclass
+from srl_jax.config.schema import ConfigError, ExperimentConfig, LearnerConfig
+from srl_jax.dataflow.chunk_spec import batch_fields
+from srl_jax.dataflow.replay_spec import SEQUENCE_FIELDS, replay_batch_fields
+from srl_jax.dataflow.stream_table import INSERTS, REPLAY, SAMPLES, Stream
+
+BUILT_IN = {"ppo": "learners.algorithms.ppo_config", "impala": "learners.algorithms.impala_config",
+            "dqn": "learners.algorithms.dqn_config", "r2d2": "learners.algorithms.r2d2_config",
+            "muzero": "learners.algorithms.muzero_config"}
+"""Name -> module exporting `ALGORITHM` (imported on first use; it imports no JAX)."""
+SOURCES = {SAMPLES.name: batch_fields, REPLAY.name: replay_batch_fields}
+"""Streams a learner can take its batches from, and the fields each one's batch has."""
+_REGISTERED: dict[str, Algorithm] = {}
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """What an algorithm needs of the rest of the experiment, derived once (`sizes`)."""
+
+    trajectory_length: int
+    """T: steps per chunk; a batch is [T+1, B]."""
+    batch_envs: int
+    """B: env columns per update (over all learner processes)."""
+    total_updates: int
+    """Updates in the whole run (stop.env_frames / (T * B)); 0 when the run has no
+    frame limit."""
+    reward_scale: float
+    """Rewards are multiplied by this before the update (learner.reward_scale)."""
+    reward_clip: float
+    """Rewards are clipped to [-c, c] before the update (0: no clipping)."""
+    recurrent: bool = False
+    """The policy has a recurrent core (network.core): updates unroll whole columns."""
+    burn_in: int = 0
+    """Steps at the start of each column that only warm the state (learner.burn_in)."""
+    shared_torso: bool = False
+    """Policy and value share parameters (a Nature-CNN torso, a recurrent core): no
+    separate critic MLP."""
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One learning algorithm, as the learner worker and the config checks see it."""
+
+    name: str
+    """Its name in `learner.algorithm`, and its section `learner.<name>`."""
+    config: type
+    """Its config dataclass; every field has a default and a one-line doc, and
+    `__post_init__` raises `srl_jax.config.schema.ConfigError` naming `learner.<name>.<key>`."""
+    make_optimizer: Callable[[Any, Sizes], Any]
+    """(config, sizes) -> optax.GradientTransformation over the network parameters."""
+    make_update: Callable[[Any, Any, Any, Sizes], Callable]
+    """(policy, optimizer, config, sizes) -> pure update (TrainState, Batch) ->
+    (TrainState, metrics) for the learner to jit over its mesh."""
+    fields: tuple[str, ...]
+    """The batch fields its update reads (chunk fields, or sampled replay fields)."""
+    source: str = SAMPLES.name
+    """The stream it takes data from: one of SOURCES ('replay' needs `replay.count`)."""
+    check: Callable[[Any, Sizes], None] | None = None
+    """Checks of its config against the sizes (ConfigError with one line), if any."""
+    heads: tuple[str, ...] = ("actor_critic",)
+    """The `network.head`s it can train (srl_jax.config.schema.HEADS)."""
+    init_extra: Callable[[Any, Any], Any] | None = None
+    """Its own train state beside params and optimizer (DQN: the target network; PPO
+    with value normalization: the statistics), from the initial parameters and its
+    config; kept in `TrainState.extra` and checkpointed (`extra_initializer`)."""
+    replay_window: Callable[[Any], int] | None = None
+    """With source 'replay': (config) -> n, the steps of each sampled window."""
+    replay_sequences: bool = False
+    """With source 'replay': it samples whole chunk columns with their stored recurrent
+    state (R2D2's sequences, `SEQUENCE_FIELDS`), not n-step transitions."""
+    search_act: Callable[[Any, Any, float], Any] | None = None
+    """An algorithm that acts by its own search (MuZero): (network, config, gumbel_scale)
+    -> the servers' jitted acting call (`policy.policy_runner.Act`), whose
+    outputs carry the search's policy (`EnvSpec.search_policy`); gumbel_scale 0 for
+    evaluation. None: the network's distribution samples the actions."""
+    reanalyse: Callable[[Any], float] | None = None
+    """With `search_act`: (config) -> the fraction of the sampled sequences whose search
+    targets the replay servers renew with the newest parameters before sending them
+    (MuZero Reanalyze; replay/reanalysing_replay.py). None or 0: none."""
+    live: tuple[str, ...] = ()
+    """Float fields of its config that may change during a run (population-based
+    training): kept in `TrainState.hyper` and read from there by the update, so a new
+    value takes effect at the next update without recompiling."""
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.live) - {f.name for f in dataclasses.fields(self.config)})
+        if unknown:
+            raise ValueError(f"algorithm '{self.name}': live {unknown} are not fields of "
+                             f"{self.config.__name__}")
+
+
+def lazy(module: str, name: str) -> Callable:
+    """`module.name`, imported at its first call: how an algorithm's declaration names
+    builders that live in a module that imports JAX."""
+
+    def call(*args: Any) -> Any:
+        return getattr(importlib.import_module(module), name)(*args)
+
+    call.__qualname__ = f"{module}.{name}"
+    return call
+
+
+def live_values(algo: Algorithm, config: Any) -> dict[str, float]:
+    """The starting values of `algo`'s live hyperparameters, from its `config`."""
+    return {name: float(getattr(config, name)) for name in algo.live}
+
+
+def with_live(config: Any, hyper: Any) -> Any:
+    """`config` with the live fields set from `hyper` (name -> value; inside the update,
+    traced scalars), the others kept. `__post_init__` is skipped: its checks need
+    concrete values, and a population may set a step size of 0."""
+    live = copy.copy(config)
+    vars(live).update(hyper)
+    return live
+
+
+def register(algo: Algorithm) -> None:
+    """Make `algo` known by its name (called by a plugin module when it is imported)."""
+    reserved = {f.name for f in dataclasses.fields(LearnerConfig)} | set(BUILT_IN)
+    if algo.name in reserved:
+        raise ValueError(f"algorithm name '{algo.name}' is taken by 'learner.{algo.name}'")
+    if _REGISTERED.get(algo.name, algo) is not algo:
+        raise ValueError(f"another algorithm is registered as '{algo.name}'")
+    _REGISTERED[algo.name] = algo
+
+
+def known() -> list[str]:
+    """Names of the built-in and the registered algorithms."""
+    return sorted(set(BUILT_IN) | set(_REGISTERED))
+
+
+def algorithm(name: str) -> Algorithm:
+    """The algorithm called `name`; ConfigError naming `learner.algorithm` if none is."""
+    if name not in _REGISTERED and name in BUILT_IN:
+        _REGISTERED[name] = importlib.import_module(BUILT_IN[name]).ALGORITHM
+    if name not in _REGISTERED:
+        close = difflib.get_close_matches(name, known(), n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise ConfigError(f"'learner.algorithm': unknown '{name}'{hint} (known: "
+                          f"{', '.join(known())}; others register through 'plugins')")
+    return _REGISTERED[name]
+
+
+def chunk_stream(config: ExperimentConfig) -> Stream:
+    """Where the actors send their chunks, as the run's algorithm declares its source: to
+    the learners (samples), or to the replay servers (inserts) for one that learns from
+    replay."""
+    return INSERTS if algorithm(config.learner.algorithm).source == REPLAY.name else SAMPLES
+
+
+def sizes(config: ExperimentConfig) -> Sizes:
+    """The sizes every algorithm may depend on, from the experiment config."""
+    T, B = config.actors.trajectory_length, config.learner.batch_envs
+    frames = config.stop.env_frames
+    return Sizes(trajectory_length=T, batch_envs=B,
+                 total_updates=max(1, frames // (T * B)) if frames else 0,
+                 reward_scale=config.learner.reward_scale,
+                 reward_clip=config.learner.reward_clip,
+                 recurrent=config.network.core != "none", burn_in=config.learner.burn_in,
+                 shared_torso=config.network.kind != "mlp" or config.network.core != "none")
+
+
+def _section(config: ExperimentConfig, name: str) -> Any:
+    """Section `learner.<name>` built with its algorithm's config class."""
+    values = config.learner.algorithms.get(name, {})
+    return build_dataclass(algorithm(name).config, values, f"learner.{name}")
+
+
+def check_inputs(algo: Algorithm) -> None:
+    """ConfigError unless the learner can feed `algo`: its source is a known stream, and
+    the fields it reads are declared for that stream's batch (srl_jax/dataflow/chunk_spec.py,
+    srl_jax/dataflow/replay_spec.py)."""
+    if algo.source not in SOURCES:
+        raise ConfigError(f"'learner.algorithm': '{algo.name}' takes its data from "
+                          f"'{algo.source}'; a learner takes it from {', '.join(SOURCES)}")
+    if (algo.source == REPLAY.name) != (algo.replay_window is not None):
+        raise ConfigError(f"'learner.algorithm': '{algo.name}' needs a replay_window exactly "
+                          "when it learns from replay")
+    available = (replay_batch_fields(SEQUENCE_FIELDS) if algo.replay_sequences
+                 else SOURCES[algo.source]())
+    missing = sorted(set(algo.fields) - set(available))
+    if missing:
+        raise ConfigError(f"'learner.algorithm': '{algo.name}' reads fields {missing} that "
+                          f"the {algo.source} batch does not carry (it has "
+                          f"{', '.join(available)})")
+
+
+def check_dataflow(algo: Algorithm, config: ExperimentConfig) -> None:
+    """ConfigError unless the run is built for `algo`: replay servers exactly when it
+    learns from replay, a network head it trains, epsilon only for a greedy head."""
+    head, replay = config.network.head, config.replay.count
+    if head not in algo.heads:
+        raise ConfigError(f"'network.head': '{algo.name}' trains {' or '.join(algo.heads)}, "
+                          f"not '{head}'")
+    if algo.source == REPLAY.name and replay < 1:
+        raise ConfigError(f"'replay.count': '{algo.name}' learns from replay; it needs at "
+                          "least 1 replay server")
+    if algo.source != REPLAY.name and replay:
+        raise ConfigError(f"'replay.count': '{algo.name}' learns from fresh samples; replay "
+                          f"servers would get no data (set it to 0, not {replay})")
+    recurrent = config.network.core != "none"
+    if algo.source == REPLAY.name and algo.search_act is None \
+            and recurrent != algo.replay_sequences:
+        raise ConfigError(
+            f"'network.core': '{algo.name}' replays whole sequences with their recurrent "
+            "state; it needs 'network.core' lstm or gru" if algo.replay_sequences else
+            f"'network.core': '{algo.name}' replays n-step transitions, which carry no "
+            "recurrent state; a recurrent Q network learns with 'r2d2'")
+    if algo.replay_sequences and config.replay.initial_priority == "actor":
+        raise ConfigError(f"'replay.initial_priority': '{algo.name}' starts each sequence at "
+                          "the largest priority seen ('max'); the actors' per-step TD errors "
+                          "do not make a sequence's")
+    if config.actors.epsilon and head in ("actor_critic", "muzero"):
+        raise ConfigError("'actors.epsilon' explores around a greedy policy (network.head "
+                          f"'q' or 'dueling'); a '{head}' head samples its own actions")
+
+
+def algorithm_config(config: ExperimentConfig) -> Any:
+    """The chosen algorithm's config, built from `learner.<name>` (defaults for what is not
+    written) and checked against the sizes and the learner's inputs; ConfigError with one
+    line naming the key."""
+    algo = algorithm(config.learner.algorithm)
+    check_inputs(algo)
+    check_dataflow(algo, config)
+    built = _section(config, algo.name)
+    if algo.check is not None:
+        algo.check(built, sizes(config))
+    return built
+
+
+def resolve_algorithms(config: ExperimentConfig) -> ExperimentConfig:
+    """`config` with every algorithm section written, and the chosen one's, built and
+    checked and written back whole (defaults filled in), as the run's config.yaml keeps
+    it; ConfigError for a section no algorithm owns or a bad value in one."""
+    sections = dict(config.learner.algorithms)
+    for name in sections:
+        if name not in known():
+            close = difflib.get_close_matches(name, known(), n=1)
+            hint = f" (did you mean 'learner.{close[0]}'?)" if close else ""
+            raise ConfigError(f"unknown key 'learner.{name}'{hint}: not a learner setting nor "
+                              f"an algorithm (known: {', '.join(known())})")
+    chosen = config.learner.algorithm
+    resolved = {name: dataclasses.asdict(_section(config, name)) for name in sections}
+    resolved[chosen] = dataclasses.asdict(algorithm_config(config))
+    return dataclasses.replace(
+        config, learner=dataclasses.replace(config.learner, algorithms=resolved))
+
+
+def reanalyse_fraction(config: ExperimentConfig) -> float:
+    """The fraction of sampled sequences the run's replay servers reanalyse
+    (`Algorithm.reanalyse`; 0: none)."""
+    algo = algorithm(config.learner.algorithm)
+    return 0.0 if algo.reanalyse is None else algo.reanalyse(algorithm_config(config))
+
+
+def reanalyses(config: ExperimentConfig) -> bool:
+    """Whether the run's replay servers reanalyse what they sample."""
+    return reanalyse_fraction(config) > 0
+
+
+def extra_initializer(algo: Algorithm, algo_config: Any) -> Callable[[Any], Any] | None:
+    """(initial params) -> the algorithm's own train state under `algo_config`, or None."""
+    if algo.init_extra is None:
+        return None
+    return lambda params: algo.init_extra(params, algo_config)
