@@ -2,7 +2,7 @@
 
 The ring's S splits take turns: each has at most one request in flight per policy,
 and a split steps once every policy has answered it. The core asks for actions
-(`Request`s), checks each reply, steps the split, and hands back what the step
+(`ActionRequest`s), checks each reply, steps the split, and hands back what the step
 finished (`Chunk`s) with the split's next requests; the shell around it
 (actors/actor_worker.py) only moves them over sockets, so the core runs, and is
 tested, on arrays alone.
@@ -52,9 +52,14 @@ class RingSplit(Protocol):
     actors/env_families/multi_agent.py: MultiAgentSplit): per policy its columns' observations and
     legal actions, each env's global state, and one step of every env."""
 
-    obs: list[np.ndarray]
-    masks: list[np.ndarray | None]
-    global_state: np.ndarray | None
+    @property
+    def obs(self) -> Sequence[np.ndarray]: ...
+
+    @property
+    def masks(self) -> Sequence[np.ndarray | None]: ...
+
+    @property
+    def global_state(self) -> np.ndarray | None: ...
 
     def __len__(self) -> int: ...
 
@@ -64,8 +69,9 @@ class RingSplit(Protocol):
 
 
 @dataclass(frozen=True)
-class Request:
-    """Policy `policy`'s (an index in the core's policies) request for split `split`."""
+class ActionRequest:
+    """Split `split`'s request for actions from policy `policy` (an index in the core's
+    policies), as the actor sends it."""
 
     split: int
     policy: int
@@ -94,7 +100,7 @@ class Turn:
     """What an answered split gives its shell: the chunks it finished, its next requests."""
 
     chunks: list[Chunk] = field(default_factory=list)
-    requests: list[Request] = field(default_factory=list)
+    requests: list[ActionRequest] = field(default_factory=list)
 
 
 class Answer(NamedTuple):
@@ -122,7 +128,7 @@ class _Part:
             if chunked else None
         self.action_bounds = (np.asarray(spec.action_low, np.float32),
                               np.asarray(spec.action_high, np.float32))
-        self.request: Request | None = None
+        self.request: ActionRequest | None = None
         self.sent_at = 0.0
         self.sent_wall = 0.0
         self.retry_at = 0.0
@@ -209,11 +215,11 @@ class ActorCore:
     def counters(self) -> dict[str, float]:
         return {name: getattr(self, name) for name in self.COUNTERS}
 
-    def start(self) -> list[Request]:
+    def start(self) -> list[ActionRequest]:
         """The first request of every split to every policy."""
         return [self._ask(state, p) for state in self.splits for p in range(len(self.policies))]
 
-    def latest(self, split: int, policy: int = 0) -> Request:
+    def latest(self, split: int, policy: int = 0) -> ActionRequest:
         """The newest request of `split` to `policy`."""
         return self.splits[split].parts[policy].request
 
@@ -233,7 +239,7 @@ class ActorCore:
             return self._advance(state)
         return None
 
-    def sent(self, request: Request, delivered: bool) -> None:
+    def sent(self, request: ActionRequest, delivered: bool) -> None:
         """The shell sent `request` (`delivered`: a server took it; else none is connected,
         and it is asked again on the next `overdue`)."""
         part = self.splits[request.split].parts[request.policy]
@@ -241,7 +247,7 @@ class ActorCore:
         part.delivered = delivered
         part.retry_at = part.sent_at + (self.resend_after_s if delivered else 0.0)
 
-    def overdue(self) -> list[tuple[Request, float | None]]:
+    def overdue(self) -> list[tuple[ActionRequest, float | None]]:
         """The requests to send again, each with the seconds its delivered predecessor
         waited for a reply (None: that one reached no server)."""
         now, again = time.monotonic(), []
@@ -262,7 +268,7 @@ class ActorCore:
         return min(pending) if pending else None
 
     def _ask(self, state: _SplitState, p: int, final_obs: np.ndarray | None = None,
-             final_state: np.ndarray | None = None) -> Request:
+             final_state: np.ndarray | None = None) -> ActionRequest:
         """A request for policy `p`'s actions for the split's observations, and the values
         of the truncated episodes' `final_obs` (acting from their episodes' `final_state`)."""
         part = state.parts[p]
@@ -275,7 +281,7 @@ class ActorCore:
         part.request_obs, part.request_state, part.request_mask = obs, states, mask
         return self._renew(state, p)
 
-    def _renew(self, state: _SplitState, p: int) -> Request:
+    def _renew(self, state: _SplitState, p: int) -> ActionRequest:
         """Policy `p`'s current request under a new number (a reply to an older one is late)."""
         part = state.parts[p]
         arrays = {"obs": part.request_obs}
@@ -285,7 +291,7 @@ class ActorCore:
             arrays["action_mask"] = part.request_mask
         if part.opponents is not None:
             arrays["opponent"] = part.opponents.requested
-        part.request = Request(state.index, p, part.seq + 1, arrays)
+        part.request = ActionRequest(state.index, p, part.seq + 1, arrays)
         return part.request
 
     def _advance(self, state: _SplitState) -> Turn:

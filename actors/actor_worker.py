@@ -1,9 +1,9 @@
 """The actor worker: the shell that moves its `ActorCore`'s requests, replies and chunks.
 
 The core (actors/actor_core.py) steps the ring and decides what to ask and what to
-send; this shell owns the sockets. Requests are spread over the policy's inference
-servers (one DEALER connected to all of them by `Worker.socket`); finished chunks go
-on the stream the algorithm's declared source chooses
+send; this shell owns the streams' ends (`Worker.connect`: each hides whether ZeroMQ or
+shared memory carries it). Requests are spread over the policy's inference servers;
+finished chunks go on the stream the algorithm's declared source chooses
 (`srl_jax.dataflow.algorithms.chunk_stream`): to the learner on the samples stream, or to
 the replay servers on the inserts stream.
 A full sample stream drops the chunk or blocks (heartbeating), as
@@ -22,7 +22,14 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from actors.actor_core import MAX_SENT_RETURNS, ActorCore, BadReply, Chunk, Request, RingSplit
+from actors.actor_core import (
+    MAX_SENT_RETURNS,
+    ActionRequest,
+    ActorCore,
+    BadReply,
+    Chunk,
+    RingSplit,
+)
 from actors.chunk_sender import ChunkSender
 from actors.envs import env_seed, make_split, policy_spec
 from actors.exploration import column_epsilons
@@ -43,13 +50,9 @@ from srl_jax.dataflow.shm_layouts import (
 )
 from srl_jax.dataflow.stream_table import INFERENCE, INSERTS
 from srl_jax.runtime.incarnation import Incarnation
-from srl_jax.runtime.shm_attach import open_outbox
 from srl_jax.runtime.worker_base import Worker
-from srl_jax.wire.codec import Message
 from srl_jax.wire.names import NameService
-from srl_jax.wire.shm.channels import Outbox
-from srl_jax.wire.shm.layout import REQUEST_SLOTS
-from srl_jax.wire.streams import receive, send
+from srl_jax.wire.stream_ends import Connecter
 
 POLL_MS = 100
 EXPLORE_STREAM = 1 << 20
@@ -85,12 +88,10 @@ class ActorWorker(Worker):
         self.policies: list[str] = []
         self.samples: list[ChunkSender | None] = []
         """Per policy, where its chunks go (None: a frozen policy, which gets none)."""
-        self.inference: list[zmq.Socket] = []
-        self.outboxes: list[Outbox | None] = []
-        """Per policy, its requests' shared-memory slots where its servers share this
-        host (None: they go on the socket)."""
-        self.retired: list[Outbox] = []
-        """Request slots handed to ZeroMQ (`_hand_off`), kept for their counters."""
+        self.inference: list[Connecter] = []
+        """Per policy, its end of the inference stream."""
+        self.poller = zmq.Poller()
+        """Replies on the inference stream."""
 
     def setup(self) -> None:
         self.core = self._build_core()
@@ -129,28 +130,24 @@ class ActorWorker(Worker):
         """Where `policy`'s chunks go: the samples stream to its learner, or the inserts
         stream to its replay servers."""
         config, stream = self.config, chunk_stream(self.config)
-        socket = self.socket(stream, policy, hwm=config.actors.send_queue)
         layout = chunk_slot_layout(run_chunk_layout(config, policy_spec(config, policy)),
                                    MAX_SENT_RETURNS)
         destination = f"{'replay servers' if stream is INSERTS else 'learner'} of policy " \
                       f"'{policy}'"
-        return ChunkSender(socket, open_outbox(self, stream, config.actors.send_queue, layout,
-                                               policy=policy),
+        return ChunkSender(self.connect(stream, layout, policy=policy,
+                                        hwm=config.actors.send_queue),
                            destination, config.actors.send_policy == "drop", self.keep_alive)
 
     def _connect_inference(self) -> None:
-        """A socket to each policy's inference servers (requests spread over them), and
-        shared-memory slots where they share this host."""
-        self.poller = zmq.Poller()
+        """Each policy's end of the inference stream (requests spread over its servers),
+        watched for replies."""
         for policy in self.policies:
-            socket = self.socket(INFERENCE, policy, hwm=self.config.inference.request_queue)
             spec = policy_spec(self.config, policy)
-            outbox = open_outbox(self, INFERENCE, REQUEST_SLOTS * self.config.actors.splits,
-                                 request_layout(self.config, spec, policy),
-                                 reply_layout(self.config, spec, policy), policy=policy)
-            self.inference.append(socket)
-            self.outboxes.append(outbox)
-            self.poller.register(socket if outbox is None else outbox, zmq.POLLIN)
+            end = self.connect(INFERENCE, request_layout(self.config, spec, policy),
+                               reply_layout(self.config, spec, policy), policy,
+                               hwm=self.config.inference.request_queue)
+            end.register(self.poller)
+            self.inference.append(end)
 
     def _rng(self, stream: int) -> np.random.Generator:
         """The generator of this start of the actor seeded for `stream`."""
@@ -172,17 +169,16 @@ class ActorWorker(Worker):
 
     def run_once(self) -> None:
         start = time.perf_counter()
-        pending = any(outbox is not None and outbox.replies.pending for outbox in self.outboxes)
+        pending = any(end.pending for end in self.inference)
         events = dict(self.poller.poll(0 if pending else POLL_MS))
         self.time_wait += time.perf_counter() - start
-        for p, (socket, outbox) in enumerate(zip(self.inference, self.outboxes, strict=True)):
-            if socket in events or (outbox is not None and (
-                    outbox.fileno() in events or outbox.replies.pending)):
+        for p, end in enumerate(self.inference):
+            if end.ready(events):
                 # At most one reply per split a turn: a split answered and stepped here asks
                 # again, and with envs slower than the server's answer, draining until empty
                 # would never end, nor heartbeat (the rest wait for the next turn).
                 for _ in range(len(self.core.splits)):
-                    reply = self._reply(socket, outbox)
+                    reply = end.receive()
                     if reply is None:
                         break
                     self._on_reply(p, reply.meta, reply.arrays)
@@ -191,12 +187,6 @@ class ActorWorker(Worker):
                 self.log.warning("split %d: no reply from policy '%s' for %.1fs; sending again",
                                  request.split, self.policies[request.policy], waited)
             self._send_request(request)
-
-    def _reply(self, socket: zmq.Socket, outbox: Outbox | None) -> Message | None:
-        if outbox is not None:
-            return outbox.receive(self.rejects)
-        received = receive(socket, INFERENCE.connecter_receives, self.rejects)
-        return None if received is None else received[1]
 
     def _on_reply(self, p: int, meta: dict, arrays: dict[str, np.ndarray]) -> None:
         """Give policy `p`'s reply to the core; send what an answered split gives."""
@@ -211,23 +201,10 @@ class ActorWorker(Worker):
             for request in turn.requests:
                 self._send_request(request)
 
-    def _send_request(self, request: Request) -> None:
+    def _send_request(self, request: ActionRequest) -> None:
         """Send `request`; with no server connected, the core asks again shortly."""
-        outbox = self.outboxes[request.policy]
-        if outbox is not None and outbox.unreachable:
-            self._hand_off(request.policy)
-            outbox = None
-        if outbox is not None:
-            first = REQUEST_SLOTS * request.split
-            slot = outbox.open_slot(range(first, first + REQUEST_SLOTS))
-            delivered = slot is not None and outbox.send(slot, request.meta, request.arrays)
-        else:
-            try:
-                send(self.inference[request.policy], "infer_request", request.meta,
-                     request.arrays, flags=zmq.NOBLOCK)
-                delivered = True
-            except zmq.Again:  # no server connected yet: try again on the next turn
-                delivered = False
+        delivered = self.inference[request.policy].send(request.meta, request.arrays,
+                                                        request.split)
         self.core.sent(request, delivered=delivered)
         if not delivered:
             now = time.monotonic()
@@ -235,17 +212,6 @@ class ActorWorker(Worker):
                 self._next_no_server_log = now + SEND_WAIT_LOG_S
                 self.log.info("waiting for an inference server of policy '%s' to connect",
                               self.policies[request.policy])
-
-    def _hand_off(self, p: int) -> None:
-        """Policy `p`'s servers could not be rung for a heartbeat timeout: its requests go
-        over ZeroMQ from now on (counted, logged once)."""
-        self.log.warning("the inference servers of policy '%s' could not be rung through "
-                         "shared memory for %.0fs: ZeroMQ carries their requests from now on",
-                         self.policies[p], self.outboxes[p].handoff_after_s)
-        self.poller.unregister(self.outboxes[p])
-        self.poller.register(self.inference[p], zmq.POLLIN)
-        self.retired.append(self.outboxes[p])
-        self.outboxes[p] = None
 
     def _send_chunk(self, chunk: Chunk) -> None:
         """Send a chunk to its policy's learner (or replay servers), with that policy's
@@ -278,16 +244,10 @@ class ActorWorker(Worker):
         core = self.core.counters() if self.core is not None else \
             dict.fromkeys(ActorCore.COUNTERS, 0)
         senders = [sender for sender in self.samples if sender is not None]
-        live = [outbox for outbox in (*(s.outbox for s in senders), *self.outboxes)
-                if outbox is not None]
-        every = [*live, *self.retired, *(s.retired for s in senders if s.retired is not None)]
         return {**core, "chunks_sent": sum(s.sent for s in senders),
                 "chunks_dropped": sum(s.dropped for s in senders),
                 "time_wait": self.time_wait, "time_send": self.time_send,
-                "shm_mib": sum(outbox.nbytes for outbox in live) / 2**20,
-                "shm_reclaimed": sum(outbox.reclaimed for outbox in every),
-                "shm_rerung": sum(outbox.rerung for outbox in every),
-                "shm_handoffs": len(every) - len(live)}
+                **self.shm_counters()}
 
     def stats_arrays(self) -> dict[str, np.ndarray]:
         return self.core.episode_arrays() if self.core is not None else super().stats_arrays()
@@ -298,8 +258,5 @@ class ActorWorker(Worker):
         for sender in self.samples:
             if sender is not None:
                 sender.close()
-        for outbox in (*self.outboxes, *self.retired):
-            if outbox is not None:
-                outbox.close()
-        for socket in self.inference:
-            socket.close()
+        for end in self.inference:
+            end.close()

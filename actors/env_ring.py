@@ -17,6 +17,7 @@ of its policy's chunk, so `n` is envs times that policy's agents.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import gymnasium as gym
 import numpy as np
@@ -113,10 +114,24 @@ class EnvSplit:
             env.close()
 
 
+class SingleAgentSplit(Protocol):
+    """Single-agent envs that step together: an `EnvSplit`, or EnvPool's batch
+    (actors/env_families/envpool_split.py)."""
+
+    @property
+    def obs(self) -> np.ndarray: ...
+
+    def __len__(self) -> int: ...
+
+    def step(self, actions: list) -> StepResult: ...
+
+    def close(self) -> None: ...
+
+
 class OnePolicy:
     """A single-agent split (EnvSplit or EnvPoolSplit) seen as a ring split of one policy."""
 
-    def __init__(self, split: EnvSplit) -> None:
+    def __init__(self, split: SingleAgentSplit) -> None:
         self.split = split
         self.policies = [DEFAULT_POLICY]
 

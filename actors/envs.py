@@ -11,6 +11,7 @@ import numpy as np
 
 from actors.actor_core import RingSplit
 from actors.env_families.implementation import implementation_of
+from actors.env_families.multi_agent import MultiAgentSplit
 from srl_jax.config.checks import check_request_rows
 from srl_jax.config.schema import (
     DEFAULT_POLICY,
@@ -19,9 +20,8 @@ from srl_jax.config.schema import (
     ExperimentConfig,
     policy_names,
 )
-from srl_jax.dataflow.algorithms import algorithm
+from srl_jax.dataflow.algorithms import algorithm, check_spaces, network_of
 from srl_jax.dataflow.env_spec import EnvSpec, check_network, with_network
-from srl_jax.dataflow.stream_table import REPLAY
 
 
 def make_env(config: EnvConfig, render_mode: str | None = None) -> Any:
@@ -35,6 +35,15 @@ def make_split(config: EnvConfig, count: int, seeds: list[int],
     an actor's ring holds (an `actors.env_ring.OnePolicy` or a `MultiAgentSplit`);
     `global_state`: a multi-agent split also reports each env's global state."""
     return implementation_of(config).make_split(config, count, seeds, global_state)
+
+
+def make_team_split(config: EnvConfig, seed: int) -> MultiAgentSplit:
+    """One environment of `config`'s multi-agent family as a split, seeded with `seed`:
+    where a team of policies plays its episodes (`policy.export.play_team_episode`)."""
+    split = make_split(config, 1, [seed])
+    if not isinstance(split, MultiAgentSplit):
+        raise ValueError(f"'{config.id}' is not a multi-agent environment")
+    return split
 
 
 def env_spec(config: EnvConfig, policy: str = DEFAULT_POLICY) -> EnvSpec:
@@ -54,13 +63,13 @@ def policy_spec(config: ExperimentConfig, policy: str = DEFAULT_POLICY) -> EnvSp
     whether its actors compute initial priorities from the Q-values, and whether it acts
     by search."""
     spec = with_network(env_spec(config.env, policy), config.network)
-    actor_priorities = (config.replay.count > 0 and config.network.head != "actor_critic"
+    network, sampling = network_of(config), algorithm(config.learner.algorithm).replay
+    actor_priorities = (sampling is not None and network.greedy
                         and config.replay.initial_priority == "actor")
-    algo = algorithm(config.learner.algorithm)
-    final_obs = (algo.source == REPLAY.name and not algo.replay_sequences
+    final_obs = (sampling is not None and not sampling.sequences
                  and spec.frame_stack == 1 and spec.agents == 1)
     return dataclasses.replace(spec, action_values=actor_priorities, final_obs=final_obs,
-                               search_policy=algo.search_act is not None)
+                               search_policy=network.search_act is not None)
 
 
 def check_policies(config: ExperimentConfig) -> None:
@@ -69,15 +78,12 @@ def check_policies(config: ExperimentConfig) -> None:
     split_envs = config.actors.envs // config.actors.splits
     for policy in policy_names(config.env):
         spec = env_spec(config.env, policy)
-        check_network(config.network.kind, spec, config.env.id, config.network.head)
-        if spec.action_masked and config.network.head != "actor_critic":
-            raise ConfigError(f"'network.head': '{config.network.head}' does not read action "
-                              f"masks yet, and policy '{policy}' of '{config.env.id}' has them: "
-                              "use an actor_critic head (PPO, IMPALA)")
+        check_network(config.network.kind, spec, config.env.id)
+        check_spaces(network_of(config), spec, config.env.id)
         columns = split_envs * spec.agents  # (config_checks already refused 1-agent misfits)
         step = columns * config.learner.processes
-        frozen = policy in config.selfplay.frozen  # no learner
-        if not (config.replay.count or frozen) and config.learner.batch_envs % step:
+        learns = policy not in config.selfplay.frozen  # a frozen policy has no learner
+        if not config.replay.count and learns and config.learner.batch_envs % step:
             raise ConfigError(
                 f"'learner.batch_envs' ({config.learner.batch_envs}) must be a multiple of "
                 f"{step}: policy '{policy}' sends chunks of {columns} columns ({split_envs} "

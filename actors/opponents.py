@@ -22,11 +22,9 @@ def ended_envs(results: list[StepResult], agents: list[int]) -> np.ndarray:
     """Indices of a multi-agent split's envs whose episode ended on this step (and have
     begun a new one): every column of every policy is done (`agents`: each policy's
     agents per env; an agent out of play is flagged done until its env resets)."""
-    done = None
-    for result, n in zip(results, agents, strict=True):
-        columns = (result.terminated | result.truncated).reshape(-1, n).all(axis=1)
-        done = columns if done is None else done & columns
-    return np.flatnonzero(done)
+    done = [(result.terminated | result.truncated).reshape(-1, n).all(axis=1)
+            for result, n in zip(results, agents, strict=True)]
+    return np.flatnonzero(np.logical_and.reduce(done))
 
 
 class OpponentDraws:

@@ -22,7 +22,7 @@ from functools import partial
 import numpy as np
 
 from srl_jax.config.schema import ExperimentConfig
-from srl_jax.dataflow.algorithms import algorithm, algorithm_config, sizes
+from srl_jax.dataflow.algorithms import algorithm_config, replay_of, sizes
 
 
 def initial_priorities(rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
@@ -71,6 +71,6 @@ def chunk_prioritizer(config: ExperimentConfig) -> Callable[[dict[str, np.ndarra
     settings = algorithm_config(config)
     run = sizes(config)
     return partial(fill_priorities, gamma=settings.gamma,
-                   n=algorithm(config.learner.algorithm).replay_window(settings),
+                   n=replay_of(config).window(settings),
                    reward_scale=run.reward_scale, reward_clip=run.reward_clip,
                    epsilon=settings.priority_epsilon)

@@ -55,7 +55,7 @@ from bench.harness.launcher import BenchError, busy_warning, raise_on_sigterm, r
 from bench.harness.machine import git_commit, nproc, write_results
 from bench.simulated.fanout_hosts import run_agent, run_subscribers
 from bench.swarm import read_results
-from learners.param_publisher import ParamPublisher
+from policy.param_stream import ParamPublisher
 from srl_jax.config.schema import LearnerConfig
 from srl_jax.dataflow.stream_table import LOGS, PARAMS, STATS
 from srl_jax.runtime.name_server import NameServer
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     learner = make_socket(context, PARAMS.bind_type, hwm=queue)
     peers = PeerCount(learner)
     transport.bind(learner, names, PARAMS.key())
-    publisher = ParamPublisher(learner, incarnation=1, log=logging.getLogger("bench"))
+    publisher = ParamPublisher(learner, started_ms=1, log=logging.getLogger("bench"))
     params = {"w": np.ones(int(args.mb * 2**20 / 4), np.float32)}
     print(f"param_fanout: {args.subscribers} subscribers on {args.hosts} hosts, "
           f"{args.mb:g} MB a version, "

@@ -3,8 +3,9 @@ tables at every build, so that they cannot drift from it; none of them is commit
 
     reference/config.md    every config key: its type, default and the docstring under it
                            (srl_jax/config/schema.py, each algorithm's `learner.<name>`)
-    reference/dataflow.md  the streams, the chunk's fields, the worker kinds and the layers
-                           (tests/layers.py: which folder may import which)
+    reference/dataflow.md  the streams, the chunk's fields, the worker kinds, the plans of
+                           shipped experiments (srl_jax/dataflow/plan.py, as `--plan`
+                           prints them) and the layers (tests/layers.py)
     reference/metrics.md   the keys of metrics.jsonl (srl_jax/dataflow/metrics_table.py)
     reference/registries.md  the algorithms and the env families, as registered
 
@@ -34,7 +35,9 @@ from mkdocs.structure.files import File, Files
 from srl_jax.config.env_families import families
 from srl_jax.config.schema import SECTIONS, ExperimentConfig
 from srl_jax.dataflow.algorithms import BUILT_IN, algorithm
+from srl_jax.config.loader import load_config
 from srl_jax.dataflow.chunk_spec import AS_SENT, CHUNK_FIELDS
+from srl_jax.dataflow.plan import Carriers, make_plan
 from srl_jax.dataflow.stream_table import KEY_PREFIX, STREAMS
 from srl_jax.dataflow.worker_kinds import KINDS, metrics_reference_markdown
 
@@ -125,20 +128,35 @@ def _socket(kind: str, socket_type: int | None) -> str:
 
 
 def layer_rows() -> list[tuple[str, ...]]:
-    """One row per layer of `tests/layers.py`, bottom to top."""
+    """One row per folder of `tests/layers.py`, bottom to top."""
     spec = importlib.util.spec_from_file_location("layer_rules", LAYER_RULES)
     rules = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # for its dataclasses
     spec.loader.exec_module(rules)
 
-    def names(packages: frozenset[str]) -> str:
+    def names(packages: frozenset[str] | tuple[str, ...]) -> str:
         return ", ".join(sorted(packages)) or "-"
 
-    return [(layer.name, ", ".join(f"`{place}`" for place in layer.places),
-             names(layer.may_import - {layer.name}),
-             names(layer.forbidden) if layer.only_third_party is None
-             else f"any but {names(layer.only_third_party)}" if layer.only_third_party
-             else "any (the standard library only)")
-            for layer in rules.LAYERS]
+    return [(f"`{folder.place}/`" + (" (its modules only)" if folder.flat else ""), folder.holds,
+             names(tuple(f"`{place}`" for place in folder.may_import)),
+             names(folder.forbidden) if folder.only_third_party is None
+             else f"any but {names(folder.only_third_party)}")
+            for folder in rules.FOLDERS]
+
+
+PLANNED = ("cartpole_ppo", "cartpole_dqn", "rps_selfplay")
+"""Shipped experiments whose plans the dataflow page draws: on-policy, replay, self-play."""
+
+
+def plan_sections() -> list[str]:
+    """Each of `PLANNED`'s plans, drawn and as `--plan` prints it (local backend, shared
+    memory on)."""
+    lines = []
+    for name in PLANNED:
+        plan = make_plan(load_config(REPOSITORY / "configs" / f"{name}.yaml"),
+                         Carriers(shared_memory=True))
+        lines += [f"### {name}", "", "```mermaid", plan.mermaid(), "```", "", "```text",
+                  *plan.lines(), "```", ""]
+    return lines
 
 
 def dataflow_page() -> str:
@@ -170,11 +188,16 @@ def dataflow_page() -> str:
         "## Worker kinds", "", "From the registry of `srl_jax/dataflow/worker_kinds.py` "
         "(`register_kind`), as a run of this checkout has them.", "",
         *table(("kind", "class", "per policy", "host role", "saves state", "does"), kinds), "",
-        "## Layers", "", "From `LAYERS` in `tests/layers.py`, bottom to top: a module's folder "
-        "is its layer, and it may import its own layer and those named here, and no "
-        "third-party package its layer forbids (the standard library is always allowed).",
-        "", *table(("layer", "folders and files", "may also import", "third-party packages "
-                    "it must not import"), layer_rows()), ""])
+        "## Plans", "", "What `python -m srl_jax.launch EXP --plan` prints for some shipped "
+        "experiments (srl_jax/dataflow/plan.py): the workers, the streams between them and "
+        "what carries each. Heartbeats (stats) and names are left out of the drawings.", "",
+        *plan_sections(),
+        "## Layers", "", "From `FOLDERS` in `tests/layers.py`, bottom to top: a module may "
+        "import its own folder and those named here, and no third-party package its folder "
+        "forbids (the standard library is always allowed). Which modules may import JAX is "
+        "a rule per module (`JAX_FREE` there), not a folder's.",
+        "", *table(("folder", "holds", "may also import", "third-party packages it must not "
+                    "import"), layer_rows()), ""])
 
 
 def metrics_page() -> str:

@@ -39,16 +39,14 @@ import numpy as np
 from actors.envs import policy_spec
 from learners.algorithms.train_state import Batch
 from learners.intake.intake import Intake, open_intake
-from learners.param_publisher import ParamPublisher
 from learners.pool_publisher import PoolPublisher
 from learners.population_member import (
     PopulationMember,
     open_population_member,
     start_hyperparams,
 )
-from learners.training.checkpoint import Checkpointer
+from learners.training.checkpoint import Checkpointer, SaveSchedule
 from learners.training.collectives import GLOO_KEY, NCCL_KEY, note_new_ports
-from learners.training.device_memory import device_memory_counters
 from learners.training.distributed import (
     ProcessLayout,
     agree,
@@ -59,9 +57,9 @@ from learners.training.distributed import (
     process_layout,
     shutdown,
 )
-from learners.training.jax_runtime import configure_jax
+from learners.training.jax_runtime import configure_jax, device_memory_counters
 from learners.training.learner import PER_ROW, Learner, build_learner
-from learners.training.save_schedule import SaveSchedule
+from policy.param_stream import ParamPublisher
 from srl_jax.config.loader import config_to_dict
 from srl_jax.config.opponent_pool import SnapshotPool
 from srl_jax.config.schema import DEFAULT_POLICY, ConfigError, ExperimentConfig
@@ -71,7 +69,6 @@ from srl_jax.runtime.incarnation import FIRST
 from srl_jax.runtime.run_dir import pool_root
 from srl_jax.runtime.worker_base import Worker
 from srl_jax.wire.names import NameService
-from srl_jax.wire.shm.channels import shm_counters
 
 POLL_MS = 50
 
@@ -100,7 +97,7 @@ class LearnerWorker(Worker):
         self.saves = SaveSchedule(config.checkpoint)
         self.lag_sum = 0.0
         self.lag_count = 0
-        # Start time in ms, the `incarnation` its parameter messages carry: a restarted
+        # Start time in ms, which its parameter messages carry (`started_ms`): a restarted
         # learner's parameters win over its predecessor's.
         self.started_ms = time.time_ns() // 1_000_000
         self.time_update = 0.0
@@ -305,10 +302,10 @@ class LearnerWorker(Worker):
         if self.learner is None:
             return {}
         return {
-            "learner_steps": self.version, "policy_version": self.version,
+            "learner_steps": self.version,
             **self._carried(),
             "queue_chunks": self.intake.queued,
-            **shm_counters(getattr(self.intake, "inbox", None)),
+            **self.shm_counters(),
             "checkpoints_saved": self.saves.saves,
             "checkpoint_step": self.saves.saved_step if self.saves.saved_step is not None
             else -1,

@@ -24,12 +24,12 @@ from srl_jax.wire.streams import send
 class PoolPublisher:
     """A policy's opponent pool, kept from its parameters and sent on a PUB socket."""
 
-    def __init__(self, socket: zmq.Socket, pool: SnapshotPool, incarnation: int,
+    def __init__(self, socket: zmq.Socket, pool: SnapshotPool, started_ms: int,
                  interval_s: float, log: logging.Logger) -> None:
-        """`incarnation`: the learner's, as its parameter messages carry it."""
+        """`started_ms`: the learner's start time, as its parameter messages carry it."""
         self.socket = socket
         self.pool = pool
-        self.incarnation = incarnation
+        self.started_ms = started_ms
         self.interval_s = interval_s
         self.log = log
         self._last_send = 0.0
@@ -57,7 +57,7 @@ class PoolPublisher:
                 self._send(version)
 
     def _send(self, version: int) -> None:
-        meta = {"version": version, "incarnation": self.incarnation,
+        meta = {"version": version, "started_ms": self.started_ms,
                 "pool": self.pool.versions}
         try:
             send(self.socket, "snapshot", meta, self.pool.snapshots[version], flags=zmq.NOBLOCK)

@@ -133,13 +133,15 @@ class PopulationMember:
         self.lineage.close()
 
 
-def open_population_member(worker: Worker, learner: Learner, checkpointer: Checkpointer,
+def open_population_member(worker: Worker, learner: Learner, checkpointer: Checkpointer | None,
                            save_copy: Callable[[], None]) -> PopulationMember | None:
     """`worker`'s part in its population's exploits, its control socket bound; None where
     the run has no population that exploits (one that does has checkpoints: config checks)."""
     population = worker.config.population
     if not (population.members and population.exploit):
         return None
+    if checkpointer is None:
+        raise ValueError("a population that exploits copies checkpoints: it needs them on")
     return PopulationMember(worker.socket(CONTROL), worker.socket(LINEAGE, DEFAULT_POLICY),
                             worker.policy, member_names(population.members), learner,
                             checkpointer, worker.rejects, worker.log, save_copy)

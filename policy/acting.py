@@ -13,9 +13,10 @@ import jax
 
 from learners.models.distributions import mask_logits
 from learners.models.networks import Policy, init_policy_params, make_policy
-from policy.policy_runner import Act, PolicyRunner, pack_outputs, padded_sizes
+from learners.models.outputs import Act, pack_outputs
+from policy.policy_runner import PolicyRunner, padded_sizes
 from srl_jax.config.schema import ExperimentConfig
-from srl_jax.dataflow.algorithms import algorithm, algorithm_config
+from srl_jax.dataflow.algorithms import algorithm_config, network_of
 from srl_jax.dataflow.env_spec import EnvSpec
 
 
@@ -42,13 +43,13 @@ def make_runner(config: ExperimentConfig, spec: EnvSpec, sampling_seed: int, min
     not compiled yet (`PolicyRunner.compile`). Where a learner `published` the
     parameters, the runner holds only their shapes until it takes the first: nothing
     is initialised (a server would spend a good part of its start-up on it). An
-    algorithm that acts by search (`Algorithm.search_act`) acts with its search, which
+    network that acts by search (`Network.search_act`) acts with its search, which
     samples at the root where `explore` (not for reanalysis, whose targets are the
     model's, not a draw's)."""
     policy, network = make_policy(config, spec)
     init = functools.partial(init_policy_params, network, spec.obs_shape, config.seed)
     params = jax.eval_shape(init) if published else init()
-    search_act = algorithm(config.learner.algorithm).search_act
+    search_act = network_of(config).search_act
     act = make_act(policy, spec.action_values) if search_act is None else \
         search_act(network, algorithm_config(config), 1.0 if explore else 0.0)
     return PolicyRunner(act, params, spec, padded_sizes(min_size, max_size), sampling_seed)

@@ -35,11 +35,10 @@ from typing import Any
 import numpy as np
 import zmq
 
-from actors.envs import env_seed, make_env, make_split, policy_spec
+from actors.envs import env_seed, make_env, make_team_split, policy_spec
 from learners.models.networks import make_policy
 from learners.training.checkpoint import save_params
-from learners.training.device_memory import device_memory_counters
-from learners.training.jax_runtime import configure_jax
+from learners.training.jax_runtime import configure_jax, device_memory_counters
 from policy.acting import make_runner
 from policy.export import (
     TeamEpisode,
@@ -140,7 +139,7 @@ class EvaluatorWorker(Worker):
                 root = evaluated_root(self.run_dir, name, self.config.checkpoint.dir)
                 if saved := steps_in(root):  # a restarted evaluator
                     group.best[name] = step_meta(root, saved[-1])["eval_return_mean"]
-        self.env = make_split(env, 1, [self.config.seed]) if self.multi_agent else None
+        self.env = make_team_split(env, self.config.seed) if self.multi_agent else None
         self.envs = [] if self.multi_agent else [make_env(env)
                                                  for _ in range(self.config.evaluation.episodes)]
         """A single-agent policy plays its episodes in lockstep, one env each."""
@@ -158,7 +157,7 @@ class EvaluatorWorker(Worker):
 
     def _play(self, group: _Group, seeds: list[int]) -> list[TeamEpisode] | None:
         """The episodes from `seeds`; None if the worker was told to stop meanwhile."""
-        if self.multi_agent:
+        if self.env is not None:  # multi-agent
             played = []
             for seed in seeds:
                 played.append(play_team_episode(group.team, self.env, seed, deterministic=True,

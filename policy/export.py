@@ -1,5 +1,6 @@
 """A trained policy out of a run directory, in one call, for notebooks and scripts.
 
+    from srl_jax import load_policy
     policy = load_policy("runs/cartpole_ppo/20261202-120000")
     action = policy.act(observation)
 
@@ -38,6 +39,7 @@ from srl_jax.dataflow.algorithms import (
     algorithm_config,
     extra_initializer,
     live_values,
+    network_of,
     sizes,
 )
 from srl_jax.dataflow.env_spec import EnvSpec
@@ -76,16 +78,17 @@ class TrainedPolicy:
                 return policy.dist.mode(out), new_state
             return policy.dist.sample(jax.random.fold_in(key, calls), out), new_state
 
-        search_act = algorithm(config.learner.algorithm).search_act
-        search = None if search_act is None else \
-            search_act(policy.network, algorithm_config(config), 0.0)
+        act, search_act = sample, network_of(config).search_act
+        if search_act is not None:
+            search = search_act(policy.network, algorithm_config(config), 0.0)
 
-        def by_search(params: Any, obs: jax.Array, state: jax.Array, mask: jax.Array,
-                      key: jax.Array, calls: jax.Array, deterministic: bool) -> tuple:
-            """A policy that acts by search: its action, without sampling at the root."""
-            return search(params, obs, state, mask, key, calls)[:, 2].astype("int32"), state
+            def by_search(params: Any, obs: jax.Array, state: jax.Array, mask: jax.Array,
+                          key: jax.Array, calls: jax.Array, deterministic: bool) -> tuple:
+                """A policy that acts by search: its action, without sampling at the root."""
+                return search(params, obs, state, mask, key, calls)[:, 2].astype("int32"), state
 
-        self._act = jax.jit(sample if search is None else by_search, static_argnums=6)
+            act = by_search
+        self._act = jax.jit(act, static_argnums=6)
 
     def reset(self, rows: np.ndarray | None = None) -> None:
         """Start new episodes: zero the recurrent state of `rows` (all rows if None)."""
@@ -151,7 +154,7 @@ def play_episodes(policy: TrainedPolicy, envs: Sequence[Any], seeds: Sequence[in
     running = np.ones(rows, bool)
     while running.any():
         actions = policy.act_batch(obs, deterministic)
-        for row in np.flatnonzero(running):
+        for row in np.flatnonzero(running).tolist():
             action = actions[row] if policy.spec.continuous else int(actions[row])
             obs[row], reward, terminated, truncated, _ = envs[row].step(action)
             totals[row] += float(reward)

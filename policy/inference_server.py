@@ -1,8 +1,9 @@
 """The inference server: batches actors' observations and answers with actions.
 
 A process shell around a `PolicyRunner` (policy/policy_runner.py, which holds
-the parameters and runs the padded policy call): it gathers requests on its
-ROUTER socket, follows the parameter stream, replies, and reports counters.
+the parameters and runs the padded policy call): it gathers requests on its end of
+the inference stream (`Worker.bind`: its ROUTER socket, and shared memory for the
+actors of its host), follows the parameter stream, replies, and reports counters.
 
 Requests from many actors are gathered, whole, until `inference.max_batch`
 rows are waiting or `inference.max_wait_ms` has passed since the first one,
@@ -39,8 +40,7 @@ import numpy as np
 import zmq
 
 from actors.envs import policy_spec
-from learners.training.device_memory import device_memory_counters
-from learners.training.jax_runtime import configure_jax
+from learners.training.jax_runtime import configure_jax, device_memory_counters
 from policy.acting import make_runner
 from policy.param_stream import ParamSubscriber, await_first
 from policy.policy_runner import PolicyRunner
@@ -50,13 +50,10 @@ from srl_jax.dataflow.algorithms import algorithm_config
 from srl_jax.dataflow.env_spec import EnvSpec
 from srl_jax.dataflow.shm_layouts import reply_layout, request_layout
 from srl_jax.dataflow.stream_table import INFERENCE
-from srl_jax.runtime.shm_attach import open_inbox
 from srl_jax.runtime.worker_base import Worker
 from srl_jax.wire.codec import Message
 from srl_jax.wire.names import NameService
-from srl_jax.wire.shm.channels import Inbox, InTurn, Route, shm_counters
-from srl_jax.wire.shm.layout import REQUEST_SLOTS
-from srl_jax.wire.streams import receive, send
+from srl_jax.wire.stream_ends import Binder, Origin
 
 POLL_MS = 100
 
@@ -65,9 +62,12 @@ RunnerFactory = Callable[[ExperimentConfig, EnvSpec, int, int, int, bool], Polic
 the parameters) -> an uncompiled runner (`make_runner`)."""
 
 
-class Request(NamedTuple):
-    routing: list[bytes] | Route
-    """The ROUTER's routing frames, or where in shared memory it came from."""
+class ReceivedRequest(NamedTuple):
+    """An actor's `ActionRequest` as the server took it in: its rows, decoded, and the way
+    back to the split that sent it."""
+
+    origin: Origin
+    """Where it came from, to answer it along the same route."""
     meta: dict
     obs: np.ndarray
     state: np.ndarray
@@ -97,19 +97,15 @@ class InferenceServer(Worker):
         self.simulations = 0
         """Simulations per row searched, where the policy acts by search (else 0)."""
         self.runner: PolicyRunner | None = None
-        self.router: zmq.Socket | None = None
-        """Where the ROUTER socket listens, once `setup` has bound it."""
-        self.inbox: Inbox | None = None
-        """Requests of actors on this host, through shared memory (srl_jax/wire/shm/)."""
+        self.inference: Binder | None = None
+        """Its end of the inference stream, once `setup` has bound it."""
         self.params: ParamSubscriber | PoolSubscriber | None = None
         """None for a frozen policy without an opponent pool: it acts with version 0."""
         self.pool: PoolRunner | None = None
         """A frozen policy's opponent pool (policy/pool_runner.py)."""
         self.poller = zmq.Poller()
-        self._held: Request | None = None
+        self._held: ReceivedRequest | None = None
         """A request that would have overflowed the last batch: it starts the next."""
-        self._rows_gathered = 0
-        """Rows of the batch being gathered (`_from_inbox` reads what still fits)."""
         self._split_rows = 1
         """The rows of most requests: a split's columns (set with the policy)."""
         self._last_batch_wall = time.time()
@@ -133,89 +129,59 @@ class InferenceServer(Worker):
             self.runner.compile()
         if spec.search_policy:
             self.simulations = algorithm_config(self.config).simulations
-        layouts = [request_layout(self.config, spec, self.policy),
-                   reply_layout(self.config, spec, self.policy)]
-        self.inbox = open_inbox(self, INFERENCE, layouts,
-                                max_slots=REQUEST_SLOTS * self.config.actors.splits)
         self._split_rows = request_rows(self.config.actors, spec.agents) // 2
-        self.router = self.socket(INFERENCE, hwm=cfg.request_queue)
-        self.poller.register(self.router, zmq.POLLIN)
-        self.requests_in = zmq.Poller()
-        """The request sources: the ROUTER, and the doorbell of the shared-memory ones."""
-        self.requests_in.register(self.router, zmq.POLLIN)
-        self._receive = InTurn(self._from_router) if self.inbox is None else \
-            InTurn(self._from_inbox, self._from_router_if_ready)
-        """The next request, from shared memory or the ROUTER (each first in turn)."""
-        if self.inbox is not None:
-            self.poller.register(self.inbox, zmq.POLLIN)
-            self.requests_in.register(self.inbox, zmq.POLLIN)
+        self.inference = self.bind(INFERENCE, [request_layout(self.config, spec, self.policy),
+                                               reply_layout(self.config, spec, self.policy)],
+                                   hwm=cfg.request_queue)
+        self.inference.register(self.poller)
         if self.params is not None:
             self.poller.register(self.params.socket, zmq.POLLIN)
             await_first(self.params, math.inf, self.keep_alive)  # requests queue until then
 
     def run_once(self) -> None:
         # A held request is served now, with what else comes within max_wait.
-        ready = self._held or (self.inbox is not None and self.inbox.pending)
+        ready = self._held or self.inference.pending
         events = dict(self.poller.poll(0 if ready else POLL_MS))
         if self.params is not None and self.params.socket in events:
             self.params.poll()
-        if ready or self.router in events or (
-                self.inbox is not None and self.inbox.fileno() in events):
+        if ready or self.inference.ready(events):
             self._serve()
 
-    def _from_inbox(self) -> tuple[Route, Message] | None:
-        """A request through shared memory; no more records are taken from the doorbell
-        than the batch has room for (at a split's columns a request: one that ends
-        episodes by a time limit carries twice as many), so the others stay there for
-        an idle peer."""
-        room = self.config.inference.max_batch - self._rows_gathered
-        return self.inbox.receive(limit=max(1, room // self._split_rows))
+    def _receive(self, rows: int) -> tuple[Origin, Message] | None:
+        """The next request; no more records are taken from the doorbell than a batch of
+        `rows` has room for (at a split's columns a request: one that ends episodes by a
+        time limit carries twice as many), so the others stay there for an idle peer."""
+        room = self.config.inference.max_batch - rows
+        return self.inference.receive(limit=max(1, room // self._split_rows))
 
-    def _from_router(self) -> tuple[list[bytes], Message] | None:
-        return receive(self.router, INFERENCE.binder_receives, self.rejects, envelope=1)
-
-    def _from_router_if_ready(self) -> tuple[list[bytes], Message] | None:
-        """Beside shared memory the ROUTER is mostly empty: its events say so for a fifth
-        of what a zmq.Again costs."""
-        if not self.router.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            return None
-        return self._from_router()
-
-    def _wait(self, timeout_ms: int) -> bool:
-        """Whether a request is waiting, after up to `timeout_ms`."""
-        return (self.inbox is not None and self.inbox.pending) or \
-            bool(self.requests_in.poll(timeout_ms))
-
-    def _gather(self) -> list[Request]:
+    def _gather(self) -> list[ReceivedRequest]:
         """Whole requests, the held one first, until the next would overflow max_batch
         (it is held for the next batch), max_batch rows are waiting, or max_wait has
         passed since the first."""
         cfg = self.config.inference
-        self._receive.rotate()
+        self.inference.rotate()
         pending = [self._held] if self._held else []
         rows = sum(request.obs.shape[0] for request in pending)
         self._held = None
         deadline = None
         while rows < cfg.max_batch:
-            self._rows_gathered = rows
-            received = self._receive()
+            received = self._receive(rows)
             if received is None:
                 if not pending:
-                    if not self._wait(0):
+                    if not self.inference.wait(0):
                         return pending
                     continue
                 deadline = deadline or time.perf_counter() + cfg.max_wait_ms / 1000
                 remaining_ms = (deadline - time.perf_counter()) * 1000
                 # zmq polls in whole milliseconds and truncates: round up, or a wait
                 # under 1 ms (the default max_wait_ms) would never wait at all.
-                if remaining_ms <= 0 or not self._wait(math.ceil(remaining_ms)):
+                if remaining_ms <= 0 or not self.inference.wait(math.ceil(remaining_ms)):
                     break
                 continue
-            routing, message = received
-            request = self._checked(routing, message.meta, message.arrays)
+            origin, message = received
+            request = self._checked(origin, message.meta, message.arrays)
             if request is None:
-                if type(routing) is Route:
-                    self.inbox.release(routing)
+                self.inference.release(origin)
                 continue
             obs = request.obs
             if rows + obs.shape[0] > cfg.max_batch:
@@ -225,8 +191,8 @@ class InferenceServer(Worker):
             rows += obs.shape[0]
         return pending
 
-    def _checked(self, routing: list[bytes] | Route, meta: dict,
-                 arrays: dict[str, np.ndarray]) -> Request | None:
+    def _checked(self, origin: Origin, meta: dict,
+                 arrays: dict[str, np.ndarray]) -> ReceivedRequest | None:
         """The request, if its observations and state fit the policy; else None, counted
         in `rejects`."""
         obs, state = arrays.get("obs"), arrays.get("state")
@@ -259,7 +225,7 @@ class InferenceServer(Worker):
             self.rejects.reject(ValueError(f"request to an opponent pool without opponent "
                                            f"[{rows}] int64"))
             return None
-        return Request(routing, meta, obs, state, mask, opponent)
+        return ReceivedRequest(origin, meta, obs, state, mask, opponent)
 
     def _serve(self) -> None:
         """Answer one batch of waiting requests."""
@@ -283,22 +249,19 @@ class InferenceServer(Worker):
             self.rows += rows
             self.padded_rows += self.runner.padded_size(rows)
             offset = 0
-            for routing, meta, obs, *_ in pending:
+            for origin, meta, obs, *_ in pending:
                 part = slice(offset, offset + obs.shape[0])
                 offset = part.stop
                 reply_meta = {"split": meta.get("split"), "seq": meta.get("seq"),
                               "version": version, "batch_rows": rows}
                 if self.pool is not None:
                     reply_meta["pool"] = self.pool.versions
-                reply = {name: out[part] for name, out in outputs.items()}
-                if type(routing) is Route:
-                    self.inbox.reply(routing, reply_meta, reply)
-                else:
-                    send(self.router, "infer_reply", reply_meta, reply, routing=routing)
+                self.inference.reply(origin, reply_meta,
+                                     {name: out[part] for name, out in outputs.items()})
 
     def waiting(self) -> tuple[str, float] | None:
         """The policy's first parameters, then requests from actors (since the last batch)."""
-        if self.router is None:
+        if self.inference is None:
             return super().waiting()
         if self.params is not None and not self.params.taken:
             return f"the first parameters of policy '{self.policy}'", self._last_batch_wall
@@ -310,7 +273,7 @@ class InferenceServer(Worker):
             "padded_rows": self.padded_rows, "time_compute": self.time_compute,
             "param_updates": self.runner.updates if self.runner else 0,
             "policy_version": self.runner.version if self.runner else 0,
-            **shm_counters(self.inbox),
+            **self.shm_counters(),
             **device_memory_counters(), **self._search_counters(),
         }
 
@@ -322,9 +285,7 @@ class InferenceServer(Worker):
                 "search_depth_sum": self.search_depth_sum}
 
     def close(self) -> None:
-        if self.inbox is not None:
-            self.inbox.close()
-        if self.router is not None:
-            self.router.close()
+        if self.inference is not None:
+            self.inference.close()
         if self.params is not None:
             self.params.socket.close()

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from actors.actor_core import Request
+from actors.actor_core import ActionRequest
 from actors.actor_worker import ActorWorker
 from srl_jax.config.schema import request_rows
 from srl_jax.dataflow.env_spec import EnvSpec
@@ -43,7 +43,7 @@ class InlinePolicy:
             self.runner.compile()
         self.params = subscribe(worker, self.runner)
 
-    def act(self, request: Request) -> tuple[dict, dict[str, np.ndarray]]:
+    def act(self, request: ActionRequest) -> tuple[dict, dict[str, np.ndarray]]:
         """The reply to `request` as an inference server would send it: (meta, arrays)."""
         self.params.poll()
         obs = request.arrays["obs"]
@@ -65,7 +65,7 @@ class InlineActorWorker(ActorWorker):
     def _connect_inference(self) -> None:
         self.inline = InlinePolicy(self, self.core.specs[0])
 
-    def _send_request(self, request: Request) -> None:
+    def _send_request(self, request: ActionRequest) -> None:
         """Nothing to send: `run_once` answers each split's newest request."""
 
     def run_once(self) -> None:

@@ -1,23 +1,58 @@
-"""The receiving end of the parameter stream: keep the newest version, drop the rest."""
+"""The parameter stream, both ends: the learner publishes every new version, and again now
+and then for late joiners (`ParamPublisher`); a subscriber keeps the newest version and
+drops the rest (`ParamSubscriber`)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import zmq
 
+from learners.models.param_codec import params_to_arrays
 from policy.policy_runner import PolicyRunner
 from srl_jax.dataflow.stream_table import PARAMS
 from srl_jax.runtime.incarnation import FIRST
-from srl_jax.wire.streams import RejectCounter, receive
+from srl_jax.wire.codec import Message
+from srl_jax.wire.streams import RejectCounter, receive, send
 
 if TYPE_CHECKING:
     from srl_jax.runtime.worker_base import Worker
 
 POLL_MS = 100
 FIRST_PARAMS_WAIT_S = 3.0
+
+
+class ParamPublisher:
+    """Publishes parameters on a PUB socket, never blocking the learner.
+
+    Messages carry the version and the learner's start time in ms (`started_ms`), so
+    that a restarted learner's parameters win over its predecessor's.
+    """
+
+    def __init__(self, socket: zmq.Socket, started_ms: int, log: logging.Logger) -> None:
+        self.socket = socket
+        self.started_ms = started_ms
+        self.log = log
+        self.last_publish = 0.0
+        """time.monotonic() of the last publish (0: never)."""
+        self.time_publish = 0.0
+
+    def publish(self, params: Any, version: int) -> None:
+        start = time.perf_counter()
+        arrays = params_to_arrays(params)
+        try:
+            send(self.socket, "params", {"version": version, "started_ms": self.started_ms},
+                 arrays, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            self.log.debug("parameter stream full; version %d not sent", version)
+        self.last_publish = time.monotonic()
+        self.time_publish += time.perf_counter() - start
+
+    def republish_due(self, interval_s: float) -> bool:
+        return time.monotonic() - self.last_publish > interval_s
 
 
 class Subscriber(Protocol):
@@ -44,22 +79,22 @@ class ParamSubscriber:
 
     def poll(self) -> None:
         """Take the newest waiting parameters, if newer than the runner's."""
-        newest, newest_order = None, None
+        newest: tuple[tuple[int, int], Message] | None = None  # ((started_ms, version), it)
         while (received := receive(self.socket, PARAMS.connecter_receives,
                                    self.rejects)) is not None:
             meta = received[1].meta
-            version, incarnation = meta.get("version"), meta.get("incarnation", 0)
-            if type(version) is not int or type(incarnation) is not int:
-                self.rejects.reject(ValueError("params without an integer version/incarnation"))
+            version, started_ms = meta.get("version"), meta.get("started_ms", 0)
+            if type(version) is not int or type(started_ms) is not int:
+                self.rejects.reject(ValueError("params without an integer version/started_ms"))
                 continue
-            order = (incarnation, version)
-            if self.runner.wants(version, incarnation) and (
-                    newest_order is None or order > newest_order):
-                newest, newest_order = received[1], order
+            order = (started_ms, version)
+            if self.runner.wants(version, started_ms) and (newest is None or order > newest[0]):
+                newest = order, received[1]
         if newest is None:
             return
+        (started_ms, version), message = newest
         try:
-            self.runner.set_params(newest.arrays, newest_order[1], newest_order[0])
+            self.runner.set_params(message.arrays, version, started_ms)
         except ValueError as error:
             self.rejects.reject(error)
 

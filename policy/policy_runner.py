@@ -10,55 +10,15 @@ shapes alone: it compiles against them and acts once it has taken the first.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
+from learners.models.outputs import Act, unpack_outputs
 from learners.models.param_codec import arrays_to_params
 from srl_jax.dataflow.env_spec import EnvSpec
-
-Act = Callable[[Any, Any, Any, Any, jax.Array, np.uint32], Any]
-"""(params, obs [N, ...], state [N, S], legal actions [N, A] (width 0: all legal), key,
-call counter) -> the outputs packed into one
-float32 array [N, 2 + A + S] (`pack_outputs`), so a batch's outputs cross from the device
-in one transfer."""
-
-
-def pack_outputs(action: Any, logp: Any, value: Any, state: Any, xp: Any = jnp,
-                 q: Any = None) -> Any:
-    """[N, 2 + A + S (+ Q)] float32: log-probability, value, the action's A values (one for
-    a discrete action, exact as a float below 2**24), the new recurrent state and, where
-    given, every action's Q-value. `xp`: the array module (jax.numpy inside a jitted act,
-    numpy in stand-ins)."""
-    rows = logp.shape[0]
-    return xp.concatenate([logp.reshape(rows, 1).astype(xp.float32),
-                           value.reshape(rows, 1).astype(xp.float32),
-                           action.reshape(rows, -1).astype(xp.float32),
-                           state.astype(xp.float32),
-                           *([] if q is None else [q.astype(xp.float32)])], axis=1)
-
-
-def unpack_outputs(packed: np.ndarray, spec: EnvSpec) -> dict[str, np.ndarray]:
-    """`pack_outputs`' arrays as the inference stream's replies name them: action, logp,
-    value and, for a recurrent policy, state; `q` where the spec has `action_values`,
-    `search_policy` and `search_depth` where it has `search_policy` (both ride in the last
-    columns: A of Q-values, or A of the search's policy and its depth)."""
-    width = spec.action_dim if spec.continuous else 1
-    action = packed[:, 2:2 + width]
-    outputs = {"action": action if spec.continuous else action[:, 0].astype(np.int32),
-               "logp": packed[:, 0], "value": packed[:, 1]}
-    if spec.state_size:
-        outputs["state"] = packed[:, 2 + width:2 + width + spec.state_size]
-    if spec.action_values:
-        outputs["q"] = packed[:, 2 + width + spec.state_size:]
-    if spec.search_policy:
-        searched = packed[:, 2 + width + spec.state_size:]
-        outputs["search_policy"] = searched[:, :spec.action_dim]
-        outputs["search_depth"] = searched[:, spec.action_dim]
-    return outputs
 
 
 def padded_sizes(min_size: int, max_batch: int) -> list[int]:
@@ -88,7 +48,8 @@ class PolicyRunner:
                              for leaf in jax.tree.leaves(params))
         """Whether it holds parameters to act with, not only their shapes."""
         self.version = 0
-        self.incarnation = -1
+        self.started_ms = -1
+        """The start time of the learner whose parameters it holds (-1: none taken)."""
         self.updates = 0
         self.calls = 0
         self._act = act
@@ -117,22 +78,24 @@ class PolicyRunner:
         return np.ones((rows, self.spec.action_dim if self.spec.action_masked else 0), bool)
 
     def set_params(self, arrays: dict[str, np.ndarray], version: int,
-                   incarnation: int = 0) -> None:
+                   started_ms: int = 0) -> None:
         """Take published parameters (named host arrays, as the parameter stream carries
-        them); ValueError if they do not fit this policy."""
+        them) of the learner started at `started_ms`; ValueError if they do not fit this
+        policy."""
         self.params = jax.device_put(arrays_to_params(arrays, self.template))
-        self.version, self.incarnation = version, incarnation
+        self.version, self.started_ms = version, started_ms
         self.updates += 1
         self.ready = True
 
-    def wants(self, version: int, incarnation: int = 0) -> bool:
-        """Whether parameters of `version` are newer than what we act with.
+    def wants(self, version: int, started_ms: int = 0) -> bool:
+        """Whether parameters of `version`, from the learner started at `started_ms`, are
+        newer than what we act with.
 
-        A learner restarted from a checkpoint is a new incarnation: its versions
-        win even when they are lower than those of the learner that died.
+        A learner restarted from a checkpoint started later: its versions win even when
+        they are lower than those of the learner that died.
         """
-        if incarnation != self.incarnation:
-            return incarnation > self.incarnation
+        if started_ms != self.started_ms:
+            return started_ms > self.started_ms
         return version > self.version or (self.updates == 0 and version == self.version)
 
     def padded_size(self, rows: int) -> int:

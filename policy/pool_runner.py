@@ -41,7 +41,7 @@ class PoolRunner:
         from the pool stream (`take`)."""
         self.runner = runner
         self.snapshots: dict[int, Any] = {}
-        self.incarnation = -1
+        self.started_ms = -1
         self.updates = 0
 
     @property
@@ -49,17 +49,17 @@ class PoolRunner:
         """The snapshots held, oldest first (one at least, once the first is taken)."""
         return sorted(self.snapshots)
 
-    def take(self, version: int, incarnation: int, pool: list[int],
+    def take(self, version: int, started_ms: int, pool: list[int],
              arrays: dict[str, np.ndarray]) -> None:
-        """Hold snapshot `version` of a learner `incarnation` whose pool lists `pool`, and
-        drop those it no longer lists; an older incarnation's is ignored. ValueError if
-        the arrays do not fit the policy."""
-        if incarnation < self.incarnation:
+        """Hold snapshot `version` of the learner started at `started_ms` whose pool lists
+        `pool`, and drop those it no longer lists; an earlier learner's is ignored.
+        ValueError if the arrays do not fit the policy."""
+        if started_ms < self.started_ms:
             return
         if version not in pool:
             raise ValueError(f"snapshot {version} not in its pool {pool}")
         params = jax.device_put(arrays_to_params(arrays, self.runner.template))
-        self.incarnation = incarnation
+        self.started_ms = started_ms
         self.snapshots[version] = params
         for held in [v for v in self.snapshots if v not in pool]:
             del self.snapshots[held]
@@ -108,14 +108,14 @@ class PoolSubscriber:
         while (received := receive(self.socket, POOL.connecter_receives,
                                    self.rejects)) is not None:
             meta = received[1].meta
-            version, incarnation, pool = (meta.get(k) for k in ("version", "incarnation", "pool"))
-            if type(version) is not int or type(incarnation) is not int \
+            version, started_ms, pool = (meta.get(k) for k in ("version", "started_ms", "pool"))
+            if type(version) is not int or type(started_ms) is not int \
                     or not isinstance(pool, list) or not all(type(v) is int for v in pool):
-                self.rejects.reject(ValueError("snapshot without integer version, incarnation "
+                self.rejects.reject(ValueError("snapshot without integer version, started_ms "
                                                "and pool"))
                 continue
             try:
-                self.pool.take(version, incarnation, pool, received[1].arrays)
+                self.pool.take(version, started_ms, pool, received[1].arrays)
             except ValueError as error:
                 self.rejects.reject(error)
 

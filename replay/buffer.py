@@ -25,16 +25,19 @@ import numpy as np
 
 from replay.frame_store import FrameStore
 from replay.sum_tree import SumTree
+from srl_jax.dataflow.chunk_spec import CHUNK_FIELDS
 from srl_jax.dataflow.env_spec import EnvSpec
-from srl_jax.dataflow.replay_spec import replay_layout
+from srl_jax.dataflow.replay_spec import replay_fields, replay_layout
 
 
 class ReplayBuffer:
     def __init__(self, capacity: int, trajectory_length: int, columns: int, spec: EnvSpec,
                  frame_stack: int, priority_exponent: float, importance_exponent: float,
-                 seed: int) -> None:
+                 seed: int, kept: tuple[str, ...] = ()) -> None:
         """`capacity` transitions in segments of `trajectory_length`, filled from chunks of
-        `columns` columns; `frame_stack` > 1 stores the last observation axis as frames."""
+        `columns` columns; `frame_stack` > 1 stores the last observation axis as frames;
+        `kept`: the chunk fields the algorithm's replay keeps beside the standard ones
+        (`srl_jax.dataflow.algorithms.Replay.fields`)."""
         T = trajectory_length
         self.T, self.spec = T, spec
         self.segments = max(capacity // T, columns)
@@ -61,6 +64,12 @@ class ReplayBuffer:
                           else None)
         """Where the chunks carry them, the final observations of time-limit cuts: a window
         that ends in one bootstraps from it as from any next observation."""
+        self.kept = {f.name: np.zeros((S, f.rows(T), *f.shape(spec)), f.dtype(spec))
+                     for f in CHUNK_FIELDS if f.name in kept}
+        """The algorithm's own fields, per segment and step (a per-env field, as the global
+        state, repeated for each agent column of its env)."""
+        self.fields = replay_fields(self.sequences, kept)
+        """The fields of a sampled batch."""
         self.generations = np.zeros(S, np.int64)
         self.live = np.zeros(S, bool)
         self.priorities = np.zeros(S * self.leaves_per_segment, np.float64)
@@ -74,6 +83,11 @@ class ReplayBuffer:
     def leaves_per_segment(self) -> int:
         """Sampled items per segment: its T transitions."""
         return self.T
+
+    @property
+    def sequences(self) -> bool:
+        """Whether it samples whole segments (`SequenceBuffer`) rather than transitions."""
+        return False
 
     @property
     def stored_fields(self) -> tuple[str, ...]:
@@ -95,7 +109,7 @@ class ReplayBuffer:
     def nbytes(self) -> int:
         arrays = [getattr(self, name) for name in self.stored_fields]
         arrays += [self.obs, self.states, self.generations, self.live, self.priorities,
-                   self.tree.nodes]
+                   self.tree.nodes, *self.kept.values()]
         return sum(a.nbytes for a in arrays) + (self.frames.nbytes if self.frames else 0)
 
     def _leaves(self, segments: np.ndarray) -> np.ndarray:
@@ -121,6 +135,12 @@ class ReplayBuffer:
         for name in self.stored_fields:
             getattr(self, name)[where] = np.swapaxes(chunk[name], 0, 1)
         self.states[where] = chunk["state"][0]
+        per_env = {f.name for f in CHUNK_FIELDS if f.per_env}
+        for name, store in self.kept.items():
+            array = chunk[name]
+            if name in per_env:  # columns are env-major: agent k of env e is e * agents + k
+                array = np.repeat(array, self.spec.agents, axis=1)
+            store[where] = np.swapaxes(array, 0, 1)
         self.generations[where] = self.inserts
         self.live[where] = True
         leaves = self._leaves(where)
@@ -185,8 +205,9 @@ class ReplayBuffer:
             "probabilities": probabilities,
             "slots": slots,
             "generations": self.generations[segment],
+            **{name: store[segment, start] for name, store in self.kept.items()},
         }
-        layout = replay_layout(rows, window, self.spec)
+        layout = replay_layout(rows, window, self.spec, self.fields)
         return {name: out[name].astype(dtype, copy=False) for name, (_, dtype) in layout.items()}
 
     def _observations(self, segment: np.ndarray, step: np.ndarray) -> np.ndarray:

@@ -1,14 +1,15 @@
 """A replay server that reanalyses (MuZero Reanalyze, Schrittwieser et al. 2021).
 
-Where the algorithm reanalyses (`Algorithm.reanalyse`, MuZero's `reanalyse_fraction`), the
-replay worker kind runs this subclass (srl_jax/dataflow/worker_kinds.py picks it). It follows
-the learner's parameter stream as an inference server does, and before a sampled batch
-of sequences leaves, it searches again from every observation of a fraction of them with
-the newest parameters: their root values (which the value targets bootstrap from) and
-search policies (the policy head's targets) are replaced in the batch and in storage, so
-that the learner does not keep fitting what an old model thought. The work rides on
-sampling, so the replay's rate limiter paces it as it paces sampling. The search does not
-sample at the root: a target is the model's, not a draw's.
+Where the algorithm reanalyses (`Replay.reanalyse` in srl_jax/dataflow/algorithms.py,
+MuZero's `reanalyse_fraction`), the replay worker kind runs this subclass
+(srl_jax/dataflow/worker_kinds.py picks it). It follows the learner's parameter stream as
+an inference server does, and before a sampled batch of sequences leaves, it searches again
+from every observation of a fraction of them with the newest parameters: their root values
+(which the value targets bootstrap from) and search policies (the policy head's targets)
+are replaced in the batch and in storage, so that the learner does not keep fitting what an
+old model thought. The work rides on sampling, so the replay's rate limiter paces it as it
+paces sampling. The search does not sample at the root: a target is the model's, not a
+draw's.
 
 Replay servers without reanalysis never import this module, nor JAX.
 """

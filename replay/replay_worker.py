@@ -6,7 +6,7 @@ processes send `sample_request`s on the replay stream and get `sampled` batches
 back, then send the new `priorities` of what they sampled (transitions, or the whole
 chunk columns of R2D2's sequences: replay/sequence_buffer.py). Every answer carries the
 server's size in those items, its samplable total priority (0 below
-`replay.min_size`) and the id of its memory (`incarnation`, drawn at start), with which
+`replay.min_size`) and the id of its memory (`memory_id`, drawn at start), with which
 the learner draws one distribution over all shards (learners/intake/replay_intake.py);
 a request for 0 rows asks for these alone and is answered at once; priorities meant for
 another memory are ignored.
@@ -26,7 +26,6 @@ import contextlib
 import os
 import time
 from collections import deque
-from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
@@ -39,15 +38,14 @@ from replay.buffer import ReplayBuffer
 from replay.rate_limiter import RateLimiter, error_buffer
 from replay.sequence_buffer import SequenceBuffer
 from srl_jax.config.schema import DEFAULT_POLICY, ExperimentConfig
-from srl_jax.dataflow.algorithms import algorithm
+from srl_jax.dataflow.algorithms import replay_of
 from srl_jax.dataflow.chunk_spec import chunk_error, run_chunk_layout
 from srl_jax.dataflow.shm_layouts import chunk_slot_layout
 from srl_jax.dataflow.stream_table import INSERTS, REPLAY
 from srl_jax.runtime.memory import resident_mib
-from srl_jax.runtime.shm_attach import open_inbox
 from srl_jax.runtime.worker_base import Worker
 from srl_jax.wire.names import NameService
-from srl_jax.wire.shm.channels import Inbox, InTurn, shm_counters
+from srl_jax.wire.stream_ends import Binder
 from srl_jax.wire.streams import receive, send
 
 POLL_MS = 20
@@ -92,10 +90,11 @@ class ReplayWorker(Worker):
         self.spec = policy_spec(config, policy)
         self.layout = run_chunk_layout(config, self.spec)
         T, columns = self.layout["actions"][0][:2]
-        sequences = algorithm(config.learner.algorithm).replay_sequences
-        self.buffer = (SequenceBuffer if sequences else ReplayBuffer)(
+        sampling = replay_of(config)
+        self.buffer = (SequenceBuffer if sampling.sequences else ReplayBuffer)(
             cfg.capacity, T, columns, self.spec, self.spec.frame_stack, cfg.priority_exponent,
-            cfg.importance_exponent, config.seed * 1009 + index + self.incarnation.seed(0))
+            cfg.importance_exponent, config.seed * 1009 + index + self.incarnation.seed(0),
+            sampling.fields)
         self.limiter = RateLimiter(cfg.min_size, cfg.samples_per_insert,
                                    error_buffer(cfg.min_size, cfg.tolerance,
                                                 cfg.samples_per_insert))
@@ -114,20 +113,13 @@ class ReplayWorker(Worker):
         self.time_sample = 0.0
         self._insert_blocked_since: float | None = None
         self._last_notice = 0.0
-        self.pull: zmq.Socket | None = None
-        self.inbox: Inbox | None = None
-        """Inserts of actors on this host, through shared memory (srl_jax/wire/shm/)."""
+        self.inserts: Binder | None = None
+        """Its end of the inserts stream, once `setup` has bound it."""
         self.router: zmq.Socket | None = None
 
     def setup(self) -> None:
-        self.inbox = open_inbox(self, INSERTS, [chunk_slot_layout(self.layout, MAX_SENT_RETURNS)],
-                                self.config.actors.send_queue)
-        self.pull = self.socket(INSERTS, hwm=self.config.actors.send_queue)
-        pulled = partial(receive, self.pull, INSERTS.binder_receives, self.rejects)
-        self._next_insert = InTurn(pulled) if self.inbox is None else \
-            InTurn(partial(self.inbox.receive, copy=True), pulled)
-        """The next chunk to insert, from shared memory or the socket (each first in
-        turn)."""
+        self.inserts = self.bind(INSERTS, [chunk_slot_layout(self.layout, MAX_SENT_RETURNS)],
+                                 hwm=self.config.actors.send_queue)
         self.router = self.socket(REPLAY)
         self.poller = zmq.Poller()
         self.poller.register(self.router, zmq.POLLIN)
@@ -138,15 +130,12 @@ class ReplayWorker(Worker):
     def run_once(self) -> None:
         can_insert = self.limiter.can_insert()
         self._note_insert_wait(can_insert)
-        self.poller.register(self.pull, zmq.POLLIN if can_insert else 0)  # 0: unregister
-        if self.inbox is not None:
-            self.poller.register(self.inbox, zmq.POLLIN if can_insert else 0)
-        shm_waiting = can_insert and self.inbox is not None and self.inbox.pending
-        events = dict(self.poller.poll(0 if self._servable() or shm_waiting else POLL_MS))
+        self.inserts.register(self.poller, zmq.POLLIN if can_insert else 0)  # 0: unregister
+        waiting = can_insert and self.inserts.pending
+        events = dict(self.poller.poll(0 if self._servable() or waiting else POLL_MS))
         if self.router in events:
             self._take_requests()
-        if can_insert and (self.pull in events or shm_waiting or (
-                self.inbox is not None and self.inbox.fileno() in events)):
+        if can_insert and self.inserts.ready(events):
             self._take_inserts()
         self._serve()
 
@@ -163,11 +152,11 @@ class ReplayWorker(Worker):
 
     def _take_inserts(self) -> None:
         start = time.perf_counter()
-        self._next_insert.rotate()
+        self.inserts.rotate()
         for _ in range(MAX_DRAIN):
             if not self.limiter.can_insert():
                 break
-            received = self._next_insert()
+            received = self.inserts.receive()
             if received is None:
                 break
             arrays = received[1].arrays
@@ -209,10 +198,10 @@ class ReplayWorker(Worker):
 
     def _update_priorities(self, meta: dict, arrays: dict[str, np.ndarray]) -> None:
         error = priorities_error(arrays)
-        incarnation = meta.get("incarnation")
-        if error is None and type(incarnation) is not int:
-            error = f"priorities for memory {incarnation!r}"
-        if error is None and incarnation != self.memory_id:
+        memory_id = meta.get("memory_id")
+        if error is None and type(memory_id) is not int:
+            error = f"priorities for memory {memory_id!r}"
+        if error is None and memory_id != self.memory_id:
             self.priorities_stale += len(arrays["slots"])  # sampled from a predecessor
             return
         if error is None:
@@ -255,7 +244,7 @@ class ReplayWorker(Worker):
         size = self.buffer.size
         total = self.buffer.tree.total if size >= self.config.replay.min_size else 0.0
         meta = {"seq": request.seq, "size": self.buffer.items, "total": total,
-                "incarnation": self.memory_id, **({"waiting": waiting} if waiting else {})}
+                "memory_id": self.memory_id, **({"waiting": waiting} if waiting else {})}
         with contextlib.suppress(zmq.Again):  # the learner is gone or full: it asks again
             send(self.router, "sampled", meta, arrays, routing=request.routing,
                  flags=zmq.NOBLOCK)
@@ -289,13 +278,11 @@ class ReplayWorker(Worker):
             "time_insert": self.time_insert, "time_sample": self.time_sample,
             "pending_requests": len(self.pending),
             "storage_mb": self.buffer.nbytes / 2**20, "rss_mb": resident_mib() or 0.0,
-            **shm_counters(self.inbox),
+            **self.shm_counters(),
             **{f"priority_{k}": v for k, v in stats.items()},
         }
 
     def close(self) -> None:
-        if self.inbox is not None:
-            self.inbox.close()
-        for socket in (self.pull, self.router):
-            if socket is not None:
-                socket.close()
+        for end in (self.inserts, self.router):
+            if end is not None:
+                end.close()

@@ -21,15 +21,15 @@ import numpy as np
 
 from replay.buffer import ReplayBuffer
 from srl_jax.dataflow.env_spec import EnvSpec
-from srl_jax.dataflow.replay_spec import SEQUENCE_FIELDS, replay_layout
+from srl_jax.dataflow.replay_spec import replay_layout
 
 
 class SequenceBuffer(ReplayBuffer):
     def __init__(self, capacity: int, trajectory_length: int, columns: int, spec: EnvSpec,
                  frame_stack: int, priority_exponent: float, importance_exponent: float,
-                 seed: int) -> None:
+                 seed: int, kept: tuple[str, ...] = ()) -> None:
         super().__init__(capacity, trajectory_length, columns, spec, frame_stack,
-                         priority_exponent, importance_exponent, seed)
+                         priority_exponent, importance_exponent, seed, kept)
         S, T = self.segments, self.T
         self.values = np.zeros((S, T + 1), np.float32)
         """The acting (or the last reanalysing) search's root value at each observation."""
@@ -46,10 +46,14 @@ class SequenceBuffer(ReplayBuffer):
         """Sampled items per segment: the segment itself."""
         return 1
 
+    @property
+    def sequences(self) -> bool:
+        return True
+
     def _initial_priorities(self, chunk: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """A sequence is active where any of its steps is; it starts at the largest
         priority seen (a per-step TD error of the actor's does not make a sequence's)."""
-        active = chunk["active"].astype(bool).any(axis=0)
+        active = np.any(chunk["active"], axis=0)
         return active, np.full(len(active), self.max_priority)
 
     def sample(self, rows: int, window: int) -> dict[str, np.ndarray]:
@@ -74,8 +78,9 @@ class SequenceBuffer(ReplayBuffer):
             "probabilities": probabilities,
             "slots": segment,
             "generations": self.generations[segment],
+            **{name: store[segment] for name, store in self.kept.items()},
         }
-        layout = replay_layout(rows, window, self.spec, SEQUENCE_FIELDS)
+        layout = replay_layout(rows, window, self.spec, self.fields)
         return {name: out[name].astype(dtype, copy=False) for name, (_, dtype) in layout.items()}
 
     def refresh(self, slots: np.ndarray, generations: np.ndarray, values: np.ndarray,

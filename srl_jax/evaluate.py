@@ -9,8 +9,9 @@ together in one env made once for all episodes; it prints each policy's own retu
 "return", the mean of every agent's own return (what `episode_return_mean` counts).
 With `--video` it also writes an MP4 of the first episode, for environments that
 render rgb_array frames.
-Exit code 2 with one line when there is nothing to evaluate, or when the checkpoint is
-of another checkpoint format than this srl_jax's (the line names both).
+Exit code 2 with one line when there is nothing to evaluate, when a path cannot be read
+(or the video's directory made), or when the checkpoint is of another checkpoint format
+than this srl_jax's (the line names both).
 """
 
 from __future__ import annotations
@@ -60,15 +61,16 @@ def write_video(path: Path, frames: list[np.ndarray]) -> None:
     except ImportError:
         raise SystemExit("srl_jax.evaluate: --video needs imageio and imageio-ffmpeg: "
                          "pip install 'srl-jax[video]'") from None
-    path.parent.mkdir(parents=True, exist_ok=True)
-    imageio.mimwrite(path, frames, fps=VIDEO_FPS, macro_block_size=1)
+    # imageio's stub asks for a list[ArrayLike], which a list of arrays is not (invariance).
+    imageio.mimwrite(path, frames, fps=VIDEO_FPS,  # type: ignore[arg-type]
+                     macro_block_size=1)
 
 
 def _make_player(team: list[TrainedPolicy], args: argparse.Namespace
                  ) -> Callable[..., TeamEpisode]:
     """play(seed, frames) -> the episode's returns and length, in the team's environment
     (made here once, closed at exit); ValueError when the env cannot be made."""
-    from actors.envs import make_env, make_split
+    from actors.envs import make_env, make_team_split
     from policy.export import TeamEpisode, play_episode, play_team_episode
 
     config, deterministic = team[0].config.env, not args.stochastic
@@ -77,7 +79,7 @@ def _make_player(team: list[TrainedPolicy], args: argparse.Namespace
         if family_of(config).multi_agent:
             kwargs = dict(config.kwargs, render_mode=render_mode) if render_mode else config.kwargs
             config = dataclasses.replace(config, kwargs=kwargs)
-            split = make_split(config, 1, [args.seed])  # renderer included
+            split = make_team_split(config, args.seed)  # renderer included
             atexit.register(split.close)
             return lambda seed, frames: play_team_episode(team, split, seed, deterministic,
                                                           frames)
@@ -110,8 +112,14 @@ def main(argv: list[str] | None = None) -> int:
                              checkpoint_dir=args.checkpoint_dir)
         team = list(policies.values())
         play = _make_player(team, args)
-    except (FileNotFoundError, ValueError) as error:
-        print(f"srl_jax.evaluate: {error}", file=sys.stderr)
+        video = args.video if isinstance(args.video, Path) else \
+            args.run_dir / "videos" / f"step-{team[0].step}.mp4"
+        if args.video:  # where it goes made before the episodes are played
+            video.parent.mkdir(parents=True, exist_ok=True)
+    except (OSError, ValueError) as error:
+        reason = f"{error.filename}: {error.strerror}" \
+            if isinstance(error, OSError) and error.strerror and error.filename else error
+        print(f"srl_jax.evaluate: {reason}", file=sys.stderr)
         return EXIT_USAGE
     steps = ", ".join(f"{name} {policy.step}" for name, policy in policies.items()) \
         if len(policies) > 1 else str(team[0].step)
@@ -126,10 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"episode {episode + 1}/{args.episodes}: return {played.agent_mean:.1f}"
               f"{f' ({own})' if own else ''}, length {played.length}", flush=True)
     if frames is not None:
-        path = args.video if isinstance(args.video, Path) else \
-            args.run_dir / "videos" / f"step-{team[0].step}.mp4"
-        write_video(path, frames)
-        print(f"video of episode 1: {path}")
+        write_video(video, frames)
+        print(f"video of episode 1: {video}")
     print(f"mean return {_spread([e.agent_mean for e in episodes])} over {args.episodes} "
           f"episodes (mean length {np.mean([e.length for e in episodes]):.1f})")
     if episodes[0].returns:  # a multi-agent run: "return" is the mean of every agent's own

@@ -4,9 +4,10 @@ Resolves the experiment config (a name in `configs/` or a YAML path), applies
 overrides, imports its plugins, validates everything (the environment and the
 algorithm's section included) before a worker starts (exit code 2 and one
 line on a bad config, or on a device placement this host cannot give), makes the run
-directory, writes the resolved config, prints the placement plan and hands over to the
-controller. Exit code 0 when the run reached its stop
-condition; non-zero with a one-line reason otherwise.
+directory and a `checkpoint.dir` on this host (exit code 2 and one line naming the path
+and why where it cannot), writes the resolved config, prints the placement plan and
+hands over to the controller. Exit code 0 when the run reached its stop condition;
+non-zero with a one-line reason otherwise.
 
 `--resume` continues the newest run of the experiment that has a checkpoint
 (or the one given with `--run-dir`) from its newest complete checkpoint, with
@@ -27,14 +28,22 @@ import logging
 import os
 import shutil
 import sys
+import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from srl_jax.config.checkpoint_location import checkpoint_location, filesystem_problem, seen_here
+from srl_jax.config.checkpoint_location import (
+    checkpoint_location,
+    filesystem_problem,
+    is_bucket,
+    seen_here,
+)
 from srl_jax.config.checks import check_checkpoint_hosts, check_exposure, spans_hosts
 from srl_jax.config.loader import (
     EXIT_CONFIG,
@@ -45,6 +54,7 @@ from srl_jax.config.loader import (
 )
 from srl_jax.config.population import check_population, sweep_overrides
 from srl_jax.config.schema import DEFAULT_POLICY, ConfigError, ExperimentConfig, run_policies
+from srl_jax.dataflow.plan import Carriers, Plan, make_plan
 from srl_jax.runtime.backends import BackendError, LaunchBackend, LocalBackend
 from srl_jax.runtime.host_devices import describe_host
 from srl_jax.runtime.placement import Placement, plan_placement
@@ -55,6 +65,7 @@ from srl_jax.runtime.run_dir import (
     newest_steps,
     trim_metrics,
 )
+from srl_jax.wire.transport import curve_wanted
 
 EXIT_FAILED = 1
 RUNS_ROOT = Path("runs")
@@ -83,6 +94,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "learner.ppo.learning_rate=1e-4,3e-4,1e-3")
     parser.add_argument("--resume", action="store_true", help="continue an earlier run")
     parser.add_argument("--quiet", action="store_true", help="no live progress line")
+    parser.add_argument("--plan", action="store_true", help="print the run's workers, the "
+                        "streams between them and what carries each, and exit (starts nothing)")
     return parser.parse_args(argv)
 
 
@@ -168,12 +181,55 @@ def prepare_run(args: argparse.Namespace) -> tuple:
         config = new_run_config(args)
         run_dir, steps = args.run_dir or RUNS_ROOT / config.name / time.strftime(
             "%Y%m%d-%H%M%S"), None
-        if run_dir.exists() and any(run_dir.iterdir()):
-            raise ConfigError(f"'--run-dir': {run_dir} already holds files; pick an empty or "
-                              "new directory (or add --resume to continue it)")
+        with path_errors("--run-dir", run_dir):
+            if run_dir.is_dir() and any(run_dir.iterdir()):
+                raise ConfigError(f"'--run-dir': {run_dir} already holds files; pick an empty "
+                                  "or new directory (or add --resume to continue it)")
         check_fresh_location(run_dir, config)
     config, placement = checked_for_backend(config, args, os.environ)
     return config, run_dir, steps, placement
+
+
+@contextmanager
+def path_errors(key: str, path: str | os.PathLike[str]) -> Iterator[None]:
+    """An OSError within becomes one ConfigError line that names `key`, `path` and why
+    (the error's strerror)."""
+    try:
+        yield
+    except OSError as error:
+        raise ConfigError(f"'{key}': {path}: {error.strerror or error}") from None
+
+
+def make_run_dir(run_dir: Path, config: ExperimentConfig,
+                 resume_steps: dict[str, int] | None) -> dict[str, Any] | None:
+    """The run directory made ready for the controller, with the resolved config in it; on
+    a resume, the metrics past its checkpoints moved aside and the old run's endpoints
+    gone. Returns the metrics row a resume continues from. ConfigError naming the path
+    and why where this process cannot make or write it."""
+    with path_errors("--run-dir", run_dir):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        resume_row = None
+        if resume_steps is not None:
+            resume_row = trim_metrics(run_dir, resume_steps)
+            shutil.rmtree(run_dir / "names", ignore_errors=True)  # the old run's endpoints
+        (run_dir / "logs").mkdir(exist_ok=True)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(config),
+                                                            sort_keys=False))
+    return resume_row
+
+
+def make_checkpoint_location(run_dir: Path, config: ExperimentConfig,
+                             args: argparse.Namespace) -> None:
+    """`checkpoint.dir`, where it is a path on this host and the learners and the evaluator
+    that write there run here: made, and written to once, so that a location they could not
+    write is refused before they start (elsewhere they find out themselves)."""
+    location = checkpoint_location(run_dir, config.checkpoint.dir)
+    if not config.checkpoint.dir or is_bucket(location) or \
+            spans_hosts(config, args.backend, args.ray_address or ""):
+        return
+    with path_errors("checkpoint.dir", location):
+        location.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=location).close()
 
 
 def check_backend_args(args: argparse.Namespace) -> None:
@@ -256,25 +312,34 @@ def shared_memory_plan(config: ExperimentConfig, backend: str) -> tuple[bool, st
     return plan_shared_memory(config, backend, partial(policy_spec, config), MAX_SENT_RETURNS)
 
 
+def run_plan(config: ExperimentConfig, args: argparse.Namespace, shared_memory: bool) -> Plan:
+    """The run's workers and streams as this launch would carry them."""
+    spans = spans_hosts(config, args.backend, args.ray_address or "")
+    return make_plan(config, Carriers(
+        args.backend, shared_memory, network_names(config, args.backend, args.ray_address),
+        # Spanning hosts, workers bind off loopback (the address is each node's).
+        curve_wanted(config.transport.curve, "" if spans else config.transport.bind_host)))
+
+
 def main(argv: list[str] | None = None) -> int:
     launched = time.time()
     args = parse_args(argv)
     try:
         config, run_dir, resume_steps, placement = prepare_run(args)
         shared_memory, fallback = shared_memory_plan(config, args.backend)
+        if args.plan:  # it makes no directory either
+            print("\n".join([*run_plan(config, args, shared_memory).lines(),
+                             *placement.lines()]))
+            return 0
+        make_checkpoint_location(run_dir, config, args)
+        resume_row = make_run_dir(run_dir, config, resume_steps)
     except ConfigError as error:
         print(f"srl_jax.launch: config error: {error}", file=sys.stderr)
         return EXIT_CONFIG
     from srl_jax.runtime.controller import Controller
     from srl_jax.runtime.metrics import ProgressDisplay
-    from srl_jax.wire.transport import CurveKeys, curve_wanted
+    from srl_jax.wire.transport import CurveKeys
 
-    resume_row = None
-    if resume_steps is not None:
-        resume_row = trim_metrics(run_dir, resume_steps)
-        shutil.rmtree(run_dir / "names", ignore_errors=True)  # the old run's endpoints
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
     logging.basicConfig(
         level=logging.INFO, filename=run_dir / "logs" / "controller.log",
         format="%(asctime)s controller %(levelname)s %(name)s: %(message)s")

@@ -43,7 +43,8 @@ def names_and_config(run_dir: Path, names_endpoint: str | None,
     if names_endpoint is None or forwarder is None:
         return FileNameService(run_dir / "names"), read_run_config(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)  # this host's scratch
-    context, keys = zmq.Context.instance(), keys_from_env(os.environ)
+    context: zmq.Context = zmq.Context.instance()
+    keys = keys_from_env(os.environ)
     names = NetworkNameService(context, names_endpoint, keys)
     config = parse_run_config(names.run_config())
     forwarder.connect(context, names.lookup(LOGS.key(), LOOKUP_TIMEOUT_S), keys)

@@ -222,6 +222,38 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+CARTPOLE_RANDOM_RETURN = 22.2
+"""CartPole-v1's mean return with uniformly random actions: 22.2 over 5,000 episodes
+(standard deviation 11.9, the largest 114)."""
+CARTPOLE_MARGIN = 80
+"""How far a CartPole run's last 100 episodes must beat random play to show learning: their
+mean at 102 is 65 standard errors above random play's (1.2 for 100 episodes), and a
+fraction of what the suite's runs reach within their frame budgets (see their tests)."""
+
+
+def ended_on_frames(process: subprocess.Popen, run_dir: Path, frames: int, log: Path,
+                    timeout: float = 280) -> tuple[list[dict], dict]:
+    """Wait for a run that must stop on its frame budget `frames` (exit 0, its learner
+    having updated); its metrics rows and final status. `timeout` guards against a hang."""
+    assert process.wait(timeout=timeout) == 0, log.read_text()
+    rows, final = read_metrics(run_dir), read_status(run_dir)
+    assert final["state"] == "finished" and final["stop_reason"].endswith(
+        f"env frames reached the limit {frames}"), final["stop_reason"]
+    assert rows[-1]["env_frames"] >= frames and rows[-1]["learner_steps"] > 0
+    return rows, final
+
+
+def assert_learned(rows: list[dict], random_return: float, margin: float) -> None:
+    """Some 100 consecutive episodes of the run beat random play's mean return by `margin`
+    (the best of the rows' `episode_return_mean_last100`). The best, not the last: a test
+    asserts learning, and IMPALA on CartPole once unlearned after it (tests/test_run.py)."""
+    assert sum(r.get("episodes", 0) for r in rows) >= 100, "a full window of episodes"
+    best = max(r.get("episode_return_mean_last100", 0) for r in rows)
+    assert best >= random_return + margin, (
+        f"best mean return of 100 episodes {best}, random play's {random_return} + {margin}; "
+        f"by frames: {[(r['env_frames'], r.get('episode_return_mean')) for r in rows]}")
+
+
 def last_row(run_dir: Path) -> dict:
     """The newest metrics row, or {} before the first."""
     rows = read_metrics(run_dir) if (run_dir / "metrics.jsonl").exists() else []

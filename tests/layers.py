@@ -1,12 +1,14 @@
-"""The package's layer rules, stated by folder and checked by reading the source (ast,
-nothing is imported).
+"""The tree's import rules, stated by folder and by module and checked by reading the source
+(ast, nothing is imported).
 
-Every module of `srl_jax`, `actors`, `learners` and `replay` lives in a folder, and every
-folder belongs to one layer (docs/architecture.md draws them): a module may import the
-layers its own layer names and no third-party package it forbids. A module in a folder no
-layer names is refused, so a new file lands in a layer by where it is put, not by a list of
-names. Imports inside functions count the same as those at the top: a lazy import still ties
-the two modules together. Neither the modules nor the layers may import in a cycle.
+Folders are named after the system's parts (docs/architecture.md draws the tree). A module
+belongs to the concept folder it sits in, and may import its own folder, the folders below
+it that its folder names, and no third-party package its folder forbids; a module in a
+folder no entry names is refused, so a new file lands by where it is put. Which modules may
+import JAX is a rule per module: whatever the processes that must start fast load as they
+start (`JAX_FREE`) imports no JAX package, wherever it sits. Imports inside functions count
+the same as those at the top for the folders and for cycles: a lazy import still ties two
+modules together. Neither modules nor folders may import in a cycle.
 """
 
 from __future__ import annotations
@@ -17,57 +19,75 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-PACKAGES = ("srl_jax", "actors", "learners", "replay")
+PACKAGES = ("srl_jax", "actors", "policy", "learners", "replay")
 ENV_PACKAGES = frozenset({"gymnasium", "envpool", "ale_py", "mujoco", "pettingzoo", "mpe2",
                           "cv2", "pygame"})
-JAX_PACKAGES = frozenset({"jax", "jaxlib", "flax", "optax", "orbax"})
-NO_ENGINES = ENV_PACKAGES | JAX_PACKAGES | {"ray"}
+JAX_PACKAGES = frozenset({"jax", "jaxlib", "flax", "optax", "orbax", "mctx"})
+LEARNING_ONLY = ENV_PACKAGES | {"zmq", "ray"}
+"""What the learner side's math and models never touch: envs and sockets."""
 
 
 @dataclass(frozen=True)
-class Layer:
-    name: str
-    places: tuple[str, ...]
-    """Folders (every module below them) or file patterns, relative to the repository."""
-    may_import: frozenset[str]
-    """Layers whose modules it may import (its own included)."""
+class Folder:
+    place: str
+    """A folder of the repository; its subfolders belong to it unless `flat`."""
+    holds: str
+    """What it is, in one line (the docs' tree shows it)."""
+    may_import: tuple[str, ...] = ()
+    """The folders below it whose modules it may import (its own always)."""
     forbidden: frozenset[str] = frozenset()
     """Top-level third-party packages it must not import."""
     only_third_party: frozenset[str] | None = None
     """When set, the only third-party packages it may import (the standard library aside)."""
+    flat: bool = False
+    """Only the modules directly in it: its subfolders are folders of their own."""
 
 
-def _names(*layers: str) -> frozenset[str]:
-    return frozenset(layers)
-
-
-DECLARATIONS = ("learners/algorithms/*_config.py",)
-LEARNING = ("core", "algorithm declarations", "models", "algorithms", "training")
-LAYERS = (
-    Layer("core", ("srl_jax/core", "srl_jax/config"), _names("core"), NO_ENGINES),
-    Layer("actors", ("actors",), _names("core", "actors"), JAX_PACKAGES | {"ray"}),
-    Layer("replay", ("replay",), _names("core", "actors", "replay"), NO_ENGINES),
-    Layer("algorithm declarations", DECLARATIONS, _names("core", "algorithm declarations"),
-          only_third_party=frozenset()),
-    Layer("models", ("learners/models",), _names("core", "models"),
-          ENV_PACKAGES | {"zmq", "ray"}),
-    Layer("algorithms", ("learners/algorithms",), _names(*LEARNING[:4]),
-          only_third_party=frozenset({"jax", "flax", "optax", "numpy", "mctx"})),
-    Layer("training", ("learners/training",), _names(*LEARNING), ENV_PACKAGES | {"zmq", "ray"}),
-    Layer("jax workers", ("learners/workers",),
-          _names(*LEARNING, "actors", "replay", "jax workers"),
-          frozenset({"ray"})),
-    Layer("runtime", ("srl_jax/runtime",), _names("core", "runtime"), JAX_PACKAGES),
-    Layer("analysis", ("srl_jax/analysis",), _names("core", "analysis"), NO_ENGINES - {"ray"}),
-    Layer("entry points", ("srl_jax/*.py", "learners/__init__.py"),
-          _names(*LEARNING, "actors", "replay", "jax workers", "runtime", "analysis",
-                 "entry points")),
-    # Above the launcher: the scripts' launch lines go through its own checks.
-    Layer("cluster", ("srl_jax/cluster",), _names("core", "runtime", "entry points", "cluster"),
-          JAX_PACKAGES),
+W, C, D, R = "srl_jax/wire", "srl_jax/config", "srl_jax/dataflow", "srl_jax/runtime"
+M, A, T = "learners/models", "learners/algorithms", "learners/training"
+FOLDERS = (
+    Folder(W, "the wire format, streams, transports, shared-memory channels, names",
+           forbidden=ENV_PACKAGES | {"ray"}),
+    Folder(C, "the experiment's schema, loader and checks; env families and populations",
+           (W,), ENV_PACKAGES | {"ray", "zmq"}),
+    Folder(D, "what a config's run is made of: worker kinds, streams, algorithms' "
+           "declarations, data layouts, metrics, the plan", (C, W), ENV_PACKAGES | {"ray"}),
+    Folder(R, "the run: controller, supervisor, worker shell, names, backends, host agents, "
+           "warm parents, placement, status", (D, C, W), ENV_PACKAGES),
+    Folder("actors", "the actor side: actor core and shell, env ring, env families",
+           (R, D, C, W), frozenset({"ray"})),
+    Folder(M, "networks, torsos, distributions", (D, C), LEARNING_ONLY),
+    Folder(A, "PPO, IMPALA, Ape-X DQN, R2D2, MuZero: pure functions, each beside its "
+           "declaration", (M, D, C),
+           only_third_party=frozenset({"jax", "flax", "optax", "numpy", "mctx"})),
+    Folder(T, "the socket-free learner, mesh, jax.distributed, checkpoints", (A, M, R, D, C, W),
+           LEARNING_ONLY),
+    Folder("policy", "the policy side: inference server, evaluator, inline policy, "
+           "load_policy", ("actors", T, A, M, R, D, C, W), frozenset({"ray"})),
+    Folder("replay", "replay servers: storage, priorities, rate limits, reanalysis",
+           ("policy", "actors", T, R, D, C, W), ENV_PACKAGES | {"ray"}),
+    Folder("learners/intake", "where a learner's batches come from: samples or replay",
+           ("actors", T, R, D, C, W), ENV_PACKAGES | {"ray"}),
+    Folder("learners", "the learner worker and what it publishes", (
+        "learners/intake", "policy", "actors", T, A, M, R, D, C, W), ENV_PACKAGES | {"ray"},
+           flat=True),
+    Folder("srl_jax/analysis", "notebooks' API: load runs, compare, plot", (R, C),
+           ENV_PACKAGES | JAX_PACKAGES),
+    Folder("srl_jax", "entry points: launch, worker, evaluate; the public API",
+           ("policy", "actors", R, D, C, W), flat=True),
+    Folder("srl_jax/cluster", "Slurm and TPU VM scripts, Ray nodes: their launch lines go "
+           "through the launcher's checks", ("srl_jax", R, D, C, W)),
 )
-"""Bottom to top; the first layer whose place holds a module is its layer."""
+"""Bottom to top."""
 
+JAX_FREE = ("srl_jax", "srl_jax.launch", "srl_jax.worker", "srl_jax.wire.*", "srl_jax.config.*",
+            "srl_jax.dataflow.*", "srl_jax.runtime.*", "srl_jax.cluster.*", "srl_jax.analysis.*",
+            "actors.actor_worker", "replay.replay_worker", "learners.algorithms.*_config")
+"""Modules (dotted, fnmatch patterns) that import no JAX package, nor does anything they import
+as they load: the launcher and controller, host agents, actors and replay servers start fast
+and fork nothing heavy, and the launcher checks a whole config, the algorithm's section
+included, without JAX. A worker kind whose class imports JAX is named by string
+(srl_jax/dataflow/worker_kinds.py) and imported only in its own process."""
 
 def module_files(root: Path) -> dict[str, Path]:
     """Every module of the packages under `root`, by dotted name (package `__init__`s
@@ -80,31 +100,47 @@ def module_files(root: Path) -> dict[str, Path]:
     return files
 
 
-def layer_of(where: Path) -> Layer | None:
-    """The first layer one of whose places holds the file at `where` (repository-relative):
-    a folder holds every module below it, a pattern the files it matches."""
-    posix = where.as_posix()
-    for layer in LAYERS:
-        for place in layer.places:
-            if posix.startswith(place + "/") or fnmatch.fnmatchcase(posix, place):
-                return layer
-    return None
+def folder_of(where: Path) -> Folder | None:
+    """The folder entry that holds the file at `where` (repository-relative): the deepest
+    whose place holds it, directly where the entry is flat."""
+    parent, best = where.parent.as_posix(), None
+    for folder in FOLDERS:
+        holds = parent == folder.place or (not folder.flat and
+                                          parent.startswith(folder.place + "/"))
+        if holds and (best is None or len(folder.place) > len(best.place)):
+            best = folder
+    return best
 
 
-def imports(path: Path) -> list[tuple[int, str]]:
-    """(line, imported module) for every absolute import statement in the file, wherever it
-    stands (in a function or under `if TYPE_CHECKING` too)."""
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.append((node.lineno, node.module))
+@dataclass(frozen=True)
+class Import:
+    line: int
+    module: str
+    at_load: bool
+    """Run as the module loads (not inside a function, not under `if TYPE_CHECKING`)."""
+
+
+def imports(path: Path) -> list[Import]:
+    """Every absolute import statement in the file, wherever it stands."""
+    found: list[Import] = []
+
+    def visit(node: ast.AST, at_load: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            inside = at_load and not isinstance(
+                child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) and not (
+                isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test))
+            if isinstance(child, ast.Import):
+                found.extend(Import(child.lineno, alias.name, at_load) for alias in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.level == 0 and child.module:
+                found.append(Import(child.lineno, child.module, at_load))
+            visit(child, inside)
+
+    visit(ast.parse(path.read_text(), str(path)), True)
     return found
 
 
 def _internal(imported: str, modules: dict[str, Path]) -> str | None:
-    """The module of ours an import names (`from srl_jax.wire.codec import X`: srl_jax.wire.codec)."""
+    """The module of ours an import names (`from srl_jax.wire.codec import X`: its module)."""
     parts = imported.split(".")
     for end in range(len(parts), 0, -1):
         name = ".".join(parts[:end])
@@ -113,38 +149,62 @@ def _internal(imported: str, modules: dict[str, Path]) -> str | None:
     return None
 
 
+def jax_free(modules: dict[str, Path]) -> dict[str, str]:
+    """Every module that must import no JAX -> the `JAX_FREE` module that loads it (itself,
+    where it is one; else the first, in name order, that reaches it)."""
+    roots = sorted(name for name in modules
+                   if any(fnmatch.fnmatchcase(name, pattern) for pattern in JAX_FREE))
+    found = {root: root for root in roots}
+    queue = list(roots)
+    for name in queue:
+        for entry in imports(modules[name]):
+            target = _internal(entry.module, modules)
+            if entry.at_load and target is not None and target not in found:
+                found[target] = found[name]
+                queue.append(target)
+    return found
+
+
 def violations(root: Path) -> list[str]:
     """One line per broken rule: `file:line: module imports X (why)`."""
     modules = module_files(root)
-    problems, graph = [], {name: set() for name in modules}
+    free = jax_free(modules)
+    problems: list[str] = []
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    folders: dict[str, set[str]] = {folder.place: set() for folder in FOLDERS}
     for name, path in modules.items():
         where = path.relative_to(root)
-        layer = layer_of(where)
-        if layer is None:
-            problems.append(f"{where}: module {name} is in no layer's folder (move it into "
-                            "one, or give its folder a layer in tests/layers.py)")
+        folder = folder_of(where)
+        if folder is None:
+            problems.append(f"{where}: module {name} is in no folder tests/layers.py names "
+                            "(move it into one, or name its folder in FOLDERS)")
             continue
-        for line, imported in imports(path):
-            target = _internal(imported, modules)
-            top = imported.split(".")[0]
+        for entry in imports(path):
+            imported, target, top = entry.module, _internal(entry.module, modules), \
+                entry.module.split(".")[0]
+            at = f"{where}:{entry.line}: {name}"
+            if top in JAX_PACKAGES and name in free:
+                why = "" if free[name] == name else f", which {free[name]} loads"
+                problems.append(f"{at} imports {imported}, but it must stay free of JAX "
+                                f"(JAX_FREE{why})")
             if target is not None:
                 graph[name].add(target)
-                target_layer = layer_of(modules[target].relative_to(root))
-                if target_layer is not None and target_layer.name not in layer.may_import:
-                    problems.append(f"{where}:{line}: {name} ({layer.name}) imports {imported} "
-                                    f"({target_layer.name})")
+                other = folder_of(modules[target].relative_to(root))
+                if other is None or other is folder:
+                    continue
+                folders[folder.place].add(other.place)
+                if other.place not in folder.may_import:
+                    problems.append(f"{at} ({folder.place}) imports {imported} ({other.place})")
             elif top in PACKAGES:
-                problems.append(f"{where}:{line}: {name} imports {imported}, which does not exist")
-            elif top in layer.forbidden:
-                problems.append(f"{where}:{line}: {name} ({layer.name}) imports {imported}")
-            elif layer.only_third_party is not None and not _stdlib(top) \
-                    and top not in layer.only_third_party:
-                problems.append(f"{where}:{line}: {name} ({layer.name}) imports {imported}; it "
-                                f"may only use {sorted(layer.only_third_party)} and the "
-                                "standard library")
+                problems.append(f"{at} imports {imported}, which does not exist")
+            elif top in folder.forbidden:
+                problems.append(f"{at} ({folder.place}) imports {imported}")
+            elif folder.only_third_party is not None and not _stdlib(top) \
+                    and top not in folder.only_third_party:
+                problems.append(f"{at} ({folder.place}) imports {imported}; it may only use "
+                                f"{sorted(folder.only_third_party)} and the standard library")
     problems += [f"import cycle: {' -> '.join(cycle)}" for cycle in cycles(graph)]
-    allowed = {layer.name: set(layer.may_import) - {layer.name} for layer in LAYERS}
-    problems += [f"layer cycle: {' -> '.join(cycle)}" for cycle in cycles(allowed)]
+    problems += [f"folder cycle: {' -> '.join(cycle)}" for cycle in cycles(folders)]
     return problems
 
 

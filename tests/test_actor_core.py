@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from actors.actor_core import ActorCore, BadReply, Request
+from actors.actor_core import ActionRequest, ActorCore, BadReply
 from actors.env_ring import RingStep, StepResult
 from srl_jax.dataflow.algorithms import chunk_stream
 from srl_jax.dataflow.env_spec import EnvSpec
@@ -62,7 +62,7 @@ def value_of(obs: np.ndarray) -> np.ndarray:
     return (obs[:, 0] + 0.5).astype(np.float32)
 
 
-def reply(request: Request, version: int = 0, action: int = 1
+def reply(request: ActionRequest, version: int = 0, action: int = 1
           ) -> tuple[dict, dict[str, np.ndarray]]:
     """An inference server's reply to `request`: `action` for every row, the value of its obs."""
     obs = request.arrays["obs"]

@@ -1,18 +1,23 @@
-"""The worked example of an algorithm plugin: A2C, defined in this file only.
+"""The worked examples of algorithm plugins, each defined outside the package.
 
-Everything an algorithm needs is here: its config dataclass (the `learner.a2c`
-section of an experiment, each field documented, checked in `__post_init__`),
-its optimizer, its pure update, and one `register(...)` call that runs when the
-module is imported. An experiment names the module in `plugins`, so the launcher
-and every worker process import it before the config is checked; nothing in the
-package is edited. A2C (Mnih et al. 2016, synchronous): one gradient step per
-batch on the policy-gradient loss with GAE advantages, without PPO's ratio
-clipping or epochs, plus a value loss and an entropy bonus.
+A2C, in this file: everything an algorithm that trains a built-in network needs is here:
+its config dataclass (the `learner.a2c` section of an experiment, each field documented,
+checked in `__post_init__`), its optimizer, its pure update, the network it trains (the
+actor-critic, PPO's declaration), and one `register(...)` call that runs when the module
+is imported. A2C (Mnih et al. 2016, synchronous): one gradient step per batch on the
+policy-gradient loss with GAE advantages, without PPO's ratio clipping or epochs, plus a
+value loss and an entropy bonus.
+
+SAC, in `tests/plugin_sac.py`: an algorithm that brings its own network, its own
+action-space rule and its own replay fields. An experiment names it in `plugins`, so the
+launcher and every worker process import it before the config is checked; a real run
+here shows it trains, and nothing in the package is edited.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,25 +25,35 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 import pytest
 import yaml
 
+from actors.envs import policy_spec
+from learners.algorithms.ppo_config import ACTOR_CRITIC
 from learners.algorithms.prepare import prepare
 from learners.algorithms.sequences import episode_starts
 from learners.algorithms.train_state import Batch, TrainState
-from learners.models.networks import Policy
+from learners.models.networks import Policy, make_policy
+from replay.buffer import ReplayBuffer
 from srl_jax.config.loader import config_from_dict
 from srl_jax.config.schema import ConfigError
 from srl_jax.dataflow.algorithms import (
     Algorithm,
+    Replay,
     Sizes,
     algorithm,
     algorithm_config,
     check_inputs,
     register,
 )
+from srl_jax.dataflow.chunk_spec import empty_chunk
+from srl_jax.dataflow.env_spec import EnvSpec
+from srl_jax.dataflow.replay_spec import replay_fields, replay_layout
+from srl_jax.launch import check_before_launch
 from srl_jax.runtime.run_dir import read_status
+from tests import plugin_sac
 from tests.conftest import Processes, launch, read_metrics
 from tests.update_checks import (
     SIZES,
@@ -138,7 +153,8 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation, config:
 
 ALGORITHM = Algorithm(
     name="a2c", config=A2CConfig, make_optimizer=make_optimizer, make_update=make_update,
-    fields=("obs", "actions", "rewards", "terminated", "truncated", "trunc_values", "state"))
+    fields=("obs", "actions", "rewards", "terminated", "truncated", "trunc_values", "state"),
+    networks=(ACTOR_CRITIC,))
 register(ALGORITHM)
 
 
@@ -178,43 +194,94 @@ def test_an_algorithm_the_learner_cannot_feed_is_refused() -> None:
                                            fields=(*ALGORITHM.fields, "priority"))
     with pytest.raises(ConfigError, match=r"reads fields \['priority'\] that the samples batch"):
         check_inputs(reads_priorities)
-    from_nowhere = dataclasses.replace(ALGORITHM, name="a2c_nowhere", source="disk")
-    with pytest.raises(ConfigError, match="takes its data from 'disk'"):
-        check_inputs(from_nowhere)
-    from_replay = dataclasses.replace(ALGORITHM, name="a2c_replay", source="replay")
-    with pytest.raises(ConfigError, match="needs a replay_window exactly when"):
-        check_inputs(from_replay)
-    windowed = dataclasses.replace(from_replay, replay_window=lambda config: 3)
+    from_replay = dataclasses.replace(ALGORITHM, name="a2c_replay",
+                                      replay=Replay(window=lambda config: 3))
     with pytest.raises(ConfigError, match=r"reads fields \['state'\] that the replay batch"):
-        check_inputs(windowed)
+        check_inputs(from_replay)
+    once_a_chunk = dataclasses.replace(from_replay, replay=Replay(lambda config: 3,
+                                                                  fields=("state",)))
+    with pytest.raises(ConfigError, match=r"keeps \['state'\] in replay: only chunk fields"):
+        check_inputs(once_a_chunk)
 
 
-EXPERIMENT = {
-    "name": "cartpole_a2c",
+def test_replay_keeps_the_chunk_fields_an_algorithm_asks_for_per_agent_column() -> None:
+    """`Replay.fields`: a per-env field (the global state) serves every agent column of its
+    env; each sampled row carries the kept fields at its first step."""
+    T, envs, agents = 4, 3, 2
+    spec = EnvSpec((2,), np.dtype(np.float32), 2, False, agents=agents, global_state_size=3)
+    chunk = empty_chunk(T, envs * agents, spec)
+    chunk["global_state"][:] = np.arange(chunk["global_state"].size).reshape(
+        chunk["global_state"].shape)
+    chunk["logp"][:] = -np.arange(chunk["logp"].size).reshape(chunk["logp"].shape)
+    buffer = ReplayBuffer(64, T, envs * agents, spec, 1, 0.0, 0.0, seed=0,
+                          kept=("global_state", "logp"))
+    buffer.insert(chunk)
+    batch = buffer.sample(50, 2)
+    column, step = batch["slots"] // T, batch["slots"] % T
+    np.testing.assert_array_equal(batch["global_state"],
+                                  chunk["global_state"][step, column // agents])
+    np.testing.assert_array_equal(batch["logp"], chunk["logp"][step, column])
+    assert batch.keys() == replay_layout(50, 2, spec, replay_fields(False, ("global_state",
+                                                                            "logp"))).keys()
+
+
+SAC = {
+    "name": "pendulum_sac",
     "seed": 1,
-    "plugins": [__name__],
-    "env": {"id": "CartPole-v1"},
-    "actors": {"count": 2, "envs": 32, "splits": 2, "trajectory_length": 16},
-    "inference": {"count": 1, "max_batch": 32},
-    "learner": {"algorithm": "a2c", "batch_envs": 32, "staleness_cap": 2,
-                "a2c": {"learning_rate": 2e-3, "ent_coef": 0.0, "gae_lambda": 0.95}},
-    "network": {"hidden": [64, 64]},
+    "plugins": [plugin_sac.__name__],
+    "env": {"id": "Pendulum-v1"},
+    "actors": {"count": 1, "envs": 8, "splits": 1, "trajectory_length": 16,
+               "inline_inference": True},
+    "replay": {"count": 1, "capacity": 4096, "min_size": 256, "samples_per_insert": 4.0},
+    "learner": {"algorithm": "sac", "batch_envs": 64, "publish_every_updates": 5,
+                "sac": {"learning_rate": 1e-3}},
+    "network": {"head": "sac", "hidden": [32, 32]},
     "checkpoint": {"enabled": False},
-    "stop": {"target_return": 200, "wall_time_s": 600},
+    "stop": {"env_frames": 2048, "wall_time_s": 300},
 }
+"""SAC on Pendulum-v1: its own network (`network.head: sac`), from replay."""
+
+
+def sac_config(**sections: dict) -> Any:
+    return config_from_dict({**SAC, **sections})
+
+
+def test_a_plugin_network_is_the_one_its_algorithm_builds_and_its_rules_are_its_own() -> None:
+    config = sac_config()
+    policy, network = make_policy(config, policy_spec(config))
+    assert isinstance(network, plugin_sac.SACNetwork) and policy.network is network
+    assert algorithm_config(config) == plugin_sac.SACConfig(learning_rate=1e-3)
+    with pytest.raises(ConfigError, match=r"^'network.head': 'sac' acts in continuous action "
+                                          r"spaces; 'CartPole-v1' has discrete actions$"):
+        check_before_launch(sac_config(env={"id": "CartPole-v1"}))
+    with pytest.raises(ConfigError, match=r"^'network.head': 'sac' trains sac, not 'dueling'$"):
+        algorithm_config(sac_config(network={"head": "dueling"}))
+    with pytest.raises(ConfigError, match=r"^'network.head': 'dqn' trains dueling or q, not "
+                                          r"'sac'$"):
+        algorithm_config(sac_config(learner={"algorithm": "dqn", "batch_envs": 64}))
+    with pytest.raises(ConfigError, match=r"^'network.layer_norm' is not read by 'network.head' "
+                                          r"'sac'; leave it unset$"):
+        algorithm_config(sac_config(network={"head": "sac", "layer_norm": True}))
 
 
 @pytest.mark.slow
-def test_a2c_plugin_solves_cartpole_in_real_processes(processes: Processes,
-                                                      tmp_path: Path) -> None:
-    path = tmp_path / "cartpole_a2c.yaml"
-    path.write_text(yaml.safe_dump(EXPERIMENT))
+def test_a_plugin_with_its_own_network_and_replay_fields_trains_in_real_processes(
+        processes: Processes, tmp_path: Path) -> None:
+    path = tmp_path / "pendulum_sac.yaml"
+    path.write_text(yaml.safe_dump(SAC))
     process, run_dir = launch(processes, tmp_path, experiment=str(path))
-    assert process.wait(timeout=700) == 0, (tmp_path / "launch.log").read_text()
+    assert process.wait(timeout=300) == 0, (tmp_path / "launch.log").read_text()
     final = read_status(run_dir)
-    assert final["state"] == "finished" and "reached the target" in final["stop_reason"]
-    assert max(r.get("episode_return_mean", 0) for r in read_metrics(run_dir)) >= 200
+    assert final["state"] == "finished" and "env frames reached" in final["stop_reason"], final
+    rows = [row for row in read_metrics(run_dir) if row.get("learner_steps", 0) > 0]
+    assert rows, "the learner updated"
+    last = rows[-1]
+    assert last["env_frames"] >= SAC["stop"]["env_frames"]
+    for name in ("loss", "critic_loss", "actor_loss", "q_mean", "logp_drift"):
+        assert math.isfinite(last[f"learner/{name}"]), name  # the plugin's own metrics
+    assert last["learner/param_change"] > 0, "the update moved the plugin's network"
+    assert last["replay/size"] > 0 and last["replay/samples_per_s"] > 0
     written = yaml.safe_load((run_dir / "config.yaml").read_text())
-    assert written["plugins"] == [__name__]
-    assert written["learner"]["a2c"] == {**vars(DEFAULTS), **EXPERIMENT["learner"]["a2c"]}
-    assert "a2c on" in (run_dir / "logs" / "learner-0.log").read_text()
+    assert written["network"]["head"] == "sac" and written["plugins"] == SAC["plugins"]
+    assert written["learner"]["sac"] == {**vars(plugin_sac.SACConfig()), "learning_rate": 1e-3}
+    assert "sac on" in (run_dir / "logs" / "learner-0.log").read_text()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import importlib.util
 import json
+import logging
 import os
 import tracemalloc
 from pathlib import Path
@@ -353,10 +354,12 @@ def test_checkpoint_dir_is_a_local_path_or_a_known_uri() -> None:
     # some 12 s on 2 cores: moto, in the test's own process, answers every request
     pytest.param("s3", marks=pytest.mark.slow)])
 def test_checkpoints_go_to_a_location_outside_the_run_dir(
-        store: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+        store: str, tmp_path: Path, request: pytest.FixtureRequest,
+        caplog: pytest.LogCaptureFixture) -> None:
     """Steps, the best copy, donors and the evaluator's parameters all under the location,
     a file:// URI or a bucket (on an S3 server on loopback); the run directory, and the
-    working directory (where orbax alone put an s3:// step's arrays), hold none of them."""
+    working directory (where orbax alone put an s3:// step's arrays), hold none of them.
+    Reading them (as `load_policy` and `srl_jax.evaluate` do) logs no warning."""
     run_dir, elsewhere = tmp_path / "run", tmp_path / "learner-host" / "ckpt"
     uri = f"{request.getfixturevalue('s3_bucket')}/ckpt" if store == "s3" else \
         f"file://{elsewhere}"
@@ -380,6 +383,7 @@ def test_checkpoints_go_to_a_location_outside_the_run_dir(
         (torn / "meta" / "metadata").write_text("{}")
         assert read_step(run_dir, state, 2, policy="red", location=uri).step == 2
         assert torn.exists(), "a reader (srl_jax.evaluate) leaves it: it may be a save in flight"
+    caplog.clear()
     reopened = Checkpointer(run_dir, policy="red", location=uri)
     assert not torn.exists(), "a bucket's torn step goes (and best/ stays)"
     assert reopened.best_return == 5.0
@@ -387,6 +391,8 @@ def test_checkpoints_go_to_a_location_outside_the_run_dir(
     assert reopened.restore_from("blue", state).step == 2, "a donor under the same location"
     reopened.close()
     assert restore_params(evaluated_root(run_dir, "red", uri), 2, state.params).step == 2
+    assert read_step(run_dir, state, 2, policy="blue", location=uri).step == 2
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     config = config_from_dict({"name": "exp", "checkpoint": {"dir": uri}, "env": {
         "id": "pettingzoo:mpe2.simple_tag_v3", "policies": {"red": ["a*"], "blue": ["b*"]}}})
     assert newest_steps(run_dir, config) == {"red": 2, "blue": 2}

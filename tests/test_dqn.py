@@ -67,7 +67,7 @@ def test_updates_fit_the_targets_copy_the_target_network_and_return_priorities()
     config = dqn_config(["learner.batch_envs=32", "learner.dqn.target_update_period=3",
                          "learner.dqn.learning_rate=0.002"])
     spec = policy_spec(config, "default")
-    learner = build_learner(config, spec, share=32)
+    learner = build_learner(config, spec, local_envs=32)
     rng = np.random.default_rng(0)
     batch = {name: np.zeros_like(a) for name, a in learner.inputs.example.items()}
     batch["obs"][:] = rng.normal(size=batch["obs"].shape)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import zmq
 
-from actors.actor_core import Request, Turn
+from actors.actor_core import ActionRequest, Turn
 from actors.actor_worker import ActorWorker
 from policy import evaluator as evaluator_module
 from policy.evaluator import EvaluatorWorker
@@ -21,6 +21,7 @@ from srl_jax.dataflow.stream_table import INFERENCE, STATS
 from srl_jax.dataflow.worker_kinds import PARENT_ENV
 from srl_jax.runtime.worker_base import Worker
 from srl_jax.wire.names import FileNameService
+from srl_jax.wire.stream_ends import Connecter
 from srl_jax.wire.streams import RejectCounter, make_socket, receive, send
 
 QUEUE = 2
@@ -206,9 +207,9 @@ class SlowEnvCore:
         self.replies += 1
         assert self.replies <= 10 * len(self.splits), "the turn never ended"
         time.sleep(0.02)
-        return Turn(requests=[Request(meta["split"], policy, meta["seq"] + 1, {})])
+        return Turn(requests=[ActionRequest(meta["split"], policy, meta["seq"] + 1, {})])
 
-    def sent(self, request: Request, delivered: bool) -> None:
+    def sent(self, request: ActionRequest, delivered: bool) -> None:
         assert delivered and self.server.poll(1000)
         routing, message = receive(self.server, INFERENCE.binder_receives, RejectCounter(),
                                    envelope=1)
@@ -226,11 +227,12 @@ def test_an_actor_whose_envs_step_slower_than_its_server_answers_ends_each_turn(
     dealer.connect(f"tcp://127.0.0.1:{server.bind_to_random_port('tcp://127.0.0.1')}")
     actor = ActorWorker(ExperimentConfig(), 0, tmp_path, FileNameService(tmp_path / "names"))
     actor.core = core = SlowEnvCore(server, splits=2)
-    actor.inference, actor.outboxes, actor.poller = [dealer], [None], zmq.Poller()
-    actor.poller.register(dealer, zmq.POLLIN)
+    actor.inference = [Connecter(dealer, "infer_request", INFERENCE.connecter_receives,
+                                 actor.rejects)]
+    actor.inference[0].register(actor.poller)
     try:
         for split in range(2):
-            actor._send_request(Request(split, 0, 0, {}))
+            actor._send_request(ActionRequest(split, 0, 0, {}))
         actor.run_once()
         assert core.replies == 2, "one reply per split, the next ones left for a turn"
         actor.run_once()

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 import zmq
 
+from learners.models.outputs import pack_outputs
 from policy.inference_server import InferenceServer
-from policy.policy_runner import PolicyRunner, pack_outputs, padded_sizes
+from policy.policy_runner import PolicyRunner, padded_sizes
 from srl_jax.config.schema import ExperimentConfig
 from srl_jax.dataflow.env_spec import EnvSpec
 from srl_jax.dataflow.stream_table import INFERENCE, PARAMS
@@ -104,7 +105,7 @@ def test_two_requests_past_max_batch_are_two_batches_the_second_served_on_its_ow
     dealers = {1: served.dealer(), 2: served.dealer()}
     for seq, dealer in dealers.items():
         served.ask(dealer, seq, 5)
-    assert served.server.router.poll(5000), "the requests reach the server"
+    assert served.server.inference.wait(5000), "the requests reach the server"
     served.server.run_once()
     replies = {seq: served.reply(dealer, timeout_ms=1000) for seq, dealer in dealers.items()}
     answered = [seq for seq, reply in replies.items() if reply is not None]

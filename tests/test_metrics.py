@@ -28,7 +28,7 @@ NO_ARRAYS: dict[str, np.ndarray] = {}
 
 
 def learner(version: int, frames: int, lag_sum: float, lag_count: int) -> dict[str, float]:
-    return {"policy_version": version, "learner_steps": version, "frames_consumed": frames,
+    return {"learner_steps": version, "frames_consumed": frames,
             "lag_sum": lag_sum, "lag_count": lag_count, "samples_dropped_stale": 2}
 
 

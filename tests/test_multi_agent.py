@@ -95,9 +95,9 @@ def test_policies_get_their_agents_columns_in_the_chunk_layout():
 
 def test_metrics_report_each_policy_and_the_team():
     metrics = MetricsAggregator()
-    metrics.observe("learner-first-0", "learner", {"policy_version": 7, "train/loss": 0.5,
+    metrics.observe("learner-first-0", "learner", {"learner_steps": 7, "train/loss": 0.5,
                                                    "checkpoint_step": 6}, {}, policy="first")
-    metrics.observe("learner-others-0", "learner", {"policy_version": 3, "train/loss": 0.25},
+    metrics.observe("learner-others-0", "learner", {"learner_steps": 3, "train/loss": 0.25},
                     {}, policy="others")
     metrics.observe("actor-0", "actor", {"env_frames": 100}, {
         "episode_return": np.array([-20.0, -30.0]), "episode_length": np.array([25, 25]),

@@ -28,6 +28,7 @@ from learners.algorithms.critic import critic_inputs
 from learners.models.networks import init_policy_params, make_policy
 from srl_jax.config.checks import validate
 from srl_jax.config.schema import ConfigError, EnvConfig
+from srl_jax.dataflow.algorithms import algorithm_config
 from srl_jax.dataflow.env_spec import EnvSpec, with_network
 from tests.conftest import make_config
 
@@ -195,7 +196,7 @@ def test_layer_norm_makes_actor_and_critic_blind_to_each_rows_scale_and_offset()
     (logits, values), (moved_logits, moved_values) = outputs[False]
     assert not np.allclose(moved_values, values, atol=1e-2), "plain MLPs see the scale"
     with pytest.raises(ConfigError, match=r"'network\.layer_norm'.*'network\.core' none"):
-        validate(make_config(["network.layer_norm=true", "network.core=gru"]))
+        algorithm_config(make_config(["network.layer_norm=true", "network.core=gru"]))
 
 
 def test_two_policies_split_agents_into_columns():

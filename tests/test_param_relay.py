@@ -85,7 +85,7 @@ class Learner:
         transport.bind(self.pub, self.names, PARAMS.key())
 
     def publish(self, version: int) -> None:
-        send(self.pub, "params", {"version": version, "incarnation": 1},
+        send(self.pub, "params", {"version": version, "started_ms": 1},
              {"w": np.full(64, version, np.float32)})
 
     def close(self) -> None:

@@ -23,11 +23,11 @@ def runner() -> PolicyRunner:
 
 
 def test_a_restarted_learner_wins_with_lower_versions(runner: PolicyRunner) -> None:
-    assert runner.wants(0, incarnation=5)  # nothing taken yet
-    runner.set_params(params_to_arrays(runner.params), version=12, incarnation=5)
-    assert runner.wants(13, incarnation=5) and not runner.wants(12, incarnation=5)
-    assert runner.wants(10, incarnation=6), "a new learner restored at version 10"
-    assert not runner.wants(20, incarnation=4), "an older learner's late message"
+    assert runner.wants(0, started_ms=5)  # nothing taken yet
+    runner.set_params(params_to_arrays(runner.params), version=12, started_ms=5)
+    assert runner.wants(13, started_ms=5) and not runner.wants(12, started_ms=5)
+    assert runner.wants(10, started_ms=6), "a new learner restored at version 10"
+    assert not runner.wants(20, started_ms=4), "an older learner's late message"
 
 
 def test_subscriber_takes_the_newest_learner_and_counts_bad_meta(runner: PolicyRunner) -> None:
@@ -41,21 +41,21 @@ def test_subscriber_takes_the_newest_learner_and_counts_bad_meta(runner: PolicyR
     arrays = params_to_arrays(runner.params)
     shifted = {name: value + 1 for name, value in arrays.items()}
     try:
-        wait_for(lambda: send(pub, "params", {"version": 1, "incarnation": 1}, arrays) or
+        wait_for(lambda: send(pub, "params", {"version": 1, "started_ms": 1}, arrays) or
                  sub.poll(10), 5, "the subscription")
         subscriber.poll()
-        for meta, payload in [({"version": 30, "incarnation": 1}, arrays),
-                              ({"version": 4, "incarnation": 2}, shifted),
-                              ({"version": 9, "incarnation": "x"}, arrays)]:
+        for meta, payload in [({"version": 30, "started_ms": 1}, arrays),
+                              ({"version": 4, "started_ms": 2}, shifted),
+                              ({"version": 9, "started_ms": "x"}, arrays)]:
             send(pub, "params", meta, payload)
-        wait_for(lambda: sub.poll(10) and (subscriber.poll() or runner.incarnation == 2), 5,
-                 "the new incarnation's parameters")
-        assert (runner.version, runner.incarnation) == (4, 2)
+        wait_for(lambda: sub.poll(10) and (subscriber.poll() or runner.started_ms == 2), 5,
+                 "the restarted learner's parameters")
+        assert (runner.version, runner.started_ms) == (4, 2)
         taken = params_to_arrays(runner.params)
         for name, value in shifted.items():
             np.testing.assert_array_equal(np.asarray(taken[name]), value)
         wait_for(lambda: (subscriber.poll() or True) and rejects.count == 1, 5,
-                 "the bad incarnation counted")
+                 "the bad started_ms counted")
     finally:
         pub.close(linger=0)
         sub.close(linger=0)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from learners.models.networks import init_policy_params, make_policy
+from learners.models.outputs import pack_outputs, unpack_outputs
 from learners.models.param_codec import params_to_arrays
 from policy.acting import make_runner
 from policy.policy_runner import PolicyRunner, padded_sizes
@@ -26,6 +27,22 @@ def runner_for(spec: EnvSpec, min_size: int = 1, max_size: int = 8) -> PolicyRun
 def observations(rows: int, spec: EnvSpec) -> np.ndarray:
     rng = np.random.default_rng(rows)
     return rng.uniform(-0.5, 0.5, (rows, *spec.obs_shape)).astype(spec.obs_dtype)
+
+
+def test_q_values_and_the_search_policy_come_back_each_in_its_own_output() -> None:
+    rows, action = 3, np.array([1, 0, 2])
+    logp, value = np.full(rows, -0.5), np.arange(rows, dtype=np.float32)
+    q, searched = np.arange(9.0).reshape(3, 3), np.full((rows, 3), 1 / 3)
+    state, depth = np.ones((rows, 2)), np.array([4, 5, 6])
+    spec = EnvSpec((4,), np.dtype(np.float32), 3, continuous=False, state_size=2,
+                   action_values=True, search_policy=True)
+    out = unpack_outputs(pack_outputs(action, logp, value, state, np, q=q,
+                                      search_policy=searched, search_depth=depth), spec)
+    np.testing.assert_array_equal(out["action"], action)
+    np.testing.assert_array_equal(out["state"], state)
+    np.testing.assert_array_equal(out["q"], q)
+    np.testing.assert_allclose(out["search_policy"], searched)
+    np.testing.assert_array_equal(out["search_depth"], depth)
 
 
 def test_padded_sizes_are_powers_of_two_up_to_the_first_that_holds_the_batch() -> None:
@@ -86,9 +103,9 @@ def test_set_params_changes_outputs_and_version_and_refuses_a_misfit() -> None:
     before, _ = runner.run(obs, state)
     _, network = make_policy(make_config(), DISCRETE)
     newer = params_to_arrays(init_policy_params(network, DISCRETE.obs_shape, seed=99))
-    runner.set_params(newer, version=7, incarnation=2)
+    runner.set_params(newer, version=7, started_ms=2)
     after, version = runner.run(obs, state)
-    assert version == 7 and runner.incarnation == 2 and runner.updates == 1
+    assert version == 7 and runner.started_ms == 2 and runner.updates == 1
     assert not np.allclose(after["value"], before["value"])
 
     misfit = dict(newer)
@@ -110,7 +127,7 @@ def test_a_runner_of_the_parameters_shapes_compiles_ahead_and_acts_once_it_takes
     assert runner.calls == 0, "compiled without acting"
     obs = {rows: observations(rows, DISCRETE) for rows in (1, 2, 3, 8)}
     expected = {rows: seeded.run(o, seeded.zero_state(rows))[0]["value"] for rows, o in obs.items()}
-    runner.set_params(params_to_arrays(seeded.params), version=0, incarnation=3)
+    runner.set_params(params_to_arrays(seeded.params), version=0, started_ms=3)
     assert runner.ready and (runner.version, runner.updates) == (0, 1)
     seen: list[str] = []
 

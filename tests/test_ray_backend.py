@@ -26,10 +26,14 @@ from srl_jax.runtime.status import dump_stacks
 from srl_jax.runtime.supervisor import Supervisor
 from srl_jax.runtime.worker_records import StartupTimeline, WorkerRecord
 from tests.conftest import (
+    CARTPOLE_MARGIN,
+    CARTPOLE_RANDOM_RETURN,
     REPO,
     Processes,
     all_running,
+    assert_learned,
     descendants,
+    ended_on_frames,
     interrupt,
     launch,
     make_config,
@@ -49,27 +53,27 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.slow
 
 RAY = ("--backend", "ray")
-TARGET = 300
-"""The killed-worker run's stop: far above random play (about 20), short of 475, whose last
-stretch costs the suite the most time (as in the population run)."""
+FRAMES = 80_000
+"""The killed-worker run's budget: XXX"""
 RECOVERED_S = 8
 """How long the host-leaving run trains with its actor back before Ctrl-C: the recovery's
 figures (frames per second, the servers' lag) are read from these rows."""
 AGENT = re.compile(r"host agent of node (\w+): pid (\d+)")
 
 
-def test_ray_solves_cartpole_with_a_killed_worker_back_on_a_new_host_and_leaves_nothing(
+def test_ray_learns_cartpole_with_a_killed_worker_back_on_a_new_host_and_leaves_nothing(
         processes: Processes, tmp_path: Path) -> None:
     """An actor killed as soon as all workers run comes back on a new Ray host, and the run
-    trains on to its target. The other actor is paused (SIGSTOP) until the successor runs:
-    with no actor stepping, the run cannot reach its target first (unpaused, it once solved
-    CartPole in 12 s while Ray, under the suite's load, was still starting the new host,
-    and the run ended without the successor). Before that, `status --stacks` has every
+    trains on to its frame budget, its last 100 episodes above random play by CARTPOLE_MARGIN. The
+    other actor is paused (SIGSTOP) until the successor runs: with no actor stepping, the
+    run cannot reach its budget first (unpaused, it once solved CartPole in 12 s while Ray,
+    under the suite's load, was still starting the new host, and the run ended without the
+    successor). Before that, `status --stacks` has every
     worker's stacks (the controller signals them through Ray). Ray's token file, made
     for the run's local instance, is its user's alone."""
     token = tmp_path / "ray" / "auth_token"
-    process, run_dir = launch(processes, tmp_path, f"stop.target_return={TARGET}",
-                              "stop.wall_time_s=240",
+    process, run_dir = launch(processes, tmp_path, "stop.target_return=null",
+                              f"stop.env_frames={FRAMES}",
                               "runtime.restart_backoff_s=0.2", "actors.inference_timeout_s=1",
                               options=RAY, env={"RAY_AUTH_TOKEN_PATH": str(token)})
     wait_for(lambda: all_running(run_dir), 120, "all workers running")
@@ -86,13 +90,10 @@ def test_ray_solves_cartpole_with_a_killed_worker_back_on_a_new_host_and_leaves_
     os.kill(paused, signal.SIGCONT)
     assert pid_alive(restarted["pid"])
     started |= descendants(process.pid)
-    assert process.wait(timeout=300) == 0, (tmp_path / "launch.log").read_text()
-    rows = read_metrics(run_dir)
-    assert max(r.get("episode_return_mean", 0) for r in rows) >= TARGET
+    rows, final = ended_on_frames(process, run_dir, FRAMES, tmp_path / "launch.log")
+    assert_learned(rows, CARTPOLE_RANDOM_RETURN, CARTPOLE_MARGIN)
     assert all(a["env_frames"] <= b["env_frames"] for a, b in itertools.pairwise(rows))
     assert rows[-1]["system/restarts"] == 1
-    final = read_status(run_dir)
-    assert final["state"] == "finished" and "reached the target" in final["stop_reason"]
     assert sorted(w["kind"] for w in final["workers"]) == [
         "actor", "actor", "inference", "learner"]
     assert worker(final, "actor-0")["restarts"] == 1
@@ -192,11 +193,9 @@ def test_a_lost_host_is_one_preemption_not_faults_of_the_learner_group_it_takes_
     config = make_config(["learner.processes=2", "runtime.max_restarts=2",
                           "runtime.restart_backoff_s=5"])
     records = [WorkerRecord("learner", 0), WorkerRecord("learner", 1)]
-    ended: list[str] = []
-    supervisor = Supervisor(config, tmp_path, LocalBackend(tmp_path), records,
-                            MetricsAggregator(), StartupTimeline(time.time()), lambda _: {},
-                            lambda reason, _: ended.append(reason), lambda: None,
-                            lambda _: None)
+    backend = LocalBackend(tmp_path)
+    supervisor = Supervisor(config, tmp_path, backend, records, MetricsAggregator(),
+                            StartupTimeline(time.time()), backend.name_service())
 
     def run_both() -> None:
         for record in records:
@@ -215,7 +214,8 @@ def test_a_lost_host_is_one_preemption_not_faults_of_the_learner_group_it_takes_
         processes.kill(records[first].handle.pid)
         exited(records[first])  # the other is killed by the supervisor, or found lost
         exited(records[1 - first])
-        assert [r.state for r in records] == ["restarting", "restarting"] and not ended
+        assert [r.state for r in records] == ["restarting", "restarting"]
+        assert supervisor.failure is None
         assert all(r.restart_at <= time.monotonic() for r in records), "back at once"
     assert [(r.restarts, r.losses) for r in records] == [(3, 3), (3, 3)]
     # The lost one back before its peer's exit is seen (Ray's calls are remote): the peer,
@@ -232,12 +232,14 @@ def test_a_lost_host_is_one_preemption_not_faults_of_the_learner_group_it_takes_
     exited(records[1])
     with pytest.raises(subprocess.TimeoutExpired):
         successor.wait(timeout=0.5)
-    assert [(r.restarts, r.losses) for r in records] == [(4, 4), (4, 4)] and not ended
+    assert [(r.restarts, r.losses) for r in records] == [(4, 4), (4, 4)]
+    assert supervisor.failure is None
     run_both()
     processes.kill(records[1].handle.pid)
     exited(records[1])
     exited(records[0])
-    assert [(r.restarts, r.losses) for r in records] == [(5, 4), (5, 4)] and not ended
+    assert [(r.restarts, r.losses) for r in records] == [(5, 4), (5, 4)]
+    assert supervisor.failure is None
     assert records[1].restart_at > time.monotonic() + 4, "a fault waits its backoff"
 
 

@@ -10,7 +10,6 @@ from srl_jax.config.loader import load_config
 from srl_jax.dataflow.worker_kinds import EXIT_REFUSED
 from srl_jax.runtime.backends import LocalBackend, WorkerHandle
 from srl_jax.runtime.controller import Controller
-from srl_jax.runtime.supervisor import EXIT_FAILED
 from srl_jax.wire.transport import Transport
 from tests.conftest import REPO
 
@@ -30,10 +29,10 @@ def test_a_refusal_ends_the_run_naming_the_worker_and_its_log(tmp_path: Path) ->
     controller = exited(tmp_path, EXIT_REFUSED)
     learner = next(r for r in controller.workers if r.kind == "learner")
     assert learner.state == "failed" and learner.restarts == 0
-    assert controller.exit_code == EXIT_FAILED
-    assert controller.stop_reason.startswith(
+    failure = controller.supervisor.failure
+    assert failure is not None and failure.startswith(
         "learner-0 refused the run (a restart would refuse it again); see ")
-    assert controller.stop_reason.endswith("logs/learner-0.log")
+    assert failure.endswith("logs/learner-0.log")
 
 
 def test_a_crash_or_a_lost_host_is_restarted_whatever_its_code(tmp_path: Path) -> None:
@@ -41,4 +40,4 @@ def test_a_crash_or_a_lost_host_is_restarted_whatever_its_code(tmp_path: Path) -
         controller = exited(tmp_path / str(code), code, lost)
         learner = next(r for r in controller.workers if r.kind == "learner")
         assert learner.state == "restarting" and learner.restarts == 1, (code, lost)
-        assert controller.stop_reason is None
+        assert controller.supervisor.failure is None

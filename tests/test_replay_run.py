@@ -12,6 +12,7 @@ itself is a benchmark (python -m bench.peers.compare --cases dqn), not a test.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 from pathlib import Path
@@ -94,7 +95,7 @@ def replay_sizes(run_dir: Path) -> list[float]:
 
 
 def test_replay_servers_survive_bad_input_kills_and_keep_memory_flat(
-        processes: Processes, tmp_path: Path) -> None:
+        processes: Processes, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     process, run_dir = launch(
         processes, tmp_path, "replay.count=2", f"replay.capacity={CAPACITY}",
         "replay.min_size=500", "stop.target_eval_return=null", "stop.wall_time_s=600",
@@ -170,6 +171,9 @@ def test_replay_servers_survive_bad_input_kills_and_keep_memory_flat(
     assert process.poll() is None, log.read_text()
     interrupt(process, log)
 
-    # Its checkpoints (target network included) load as a greedy policy.
+    # Its checkpoints (target network included) load as a greedy policy, with no library
+    # warnings.
+    caplog.clear()
     policy = load_policy(run_dir)
     assert policy.act(np.zeros(4, np.float32)) in (0, 1)
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]

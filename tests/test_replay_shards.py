@@ -109,7 +109,7 @@ def test_a_refilled_shard_gives_its_share_of_the_memory_and_weights_are_global(
         by_shard = [np.mean([(b["weights"] / b["weights"].max())[b["shards"] == k].mean()
                              for b in taken if (b["shards"] == k).any()]) for k in (0, 1)]
         assert abs(by_shard[0] - by_shard[1]) < 0.1, by_shard
-        assert {int(i) for b in taken for i in b["incarnations"][b["shards"] == 1]} == {
+        assert {int(i) for b in taken for i in b["memory_ids"][b["shards"] == 1]} == {
             servers[1].memory_id}
     finally:
         for socket in sockets:
@@ -131,10 +131,10 @@ def test_a_restarted_servers_memory_ignores_updates_meant_for_its_predecessor(
     update = {"slots": batch["slots"], "generations": batch["generations"],
               "priorities": np.full(ROWS, 50.0, np.float32)}
     tree = after.buffer.tree.nodes.copy()
-    after._update_priorities({"incarnation": before.memory_id}, update)
+    after._update_priorities({"memory_id": before.memory_id}, update)
     assert (after.buffer.tree.nodes == tree).all()
     assert after.priorities_stale == ROWS and after.priority_updates == 0
-    after._update_priorities({"incarnation": after.memory_id}, update)
+    after._update_priorities({"memory_id": after.memory_id}, update)
     assert after.priority_updates == 1 and after.buffer.max_priority == 50.0
     after._update_priorities({}, update)  # no memory named: malformed
     assert after.rejects.count == 1

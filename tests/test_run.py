@@ -13,8 +13,12 @@ import pytest
 
 from srl_jax.runtime.backends import LocalBackend
 from tests.conftest import (
+    CARTPOLE_MARGIN,
+    CARTPOLE_RANDOM_RETURN,
     Processes,
     all_running,
+    assert_learned,
+    ended_on_frames,
     launch,
     pid_alive,
     read_metrics,
@@ -26,29 +30,29 @@ from tests.conftest import (
 from tests.paced_env import SMALL_PACED_RUN
 
 pytestmark = pytest.mark.slow
+IMPALA_FRAMES = 80_000
+"""The IMPALA run's frame budget. There the best mean return of 100 episodes was 200-300,
+at 45,000 frames 85-200 (5 runs on 2 cores under other loads); it used to stop at a return
+of 300, at 70,000-95,000. One of those runs unlearned: at a policy lag of 10-15 versions
+(a load of 14 on the 2 cores), its returns fell from 414 to 24 within 40 updates."""
 
 
-def test_impala_trains_cartpole_on_envpool_with_inline_inference_on_four_devices(
+def test_impala_learns_cartpole_on_envpool_with_inline_inference_on_four_devices(
         processes: Processes, tmp_path: Path) -> None:
-    """One run covers several features, so the suite pays for one training run, not four;
-    to 300, far above random play (about 20): the last stretch to 475 took it 8 s more of
-    its 16 alone on 2 cores, and cartpole_impala's time to 475 is benchmarked
-    (bench/results/configs.json). The default experiment (PPO, remote inference) solves in
-    tests/test_distributed.py (two learner processes; on Ray it trains to 300 in
-    tests/test_ray_backend.py), and the LSTM config evaluates at 300 in
-    tests/test_recurrent_run.py."""
-    process, run_dir = launch(processes, tmp_path, "stop.target_return=300",
-                              "stop.wall_time_s=240",
+    """One run covers several features, so the suite pays for one training run, not four.
+    It stops on its frame budget, IMPALA_FRAMES, and its last 100 episodes must beat random
+    play by CARTPOLE_MARGIN. The default experiment (PPO, remote inference) learns in
+    tests/test_distributed.py (two learner processes; on Ray in tests/test_ray_backend.py),
+    and the LSTM config in tests/test_recurrent_run.py."""
+    process, run_dir = launch(processes, tmp_path, "stop.target_return=null",
+                              f"stop.env_frames={IMPALA_FRAMES}",
                               "env.backend=envpool", "actors.inline_inference=true",
                               "learner.devices=4", experiment="cartpole_impala",
                               env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
-    assert process.wait(timeout=300) == 0, (tmp_path / "launch.log").read_text()
-    rows = read_metrics(run_dir)
-    assert max(r.get("episode_return_mean", 0) for r in rows) >= 300
+    rows, final = ended_on_frames(process, run_dir, IMPALA_FRAMES, tmp_path / "launch.log")
+    assert_learned(rows, CARTPOLE_RANDOM_RETURN, CARTPOLE_MARGIN)
     assert all(a["env_frames"] <= b["env_frames"] for a, b in itertools.pairwise(rows))
     assert rows[-1]["system/wire_rejected"] == 0
-    final = read_status(run_dir)
-    assert final["state"] == "finished" and "reached the target" in final["stop_reason"]
     kinds = sorted(w["kind"] for w in final["workers"])
     assert kinds == ["actor", "actor", "learner"], "inline inference: no server"
     assert len({w["pid"] for w in final["workers"]} | {final["controller_pid"]}) == 4

@@ -9,6 +9,7 @@ import zmq
 from learners.intake.sample_intake import SampleIntake
 from learners.training.sample_queue import SampleQueue
 from srl_jax.dataflow.stream_table import SAMPLES
+from srl_jax.wire.stream_ends import Binder
 from srl_jax.wire.streams import RejectCounter
 
 T = 3
@@ -127,11 +128,12 @@ def test_chunks_acted_by_versions_a_restored_learner_never_made_are_dropped():
 def test_dropped_sample_counters_count_frames_like_samples_per_s():
     """`samples_dropped_*` and `frames_consumed` (`learner/samples_per_s`) share one unit."""
     wide = chunk(1, 0, n=5)
+    rejects = RejectCounter()
     socket = zmq.Context.instance().socket(zmq.PULL)  # never bound: chunks come by `take`
-    intake = SampleIntake(socket, SAMPLES.key(index=0),
+    intake = SampleIntake(Binder(socket, SAMPLES.binder_receives, rejects),
+                          SAMPLES.key(index=0),
                           {name: (a.shape, a.dtype) for name, a in wide.items()},
-                          SampleQueue(capacity=1, batch_envs=5, staleness_cap=1),
-                          RejectCounter())
+                          SampleQueue(capacity=1, batch_envs=5, staleness_cap=1), rejects)
     intake.take(wide, {}, version=0)
     intake.take(chunk(2, 0, n=5), {}, version=0)  # the queue is full: chunk 1 goes
     intake.take(chunk(3, 0, n=5), {}, version=2)  # 2 - 0 > 1: stale

@@ -128,10 +128,10 @@ def test_a_pool_server_acts_each_row_with_its_snapshot():
         alone, _ = runner.run(obs, state, mask)
         rows = outputs["opponent"] == version
         np.testing.assert_array_equal(outputs["value"][rows], alone["value"][rows])
-    pool.take(20, 2, [10, 20], other)  # a new learner incarnation's pool
+    pool.take(20, 2, [10, 20], other)  # a restarted learner's pool
     assert pool.versions == [10, 20]
     pool.take(0, 1, [0], seed)
-    assert pool.versions == [10, 20], "an older incarnation's snapshot is ignored"
+    assert pool.versions == [10, 20], "an earlier learner's snapshot is ignored"
     with pytest.raises(ValueError):
         pool.take(30, 2, [10, 20, 30], {"params/w": np.zeros(2, np.float32)})
 
@@ -148,12 +148,12 @@ def test_malformed_snapshots_are_counted_and_dropped():
         socket.setsockopt(zmq.SUBSCRIBE, b"")
         time.sleep(0.2)  # the subscription reaches the publisher
         good = params_to_arrays(runner.params)
-        for meta, arrays in (({"version": "7", "incarnation": 1, "pool": [7]}, good),
-                             ({"version": 7, "incarnation": 1, "pool": "7"}, good),
-                             ({"version": 7, "incarnation": 1, "pool": [0, 3]}, good),
-                             ({"version": 7, "incarnation": 1, "pool": [7]},
+        for meta, arrays in (({"version": "7", "started_ms": 1, "pool": [7]}, good),
+                             ({"version": 7, "started_ms": 1, "pool": "7"}, good),
+                             ({"version": 7, "started_ms": 1, "pool": [0, 3]}, good),
+                             ({"version": 7, "started_ms": 1, "pool": [7]},
                               {"params/w": np.zeros(2, np.float32)}),
-                             ({"version": 7, "incarnation": 1, "pool": [0, 7]}, good)):
+                             ({"version": 7, "started_ms": 1, "pool": [0, 7]}, good)):
             send(publisher, "snapshot", meta, arrays)
         subscriber = PoolSubscriber(socket, pool, rejects)
         wait_for(lambda: subscriber.poll() or pool.updates, 5, "the good snapshot")

@@ -3,24 +3,29 @@ inference and chunk streams over real files in /dev/shm and real FIFOs, the wire
 on a slot (bounded rows, a peer of another layout refused, counted and dropped), and
 what the kernel vouches for: peers and owners alive by their locks (not their pids), a
 slot never overwritten while its message waits or is read, each message taken once,
-directories and FIFOs that are this user's alone. Runs that kill workers and controllers
+directories and FIFOs that are this user's alone; a stream's ends over both transports
+(srl_jax/wire/stream_ends.py). Runs that kill workers and controllers
 with shared memory on: tests/test_faults.py and tests/test_run.py; runs in two PID
 namespaces and under a small /dev/shm: tests/test_shm_isolation.py."""
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+import zmq
 
 from srl_jax.config.loader import load_config
 from srl_jax.config.schema import ConfigError, ExperimentConfig, request_rows
+from srl_jax.dataflow import shm_budget as budget
 from srl_jax.dataflow.env_spec import EnvSpec
 from srl_jax.dataflow.shm_layouts import chunk_slot_layout, reply_layout, request_layout
 from srl_jax.dataflow.stream_table import INFERENCE, SAMPLES
@@ -33,10 +38,11 @@ from srl_jax.runtime.shm_attach import (
 )
 from srl_jax.wire.names import FileNameService
 from srl_jax.wire.shm import bell as bell_module
-from srl_jax.wire.shm import budget, place
+from srl_jax.wire.shm import place
 from srl_jax.wire.shm.bell import MAGIC, RECORD, Bell
-from srl_jax.wire.shm.channels import FREE, TAKEN, WAITING, Inbox, Outbox, peer_path
+from srl_jax.wire.shm.channels import FREE, TAKEN, WAITING, Inbox, Outbox, Route, peer_path
 from srl_jax.wire.shm.layout import PREFIX_BYTES
+from srl_jax.wire.stream_ends import Binder, Connecter
 from srl_jax.wire.streams import RejectCounter
 from tests.conftest import REPO
 
@@ -542,3 +548,131 @@ def test_the_run_is_sized_before_launch(monkeypatch: pytest.MonkeyPatch) -> None
         budget.plan_shared_memory(config, "ray", None, 16)
     config.transport.shared_memory = "off"
     assert budget.plan_shared_memory(config, "local", spec_of, 16) == (False, None)
+
+
+SPLITS = 2
+SLOTS_PER_SPLIT = 2
+FULL_ANSWER = {"action": np.zeros(2, np.int32), "logp": np.zeros(2, np.float32),
+               "value": np.zeros(2, np.float32)}
+
+
+@pytest.fixture
+def sockets() -> Iterator[tuple[zmq.Socket, zmq.Socket, zmq.Socket]]:
+    """A ROUTER on loopback and two DEALERs connected to it."""
+    context = zmq.Context.instance()
+    router = context.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    dealers = [context.socket(zmq.DEALER) for _ in range(2)]
+    for dealer in dealers:
+        dealer.connect(f"tcp://127.0.0.1:{port}")
+    yield router, *dealers
+    for socket in (router, *dealers):
+        socket.close(linger=0)
+
+
+def request_ends(shm_dir: Path, router: zmq.Socket, dealer: zmq.Socket,
+                 handoff_after_s: float = 60.0) -> tuple[Binder, Connecter]:
+    """The inference stream's ends through `shm_dir`, as `Worker.bind` and `Worker.connect`
+    make them where binder and connecter share a host."""
+    rejects = RejectCounter()
+    stem = shm_dir / "inference.test"
+    bell = Path(f"{stem}.bell")
+    slots = SPLITS * SLOTS_PER_SPLIT
+    inbox = Inbox(bell, stem, [REQUEST, REPLY], slots, rejects, read_records=1)
+    binder = Binder(router, INFERENCE.binder_receives, rejects, inbox, envelope=1,
+                    reply_kind="infer_reply")
+    outbox = Outbox(stem, [bell], slots, REQUEST, REPLY, handoff_after_s=handoff_after_s)
+    connecter = Connecter(dealer, "infer_request", INFERENCE.connecter_receives, rejects,
+                          outbox, SLOTS_PER_SPLIT, "inference servers")
+    return binder, connecter
+
+
+def reply_to(connecter: Connecter, timeout_s: float = 5.0) -> dict:
+    """The next reply's meta, polled as the actor polls."""
+    poller = zmq.Poller()
+    connecter.register(poller)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        events = dict(poller.poll(0 if connecter.pending else 50))
+        if connecter.ready(events) and (reply := connecter.receive()) is not None:
+            return reply.meta
+    raise AssertionError("no reply came")
+
+
+def test_a_binder_takes_from_both_transports_and_answers_each_by_its_route(
+        shm_dir: Path, sockets: tuple[zmq.Socket, zmq.Socket, zmq.Socket]) -> None:
+    router, near_dealer, far_dealer = sockets
+    binder, near = request_ends(shm_dir, router, near_dealer)
+    far = Connecter(far_dealer, "infer_request", INFERENCE.connecter_receives,
+                    RejectCounter())  # a host of its own: ZeroMQ only
+    try:
+        assert near.send({"split": 1, "seq": 1}, {"obs": OBS}, split=1)
+        assert far.send({"split": 0, "seq": 2}, {"obs": OBS})
+        received = []
+        deadline = time.monotonic() + 5
+        while len(received) < 2 and time.monotonic() < deadline:
+            if binder.wait(50) and (message := binder.receive(limit=1)) is not None:
+                received.append(message)
+        assert sorted(message.meta["seq"] for _, message in received) == [1, 2]
+        assert {type(origin) for origin, _ in received} == {Route, list}
+        for origin, message in received:
+            binder.reply(origin, {"split": 0, "seq": message.meta["seq"], "version": 0,
+                                  "batch_rows": 2}, FULL_ANSWER)
+        assert reply_to(near)["seq"] == 1 and reply_to(far)["seq"] == 2
+        assert binder.counters()["shm_received"] == 1
+        assert near.counters()["shm_mib"] > 0 and far.counters()["shm_mib"] == 0
+    finally:
+        near.outbox.close()
+        binder.inbox.close()
+
+
+def test_a_request_refused_gives_its_slot_back(
+        shm_dir: Path, sockets: tuple[zmq.Socket, zmq.Socket, zmq.Socket]) -> None:
+    """Each split has its own slots: one whose requests are claimed and let go (`release`)
+    can ask again, and a split's slots never take another's requests."""
+    router, dealer, _ = sockets
+    binder, connecter = request_ends(shm_dir, router, dealer)
+    try:
+        for seq in range(SLOTS_PER_SPLIT):
+            assert connecter.send({"split": 0, "seq": seq}, {"obs": OBS}, split=0)
+            origin, _ = binder.receive()
+            assert type(origin) is Route and origin.slot < SLOTS_PER_SPLIT
+        assert not connecter.send({"split": 0, "seq": 9}, {"obs": OBS}, split=0), \
+            "both of split 0's slots are claimed by a live binder"
+        assert connecter.send({"split": 1, "seq": 9}, {"obs": OBS}, split=1)
+        binder.release(origin)
+        assert connecter.send({"split": 0, "seq": 10}, {"obs": OBS}, split=0)
+    finally:
+        connecter.outbox.close()
+        binder.inbox.close()
+
+
+def test_a_connecter_whose_binders_cannot_be_rung_hands_the_stream_to_zeromq(
+        shm_dir: Path, sockets: tuple[zmq.Socket, zmq.Socket, zmq.Socket],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Its requests go on the socket from then on and their replies are polled there;
+    the slots handed over still count."""
+    router, dealer, _ = sockets
+    binder, connecter = request_ends(shm_dir, router, dealer, handoff_after_s=0.05)
+    poller = zmq.Poller()
+    connecter.register(poller)
+    binder.inbox.close()
+    binder.inbox.bell.path.unlink()
+    try:
+        assert not connecter.send({"split": 0, "seq": 1}, {"obs": OBS}), "no reader"
+        time.sleep(0.1)
+        with caplog.at_level(logging.WARNING):
+            assert connecter.send({"split": 0, "seq": 2}, {"obs": OBS})
+        assert "ZeroMQ carries the stream from now on" in caplog.text
+        assert router.poll(5000)
+        plain = Binder(router, INFERENCE.binder_receives, RejectCounter(), envelope=1,
+                       reply_kind="infer_reply")
+        origin, message = plain.receive()
+        assert type(origin) is list and message.meta["seq"] == 2
+        plain.reply(origin, {"split": 0, "seq": 2, "version": 0, "batch_rows": 2}, FULL_ANSWER)
+        assert poller.poll(5000) and connecter.ready(dict(poller.poll(0)))
+        assert connecter.receive().meta["seq"] == 2
+        assert connecter.counters() == {"shm_mib": 0.0, "shm_reclaimed": 0, "shm_rerung": 0,
+                                        "shm_handoffs": 1}
+    finally:
+        connecter.retired.close()

@@ -17,10 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from srl_jax.dataflow.stream_table import SAMPLES
-from srl_jax.runtime.run_dir import read_status
+from srl_jax.dataflow.plan import Carriers, make_plan
+from srl_jax.dataflow.stream_table import KEY_PREFIX, SAMPLES
+from srl_jax.runtime.run_dir import read_run_config, read_status
 from srl_jax.runtime.status import dump_stacks, render
 from tests.conftest import Processes, all_running, interrupt, launch, read_metrics, wait_for
+from tests.test_plan import bound_keys
 
 
 def status_of(run_dir: Path, *args: str) -> str:
@@ -114,6 +116,10 @@ def test_a_stalled_run_says_who_waits_on_whom(processes: Processes, tmp_path: Pa
     interrupt(process, tmp_path / "launch.log")
     final = read_status(run_dir)
     assert all(w["restarts"] == 0 for w in final["workers"]), json.dumps(final)
+    bound = {p["key"] for w in final["workers"] for p in w["ports"]
+             if p["key"].rpartition("/")[2].startswith(KEY_PREFIX)}
+    plan = make_plan(read_run_config(run_dir), Carriers(network_names=True))
+    assert bound == bound_keys(plan), "the workers bind what the plan says"
     assert [p["key"] for p in final["ports"]] == [
         "port.changes", "port.names", "port.logs", "port.stats"]
     assert not any((run_dir / "names").glob("*")), "names were served, not written"

@@ -36,7 +36,7 @@ ZMQ_STREAMS = [stream for stream in STREAMS if stream.is_zmq]
 SENDERS = {
     "actors/actor_worker.py": {SAMPLES.binder_receives, INFERENCE.binder_receives},
     "policy/inference_server.py": {INFERENCE.connecter_receives},
-    "learners/param_publisher.py": {PARAMS.connecter_receives},
+    "policy/param_stream.py": {PARAMS.connecter_receives},
     "learners/pool_publisher.py": {POOL.connecter_receives},
     "srl_jax/runtime/worker_base.py": {STATS.binder_receives},
     "srl_jax/runtime/name_server.py": {NAMES.binder_receives, NAMES.connecter_receives,

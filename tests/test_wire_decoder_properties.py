@@ -277,7 +277,7 @@ def base_messages(count: int = 256, seed: int = 0) -> list[list[bytes]]:
     explores, and drawing whole messages per example would triple its time.
     """
     rng = random.Random(seed)
-    metas = [{}, {"version": 3, "incarnation": 1 << 40}, {"split": 1, "seq": 2**63},
+    metas = [{}, {"version": 3, "started_ms": 1 << 40}, {"split": 1, "seq": 2**63},
              {"worker": "actor-0", "counters": {"env_frames": 1.5}, "pid": 7},
              {"episode_returns": [1.0, -2.5], "actor": 0}]
     pool = []

@@ -22,7 +22,7 @@ the wire, and the returns in the metrics, are the raw game score.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -30,6 +30,19 @@ import numpy as np
 from actors.env_families.gymnasium_envs import GymnasiumEnvs
 from srl_jax.config.schema import ConfigError, EnvConfig
 from srl_jax.dataflow.env_spec import EnvSpec
+
+if TYPE_CHECKING:
+    from ale_py.env import AtariEnv
+
+
+def ale_game(env: gym.Env) -> AtariEnv:
+    """The ALE game under `env`'s wrappers (gymnasium types it as a plain `Env`)."""
+    from ale_py.env import AtariEnv  # the Atari extra: imported once a game is made
+
+    game = env.unwrapped
+    if not isinstance(game, AtariEnv):
+        raise TypeError(f"{env} is not an ALE game")
+    return game
 
 
 class EpisodicLife(gym.Wrapper):
@@ -40,13 +53,14 @@ class EpisodicLife(gym.Wrapper):
 
     def __init__(self, env: gym.Env) -> None:
         super().__init__(env)
+        self.ale = ale_game(env).ale
         self.lives = 0
         self.game_over = True
 
     def step(self, action: Any) -> tuple:
         obs, reward, terminated, truncated, info = self.env.step(action)
         self.game_over = terminated or truncated
-        lives = self.env.unwrapped.ale.lives()
+        lives = self.ale.lives()
         life_lost = 0 < lives < self.lives
         self.lives = lives
         return obs, reward, terminated or life_lost, truncated, {**info, "game_over":
@@ -60,7 +74,7 @@ class EpisodicLife(gym.Wrapper):
             if terminated or truncated:
                 obs, info = self.env.reset(**kwargs)
         self.game_over = False
-        self.lives = self.env.unwrapped.ale.lives()
+        self.lives = self.ale.lives()
         return obs, info
 
 
@@ -78,6 +92,8 @@ class FireReset(gym.Wrapper):
 
 def _channels_last(env: gym.Env) -> gym.Env:
     space = env.observation_space
+    if not isinstance(space, gym.spaces.Box):
+        raise TypeError(f"stacked frames come as a Box, not as {space}")
     shape = (*space.shape[1:], space.shape[0])
     return gym.wrappers.TransformObservation(
         env, lambda obs: np.moveaxis(np.asarray(obs), 0, -1),
@@ -106,7 +122,7 @@ def make_atari(config: EnvConfig, render_mode: str | None = None) -> gym.Env:
                                           frame_skip=atari.frame_skip, screen_size=84)
     if atari.episodic_life:
         env = EpisodicLife(env)
-    if "FIRE" in env.unwrapped.get_action_meanings():
+    if "FIRE" in ale_game(env).get_action_meanings():
         env = FireReset(env)
     env = gym.wrappers.FrameStackObservation(env, atari.frame_stack)
     return _channels_last(env)

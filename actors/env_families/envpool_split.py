@@ -54,14 +54,14 @@ def make_pool(config: EnvConfig, num_envs: int, seed: int, atari: bool = False) 
                           f"'{config.id}')")
     kwargs = dict(config.kwargs)
     if atari:
-        atari = config.atari
-        if atari.noop_max < 1:  # EnvPool draws from 0 .. noop_max-1: 0 crashes the process
+        ale = config.atari
+        if ale.noop_max < 1:  # EnvPool draws from 0 .. noop_max-1: 0 crashes the process
             raise ConfigError("'env.atari.noop_max': EnvPool's Atari needs at least 1 (it "
-                              f"makes up to noop_max reset no-ops), got {atari.noop_max}")
-        kwargs.update(noop_max=atari.noop_max, frame_skip=atari.frame_skip,
-                      stack_num=atari.frame_stack, episodic_life=atari.episodic_life,
-                      repeat_action_probability=atari.sticky_actions,
-                      full_action_space=atari.full_action_space, reward_clip=False,
+                              f"makes up to noop_max reset no-ops), got {ale.noop_max}")
+        kwargs.update(noop_max=ale.noop_max, frame_skip=ale.frame_skip,
+                      stack_num=ale.frame_stack, episodic_life=ale.episodic_life,
+                      repeat_action_probability=ale.sticky_actions,
+                      full_action_space=ale.full_action_space, reward_clip=False,
                       img_height=84, img_width=84, gray_scale=True, use_fire_reset=True)
     # One thread: an actor is one process stepping one split at a time; parallelism comes
     # from many actors, and a pool of threads per split only fights them for cores.

@@ -58,11 +58,11 @@ class GymnasiumEnvs(EnvFamilyImplementation):
             # MuJoCo and others observe float64; the networks compute in float32, and
             # float32 halves the bytes on the wire.
             limit = np.finfo(np.float32).max
-            bounds = [np.where(np.isinf(b), b, np.clip(b, -limit, limit)).astype(np.float32)
-                      for b in (space.low, space.high)]
+            low, high = (np.where(np.isinf(b), b, np.clip(b, -limit, limit)).astype(np.float32)
+                         for b in (space.low, space.high))
             made = gym.wrappers.TransformObservation(
                 made, lambda obs: np.asarray(obs, np.float32),
-                gym.spaces.Box(*bounds, space.shape, np.float32))
+                gym.spaces.Box(low, high, space.shape, np.float32))
         return mask_observations(made, env.mask_obs) if env.mask_obs else made
 
 
@@ -71,13 +71,14 @@ def mask_observations(env: gym.Env, indices: list[int]) -> gym.Env:
     partially observable version of it. ConfigError naming `env.mask_obs` if the
     indices do not fit its observations."""
     space = env.observation_space
+    name = env.spec.id if env.spec is not None else type(env).__name__
     if not isinstance(space, gym.spaces.Box):
-        raise ConfigError(f"'env.mask_obs' needs Box observations; '{env.spec.id}' has {space}")
+        raise ConfigError(f"'env.mask_obs' needs Box observations; '{name}' has {space}")
     size = int(np.prod(space.shape))
     bad = [i for i in indices if not isinstance(i, int) or not 0 <= i < size]
     if bad:
         raise ConfigError(f"'env.mask_obs': {bad} are not indices of the {size} observation "
-                          f"entries of '{env.spec.id}'")
+                          f"entries of '{name}'")
     keep = np.ones(size, bool)
     keep[indices] = False
     keep = keep.reshape(space.shape)

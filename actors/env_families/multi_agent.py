@@ -140,12 +140,12 @@ class MultiAgentSplit:
         agent ids in place."""
         for agent in agents:
             p, c = self._column(env_index, agent)
-            source, value = self._mask_source[p], observed[agent]
-            if source == "obs":
-                masks[p][c] = value[ACTION_MASK]
+            source, value, mask = self._mask_source[p], observed[agent], masks[p]
+            if source == "obs" and mask is not None:
+                mask[c] = value[ACTION_MASK]
                 value = value[OBSERVATION]
-            elif source == "infos":
-                masks[p][c] = (infos.get(agent) or {}).get(ACTION_MASK, True)
+            elif source == "infos" and mask is not None:
+                mask[c] = (infos.get(agent) or {}).get(ACTION_MASK, True)
             obs[p][c, self._raw[p]] = np.reshape(value, -1)
 
     def _state_of(self, env: Any, observed: dict) -> np.ndarray:

@@ -102,7 +102,7 @@ def _serve_requests(conn: Connection, case: dict[str, Any], root: Path) -> None:
     the parent its socket's endpoint, or its doorbell's with shared memory."""
     server, learner_params = _server(case, root)
     try:
-        key = INFERENCE.bell_key if server.inbox is not None else INFERENCE.key
+        key = INFERENCE.bell_key if server.inference.inbox is not None else INFERENCE.key
         conn.send(server.names.get(key(server.policy, server.index)))
         _until_end(conn, server.run_once, server.counters)
     finally:

@@ -46,7 +46,8 @@ def with_critic_values(policy: Policy, params: Any, batch: Batch) -> Batch:
     and the current critic's `values` / `trunc_values` of them (without a centralized
     critic: those fields emptied, the values as acted). Either way every field then
     has one column per agent. Values are targets' inputs: no gradient flows through them."""
-    if policy.critic is None:  # per-column too, so that every field splits alike
+    critic = policy.critic
+    if critic is None:  # per-column too, so that every field splits alike
         T1, B = batch.values.shape
         return batch._replace(global_state=jnp.zeros((T1, B, 0)),
                               trunc_global_state=jnp.zeros((T1 - 1, B, 0)))
@@ -57,7 +58,7 @@ def with_critic_values(policy: Policy, params: Any, batch: Batch) -> Batch:
     states, final = inputs(batch.global_state), inputs(batch.trunc_global_state)
 
     def value(x: jax.Array) -> jax.Array:
-        flat = policy.critic(params, x.reshape(-1, x.shape[-1]))
+        flat = critic(params, x.reshape(-1, x.shape[-1]))
         return jax.lax.stop_gradient(flat.reshape(x.shape[:2]))
 
     return batch._replace(global_state=states, trunc_global_state=final,

@@ -1,4 +1,5 @@
-"""Ape-X DQN's declaration: its config (`learner.dqn`), its checks, the replay fields it reads.
+"""Ape-X DQN's declaration: its config (`learner.dqn`), its checks, the replay fields it
+reads, its networks (the Q networks, which R2D2 trains too).
 
 It imports no JAX, so the launcher checks a config with it before any worker starts;
 the math (its optimizer and update builders) is in `learners/algorithms/dqn.py`.
@@ -6,10 +7,12 @@ the math (its optimizer and update builders) is in `learners/algorithms/dqn.py`.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
-from srl_jax.config.schema import ConfigError
-from srl_jax.dataflow.algorithms import Algorithm, Sizes, lazy
+from srl_jax.config.checks import check_fixed_cnn_layers
+from srl_jax.config.schema import ConfigError, ExperimentConfig
+from srl_jax.dataflow.algorithms import Algorithm, Network, Replay, Sizes, lazy
 
 
 @dataclass
@@ -60,11 +63,22 @@ def check(config: DQNConfig, sizes: Sizes) -> None:
                           "ends with its chunk")
 
 
+def check_q(config: ExperimentConfig) -> None:
+    """A Q network on the Nature-CNN takes its layers as they are."""
+    check_fixed_cnn_layers(config.network)
+
+
+DUELING = Network(head="dueling", build=lazy("learners.models.networks", "q_network"),
+                  greedy=True, check=check_q)
+"""Action values as a state value plus advantages (learners/models/networks.py
+`q_network`): DQN's and R2D2's."""
+Q = dataclasses.replace(DUELING, head="q")
+"""Action values from one linear head: DQN's and R2D2's."""
+
 ALGORITHM = Algorithm(
     name="dqn", config=DQNConfig, make_optimizer=lazy("learners.algorithms.dqn", "make_optimizer"),
     make_update=lazy("learners.algorithms.dqn", "make_update"),
     fields=("obs", "actions", "rewards", "steps", "terminated", "truncated", "trunc_values",
             "next_obs", "weights"),
-    source="replay", check=check, heads=("dueling", "q"),
-    init_extra=lazy("learners.algorithms.dqn", "init_target"),
-    replay_window=lambda config: config.n_step, live=("learning_rate",))
+    networks=(DUELING, Q), replay=Replay(window=lambda config: config.n_step), check=check,
+    init_extra=lazy("learners.algorithms.dqn", "init_target"), live=("learning_rate",))

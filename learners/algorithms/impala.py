@@ -65,7 +65,8 @@ def vtrace(behaviour_logp: jax.Array, target_logp: jax.Array, rewards: jax.Array
     deltas = clipped_rhos * (rewards + discounts * next_values - values)
     trace = discounts * cs * continues
 
-    def backward(acc: jax.Array, step: tuple[jax.Array, jax.Array]) -> tuple:
+    def backward(acc: jax.Array, step: tuple[jax.Array, jax.Array]
+                 ) -> tuple[jax.Array, jax.Array]:
         delta, decay = step
         acc = delta + decay * acc
         return acc, acc
@@ -179,7 +180,7 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation, impala:
 
         grad_fn = jax.grad(loss_of_net, has_aux=True)
 
-        def minibatch_step(carry: tuple, mb: Batch) -> tuple:
+        def minibatch_step(carry: tuple, mb: Batch) -> tuple[tuple, dict[str, jax.Array]]:
             net, opt_state = carry
             grads, info = grad_fn(net, mb)
             updates, opt_state = optimizer.update(grads, opt_state, net)

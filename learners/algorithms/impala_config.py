@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from learners.algorithms.ppo_config import ACTOR_CRITIC
 from srl_jax.config.schema import ConfigError
 from srl_jax.dataflow.algorithms import Algorithm, Sizes, lazy
 
@@ -57,5 +58,5 @@ ALGORITHM = Algorithm(
     make_optimizer=lazy("learners.algorithms.impala", "make_optimizer"),
     make_update=lazy("learners.algorithms.impala", "make_update"),
     fields=("obs", "actions", "logp", "rewards", "terminated", "truncated", "trunc_values",
-            "state"),
-    check=check, live=("learning_rate", "ent_coef", "vf_coef"))
+            "state", "global_state"),
+    networks=(ACTOR_CRITIC,), check=check, live=("learning_rate", "ent_coef", "vf_coef"))

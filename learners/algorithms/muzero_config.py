@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from srl_jax.config.schema import ConfigError
-from srl_jax.dataflow.algorithms import Algorithm, Sizes, lazy
+from srl_jax.config.schema import ConfigError, ExperimentConfig
+from srl_jax.dataflow.algorithms import Algorithm, Network, Replay, Sizes, lazy
 
 
 @dataclass
@@ -81,14 +81,28 @@ def check(config: MuZeroConfig, sizes: Sizes) -> None:
                           f"exceed 'actors.trajectory_length' ({sizes.trajectory_length})")
 
 
+def check_model(config: ExperimentConfig) -> None:
+    """The model learns its own dynamics from observations as they are."""
+    if config.network.core != "none":
+        raise ConfigError("'network.head': 'muzero' learns its own dynamics; leave "
+                          "'network.core' none")
+    if config.learner.normalize_obs:
+        raise ConfigError("'learner.normalize_obs': a 'muzero' model reads observations as "
+                          "they are")
+
+
+MUZERO = Network(head="muzero", build=lazy("learners.models.networks", "muzero_network"),
+                 check=check_model,
+                 search_act=lazy("learners.algorithms.muzero.acting", "make_search_act"))
+"""The learned model (learners/models/muzero_model.py), which acts by its search."""
+
 ALGORITHM = Algorithm(
     name="muzero", config=MuZeroConfig,
     make_optimizer=lazy("learners.algorithms.dqn", "make_optimizer"),  # Adam, clipped
     make_update=lazy("learners.algorithms.muzero.update", "make_update"),
     fields=("obs", "actions", "rewards", "terminated", "truncated", "trunc_values", "values",
             "search_policy", "weights"),
-    source="replay", check=check, heads=("muzero",),
-    replay_window=lambda config: config.n_step, replay_sequences=True,
-    search_act=lazy("learners.algorithms.muzero.acting", "make_search_act"),
-    reanalyse=lambda config: config.reanalyse_fraction,
-    live=("learning_rate",))
+    networks=(MUZERO,),
+    replay=Replay(window=lambda config: config.n_step, sequences=True,
+                  reanalyse=lambda config: config.reanalyse_fraction),
+    check=check, live=("learning_rate",))

@@ -25,9 +25,9 @@ from learners.algorithms.prepare import (
     policy_over,
     prepare_actor_critic,
     rows,
-    time_major,
     units,
 )
+from learners.algorithms.sequences import time_major
 from learners.algorithms.train_state import Batch, TrainState, descend, weighted_mean
 from learners.algorithms.value_norm import (
     denormalize,
@@ -52,7 +52,8 @@ def gae(rewards: jax.Array, values: jax.Array, terminated: jax.Array, truncated:
     deltas = rewards + gamma * next_values * (1.0 - terminated) - values[:-1]
     continues = 1.0 - jnp.maximum(terminated, truncated)
 
-    def backward(carry: jax.Array, step: tuple[jax.Array, jax.Array]) -> tuple:
+    def backward(carry: jax.Array, step: tuple[jax.Array, jax.Array]
+                 ) -> tuple[jax.Array, jax.Array]:
         delta, cont = step
         advantage = delta + gamma * lam * cont * carry
         return advantage, advantage
@@ -159,7 +160,8 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation, ppo: PP
 
         grad_fn = jax.grad(loss_of_net, has_aux=True)
 
-        def minibatch_step(carry: tuple, mb: dict) -> tuple:
+        def minibatch_step(carry: tuple, mb: dict
+                           ) -> tuple[tuple, tuple[dict[str, jax.Array], jax.Array]]:
             net, opt_state, stopped = carry
 
             def step(_: None) -> tuple:
@@ -177,7 +179,8 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation, ppo: PP
                 net, opt_state, info = jax.lax.cond(stopped, skip, step, None)
             return (net, opt_state, stopped), (info, ~stopped)
 
-        def epoch(carry: tuple, key: jax.Array) -> tuple:
+        def epoch(carry: tuple, key: jax.Array
+                  ) -> tuple[tuple, tuple[dict[str, jax.Array], jax.Array]]:
             order = jax.random.permutation(key, n)
             shuffled = jax.tree.map(
                 lambda x: x[order].reshape(ppo.minibatches, n // ppo.minibatches, *x.shape[1:]),

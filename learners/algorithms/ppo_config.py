@@ -1,4 +1,5 @@
-"""PPO's declaration: its config (`learner.ppo`), its checks, the batch fields it reads.
+"""PPO's declaration: its config (`learner.ppo`), its checks, the batch fields it reads,
+its network (the actor-critic, which IMPALA trains too).
 
 It imports no JAX, so the launcher checks a config with it before any worker starts;
 the math (its optimizer and update builders) is in `learners/algorithms/ppo.py`.
@@ -8,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from srl_jax.config.schema import ConfigError
-from srl_jax.dataflow.algorithms import Algorithm, Sizes, lazy
+from srl_jax.config.checks import check_fixed_cnn_layers
+from srl_jax.config.schema import ConfigError, ExperimentConfig
+from srl_jax.dataflow.algorithms import ACTION_SPACES, Algorithm, Network, Sizes, lazy
 
 
 @dataclass
@@ -92,10 +94,29 @@ def check(config: PPOConfig, sizes: Sizes) -> None:
             "'learner.ppo.anneal_lr' needs 'stop.env_frames' to know the length of the run")
 
 
+def check_actor_critic(config: ExperimentConfig) -> None:
+    """What the actor-critic builds: a fixed Nature-CNN; a centralized critic and layer
+    norms on separate MLPs only."""
+    network = config.network
+    check_fixed_cnn_layers(network)
+    if network.critic == "global" and network.core != "none":
+        raise ConfigError("'network.critic': 'global' needs 'network.core' none")
+    if network.layer_norm and (network.kind != "mlp" or network.core != "none"):
+        raise ConfigError("'network.layer_norm' normalizes the actor's and the critic's MLPs: "
+                          "it needs 'network.kind' mlp and 'network.core' none")
+
+
+ACTOR_CRITIC = Network(
+    head="actor_critic", build=lazy("learners.models.networks", "actor_critic_network"),
+    actions=ACTION_SPACES, action_masks=True,
+    options=("critic", "critic_own_first", "layer_norm"), check=check_actor_critic)
+"""Policy and value (learners/models/networks.py `actor_critic_network`): PPO's, IMPALA's."""
+
 ALGORITHM = Algorithm(
     name="ppo", config=PPOConfig, make_optimizer=lazy("learners.algorithms.ppo", "make_optimizer"),
     make_update=lazy("learners.algorithms.ppo", "make_update"),
     fields=("obs", "actions", "logp", "values", "rewards", "terminated", "truncated",
-            "trunc_values", "state"),
-    check=check, live=("learning_rate", "ent_coef", "vf_coef", "clip_coef"),
+            "trunc_values", "state", "global_state"),
+    networks=(ACTOR_CRITIC,), check=check, live=("learning_rate", "ent_coef", "vf_coef",
+                                                 "clip_coef"),
     init_extra=lazy("learners.algorithms.ppo", "init_extra"))

@@ -15,7 +15,6 @@ field keeps its `Batch` name throughout. Pure functions.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -88,11 +87,6 @@ def units(batch: Batch, recurrent: bool, **targets: jax.Array) -> dict[str, jax.
                 "state": jnp.swapaxes(batch.state, 0, 1)}
     return {**{name: x.reshape(T * B, 1, *x.shape[2:]) for name, x in steps.items()},
             "state": jnp.zeros((T * B, 1, 0))}
-
-
-def time_major(minibatch: Mapping[str, jax.Array]) -> Sequences:
-    """A minibatch of `units` [n, L, ...] as the sequences [L, n, ...] `policy_over` reads."""
-    return {name: jnp.swapaxes(x, 0, 1) for name, x in minibatch.items()}
 
 
 def policy_over(policy: Policy, params: Any, seqs: Sequences,

@@ -30,7 +30,12 @@ import optax
 from learners.algorithms.dqn import q_learning_step
 from learners.algorithms.prepare import scale_rewards
 from learners.algorithms.r2d2_config import R2D2Config
-from learners.algorithms.sequences import episode_starts, time_major, warm_state
+from learners.algorithms.sequences import (
+    REPLAYED_PER_SEQUENCE,
+    episode_starts,
+    time_major,
+    warm_state,
+)
 from learners.algorithms.train_state import TrainState
 from learners.models.networks import Policy, update_obs_stats
 from learners.models.support import rescale, unrescale
@@ -116,7 +121,7 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation, config:
         return loss, (errors, taken)
 
     def update(state: TrainState, batch: dict) -> tuple[TrainState, dict[str, jax.Array]]:
-        seqs = time_major(batch)
+        seqs = time_major(batch, REPLAYED_PER_SEQUENCE)
         params = state.params
         if policy.normalize_obs:
             obs = seqs["obs"]

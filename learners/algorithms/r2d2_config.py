@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from learners.algorithms.dqn_config import DUELING, Q
 from srl_jax.config.schema import ConfigError
-from srl_jax.dataflow.algorithms import Algorithm, Sizes, lazy
+from srl_jax.dataflow.algorithms import Algorithm, Replay, Sizes, lazy
 
 
 @dataclass
@@ -65,7 +66,11 @@ class R2D2Config:
 
 
 def check(config: R2D2Config, sizes: Sizes) -> None:
-    """A target's window stays within the trained part of its sequence."""
+    """The network is recurrent; a target's window stays within the trained part of its
+    sequence."""
+    if not sizes.recurrent:
+        raise ConfigError("'network.core': 'r2d2' replays whole sequences with their "
+                          "recurrent state; it needs 'network.core' lstm or gru")
     trained = sizes.trajectory_length - sizes.burn_in
     if config.n_step > trained:
         raise ConfigError(f"'learner.r2d2.n_step' ({config.n_step}) must not exceed the "
@@ -79,7 +84,6 @@ ALGORITHM = Algorithm(
     make_update=lazy("learners.algorithms.r2d2", "make_update"),
     fields=("obs", "actions", "rewards", "terminated", "truncated", "trunc_values", "state",
             "weights"),
-    source="replay", check=check, heads=("dueling", "q"),
-    init_extra=lazy("learners.algorithms.dqn", "init_target"),
-    replay_window=lambda config: config.n_step, replay_sequences=True,
+    networks=(DUELING, Q), replay=Replay(window=lambda config: config.n_step, sequences=True),
+    check=check, init_extra=lazy("learners.algorithms.dqn", "init_target"),
     live=("learning_rate",))

@@ -10,7 +10,7 @@ the feed-forward network on every row.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import jax
@@ -39,10 +39,17 @@ def warm_state(policy: Policy, params: Any, obs: jax.Array, state: jax.Array,
     return jax.lax.stop_gradient(warm)
 
 
-def time_major(batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
-    """Replayed sequences [B, T (+ 1), ...] as [T (+ 1), B, ...], but for the fields that
-    hold one value per sequence (its stored `state`, its importance `weights`)."""
-    return {name: value if name in ("state", "weights") else jnp.swapaxes(value, 0, 1)
+REPLAYED_PER_SEQUENCE = ("state", "weights")
+"""The fields of a replayed batch that hold one value per sequence, with no time axis:
+its stored `state`, its importance `weights`."""
+
+
+def time_major(batch: Mapping[str, jax.Array],
+               per_sequence: Collection[str] = ()) -> dict[str, jax.Array]:
+    """Sequences [B, T (+ 1), ...] as [T (+ 1), B, ...], but for the fields named in
+    `per_sequence` (a replayed batch's `REPLAYED_PER_SEQUENCE`), which have no time axis;
+    PPO's minibatches of units carry every field per step."""
+    return {name: value if name in per_sequence else jnp.swapaxes(value, 0, 1)
             for name, value in batch.items()}
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -13,14 +13,28 @@ import optax
 from srl_jax.dataflow.chunk_spec import CHUNK_FIELDS, ChunkField, batch_arrays, batch_fields
 
 
-def batch_type(fields: tuple[ChunkField, ...] = CHUNK_FIELDS) -> type:
+def batch_type(fields: tuple[ChunkField, ...] = CHUNK_FIELDS) -> type[Batch]:
     """A NamedTuple pytree of the fields the learner trains on (`srl_jax.dataflow.chunk_spec`)."""
-    return NamedTuple("Batch", [(name, jax.Array) for name in batch_fields(fields)])
+    # typeshed types NamedTuple's functional form as an instance, not the class it makes
+    return NamedTuple(  # type: ignore[return-value]
+        "Batch", [(name, jax.Array) for name in batch_fields(fields)])
 
 
-Batch = batch_type()
-"""A [T+1, B] block of trajectory chunks: the update's input, one field per trained-on
-chunk field (`CHUNK_FIELDS`), in its batch dtype (flags as float)."""
+if TYPE_CHECKING:
+
+    class Batch(tuple[Any, ...]):
+        """A [T+1, B] block of trajectory chunks: the update's input, one field per
+        trained-on chunk field (`CHUNK_FIELDS`), in its batch dtype (flags as float).
+        Its fields are known at run time only: the type checker reads any name as one."""
+
+        _fields: tuple[str, ...]
+
+        def __new__(cls, **fields: Any) -> Batch: ...
+        def __getattr__(self, name: str) -> jax.Array: ...
+        def _replace(self, **fields: Any) -> Batch: ...
+        def _asdict(self) -> dict[str, jax.Array]: ...
+else:
+    Batch = batch_type()
 
 
 def to_batch(arrays: dict[str, np.ndarray]) -> Batch:
@@ -50,7 +64,7 @@ class TrainState(NamedTuple):
 def init_train_state(params: Any, optimizer: optax.GradientTransformation,
                      seed: int | jax.Array,
                      init_extra: Callable[[Any], Any] | None = None,
-                     hyper: dict[str, float] | None = None) -> TrainState:
+                     hyper: Mapping[str, float | jax.Array] | None = None) -> TrainState:
     """Version 0 of the state; `init_extra`: the algorithm's own state from the initial
     parameters (`Algorithm.init_extra`), or none; `hyper`: the live hyperparameters'
     starting values (`algorithms.live_values`), or none (the update then uses its

@@ -19,13 +19,17 @@ from actors.actor_core import MAX_SENT_RETURNS
 from learners.intake.replay_intake import ReplayIntake
 from learners.intake.sample_intake import SampleIntake
 from learners.training.sample_queue import SampleQueue
-from srl_jax.dataflow.algorithms import algorithm, algorithm_config, chunk_stream
+from srl_jax.dataflow.algorithms import (
+    algorithm,
+    algorithm_config,
+    chunk_stream,
+    replay_of,
+    sampled_fields,
+)
 from srl_jax.dataflow.chunk_spec import run_chunk_layout
 from srl_jax.dataflow.env_spec import EnvSpec
-from srl_jax.dataflow.replay_spec import replay_fields
 from srl_jax.dataflow.shm_layouts import chunk_slot_layout
 from srl_jax.dataflow.stream_table import REPLAY, SAMPLES
-from srl_jax.runtime.shm_attach import open_inbox
 from srl_jax.runtime.worker_base import Worker
 
 
@@ -79,23 +83,22 @@ def open_intake(worker: Worker, spec: EnvSpec, local_envs: int, process_index: i
     cfg = config.learner
     if chunk_stream(config) is SAMPLES:
         layout = run_chunk_layout(config, spec)
-        inbox = open_inbox(worker, SAMPLES, [chunk_slot_layout(layout, MAX_SENT_RETURNS)],
-                           config.actors.send_queue)
-        return SampleIntake(worker.socket(SAMPLES, hwm=cfg.sample_queue),
-                            SAMPLES.key(worker.policy, worker.index), layout,
+        samples = worker.bind(SAMPLES, [chunk_slot_layout(layout, MAX_SENT_RETURNS)],
+                              hwm=cfg.sample_queue)
+        return SampleIntake(samples, SAMPLES.key(worker.policy, worker.index), layout,
                             SampleQueue(cfg.sample_queue, local_envs, cfg.staleness_cap,
                                         cfg.burn_in),
-                            worker.rejects, inbox)
+                            worker.rejects)
     servers = config.replay.count
     sockets = [worker.socket(REPLAY, index=i) for i in range(servers)]
     keys = [REPLAY.key(worker.policy, i) for i in range(servers)]
-    algo = algorithm(cfg.algorithm)
-    if algo.replay_sequences:  # whole chunk columns; each step trains once, after burn-in
-        window, fields = config.actors.trajectory_length, replay_fields(sequences=True)
+    algo, replay = algorithm(cfg.algorithm), replay_of(config)
+    fields = sampled_fields(algo)
+    if replay.sequences:  # whole chunk columns; each step trains once, after burn-in
+        window = config.actors.trajectory_length
         steps_per_row = window - cfg.burn_in
     else:
-        window, fields = algo.replay_window(algorithm_config(config)), replay_fields(False)
-        steps_per_row = 1
+        window, steps_per_row = replay.window(algorithm_config(config)), 1
     return ReplayIntake(sockets, keys, local_envs, window, spec,
                         config.replay.importance_exponent, worker.rejects, process_index,
                         worker.incarnation.seed(config.seed * 7919 + process_index),

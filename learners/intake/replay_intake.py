@@ -23,7 +23,7 @@ answers again; a server not asked for `PROBE_S` (no share, or presumed gone) is 
 0 rows, which it answers at once with its figures. Each part is checked against the
 sampled-batch layout (`srl_jax.dataflow.replay_spec`); anything else is counted and dropped.
 After the update, `trained` returns each row's new priority to the server it came from,
-with the id of that server's memory (`incarnation`): a restarted server, whose memory is
+with the id of that server's memory (`memory_id`): a restarted server, whose memory is
 new, ignores the updates meant for its predecessor's.
 """
 
@@ -59,7 +59,7 @@ class _Server:
     total: float | None = None
     """Its samplable total priority as it last said; None: not heard from yet (an equal
     share until it answers)."""
-    incarnation: int = 0
+    memory_id: int = 0
     gone: bool = False
     """Presumed gone (silent while asked): no share until it answers again."""
     inflight: dict[int, float] = field(default_factory=dict)
@@ -76,7 +76,7 @@ class _Round:
 
     asked: dict[int, tuple[int, int]]
     parts: dict[int, tuple[dict[str, np.ndarray], int, int]] = field(default_factory=dict)
-    """server -> (arrays, its size, its incarnation) when it sampled them."""
+    """server -> (arrays, its size, the id of its memory) when it sampled them."""
 
 
 def shard_weights(probabilities: np.ndarray, shares: np.ndarray, memory: int,
@@ -105,7 +105,7 @@ def allocate(rows: int, totals: list[float | None], rng: np.random.Generator) ->
 class ReplayIntake:
     """Asks, receives, checks and assembles sampled batches; sends back priorities."""
 
-    kept = ("slots", "generations", "shards", "incarnations")
+    kept: tuple[str, ...] = ("slots", "generations", "shards", "memory_ids")
     """Where each row came from: its new priority goes back there (never put on the mesh)."""
 
     def __init__(self, sockets: list[zmq.Socket], keys: list[str], rows: int, window: int,
@@ -209,17 +209,17 @@ class ReplayIntake:
 
     def _take(self, index: int, meta: dict, arrays: dict[str, np.ndarray]) -> None:
         server = self.servers[index]
-        seq, size, total, incarnation = (meta.get(k) for k in
-                                         ("seq", "size", "total", "incarnation"))
+        seq, size, total, memory_id = (meta.get(k) for k in
+                                       ("seq", "size", "total", "memory_id"))
         if type(seq) is not int or seq not in server.inflight:
             return  # the answer to a request given up on
-        if not (type(size) is int and size >= 0 and type(incarnation) is int and
+        if not (type(size) is int and size >= 0 and type(memory_id) is int and
                 isinstance(total, int | float) and math.isfinite(total) and total >= 0):
             self.rejects.reject(ValueError(f"sampled with size {size!r}, total {total!r}, "
-                                           f"incarnation {incarnation!r}"))
+                                           f"memory_id {memory_id!r}"))
             return
         server.last_heard = time.monotonic()
-        server.size, server.total, server.incarnation = size, float(total), incarnation
+        server.size, server.total, server.memory_id = size, float(total), memory_id
         server.gone = False
         round_ = next((r for r in self.rounds
                        if r.asked.get(index, (None,))[0] == seq), None)
@@ -240,7 +240,7 @@ class ReplayIntake:
             self._give_up(round_)
             return
         server.waiting = ""
-        round_.parts[index] = (arrays, size, incarnation)
+        round_.parts[index] = (arrays, size, memory_id)
         if len(round_.parts) == len(round_.asked):
             self._give_up(round_)
             self.ready.extend(self._assemble(round_))
@@ -256,14 +256,14 @@ class ReplayIntake:
         rows = [round_.asked[i][1] // self.batches for i in order]
         memory = sum(s.size for s in self.servers if not s.gone)
         shares = np.repeat(np.asarray(rows, np.float64) / self.rows, rows)
-        incarnations = np.repeat([round_.parts[i][2] for i in order], rows)
+        memory_ids = np.repeat([round_.parts[i][2] for i in order], rows)
         batches = []
         for j in range(self.batches):
             parts = [{name: a[j::self.batches] for name, a in round_.parts[i][0].items()}
                      for i in order]
             batch = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
             batch["shards"] = np.repeat(order, rows)
-            batch["incarnations"] = incarnations
+            batch["memory_ids"] = memory_ids
             batch["weights"] = shard_weights(batch["probabilities"], shares, memory,
                                              self.beta).astype(batch["weights"].dtype)
             self.frames_consumed += len(batch["shards"]) * self.steps_per_row
@@ -283,7 +283,7 @@ class ReplayIntake:
 
     def take_batch(self, version: int) -> dict[str, np.ndarray] | None:
         """The next whole batch, or None; its `shards` array says which server each row
-        came from, `incarnations` which memory of it."""
+        came from, `memory_ids` which memory of it."""
         return self.ready.popleft() if self.ready else None
 
     def forget_before(self, version: int) -> None:
@@ -307,13 +307,13 @@ class ReplayIntake:
 
     def _send_priorities(self, routing: dict[str, np.ndarray], priorities: np.ndarray) -> None:
         for index, server in enumerate(self.servers):
-            for incarnation in np.unique(routing["incarnations"][routing["shards"] == index]):
-                rows = (routing["shards"] == index) & (routing["incarnations"] == incarnation)
+            for memory_id in np.unique(routing["memory_ids"][routing["shards"] == index]):
+                rows = (routing["shards"] == index) & (routing["memory_ids"] == memory_id)
                 arrays = {"slots": routing["slots"][rows],
                           "generations": routing["generations"][rows],
                           "priorities": priorities[rows].astype(np.float32)}
                 try:
-                    send(server.socket, "priorities", {"incarnation": int(incarnation)},
+                    send(server.socket, "priorities", {"memory_id": int(memory_id)},
                          arrays, flags=zmq.NOBLOCK)
                     self.priorities_sent += 1
                 except zmq.Again:
@@ -324,7 +324,7 @@ class ReplayIntake:
         said = [f"{s.key}: {s.waiting}" for s in self.servers if s.waiting]
         return f"sampled batches from replay ({'; '.join(said) or 'asked'})"
 
-    def counters(self) -> dict[str, int]:
+    def counters(self) -> dict[str, float]:
         """Its run counters (`srl_jax.dataflow.metrics_table.CARRIED` that apply) and its own."""
         return {"frames_consumed": self.frames_consumed, "replay_requests": self.requests,
                 "replay_timeouts": self.timeouts, "replay_batches_ready": len(self.ready),

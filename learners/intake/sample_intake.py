@@ -13,17 +13,14 @@ from collections import deque
 from typing import Any
 
 import numpy as np
-import zmq
 
 from learners.training.sample_queue import SampleQueue
 from srl_jax.dataflow.chunk_spec import Layout, chunk_error
-from srl_jax.dataflow.stream_table import SAMPLES
-from srl_jax.wire.codec import Message
-from srl_jax.wire.shm.channels import Inbox, InTurn
-from srl_jax.wire.streams import RejectCounter, receive
+from srl_jax.wire.stream_ends import Binder
+from srl_jax.wire.streams import RejectCounter
 
 MAX_DRAIN = 256
-"""Chunks taken off the socket per turn at most."""
+"""Chunks taken off the stream per turn at most."""
 RETURN_WINDOW = 100
 """Training returns averaged to rank checkpoints for `checkpoint.keep_best`."""
 
@@ -31,23 +28,13 @@ RETURN_WINDOW = 100
 class SampleIntake:
     """Receives, checks and queues chunks; counts frames, episodes and returns."""
 
-    kept = ("versions",)
+    kept: tuple[str, ...] = ("versions",)
     """The versions that acted each step: the learner's policy lag."""
 
-    def __init__(self, socket: zmq.Socket, key: str, layout: Layout, queue: SampleQueue,
-                 rejects: RejectCounter, inbox: Inbox | None = None) -> None:
-        """`socket`: bound under `key` on the sample stream; `inbox`: its shared-memory
-        end, for actors on this host (srl_jax/wire/shm/)."""
-        self.socket = socket
-        self.inbox = inbox
-        self.poller = zmq.Poller()
-        self.poller.register(socket, zmq.POLLIN)
-        self._receive = InTurn(self._from_socket) if inbox is None else \
-            InTurn(lambda: inbox.receive(copy=True), self._from_socket)
-        """The next chunk, from shared memory (copied out) or the socket (each first in
-        turn)."""
-        if inbox is not None:
-            self.poller.register(inbox, zmq.POLLIN)
+    def __init__(self, samples: Binder, key: str, layout: Layout, queue: SampleQueue,
+                 rejects: RejectCounter) -> None:
+        """`samples`: its end of the sample stream (`Worker.bind`), bound under `key`."""
+        self.samples = samples
         self.key = key
         self.layout = layout
         self.queue = queue
@@ -58,20 +45,16 @@ class SampleIntake:
         self.recent_returns: deque[float] = deque(maxlen=RETURN_WINDOW)
 
     def pump(self, timeout_ms: int, version: int) -> None:
-        """Wait up to `timeout_ms` for chunks, then take what the socket holds (up to
+        """Wait up to `timeout_ms` for chunks, then take what the stream holds (up to
         MAX_DRAIN chunks) into the queue, as received by the learner at `version`."""
-        if not (self.inbox is not None and self.inbox.pending) and \
-                not self.poller.poll(timeout_ms):
+        if not self.samples.wait(timeout_ms):
             return
-        self._receive.rotate()
+        self.samples.rotate()
         for _ in range(MAX_DRAIN):
-            received = self._receive()
+            received = self.samples.receive()
             if received is None:
                 return
             self.take(received[1].arrays, received[1].meta, version)
-
-    def _from_socket(self) -> tuple[Any, Message] | None:
-        return receive(self.socket, SAMPLES.binder_receives, self.rejects)
 
     def take(self, arrays: dict[str, np.ndarray], meta: dict[str, Any], version: int) -> None:
         """One chunk and its metadata, as received while the learner is at `version`."""
@@ -116,7 +99,7 @@ class SampleIntake:
     def waiting_on(self) -> str:
         return f"samples on {self.key} ({len(self.queue)} chunks queued)"
 
-    def counters(self) -> dict[str, int]:
+    def counters(self) -> dict[str, float]:
         """Its run counters (see `srl_jax.dataflow.metrics_table.CARRIED`), all in frames."""
         return {"frames_consumed": self.frames_consumed, "frames_received": self.frames_received,
                 "episodes_received": self.episodes_received,
@@ -133,6 +116,4 @@ class SampleIntake:
         self.recent_returns.extend(recent_returns)
 
     def close(self) -> None:
-        if self.inbox is not None:
-            self.inbox.close()
-        self.socket.close()
+        self.samples.close()

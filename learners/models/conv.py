@@ -20,6 +20,8 @@ same names and shapes), so a checkpoint moves between platforms whatever each ch
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Callable
 
 import flax.linen as nn
@@ -59,7 +61,8 @@ def shifted_matmul_conv(x: jax.Array, kernel: jax.Array) -> jax.Array:
     ho, wo = h - k + 1, w - k + 1
     per_offset = x.reshape(-1, c) @ kernel.transpose(2, 0, 1, 3).reshape(c, k * k * f)
     per_offset = per_offset.reshape(n, h, w, k, k, f)
-    return sum(per_offset[:, i:i + ho, j:j + wo, i, j] for i in range(k) for j in range(k))
+    return functools.reduce(operator.add, (per_offset[:, i:i + ho, j:j + wo, i, j]
+                                           for i in range(k) for j in range(k)))
 
 
 def patches_matmul_conv(x: jax.Array, kernel: jax.Array) -> jax.Array:

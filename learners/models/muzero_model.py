@@ -109,7 +109,8 @@ def logit_fns(model: MuZeroModel) -> LogitFns:
     """`model`'s initial and recurrent steps as `LogitFns`."""
 
     def initial(params: Any, obs: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-        return model.apply(params, obs, method=MuZeroModel.initial)
+        # flax types apply() as its mutable form's (output, variables) or an output
+        return model.apply(params, obs, method=MuZeroModel.initial)  # type: ignore[return-value]
 
     def recurrent(params: Any, latent: jax.Array, action: jax.Array) -> tuple:
         return model.apply(params, latent, action, method=MuZeroModel.recurrent)

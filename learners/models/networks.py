@@ -1,7 +1,9 @@
 """Networks (flax linen): the actor-critic MLP, the Nature-CNN, their recurrent
 versions, the Q-network of value-based algorithms, MuZero's model as a policy
 (`muzero_policy`), and the policy the workers share. Their torsos are in
-`learners/models/torsos.py`.
+`learners/models/torsos.py`. Each network is built by the builder its algorithm declares
+(`srl_jax.dataflow.algorithms.Network`: `actor_critic_network`, `q_network`,
+`muzero_network` here, a plugin's in its own module); `make_policy` calls the run's.
 
 A policy's parameters are one pytree: the network's weights under "net" and
 the running observation statistics under "obs_mean", "obs_var", "obs_count".
@@ -30,6 +32,7 @@ from learners.models.orthogonal import orthogonal
 from learners.models.support import from_support
 from learners.models.torsos import MLP, mlp_torso, nature_torso
 from srl_jax.config.schema import ExperimentConfig
+from srl_jax.dataflow.algorithms import check_spaces, network_of
 from srl_jax.dataflow.env_spec import EnvSpec, check_network, core_state_size
 
 OBS_CLIP = 10.0
@@ -90,10 +93,11 @@ class ActorCritic(nn.Module):
                   name="actor")(x)
         if self.continuous:
             out = with_log_std(self, out)
-        if self.critic_width and critic_in is None:
+        critic_x = critic_in if self.critic_width else x
+        if critic_x is None:  # a centralized critic given no global state: no value
             return out, jnp.zeros(x.shape[0], jnp.float32)
         value = MLP(self.hidden, 1, 1.0, self.activation, self.layer_norm, name="critic")(
-            x if not self.critic_width else critic_in.astype(jnp.float32))
+            critic_x.astype(jnp.float32))
         return out, value[:, 0]
 
 
@@ -241,33 +245,62 @@ class Policy(NamedTuple):
     (`network.critic_own_first`)."""
     network: Any = None
     """The flax module, for an algorithm that calls its parts itself (MuZero's model:
-    representation, dynamics, prediction); None where `apply` and `unroll` suffice."""
+    representation, dynamics, prediction; a critic of state and action)."""
 
     @property
     def recurrent(self) -> bool:
         return self.state_size > 0
 
 
-def make_network(config: ExperimentConfig, spec: EnvSpec) -> nn.Module:
-    """The network `network.kind` and `network.core` name; ConfigError if it cannot take
+def make_policy(config: ExperimentConfig, spec: EnvSpec) -> tuple[Policy, nn.Module]:
+    """(policy, flax module) of the network `network.head` names among those the run's
+    algorithm declares (`srl_jax.dataflow.algorithms.Network.build`), for `spec`, which
+    must carry that network's state size (`actors.envs.policy_spec` or
+    `srl_jax.dataflow.env_spec.with_network` gives it); ConfigError if it cannot take
     these spaces."""
+    declared = network_of(config)
+    check_network(config.network.kind, spec, config.env.id)
+    check_spaces(declared, spec, config.env.id)
+    return declared.build(config, spec)
+
+
+def actor_critic_network(config: ExperimentConfig, spec: EnvSpec) -> tuple[Policy, nn.Module]:
+    """The `actor_critic` network (PPO's and IMPALA's): separate MLPs, the Nature-CNN, or a
+    recurrent core with linear heads; its distribution samples the actions."""
     network = config.network
-    check_network(network.kind, spec, config.env.id, network.head)
-    conv = conv_impl(network.conv)
-    frame = spec.frame_shape
-    if network.head == "muzero":
-        return muzero_model(config, spec)
     if network.core != "none":
-        return RecurrentActorCritic(spec.action_dim, spec.continuous, network.kind,
-                                    tuple(network.hidden), network.activation, network.core,
-                                    network.core_size, conv, frame, network.head)
-    if network.head != "actor_critic":
-        return QNetwork(spec.action_dim, network.kind, tuple(network.hidden), network.activation,
-                        network.head == "dueling", conv, frame)
-    if network.kind == "nature_cnn":
-        return NatureCNN(spec.action_dim, conv, frame)
-    return ActorCritic(spec.action_dim, spec.continuous, tuple(network.hidden),
-                       network.activation, critic_width(config, spec), network.layer_norm)
+        module: nn.Module = RecurrentActorCritic(
+            spec.action_dim, spec.continuous, network.kind, tuple(network.hidden),
+            network.activation, network.core, network.core_size, conv_impl(network.conv),
+            spec.frame_shape)
+    elif network.kind == "nature_cnn":
+        module = NatureCNN(spec.action_dim, conv_impl(network.conv), spec.frame_shape)
+    else:
+        module = ActorCritic(spec.action_dim, spec.continuous, tuple(network.hidden),
+                             network.activation, critic_width(config, spec), network.layer_norm)
+    return as_policy(config, spec, module, distribution(spec.continuous)), module
+
+
+def q_network(config: ExperimentConfig, spec: EnvSpec) -> tuple[Policy, nn.Module]:
+    """The `q` or `dueling` network (DQN's and R2D2's): action values on the MLP or
+    Nature-CNN torso, with or without a recurrent core; it acts greedily."""
+    network = config.network
+    conv = conv_impl(network.conv)
+    if network.core != "none":
+        module: nn.Module = RecurrentActorCritic(
+            spec.action_dim, spec.continuous, network.kind, tuple(network.hidden),
+            network.activation, network.core, network.core_size, conv, spec.frame_shape,
+            network.head)
+    else:
+        module = QNetwork(spec.action_dim, network.kind, tuple(network.hidden),
+                          network.activation, network.head == "dueling", conv, spec.frame_shape)
+    return as_policy(config, spec, module, GREEDY), module
+
+
+def muzero_network(config: ExperimentConfig, spec: EnvSpec) -> tuple[Policy, nn.Module]:
+    """The `muzero` network: MuZero's model as a policy (`muzero_policy`)."""
+    model = muzero_model(config, spec)
+    return muzero_policy(model), model
 
 
 def critic_ids(config: ExperimentConfig, spec: EnvSpec) -> bool:
@@ -290,14 +323,16 @@ def critic_width(config: ExperimentConfig, spec: EnvSpec) -> int:
     return spec.global_state_size + (spec.agents if critic_ids(config, spec) else 0)
 
 
-def make_policy(config: ExperimentConfig, spec: EnvSpec) -> tuple[Policy, nn.Module]:
-    """The policy of `config.network` for `spec`, which must carry that network's state
-    size (`actors.envs.policy_spec` or `srl_jax.dataflow.env_spec.with_network` gives it)."""
-    network = make_network(config, spec)
-    if isinstance(network, MuZeroModel):
-        return muzero_policy(network), network
+def as_policy(config: ExperimentConfig, spec: EnvSpec, network: nn.Module,
+              dist: Distribution) -> Policy:
+    """`network` as a policy whose actions `dist` reads from its outputs: a module of
+    (obs [N, ...]) -> (policy output [N, ...], value [N]) (with a `critic_width`, also of
+    critic inputs), or a recurrent one of (obs [T, B, ...], state [B, S], resets [T, B]) ->
+    (policy output [T, B, ...], value [T, B], state) with a `state_size`; observations
+    normalized where `learner.normalize_obs` says so. What a network builder
+    (`srl_jax.dataflow.algorithms.Network.build`) returns, with its module."""
     normalize = config.learner.normalize_obs
-    state_size = core_state_size(config.network.core, config.network.core_size)
+    state_size = getattr(network, "state_size", 0)
     if spec.state_size != state_size:
         raise ValueError(f"the spec says {spec.state_size} floats of recurrent state, "
                          f"network.core '{config.network.core}' keeps {state_size}: build "
@@ -310,7 +345,7 @@ def make_policy(config: ExperimentConfig, spec: EnvSpec) -> tuple[Policy, nn.Mod
                          -OBS_CLIP, OBS_CLIP)
         return x
 
-    if isinstance(network, RecurrentActorCritic):
+    if state_size:
         def unroll(params: Any, obs: jax.Array, state: jax.Array, resets: jax.Array) -> tuple:
             return network.apply(params["net"], normalized(params, obs), state, resets)
 
@@ -331,21 +366,23 @@ def make_policy(config: ExperimentConfig, spec: EnvSpec) -> tuple[Policy, nn.Mod
     if getattr(network, "critic_width", 0):
         def critic(params: Any, critic_in: jax.Array) -> jax.Array:
             rows = critic_in.shape[0]
+            # flax types apply() as its mutable form's (output, variables) or an output
             return network.apply(params["net"], jnp.zeros((rows, *spec.obs_shape)),
-                                 critic_in)[1]
+                                 critic_in)[1]  # type: ignore[return-value]
 
-    dist = GREEDY if config.network.head != "actor_critic" else distribution(spec.continuous)
     return Policy(apply, unroll, dist, normalize, spec.state_size, critic, spec.agents,
-                  critic_ids(config, spec), own_first_critic(config, spec)), network
+                  critic_ids(config, spec), own_first_critic(config, spec), network)
 
 
 def muzero_policy(model: MuZeroModel) -> Policy:
     """`model` as a policy: `apply` gives each observation's prior logits and predicted
-    value (acting itself searches: the algorithm's `search_act`); the search and the loss
+    value (acting itself searches: its `Network.search_act`); the search and the loss
     call the model's parts through `network`. Observations reach it as they are."""
 
     def apply(params: Any, obs: jax.Array, state: jax.Array) -> tuple:
-        _, logits, value = model.apply(params["net"], obs, method=MuZeroModel.initial)
+        # flax types apply() as its mutable form's (output, variables) or an output
+        _, logits, value = model.apply(  # type: ignore[misc]
+            params["net"], obs, method=MuZeroModel.initial)
         return logits, from_support(value, model.support_size, model.rescaling_epsilon), state
 
     def unroll(params: Any, obs: jax.Array, state: jax.Array, resets: jax.Array) -> tuple:
@@ -363,7 +400,8 @@ def init_policy_params(network: nn.Module, obs_shape: tuple[int, ...],
     One jitted call: run op by op, a network's initialisers lower some thirty programs,
     half a second of every JAX worker's start even when the compilation cache holds them."""
     obs = jnp.zeros((1, *obs_shape), jnp.float32)
-    if isinstance(network, RecurrentActorCritic):
+    inputs: tuple[jax.Array, ...]
+    if getattr(network, "state_size", 0):  # a recurrent network
         inputs = (obs[None], jnp.zeros((1, network.state_size), jnp.float32),
                   jnp.zeros((1, 1), bool))
     elif getattr(network, "critic_width", 0):

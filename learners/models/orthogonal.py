@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+from jax.typing import DTypeLike
 
 GRAM_SCHMIDT_MAX = 128
 """Up to this many vectors Gram-Schmidt's matrix-vector steps cost about what LAPACK's
@@ -40,7 +41,7 @@ def orthogonal(scale: float = 1.0) -> Callable[..., jax.Array]:
     smaller) times `scale`, over the last axis as the columns, as
     `jax.nn.initializers.orthogonal(scale)` draws them."""
 
-    def init(key: jax.Array, shape: tuple[int, ...], dtype: jnp.dtype = jnp.float32) -> jax.Array:
+    def init(key: jax.Array, shape: tuple[int, ...], dtype: DTypeLike = jnp.float32) -> jax.Array:
         rows, cols = math.prod(shape) // shape[-1], shape[-1]
         if min(rows, cols) > GRAM_SCHMIDT_MAX:
             return jax.nn.initializers.orthogonal(scale)(key, shape, dtype)

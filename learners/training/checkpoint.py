@@ -65,6 +65,7 @@ from srl_jax.config.checkpoint_location import (
     is_bucket,
     steps_in,
 )
+from srl_jax.config.operations import CheckpointConfig
 from srl_jax.config.schema import DEFAULT_POLICY
 from srl_jax.runtime.run_dir import checkpoint_root, step_meta
 
@@ -307,13 +308,13 @@ def _restored(step: int, restored: Any, like: Any) -> Restored:
 
 def _read(directory: epath.Path | Path, step: int, args: ocp.args.Composite) -> Any:
     """Restore one step from a directory no manager of ours writes to (another checkpoint
-    format: one line, not orbax's tree mismatch)."""
+    format: one line, not orbax's tree mismatch). A bare checkpointer reads it (a manager
+    reads through one): a read-only manager would log three warnings about its options."""
     step_meta(directory, step)
     directory = _absolute(directory)
-    options = ocp.CheckpointManagerOptions(read_only=True,
-                                           atomicity_options=_atomicity(directory))
-    with ocp.CheckpointManager(directory, options=options) as manager:
-        return manager.restore(step, args=args)
+    with ocp.Checkpointer(ocp.CompositeCheckpointHandler(),
+                          atomicity_options=_atomicity(directory)) as checkpointer:
+        return checkpointer.restore(directory / str(step), args=args)
 
 
 def save_params(directory: epath.Path | Path, step: int, params: Any,
@@ -339,3 +340,36 @@ def restore_params(directory: epath.Path | Path, step: int, like: Any) -> Restor
     restored = _read(directory, step, ocp.args.Composite(
         params=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
     return Restored(step, restored["params"], _unstamped(restored["meta"]))
+
+
+class SaveSchedule:
+    """Says when a save is due, and keeps the record of the saves made."""
+
+    def __init__(self, config: CheckpointConfig) -> None:
+        self.config = config
+        self.saved_step: int | None = None
+        """Version of the newest checkpoint made or restored (None: none yet)."""
+        self.saves = 0
+        self.time_stalled = 0.0
+        """Seconds training was held up by saves."""
+        self._last_save = time.monotonic()
+
+    def needed(self, version: int) -> bool:
+        """Whether `version` is not checkpointed yet."""
+        return version != self.saved_step
+
+    def due(self, version: int) -> bool:
+        """Whether to checkpoint `version` now."""
+        saved = self.saved_step or 0
+        if version == saved:
+            return False
+        by_time = self.config.interval_s > 0 and \
+            time.monotonic() - self._last_save >= self.config.interval_s
+        by_updates = self.config.every_updates > 0 and \
+            version - saved >= self.config.every_updates
+        return by_time or by_updates
+
+    def saved(self, version: int, stall_s: float) -> None:
+        self.saved_step, self._last_save = version, time.monotonic()
+        self.saves += 1
+        self.time_stalled += stall_s

@@ -1,11 +1,12 @@
-"""JAX process set-up shared by the workers that run JAX (learner, inference server), and
-by a worker forked from the warm parent (srl_jax/runtime/hosts/fork_setup.py)."""
+"""JAX in a worker process: the set-up shared by the workers that run JAX (learner,
+inference server, evaluator) and by a worker forked from the warm parent
+(srl_jax/runtime/hosts/fork_setup.py), and the device memory they report."""
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import jax
@@ -53,3 +54,23 @@ def config_from_env(env: Mapping[str, str]) -> list[str]:
             jax.config.update(name, option_value(option_type, values[name], raw))
             names.append(name)
     return names
+
+
+MIB = 2**20
+
+
+def device_memory_counters(devices: Iterable[jax.Device] | None = None) -> dict[str, float]:
+    """`device_memory_mib` and `device_memory_peak_mib` (bytes in use and their peak,
+    summed over `devices`; None: the process's default device, where a server's policy
+    runs) for a heartbeat; {} where the platform keeps no statistics (the CPU)."""
+    stats = []
+    for device in jax.local_devices()[:1] if devices is None else devices:
+        try:
+            stats.append(device.memory_stats())
+        except RuntimeError:  # a platform that does not implement them
+            continue
+    stats = [s for s in stats if s]
+    if not stats:
+        return {}
+    return {"device_memory_mib": sum(s.get("bytes_in_use", 0) for s in stats) / MIB,
+            "device_memory_peak_mib": sum(s.get("peak_bytes_in_use", 0) for s in stats) / MIB}

@@ -46,6 +46,7 @@ from srl_jax.dataflow.algorithms import (
     algorithm_config,
     extra_initializer,
     live_values,
+    sampled_fields,
     sizes,
 )
 from srl_jax.dataflow.chunk_spec import empty_chunk
@@ -81,7 +82,7 @@ def chunk_inputs(trajectory_length: int, batch_envs: int, spec: EnvSpec) -> Inpu
 def replay_inputs(rows: int, window: int, spec: EnvSpec,
                   fields: tuple[ReplayField, ...] | None = None) -> Inputs:
     """[B] sampled replay batches (`srl_jax.dataflow.replay_spec`: transitions, or sequences
-    with `fields` SEQUENCE_FIELDS and `window` their length T), split on the rows."""
+    with `fields` of sequences and `window` their length T), split on the rows."""
     fields = fields or replay_fields(sequences=False)
     trained = replay_batch_fields(fields)
 
@@ -107,7 +108,7 @@ def check_splits(inputs: Inputs, devices: int) -> None:
 
 def train_state_init(spec: EnvSpec, network: nn.Module, optimizer: optax.GradientTransformation,
                      init_extra: Callable[[Any], Any] | None
-                     ) -> Callable[[np.ndarray, dict[str, np.ndarray]], TrainState]:
+                     ) -> Callable[[jax.Array, dict[str, jax.Array]], TrainState]:
     """(seed, hyperparameters) -> version 0 of the train state, for jit: taking them as
     arguments, not as constants of the program, a run with another seed or other
     starting values finds its program in the compilation cache (0.7 s of start-up)."""
@@ -120,7 +121,7 @@ def train_state_init(spec: EnvSpec, network: nn.Module, optimizer: optax.Gradien
 
 
 def init_arguments(seed: int, hyper: dict[str, float] | None
-                   ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+                   ) -> tuple[np.uint32, dict[str, np.float32]]:
     """`train_state_init`'s arguments: the seed as uint32 (JAX keeps an int seed's low
     32 bits, so the keys are the int's), the hyperparameters as float32."""
     return np.uint32(seed % 2**32), {name: np.float32(value)
@@ -158,10 +159,11 @@ class Learner:
         self._update: UpdateFn | None = None
         """The compiled update, once `compile` has run."""
 
-    def compile(self) -> None:
+    def compile(self) -> UpdateFn:
         """Compile the update for this learner's batches (slow: seconds to minutes)."""
         self._update = compile_update(self._update_fn, self.mesh, self.state,
                                       self.put(self.inputs.example), self.inputs.axis)
+        return self._update
 
     @property
     def params(self) -> Any:
@@ -207,9 +209,8 @@ class Learner:
         """
         if isinstance(batch, dict) and all(isinstance(a, np.ndarray) for a in batch.values()):
             batch = self.put(batch)  # host arrays, not yet `put`
-        if self._update is None:
-            self.compile()
-        self.state, metrics = self._update(self.state, batch)
+        update = self._update if self._update is not None else self.compile()
+        self.state, metrics = update(self.state, batch)
         if overlap is not None:
             overlap()
         host = {name: np.asarray(host_value(value)) if name == PER_ROW
@@ -245,22 +246,21 @@ class Learner:
         return restored.meta
 
 
-def build_learner(config: ExperimentConfig, spec: EnvSpec, share: int,
+def build_learner(config: ExperimentConfig, spec: EnvSpec, local_envs: int,
                   checkpointer: Checkpointer | None = None) -> Learner:
     """The Learner of `config`'s network and algorithm on the devices the placement plan
-    gave this process (else `learner.devices`), for `share` env columns (or sampled
+    gave this process (else `learner.devices`), for `local_envs` env columns (or sampled
     rows) of each batch: all of them with one process."""
     policy, network = make_policy(config, spec)
     algo = algorithm(config.learner.algorithm)
     algo_config, derived = algorithm_config(config), sizes(config)
     optimizer = algo.make_optimizer(algo_config, derived)
-    if algo.replay_sequences:
-        inputs = replay_inputs(share, config.actors.trajectory_length, spec,
-                               replay_fields(sequences=True))
-    elif algo.replay_window is not None:
-        inputs = replay_inputs(share, algo.replay_window(algo_config), spec)
+    if algo.replay is not None:
+        window = (config.actors.trajectory_length if algo.replay.sequences
+                  else algo.replay.window(algo_config))
+        inputs = replay_inputs(local_envs, window, spec, sampled_fields(algo))
     else:
-        inputs = chunk_inputs(config.actors.trajectory_length, share, spec)
+        inputs = chunk_inputs(config.actors.trajectory_length, local_envs, spec)
     return Learner(spec, network, optimizer,
                    algo.make_update(policy, optimizer, algo_config, derived),
                    make_learner_mesh(planned_learner_devices() or config.learner.devices,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import shlex
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from srl_jax.config.schema import ExperimentConfig
@@ -133,7 +134,7 @@ def launch_args(python: str, experiment: str, run_dir: str, overrides: list[str]
     return args
 
 
-def ray_offer(resources: dict[str, float]) -> str:
+def ray_offer(resources: Mapping[str, float]) -> str:
     """`--resources=...` as one shell word."""
     return shlex.quote("--resources=" + ", ".join(
         f'"{k}": {_amount(v)}' for k, v in resources.items()).join("{}"))

@@ -18,7 +18,6 @@ from srl_jax.config.schema import (
     CORES,
     CRITICS,
     DEFAULT_BACKEND,
-    HEADS,
     NAME_SERVICES,
     NETWORKS,
     POLICY_NAME,
@@ -183,8 +182,8 @@ def check_replay(config: ExperimentConfig) -> None:
     require(replay.priority_exponent >= 0, "'replay.priority_exponent' must not be negative")
     require(replay.importance_exponent >= 0,
             "'replay.importance_exponent' must not be negative")
-    share = learner.batch_envs // learner.processes
-    require(learner.batch_envs % learner.processes == 0 and share % replay.count == 0,
+    local_envs = learner.batch_envs // learner.processes
+    require(learner.batch_envs % learner.processes == 0 and local_envs % replay.count == 0,
             f"'learner.batch_envs' ({learner.batch_envs}) sampled rows must split evenly over "
             f"'learner.processes' ({learner.processes}) and then over 'replay.count' "
             f"({replay.count}): each learner process asks each server for an equal part")
@@ -197,11 +196,6 @@ def check_network(config: ExperimentConfig) -> None:
     require(not (network.kind == "nature_cnn" and config.learner.normalize_obs),
             "'learner.normalize_obs' is for vector observations; 'nature_cnn' scales pixels "
             "itself")
-    if network.kind == "nature_cnn" and network.head != "muzero":  # its layers are fixed
-        for key in ("hidden", "activation"):
-            require(getattr(network, key) == getattr(NetworkConfig(), key),
-                    f"'network.{key}' is not used by 'nature_cnn' (its layers are fixed); "
-                    f"leave it unset")
     require(len(network.hidden) >= 1, "'network.hidden' needs at least one layer")
     require(all(h >= 1 for h in network.hidden), "'network.hidden' widths must be >= 1")
     require(network.activation in ("tanh", "relu"),
@@ -211,20 +205,12 @@ def check_network(config: ExperimentConfig) -> None:
     require(network.core_size >= 1, "'network.core_size' must be at least 1")
     require(network.conv in CONVS,
             f"'network.conv': unknown '{network.conv}' (known: {', '.join(CONVS)})")
-    require(network.head in HEADS,
-            f"'network.head': unknown '{network.head}' (known: {', '.join(HEADS)})")
     require(network.critic in CRITICS,
             f"'network.critic': unknown '{network.critic}' (known: {', '.join(CRITICS)})")
     if network.critic == "global":
         require(family_of(config.env).multi_agent,
                 "'network.critic': 'global' reads a multi-agent env's global state; "
                 f"'{config.env.id}' is a single-agent env")
-        require(network.head == "actor_critic" and network.core == "none",
-                "'network.critic': 'global' needs 'network.head' actor_critic and "
-                "'network.core' none")
-        require(config.learner.algorithm in ("ppo", "impala"),
-                f"'network.critic': 'global' is for ppo and impala, not "
-                f"'{config.learner.algorithm}'")
     if network.critic_own_first:
         require(network.critic == "global" and config.env.global_state == "observations"
                 and not config.env.policies,
@@ -232,15 +218,6 @@ def check_network(config: ExperimentConfig) -> None:
                 "observation to each agent: it needs 'network.critic' global, "
                 "'env.global_state' observations and one policy for every agent "
                 "(no 'env.policies')")
-    require(not network.layer_norm or (network.kind == "mlp" and network.core == "none"
-                                       and network.head == "actor_critic"),
-            "'network.layer_norm' normalizes the actor's and the critic's MLPs: it needs "
-            "'network.kind' mlp, 'network.core' none and 'network.head' actor_critic")
-    if network.head == "muzero":
-        require(network.core == "none", "'network.head': 'muzero' learns its own dynamics; "
-                                        "leave 'network.core' none")
-        require(not config.learner.normalize_obs,
-                "'learner.normalize_obs': a 'muzero' model reads observations as they are")
     burn_in, T = config.learner.burn_in, config.actors.trajectory_length
     require(burn_in >= 0, "'learner.burn_in' must not be negative")
     require(burn_in == 0 or network.core != "none",
@@ -248,6 +225,16 @@ def check_network(config: ExperimentConfig) -> None:
     require(2 * burn_in <= T, f"'learner.burn_in' ({burn_in}) must be at most half of "
                               f"'actors.trajectory_length' ({T}): each chunk repeats the last "
                               "burn_in steps of the one before, which trained on them")
+
+
+def check_fixed_cnn_layers(network: NetworkConfig) -> None:
+    """The Nature-CNN's layers are fixed: a network built on it refuses `hidden` and
+    `activation` (a network that reads them beside the CNN, as MuZero's, does not call this)."""
+    if network.kind == "nature_cnn":
+        for key in ("hidden", "activation"):
+            require(getattr(network, key) == getattr(NetworkConfig(), key),
+                    f"'network.{key}' is not used by 'nature_cnn' (its layers are fixed); "
+                    f"leave it unset")
 
 
 def check_stop(config: ExperimentConfig) -> None:

@@ -15,6 +15,7 @@ import difflib
 import importlib
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +65,7 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
             return value
         raise ConfigError(f"'{key}' must be one of {', '.join(map(str, choices))}, "
                           f"got {value!r}")
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"'{key}' must be a mapping, got {value!r}")
         return build_dataclass(tp, value, key)
@@ -193,7 +194,7 @@ def resolve_experiment_path(experiment: str, search_dirs: list[Path]) -> Path:
     raise ConfigError(f"unknown experiment '{experiment}' (known: {', '.join(known) or 'none'})")
 
 
-def load_config(path: Path, overrides: list[str] = ()) -> ExperimentConfig:
+def load_config(path: Path, overrides: Sequence[str] = ()) -> ExperimentConfig:
     """Read a YAML config, apply overrides, type-check it, import its plugins and check
     every section that needs neither an environment nor an algorithm."""
     try:
@@ -201,6 +202,8 @@ def load_config(path: Path, overrides: list[str] = ()) -> ExperimentConfig:
     except yaml.YAMLError as error:
         first = str(error).splitlines()[0]
         raise ConfigError(f"{path} is not valid YAML: {first}") from None
+    except OSError as error:
+        raise ConfigError(f"{path}: {error.strerror or error}") from None
     if not isinstance(values, dict):
         raise ConfigError(f"{path} must hold a mapping at its top level")
     values.setdefault("name", path.stem)
@@ -214,6 +217,9 @@ def import_plugins(config: ExperimentConfig) -> None:
     """Import the modules of `plugins`, which register what they add; ConfigError if one
     cannot be imported."""
     for i, module in enumerate(config.plugins):
+        if "/" in module or module.endswith(".py"):
+            raise ConfigError(f"'plugins[{i}]': '{module}' is a path; a plugin is a module "
+                              "name, as `import` takes it from the PYTHONPATH (my_package.algo)")
         try:
             importlib.import_module(module)
         except Exception as error:

@@ -67,7 +67,7 @@ class SnapshotPool:
         if self.directory is not None:
             self.directory.mkdir(parents=True, exist_ok=True)
             buffer = io.BytesIO()
-            np.savez(buffer, **arrays)
+            np.savez(buffer, allow_pickle=False, **arrays)
             partial = self.directory / f"{version}{SUFFIX}.partial"
             partial.write_bytes(buffer.getvalue())
             partial.rename(self.directory / f"{version}{SUFFIX}")

@@ -25,7 +25,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -195,7 +195,8 @@ def decide(views: Sequence[MemberView], pop: PopulationConfig,
     Members are ranked by score (those without one yet are not ranked); a ready member
     among the bottom `exploit_fraction` copies one of the top `exploit_fraction`.
     """
-    scored = sorted((v for v in views if v.score is not None), key=lambda v: v.score)
+    scores = {v.name: v.score for v in views if v.score is not None}
+    scored = sorted((v for v in views if v.name in scores), key=lambda v: scores[v.name])
     cut = max(1, round(len(scored) * pop.exploit_fraction)) if len(scored) >= 2 else 0
     bottom, top = scored[:cut], scored[len(scored) - cut:]
     losers = {v.name for v in bottom} - {v.name for v in top}
@@ -319,7 +320,7 @@ def event_problem(event: Any, members: Sequence[str]) -> str | None:
     return None
 
 
-def finite_numbers(values: Any, missing: bool = False) -> bool:
+def finite_numbers(values: Any, missing: bool = False) -> TypeGuard[dict[Any, Any]]:
     """Whether `values` maps names to finite numbers (or None, where `missing`)."""
     return isinstance(values, dict) and all(
         (missing and v is None) or (isinstance(v, int | float) and math.isfinite(v))

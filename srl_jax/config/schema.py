@@ -19,7 +19,6 @@ from srl_jax.wire.names import DEFAULT_POLICY
 
 NETWORKS = ("mlp", "nature_cnn")
 CORES = ("none", "lstm", "gru")
-HEADS = ("actor_critic", "q", "dueling", "muzero")
 CRITICS = ("local", "global")
 CONVS = ("auto", "xla", "matmul")
 DEFAULT_BACKEND = "gymnasium"
@@ -168,7 +167,8 @@ class InferenceConfig:
 class LearnerConfig:
     algorithm: str = "ppo"
     """Learning algorithm: a name in the registry of `srl_jax/dataflow/algorithms.py` (built in:
-    'ppo', 'impala', 'dqn'; more from `plugins`). Its hyperparameters are `learner.<name>`."""
+    'ppo', 'impala', 'dqn', 'r2d2', 'muzero'; more from `plugins`). Its hyperparameters are
+    `learner.<name>`."""
     batch_envs: int = 32
     """B: env columns per update, a batch of [T+1, B]; for an algorithm that learns from
     replay (`replay.count`), the transitions sampled per update, [B]."""
@@ -251,11 +251,12 @@ class NetworkConfig:
     several scales; normalized, one step size fits them. 'mlp' actor-critics without a
     recurrent core."""
     head: str = "actor_critic"
-    """What the network outputs: 'actor_critic' (policy and value, for PPO and IMPALA),
-    'q' (action values) or 'dueling' (action values as value plus advantages, Wang et
-    al. 2016), for DQN. A Q head acts greedily; `actors.epsilon` explores. 'muzero': a
-    learned model (representation, dynamics, prediction) that acts by search, for
-    `learner.algorithm` muzero (learners/models/muzero_model.py)."""
+    """Which of the algorithm's networks it trains (each algorithm declares its own,
+    `srl_jax.dataflow.algorithms.Network`). Built in: 'actor_critic' (policy and value, for
+    PPO and IMPALA), 'q' (action values) or 'dueling' (action values as value plus
+    advantages, Wang et al. 2016), for DQN and R2D2: a Q head acts greedily, and
+    `actors.epsilon` explores; 'muzero': a learned model (representation, dynamics,
+    prediction) that acts by search, for MuZero (learners/models/muzero_model.py)."""
 
 
 @dataclass

@@ -5,13 +5,14 @@ dataclass (its section `learner.<name>` of the experiment YAML, every field with
 one-line doc, checked in `__post_init__`), the builders of its optimizer and of its
 pure (TrainState, Batch) -> (TrainState, metrics) update, which get that config and
 the derived `Sizes` (never the whole experiment config), the fields the update
-reads, the stream it learns from (fresh chunks on `samples`, or sampled batches
-from the replay servers on `replay`), the network heads it can train and the
-config fields that may change during a run (`live`: the update reads their current
-values from `TrainState.hyper`, so changing one recompiles nothing). The
-built-in ones (`BUILT_IN`) are imported on first use; any other module registers
-its algorithm with `register(...)` when it is imported, which the experiment's
-`plugins` list makes happen in every process.
+reads, the networks it trains (`Network`: each one's builder, beside the loss, and
+the action spaces it acts in; `network.head` picks one by name), how it samples
+replay if it learns from replay (`Replay`: otherwise it learns from fresh chunks on
+`samples`), and the config fields that may change during a run (`live`: the update
+reads their current values from `TrainState.hyper`, so changing one recompiles
+nothing). The built-in ones (`BUILT_IN`) are imported on first use; any other module
+registers its algorithm with `register(...)` when it is imported, which the
+experiment's `plugins` list makes happen in every process.
 
 This module imports no JAX: the launcher checks configs with it before any worker
 starts. A built-in algorithm's `Algorithm` lives with its config in a module of its own
@@ -33,17 +34,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from srl_jax.config.loader import build_dataclass
-from srl_jax.config.schema import ConfigError, ExperimentConfig, LearnerConfig
-from srl_jax.dataflow.chunk_spec import batch_fields
-from srl_jax.dataflow.replay_spec import SEQUENCE_FIELDS, replay_batch_fields
+from srl_jax.config.schema import ConfigError, ExperimentConfig, LearnerConfig, NetworkConfig
+from srl_jax.dataflow.chunk_spec import CHUNK_FIELDS, batch_fields
+from srl_jax.dataflow.env_spec import EnvSpec
+from srl_jax.dataflow.replay_spec import ReplayField, replay_batch_fields, replay_fields
 from srl_jax.dataflow.stream_table import INSERTS, REPLAY, SAMPLES, Stream
 
 BUILT_IN = {"ppo": "learners.algorithms.ppo_config", "impala": "learners.algorithms.impala_config",
             "dqn": "learners.algorithms.dqn_config", "r2d2": "learners.algorithms.r2d2_config",
             "muzero": "learners.algorithms.muzero_config"}
 """Name -> module exporting `ALGORITHM` (imported on first use; it imports no JAX)."""
-SOURCES = {SAMPLES.name: batch_fields, REPLAY.name: replay_batch_fields}
-"""Streams a learner can take its batches from, and the fields each one's batch has."""
+ACTION_SPACES = ("discrete", "continuous")
+"""What a network may act in: a finite set of actions, or vectors of floats."""
+SHARED_NETWORK_KEYS = ("kind", "hidden", "activation", "core", "core_size", "conv", "head")
+"""The `network` keys every network reads; any other (`network.critic`, `layer_norm`, ...)
+is read only by the networks that name it in `Network.options`."""
 _REGISTERED: dict[str, Algorithm] = {}
 
 
@@ -72,6 +77,57 @@ class Sizes:
 
 
 @dataclass(frozen=True)
+class Network:
+    """A network an algorithm trains, declared beside its loss: what `network.head` names.
+    Several algorithms may declare the same one (PPO's `actor_critic` is IMPALA's too)."""
+
+    head: str
+    """Its name in `network.head`."""
+    build: Callable[[ExperimentConfig, EnvSpec], tuple[Any, Any]]
+    """(config, spec) -> (policy, flax module): the `learners.models.networks.Policy` that
+    acting and the update call, and the module whose parameters `init_policy_params`
+    makes. Named with `lazy` where it lives in a module that imports JAX."""
+    actions: tuple[str, ...] = ("discrete",)
+    """The action spaces it acts in (`ACTION_SPACES`); an env with others is refused."""
+    greedy: bool = False
+    """It acts on the argmax of its outputs (Q-values): `actors.epsilon` explores around it,
+    and its actors may compute replay priorities from them (`replay.initial_priority`)."""
+    action_masks: bool = False
+    """It reads the env's legal actions (`EnvSpec.action_masked`)."""
+    options: tuple[str, ...] = ()
+    """The `network` keys beyond `SHARED_NETWORK_KEYS` it reads (e.g. `critic`); a run that
+    sets another to other than its default is refused."""
+    check: Callable[[ExperimentConfig], None] | None = None
+    """Its own checks of the experiment config (ConfigError with one line), if any."""
+    search_act: Callable[[Any, Any, float], Any] | None = None
+    """A network that acts by its own search (MuZero's model): (network, algorithm config,
+    gumbel_scale) -> the servers' jitted acting call (`learners.models.outputs.Act`), whose
+    outputs carry the search's policy (`EnvSpec.search_policy`); gumbel_scale 0 for
+    evaluation. None: its distribution samples the actions."""
+
+
+@dataclass(frozen=True)
+class Replay:
+    """How an algorithm that learns from replay samples it (its batches come on the
+    `replay` stream, and the run needs replay servers)."""
+
+    window: Callable[[Any], int]
+    """(algorithm config) -> n: the steps of each sampled n-step window (with `sequences`,
+    of the target's window within each sequence)."""
+    sequences: bool = False
+    """It samples whole chunk columns with their stored recurrent state (R2D2's sequences,
+    `SEQUENCE_FIELDS`), not n-step transitions (`REPLAY_FIELDS`)."""
+    fields: tuple[str, ...] = ()
+    """Chunk fields (`CHUNK_FIELDS`, one row per step) the replay servers keep for it beside
+    the standard ones, sampled at each transition's first step (or along each sequence):
+    e.g. `global_state` for a centralized critic, `logp` for an importance weight."""
+    reanalyse: Callable[[Any], float] | None = None
+    """(algorithm config) -> the fraction of the sampled sequences whose search targets
+    the replay servers renew with the newest parameters before sending them (MuZero
+    Reanalyze; replay/reanalysing_replay.py). None or 0: none."""
+
+
+@dataclass(frozen=True)
 class Algorithm:
     """One learning algorithm, as the learner worker and the config checks see it."""
 
@@ -87,30 +143,16 @@ class Algorithm:
     (TrainState, metrics) for the learner to jit over its mesh."""
     fields: tuple[str, ...]
     """The batch fields its update reads (chunk fields, or sampled replay fields)."""
-    source: str = SAMPLES.name
-    """The stream it takes data from: one of SOURCES ('replay' needs `replay.count`)."""
+    networks: tuple[Network, ...]
+    """The networks it can train; `network.head` names one."""
+    replay: Replay | None = None
+    """How it samples replay; None: it learns from the fresh chunks on `samples`."""
     check: Callable[[Any, Sizes], None] | None = None
     """Checks of its config against the sizes (ConfigError with one line), if any."""
-    heads: tuple[str, ...] = ("actor_critic",)
-    """The `network.head`s it can train (srl_jax.config.schema.HEADS)."""
     init_extra: Callable[[Any, Any], Any] | None = None
-    """Its own train state beside params and optimizer (DQN: the target network; PPO
-    with value normalization: the statistics), from the initial parameters and its
-    config; kept in `TrainState.extra` and checkpointed (`extra_initializer`)."""
-    replay_window: Callable[[Any], int] | None = None
-    """With source 'replay': (config) -> n, the steps of each sampled window."""
-    replay_sequences: bool = False
-    """With source 'replay': it samples whole chunk columns with their stored recurrent
-    state (R2D2's sequences, `SEQUENCE_FIELDS`), not n-step transitions."""
-    search_act: Callable[[Any, Any, float], Any] | None = None
-    """An algorithm that acts by its own search (MuZero): (network, config, gumbel_scale)
-    -> the servers' jitted acting call (`policy.policy_runner.Act`), whose
-    outputs carry the search's policy (`EnvSpec.search_policy`); gumbel_scale 0 for
-    evaluation. None: the network's distribution samples the actions."""
-    reanalyse: Callable[[Any], float] | None = None
-    """With `search_act`: (config) -> the fraction of the sampled sequences whose search
-    targets the replay servers renew with the newest parameters before sending them
-    (MuZero Reanalyze; replay/reanalysing_replay.py). None or 0: none."""
+    """Its own train state beside params and optimizer (DQN's and R2D2's target network,
+    PPO's value statistics), from the initial parameters and its config; kept in
+    `TrainState.extra` and checkpointed (`extra_initializer`)."""
     live: tuple[str, ...] = ()
     """Float fields of its config that may change during a run (population-based
     training): kept in `TrainState.hyper` and read from there by the update, so a new
@@ -121,6 +163,18 @@ class Algorithm:
         if unknown:
             raise ValueError(f"algorithm '{self.name}': live {unknown} are not fields of "
                              f"{self.config.__name__}")
+        if not self.networks:
+            raise ValueError(f"algorithm '{self.name}' declares no network")
+
+    @property
+    def source(self) -> str:
+        """The stream it takes data from: `replay` with a `Replay`, else `samples`."""
+        return SAMPLES.name if self.replay is None else REPLAY.name
+
+    @property
+    def heads(self) -> tuple[str, ...]:
+        """The `network.head`s it can train."""
+        return tuple(network.head for network in self.networks)
 
 
 def lazy(module: str, name: str) -> Callable:
@@ -175,6 +229,15 @@ def algorithm(name: str) -> Algorithm:
     return _REGISTERED[name]
 
 
+def replay_of(config: ExperimentConfig) -> Replay:
+    """How the run's algorithm samples replay, for the parts that exist only where it learns
+    from replay (replay servers, actors' priorities, the learner's replay intake)."""
+    replay = algorithm(config.learner.algorithm).replay
+    if replay is None:
+        raise ValueError(f"'{config.learner.algorithm}' learns from fresh samples, not replay")
+    return replay
+
+
 def chunk_stream(config: ExperimentConfig) -> Stream:
     """Where the actors send their chunks, as the run's algorithm declares its source: to
     the learners (samples), or to the replay servers (inserts) for one that learns from
@@ -200,18 +263,29 @@ def _section(config: ExperimentConfig, name: str) -> Any:
     return build_dataclass(algorithm(name).config, values, f"learner.{name}")
 
 
+def sampled_fields(algo: Algorithm) -> tuple[ReplayField, ...]:
+    """The fields of the batches `algo` samples from replay (n-step transitions or
+    sequences, with the chunk fields its `Replay` keeps); () if it learns from samples."""
+    if algo.replay is None:
+        return ()
+    return replay_fields(algo.replay.sequences, algo.replay.fields)
+
+
 def check_inputs(algo: Algorithm) -> None:
-    """ConfigError unless the learner can feed `algo`: its source is a known stream, and
-    the fields it reads are declared for that stream's batch (srl_jax/dataflow/chunk_spec.py,
-    srl_jax/dataflow/replay_spec.py)."""
-    if algo.source not in SOURCES:
-        raise ConfigError(f"'learner.algorithm': '{algo.name}' takes its data from "
-                          f"'{algo.source}'; a learner takes it from {', '.join(SOURCES)}")
-    if (algo.source == REPLAY.name) != (algo.replay_window is not None):
-        raise ConfigError(f"'learner.algorithm': '{algo.name}' needs a replay_window exactly "
-                          "when it learns from replay")
-    available = (replay_batch_fields(SEQUENCE_FIELDS) if algo.replay_sequences
-                 else SOURCES[algo.source]())
+    """ConfigError unless the learner can feed `algo`: the chunk fields its replay keeps
+    are per-step chunk fields, and the fields it reads are declared for its batch
+    (srl_jax/dataflow/chunk_spec.py, srl_jax/dataflow/replay_spec.py)."""
+    if algo.replay is not None:
+        per_step = {f.name for f in CHUNK_FIELDS if f.extent != "1"}
+        standard = {f.name for f in replay_fields(algo.replay.sequences)}
+        kept = set(algo.replay.fields)
+        odd = sorted((kept - per_step) | (kept & standard))
+        if odd:
+            raise ConfigError(f"'learner.algorithm': '{algo.name}' keeps {odd} in replay: "
+                              "only chunk fields of one row per step that a sampled batch "
+                              f"does not already carry ({', '.join(sorted(per_step - standard))})")
+    available = (batch_fields() if algo.replay is None
+                 else replay_batch_fields(sampled_fields(algo)))
     missing = sorted(set(algo.fields) - set(available))
     if missing:
         raise ConfigError(f"'learner.algorithm': '{algo.name}' reads fields {missing} that "
@@ -219,34 +293,74 @@ def check_inputs(algo: Algorithm) -> None:
                           f"{', '.join(available)})")
 
 
+def network_of(config: ExperimentConfig) -> Network:
+    """The network the run trains: the one of its algorithm that `network.head` names;
+    ConfigError naming the ones it has otherwise."""
+    algo, head = algorithm(config.learner.algorithm), config.network.head
+    for network in algo.networks:
+        if network.head == head:
+            return network
+    raise ConfigError(f"'network.head': '{algo.name}' trains {' or '.join(algo.heads)}, "
+                      f"not '{head}'")
+
+
+def check_spaces(network: Network, spec: EnvSpec, env_id: str) -> None:
+    """ConfigError unless `network` acts in `env_id`'s action space (`spec`, as one policy
+    sees it) and reads its action masks if it has them."""
+    space = "continuous" if spec.continuous else "discrete"
+    if space not in network.actions:
+        raise ConfigError(f"'network.head': '{network.head}' acts in "
+                          f"{' or '.join(network.actions)} action spaces; '{env_id}' has "
+                          f"{space} actions")
+    if spec.action_masked and not network.action_masks:
+        raise ConfigError(f"'network.head': '{network.head}' does not read action masks, and "
+                          f"'{env_id}' has them: use a network that does")
+
+
+def check_network_options(network: Network, config: NetworkConfig) -> None:
+    """ConfigError for a `network` key set that `network` does not read."""
+    default = NetworkConfig()
+    for field in dataclasses.fields(NetworkConfig):
+        key = field.name
+        if key in SHARED_NETWORK_KEYS or key in network.options:
+            continue
+        if getattr(config, key) != getattr(default, key):
+            raise ConfigError(f"'network.{key}' is not read by 'network.head' "
+                              f"'{network.head}'; leave it unset")
+
+
 def check_dataflow(algo: Algorithm, config: ExperimentConfig) -> None:
-    """ConfigError unless the run is built for `algo`: replay servers exactly when it
-    learns from replay, a network head it trains, epsilon only for a greedy head."""
-    head, replay = config.network.head, config.replay.count
-    if head not in algo.heads:
-        raise ConfigError(f"'network.head': '{algo.name}' trains {' or '.join(algo.heads)}, "
-                          f"not '{head}'")
-    if algo.source == REPLAY.name and replay < 1:
+    """ConfigError unless the run is built for `algo`: a network it trains, set as that
+    network reads it, replay servers exactly when it learns from replay, epsilon only for
+    a greedy network."""
+    network, replay = network_of(config), config.replay.count
+    check_network_options(network, config.network)
+    if network.check is not None:
+        network.check(config)
+    if algo.replay is not None and replay < 1:
         raise ConfigError(f"'replay.count': '{algo.name}' learns from replay; it needs at "
                           "least 1 replay server")
-    if algo.source != REPLAY.name and replay:
+    if algo.replay is None and replay:
         raise ConfigError(f"'replay.count': '{algo.name}' learns from fresh samples; replay "
                           f"servers would get no data (set it to 0, not {replay})")
-    recurrent = config.network.core != "none"
-    if algo.source == REPLAY.name and algo.search_act is None \
-            and recurrent != algo.replay_sequences:
-        raise ConfigError(
-            f"'network.core': '{algo.name}' replays whole sequences with their recurrent "
-            "state; it needs 'network.core' lstm or gru" if algo.replay_sequences else
-            f"'network.core': '{algo.name}' replays n-step transitions, which carry no "
-            "recurrent state; a recurrent Q network learns with 'r2d2'")
-    if algo.replay_sequences and config.replay.initial_priority == "actor":
+    if config.network.critic == "global" and "global_state" not in algo.fields:
+        raise ConfigError(f"'network.critic': 'global' is for an algorithm that reads the "
+                          f"global state; '{algo.name}' does not")
+    sequences = algo.replay is not None and algo.replay.sequences
+    if algo.replay is not None and not sequences and config.network.core != "none":
+        raise ConfigError(f"'network.core': '{algo.name}' replays n-step transitions, which "
+                          "carry no recurrent state; a recurrent Q network learns with 'r2d2'")
+    if sequences and config.replay.initial_priority == "actor":
         raise ConfigError(f"'replay.initial_priority': '{algo.name}' starts each sequence at "
                           "the largest priority seen ('max'); the actors' per-step TD errors "
                           "do not make a sequence's")
-    if config.actors.epsilon and head in ("actor_critic", "muzero"):
-        raise ConfigError("'actors.epsilon' explores around a greedy policy (network.head "
-                          f"'q' or 'dueling'); a '{head}' head samples its own actions")
+    if algo.replay is not None and config.replay.initial_priority == "actor" \
+            and not network.greedy:
+        raise ConfigError("'replay.initial_priority': 'actor' computes TD errors from a greedy "
+                          f"network's Q-values; a '{network.head}' head has none (use 'max')")
+    if config.actors.epsilon and not network.greedy:
+        raise ConfigError("'actors.epsilon' explores around a greedy network (a Q network's "
+                          f"best action); a '{network.head}' head samples its own actions")
 
 
 def algorithm_config(config: ExperimentConfig) -> Any:
@@ -282,9 +396,11 @@ def resolve_algorithms(config: ExperimentConfig) -> ExperimentConfig:
 
 def reanalyse_fraction(config: ExperimentConfig) -> float:
     """The fraction of sampled sequences the run's replay servers reanalyse
-    (`Algorithm.reanalyse`; 0: none)."""
-    algo = algorithm(config.learner.algorithm)
-    return 0.0 if algo.reanalyse is None else algo.reanalyse(algorithm_config(config))
+    (`Replay.reanalyse`; 0: none)."""
+    replay = algorithm(config.learner.algorithm).replay
+    if replay is None or replay.reanalyse is None:
+        return 0.0
+    return replay.reanalyse(algorithm_config(config))
 
 
 def reanalyses(config: ExperimentConfig) -> bool:
@@ -294,6 +410,7 @@ def reanalyses(config: ExperimentConfig) -> bool:
 
 def extra_initializer(algo: Algorithm, algo_config: Any) -> Callable[[Any], Any] | None:
     """(initial params) -> the algorithm's own train state under `algo_config`, or None."""
-    if algo.init_extra is None:
+    init_extra = algo.init_extra
+    if init_extra is None:
         return None
-    return lambda params: algo.init_extra(params, algo_config)
+    return lambda params: init_extra(params, algo_config)

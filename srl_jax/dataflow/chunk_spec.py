@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal
 
 import numpy as np
 
@@ -27,7 +27,7 @@ from srl_jax.config.schema import ExperimentConfig
 from srl_jax.dataflow.env_spec import EnvSpec
 
 Extent = Literal["T", "T+1", "1"]
-AS_SENT = "as sent"
+AS_SENT: Final = "as sent"
 """`batch_dtype` of a field the batch keeps in its chunk dtype (e.g. uint8 frames)."""
 
 

@@ -67,12 +67,10 @@ class EnvSpec:
         return np.dtype(np.float32 if self.continuous else np.int32)
 
 
-def check_network(kind: str, spec: EnvSpec, env_id: str, head: str = "actor_critic") -> None:
-    """ConfigError if network `kind` with `head` cannot take `env_id`'s spaces (checked
-    before launch)."""
-    if head != "actor_critic" and spec.continuous:
-        raise ConfigError(f"'network.head': '{head}' scores a finite set of actions; "
-                          f"'{env_id}' has continuous actions")
+def check_network(kind: str, spec: EnvSpec, env_id: str) -> None:
+    """ConfigError if a network of torso `kind` cannot take `env_id`'s spaces (checked
+    before launch; the action spaces each network acts in are its own declaration's,
+    `srl_jax.dataflow.algorithms.check_spaces`)."""
     if kind == "nature_cnn" and (len(spec.frame_shape or spec.obs_shape) != 3
                                  or spec.continuous):
         actions = "continuous" if spec.continuous else "discrete"

@@ -215,9 +215,9 @@ INFERENCE = (
     *device_memory("inference"),
 )
 LEARNER = (
-    Counter("learner_steps", "updates", _MAX, "updates applied", (Row("learner_steps"),)),
-    Counter("policy_version", "version", _MAX, "the version of the newest parameters",
-            (Row("policy_version"), Row(f"policy/{POLICY}/policy_version"))),
+    Counter("learner_steps", "updates", _MAX, "updates applied, which is the version of the "
+            "newest parameters", (Row("learner_steps"), Row("policy_version"),
+                                  Row(f"policy/{POLICY}/policy_version"))),
     Counter("frames_consumed", "frames", _CARRIED, "frames trained on",
             (Row("learner/samples_per_s", Shown.RATE),)),
     Counter("frames_received", "frames", _CARRIED, "frames received from actors"),

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from srl_jax.dataflow.chunk_spec import Layout
+from srl_jax.dataflow.chunk_spec import CHUNK_FIELDS, ChunkField, Layout
 from srl_jax.dataflow.env_spec import EnvSpec
 
 
@@ -109,9 +109,26 @@ SEQUENCE_FIELDS: tuple[ReplayField, ...] = (
 layout is the sequence length T; the routing fields are per sequence."""
 
 
-def replay_fields(sequences: bool) -> tuple[ReplayField, ...]:
-    """The fields of a sampled batch: of sequences, or of n-step transitions."""
-    return SEQUENCE_FIELDS if sequences else REPLAY_FIELDS
+def kept_field(name: str, sequences: bool) -> ReplayField:
+    """Chunk field `name` as a sampled batch carries it where an algorithm's replay keeps it
+    (`srl_jax.dataflow.algorithms.Replay.fields`): its entry at each transition's first
+    step, or its rows along each sequence (T, or T + 1 for a field with the next step's)."""
+    chunk: ChunkField = next(f for f in CHUNK_FIELDS if f.name == name)
+    if sequences:
+        return ReplayField(name, lambda s, T: (chunk.rows(T), *chunk.shape(s)), chunk.dtype,
+                           True, chunk.doc)
+    return ReplayField(name, lambda s, n: chunk.shape(s), chunk.dtype, True, chunk.doc)
+
+
+def replay_fields(sequences: bool, kept: tuple[str, ...] = ()) -> tuple[ReplayField, ...]:
+    """The fields of a sampled batch: of sequences, or of n-step transitions, with the
+    chunk fields `kept` beside the standard ones."""
+    fields = SEQUENCE_FIELDS if sequences else REPLAY_FIELDS
+    if not kept:
+        return fields
+    routing = len(_ROUTING)
+    return (*fields[:-routing], *(kept_field(name, sequences) for name in kept),
+            *fields[-routing:])
 
 
 def replay_layout(rows: int, window: int, spec: EnvSpec,

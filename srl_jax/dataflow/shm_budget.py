@@ -19,13 +19,9 @@ from pathlib import Path
 from srl_jax.config.schema import ConfigError, ExperimentConfig, policy_names
 from srl_jax.dataflow.chunk_spec import run_chunk_layout
 from srl_jax.dataflow.env_spec import EnvSpec
-from srl_jax.dataflow.shm_layouts import (
-    REQUEST_SLOTS,
-    chunk_slot_layout,
-    reply_layout,
-    request_layout,
-)
+from srl_jax.dataflow.shm_layouts import chunk_slot_layout, reply_layout, request_layout
 from srl_jax.dataflow.worker_kinds import worker_plan
+from srl_jax.wire.shm.layout import REQUEST_SLOTS
 from srl_jax.wire.shm.place import SHM_ROOT, free_bytes, unsupported_reason
 from srl_jax.wire.shm.slot_file import file_bytes
 
@@ -52,7 +48,7 @@ def actor_bytes(config: ExperimentConfig, spec: EnvSpec, policy: str, max_return
 def run_bytes(config: ExperimentConfig, spec_of: Callable[[str], EnvSpec],
               max_returns: int) -> int:
     """Bytes of shared memory the whole run maps on this host (every actor's files)."""
-    served = Counter()
+    served: Counter[str] = Counter()
     for kind, _, policy in worker_plan(config):
         if kind == "actor":
             served.update([policy] if config.population.members else policy_names(config.env))

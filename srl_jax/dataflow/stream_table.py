@@ -1,23 +1,10 @@
 """The dataflow's streams, declared once: who binds, who connects, what travels, under which key.
 
-    stream       binder (socket)     connecters (socket)                carries
-    samples      learner (PULL)      actor (PUSH)                       samples
-    inserts      replay (PULL)       actor (PUSH)                       samples
-    replay       replay (ROUTER)     learner (DEALER)                   sample_request, priorities,
-                                                                        sampled
-    inference    inference (ROUTER)  actor (DEALER)                     infer_request, infer_reply
-    params       learner 0 (PUB)     inference, evaluator, actor (SUB)  params
-    relay        agent (XPUB)        agent (SUB)                        params
-    pool         learner 0 (PUB)     inference (SUB)                    snapshot
-    control      learner 0 (ROUTER)  population (DEALER)                exploit, exploited
-    stats        controller (PULL)   every worker (PUSH)                stats, stats_batch
-    names        controller (ROUTER) every worker (DEALER)              name_request, name_reply
-    changes      controller (PUB)    every worker (SUB)                 name_change
-    logs         controller (PULL)   every worker (PUSH)                log
-    lineage      controller (ROUTER) learner, population (DEALER)       lineage_event,
-                                                                        lineage_request, lineage
-    rows         controller (PUB)    population (SUB)                   metrics_row
-    coordinator  learner 0           other learner processes            (jax.distributed's gRPC)
+Each `Stream` below is one row of the table; the docs render them all
+(docs/reference/dataflow.md, generated), and `python -m srl_jax.launch EXP --plan` shows
+which of them a config's run uses and what carries each (srl_jax/dataflow/plan.py).
+Besides ZeroMQ streams there is one that is not a ZeroMQ socket: `coordinator`,
+jax.distributed's gRPC between a policy's learner processes.
 
 With host agents (srl_jax/runtime/hosts/host_agent.py) a host's workers reach the controller's
 streams (stats, names, changes, logs) through their host's agent, which binds the same

@@ -122,6 +122,11 @@ class WorkerKind:
             raise ValueError(f"worker kind '{self.name}': host role '{self.host_role}' is not "
                              f"one of {', '.join(HOST_ROLES)}")
 
+    def entry_for(self, config: ExperimentConfig) -> str:
+        """The class its workers run for `config`: the variant's where it applies."""
+        return self.variant[1] if self.variant is not None and self.variant[0](config) \
+            else self.entry
+
     def start_env(self, launcher_env: Mapping[str, str]) -> dict[str, str]:
         """What the controller adds to the environment of a worker of this kind."""
         return {name: value for name, value in self.env.items() if name not in launcher_env}
@@ -165,9 +170,7 @@ def metrics_reference_markdown() -> str:
 
 def load_worker_class(name: str, config: ExperimentConfig) -> type:
     """Import the worker class of the kind `name` for `config`, in the process that runs it."""
-    kind = worker_kind(name)
-    variant = kind.variant is not None and kind.variant[0](config)
-    module, _, cls = (kind.variant[1] if variant else kind.entry).partition(":")
+    module, _, cls = worker_kind(name).entry_for(config).partition(":")
     return getattr(importlib.import_module(module), cls)
 
 

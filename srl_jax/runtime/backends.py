@@ -202,21 +202,21 @@ class LocalBackend:
         owner = self.shared_memory.path if self.shared_memory is not None else None
         args, env = worker_args(kind, index, run_dir, policy), worker_env(env, owner)
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        warm = self.warm is not None and worker_kind(kind).warm
-        process = self._fork(name, args, env, log_path) if warm else \
-            start_fresh(args, env, log_path)
+        process = self._fork(self.warm, name, args, env, log_path) \
+            if self.warm is not None and worker_kind(kind).warm \
+            else start_fresh(args, env, log_path)
         if process is None:
             return None
         return WorkerHandle(kind, index, process.pid, socket.gethostname(), process, policy)
 
-    def _fork(self, name: str, args: list[str], env: dict[str, str],
+    def _fork(self, warm: WarmParent, name: str, args: list[str], env: dict[str, str],
               log_path: Path) -> Process | None:
-        """The worker forked warm (a fresh interpreter where the warm parent refused), or
-        None while its answer has not come."""
+        """The worker forked by `warm` (a fresh interpreter where it refused), or None
+        while its answer has not come."""
         if name not in self._forking:
-            self._forking[name] = self.warm.request(args, env, log_path), args, env, log_path
+            self._forking[name] = warm.request(args, env, log_path), args, env, log_path
         asked, args, env, log_path = self._forking[name]
-        answer = self.warm.answer(asked)
+        answer = warm.answer(asked)
         if answer is None:
             return None
         del self._forking[name]
@@ -248,13 +248,13 @@ class LocalBackend:
     def close(self) -> None:
         """Every worker process has been waited for: their shared memory goes, and the warm
         parent with its last client. A fork still unanswered is stopped once it comes."""
-        for asked, *_ in self._forking.values():
-            answer = self.warm.answer(asked, START_TIMEOUT_S)
-            if isinstance(answer, WarmChild):
-                answer.send_signal(signal.SIGTERM)
-                answer.wait()
-        self._forking.clear()
-        if self.warm is not None:
+        if self.warm is not None:  # forks are asked of it alone
+            for asked, *_ in self._forking.values():
+                answer = self.warm.answer(asked, START_TIMEOUT_S)
+                if isinstance(answer, WarmChild):
+                    answer.send_signal(signal.SIGTERM)
+                    answer.wait()
+            self._forking.clear()
             self.warm.close()
         if self.shared_memory is not None:
             self.shared_memory.remove()

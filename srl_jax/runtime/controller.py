@@ -25,11 +25,10 @@ import zmq
 
 from srl_jax.config.schema import ExperimentConfig, run_policies
 from srl_jax.dataflow.metrics_table import DEVICE_MEMORY
-from srl_jax.dataflow.stream_table import COORDINATOR, STATS
+from srl_jax.dataflow.stream_table import STATS
 from srl_jax.dataflow.worker_kinds import worker_kind, worker_plan
 from srl_jax.runtime.backends import BackendError, LaunchBackend
 from srl_jax.runtime.hosts.host_agent import signs_of_life, unbatch
-from srl_jax.runtime.incarnation import Incarnation
 from srl_jax.runtime.log_stream import LogSink
 from srl_jax.runtime.metrics import MetricsAggregator, MetricsWriter, ProgressDisplay
 from srl_jax.runtime.name_server import NAMES_ENV, NameServer
@@ -98,9 +97,8 @@ class Controller:
         self.resumes = int(last.get("system/resumes", 0)) + int(resumed)
         if resume_row:  # shown until the restored learners report their own
             for policy in run_policies(config):
-                version = policy_version(last, policy)
                 self.metrics.observe(worker_name("learner", 0, policy), "learner", {
-                    "learner_steps": version, "policy_version": version,
+                    "learner_steps": policy_version(last, policy),
                     "samples_dropped_stale": last.get("samples_dropped_stale", 0)}, {},
                     policy=policy)
         self.rejects = RejectCounter()
@@ -117,10 +115,10 @@ class Controller:
         self.started_wall = time.time()
         self.startup = StartupTimeline(launched or self.started_wall)
         self.stop_rule = StopRule(config)
-        self.supervisor = Supervisor(
-            config, self.run_dir, backend, self.workers, self.metrics, self.startup,
-            self._worker_env, self._finish, self._write_status,
-            lambda policy: self.names.unregister(COORDINATOR.key(policy)))
+        self.supervisor = Supervisor(config, self.run_dir, backend, self.workers, self.metrics,
+                                     self.startup, self.names, placement, self.resumes)
+        if keys:
+            self.supervisor.run_env[KEYS_ENV] = keys.to_env()
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self._finish(f"interrupted by {signal.Signals(signum).name}", EXIT_INTERRUPTED)
@@ -133,7 +131,7 @@ class Controller:
         """Run until the stop condition; returns the process exit code."""
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         previous[STACKS_SIGNAL] = signal.signal(STACKS_SIGNAL, self.supervisor.ask_stacks)
-        context = zmq.Context.instance()
+        context: zmq.Context = zmq.Context.instance()
         limit_message_size(context, self.config.runtime.max_message_mb)
         transport = self.config.transport
         self.transport = Transport(context, self.backend.bind_host() or transport.bind_host,
@@ -141,15 +139,16 @@ class Controller:
         if self.network_names:
             self.name_server = NameServer(self.transport,
                                           (self.run_dir / "config.yaml").read_text())
-            self.names = self.name_server
+            self.names = self.supervisor.names = self.name_server
+            self.supervisor.run_env[NAMES_ENV] = self.name_server.endpoint
             self.log_sink = LogSink(self.transport, self.names, self.run_dir / "logs",
                                     [record.name for record in self.workers])
         self.stats = make_socket(context, STATS.bind_type, hwm=self.config.runtime.stats_queue)
         self.transport.bind(self.stats, self.names, STATS.key())
         self.population_link = population_link(self.config, self.transport, self.names,
                                                self.run_dir)
-        self.writer = MetricsWriter(self.run_dir,
-                                    self.population_link and self.population_link.publish)
+        self.writer = MetricsWriter(
+            self.run_dir, self.population_link.publish if self.population_link else None)
         try:
             for record in self.workers:
                 self.supervisor.start(record)
@@ -172,24 +171,15 @@ class Controller:
                              f"(run directory: {self.run_dir})", ok)
         return self.exit_code
 
-    def _worker_env(self, record: WorkerRecord) -> dict[str, str]:
-        """What `record`'s worker starts with beside the launcher's environment: its kind's,
-        its place's, which incarnation it is (its seeds differ), the keys and names."""
-        env = worker_kind(record.kind).start_env(os.environ)
-        if self.placement is not None:
-            env.update(self.placement.env(record.name))
-        env.update(Incarnation(self.resumes, record.restarts).to_env())
-        if self.keys:
-            env[KEYS_ENV] = self.keys.to_env()
-        if self.name_server is not None:
-            env[NAMES_ENV] = self.name_server.endpoint
-        return env
-
     def _loop(self) -> None:
         next_row = self.started + self.config.runtime.log_interval_s
         while self.stop_reason is None:
             self._take_heartbeats()
             self.supervisor.watch()
+            if self.supervisor.failure is not None:
+                self._finish(self.supervisor.failure, EXIT_FAILED)
+            if self.supervisor.status_due:
+                self._write_status()
             now = time.monotonic()
             if now >= next_row:
                 next_row += self.config.runtime.log_interval_s
@@ -285,6 +275,7 @@ class Controller:
         """status.json now; a run of more than STATUS_WORKERS workers rewrites it every
         second per STATUS_WORKERS (10 s for 10,000), not every row: each time it is
         every worker's entry."""
+        self.supervisor.status_due = False
         self._next_status = time.monotonic() + self.config.runtime.log_interval_s * max(
             1.0, len(self.workers) / STATUS_WORKERS) - LOOP_S
         status = {
@@ -308,7 +299,7 @@ class Controller:
         if self.stop_reason is None:
             self._finish("controller error", EXIT_FAILED)
         self.supervisor.stop_all(self._take_heartbeats,
-                                 lambda r: (r.name, r.handle.pid) in self.last_heard)
+                                 lambda r: (r.name, r.process.pid) in self.last_heard)
         self._write_row(check_stop=False)
         final = {EXIT_OK: "finished", EXIT_INTERRUPTED: "interrupted"}
         self._write_status(final.get(self.exit_code, "failed"))

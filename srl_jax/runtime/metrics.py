@@ -164,16 +164,17 @@ class MetricsAggregator:
         heartbeat replaces them, so rows never drop to zero in between; levels go.
         """
         self._take_offers(worker)
-        kind, held = self.kinds.get(worker), {}
-        for key, value in self.live.get(worker, {}).items():
+        if worker not in self.live:
+            return
+        kind, held = self.kinds[worker], {}
+        for key, value in self.live[worker].items():
             aggregate = self.aggregate(kind, key)
             if aggregate in HELD:
                 held[key] = value
             elif aggregate is Aggregate.SUM:
                 self.retired[f"{kind}:{key}"] += value
                 self.retired[f"{kind}:{key}:{self.policies[worker]}"] += value
-        if worker in self.live:
-            self.live[worker] = held
+        self.live[worker] = held
 
     def total(self, kind: str, key: str, policy: str | None = None) -> float:
         """`key` summed over `kind`'s workers (of `policy`), those retired included."""
@@ -237,7 +238,7 @@ class MetricsAggregator:
 
     def _windowed(self, kind: str) -> set[str]:
         """`kind`'s counters some row shows by their rise in the window (or divides by)."""
-        names = set()
+        names: set[str] = set()
         for counter in own_counters(kind):
             for row in counter.rows:
                 if row.shown in WINDOWED:

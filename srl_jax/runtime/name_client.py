@@ -116,10 +116,9 @@ class NetworkNameService:
     def moved(self, followed: Mapping[str, str]) -> dict[str, str]:
         if not followed:
             return {}
-        if self._changes is None:
-            self._subscribe()
+        changes = self._changes if self._changes is not None else self._subscribe()
         now: dict[str, str | None] = {}
-        while (received := receive(self._changes, CHANGES.connecter_receives,
+        while (received := receive(changes, CHANGES.connecter_receives,
                                    self.rejects)) is not None:
             if (change := change_of(received[1])) is not None:
                 now[change[0]] = change[1]
@@ -139,15 +138,17 @@ class NetworkNameService:
         if self._changes is not None:
             self._changes.close(linger=0)
 
-    def _subscribe(self) -> None:
-        """Take the changes stream from now on; the first sweep covers the moments before
-        the subscription reached the server."""
-        self._changes = make_socket(self._context, CHANGES.connect_type, hwm=CHANGES_QUEUE)
-        self._changes.setsockopt(zmq.SUBSCRIBE, b"")
-        self._changes.setsockopt(zmq.MAXMSGSIZE, MAX_REPLY_BYTES)
-        curve_connect(self._changes, self.get(CHANGES.key()) or self.lookup(
+    def _subscribe(self) -> zmq.Socket:
+        """Take the changes stream from now on (its socket); the first sweep covers the
+        moments before the subscription reached the server."""
+        self._changes = changes = make_socket(self._context, CHANGES.connect_type,
+                                              hwm=CHANGES_QUEUE)
+        changes.setsockopt(zmq.SUBSCRIBE, b"")
+        changes.setsockopt(zmq.MAXMSGSIZE, MAX_REPLY_BYTES)
+        curve_connect(changes, self.get(CHANGES.key()) or self.lookup(
             CHANGES.key(), self.patience_s), self._keys)
         self._sweep_at = time.monotonic() + SWEEP_FIRST_S
+        return changes
 
     def _sweep(self, keys: list[str]) -> dict[str, str | None]:
         """Now and then, the followed keys' endpoints in one request, without waiting for
@@ -210,16 +211,19 @@ class NetworkNameService:
         while request_id is not None and self._socket.poll(
                 int(max(deadline - time.monotonic(), 0.0) * 1000)):
             received = receive(self._socket, NAMES.connecter_receives, self.rejects)
-            reply = received[1].meta if received else {}
+            if received is None:
+                continue
+            message = received[1]
+            reply = message.meta
             if self._sweep_id is not None and reply.get("id") == self._sweep_id != request_id:
-                self._sweep_reply = received[1]
+                self._sweep_reply = message
             if reply.get("id") != request_id:
                 continue
             if "endpoint" in reply and (reply["endpoint"] is None
                                         or isinstance(reply["endpoint"], str)):
-                return received[1]
+                return message
             if isinstance(reply.get("error"), str):
-                return received[1]
+                return message
             self.rejects.reject(ValueError("name reply: 'endpoint' is not a string"))
         return None
 

@@ -187,6 +187,9 @@ def _learner_devices(want: _Want, host: HostDevices, pool: list[int], index: int
     if isinstance(want.device, list):
         _check_ids(want, want.device, host)
         pool, count = list(want.device), max(1, len(want.device) // learners)
+    elif isinstance(want.device, str):
+        raise PlacementError(f"'{want.device_key}' must be a count or a list of device ids, "
+                             f"got '{want.device}'")
     else:
         if want.device > host.count:
             raise PlacementError(f"'{want.device_key}' is {want.device} but this host has "
@@ -339,8 +342,8 @@ def plan_placement(config: ExperimentConfig, host: HostDevices,
         placed = _single_device_plan(config, host, wants)
     for want in wants:
         devices = len(placed[want.name].devices)
-        share = config.learner.batch_envs // config.learner.processes
-        if want.role == "learner" and devices and share % devices:
+        local_envs = config.learner.batch_envs // config.learner.processes
+        if want.role == "learner" and devices and local_envs % devices:
             raise PlacementError(
                 f"'learner.batch_envs' ({config.learner.batch_envs}) must divide evenly over "
                 f"the {devices * config.learner.processes} learner devices of the plan "

@@ -88,9 +88,10 @@ class PopulationLink:
             routing, message = received
             reply: dict[str, Any] = {"id": message.meta.get("id")}
             arrays = None
+            event: Any = message.meta.get("event")  # wire data, checked by event_problem
             if message.kind == "lineage_request":
                 arrays = {"events": text_array("".join(map(lineage_line, self._events)))}
-            elif problem := event_problem(event := message.meta.get("event"), self._members):
+            elif problem := event_problem(event, self._members):
                 self.rejects.reject(ValueError(f"lineage event refused: {problem}"))
                 reply["error"] = problem
             else:

@@ -105,16 +105,23 @@ class WorkerHost:
             self.warm = WarmParent(warm_address(f"{warm_run}-{node_id[:16]}"),
                                    Path(log_path).parent / f"warm_parent-{node_id[:16]}.log",
                                    os.environ)
-        self.process = spawn_worker(args, env, Path(log_path), warm=self.warm)
-        forked = isinstance(self.process, WarmChild)
-        return self.process.pid, node, node_id, self.warm.pid if forked else None
+        self.process = process = spawn_worker(args, env, Path(log_path), warm=self.warm)
+        forked = self.warm is not None and isinstance(process, WarmChild)
+        return process.pid, node, node_id, self.warm.pid if self.warm is not None and forked \
+            else None
+
+    @property
+    def _started(self) -> Process:
+        if self.process is None:
+            raise RuntimeError("this host has started no worker")
+        return self.process
 
     def wait(self) -> int:
-        return self.process.wait()
+        return self._started.wait()
 
     def signal(self, sig: int) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
+        if self._started.poll() is None:
+            self._started.send_signal(sig)
 
 
 class NodeAgent:
@@ -212,7 +219,9 @@ class RayBackend:
                                "(set RAY_AUTH_MODE=token, or transport.allow_unauthenticated)")
         self.node = ray.util.get_node_ip_address()
         self._bind_nodes = config.transport.bind_host == TransportConfig.bind_host
-        self._host = ray.remote(max_concurrency=2, max_restarts=0)(WorkerHost)
+        # Ray's overloads of remote() leave out the actor options (max_concurrency).
+        self._host = ray.remote(  # type: ignore[call-overload]
+            max_concurrency=2, max_restarts=0)(WorkerHost)
         self._agent = ray.remote(num_cpus=0, max_restarts=-1)(NodeAgent)
         self._agents: dict[str, Any] = {}
         """The host agent of each node a worker was placed on, by node id."""
@@ -300,7 +309,7 @@ class RayBackend:
                         str(error).splitlines()[0])
             ray.kill(host)
             return None
-        if self._agents_wanted(env):
+        if env is not None and self._agents_wanted(env):
             self._start_agent(node_id, env)
         if warm_pid is not None:
             self._warm_parents[node] = warm_pid

@@ -9,7 +9,9 @@ is then an error instead of a fallback. A binder registers its doorbell under
 binder's socket finds their doorbells too; it writes to them only if every binder of the
 stream shares its owner (else ZeroMQ carries all of it: the binders elsewhere would never
 see a chunk rung here). Workers whose launch backend names no owner (Ray's, a cluster's,
-or started by hand) use ZeroMQ.
+or started by hand) use ZeroMQ. A worker shell opens neither end itself: `Worker.connect`
+and `Worker.bind` (srl_jax/runtime/worker_base.py) give it one object per end, its socket
+and, where this module opens them, its slots or doorbell (srl_jax/wire/stream_ends.py).
 """
 
 from __future__ import annotations
@@ -20,13 +22,13 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from srl_jax.config.schema import ConfigError
+from srl_jax.config.schema import ConfigError, ExperimentConfig
 from srl_jax.dataflow.stream_table import INFERENCE, Stream
 from srl_jax.dataflow.worker_kinds import worker_kind
 from srl_jax.wire.shm import place
 from srl_jax.wire.shm.bell import READ_RECORDS
 from srl_jax.wire.shm.channels import Inbox, Outbox
-from srl_jax.wire.shm.layout import SlotLayout
+from srl_jax.wire.shm.layout import REQUEST_SLOTS, SlotLayout
 
 log = logging.getLogger(__name__)
 SCHEME = "shm://"
@@ -46,19 +48,27 @@ def owner_directory(mode: str) -> Path | None:
     problem = place.unsupported_reason() or (
         None if owner else "this worker has no owner of shared memory (only the local "
         "backend's workers share a host through it)")
-    if problem is None:
+    if problem is None and owner:
         try:
             place.check_private(Path(owner), stat.S_IFDIR)
+            return Path(owner)
         except OSError as error:
             problem = f"the shared-memory directory is refused: {error}"
-    if problem is None:
-        return Path(owner)
     if mode == "on":
         raise SharedMemoryUnavailable(f"'transport.shared_memory: on': {problem}; set it "
                                       "to auto or off")
     if owner:
         log.warning("no shared memory: %s; ZeroMQ carries the same-host streams", problem)
     return None
+
+
+def stream_slots(config: ExperimentConfig, stream: Stream) -> tuple[int, int]:
+    """The slots of a connecter's file on `stream`, and how many of them each actor split
+    has (0: a ring any chunk may take): a request stream's REQUEST_SLOTS per split, a
+    chunk stream's `actors.send_queue` (a PUSH socket's high-water mark)."""
+    if stream.connecter_receives:
+        return REQUEST_SLOTS * config.actors.splits, REQUEST_SLOTS
+    return config.actors.send_queue, 0
 
 
 def stream_stem(directory: Path, stream: Stream, policy: str) -> Path:
@@ -88,7 +98,8 @@ def open_inbox(worker: Any, stream: Stream, layouts: list[SlotLayout], max_slots
                       read_records=1 if stream is INFERENCE else READ_RECORDS,
                       prune_every_s=worker.config.runtime.heartbeat_timeout_s / 2)
     except OSError as error:
-        return _unavailable(mode, stream, error)
+        _unavailable(mode, stream, error)
+        return None
     worker.names.register(stream.bell_key(policy, worker.index), SCHEME + str(bell))
     return inbox
 
@@ -114,7 +125,8 @@ def open_outbox(worker: Any, stream: Stream, slots: int, layout: SlotLayout,
         return Outbox(stem, bells, slots, layout, reply_layout, reclaim_after_s=timeout,
                       handoff_after_s=timeout)
     except OSError as error:
-        return _unavailable(mode, stream, error)
+        _unavailable(mode, stream, error)
+        return None
 
 
 def _unavailable(mode: str, stream: Stream, error: OSError) -> None:

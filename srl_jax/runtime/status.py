@@ -159,7 +159,7 @@ def dump_stacks(run_dir: Path, status: dict[str, Any]) -> str:
                              f"(on another host: run `kill -USR1 {w['pid']}` there; its stacks "
                              f"go to its log, which with runtime.names=network streams to "
                              f"{log})\n")
-    if relay:
+    if relay and controller is not None:
         os.kill(controller, STACKS_SIGNAL)
     wait_s = RELAYED_WAIT_S if relay else STACK_WAIT_S
     parts = []

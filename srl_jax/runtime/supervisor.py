@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -23,11 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from srl_jax.config.schema import ExperimentConfig
+from srl_jax.dataflow.stream_table import COORDINATOR
 from srl_jax.dataflow.worker_kinds import EXIT_REFUSED, worker_kind
 from srl_jax.runtime.backends import LaunchBackend
+from srl_jax.runtime.incarnation import Incarnation
 from srl_jax.runtime.metrics import MetricsAggregator
+from srl_jax.runtime.placement import Placement
 from srl_jax.runtime.worker_base import STACKS_SIGNAL
 from srl_jax.runtime.worker_records import UNPLACED, StartupTimeline, WorkerRecord
+from srl_jax.wire.names import NameService
 
 log = logging.getLogger("controller")
 
@@ -44,28 +49,31 @@ EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 
 class Supervisor:
     """Moves each worker record through its states: starting, running, restarting,
-    unplaced or waiting for capacity, failed, stopped.
-
-    `start_env(record)`: the environment a worker starts with. `finish(reason, code)`:
-    end the run. `changed()`: a record changed in a way status.json should show now.
-    `group_stopped(policy)`: a policy's process group (its learners) was stopped.
-    """
+    unplaced or waiting for capacity, failed, stopped. The controller reads what it found
+    (`failure`, `status_due`) after each turn."""
 
     def __init__(self, config: ExperimentConfig, run_dir: Path, backend: LaunchBackend,
                  workers: list[WorkerRecord], metrics: MetricsAggregator,
-                 startup: StartupTimeline, start_env: Callable[[WorkerRecord], dict[str, str]],
-                 finish: Callable[[str, int], None], changed: Callable[[], None],
-                 group_stopped: Callable[[str], None]) -> None:
+                 startup: StartupTimeline, names: NameService,
+                 placement: Placement | None = None, resumes: int = 0) -> None:
+        """`names`: where the run's workers register (a stopped process group's
+        coordinator is taken out); `placement`, `resumes`: what each worker's environment
+        says of its place and of the run's resumes (`worker_env`)."""
         self.config = config
         self.run_dir = run_dir
         self.backend = backend
         self.workers = workers
         self.metrics = metrics
         self.startup = startup
-        self.start_env = start_env
-        self.finish = finish
-        self.changed = changed
-        self.group_stopped = group_stopped
+        self.names = names
+        self.placement = placement
+        self.resumes = resumes
+        self.run_env: dict[str, str] = {}
+        """What every worker starts with (the run's CURVE keys, the name server's address)."""
+        self.failure: str | None = None
+        """Why the run must end, once a worker failed for good."""
+        self.status_due = False
+        """A record changed in a way status.json should show now."""
         self._next_watched = 0
         self._stacks_asked = False
         self._taken_down: dict[str, str] = {}
@@ -77,7 +85,7 @@ class Supervisor:
     def start(self, record: WorkerRecord) -> None:
         """Start `record`'s worker (or wait for a place for it)."""
         handle = self.backend.start(record.kind, record.index, record.policy,
-                                    self.start_env(record))
+                                    self.worker_env(record))
         if handle is None:
             self._place(record)
             return
@@ -87,6 +95,19 @@ class Supervisor:
         record.last_heartbeat = record.restart_at = record.exit_code = None
         record.reported, record.waiting, record.ports = False, None, []
         log.info("started %s (pid %d)", record.name, record.handle.pid)
+
+    def worker_env(self, record: WorkerRecord) -> dict[str, str]:
+        """What `record`'s worker starts with beside the launcher's environment: its kind's,
+        its place's, which incarnation it is (its seeds differ), the run's keys and names."""
+        env = worker_kind(record.kind).start_env(os.environ)
+        if self.placement is not None:
+            env.update(self.placement.env(record.name))
+        env.update(Incarnation(self.resumes, record.restarts).to_env())
+        return {**env, **self.run_env}
+
+    def _fail(self, record: WorkerRecord, reason: str) -> None:
+        record.state = "failed"
+        self.failure = self.failure or reason
 
     def _place(self, record: WorkerRecord) -> None:
         """A worker no host has room for yet: 'unplaced', then past
@@ -102,13 +123,12 @@ class Supervisor:
             return
         wait = self.backend.placement_wait(record.kind)
         if worker_kind(record.kind).saves_state:
-            record.state = "failed"
-            self.finish(f"{record.name} was not placed in {timeout:g}s: {wait}", EXIT_FAILED)
+            self._fail(record, f"{record.name} was not placed in {timeout:g}s: {wait}")
             return
         record.state = "waiting for capacity"
         log.warning("%s was not placed in %.0fs (%s); the run goes on without it until a "
                     "host has room", record.name, timeout, wait)
-        self.changed()
+        self.status_due = True
 
     def missing(self) -> list[str]:
         """The workers that wait for a host with room, so the run goes on without them."""
@@ -126,7 +146,7 @@ class Supervisor:
         timeout = self.config.runtime.heartbeat_timeout_s
         for record in self._this_turn():
             if record.state == "restarting":
-                if now >= record.restart_at:
+                if now >= (record.restart_at or 0.0):
                     self.start(record)
                 continue
             if record.state in UNPLACED:
@@ -171,7 +191,7 @@ class Supervisor:
         come back at once, none of them counted against `runtime.max_restarts`.
         """
         record.exit_code = code
-        lost = record.handle.lost
+        lost = record.process.lost
         taken_down = self._taken_down.pop(record.name, None)
         self.metrics.retire(record.name)
         log_path = self.run_dir / "logs" / f"{record.name}.log"
@@ -188,14 +208,12 @@ class Supervisor:
         if refused:
             what = "refused the run (a restart would refuse it again)"
         if refused or not self._restartable(record):
-            record.state = "failed"
-            self.finish(f"{record.name} {what}; see {log_path}", EXIT_FAILED)
+            self._fail(record, f"{record.name} {what}; see {log_path}")
             return
         faults = record.restarts - record.losses
         if not lost and faults >= self.config.runtime.max_restarts:
-            record.state = "failed"
-            self.finish(f"{record.name} {what} after {record.restarts} restarts; see {log_path}",
-                        EXIT_FAILED)
+            self._fail(record, f"{record.name} {what} after {record.restarts} restarts; "
+                               f"see {log_path}")
             return
         delay = 0.0 if lost else self.config.runtime.restart_backoff_s * 2 ** faults
         record.restarts += 1
@@ -204,7 +222,7 @@ class Supervisor:
         self.metrics.learner_restarts += record.kind == "learner"
         record.state, record.restart_at = "restarting", time.monotonic() + delay
         log.warning("%s %s; restart %d in %.1fs", record.name, what, record.restarts, delay)
-        self.changed()
+        self.status_due = True
 
     def _stop_process_group(self, record: WorkerRecord, lost: str | None) -> str | None:
         """A policy's learner processes share one jax.distributed job: one gone means
@@ -215,19 +233,19 @@ class Supervisor:
         was lost (`record`'s, or a peer's found lost), those it takes down went with it.
         Returns the name of a peer lost with its host, if one was (`record` went with it).
         """
-        self.group_stopped(record.policy)
+        self.names.unregister(COORDINATOR.key(record.policy))
         peers = [other for other in self.workers if other is not record
                  and other.kind == record.kind and other.policy == record.policy
                  and other.handle is not None and other.state in ("starting", "running")]
-        running = [other for other in peers if self.backend.exit_code(other.handle) is None]
+        running = [other for other in peers if self.backend.exit_code(other.process) is None]
         peer_lost = next((other.name for other in peers
-                          if other not in running and other.handle.lost), None)
+                          if other not in running and other.process.lost), None)
         cause = record.name if lost else peer_lost
         for other in running:
             log.warning("%s leaves with the learner group", other.name)
             if cause:
                 self._taken_down[other.name] = cause
-            self.backend.send_signal(other.handle, signal.SIGKILL)
+            self.backend.send_signal(other.process, signal.SIGKILL)
         return peer_lost
 
     def _grace_s(self, record: WorkerRecord) -> float:
@@ -245,22 +263,22 @@ class Supervisor:
         cleanly after reporting has sent its last heartbeat, for up to `LAST_HEARTBEAT_S`."""
         live = [r for r in self.workers if r.handle and self.backend.exit_code(r.handle) is None]
         for record in live:
-            self.backend.send_signal(record.handle, signal.SIGTERM)
+            self.backend.send_signal(record.process, signal.SIGTERM)
         started = time.monotonic()
-        while any(self.backend.exit_code(r.handle) is None
+        while any(self.backend.exit_code(r.process) is None
                   and time.monotonic() - started < self._grace_s(r) for r in live):
             while_waiting()
             time.sleep(LOOP_S)
         for record in live:
-            if self.backend.exit_code(record.handle) is None:
+            if self.backend.exit_code(record.process) is None:
                 log.warning("%s did not stop in %.0fs; killing it", record.name,
                             self._grace_s(record))
-                self.backend.send_signal(record.handle, signal.SIGKILL)
-                while self.backend.exit_code(record.handle) is None:
+                self.backend.send_signal(record.process, signal.SIGKILL)
+                while self.backend.exit_code(record.process) is None:
                     time.sleep(LOOP_S)
             if record.state != "failed":
                 record.state = "stopped"
-                record.exit_code = self.backend.exit_code(record.handle)
+                record.exit_code = self.backend.exit_code(record.process)
         self._await_last_heartbeats(live, while_waiting, sent_last)
 
     def _await_last_heartbeats(self, stopped: list[WorkerRecord], while_waiting: Callable[[], None],

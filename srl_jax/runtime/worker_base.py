@@ -26,7 +26,7 @@ import signal
 import socket as pysocket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -34,11 +34,14 @@ import numpy as np
 import zmq
 
 from srl_jax.config.schema import DEFAULT_POLICY, ExperimentConfig
-from srl_jax.dataflow.stream_table import STATS, Stream
+from srl_jax.dataflow.stream_table import STATS, STREAMS, Stream
 from srl_jax.dataflow.worker_kinds import KINDS, PARENT_ENV, PARENT_PIDFD_ENV, worker_kind
 from srl_jax.runtime.faults import FaultPlan
 from srl_jax.runtime.incarnation import Incarnation
+from srl_jax.runtime.shm_attach import open_inbox, open_outbox, stream_slots
 from srl_jax.wire.names import NameService, worker_name
+from srl_jax.wire.shm.layout import SlotLayout
+from srl_jax.wire.stream_ends import Binder, Connecter
 from srl_jax.wire.streams import RejectCounter, limit_message_size, make_socket, send
 from srl_jax.wire.transport import Transport
 
@@ -133,7 +136,7 @@ class Worker:
         self.names = names
         self.name = worker_name(self.kind, index, policy)
         self.log = logging.getLogger(self.name)
-        self.zmq = zmq.Context.instance()
+        self.zmq: zmq.Context = zmq.Context.instance()
         limit_message_size(self.zmq, config.runtime.max_message_mb)
         self.rejects = RejectCounter()
         self.transport = Transport.for_process(self.zmq, config.transport.bind_host,
@@ -143,6 +146,12 @@ class Worker:
         self._stop = False
         self._followed: list[list[Any]] = []
         """[socket, key, endpoint] of each connection that follows its key (`connect_to`)."""
+        self._ends: list[Connecter | Binder] = []
+        """Its ends of same-host streams (`connect`, `bind`), for their counters."""
+        same_host = [stream for stream in STREAMS if stream.same_host]
+        self._shm_counter_names = (
+            *(Binder.COUNTERS if any(s.binder == self.kind for s in same_host) else ()),
+            *(Connecter.COUNTERS if any(self.kind in s.connecters for s in same_host) else ()))
         self._parent_gone = parent_watch(os.environ)
         self._last_stats = 0.0
         self._stats_socket: zmq.Socket | None = None
@@ -258,6 +267,47 @@ class Worker:
             self.connect_to(socket, stream.key(policy, binder))
         return socket
 
+    def connect(self, stream: Stream, layout: SlotLayout, reply_layout: SlotLayout | None = None,
+                policy: str | None = None, hwm: int | None = None) -> Connecter:
+        """This connecter's end of the same-host `stream`: its socket (`socket`) and, where
+        every binder shares its host, slots of `layout` (and on a request stream of
+        `reply_layout`, what it is answered): srl_jax/runtime/shm_attach.py chooses."""
+        policy = self.policy if policy is None else policy
+        socket = self.socket(stream, policy, hwm=hwm)
+        slots, split_slots = stream_slots(self.config, stream)
+        (kind,) = stream.binder_receives
+        end = Connecter(socket, kind, stream.connecter_receives, self.rejects,
+                        open_outbox(self, stream, slots, layout, reply_layout, policy),
+                        split_slots, f"{stream.name} stream's binders of policy '{policy}'",
+                        self.log)
+        self._ends.append(end)
+        return end
+
+    def bind(self, stream: Stream, layouts: Sequence[SlotLayout],
+             hwm: int | None = None) -> Binder:
+        """This binder's end of the same-host `stream` (of its own policy and index): its
+        socket (`socket`) and, for connecters of its host, its doorbell and their slots of
+        `layouts` (what they send, and on a request stream its answers), the doorbell
+        registered before the socket so that a connecter that finds the socket finds it."""
+        inbox = open_inbox(self, stream, list(layouts), stream_slots(self.config, stream)[0])
+        socket = self.socket(stream, hwm=hwm)
+        reply_kind = next(iter(stream.connecter_receives), "")
+        end = Binder(socket, stream.binder_receives, self.rejects, inbox,
+                     envelope=int(stream.bind_type == zmq.ROUTER), reply_kind=reply_kind,
+                     copy=not reply_kind)
+        self._ends.append(end)
+        return end
+
+    def shm_counters(self) -> dict[str, float]:
+        """The shared-memory counters of its stream ends, summed (0 before they are open
+        and where ZeroMQ carries them): a binder's, a connecter's, as its kind is either
+        on a same-host stream."""
+        totals = dict.fromkeys(self._shm_counter_names, 0.0)
+        for end in self._ends:
+            for name, value in end.counters().items():
+                totals[name] += value
+        return totals
+
     def connect_to(self, socket: zmq.Socket, key: str) -> None:
         """Connect `socket` to the endpoint under `key`, and follow the key: a peer
         restarted on another port or host registers anew, and `socket` moves with it."""
@@ -357,7 +407,8 @@ class Worker:
             self.log.info("%s", stopped)
         finally:
             self.close()
-            self._stats_socket.close(linger=500)
+            if self._stats_socket is not None:
+                self._stats_socket.close(linger=500)
             self.transport.close()
         self.log.info("stopped")
         return 0

@@ -60,6 +60,13 @@ class WorkerRecord:
     def name(self) -> str:
         return worker_name(self.kind, self.index, self.policy)
 
+    @property
+    def process(self) -> WorkerHandle:
+        """The handle of a worker started at least once (one the supervisor watches)."""
+        if self.handle is None:
+            raise ValueError(f"{self.name} has not been started")
+        return self.handle
+
     def describe(self) -> str:
         """`actor-0 (running, heartbeat 0.4s ago) waits 61s on an inference reply ...`."""
         now = time.time()
@@ -120,7 +127,7 @@ def heartbeat_problem(counters: dict, arrays: dict[str, Any]) -> str | None:
         return "heartbeat arrays must be one-dimensional"
     returns, lengths = arrays.get("episode_return"), arrays.get("episode_length")
     if (returns is None) != (lengths is None) or (
-            returns is not None and len(returns) != len(lengths)):
+            returns is not None and lengths is not None and len(returns) != len(lengths)):
         return "episode_return and episode_length must come together, of one length"
     return None
 

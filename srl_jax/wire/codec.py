@@ -39,7 +39,7 @@ Message kinds (the whole protocol):
 
 Metadata worth knowing: `samples` carries `actor` and `episode_returns` (the
 returns of episodes finished since that actor's previous chunk); `params`
-carries `version` and `incarnation` (the learner's start time in ms, so that
+carries `version` and `started_ms` (the learner's start time in ms, so that
 a learner restored from a checkpoint wins over the one that died); `snapshot`
 (one of a self-play opponent pool) carries those and `pool`, the versions the pool
 holds; an `infer_request` to a frozen policy's server carries `opponent` [n] (the

@@ -106,7 +106,9 @@ class DirectoryWatch:
 
     def _open(self) -> int:
         libc = _libc()
-        fd = -1 if libc is None else libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        if libc is None:
+            return -1
+        fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
         if fd >= 0 and libc.inotify_add_watch(fd, os.fsencode(self._root),
                                               IN_CLOSE_WRITE | IN_MOVED_TO) < 0:
             os.close(fd)

@@ -154,10 +154,13 @@ def limit_message_size(context: zmq.Context, max_mb: float) -> None:
     context.setsockopt(zmq.MAXMSGSIZE, int(max_mb * 2**20))
 
 
-def make_socket(context: zmq.Context, kind: int, hwm: int | None = None,
+def make_socket(context: zmq.Context, kind: int | None, hwm: int | None = None,
                 kernel_buffer: int | None = None) -> zmq.Socket:
     """A socket that does not linger on close, with optional send/receive bounds: `hwm`
-    messages queued in ZMQ, `kernel_buffer` bytes in the kernel (`Stream.kernel_buffer`)."""
+    messages queued in ZMQ, `kernel_buffer` bytes in the kernel (`Stream.kernel_buffer`).
+    `kind`: a stream's `bind_type` or `connect_type`, None for a stream that is no socket."""
+    if kind is None:
+        raise ValueError("a stream that is no ZMQ socket has no socket to make")
     socket = context.socket(kind)
     socket.setsockopt(zmq.LINGER, 0)
     if hwm is not None:

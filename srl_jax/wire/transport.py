@@ -158,7 +158,7 @@ class Transport:
         already connected reconnect by themselves. `endpoint`: bind exactly there (a
         host agent's local `ipc://` addresses, the same for each of its starts).
         """
-        if self.keys:
+        if self.keys and self._guard:  # the guard comes with the keys
             socket.curve_server = True
             socket.curve_secretkey = self.keys.server_secret.encode()
             self._guard.watch(socket)
@@ -239,7 +239,8 @@ class _Guard(threading.Thread):
             return
         finally:
             self._ready.set()
-        poller, monitors = zmq.Poller(), []
+        poller = zmq.Poller()
+        monitors: list[zmq.Socket] = []
         poller.register(zap, zmq.POLLIN)
         try:
             while not self._stopping.is_set():

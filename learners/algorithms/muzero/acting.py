@@ -1,11 +1,10 @@
 """Acting by search: the inference server's jitted call for a MuZero policy, in the
-policy runner's calling convention (`policy.policy_runner.Act`), so a request's
+policy runner's calling convention (`learners.models.outputs.Act`), so a request's
 rows are searched in one batch on the server's device and their outputs cross back in one
 transfer. The packed outputs hold the action, the log-probability of the action under
-the search's policy, the root's value, the (empty) recurrent state and, in the slot a Q
-policy's action values take, the search's policy, which the actors store for training
-(`EnvSpec.search_policy`), then the depth of the deepest node the search expanded, which
-the server counts."""
+the search's policy, the root's value, the (empty) recurrent state, the search's policy,
+which the actors store for training (`EnvSpec.search_policy`), and the depth of the
+deepest node the search expanded, which the server counts."""
 
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ import jax.numpy as jnp
 from learners.algorithms.muzero.search import model_fns, search
 from learners.algorithms.muzero_config import MuZeroConfig
 from learners.models.muzero_model import MuZeroModel
-from policy.policy_runner import Act, pack_outputs
+from learners.models.outputs import Act, pack_outputs
 
 
 def make_search_act(model: MuZeroModel, config: MuZeroConfig, gumbel_scale: float = 1.0,
@@ -34,6 +33,6 @@ def make_search_act(model: MuZeroModel, config: MuZeroConfig, gumbel_scale: floa
                      gumbel_scale, legal)
         taken = jnp.take_along_axis(out.policy, out.action[:, None], -1)[:, 0]
         return pack_outputs(out.action, jnp.log(jnp.maximum(taken, 1e-30)), out.root_value,
-                            state, q=jnp.concatenate([out.policy, out.depth[:, None]], -1))
+                            state, search_policy=out.policy, search_depth=out.depth)
 
     return jax.jit(act)

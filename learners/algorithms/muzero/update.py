@@ -15,7 +15,7 @@ from learners.algorithms.muzero.loss import unrolled_loss
 from learners.algorithms.muzero.targets import unroll_targets
 from learners.algorithms.muzero_config import MuZeroConfig
 from learners.algorithms.r2d2 import sequence_priorities
-from learners.algorithms.sequences import time_major
+from learners.algorithms.sequences import REPLAYED_PER_SEQUENCE, time_major
 from learners.algorithms.train_state import TrainState, descend
 from learners.models.muzero_model import logit_fns
 from learners.models.networks import Policy
@@ -31,7 +31,7 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation,
     fns = logit_fns(policy.network)
 
     def update(state: TrainState, batch: dict) -> tuple[TrainState, dict[str, jax.Array]]:
-        seqs = time_major(batch)
+        seqs = time_major(batch, REPLAYED_PER_SEQUENCE)
         seqs["weights"] = seqs["weights"] / jnp.max(seqs["weights"])
         obs, targets = unroll_targets(seqs, config.unroll_steps, config.n_step, config.gamma)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib
+import io
 import logging
 import os
 import runpy
@@ -98,7 +99,8 @@ def redirect_output(log_path: str, unbuffered: bool) -> None:
     os.close(null_fd)
     if unbuffered:
         for stream in (sys.stdout, sys.stderr):
-            stream.reconfigure(line_buffering=True, write_through=True)
+            if isinstance(stream, io.TextIOWrapper):
+                stream.reconfigure(line_buffering=True, write_through=True)
 
 
 def run_forked(args: list[str], env: dict[str, str], log_path: str, parent_pidfd: int) -> int:

@@ -262,12 +262,12 @@ class HostAgent:
             socket.close(linger=0)
         self._wake_uplink.close()
 
-    def _bind(self, local: Transport, kind: int, key: str) -> zmq.Socket:
+    def _bind(self, local: Transport, kind: int | None, key: str) -> zmq.Socket:
         socket = make_socket(self._context, kind, hwm=QUEUE)
         local.bind(socket, self.names, key, fixed_endpoint(self.at, stream_of(key)))
         return socket
 
-    def _connect(self, kind: int, key: str, keys: CurveKeys | None) -> zmq.Socket:
+    def _connect(self, kind: int | None, key: str, keys: CurveKeys | None) -> zmq.Socket:
         socket = make_socket(self._context, kind, hwm=QUEUE)
         curve_connect(socket, self.upstream.lookup(key, self.upstream.patience_s), keys)
         return socket
@@ -323,7 +323,7 @@ class HostAgent:
 
     def _pass_on(self, op: str, key: str, endpoint: str | None) -> None:
         try:
-            if op == "register":
+            if endpoint is not None:  # a register (an unregister comes without one)
                 self.upstream.register(key, endpoint)
             else:
                 self.upstream.unregister(key)
@@ -343,7 +343,7 @@ class HostAgent:
         alive: list[list[Any]] = []
         while not self._stopping.is_set():
             wait = max(0.0, next_batch - time.monotonic())
-            ready = dict(poller.poll(wait * 1000))
+            ready = dict(poller.poll(int(wait * 1000)))
             self.names.serve()
             now = time.monotonic()
             taken = self._take_offered()

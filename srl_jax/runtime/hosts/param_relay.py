@@ -12,7 +12,7 @@ times, a relay at most k times to other hosts and once per subscriber on its own
 version reaches every host after about log_k(hosts) hops.
 
 A relay sends each message on as it came (the same frames, no copy): versions and
-incarnations, and so every lag and staleness figure, are the learner's. It keeps the
+learner start times, and so every lag and staleness figure, are the learner's. It keeps the
 newest and sends it again when a subscriber joins (at most every RESEND_S), so that a
 restarted worker, or a relay that attached again, need not wait for the learner's
 republish.
@@ -180,7 +180,7 @@ class ParamRelay:
             frames, message = received
             order = _order(message)
             if order is None:
-                self.rejects.reject(ValueError("params without an integer version/incarnation"))
+                self.rejects.reject(ValueError("params without an integer version/started_ms"))
                 continue
             for socket in (self.local, self.children):
                 send_frames(socket, frames, NOBLOCK)
@@ -209,10 +209,10 @@ class ParamRelay:
 
 
 def _order(message: Message) -> tuple[int, int] | None:
-    version, incarnation = message.meta.get("version"), message.meta.get("incarnation", 0)
-    if type(version) is not int or type(incarnation) is not int:
+    version, started_ms = message.meta.get("version"), message.meta.get("started_ms", 0)
+    if type(version) is not int or type(started_ms) is not int:
         return None
-    return incarnation, version
+    return started_ms, version
 
 
 class Relays:

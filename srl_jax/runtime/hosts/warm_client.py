@@ -60,12 +60,12 @@ class WarmChild:
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
+        while (code := self.poll()) is None:
             if deadline is not None and time.monotonic() > deadline:
                 raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
             if readable(self.pidfd, 0.05):  # exited: its code is on its way
                 self.link.drain(0.05)
-        return self.returncode
+        return code
 
     def send_signal(self, sig: int) -> None:
         if self.returncode is None:
@@ -165,8 +165,8 @@ class WarmParent:
                 ) -> tuple[_Link, int]:
         """Ask for the worker `python args...` forked warm (starting a warm parent where
         none serves); `answer` says when it is."""
-        self.connect()
-        return self.link, self.link.request(args, env, str(log_path))
+        link = self.connect()
+        return link, link.request(args, env, str(log_path))
 
     def answer(self, asked: tuple[_Link, int], timeout_s: float = 0.0) -> WarmChild | str | None:
         """The child forked, why not (the caller starts a fresh interpreter), or None yet."""
@@ -183,11 +183,11 @@ class WarmParent:
         answer = self.answer(self.request(args, env, log_path), START_TIMEOUT_S)
         return answer if isinstance(answer, WarmChild) else None
 
-    def connect(self) -> None:
+    def connect(self) -> _Link:
         """Connect to the warm parent serving at the address, starting one where none does
-        (it imports meanwhile: forks asked for wait in its socket)."""
+        (it imports meanwhile: forks asked for wait in its socket); returns the link."""
         if self.link is not None and not self.link.closed:
-            return
+            return self.link
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             connection.connect("\0" + self.address)
@@ -197,6 +197,7 @@ class WarmParent:
             connection = self._connect_started()
         self.link = _Link(connection)
         self.pid = socket_peer_pid(connection)
+        return self.link
 
     def _start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -77,9 +77,9 @@ class Bell:
                 data = os.read(self.fd, RECORD.size * max(1, limit))
             except BlockingIOError:
                 return None
-            records = RECORD.iter_unpack(data) if len(data) % RECORD.size == 0 else None
-            records = [(token, slot, stamp) for token, slot, magic, stamp in records
-                       if magic == MAGIC] if records is not None else []
+            records = [(token, slot, stamp) for token, slot, magic, stamp
+                       in RECORD.iter_unpack(data)
+                       if magic == MAGIC] if len(data) % RECORD.size == 0 else []
             if len(records) * RECORD.size != len(data):
                 self._drop_all()
                 return None
@@ -117,13 +117,15 @@ class Ringer:
         if now - self._checked > RECHECK_S:
             self._checked = now
             self._follow()
-        sent = self._write(record) if self.fd is not None else None
+        sent = self._write(record)
         if sent is None and self._open():  # the FIFO the path names now
             sent = self._write(record)
         return bool(sent)
 
     def _write(self, record: bytes) -> bool | None:
         """True: queued; False: the bell is full; None: it has no reader (let go)."""
+        if self.fd is None:
+            return None
         try:
             os.write(self.fd, record)
             return True

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -107,7 +106,13 @@ class Outbox:
 
     def fileno(self) -> int:
         """The reply doorbell (for a `zmq.Poller`)."""
-        return self.replies.fileno()
+        return self._reply_bell.fileno()
+
+    @property
+    def _reply_bell(self) -> Bell:
+        if self.replies is None:
+            raise ValueError("a stream without replies has no reply doorbell")
+        return self.replies
 
     @property
     def unreachable(self) -> bool:
@@ -221,7 +226,7 @@ class Outbox:
 
     def receive(self, rejects: RejectCounter) -> Message | None:
         """The next reply (arrays copied out of its slot), or None if none is waiting."""
-        while (record := self.replies.next()) is not None:
+        while (record := self._reply_bell.next()) is not None:
             _, slot, stamp = record
             if not 0 <= slot < self.slots or self.file.stamp(REPLIES, slot) != stamp:
                 continue
@@ -243,35 +248,6 @@ class Outbox:
             self.replies.path.unlink(missing_ok=True)
         self.file.close(unlink=True)
         self.presence.leave()
-
-
-def shm_counters(inbox: Inbox | None) -> dict[str, float]:
-    """A binder's shared-memory heartbeat counters (srl_jax/dataflow/metrics_table.py,
-    `shm_binder`), 0 without shared memory."""
-    if inbox is None:
-        return {"shm_received": 0, "shm_stale": 0, "shm_mapped_mib": 0.0}
-    return {"shm_received": inbox.received, "shm_stale": inbox.stale + inbox.bell.torn,
-            "shm_mapped_mib": inbox.mapped_bytes / 2**20}
-
-
-class InTurn:
-    """Takes messages from one of its sources (a binder's shared memory and its socket)
-    until it has none, then from the next; `rotate`, once a batch, moves on to the next
-    source, so that a busy one never starves the other."""
-
-    def __init__(self, *sources: Callable[[], Any]) -> None:
-        self.sources = sources
-        self._at = 0
-
-    def __call__(self) -> Any:
-        for _ in self.sources:
-            if (received := self.sources[self._at]()) is not None:
-                return received
-            self._at = (self._at + 1) % len(self.sources)
-        return None
-
-    def rotate(self) -> None:
-        self._at = (self._at + 1) % len(self.sources)
 
 
 class _Peer:
@@ -340,6 +316,11 @@ class Inbox:
     def mapped_bytes(self) -> int:
         """Bytes of the peers' files this binder maps."""
         return sum(peer.file.nbytes for peer in self.peers.values())
+
+    def counters(self) -> dict[str, float]:
+        """Its heartbeat counters (srl_jax/dataflow/metrics_table.py, `shm_binder`)."""
+        return {"shm_received": self.received, "shm_stale": self.stale + self.bell.torn,
+                "shm_mapped_mib": self.mapped_bytes / 2**20}
 
     def _peer(self, token: int) -> _Peer | None:
         try:
