@@ -179,7 +179,8 @@ class ActorCore:
         """`splits`: the ring; `policies` and `specs`: who acts in it, in its policy order;
         `length`: T. `frozen` policies get no chunks, `pooled` ones draw an opponent
         snapshot per episode from `opponent_rng`; `epsilons`, per split and policy, each
-        column's exploration rate (drawn from `explore_rng`). `team_returns`: the ring
+        column's exploration rate (drawn from `explore_rng`; both generators unseeded
+        where not given). `team_returns`: the ring
         reports team returns (multi-agent), averaged per agent for `episode_return`;
         `returns_per_policy`: keep each policy's returns apart too. `prioritize` turns
         a finished chunk's Q-values of the actions taken into its initial priorities, for
@@ -188,7 +189,8 @@ class ActorCore:
         self.prioritize = prioritize
         self.policies, self.specs = policies, specs
         self.resend_after_s = resend_after_s
-        self.explore_rng = explore_rng
+        self.explore_rng = explore_rng if explore_rng is not None else np.random.default_rng()
+        opponent_rng = opponent_rng if opponent_rng is not None else np.random.default_rng()
         self.team_returns, self.returns_per_policy = team_returns, returns_per_policy
         self.splits = []
         for s, split in enumerate(splits):
@@ -220,8 +222,11 @@ class ActorCore:
         return [self._ask(state, p) for state in self.splits for p in range(len(self.policies))]
 
     def latest(self, split: int, policy: int = 0) -> ActionRequest:
-        """The newest request of `split` to `policy`."""
-        return self.splits[split].parts[policy].request
+        """The newest request of `split` to `policy` (ValueError before `start`)."""
+        request = self.splits[split].parts[policy].request
+        if request is None:
+            raise ValueError(f"split {split} has asked policy {policy} for nothing yet")
+        return request
 
     def on_reply(self, policy: int, meta: dict, arrays: dict[str, np.ndarray]) -> Turn | None:
         """Take `policy`'s reply; once every policy has answered its split, step the split
@@ -287,17 +292,19 @@ class ActorCore:
         arrays = {"obs": part.request_obs}
         if part.spec.state_size:
             arrays["state"] = part.request_state
-        if part.spec.action_masked:
+        if part.spec.action_masked and part.request_mask is not None:
             arrays["action_mask"] = part.request_mask
         if part.opponents is not None:
             arrays["opponent"] = part.opponents.requested
-        part.request = ActionRequest(state.index, p, part.seq + 1, arrays)
-        return part.request
+        request = part.request = ActionRequest(state.index, p, part.seq + 1, arrays)
+        return request
 
     def _advance(self, state: _SplitState) -> Turn:
         """Record every policy's answer, step the split, and ask for the next actions."""
         turn, env_actions = Turn(), []
         for p, part in enumerate(state.parts):
+            if part.answer is None:
+                raise ValueError(f"split {state.index} stepped before policy {p} answered")
             action, logp, value, version, new_state, q, search_policy = part.answer
             n = len(state.split.obs[p])
             if len(state.epsilons[p]):
@@ -324,8 +331,9 @@ class ActorCore:
         self._account(step, state)
         if self.pooled:
             ended = ended_envs(step.results, [spec.agents for spec in self.specs])
-            for p in self.pooled:
-                state.parts[p].opponents.draw(ended)
+            for part in state.parts:
+                if part.opponents is not None:  # a pooled policy's
+                    part.opponents.draw(ended)
         for p, (part, result) in enumerate(zip(state.parts, step.results, strict=True)):
             if part.chunk is not None:
                 part.chunk.on_step(result)
@@ -365,7 +373,7 @@ class ActorCore:
                 arrays[POLICY_RETURN + policy] = np.asarray(returns, np.float32)
                 returns.clear()
         for p in self.pooled:
-            draws = [state.parts[p].opponents for state in self.splits]
+            draws = [d for state in self.splits if (d := state.parts[p].opponents) is not None]
             arrays[OPPONENT_VERSION + self.policies[p]] = np.asarray(
                 [v for d in draws for v in d.played], np.int64)
             for d in draws:

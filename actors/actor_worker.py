@@ -50,7 +50,7 @@ from srl_jax.dataflow.shm_layouts import (
 )
 from srl_jax.dataflow.stream_table import INFERENCE, INSERTS
 from srl_jax.runtime.incarnation import Incarnation
-from srl_jax.runtime.worker_base import Worker
+from srl_jax.runtime.worker_base import Worker, built
 from srl_jax.wire.names import NameService
 from srl_jax.wire.stream_ends import Connecter
 
@@ -84,7 +84,7 @@ class ActorWorker(Worker):
         self.time_wait = 0.0
         self.time_send = 0.0
         self._next_no_server_log = 0.0
-        self.core: ActorCore | None = None
+        self._core: ActorCore | None = None
         self.policies: list[str] = []
         self.samples: list[ChunkSender | None] = []
         """Per policy, where its chunks go (None: a frozen policy, which gets none)."""
@@ -92,6 +92,14 @@ class ActorWorker(Worker):
         """Per policy, its end of the inference stream."""
         self.poller = zmq.Poller()
         """Replies on the inference stream."""
+
+    @property
+    def core(self) -> ActorCore:
+        return built(self._core, "the actor core")
+
+    @core.setter
+    def core(self, core: ActorCore) -> None:
+        self._core = core
 
     def setup(self) -> None:
         self.core = self._build_core()
@@ -217,31 +225,33 @@ class ActorWorker(Worker):
         """Send a chunk to its policy's learner (or replay servers), with that policy's
         recent returns."""
         start = time.perf_counter()
-        self.samples[chunk.policy].send(
-            {"actor": self.index, "episode_returns": chunk.episode_returns}, chunk.arrays)
+        sender = self.samples[chunk.policy]
+        if sender is None:
+            raise ValueError(f"a chunk of policy {chunk.policy}, which is frozen")
+        sender.send({"actor": self.index, "episode_returns": chunk.episode_returns},
+                    chunk.arrays)
         self.time_send += time.perf_counter() - start
 
     def blocked_send(self) -> tuple[str, float] | None:
         """The sample stream a send waits on (it is full), and since when."""
-        blocked = [sender for sender in self.samples
-                   if sender is not None and sender.blocked_since is not None]
-        if blocked:
-            return (f"the sample stream to the {blocked[0].destination} (full: it cannot "
-                    "take more now)", blocked[0].blocked_since)
+        for sender in self.samples:
+            if sender is not None and sender.blocked_since is not None:
+                return (f"the sample stream to the {sender.destination} (full: it cannot "
+                        "take more now)", sender.blocked_since)
         return None
 
     def waiting(self) -> tuple[str, float] | None:
         """A blocked send, else the oldest unanswered inference request."""
         if (blocked := self.blocked_send()) is not None:
             return blocked
-        pending = self.core.oldest_pending() if self.core is not None else None
+        pending = self._core.oldest_pending() if self._core is not None else None
         if pending is None:
             return super().waiting()
         since, p = pending
         return f"an inference reply of policy '{self.policies[p]}'", since
 
     def counters(self) -> dict[str, float]:
-        core = self.core.counters() if self.core is not None else \
+        core = self._core.counters() if self._core is not None else \
             dict.fromkeys(ActorCore.COUNTERS, 0)
         senders = [sender for sender in self.samples if sender is not None]
         return {**core, "chunks_sent": sum(s.sent for s in senders),
@@ -250,11 +260,12 @@ class ActorWorker(Worker):
                 **self.shm_counters()}
 
     def stats_arrays(self) -> dict[str, np.ndarray]:
-        return self.core.episode_arrays() if self.core is not None else super().stats_arrays()
+        return self._core.episode_arrays() if self._core is not None else \
+            super().stats_arrays()
 
     def close(self) -> None:
-        if self.core is not None:
-            self.core.close()
+        if self._core is not None:
+            self._core.close()
         for sender in self.samples:
             if sender is not None:
                 sender.close()

@@ -67,7 +67,7 @@ from srl_jax.dataflow.metrics_table import CARRIED
 from srl_jax.dataflow.stream_table import COORDINATOR, PARAMS, POOL
 from srl_jax.runtime.incarnation import FIRST
 from srl_jax.runtime.run_dir import pool_root
-from srl_jax.runtime.worker_base import Worker
+from srl_jax.runtime.worker_base import Worker, built
 from srl_jax.wire.names import NameService
 
 POLL_MS = 50
@@ -112,24 +112,32 @@ class LearnerWorker(Worker):
         self._updates_here = 0
         """Updates by this process (a restored learner's version starts high)."""
         # Built by setup():
-        self.intake: Intake | None = None
+        self._intake: Intake | None = None
         self.publisher: ParamPublisher | None = None
         """Only process 0 publishes."""
         self.pool: PoolPublisher | None = None
         """Process 0's opponent pool, when frozen policies play this one (self-play)."""
         self.checkpointer: Checkpointer | None = None
-        self.learner: Learner | None = None
+        self._learner: Learner | None = None
         self.member: PopulationMember | None = None
         """Where the population manager's exploits arrive, in a population that exploits."""
 
     @property
+    def intake(self) -> Intake:
+        return built(self._intake, "the intake")
+
+    @property
+    def learner(self) -> Learner:
+        return built(self._learner, "the learner")
+
+    @property
     def version(self) -> int:
-        return self.learner.version if self.learner is not None else 0
+        return self._learner.version if self._learner is not None else 0
 
     def setup(self) -> None:
         configure_jax(self.config.runtime)
         self.processes = join_processes(self, self.processes)
-        self.intake = open_intake(self, self.spec, self.local_envs, self.processes.index)
+        self._intake = open_intake(self, self.spec, self.local_envs, self.processes.index)
         if self.processes.is_chief:
             pub = self.socket(PARAMS, hwm=self.config.learner.param_queue)
             self.publisher = ParamPublisher(pub, self.started_ms, self.log)
@@ -140,8 +148,8 @@ class LearnerWorker(Worker):
             self.checkpointer = Checkpointer(self.run_dir, ckpt.keep, ckpt.keep_best,
                                              ckpt.async_save, self.policy, ckpt.dir)
         with self.busy("building the train state"):
-            self.learner = build_learner(self.config, self.spec, self.local_envs,
-                                         self.checkpointer)
+            self._learner = build_learner(self.config, self.spec, self.local_envs,
+                                          self.checkpointer)
             start_hyperparams(self.config, self.policy, self.learner)
             self._restore()
         # Published before the update compiles: the inference servers, which build no
@@ -245,7 +253,7 @@ class LearnerWorker(Worker):
 
     def request_stop(self, *args: Any) -> None:
         """With several learner processes, stop together (see `agree`), never alone."""
-        if self.processes.count > 1 and self.learner is not None:
+        if self.processes.count > 1 and self._learner is not None:
             self._stop_requested = True
         else:
             super().request_stop(*args)
@@ -262,6 +270,8 @@ class LearnerWorker(Worker):
         return on_mesh, {name: batch[name] for name in self.intake.kept}
 
     def _train(self) -> None:
+        if self._next is None:  # every process agreed it is ready: this one has a batch
+            raise RuntimeError("a training step without a batch")
         batch, kept = self._next
         self._last_batch_wall = time.time()
         if "versions" in kept:
@@ -292,14 +302,14 @@ class LearnerWorker(Worker):
 
     def waiting(self) -> tuple[str, float] | None:
         """What the intake waits for, while no batch is ready."""
-        if self._next is None and self.learner is not None:
+        if self._next is None and self._learner is not None:
             return self.intake.waiting_on(), self._last_batch_wall
         return super().waiting()
 
     def counters(self) -> dict[str, float]:
         """Nothing before the learner is built: the controller takes a learner's counters
         only after setup, once a checkpoint's are restored."""
-        if self.learner is None:
+        if self._learner is None:
             return {}
         return {
             "learner_steps": self.version,
@@ -318,7 +328,7 @@ class LearnerWorker(Worker):
         }
 
     def close(self) -> None:
-        for part in (self.intake, self.member):
+        for part in (self._intake, self.member):
             if part is not None:
                 part.close()
         for sender in (self.publisher, self.pool):

@@ -50,7 +50,7 @@ from srl_jax.dataflow.algorithms import algorithm_config
 from srl_jax.dataflow.env_spec import EnvSpec
 from srl_jax.dataflow.shm_layouts import reply_layout, request_layout
 from srl_jax.dataflow.stream_table import INFERENCE
-from srl_jax.runtime.worker_base import Worker
+from srl_jax.runtime.worker_base import Worker, built
 from srl_jax.wire.codec import Message
 from srl_jax.wire.names import NameService
 from srl_jax.wire.stream_ends import Binder, Origin
@@ -96,8 +96,8 @@ class InferenceServer(Worker):
         self.search_depth_sum = 0.0
         self.simulations = 0
         """Simulations per row searched, where the policy acts by search (else 0)."""
-        self.runner: PolicyRunner | None = None
-        self.inference: Binder | None = None
+        self._runner: PolicyRunner | None = None
+        self._inference: Binder | None = None
         """Its end of the inference stream, once `setup` has bound it."""
         self.params: ParamSubscriber | PoolSubscriber | None = None
         """None for a frozen policy without an opponent pool: it acts with version 0."""
@@ -114,6 +114,14 @@ class InferenceServer(Worker):
         self._no_mask = np.zeros((config.inference.max_batch, 0), bool)
         """The empty masks of rows of a policy whose env masks no action."""
 
+    @property
+    def runner(self) -> PolicyRunner:
+        return built(self._runner, "the policy runner")
+
+    @property
+    def inference(self) -> Binder:
+        return built(self._inference, "the inference stream's end")
+
     def setup(self) -> None:
         configure_jax(self.config.runtime)
         spec = policy_spec(self.config, self.policy)
@@ -121,7 +129,7 @@ class InferenceServer(Worker):
         # Initialising parameters from the seed (where no learner publishes them) is XLA
         # work that can outlast a heartbeat timeout on a loaded CPU (a Nature-CNN).
         with self.busy("building the policy"):
-            self.runner = self.runner_factory(
+            self._runner = self.runner_factory(
                 self.config, spec, self.incarnation.seed(self.config.seed + 1000 + self.index),
                 cfg.min_padded_batch, cfg.max_batch, learner_publishes(self.config, self.policy))
         self.pool, self.params = follow(self, self.runner)  # what is published meanwhile waits
@@ -130,9 +138,9 @@ class InferenceServer(Worker):
         if spec.search_policy:
             self.simulations = algorithm_config(self.config).simulations
         self._split_rows = request_rows(self.config.actors, spec.agents) // 2
-        self.inference = self.bind(INFERENCE, [request_layout(self.config, spec, self.policy),
-                                               reply_layout(self.config, spec, self.policy)],
-                                   hwm=cfg.request_queue)
+        self._inference = self.bind(INFERENCE, [request_layout(self.config, spec, self.policy),
+                                                reply_layout(self.config, spec, self.policy)],
+                                    hwm=cfg.request_queue)
         self.inference.register(self.poller)
         if self.params is not None:
             self.poller.register(self.params.socket, zmq.POLLIN)
@@ -261,7 +269,7 @@ class InferenceServer(Worker):
 
     def waiting(self) -> tuple[str, float] | None:
         """The policy's first parameters, then requests from actors (since the last batch)."""
-        if self.inference is None:
+        if self._inference is None:
             return super().waiting()
         if self.params is not None and not self.params.taken:
             return f"the first parameters of policy '{self.policy}'", self._last_batch_wall
@@ -271,8 +279,8 @@ class InferenceServer(Worker):
         return {
             "requests": self.requests, "rows": self.rows, "batches": self.batches,
             "padded_rows": self.padded_rows, "time_compute": self.time_compute,
-            "param_updates": self.runner.updates if self.runner else 0,
-            "policy_version": self.runner.version if self.runner else 0,
+            "param_updates": self._runner.updates if self._runner else 0,
+            "policy_version": self._runner.version if self._runner else 0,
             **self.shm_counters(),
             **device_memory_counters(), **self._search_counters(),
         }
@@ -285,7 +293,7 @@ class InferenceServer(Worker):
                 "search_depth_sum": self.search_depth_sum}
 
     def close(self) -> None:
-        if self.inference is not None:
-            self.inference.close()
+        if self._inference is not None:
+            self._inference.close()
         if self.params is not None:
             self.params.socket.close()

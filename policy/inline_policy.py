@@ -24,7 +24,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before JAX is imported: actors 
 from learners.training.jax_runtime import configure_jax
 from policy.acting import make_runner
 from policy.param_stream import subscribe
-from srl_jax.runtime.worker_base import Worker
+from srl_jax.runtime.worker_base import Worker, built
 
 
 class InlinePolicy:
@@ -70,9 +70,10 @@ class InlineActorWorker(ActorWorker):
 
     def run_once(self) -> None:
         """Act for every split in turn."""
+        inline = built(self.inline, "the inline policy")
         for split in range(len(self.core.splits)):
             start = time.perf_counter()
-            meta, arrays = self.inline.act(self.core.latest(split))
+            meta, arrays = inline.act(self.core.latest(split))
             self.time_wait += time.perf_counter() - start
             self._on_reply(0, meta, arrays)
 

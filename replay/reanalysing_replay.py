@@ -25,8 +25,10 @@ import numpy as np
 import zmq
 
 from replay.replay_worker import ReplayWorker
+from replay.sequence_buffer import SequenceBuffer
 from srl_jax.config.schema import DEFAULT_POLICY, ExperimentConfig
 from srl_jax.dataflow.algorithms import reanalyse_fraction
+from srl_jax.runtime.worker_base import built
 from srl_jax.wire.names import NameService
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before JAX is imported: it searches on CPU
@@ -73,19 +75,22 @@ class ReanalysingReplayWorker(ReplayWorker):
         self.poller.register(self.params.socket, zmq.POLLIN)  # wake for new parameters
 
     def run_once(self) -> None:
-        self.params.poll()
+        built(self.params, "the parameter subscriber").poll()
         super().run_once()
 
     def outgoing(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """`batch` with the targets of a random `fraction` of its sequences renewed (the
         count rounded at random, so that the fraction holds on average)."""
+        if not isinstance(self.buffer, SequenceBuffer):
+            raise TypeError("reanalysis renews whole sequences, which only a SequenceBuffer keeps")
         rows = len(batch["slots"])
         k = min(rows, int(self.fraction * rows + self.rng.random()))
         if not k:
             return batch
         start = time.perf_counter()
         with self.busy("reanalysing"):  # the first search of a size compiles it
-            values, policy = reanalyse(self.runner, batch["obs"][:k])
+            values, policy = reanalyse(built(self.runner, "the reanalysis runner"),
+                                       batch["obs"][:k])
         self.buffer.refresh(batch["slots"][:k], batch["generations"][:k], values, policy)
         batch["values"][:k] = values
         batch["search_policy"][:k] = policy

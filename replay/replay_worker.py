@@ -43,7 +43,7 @@ from srl_jax.dataflow.chunk_spec import chunk_error, run_chunk_layout
 from srl_jax.dataflow.shm_layouts import chunk_slot_layout
 from srl_jax.dataflow.stream_table import INSERTS, REPLAY
 from srl_jax.runtime.memory import resident_mib
-from srl_jax.runtime.worker_base import Worker
+from srl_jax.runtime.worker_base import Worker, built
 from srl_jax.wire.names import NameService
 from srl_jax.wire.stream_ends import Binder
 from srl_jax.wire.streams import receive, send
@@ -113,14 +113,23 @@ class ReplayWorker(Worker):
         self.time_sample = 0.0
         self._insert_blocked_since: float | None = None
         self._last_notice = 0.0
-        self.inserts: Binder | None = None
+        self._inserts: Binder | None = None
         """Its end of the inserts stream, once `setup` has bound it."""
-        self.router: zmq.Socket | None = None
+        self._router: zmq.Socket | None = None
+        """Its socket of the replay stream, once `setup` has bound it."""
+
+    @property
+    def inserts(self) -> Binder:
+        return built(self._inserts, "the inserts stream's end")
+
+    @property
+    def router(self) -> zmq.Socket:
+        return built(self._router, "the replay socket")
 
     def setup(self) -> None:
-        self.inserts = self.bind(INSERTS, [chunk_slot_layout(self.layout, MAX_SENT_RETURNS)],
-                                 hwm=self.config.actors.send_queue)
-        self.router = self.socket(REPLAY)
+        self._inserts = self.bind(INSERTS, [chunk_slot_layout(self.layout, MAX_SENT_RETURNS)],
+                                  hwm=self.config.actors.send_queue)
+        self._router = self.socket(REPLAY)
         self.poller = zmq.Poller()
         self.poller.register(self.router, zmq.POLLIN)
         self.log.info("capacity %d transitions in %.1f MiB (frame stack %d)",
@@ -283,6 +292,6 @@ class ReplayWorker(Worker):
         }
 
     def close(self) -> None:
-        for end in (self.inserts, self.router):
+        for end in (self._inserts, self._router):
             if end is not None:
                 end.close()

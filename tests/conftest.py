@@ -234,7 +234,10 @@ fraction of what the suite's runs reach within their frame budgets (see their te
 def ended_on_frames(process: subprocess.Popen, run_dir: Path, frames: int, log: Path,
                     timeout: float = 280) -> tuple[list[dict], dict]:
     """Wait for a run that must stop on its frame budget `frames` (exit 0, its learner
-    having updated); its metrics rows and final status. `timeout` guards against a hang."""
+    having updated); its metrics rows and final status. `timeout` guards against a hang.
+    A budget covers what the learner trains on and what actors step before its first
+    update, which the stream's and the learner's queues bound (the default experiment on
+    Ray: 58,000 frames, once), not the time it takes."""
     assert process.wait(timeout=timeout) == 0, log.read_text()
     rows, final = read_metrics(run_dir), read_status(run_dir)
     assert final["state"] == "finished" and final["stop_reason"].endswith(

@@ -49,8 +49,9 @@ def test_a_kernel_that_is_not_a_multiple_of_its_stride_is_refused() -> None:
 
 
 def cnn_policy(conv: str, head: str = "actor_critic") -> tuple:
+    trains = [] if head == "actor_critic" else ["learner.algorithm=dqn", "replay.count=1"]
     config = make_config(["network.kind=nature_cnn", f"network.conv={conv}",
-                          f"network.head={head}"])
+                          f"network.head={head}", *trains])
     return make_policy(config, EnvSpec(FRAME, np.dtype(np.uint8), ACTIONS, False))
 
 

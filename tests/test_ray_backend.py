@@ -53,8 +53,10 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.slow
 
 RAY = ("--backend", "ray")
-FRAMES = 80_000
-"""The killed-worker run's budget: XXX"""
+FRAMES = 120_000
+"""The killed-worker run's frame budget: once, under Ray, the actors stepped 58,000 frames
+before the learner's first update, and 40,000 after it took the best mean return of 100
+episodes to 156. It used to stop at a return of 300."""
 RECOVERED_S = 8
 """How long the host-leaving run trains with its actor back before Ctrl-C: the recovery's
 figures (frames per second, the servers' lag) are read from these rows."""
@@ -64,11 +66,11 @@ AGENT = re.compile(r"host agent of node (\w+): pid (\d+)")
 def test_ray_learns_cartpole_with_a_killed_worker_back_on_a_new_host_and_leaves_nothing(
         processes: Processes, tmp_path: Path) -> None:
     """An actor killed as soon as all workers run comes back on a new Ray host, and the run
-    trains on to its frame budget, its last 100 episodes above random play by CARTPOLE_MARGIN. The
-    other actor is paused (SIGSTOP) until the successor runs: with no actor stepping, the
-    run cannot reach its budget first (unpaused, it once solved CartPole in 12 s while Ray,
-    under the suite's load, was still starting the new host, and the run ended without the
-    successor). Before that, `status --stacks` has every
+    trains on to its frame budget, FRAMES, 100 of its episodes above random play by
+    CARTPOLE_MARGIN. The other actor is paused (SIGSTOP) until the successor runs: with no
+    actor stepping, the run cannot reach its budget first (unpaused, it once solved
+    CartPole in 12 s while Ray, under the suite's load, was still starting the new host,
+    and the run ended without the successor). Before that, `status --stacks` has every
     worker's stacks (the controller signals them through Ray). Ray's token file, made
     for the run's local instance, is its user's alone."""
     token = tmp_path / "ray" / "auth_token"
@@ -304,7 +306,7 @@ def test_an_actor_host_that_leaves_and_one_that_joins_make_a_dip_not_a_failure(
     assert all(w["restarts"] == 0 for w in final["workers"] if w["name"] != gone["name"]), \
         "a host agent's death kills none of its workers"
     rows = read_metrics(run_dir)
-    assert max(r.get("episode_return_mean", 0) for r in rows) >= 200, "it learned on"
+    assert_learned(rows, CARTPOLE_RANDOM_RETURN, CARTPOLE_MARGIN)
     lags = [r["policy_lag_mean"] for r in rows if r.get("policy_lag_mean") is not None]
     assert max(lags[-5:]) < 10, f"every server on the newest parameters again: {lags}"
     # From the removal on (at start-up, workers Ray has not placed yet count as missing too).

@@ -1,7 +1,7 @@
 """A recurrent experiment end to end: `cartpole_lstm_ppo` (CartPole without velocities,
 an LSTM policy) in real processes, through remote inference, a killed actor and a
-killed inference server (both restarted), until its evaluator's mean reaches 300; then the
-policy it saved plays with its memory in `srl_jax.evaluate` and through `load_policy`.
+killed inference server (both restarted), to its frame budget; then the best policy its
+evaluator saved plays with its memory in `srl_jax.evaluate` and through `load_policy`.
 The evaluator's and `srl_jax.evaluate`'s end-to-end checks live here: one trained run
 serves them all."""
 
@@ -21,8 +21,12 @@ from policy.evaluator import EVALUATOR_ACTOR_INDEX
 from policy.export import TrainedPolicy, load_policy, play_episode
 from srl_jax.runtime.run_dir import evaluated_root, step_meta, steps_in
 from tests.conftest import (
+    CARTPOLE_MARGIN,
+    CARTPOLE_RANDOM_RETURN,
     Processes,
     all_running,
+    assert_learned,
+    ended_on_frames,
     launch,
     read_metrics,
     read_status,
@@ -32,11 +36,11 @@ from tests.conftest import (
 )
 
 pytestmark = pytest.mark.slow
-EVAL_TARGET = 300
-"""The evaluator's mean over 10 episodes that stops the run: far above what the policy plays
-without its memory (under 100, asserted below), and short of 500, which took this run 7 s
-more of its 20 alone on 2 cores (cartpole_lstm_ppo's time to 475 is benchmarked, in
-bench/results/configs.json)."""
+FRAMES = 250_000
+"""The run's frame budget. Without the kills (2 cores under other loads), the mean return
+of its last 100 episodes passed CARTPOLE_RANDOM_RETURN + CARTPOLE_MARGIN at 150,000 frames
+and was 180 at 250,000; its evaluations passed it at 120,000 frames, and 300, where the run
+used to stop, at 155,000."""
 
 
 def forgetful_return(policy: TrainedPolicy, env, seed: int) -> float:
@@ -50,12 +54,12 @@ def forgetful_return(policy: TrainedPolicy, env, seed: int) -> float:
     return total
 
 
-def test_lstm_ppo_evaluates_at_its_target_through_a_killed_actor_and_inference_server(
+def test_lstm_ppo_learns_through_a_killed_actor_and_inference_server(
         processes: Processes, tmp_path: Path) -> None:
     """The server dies first: until its successor serves, nothing moves, so the run cannot
-    reach its target before both successors are seen running."""
+    reach its frame budget before both successors are seen running."""
     process, run_dir = launch(processes, tmp_path, "stop.target_return=null",
-                              f"stop.target_eval_return={EVAL_TARGET}", "stop.wall_time_s=300",
+                              f"stop.env_frames={FRAMES}",
                               "evaluation.every_updates=10", "evaluation.episodes=10",
                               "actors.inference_timeout_s=1", "runtime.restart_backoff_s=0.2",
                               # One actor: its 64 envs act more than the learner takes, and
@@ -69,19 +73,12 @@ def test_lstm_ppo_evaluates_at_its_target_through_a_killed_actor_and_inference_s
         Processes.kill(victim)
     for name, victim in reversed(victims.items()):
         wait_restarted(run_dir, name, victim, 60)
-    assert process.wait(timeout=360) == 0, (tmp_path / "launch.log").read_text()
-
-    rows = read_metrics(run_dir)
-    final = read_status(run_dir)
-    # Ten episodes an evaluation keep a lucky one from passing: the checkpoint that stops
-    # the run is played again below.
-    assert final["stop_reason"].startswith("eval_return_mean ") and \
-        f"reached the target {EVAL_TARGET}" in final["stop_reason"], final["stop_reason"]
+    rows, final = ended_on_frames(process, run_dir, FRAMES, tmp_path / "launch.log")
+    assert_learned(rows, CARTPOLE_RANDOM_RETURN, CARTPOLE_MARGIN)
     assert all(a["env_frames"] <= b["env_frames"] for a, b in itertools.pairwise(rows))
     assert any("policy_lag_mean" in r for r in rows)
     assert rows[-1]["system/restarts"] == 2
     assert rows[-1]["system/wire_rejected"] == 0, "every request carried a well-formed state"
-    assert final["state"] == "finished"
     assert sorted(w["kind"] for w in final["workers"]) == [
         "actor", "evaluator", "inference", "learner"]
     assert len({w["pid"] for w in final["workers"]} | {final["controller_pid"]}) == 5
@@ -92,16 +89,15 @@ def test_lstm_ppo_evaluates_at_its_target_through_a_killed_actor_and_inference_s
     versions = [r["eval_policy_version"] for r in evaluated]
     assert versions == sorted(versions) and all(
         b - a >= 10 for a, b in itertools.pairwise(versions))
-    # The first row at the target stopped the run; an evaluation that ends before the stop
-    # reaches the evaluator may still follow it, with any score.
-    stopping = next(r for r in evaluated if r["eval_return_mean"] >= EVAL_TARGET)
     assert worker(final, "evaluator-0")["restarts"] == 0
-    # The best so far is kept: at least the stopping row's score (the evaluator may score
-    # higher before the stop reaches it, and two evaluations may share a metrics row, whose
-    # score is then their mean).
+    # The best so far is kept, saved before its score is sent: at least every row's score
+    # (two evaluations may share a metrics row, whose score is then their mean; rows are
+    # rounded). Ten episodes an evaluation keep a lucky one from passing for learning.
     [best] = steps_in(evaluated_root(run_dir))
     best_score = step_meta(evaluated_root(run_dir), best)["eval_return_mean"]
-    assert best <= versions[-1] and best_score >= stopping["eval_return_mean"]
+    assert best <= versions[-1] and best_score >= max(
+        r["eval_return_mean"] for r in evaluated) - 1e-3
+    assert best_score >= CARTPOLE_RANDOM_RETURN + CARTPOLE_MARGIN, best_score
 
     # The best checkpoint is the policy the evaluator scored: on the evaluator's own
     # episodes it plays exactly that score (on other seeds an LSTM policy's returns spread
@@ -122,7 +118,7 @@ def test_lstm_ppo_evaluates_at_its_target_through_a_killed_actor_and_inference_s
          "--video", str(video)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     # It plays the best checkpoint with its memory: episode for episode (seeds 0 to 4), the
-    # returns played here. A floor on their mean would not hold at this target: once
+    # returns played here. A floor on their mean would not hold: at a best of 300, once
     # 293, 275, 152, 157 and 180, a mean of 211.
     played = [float(r) for r in re.findall(r"^episode \d+/5: return ([\d.]+)", result.stdout,
                                              re.M)]

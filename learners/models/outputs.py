@@ -7,7 +7,6 @@ function (policy/acting.py) and an algorithm that acts by its own search
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -16,10 +15,11 @@ import numpy as np
 
 from srl_jax.dataflow.env_spec import EnvSpec
 
-Act = Callable[[Any, Any, Any, Any, jax.Array, np.uint32], Any]
-"""(params, obs [N, ...], state [N, S], legal actions [N, A] (width 0: all legal), key,
-call counter) -> the outputs packed into one float32 array (`pack_outputs`), so a batch's
-outputs cross from the device in one transfer."""
+Act = jax.stages.Wrapped
+"""A jitted (params, obs [N, ...], state [N, S], legal actions [N, A] (width 0: all legal),
+key, call counter) -> the outputs packed into one float32 array (`pack_outputs`), so a
+batch's outputs cross from the device in one transfer; jitted, so that it can be compiled
+ahead of time against the parameters' shapes (`PolicyRunner.compile`)."""
 
 
 def pack_outputs(action: Any, logp: Any, value: Any, state: Any, xp: Any = jnp,

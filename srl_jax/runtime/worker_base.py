@@ -117,6 +117,19 @@ def parent_watch(environ: Mapping[str, str]) -> Callable[[], bool]:
     return lambda: os.getppid() != parent
 
 
+def built[T](part: T | None, what: str) -> T:
+    """`part` of a worker, which its `setup` builds (RuntimeError where it has not)."""
+    if part is None:
+        raise RuntimeError(f"{what} is built by the worker's setup, which has not run")
+    return part
+
+
+def _check_same_host(stream: Stream) -> None:
+    if not stream.same_host:
+        raise ValueError(f"stream '{stream.name}' has no shared-memory transport: "
+                         "open it with `Worker.socket`")
+
+
 class WorkerStopped(Exception):
     """Raised out of a wait when the worker is told to stop."""
 
@@ -242,7 +255,8 @@ class Worker:
     def socket(self, stream: Stream, policy: str | None = None, index: int | None = None,
                hwm: int | None = None) -> zmq.Socket:
         """A socket on `stream`, bound or connected as its stream-table row says for this
-        kind: the one place workers open streams. The binder binds it and registers
+        kind: the one place workers open streams (a same-host stream's whole end, socket
+        and shared memory: `connect`, `bind`). The binder binds it and registers
         `stream.key(policy, index)` (by default its own index); a connecter connects it to
         that key and follows it, or on an indexed stream without `index` to every binder of
         the run (the binder kind's count). `policy`: by default this worker's; `hwm`:
@@ -272,6 +286,7 @@ class Worker:
         """This connecter's end of the same-host `stream`: its socket (`socket`) and, where
         every binder shares its host, slots of `layout` (and on a request stream of
         `reply_layout`, what it is answered): srl_jax/runtime/shm_attach.py chooses."""
+        _check_same_host(stream)
         policy = self.policy if policy is None else policy
         socket = self.socket(stream, policy, hwm=hwm)
         slots, split_slots = stream_slots(self.config, stream)
@@ -289,6 +304,7 @@ class Worker:
         socket (`socket`) and, for connecters of its host, its doorbell and their slots of
         `layouts` (what they send, and on a request stream its answers), the doorbell
         registered before the socket so that a connecter that finds the socket finds it."""
+        _check_same_host(stream)
         inbox = open_inbox(self, stream, list(layouts), stream_slots(self.config, stream)[0])
         socket = self.socket(stream, hwm=hwm)
         reply_kind = next(iter(stream.connecter_receives), "")
