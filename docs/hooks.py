@@ -33,9 +33,9 @@ from mkdocs.config.defaults import MkDocsConfig
 from mkdocs.structure.files import File, Files
 
 from srl_jax.config.env_families import families
+from srl_jax.config.loader import load_config
 from srl_jax.config.schema import SECTIONS, ExperimentConfig
 from srl_jax.dataflow.algorithms import BUILT_IN, algorithm
-from srl_jax.config.loader import load_config
 from srl_jax.dataflow.chunk_spec import AS_SENT, CHUNK_FIELDS
 from srl_jax.dataflow.plan import Carriers, make_plan
 from srl_jax.dataflow.stream_table import KEY_PREFIX, STREAMS

@@ -64,7 +64,7 @@ def test_default_config_loads_with_typed_overrides() -> None:
                                "request: 32 envs a split (actors.envs / actors.splits), twice "
                                "over when a time limit ends episodes"),
     ("learner.devices=3", "'learner.batch_envs' (32) must divide evenly over 'learner.devices'"),
-    ("learner.algorithm=sac", "'learner.algorithm': unknown 'sac'"),
+    ("learner.algorithm=td3", "'learner.algorithm': unknown 'td3'"),
     ("learner.publish_every_updates=0", "'learner.publish_every_updates' must be at least 1"),
     ("replay.count=1", "'replay.count': 'ppo' learns from fresh samples"),
     ("learner.ppo.anneal_lr=true", "'learner.ppo.anneal_lr' needs 'stop.env_frames'"),

@@ -50,6 +50,7 @@ NOT_RUN = {
                    "installs the wheel in a fresh venv offline",
     "scripts/lock.sh": "resolves the locks against the package index (network)",
     ".venv/bin/mkdocs build": "./test.sh builds the site, --strict, before the suite",
+    ".venv/bin/mypy": "./test.sh runs the type checker before the suite",
     ".venv/bin/mkdocs serve": "a server that runs until stopped; it serves the site "
                               "./test.sh builds",
     ".venv/bin/python -m bench.": "a benchmark: measures for minutes to an hour and writes "

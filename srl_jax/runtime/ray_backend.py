@@ -219,9 +219,7 @@ class RayBackend:
                                "(set RAY_AUTH_MODE=token, or transport.allow_unauthenticated)")
         self.node = ray.util.get_node_ip_address()
         self._bind_nodes = config.transport.bind_host == TransportConfig.bind_host
-        # Ray's overloads of remote() leave out the actor options (max_concurrency).
-        self._host = ray.remote(  # type: ignore[call-overload]
-            max_concurrency=2, max_restarts=0)(WorkerHost)
+        self._host = ray.remote(max_concurrency=2, max_restarts=0)(WorkerHost)
         self._agent = ray.remote(num_cpus=0, max_restarts=-1)(NodeAgent)
         self._agents: dict[str, Any] = {}
         """The host agent of each node a worker was placed on, by node id."""
