@@ -226,9 +226,9 @@ CARTPOLE_RANDOM_RETURN = 22.2
 """CartPole-v1's mean return with uniformly random actions: 22.2 over 5,000 episodes
 (standard deviation 11.9, the largest 114)."""
 CARTPOLE_MARGIN = 80
-"""How far a CartPole run's last 100 episodes must beat random play to show learning: their
-mean at 102 is 65 standard errors above random play's (1.2 for 100 episodes), and a
-fraction of what the suite's runs reach within their frame budgets (see their tests)."""
+"""How far the mean return of 100 of a CartPole run's episodes must beat random play's to
+show learning: 102 is 65 standard errors above it (1.2 for 100 episodes), and about half
+of the least the suite's runs reached within their frame budgets (see their tests)."""
 
 
 def ended_on_frames(process: subprocess.Popen, run_dir: Path, frames: int, log: Path,

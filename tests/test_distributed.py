@@ -26,9 +26,9 @@ from tests.conftest import (
 )
 
 FRAMES = 100_000
-"""The two-learner run's frame budget: the best mean return of 100 episodes was 200-270 at
-80,000 frames, 100-150 at 35,000 (3 runs on 2 cores under other loads); it used to stop at
-a return of 475."""
+"""The two-learner run's frame budget: there the best mean return of 100 episodes was
+290-345 (4 runs on 2 cores under others' load), 100-150 at 35,000 frames; it used to stop
+at a return of 475."""
 
 
 def test_layout_comes_from_config_or_environment() -> None:
