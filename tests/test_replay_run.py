@@ -5,9 +5,9 @@ and then overwrite) takes every check in turn: malformed chunks, sample requests
 priority updates sent to a server are counted and dropped while it keeps serving; a
 full server's memory stays flat; a killed server is restarted empty and training goes
 on from the other shard meanwhile; a killed learner comes back from its checkpoint and
-samples the contents that survived; the greedy policy learns; and the checkpoints load
-as a policy. The time to 475
-itself is a benchmark (python -m bench.peers.compare --cases dqn), not a test.
+samples the contents that survived; the greedy policy learns within an update budget;
+and the checkpoints load as a policy. The time to 475 itself is a benchmark
+(python -m bench.peers.compare --cases dqn), not a test.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from srl_jax.runtime.memory import resident_mib
 from srl_jax.runtime.run_dir import read_run_config, read_status
 from srl_jax.wire.streams import send
 from tests.conftest import (
+    CARTPOLE_MARGIN,
+    CARTPOLE_RANDOM_RETURN,
     Processes,
     all_running,
     interrupt,
@@ -46,11 +48,15 @@ CAPACITY = 8192
 large enough for DQN to learn from (a few seconds of data makes it forget)."""
 FAST = ("learner.dqn.learning_rate=0.001", "actors.count=1", "actors.envs=16")
 """Sized for the test, not the benchmark: at 4x the config's step size the greedy policy
-passes 100 within ~1,300 updates (at 2.5e-4 it took ~3,000), about when the kills are
-done; one actor of 16 envs explores with the same epsilon ladder in half the requests."""
+passes random play by the margin within ~1,300 updates (at 2.5e-4 it took ~3,000), before
+the kills are done; one actor of 16 envs explores with the same epsilon ladder in half the
+requests."""
 RSS_GROWTH_MB = 16.0
-LEARNED = 5 * 20.0
-"""An evaluation return that shows learning: CartPole's random play returns about 20."""
+UPDATES = 2500
+"""The update budget within which an evaluation must show learning: in 27 runs (13 alone,
+14 two at a time on 2 cores) the first evaluation past random play's return by the margin
+was of a policy of 750 to 1,500 updates (median 1,000; evaluations come every 250 to 500),
+and the kills were done at 1,650 to 2,950; a budget past both keeps the test's time."""
 
 
 def replay_endpoint(run_dir: Path, key: str) -> str:
@@ -161,15 +167,20 @@ def test_replay_servers_survive_bad_input_kills_and_keep_memory_flat(
     sizes = [r["replay/size"] for r in read_metrics(run_dir)[resumed_at:]]
     assert min(sizes) >= min(size_before, CAPACITY), "the replay contents survived the learner"
 
-    # And the greedy policy learned: an evaluation at 5x random play's return. (Not more:
-    # with this small buffer and its kills the greedy return can sit at 120-127 for
-    # thousands of updates before it climbs on; with FAST's step size one evaluation
-    # of ~1,000 updates returned 10 between ones of 39 and 475.)
-    wait_for(lambda: max((r.get("eval_return_mean", 0) for r in read_metrics(run_dir)),
-                         default=0) >= LEARNED or process.poll() is not None, 150,
-             f"an evaluation return of {LEARNED}")
+    # And the greedy policy learned within UPDATES updates: the evaluations up to one of a
+    # policy past the budget (the timeout only guards against a hang) include one that
+    # beats random play by the margin, 15 standard errors of 5 random episodes' mean. (Not
+    # more: with this small buffer and its kills the greedy return can sit at 120-127 for
+    # thousands of updates before it climbs on.)
+    wait_for(lambda: any(r.get("eval_policy_version", 0) >= UPDATES
+                         for r in read_metrics(run_dir)) or process.poll() is not None, 150,
+             f"an evaluation of a policy of {UPDATES} updates")
     assert process.poll() is None, log.read_text()
+    evaluated = [(r["eval_policy_version"], r["eval_return_mean"])
+                 for r in read_metrics(run_dir) if "eval_return_mean" in r]
     interrupt(process, log)
+    assert max(mean for _, mean in evaluated) >= CARTPOLE_RANDOM_RETURN + CARTPOLE_MARGIN, (
+        f"evaluations (policy version, return): {evaluated}")
 
     # Its checkpoints (target network included) load as a greedy policy, with no library
     # warnings.
