@@ -34,8 +34,6 @@ from srl_jax.wire.streams import RejectCounter, make_socket, receive, send
 REPO = Path(__file__).resolve().parent.parent
 ZMQ_STREAMS = [stream for stream in STREAMS if stream.is_zmq]
 SENDERS = {
-    "actors/actor_worker.py": {SAMPLES.binder_receives, INFERENCE.binder_receives},
-    "policy/inference_server.py": {INFERENCE.connecter_receives},
     "policy/param_stream.py": {PARAMS.connecter_receives},
     "learners/pool_publisher.py": {POOL.connecter_receives},
     "srl_jax/runtime/worker_base.py": {STATS.binder_receives},
@@ -46,7 +44,10 @@ SENDERS = {
     "srl_jax/runtime/population_manager.py": {CONTROL.binder_receives},
     "learners/population_member.py": {CONTROL.connecter_receives},
 }
-"""Each worker module and the streams it sends on (as the kinds it may send there)."""
+"""Each worker module and the streams it sends on (as the kinds it may send there). The
+streams that may go through shared memory (samples, inserts, inference) are sent on through
+the ends `Worker.connect` and `Worker.bind` make, which take their kinds from the stream
+itself (srl_jax/runtime/worker_base.py), so no shell names one."""
 
 
 def test_keys_of_the_default_policy_and_of_another() -> None:
