@@ -82,16 +82,21 @@ def bell_path(stem: Path, stream: Stream, index: int) -> Path:
     return Path(f"{stem}.bell" if stream is INFERENCE else f"{stem}.{index}.bell")
 
 
+def _stem(worker: Any, stream: Stream, policy: str) -> Path | None:
+    """Where `policy`'s files of `stream` live under the worker's owner directory; None
+    where shared memory is not used."""
+    directory = owner_directory(worker.config.transport.shared_memory)
+    return None if directory is None else stream_stem(directory, stream, policy)
+
+
 def open_inbox(worker: Any, stream: Stream, layouts: list[SlotLayout], max_slots: int,
                policy: str | None = None) -> Inbox | None:
     """The binder's end of `stream`, its doorbell registered under the stream's bell key
     (call before binding the ZMQ socket); None where shared memory is not used."""
     policy = worker.policy if policy is None else policy
-    mode = worker.config.transport.shared_memory
-    directory = owner_directory(mode)
-    if directory is None:
+    mode, stem = worker.config.transport.shared_memory, _stem(worker, stream, policy)
+    if stem is None:
         return None
-    stem = stream_stem(directory, stream, policy)
     bell = bell_path(stem, stream, worker.index)
     try:
         inbox = Inbox(bell, stem, layouts, max_slots, worker.rejects,
@@ -110,11 +115,9 @@ def open_outbox(worker: Any, stream: Stream, slots: int, layout: SlotLayout,
     """The connecter's end of `stream` (call once its ZMQ socket found every binder), or
     None: shared memory is not used, or some binder does not share this worker's owner."""
     policy = worker.policy if policy is None else policy
-    mode = worker.config.transport.shared_memory
-    directory = owner_directory(mode)
-    if directory is None:
+    mode, stem = worker.config.transport.shared_memory, _stem(worker, stream, policy)
+    if stem is None:
         return None
-    stem = stream_stem(directory, stream, policy)
     binders = range(worker_kind(stream.binder).count(worker.config))
     bells = sorted({bell_path(stem, stream, index) for index in binders})
     registered = {worker.names.get(stream.bell_key(policy, index)) for index in binders}
