@@ -146,10 +146,10 @@ def test_a_cluster_address_where_nothing_listens_is_one_line(tmp_path: Path) -> 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    """A Ray cluster of raylets on this machine: a head with room for the learner, the
-    server and one actor (`actor_host`), and nodes added and removed by the tests; shut
-    down by its API. One for the module: a run that could not place its learner leaves it
-    as it was, and each start costs the 2 cores seconds. Without token authentication:
+    """A Ray cluster of raylets on this machine: a head with room for the learner and the
+    server (`trainer_host`) and one actor (`actor_host`), and nodes added and removed by the
+    tests; shut down by its API. One for the module: a run that could not place its learner
+    leaves it as it was, and each start costs the 2 cores seconds. Without token authentication:
     this process's Ray client reads the mode once, when Ray is imported (the launcher joins
     it as it is, since the cluster's authentication is its own)."""
     from ray.cluster_utils import Cluster  # Ray only where a test runs on it
@@ -159,7 +159,8 @@ def cluster() -> Iterator[Cluster]:
         monkeypatch.setenv("PYTHONPATH", os.pathsep.join(  # its workers import the paced env
             [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
         cluster = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": 3, "resources": {"actor_host": 1}, "include_dashboard": False})
+            "num_cpus": 3, "resources": {"actor_host": 1, "trainer_host": 2},
+            "include_dashboard": False})
         try:
             yield cluster
         finally:
@@ -259,6 +260,9 @@ def test_an_actor_host_that_leaves_and_one_that_joins_make_a_dip_not_a_failure(
         # shared, so one fewer is a dip to see.
         processes, tmp_path, f"env.id=tests.paced_env:{PACED_ID}", "actors.envs=16",
         "actors.splits=1", "ray.actor={CPU: 1, actor_host: 1}", "stop.target_return=null",
+        # The learner and the server on the head: Ray once put the learner on the actor
+        # node, whose one CPU the second actor then never had.
+        "ray.learner={CPU: 1, trainer_host: 1}", "ray.inference={CPU: 1, trainer_host: 1}",
         "stop.wall_time_s=240",
         # Placed means Ray started the worker's host actor, a process of its own: 2 s was
         # too short for the learner's once the other xdist worker loaded the cores.
