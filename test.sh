@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Lint, type-check, build the documentation site and run the whole test suite (slow
-# multi-process tests included), installing what it needs.
+# Lint, build the documentation site and run the whole test suite (slow multi-process tests
+# and the type check, tests/test_types.py, included), installing what it needs.
 #   ./test.sh                 # everything, as CI runs it
 #   ./test.sh -m "not slow"   # the quick part
 source "$(dirname "$0")/scripts/ensure_venv.sh" dev
@@ -10,8 +10,6 @@ cd "$ROOT"
 # every test compile them anew.
 unset PYTHONDONTWRITEBYTECODE
 "$VENV/bin/ruff" check .
-# The packages' types ([tool.mypy] in pyproject.toml; its cache is in build/mypy).
-"$VENV/bin/mypy"
 # --strict: a broken link or anchor fails; the site goes to build/site/ (ignored by git).
 NO_MKDOCS_2_WARNING=1 "$VENV/bin/mkdocs" build --strict
 exec "$VENV/bin/python" -m pytest "$@"
