@@ -86,17 +86,20 @@ def _trained(config: ExperimentConfig, policy: str) -> bool:
     return policy in run_policies(config)
 
 
+def _started(kind: str) -> Rule:
+    """The run has workers of `kind`, as the worker kinds count them."""
+    return lambda config, policy: KINDS[kind].count(config) > 0
+
+
 def _served(config: ExperimentConfig, policy: str) -> bool:
-    return not config.actors.inline_inference and config.inference.count > 0 and \
-        policy in acting_policies(config)
+    return _started("inference")(config, policy) and policy in acting_policies(config)
 
 
 def _pooled(config: ExperimentConfig, policy: str) -> bool:
     return policy in config.selfplay.opponents.values() and _served(config, policy)
 
 
-def _exploits(config: ExperimentConfig, policy: str) -> bool:
-    return bool(config.population.members and config.population.exploit)
+_exploits = _started("population")
 
 
 def _member(config: ExperimentConfig, policy: str) -> bool:
@@ -114,8 +117,8 @@ CONNECTIONS: dict[tuple[str, str], Rule] = {
     (INFERENCE.name, "actor"): _served,
     (PARAMS.name, "inference"): lambda config, policy: _trained(config, policy) and _served(
         config, policy),
-    (PARAMS.name, "evaluator"): lambda config, policy: _trained(config, policy) and bool(
-        config.evaluation.every_updates),
+    (PARAMS.name, "evaluator"): lambda config, policy: _trained(config, policy) and
+    _started("evaluator")(config, policy),
     (PARAMS.name, "actor"): lambda config, policy: _trained(config, policy) and
     config.actors.inline_inference,
     (PARAMS.name, "replay"): lambda config, policy: _sends_chunks(INSERTS)(config, policy)
