@@ -79,6 +79,8 @@ class Supervisor:
         self._taken_down: dict[str, str] = {}
         """Workers killed with a process group whose member was lost with its host: by
         name, that member's."""
+        self._hosts_silent: dict[str, float] = {}
+        """When each host whose workers all went silent was found so (`_host_silent`)."""
         self._per_turn = max(WATCHED_PER_TURN,
                              math.ceil(len(workers) * LOOP_S / WATCH_ROUND_S))
 
@@ -143,7 +145,6 @@ class Supervisor:
                 if record.handle is not None and record.state in ("starting", "running"):
                     self.backend.send_signal(record.handle, STACKS_SIGNAL)
         now = time.monotonic()
-        timeout = self.config.runtime.heartbeat_timeout_s
         for record in self._this_turn():
             if record.state == "restarting":
                 if now >= (record.restart_at or 0.0):
@@ -158,11 +159,39 @@ class Supervisor:
             if code is not None:
                 self.on_exit(record, code, f"exited with code {code}")
                 continue
-            last = record.last_heartbeat or record.started_at
-            allowed = timeout if record.last_heartbeat else 2 * timeout
-            if now - last > allowed:
-                log.warning("no heartbeat from %s for %.0fs; killing it", record.name, now - last)
+            if self._silent_for(record, now) > self._allowed_silence(record):
+                if self._host_silent(record.handle.host, now):
+                    record.handle.lost = f"every worker on {record.handle.host} went silent " \
+                                         "(its host agent or its link, not the workers)"
+                log.warning("no heartbeat from %s for %.0fs; killing it", record.name,
+                            self._silent_for(record, now))
                 self.backend.send_signal(record.handle, signal.SIGKILL)
+
+    @staticmethod
+    def _silent_for(record: WorkerRecord, now: float) -> float:
+        return now - (record.last_heartbeat or record.started_at)
+
+    def _allowed_silence(self, record: WorkerRecord) -> float:
+        """`runtime.heartbeat_timeout_s`; twice that before a process's first heartbeat."""
+        timeout = self.config.runtime.heartbeat_timeout_s
+        return timeout if record.last_heartbeat else 2 * timeout
+
+    def _host_silent(self, host: str, now: float) -> bool:
+        """Whether every live worker on `host` (two at least) is past its allowed silence:
+        then the host's agent or its link went, as a Ray node does, and each worker's
+        restart is one preemption, not a fault of its own. Found so, the host stays so for
+        a heartbeat timeout, while its workers are killed one turn after another."""
+        if now - self._hosts_silent.get(host, -math.inf) < self.config.runtime.heartbeat_timeout_s:
+            return True
+        live = [r for r in self.workers if r.handle is not None and r.handle.host == host
+                and r.state in ("starting", "running")]
+        if len(live) > 1 and all(self._silent_for(r, now) > self._allowed_silence(r)
+                                 for r in live):
+            log.warning("every worker on %s went silent: its host agent or its link is down; "
+                        "its workers restart as lost with it", host)
+            self._hosts_silent[host] = now
+            return True
+        return False
 
     def ask_stacks(self, *_: Any) -> None:
         """The controller's SIGUSR1 handler: `status --stacks` asks for the stacks of
