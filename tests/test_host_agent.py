@@ -14,12 +14,16 @@ import secrets
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
 import zmq
 
+from srl_jax.config.schema import ExperimentConfig
 from srl_jax.dataflow.stream_table import INFERENCE, LOGS, ROWS, STATS
+from srl_jax.runtime.backends import LocalBackend, WorkerHandle
+from srl_jax.runtime.controller import Controller as RunController
 from srl_jax.runtime.hosts import host_agent
 from srl_jax.runtime.hosts.host_agent import (
     FULL_EVERY_S,
@@ -27,6 +31,7 @@ from srl_jax.runtime.hosts.host_agent import (
     HostAgent,
     agent_address,
     batches,
+    sign_of_life,
     signs_of_life,
     unbatch,
 )
@@ -41,9 +46,9 @@ RUN_CONFIG = "name: agent-test\n"
 
 
 def beat(worker: str = "actor-0", pid: int = 7, phase: str = "running",
-         frames: int = 1) -> dict:
+         frames: int = 1, waiting: tuple[str, float] | None = None) -> dict:
     return heartbeat_meta(worker, "actor", 0, "default", phase, {"env_frames": frames}, [],
-                          None, pid=pid)
+                          waiting, pid=pid)
 
 
 def returns(*values: float) -> dict[str, np.ndarray]:
@@ -64,6 +69,19 @@ def test_a_heartbeat_goes_on_whole_first_then_every_period_or_when_its_phase_cha
     assert coalescer.take(beat(pid=8), {}, 1.6) is not None, "a successor's first is whole"
 
 
+def test_a_wait_whose_since_moves_is_coalesced_and_a_new_wait_goes_whole() -> None:
+    """A real actor's `since` (its oldest pending request) moves every beat: the sign of
+    life carries it; what it waits on changing sends the heartbeat whole."""
+    coalescer, reply = Coalescer(), "an inference reply of policy 'default'"
+    assert coalescer.take(beat(waiting=(reply, 100.0)), {}, 0.0) is not None
+    moved = beat(waiting=(reply, 100.5))
+    assert coalescer.take(moved, {}, 0.5) is None, "only its since moved"
+    assert sign_of_life(moved) == ["actor-0", 7, 100.5]
+    assert sign_of_life(beat()) == ["actor-0", 7, None]
+    assert coalescer.take(beat(waiting=("the sample stream", 101.0)), {}, 1.0) is not None
+    assert coalescer.take(beat(), {}, 1.5) is not None, "no wait any more: whole"
+
+
 def test_batches_round_trip_the_wire_and_split_under_its_header_limit() -> None:
     beats = [(beat(f"actor-{i}", frames=i), returns(float(i)) if i % 3 == 0 else {})
              for i in range(600)]
@@ -76,19 +94,66 @@ def test_batches_round_trip_the_wire_and_split_under_its_header_limit() -> None:
     assert [m["counters"]["env_frames"] for m, _ in back] == list(range(600))
     assert [a.get("episode_return", np.empty(0)).tolist() for _, a in back[:4]] == [
         [0.0], [], [], [3.0]]
-    assert [s for m in messages for s in signs_of_life(m)] == [("actor-9", 9)]
+    assert [s for m in messages for s in signs_of_life(m)[0]] == [["actor-9", 9, None]]
+    signs = [[f"actor-{i}", i, 1.5] for i in range(2000)]
+    messages = [decode(encode("stats_batch", meta, arrays))
+                for meta, arrays in batches([], signs)]
+    assert len(messages) > 1, "2,000 signs of life do not fit one header"
+    assert [s for m in messages for s in signs_of_life(m)[0]] == signs
 
 
 @pytest.mark.parametrize(("meta", "arrays", "wrong"), [
     ({"beats": "x"}, {}, "'beats' must be a list"),
     ({"beats": [{}]}, {"3/episode_return": np.zeros(1)}, "belongs to no heartbeat"),
-    ({"beats": [], "alive": [["actor-0", "7"]]}, {}, "'alive' must be a list"),
+    ({"beats": [], "alive": {"actor-0": 7}}, {}, "'alive' must be a list"),
 ])
 def test_a_malformed_batch_is_refused(meta: dict, arrays: dict, wrong: str) -> None:
     message = Message("stats_batch", meta, arrays)
     with pytest.raises(ValueError, match=wrong):
         unbatch(message)
         signs_of_life(message)
+
+
+def test_malformed_signs_of_life_are_left_out_and_counted() -> None:
+    """An older agent's [worker, pid] still counts; a malformed sign costs itself only."""
+    alive = [["actor-0", 7, 1.5], ["actor-1", 8], ["actor-2", "9", 1.5], ["actor-3", 9, "x"],
+             "actor-4", [3, 9, None], ["actor-5", 9, None, 1], ["actor-6", True, None]]
+    signs, malformed = signs_of_life(Message("stats_batch", {"beats": [], "alive": alive}, {}))
+    assert signs == [["actor-0", 7, 1.5], ["actor-1", 8, None]] and malformed == 6
+
+
+def test_the_controller_takes_a_hosts_batch_whole_beats_and_signs_of_life(
+        tmp_path: Path) -> None:
+    """The real controller's take of an agent's batches: a sign of life keeps its worker
+    heard and moves status.json's `waiting_since`; a malformed one, or one of a replaced
+    process, changes nothing; the metrics rows' counts see each."""
+    controller = RunController(ExperimentConfig(), tmp_path, LocalBackend(tmp_path, False))
+    actors = [record for record in controller.workers if record.kind == "actor"]
+    for pid, record in enumerate(actors, 100):
+        record.handle = WorkerHandle("actor", record.index, pid, "here", None)
+    reply, coalescer = "an inference reply of policy 'default'", Coalescer()
+
+    def take(since: float, now: float, alive: list[list] | None = None) -> None:
+        beats, signs = [], list(alive or [])
+        for pid, record in enumerate(actors, 100):
+            meta = beat(record.name, pid, waiting=(reply, since))
+            if (whole := coalescer.take(meta, {}, now)) is not None:
+                beats.append(whole)
+            else:
+                signs.append(sign_of_life(meta))
+        for meta, arrays in batches(beats, signs):
+            controller._take_message(decode(encode("stats_batch", meta, arrays)))
+
+    take(100.0, 0.0)
+    first = [record.status() for record in actors]
+    assert [(s["waiting_on"], s["waiting_since"]) for s in first] == [(reply, 100.0)] * len(actors)
+    take(100.5, 0.5, alive=[["actor-0", 99, 7.0], ["actor-0", "100", 7.0]])
+    assert [record.status()["waiting_since"] for record in actors] == [100.5] * len(actors)
+    assert all(record.last_heartbeat_wall >= s["last_heartbeat"]
+               for record, s in zip(actors, first, strict=True))
+    assert controller.heartbeats == len(actors), "the second take: signs of life only"
+    assert controller.signs_of_life == len(actors) + 1, "a replaced process's sign is taken"
+    assert controller.rejects.count == 1, "the malformed sign"
 
 
 class Controller:
@@ -150,14 +215,16 @@ def test_an_agent_stands_for_its_hosts_workers(controller: Controller) -> None:
         stats = make_socket(controller.context, STATS.connect_type)
         curve_connect(stats, worker.lookup(STATS.key(), 5), controller.keys)
         for frames in (1, 2, 3):
-            send(stats, "stats", beat(pid=os.getpid(), frames=frames), returns(float(frames)))
+            send(stats, "stats", beat(pid=os.getpid(), frames=frames, waiting=(
+                "an inference reply", 100.0 + frames)), returns(float(frames)))
             time.sleep(0.3)
         taken = controller.batches(1.0)
         stats.close(linger=0)
         whole = [m for message in taken for m, _ in unbatch(message)]
-        alive = [s for message in taken for s in signs_of_life(message)]
+        alive = [s for message in taken for s in signs_of_life(message)[0]]
         assert [m["counters"]["env_frames"] for m in whole] == [1], "the first whole"
-        assert alive == [("actor-0", os.getpid())] * 2, "the others as signs of life"
+        assert alive == [["actor-0", os.getpid(), 100.0 + frames] for frames in (2, 3)], \
+            "the others as signs of life, with their waits' since"
     finally:
         worker.close()
         agent.close()

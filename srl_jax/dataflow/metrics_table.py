@@ -175,6 +175,8 @@ ACTOR = (
             (Row("actor/chunks_dropped"),)),
     Counter("infer_timeouts", "requests", _SUM, "inference requests resent after a timeout",
             (Row("actor/infer_timeouts"),)),
+    Counter("infer_resent", "requests", _SUM, "inference requests resent at once after "
+            "a server was lost (srl_jax/dataflow/fan_in.py)", (Row("actor/infer_resent"),)),
     Counter("time_env", "s", _SUM, "time stepping environments",
             (Row("actor/time_env_frac", Shown.SHARE),)),
     Counter("time_wait", "s", _SUM, "time waiting for actions",
@@ -355,6 +357,10 @@ OTHER_ROWS = (
     OtherRow("system/resumes", "resumes", "controller", "times the run was resumed"),
     OtherRow("system/workers_missing", "workers", "controller",
              "workers waiting for a host with room"),
+    OtherRow("system/heartbeats", "heartbeats", "controller",
+             "whole heartbeats the controller has taken (counters and all)"),
+    OtherRow("system/signs_of_life", "signs", "controller",
+             "host agents' signs of life the controller has taken (heartbeats not sent whole)"),
 )
 """Row keys no counter makes: the controller's own and those of the heartbeat arrays."""
 

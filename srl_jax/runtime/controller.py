@@ -44,7 +44,13 @@ from srl_jax.runtime.supervisor import (
     Supervisor,
 )
 from srl_jax.runtime.worker_base import LAST_PHASE, STACKS_SIGNAL
-from srl_jax.runtime.worker_records import StartupTimeline, WorkerRecord, heartbeat_problem
+from srl_jax.runtime.worker_records import (
+    StartupTimeline,
+    WorkerRecord,
+    heartbeat_problem,
+    take_signs,
+)
+from srl_jax.wire.codec import Message
 from srl_jax.wire.names import NameService, worker_name
 from srl_jax.wire.streams import (
     RejectCounter,
@@ -95,6 +101,10 @@ class Controller:
                                          time_base=self.time_base,
                                          restarts=last.get("system/restarts", 0))
         self.resumes = int(last.get("system/resumes", 0)) + int(resumed)
+        self.heartbeats = int(last.get("system/heartbeats", 0))
+        """Whole heartbeats taken (`system/heartbeats`), a resumed run's included."""
+        self.signs_of_life = int(last.get("system/signs_of_life", 0))
+        """Host agents' signs of life taken (`system/signs_of_life`)."""
         if resume_row:  # shown until the restored learners report their own
             for policy in run_policies(config):
                 self.metrics.observe(worker_name("learner", 0, policy), "learner", {
@@ -193,41 +203,50 @@ class Controller:
         deadline = time.monotonic() + TAKE_S
         while time.monotonic() < deadline and (received := receive(
                 self.stats, STATS.binder_receives, self.rejects)) is not None:
-            try:
-                beats, alive = unbatch(received[1]), signs_of_life(received[1])
-            except ValueError as error:
-                self.rejects.reject(error)
-                continue
-            for meta, arrays in beats:
-                self._take_heartbeat(meta, arrays)
-            for worker, pid in alive:
-                record = self._by_name.get(worker)
-                if record is not None and record.handle is not None \
-                        and record.handle.pid == pid:
-                    record.alive()
+            self._take_message(received[1])
 
-    def _take_heartbeat(self, meta: dict[str, Any], arrays: dict[str, Any]) -> None:
+    def _take_message(self, message: Message) -> None:
+        """A `stats` message, or a host agent's `stats_batch`: per message, not per entry,
+        where it can (one clock read, the signs of life in one loop: take_signs). The signs
+        go first: where a burst put a worker's sign and its whole heartbeat in one batch,
+        the wait the whole one reports is not given an older wait's since."""
+        try:
+            beats, (signs, malformed) = unbatch(message), signs_of_life(message)
+        except ValueError as error:
+            self.rejects.reject(error)
+            return
+        if malformed:
+            self.rejects.reject(ValueError("stats_batch: a malformed sign of life"), malformed)
+        now, wall = time.monotonic(), time.time()
+        take_signs(self._by_name, signs, now, wall)
+        for meta, arrays in beats:
+            self._take_heartbeat(meta, arrays, now, wall)
+        self.heartbeats += len(beats)
+        self.signs_of_life += len(signs)
+
+    def _take_heartbeat(self, meta: dict[str, Any], arrays: dict[str, Any], now: float,
+                        wall: float) -> None:
         worker, counters = meta.get("worker"), meta.get("counters")
-        record = self._by_name.get(worker) if isinstance(worker, str) else None
-        if record is None or record.handle is None or meta.get("pid") != record.handle.pid \
+        if not isinstance(worker, str) or (record := self._by_name.get(worker)) is None \
+                or record.handle is None or meta.get("pid") != record.handle.pid \
                 or not isinstance(counters, dict):
             return  # a late heartbeat from a replaced process, or garbage
         if problem := heartbeat_problem(counters, arrays):
-            self.rejects.reject(ValueError(f"heartbeat of {record.name}: {problem}"))
+            self.rejects.reject(ValueError(f"heartbeat of {worker}: {problem}"))
             return
-        record.heard(meta)
-        self.startup.mark(record.name, "heard")
+        record.heard(meta, now, wall)
+        self.startup.mark(worker, "heard")
         if meta.get("phase") == "setup":
             return  # alive, but its counters are not restored yet
         if meta.get("phase") == LAST_PHASE:
-            self.last_heard.add((record.name, record.handle.pid))
+            self.last_heard.add((worker, record.handle.pid))
         if record.state == "starting":
             record.state = "running"
-            self.startup.mark(record.name, "running")
+            self.startup.mark(worker, "running")
         counter = worker_kind(record.kind).progress
         if isinstance(progress := counters.get(counter), int | float) and progress > 0:
             self.startup.first(counter)
-        self.metrics.offer(record.name, record.kind, counters, arrays,
+        self.metrics.offer(worker, record.kind, counters, arrays,
                            first=not record.reported, policy=record.policy)
         record.reported = True
 
@@ -237,12 +256,16 @@ class Controller:
     def _write_row(self, check_stop: bool = True) -> None:
         row = self.metrics.row(self._elapsed())
         row["system/resumes"] = self.resumes
+        row["system/heartbeats"], row["system/signs_of_life"] = self.heartbeats, \
+            self.signs_of_life
         services = (self.name_server, self.log_sink, self.population_link)
         row["system/wire_rejected"] = row.get("system/wire_rejected", 0) + self.rejects.count \
             + sum(service.rejects.count for service in services if service is not None)
         row["system/auth_refused"] = row.get("system/auth_refused", 0) + self.transport.refused
         if self.name_server is not None:
             row["system/name_requests"] = self.name_server.requests
+        if self.log_sink is not None:
+            row["system/log_errors"] = self.log_sink.errors
         row["system/workers_missing"] = len(self.supervisor.missing())
         self.writer.write(row)
         self.progress.show(row)

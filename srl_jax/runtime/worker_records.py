@@ -18,7 +18,9 @@ going.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 from srl_jax.config.schema import DEFAULT_POLICY
@@ -91,15 +93,28 @@ class WorkerRecord:
             "ports": self.ports,
         }
 
-    def alive(self) -> None:
-        """A sign of life came (a host agent's, for a heartbeat it did not send on whole)."""
-        self.last_heartbeat, self.last_heartbeat_wall = time.monotonic(), time.time()
-
-    def heard(self, meta: dict[str, Any]) -> None:
-        """A heartbeat came: when, what it waits on, and its ports (kept if it lists none)."""
-        self.alive()
+    def heard(self, meta: dict[str, Any], now: float, wall: float) -> None:
+        """A heartbeat came (at `now` monotonic, `wall` wall time: read once per message):
+        what it waits on, and its ports (kept if it lists none)."""
+        self.last_heartbeat, self.last_heartbeat_wall = now, wall
         self.waiting = waiting_field(meta.get("waiting"))
         self.ports = ports_field(meta.get("ports")) or self.ports
+
+
+def take_signs(records: Mapping[str, WorkerRecord], signs: list[list[Any]], now: float,
+               wall: float) -> None:
+    """Signs of life (`host_agent.signs_of_life`: [worker, pid, since or None]) into their
+    workers' records, heard at `now` and `wall`, in one loop with no call per sign: a host
+    agent sends one for most heartbeats. A sign of a process its record no longer has (a
+    replaced one) is left out. What a worker waits on is as its last whole heartbeat said
+    (the agent sends one whole when that changes); a sign moves its `since`."""
+    for worker, pid, since in signs:
+        record = records.get(worker)
+        if record is None or record.handle is None or record.handle.pid != pid:
+            continue
+        record.last_heartbeat, record.last_heartbeat_wall = now, wall
+        if since is not None and record.waiting is not None:
+            record.waiting = (record.waiting[0], float(since))
 
 
 def waiting_field(value: Any) -> tuple[str, float] | None:
@@ -121,7 +136,7 @@ def ports_field(value: Any) -> list[dict[str, Any]] | None:
 
 def heartbeat_problem(counters: dict, arrays: dict[str, Any]) -> str | None:
     """Why the metrics cannot take a heartbeat's counters and arrays, or None."""
-    if not all(isinstance(key, str) for key in counters):
+    if not all(map(isinstance, counters, repeat(str))):  # no Python call per counter
         return "counter names must be strings"
     if any(array.ndim != 1 for array in arrays.values()):
         return "heartbeat arrays must be one-dimensional"

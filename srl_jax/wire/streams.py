@@ -37,8 +37,9 @@ class RejectCounter:
         self.count = 0
         self._seen: set[str] = set()
 
-    def reject(self, error: Exception) -> None:
-        self.count += 1
+    def reject(self, error: Exception, count: int = 1) -> None:
+        """`count` parts of a message (or messages) dropped for `error`."""
+        self.count += count
         reason = str(error).split(":")[0]
         if reason not in self._seen and len(self._seen) < MAX_LOGGED_REASONS:
             self._seen.add(reason)

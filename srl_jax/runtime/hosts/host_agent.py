@@ -18,9 +18,12 @@ local `ipc://` sockets, and the agent to the controller:
   (`unbatch`): the same failure detection and restarts, from a few messages a second
   per host. A worker's heartbeat goes on whole at most every FULL_EVERY_S (at once
   where its phase or what it waits on changed); in between the batch says only that it
-  is alive (`alive`: [worker, pid]), and its episode returns wait for its next whole
-  one. Counters are cumulative, so the controller's rows lose nothing but freshness,
-  and its work per worker falls by three quarters.
+  is alive (`alive`: [worker, pid, since], `since` the wall time its wait began, or
+  None where it waits on nothing), and its episode returns wait for its next whole one.
+  A real worker's `since` moves every beat (an actor's oldest pending request, a
+  server's last batch), so only what it waits on decides; the sign keeps status.json's
+  `waiting_since` current. Counters are cumulative, so the controller's rows lose
+  nothing but freshness, and its work per worker falls by three quarters.
 - logs: chunks go on as they came.
 - parameters: the agent relays each policy's parameters to its host, in a tree with the
   other agents' relays (srl_jax/runtime/hosts/param_relay.py), and answers its workers' lookup
@@ -55,6 +58,7 @@ from srl_jax.dataflow.stream_table import CHANGES, LOGS, NAMES, PARAMS, STATS, s
 from srl_jax.runtime.hosts.param_relay import Relays
 from srl_jax.runtime.name_client import SWEEP_S, NetworkNameService, change_of
 from srl_jax.runtime.name_server import NameServer, Wakeup, fixed_endpoint
+from srl_jax.runtime.worker_records import waiting_field
 from srl_jax.wire.codec import MAX_ARRAYS, MAX_HEADER_BYTES, Message
 from srl_jax.wire.streams import LOOPBACK, NOBLOCK, RejectCounter, make_socket, receive, send
 from srl_jax.wire.transport import CurveKeys, Transport, curve_connect
@@ -73,6 +77,11 @@ BATCH_HEADER_BYTES = MAX_HEADER_BYTES // 2
 """A batch's metadata stays under this (the wire refuses headers over MAX_HEADER_BYTES)."""
 QUEUE = 1024
 """Messages queued on each of the agent's sockets (ZMQ high-water mark)."""
+SIGN_BYTES = 48
+"""A sign of life's share of a batch's header (msgpack: 16 bytes and the worker's name;
+a longer name eats into the wire's limit, twice BATCH_HEADER_BYTES)."""
+SINCE_TYPES = (float, int, type(None))
+"""What a sign of life's `since` may be (a wall time, or None)."""
 HELD_BATCHES = 64
 """Batches kept while the controller takes none; past it the oldest are dropped (their
 counters are carried by later heartbeats; their episode returns are lost, and counted)."""
@@ -98,7 +107,7 @@ class _Forwarded:
     """What the agent last sent on whole for one worker process, and what waits."""
 
     phase: Any
-    waiting: Any
+    waits_on: str | None
     at: float
     arrays: list[dict[str, np.ndarray]] = field(default_factory=list)
 
@@ -117,19 +126,27 @@ class Coalescer:
         where a sign of life does."""
         key = (meta.get("worker"), meta.get("pid"))
         last = self._forwarded.get(key)
+        waits_on = waiting[0] if (waiting := waiting_field(meta.get("waiting"))) else None
         if last is not None and now - last.at < self.full_every_s \
-                and meta.get("phase") == last.phase and meta.get("waiting") == last.waiting:
+                and meta.get("phase") == last.phase and waits_on == last.waits_on:
             if arrays:
                 last.arrays.append(arrays)
             return None
         waited = last.arrays if last is not None else []
-        self._forwarded[key] = _Forwarded(meta.get("phase"), meta.get("waiting"), now)
+        self._forwarded[key] = _Forwarded(meta.get("phase"), waits_on, now)
         return meta, joined([*waited, arrays])
 
     def forget_old(self, now: float) -> None:
         """Forget the processes not heard from for FORGET_S (replaced or gone)."""
         for key in [k for k, f in self._forwarded.items() if now - f.at > FORGET_S]:
             del self._forwarded[key]
+
+
+def sign_of_life(meta: dict[str, Any]) -> list[Any]:
+    """What a batch says of a heartbeat not sent on whole: [worker, pid, since], `since`
+    the wall time of the wait it reports (None: it waits on nothing, or says so wrongly)."""
+    waiting = waiting_field(meta.get("waiting"))
+    return [meta.get("worker"), meta.get("pid"), waiting[1] if waiting else None]
 
 
 def joined(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -145,12 +162,14 @@ def joined(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
 def batches(beats: list[Beat], alive: list[list[Any]] | None = None
             ) -> Iterator[Beat]:
     """`stats_batch` messages (meta, arrays) of heartbeats, each under the wire's limits:
-    meta `{"beats": [meta, ...], "alive": [[worker, pid], ...]}`, arrays `<i>/<name>` of
-    beat i. The signs of life go with the first."""
+    meta `{"beats": [meta, ...], "alive": [sign_of_life, ...]}`, arrays `<i>/<name>` of
+    beat i. The signs of life go with the first, those past its room in messages of
+    their own."""
     metas: list[dict[str, Any]] = []
     arrays: dict[str, np.ndarray] = {}
-    signs = alive or []
-    size = 32 * len(signs)
+    room = BATCH_HEADER_BYTES // SIGN_BYTES
+    signs, rest = (alive or [])[:room], (alive or [])[room:]
+    size = SIGN_BYTES * len(signs)
     for meta, own in beats:
         grows = len(msgpack.packb(meta)) + 32 * len(own)
         if metas and (size + grows > BATCH_HEADER_BYTES or len(arrays) + len(own) > MAX_ARRAYS):
@@ -161,16 +180,22 @@ def batches(beats: list[Beat], alive: list[list[Any]] | None = None
         size += grows
     if metas or signs:
         yield {"beats": metas, "alive": signs}, arrays
+    for start in range(0, len(rest), room):
+        yield {"beats": [], "alive": rest[start:start + room]}, {}
 
 
-def signs_of_life(message: Message) -> list[tuple[str, int]]:
-    """The (worker, pid) a `stats_batch` says are alive (ValueError: malformed)."""
+def signs_of_life(message: Message) -> tuple[list[list[Any]], int]:
+    """The signs of life of a `stats_batch`, each [worker, pid, since or None] (an older
+    agent's [worker, pid] gains a None), and how many were malformed and left out
+    (ValueError: 'alive' is no list). One pass, no call per sign: a controller takes
+    thousands a second."""
     alive = message.meta.get("alive", []) if message.kind == "stats_batch" else []
-    if not isinstance(alive, list) or not all(
-            isinstance(sign, list) and len(sign) == 2 and isinstance(sign[0], str)
-            and type(sign[1]) is int for sign in alive):
-        raise ValueError("stats_batch: 'alive' must be a list of [worker, pid]")
-    return [(worker, pid) for worker, pid in alive]
+    if not isinstance(alive, list):
+        raise ValueError("stats_batch: 'alive' must be a list of signs of life")
+    signs = [sign if len(sign) == 3 else [*sign, None] for sign in alive
+             if type(sign) is list and 2 <= len(sign) <= 3 and type(sign[0]) is str
+             and type(sign[1]) is int and (len(sign) == 2 or type(sign[2]) in SINCE_TYPES)]
+    return signs, len(alive) - len(signs)
 
 
 def unbatch(message: Message) -> list[Beat]:
@@ -220,7 +245,7 @@ class HostAgent:
         local = Transport(context, bind_host, keys=keys)
         self.names = NameServer(local, config, forward=self._forward, at=at, own_thread=False)
         self.relays = Relays(local, self.names, lambda key, endpoint: self._forward(
-            "register", key, endpoint), at, index, fanout)
+            "unregister" if endpoint is None else "register", key, endpoint), at, index, fanout)
         self._stats_in = self._bind(local, STATS.bind_type, STATS.key())
         self._logs_in = self._bind(local, LOGS.bind_type, LOGS.key())
         self._stats_out = self._connect(STATS.connect_type, STATS.key(), keys)
@@ -355,7 +380,7 @@ class HostAgent:
                 if (whole := coalescer.take(meta, arrays, now)) is not None:
                     beats.append(whole)
                 else:
-                    alive.append([meta.get("worker"), meta.get("pid")])
+                    alive.append(sign_of_life(meta))
             if self._logs_in in ready:
                 self._pass_logs()
             if time.monotonic() >= next_batch:
