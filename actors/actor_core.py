@@ -12,8 +12,9 @@ rung of Ape-X's epsilon ladder (actors/exploration.py). In a multi-agent env eac
 policy answers for its own agents and gets the chunk of its own agents; a frozen
 policy (self-play) gets no chunks, and one that plays an opponent pool names, per
 env and episode, the snapshot it plays (actors/opponents.py). A request
-unanswered for `resend_after_s` is asked again (`overdue`), and a late reply to
-the earlier one is ignored.
+unanswered for `resend_after_s` is asked again (`overdue`), as is every unanswered
+one at once when the shell lost a server (`resend`), and a late reply to the earlier
+one is ignored.
 A recurrent policy's state lives here, one numpy row per column: each request
 carries it, each reply brings the next one, and a column's state is zeroed when
 its episode ends, so inference servers stay stateless.
@@ -163,9 +164,9 @@ class _SplitState:
 class ActorCore:
     """An actor's ring between its replies and its requests and chunks."""
 
-    COUNTERS = ("env_frames", "episodes", "infer_timeouts", "time_env")
+    COUNTERS = ("env_frames", "episodes", "infer_timeouts", "infer_resent", "time_env")
     """What `counters` reports: env steps, finished episodes, requests asked again after
-    `resend_after_s`, seconds spent stepping envs."""
+    `resend_after_s`, and after a lost server (`resend`), seconds spent stepping envs."""
 
     def __init__(self, splits: Sequence[RingSplit], policies: list[str], specs: list[EnvSpec],
                  length: int, *, frozen: Collection[str] = (),
@@ -207,6 +208,7 @@ class ActorCore:
         self.env_frames = 0
         self.episodes = 0
         self.infer_timeouts = 0
+        self.infer_resent = 0
         self.time_env = 0.0
         self._returns: list[float] = []
         self._lengths: list[int] = []
@@ -264,6 +266,14 @@ class ActorCore:
                         waited = now - part.sent_at
                         self.infer_timeouts += 1
                     again.append((self._renew(state, p), waited))
+        return again
+
+    def resend(self, policy: int) -> list[ActionRequest]:
+        """Every request to `policy` sent and not answered yet, to send again now: the
+        server it went to may be gone (the shell lost one)."""
+        again = [self._renew(state, policy) for state in self.splits
+                 if (part := state.parts[policy]).answer is None and part.seq]
+        self.infer_resent += len(again)
         return again
 
     def oldest_pending(self) -> tuple[float, int] | None:

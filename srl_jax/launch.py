@@ -3,7 +3,8 @@
 Resolves the experiment config (a name in `configs/` or a YAML path), applies
 overrides, imports its plugins, validates everything (the environment and the
 algorithm's section included) before a worker starts (exit code 2 and one
-line on a bad config, or on a device placement this host cannot give), makes the run
+line on a bad config, on a device placement this host cannot give, or on sockets its
+open-file limit cannot hold: `Plan.sockets`), makes the run
 directory and a `checkpoint.dir` on this host (exit code 2 and one line naming the path
 and why where it cannot), writes the resolved config, prints the placement plan and
 hands over to the controller. Exit code 0 when the run reached its stop condition;
@@ -26,6 +27,7 @@ import argparse
 import importlib.util
 import logging
 import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -321,15 +323,26 @@ def run_plan(config: ExperimentConfig, args: argparse.Namespace, shared_memory: 
         curve_wanted(config.transport.curve, "" if spans else config.transport.bind_host)))
 
 
+def check_open_files(plan: Plan, backend: str) -> None:
+    """ConfigError where this host's hard limit of open files cannot serve the sockets of a
+    process of the plan (each raises its soft limit to it). Only the local backend's:
+    a cluster's hosts have limits of their own."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if backend == "local" and hard != resource.RLIM_INFINITY and \
+            (problem := plan.open_files_problem(hard)) is not None:
+        raise ConfigError(problem)
+
+
 def main(argv: list[str] | None = None) -> int:
     launched = time.time()
     args = parse_args(argv)
     try:
         config, run_dir, resume_steps, placement = prepare_run(args)
         shared_memory, fallback = shared_memory_plan(config, args.backend)
+        plan = run_plan(config, args, shared_memory)
+        check_open_files(plan, args.backend)
         if args.plan:  # it makes no directory either
-            print("\n".join([*run_plan(config, args, shared_memory).lines(),
-                             *placement.lines()]))
+            print("\n".join([*plan.lines(), *placement.lines()]))
             return 0
         make_checkpoint_location(run_dir, config, args)
         resume_row = make_run_dir(run_dir, config, resume_steps)
@@ -338,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG
     from srl_jax.runtime.controller import Controller
     from srl_jax.runtime.metrics import ProgressDisplay
+    from srl_jax.runtime.worker_base import raise_open_files
     from srl_jax.wire.transport import CurveKeys
 
     logging.basicConfig(
@@ -348,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     except BackendError as error:
         print(f"srl_jax.launch: {error}", file=sys.stderr)
         return EXIT_FAILED
+    raise_open_files()  # the controller holds a connection per worker
     bind_host = backend.bind_host() or config.transport.bind_host
     keys = CurveKeys.generate() if curve_wanted(config.transport.curve, bind_host) else None
     progress = ProgressDisplay(sys.stdout, enabled=not args.quiet)

@@ -54,6 +54,7 @@ def test_default_config_loads_with_typed_overrides() -> None:
     ("actors.count=two", "'actors.count' must be an integer"),
     ("actors.count=0", "'actors.count' must be at least 1"),
     ("inference.request_queue=0", "'inference.request_queue' must be at least 1"),
+    ("inference.servers_per_actor=-1", "'inference.servers_per_actor' must be 0 (every server)"),
     ("learner.param_queue=0", "'learner.param_queue' must be at least 1"),
     ("runtime.stats_queue=0", "'runtime.stats_queue' must be at least 1"),
     ("actors.splits=3", "'actors.splits' (3) must divide 'actors.envs' (64)"),

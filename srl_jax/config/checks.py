@@ -107,6 +107,8 @@ def check_inference(config: ExperimentConfig) -> None:
     require(inference.max_wait_ms >= 0, "'inference.max_wait_ms' must not be negative")
     require(inference.min_padded_batch >= 1, "'inference.min_padded_batch' must be at least 1")
     require(inference.request_queue >= 1, "'inference.request_queue' must be at least 1")
+    require(inference.servers_per_actor >= 0, "'inference.servers_per_actor' must be 0 "
+            f"(every server) or more, got {inference.servers_per_actor}")
     check_request_rows(config)
 
 

@@ -161,6 +161,11 @@ class InferenceConfig:
     """Requests queued per connection on the inference stream, each way (ZMQ high-water
     mark). An actor has at most `actors.splits` in flight; past the bound its send fails
     and it tries again, a server's reply to a full actor is dropped and sent again later."""
+    servers_per_actor: int = 2
+    """Servers each actor connects to (0: every one): those of its host first, then the
+    others from its index on (`rank % count`), each lost one replaced by the next live one
+    (srl_jax/dataflow/fan_in.py). Bounds a server's connections, and the handshakes after
+    its restart, to about actors x this / count."""
 
 
 @dataclass

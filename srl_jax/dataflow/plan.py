@@ -9,16 +9,20 @@ from the same facts the workers act on: the algorithm's source (`chunk_stream`),
 inference, reanalysis, self-play pools, populations, the name service. What carries a
 stream is the launcher's choice for the run (`Carriers`): shared memory between workers
 of one host where the launcher owns it, ZeroMQ over TCP otherwise, with CURVE off
-loopback.
+loopback. From the links follow the sockets each process holds (`Plan.sockets`: an actor
+joins `inference.servers_per_actor` servers, srl_jax/dataflow/fan_in.py), which the
+launcher checks against the open-file limit before it starts anything.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from srl_jax.config.schema import DEFAULT_POLICY, ExperimentConfig, acting_policies, run_policies
 from srl_jax.dataflow.algorithms import chunk_stream, reanalyses
+from srl_jax.dataflow.fan_in import servers_per_actor
 from srl_jax.dataflow.stream_table import (
     CHANGES,
     CONTROL,
@@ -38,6 +42,9 @@ from srl_jax.dataflow.stream_table import (
 from srl_jax.dataflow.worker_kinds import KINDS, worker_plan
 
 CONTROLLER = "controller"
+OTHER_FILES = 256
+"""Descriptors a process holds besides its sockets, at most (Python's and JAX's files,
+ZeroMQ's context, its log, shared memory)."""
 
 
 @dataclass(frozen=True)
@@ -175,7 +182,62 @@ class Plan:
             out.append(f"  {link.stream.name + policy:<22} {ends:<40} {link.transport}")
         if not self.carriers.network_names:
             out.append("  (names: files under the run directory's names/; logs: its logs/)")
+        held = ", ".join(f"{kind} {count}" for kind, count in self.sockets().items())
+        out.append(f"sockets per process, at most: {held}")
         return out
+
+    def _joins(self, link: Link, kind: str) -> int:
+        """How many binders of `link` one connecter of `kind` connects to: an actor
+        `inference.servers_per_actor` of its servers, others every binder."""
+        binders = self._binders(link)
+        if link.stream is INFERENCE and kind == "actor":
+            return servers_per_actor(self.config.inference.servers_per_actor, binders)
+        return binders if link.stream.indexed else 1
+
+    def sockets(self) -> dict[str, int]:
+        """The most sockets (connections and listening ports) one process of each kind,
+        and the controller, holds in this run: a binder its connecters' share, as if one
+        of its peers were lost and their connecters had moved to the rest; the controller
+        one more per worker (its process handle or log file)."""
+        counts = {(w.kind, w.policy): w.count for w in self.workers}
+        held: dict[tuple[str, str], int] = {}
+
+        def add(kind: str, policy: str, sockets: int) -> None:
+            own = policy if (kind, policy) in counts else DEFAULT_POLICY
+            held[kind, own] = held.get((kind, own), 0) + sockets
+
+        for link in self.links:
+            binders, share = self._binders(link), 1  # its listening port
+            for kind in link.connecters:
+                connecters = counts.get((kind, link.policy)) or \
+                    counts.get((kind, DEFAULT_POLICY), 0)
+                joins = self._joins(link, kind)
+                add(kind, link.policy, joins)
+                left = binders - 1 if joins < binders else binders
+                share += min(connecters, math.ceil(connecters * joins / max(left, 1)))
+            add(link.stream.binder, link.policy, share)
+        add(CONTROLLER, DEFAULT_POLICY, sum(counts.values()))
+        most: dict[str, int] = {}
+        for (kind, _), sockets in held.items():
+            most[kind] = max(most.get(kind, 0), sockets)
+        return most
+
+    def _binders(self, link: Link) -> int:
+        if link.stream.binder == CONTROLLER:
+            return 1
+        return next(w.count for w in self.workers
+                    if w.kind == link.stream.binder and w.policy == link.policy)
+
+    def open_files_problem(self, limit: int) -> str | None:
+        """Why processes of this run could not open their files under `limit` (a host's
+        hard limit, which each raises its own to), or None where they can."""
+        need = {kind: sockets + OTHER_FILES for kind, sockets in self.sockets().items()}
+        kind, most = max(need.items(), key=lambda item: item[1])
+        if most <= limit:
+            return None
+        return (f"a process of kind '{kind}' needs up to {most} open files ({most - OTHER_FILES} "
+                f"sockets), over this host's limit of {limit} (`ulimit -Hn`): raise it, or "
+                "lower 'inference.servers_per_actor' or the worker counts")
 
     def mermaid(self) -> str:
         """The plan as a mermaid flowchart: worker kinds as nodes, streams as edges."""

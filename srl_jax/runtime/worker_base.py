@@ -21,6 +21,7 @@ import contextlib
 import faulthandler
 import logging
 import os
+import resource
 import select
 import signal
 import socket as pysocket
@@ -34,12 +35,14 @@ import numpy as np
 import zmq
 
 from srl_jax.config.schema import DEFAULT_POLICY, ExperimentConfig
+from srl_jax.dataflow.fan_in import endpoint_host, server_order, servers_per_actor
 from srl_jax.dataflow.stream_table import STATS, STREAMS, Stream
 from srl_jax.dataflow.worker_kinds import KINDS, PARENT_ENV, PARENT_PIDFD_ENV, worker_kind
 from srl_jax.runtime.faults import FaultPlan
 from srl_jax.runtime.incarnation import Incarnation
 from srl_jax.runtime.shm_attach import open_inbox, open_outbox, stream_slots
 from srl_jax.wire.names import NameService, worker_name
+from srl_jax.wire.peer_set import PeerSet
 from srl_jax.wire.shm.layout import SlotLayout
 from srl_jax.wire.stream_ends import Binder, Connecter
 from srl_jax.wire.streams import RejectCounter, limit_message_size, make_socket, send
@@ -104,8 +107,18 @@ def heartbeat_meta(name: str, kind: str, index: int, policy: str, phase: str,
             "waiting": list(waiting) if waiting else None}
 
 
+def raise_open_files() -> None:
+    """Raise this process's soft limit of open files to its hard limit: each connection
+    is a descriptor, and soft limits are often 1,024 (the launcher checks the plan's
+    sockets against the hard limit, `Plan.open_files_problem`)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):  # an unlimited hard limit may refuse
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def parent_watch(environ: Mapping[str, str]) -> Callable[[], bool]:
-    """Whether the process that started this worker (the controller, a Ray host) is gone: a
+    """Whether the process that started this worker (the controller, a Ray node's agent) is gone: a
     worker forked by a warm parent polls its starter's pidfd, a started one compares its
     parent's pid with its starter's (a pid, unlike a pidfd, may name another process)."""
     pidfd = environ.get(PARENT_PIDFD_ENV)
@@ -159,6 +172,11 @@ class Worker:
         self._stop = False
         self._followed: list[list[Any]] = []
         """[socket, key, endpoint] of each connection that follows its key (`connect_to`)."""
+        self._peer_sets: list[PeerSet] = []
+        """Its connecter sockets joined to a bounded set of binders (`socket`'s `peers`)."""
+        self.peers_dropped: list[zmq.Socket] = []
+        """Sockets of `_peer_sets` that lost (or let go) a binder since the worker last
+        looked: their unanswered requests may be lost (`PeerSet.check`)."""
         self._ends: list[Connecter | Binder] = []
         """Its ends of same-host streams (`connect`, `bind`), for their counters."""
         same_host = [stream for stream in STREAMS if stream.same_host]
@@ -253,14 +271,15 @@ class Worker:
                                        f"{LOOKUP_TIMEOUT_S:.0f}s") from None
 
     def socket(self, stream: Stream, policy: str | None = None, index: int | None = None,
-               hwm: int | None = None) -> zmq.Socket:
+               hwm: int | None = None, peers: int | None = None) -> zmq.Socket:
         """A socket on `stream`, bound or connected as its stream-table row says for this
         kind: the one place workers open streams (a same-host stream's whole end, socket
         and shared memory: `connect`, `bind`). The binder binds it and registers
         `stream.key(policy, index)` (by default its own index); a connecter connects it to
         that key and follows it, or on an indexed stream without `index` to every binder of
-        the run (the binder kind's count). `policy`: by default this worker's; `hwm`:
-        messages queued each way."""
+        the run (the binder kind's count), or with `peers` to that many of them (0: every
+        one) in a `PeerSet`, which replaces a lost one (srl_jax/dataflow/fan_in.py).
+        `policy`: by default this worker's; `hwm`: messages queued each way."""
         policy = self.policy if policy is None else policy
         binds = stream.binder == self.kind
         if not stream.is_zmq or not (binds or self.kind in stream.connecters):
@@ -277,18 +296,40 @@ class Worker:
         if stream.connect_immediate:
             socket.setsockopt(zmq.IMMEDIATE, 1)
         every = stream.indexed and index is None
-        for binder in range(worker_kind(stream.binder).count(self.config)) if every else [index]:
+        count = worker_kind(stream.binder).count(self.config)
+        if every and peers is not None:
+            self._join_peers(socket, [stream.key(policy, binder) for binder in range(count)],
+                             servers_per_actor(peers, count))
+            return socket
+        for binder in range(count) if every else [index]:
             self.connect_to(socket, stream.key(policy, binder))
         return socket
 
+    def _join_peers(self, socket: zmq.Socket, keys: list[str], bound: int) -> None:
+        """Connect `socket` to `bound` of the binders under `keys`, its host's first
+        (`server_order`); ZeroMQ's heartbeats find a silent one lost."""
+        runtime = self.config.runtime
+        socket.setsockopt(zmq.HEARTBEAT_IVL, int(runtime.stats_interval_s * 1000))
+        socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(runtime.heartbeat_timeout_s * 1000))
+        hosts = [endpoint_host(self.lookup(key)) for key in keys]
+        order = server_order(self.index, self.transport.advertise_host, hosts)
+        self._peer_sets.append(PeerSet(
+            socket, [keys[i] for i in order], bound,
+            connect=lambda key: self.connect_to(socket, key),
+            disconnect=lambda key: self.disconnect_from(socket, key),
+            keys_at=lambda: {endpoint: key for s, key, endpoint in self._followed
+                             if s is socket}))
+
     def connect(self, stream: Stream, layout: SlotLayout, reply_layout: SlotLayout | None = None,
-                policy: str | None = None, hwm: int | None = None) -> Connecter:
-        """This connecter's end of the same-host `stream`: its socket (`socket`) and, where
-        every binder shares its host, slots of `layout` (and on a request stream of
-        `reply_layout`, what it is answered): srl_jax/runtime/shm_attach.py chooses."""
+                policy: str | None = None, hwm: int | None = None,
+                peers: int | None = None) -> Connecter:
+        """This connecter's end of the same-host `stream`: its socket (`socket`, `peers` as
+        there) and, where every binder shares its host, slots of `layout` (and on a request
+        stream of `reply_layout`, what it is answered): srl_jax/runtime/shm_attach.py
+        chooses."""
         _check_same_host(stream)
         policy = self.policy if policy is None else policy
-        socket = self.socket(stream, policy, hwm=hwm)
+        socket = self.socket(stream, policy, hwm=hwm, peers=peers)
         slots, split_slots = stream_slots(self.config, stream)
         (kind,) = stream.binder_receives
         end = Connecter(socket, kind, stream.connecter_receives, self.rejects,
@@ -330,6 +371,22 @@ class Worker:
         endpoint = self.lookup(key)
         self.transport.connect(socket, endpoint)
         self._followed.append([socket, key, endpoint])
+
+    def disconnect_from(self, socket: zmq.Socket, key: str) -> None:
+        """Leave the binder under `key` that `socket` follows (`connect_to`)."""
+        for entry in [entry for entry in self._followed if entry[0] is socket and entry[1] == key]:
+            with contextlib.suppress(zmq.ZMQError):
+                socket.disconnect(entry[2])
+            self._followed.remove(entry)
+
+    def _watch_peers(self) -> None:
+        for peers in self._peer_sets:
+            if not peers.check():
+                continue
+            self.log.info("lost or let go a binder: now joined to %s (lost: %s)",
+                          ", ".join(peers.connected), ", ".join(sorted(peers.lost)) or "none")
+            if peers.socket not in self.peers_dropped:
+                self.peers_dropped.append(peers.socket)
 
     def _follow_endpoints(self) -> None:
         moved = self.names.moved({key: endpoint for _, key, endpoint in self._followed})
@@ -375,6 +432,7 @@ class Worker:
         self._last_stats = now
         if follow:
             self._follow_endpoints()
+            self._watch_peers()
         if self._parent_gone():
             self.log.warning("the process that started it is gone; stopping")
             self._stop = True
@@ -400,6 +458,7 @@ class Worker:
 
     def run(self) -> int:
         """The lifecycle: connect to the controller, setup, loop, close."""
+        raise_open_files()
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
         faulthandler.register(STACKS_SIGNAL, all_threads=True)  # into the log: runtime.status
@@ -422,6 +481,8 @@ class Worker:
         except WorkerStopped as stopped:
             self.log.info("%s", stopped)
         finally:
+            for peers in self._peer_sets:
+                peers.close()
             self.close()
             if self._stats_socket is not None:
                 self._stats_socket.close(linger=500)
