@@ -203,3 +203,76 @@ def test_chunks_of_strangers_are_counted_and_dropped(tmp_path: Path) -> None:
         context.term()
     assert (tmp_path / "actor-0.log").read_text() == "a line\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["actor-0.log", "names"]
+
+
+OUT_OF_FILES = """
+import errno, os, sys, time, zmq
+import numpy as np
+from pathlib import Path
+from srl_jax.dataflow.stream_table import LOGS
+from srl_jax.runtime.log_stream import LogSink
+from srl_jax.wire.names import FileNameService
+from srl_jax.wire.streams import make_socket, send
+from srl_jax.wire.transport import Transport
+
+logs = Path(sys.argv[1])
+context = zmq.Context()
+sink = LogSink(Transport(context), FileNameService(logs / "names"), logs,
+               [f"actor-{i}" for i in range(4)], open_logs=2)
+push = make_socket(context, LOGS.connect_type)
+push.connect(sink.endpoint)
+
+def say(worker, text):
+    send(push, "log", {"worker": worker}, {"text": np.frombuffer(text.encode(), np.uint8)})
+
+def wait(predicate):
+    deadline = time.monotonic() + 10
+    while not predicate():
+        assert time.monotonic() < deadline and sink._thread.is_alive(), sink.errors
+        time.sleep(0.01)
+
+def held():
+    return sum(os.readlink(f"/proc/self/fd/{fd}").startswith(str(logs))
+               for fd in os.listdir("/proc/self/fd") if os.path.exists(f"/proc/self/fd/{fd}"))
+
+say("actor-0", "first of 0\\n")
+wait(lambda: held() == 1)
+hoard = []
+try:
+    while True:
+        hoard.append(os.open(os.devnull, os.O_RDONLY))
+except OSError as error:
+    assert error.errno == errno.EMFILE
+say("actor-1", "lost: no descriptor left\\n")
+wait(lambda: sink.errors == 1)
+for fd in hoard:
+    os.close(fd)
+for i in range(3):
+    say(f"actor-{i}", f"second of {i}\\n")
+wait(lambda: (logs / "actor-2.log").exists() and held() == 2)
+(logs / "actor-3.log").mkdir()
+say("actor-3", "lost: its log is a directory\\n")
+wait(lambda: sink.errors == 2)
+say("actor-1", "third of 1\\n")
+wait(lambda: "third" in (logs / "actor-1.log").read_text())
+sink.close()
+assert not sink._thread.is_alive() and sink.errors == 2 and sink.rejects.count == 0
+print(held(), flush=True)
+"""
+
+
+def test_the_sink_holds_few_files_and_outlives_running_out_of_descriptors(
+        processes: Processes, tmp_path: Path) -> None:
+    """Every descriptor of the process taken (for real: opened until EMFILE), then a log
+    that cannot be opened at all: each error loses its chunk and is counted, and the sink
+    writes on once descriptors are back, three workers' logs through two open files."""
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    logs.mkdir()
+    sink = processes.start([sys.executable, "-c", OUT_OF_FILES, str(logs)], log=out,
+                           stderr_to=tmp_path / "err")
+    assert sink.wait(timeout=60) == 0, (tmp_path / "err").read_text()
+    assert out.read_text() == "0\n", "every file closed with the sink"
+    assert "Too many open files" in (tmp_path / "err").read_text(), "said once"
+    texts = [(logs / f"actor-{i}.log").read_text() for i in range(3)]
+    assert texts == ["first of 0\nsecond of 0\n", "second of 1\nthird of 1\n",
+                     "second of 2\n"]

@@ -21,7 +21,7 @@ import zmq
 import srl_jax.wire.names as file_names
 from srl_jax.dataflow.stream_table import INFERENCE, NAMES, PARAMS, SAMPLES, STATS
 from srl_jax.launch import network_names
-from srl_jax.runtime import name_server
+from srl_jax.runtime import name_client, name_server
 from srl_jax.runtime.name_client import NetworkNameService
 from srl_jax.runtime.name_server import NameServer
 from srl_jax.wire.codec import WIRE_VERSION
@@ -137,6 +137,25 @@ def test_a_lookup_gives_up_at_its_timeout_naming_the_key(names) -> None:
     with pytest.raises(TimeoutError, match=INFERENCE.key(index=4)):
         service.lookup(INFERENCE.key(index=4), timeout_s=0.3)
     assert 0.25 <= time.monotonic() - started < 5
+
+
+def test_a_lookup_that_finds_the_server_full_backs_off(
+        server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no room for held lookups every lookup of a missing key is answered at once,
+    `full`: the client asks again after pauses that double (BACKOFF_S scaled to a tenth:
+    0.05 s to 0.8 s), a handful of requests in the 0.6 s before its key comes, not the
+    thousands of a tight loop, and it still finds the key once registered."""
+    monkeypatch.setattr(name_server, "MAX_HELD", 0)
+    monkeypatch.setattr(name_client, "BACKOFF_S", (0.05, 0.8))
+    client = server.client()
+    before = server.server.requests
+    late = threading.Timer(0.6, server.server.register, (KEY, "tcp://10.0.0.3:7000"))
+    late.start()
+    try:
+        assert client.lookup(KEY, timeout_s=20) == "tcp://10.0.0.3:7000"
+    finally:
+        late.join()
+    assert 3 <= server.server.requests - before <= 8
 
 
 def test_the_server_hands_out_the_run_config(server: Server) -> None:

@@ -151,11 +151,12 @@ PARAMS = Stream(
 RELAY = Stream(
     name="relay", binder="agent", connecters=("agent",),
     bind_type=zmq.XPUB, connect_type=zmq.SUB,
-    binder_receives=frozenset(), connecter_receives=frozenset({"params"}),
+    binder_receives=frozenset(), connecter_receives=frozenset({"params", "relay_note"}),
     per_policy=True, indexed=True,
     doc="A host agent's relay of a policy's parameters, to the relays below it in the "
-        "policy's tree (the agent's own host takes them on a local address); indexed by "
-        "agent (srl_jax/runtime/hosts/param_relay.py).")
+        "policy's tree (the agent's own host takes them on a local address), with a note "
+        "now and then of the newest it holds; indexed by agent "
+        "(srl_jax/runtime/hosts/param_relay.py).")
 POOL = Stream(
     name="pool", binder="learner", connecters=("inference",),
     bind_type=zmq.PUB, connect_type=zmq.SUB,

@@ -6,7 +6,13 @@ there (its log lines, a traceback, the stacks SIGUSR1 makes it write, what its
 libraries print) goes as it was written, in chunks, on the logs stream (PUSH with a
 high-water mark of LOG_QUEUE messages). The controller's `LogSink` appends each chunk
 to `logs/<worker>.log` in its run directory: that file is complete on the
-controller's host, and nothing else writes it while the stream works.
+controller's host, and nothing else writes it while the stream works. The sink holds
+at most OPEN_LOGS of those files open, the least recently written closed first (and
+opened again, to append, when that worker writes next): a run of 10,000 workers needs no
+10,000 descriptors in the controller, and each file stays whole where per-host files
+would interleave a host's workers. Its thread outlives every error (no descriptor left,
+a full disk, a message it cannot take): the chunk is lost, counted in `errors`
+(`system/log_errors` in the metrics rows), and the next is taken as usual.
 
 Sending never blocks the worker: with the queue full a chunk is dropped, and the next
 chunk that goes starts with a line saying how many bytes were lost. Output from before
@@ -18,12 +24,14 @@ launcher's file, on its own host).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
+import logging
 import os
 import sys
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
@@ -35,6 +43,8 @@ from srl_jax.dataflow.stream_table import LOGS
 from srl_jax.wire.names import NameService
 from srl_jax.wire.streams import NOBLOCK, RejectCounter, make_socket, receive, send
 from srl_jax.wire.transport import CurveKeys, Transport, curve_connect
+
+log = logging.getLogger(__name__)
 
 LOG_QUEUE = 256
 """Chunks queued towards the controller (ZMQ high-water mark, each end)."""
@@ -50,6 +60,10 @@ LINGER_MS = 2000
 POLL_MS = 50
 QUIET_S = 0.3
 """The sink stops once nothing has come for this long, after its workers are gone."""
+OPEN_LOGS = 128
+"""Log files the sink holds open at once (the least recently written is closed first)."""
+ERROR_PAUSE_S = 0.05
+"""The sink's pause after an error, so that one that repeats costs no core."""
 
 
 class LogForwarder:
@@ -147,15 +161,20 @@ class LogForwarder:
 
 class LogSink:
     """The controller's end: each known worker's chunks appended to `logs/<worker>.log`,
-    from a thread of its own."""
+    from a thread of its own that no error stops (the module's docstring says why)."""
 
     def __init__(self, transport: Transport, names: NameService, logs_dir: Path,
-                 workers: Iterable[str]) -> None:
-        """`workers`: the names whose output is taken (anything else is counted and dropped)."""
+                 workers: Iterable[str], open_logs: int = OPEN_LOGS) -> None:
+        """`workers`: the names whose output is taken (anything else is counted and dropped);
+        `open_logs`: the most files held open at once."""
         self.rejects = RejectCounter()
+        self.errors = 0
+        """Errors the thread survived (`system/log_errors`): each lost what it was writing."""
         self._dir = Path(logs_dir)
         self._workers = frozenset(workers)
-        self._files: dict[str, BinaryIO] = {}
+        self._open_logs = open_logs
+        self._files: OrderedDict[str, BinaryIO] = OrderedDict()
+        """Open files, the least recently written first."""
         self._stopping = threading.Event()
         self._socket = make_socket(transport.context, LOGS.bind_type, hwm=LOG_QUEUE)
         self.endpoint = transport.bind(self._socket, names, LOGS.key())
@@ -171,8 +190,14 @@ class LogSink:
         quiet_since = None
         try:
             while True:
-                if self._socket.poll(POLL_MS):
-                    self._drain()
+                try:
+                    ready = self._socket.poll(POLL_MS)
+                    if ready:
+                        self._drain()
+                except Exception as error:  # counted; the thread goes on
+                    self._survive(error)
+                    ready = False
+                if ready:
                     quiet_since = None
                 elif self._stopping.is_set():
                     quiet_since = quiet_since or time.monotonic()
@@ -180,22 +205,51 @@ class LogSink:
                         return
         finally:
             self._socket.close(linger=0)
-            for file in self._files.values():
-                file.close()
+            while self._files:
+                self._close_oldest()
+
+    def _survive(self, error: Exception) -> None:
+        """Count an error, say so (the first, then every hundredth), and let go of the open
+        files where descriptors ran out."""
+        self.errors += 1
+        if self.errors == 1 or self.errors % 100 == 0:
+            log.warning("log sink: %s (%d errors so far; what was being written is lost)",
+                        error, self.errors)
+        if isinstance(error, OSError) and error.errno in (errno.EMFILE, errno.ENFILE):
+            while self._files:
+                self._close_oldest()
+        time.sleep(ERROR_PAUSE_S)
 
     def _drain(self) -> None:
         written = set()
-        while (received := receive(self._socket, LOGS.binder_receives, self.rejects)) is not None:
-            message = received[1]
-            worker, text = message.meta.get("worker"), message.arrays.get("text")
-            if not isinstance(worker, str) or worker not in self._workers or text is None \
-                    or len(message.arrays) != 1 or text.dtype != np.uint8 or text.ndim != 1:
-                self.rejects.reject(ValueError("log chunk: not one uint8 text of a worker of "
-                                               "this run"))
-                continue
-            if worker not in self._files:
-                self._files[worker] = open(self._dir / f"{worker}.log", "ab")  # noqa: SIM115 - held for the run
-            self._files[worker].write(text.data)
-            written.add(worker)
-        for worker in written:
-            self._files[worker].flush()
+        try:
+            while (received := receive(self._socket, LOGS.binder_receives,
+                                       self.rejects)) is not None:
+                message = received[1]
+                worker, text = message.meta.get("worker"), message.arrays.get("text")
+                if not isinstance(worker, str) or worker not in self._workers or text is None \
+                        or len(message.arrays) != 1 or text.dtype != np.uint8 or text.ndim != 1:
+                    self.rejects.reject(ValueError("log chunk: not one uint8 text of a worker "
+                                                   "of this run"))
+                    continue
+                self._file(worker).write(text.data)
+                written.add(worker)
+        finally:
+            for worker in written & self._files.keys():
+                self._files[worker].flush()
+
+    def _file(self, worker: str) -> BinaryIO:
+        """`worker`'s log, open to append, now the most recently written."""
+        file = self._files.get(worker)
+        if file is not None:
+            self._files.move_to_end(worker)
+            return file
+        while len(self._files) >= self._open_logs:
+            self._close_oldest()
+        file = self._files[worker] = open(self._dir / f"{worker}.log", "ab")  # noqa: SIM115 - held, bounded
+        return file
+
+    def _close_oldest(self) -> None:
+        _, file = self._files.popitem(last=False)
+        with contextlib.suppress(OSError):  # a full disk: what it held is lost
+            file.close()

@@ -33,7 +33,8 @@ REQUEST_TIMEOUT_S = 10.0
 PATIENCE_S = 120.0
 """How long a client asks again, with backoff, for a request that must be answered."""
 BACKOFF_S = (0.5, 8.0)
-"""First and longest pause between tries of a request not answered."""
+"""First and longest pause between tries of a request not answered, and of a lookup
+that a server holding all it can (`full`) answered at once."""
 SWEEP_FIRST_S = 2.0
 """The first sweep of the followed keys, after the first follow."""
 SWEEP_S = 30.0
@@ -103,15 +104,19 @@ class NetworkNameService:
 
     def lookup(self, key: str, timeout_s: float) -> str:
         deadline = time.monotonic() + timeout_s
+        pause = BACKOFF_S[0]
         while True:
             wait = min(max(deadline - time.monotonic(), 0.0), MAX_WAIT_S)
-            endpoint = self._ask({"op": "lookup", "key": key, "wait_s": wait}, wait).meta[
-                "endpoint"]
-            if endpoint is not None:
-                return endpoint
-            if time.monotonic() >= deadline:
+            reply = self._ask({"op": "lookup", "key": key, "wait_s": wait}, wait).meta
+            if reply["endpoint"] is not None:
+                return reply["endpoint"]
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise TimeoutError(f"no endpoint registered under '{key}' after "
                                    f"{timeout_s:.0f}s")
+            if reply.get("full") is True:  # the server holds all the lookups it can
+                time.sleep(min(left, pause * random.uniform(0.5, 1.0)))
+                pause = min(2 * pause, BACKOFF_S[1])
 
     def moved(self, followed: Mapping[str, str]) -> dict[str, str]:
         if not followed:

@@ -23,7 +23,10 @@ a request the server refuses, for `config` the config's YAML as a uint8 array, a
 `names` also `"names": {key: endpoint}` (those of `keys` that are registered; without
 `keys`, the whole table). A lookup of a key not yet registered is held until the key is
 registered or `wait_s` (at most MAX_WAIT_S) has passed, then answered with None; the
-client asks again until its own timeout, as the file service waits. A key registered in
+client asks again until its own timeout, as the file service waits. With MAX_HELD lookups
+held, one more is answered at once with None and `"full": true`: the client then waits
+before it asks again, longer each time, with jitter (name_client.py's BACKOFF_S), so
+that thousands of workers starting at once do not ask in a tight loop. A key registered in
 process (the controller's own streams, a host agent's copy of the controller's change)
 wakes the serving loop (`Wakeup`): its held lookups are answered, and the change
 published, at once, not at the loop's next turn. A request that is not the wire format
@@ -69,7 +72,7 @@ NAMES_ENV = "SRL_JAX_NAMES"
 MAX_FIELD = 512
 """Longest key or endpoint, in characters."""
 MAX_HELD = 4096
-"""Lookups held at once; past it a lookup is answered at once (None: not yet)."""
+"""Lookups held at once; past it a lookup is answered at once (None, and `full`)."""
 POLL_MS = 20
 OPS = frozenset({"register", "unregister", "get", "lookup", "config", "names"})
 
@@ -308,7 +311,10 @@ class NameServer:
             self.register(key, endpoint)
             if self._forward is not None:
                 self._forward(op, key, endpoint)
-        elif op == "lookup" and self.get(key) is None and len(held) < MAX_HELD:
+        elif op == "lookup" and self.get(key) is None:
+            if len(held) >= MAX_HELD:
+                self._reply(routing, {"id": request_id, "endpoint": None, "full": True})
+                return
             held.append(_Held(routing, request_id, key,
                               time.monotonic() + min(meta["wait_s"], MAX_WAIT_S)))
             return

@@ -22,6 +22,7 @@ Message kinds (the whole protocol):
 | `snapshot`      | learner -> inference servers  | one array per parameter leaf            |
 | `stats`         | any worker -> controller      | episode_return, episode_length          |
 | `stats_batch`   | host agent -> controller      | `<i>/<name>`: heartbeat i's arrays      |
+| `relay_note`    | relay -> the relays below     | none (meta: newest, above)              |
 | `sample_request`| learner -> replay server      | none (meta: seq, rows, window)          |
 | `sampled`       | replay server -> learner      | a sampled batch (dataflow/replay_spec.py) |
 |                 |                               | or none while the rate limiter waits    |
@@ -62,7 +63,7 @@ KINDS = frozenset({"infer_request", "infer_reply", "samples", "params", "stats",
                    "sample_request", "sampled", "priorities", "exploit", "exploited",
                    "name_request", "name_reply", "name_change", "log", "snapshot",
                    "stats_batch", "lineage_event", "lineage_request", "lineage",
-                   "metrics_row"})
+                   "metrics_row", "relay_note"})
 DTYPES = {
     np.dtype(name).str: np.dtype(name)
     for name in (

@@ -17,11 +17,20 @@ newest and sends it again when a subscriber joins (at most every RESEND_S), so t
 restarted worker, or a relay that attached again, need not wait for the learner's
 republish.
 
-A relay whose parent cannot be reached for SILENT_S leaves it out (for DOWN_S, or until
-the parent registers anew) and takes the stream from the next relay up, the learner at
-the top. A parent always has a lower index than its child, so the tree has no cycle,
-however the relays' views of it differ for a while. An agent started again binds its
-relay's port again, and the relays below it reconnect by themselves.
+Each relay tells the relays below it, every NOTE_S, the newest version it holds and the
+newest its own parent said it holds (`relay_note`). A relay whose parent relay is
+silent for SILENT_S (not reachable, or connected but sending neither versions nor notes:
+its host frozen, its thread stuck), or whose parent's newest lags that parent's own
+parent's for SILENT_S (a connected parent that takes no versions), leaves it out (for
+DOWN_S, or until the parent registers anew) and takes the stream from the next relay
+up, the learner at the top. A silent parent has left: the child also unregisters its
+relay key (through its agent, at the controller), so that no relay ranks it again; the
+children see each dead node, on every backend, where the controller or Ray would see
+only their own kind of loss. A relay alive after all (a child's network, not the
+parent, failed) finds its key gone from the names and registers it again. A parent
+always has a lower index than its child, so the tree has no cycle, however the relays'
+views of it differ for a while. An agent started again binds its relay's port again,
+and the relays below it reconnect by themselves.
 """
 
 from __future__ import annotations
@@ -40,7 +49,14 @@ from srl_jax.config.schema import DEFAULT_POLICY
 from srl_jax.dataflow.stream_table import PARAMS, RELAY, Stream, stream_of
 from srl_jax.runtime.name_server import NameServer
 from srl_jax.wire.codec import Message
-from srl_jax.wire.streams import NOBLOCK, RejectCounter, make_socket, receive_frames, send_frames
+from srl_jax.wire.streams import (
+    NOBLOCK,
+    RejectCounter,
+    make_socket,
+    receive_frames,
+    send,
+    send_frames,
+)
 from srl_jax.wire.transport import Transport
 
 log = logging.getLogger("param_relay")
@@ -49,10 +65,13 @@ RESEND_S = 1.0
 """The newest version goes again to a relay's subscribers at most this often when new
 ones join."""
 SILENT_S = 10.0
-"""A parent relay not reachable this long is left out of the tree (Ray starts a killed
-agent again within seconds)."""
+"""A parent relay silent this long (no version, no note; Ray starts a killed agent again
+within seconds), or lagging its own parent this long, is left out of the tree; a relay
+whose key is missing from the names this long after it registered registers again."""
 DOWN_S = 30.0
 """How long a parent left out stays out, unless it registers anew."""
+NOTE_S = 1.0
+"""How often a relay notes its newest version to the relays below it (a few bytes)."""
 POLL_MS = 1000
 """The longest the relays' thread sleeps with nothing to do: a change of the names (a new
 parent) is taken within this. One wake a second per host costs nothing; 100 agents
@@ -141,8 +160,15 @@ class ParamRelay:
             zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self.target: str | None = None
         self.connected = False
-        self.unreachable_since = time.monotonic()
+        self.heard_at = self.registered_at = time.monotonic()
+        """When the parent last sent anything (or was connected to); when this relay last
+        registered its key."""
+        self.lagging_since: float | None = None
+        """Since when the parent's notes say it lags its own parent (None: it does not)."""
         self._newest: tuple[tuple[int, int], list[zmq.Frame]] | None = None
+        self._above: tuple[int, int] | None = None
+        """The newest the parent noted holding (None: no note; the learner sends none)."""
+        self._noted = 0.0
         self._resent = {self.local: 0.0, self.children: 0.0}
         self._joined = {self.local: False, self.children: False}
 
@@ -167,17 +193,26 @@ class ParamRelay:
         log.info("relay of policy %s takes parameters from %s (was %s)", self.policy,
                  endpoint, self.target)
         self.target, self.connected = endpoint, False
-        self.unreachable_since = time.monotonic()
+        self.heard_at, self.lagging_since, self._above = time.monotonic(), None, None
 
-    def unreachable_for(self, now: float) -> float:
-        """Seconds the parent has been out of reach (0: connected)."""
-        return 0.0 if self.connected else now - self.unreachable_since
+    def silent_for(self, now: float) -> float:
+        """Seconds since the parent last sent anything (or was connected to)."""
+        return now - self.heard_at
+
+    def lagging_for(self, now: float) -> float:
+        """Seconds the parent's notes have said that its newest lags its own parent's."""
+        return 0.0 if self.lagging_since is None else now - self.lagging_since
 
     def pump(self, now: float) -> None:
-        """Send on what came from the parent; the newest again where subscribers joined."""
-        while (received := receive_frames(self.upstream, PARAMS.connecter_receives,
+        """Send on what came from the parent; the newest again where subscribers joined;
+        a note to the relays below every NOTE_S."""
+        while (received := receive_frames(self.upstream, RELAY.connecter_receives,
                                           self.rejects)) is not None:
             frames, message = received
+            self.heard_at = now
+            if message.kind == "relay_note":
+                self._take_note(message, now)
+                continue
             order = _order(message)
             if order is None:
                 self.rejects.reject(ValueError("params without an integer version/started_ms"))
@@ -194,13 +229,29 @@ class ParamRelay:
                     and now - self._resent[socket] >= RESEND_S:
                 send_frames(socket, self._newest[1], NOBLOCK)
                 self._joined[socket], self._resent[socket] = False, now
+        if now - self._noted >= NOTE_S:
+            send(self.children, "relay_note", {"newest": self._newest and list(self._newest[0]),
+                                               "above": self._above and list(self._above)},
+                 flags=NOBLOCK)
+            self._noted = now
         while self.monitor.poll(0):
             event = recv_monitor_message(self.monitor)
             if event["endpoint"].decode() != self.target:
                 continue
             self.connected = event["event"] == zmq.EVENT_CONNECTED
-            if not self.connected:
-                self.unreachable_since = now
+            if self.connected:
+                self.heard_at = now
+
+    def _take_note(self, message: Message, now: float) -> None:
+        """The parent's newest and its own parent's: whether it lags, and since when."""
+        try:
+            newest, above = (_noted(message.meta.get(name)) for name in ("newest", "above"))
+        except ValueError as error:
+            self.rejects.reject(error)
+            return
+        self._above = newest
+        lags = above is not None and (newest is None or newest < above)
+        self.lagging_since = (self.lagging_since or now) if lags else None
 
     def close(self) -> None:
         self.upstream.disable_monitor()
@@ -215,16 +266,26 @@ def _order(message: Message) -> tuple[int, int] | None:
     return started_ms, version
 
 
+def _noted(value: object) -> tuple[int, int] | None:
+    """A note's [started_ms, version] as an order (None: none noted)."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) != 2 or not all(type(v) is int for v in value):
+        raise ValueError("relay_note: 'newest' and 'above' must be [started_ms, version] or None")
+    return value[0], value[1]
+
+
 class Relays:
     """A host agent's relays, one per policy whose learner the names list, served from a
     thread of their own; the agent tells them each change of the names."""
 
     def __init__(self, transport: Transport, names: NameServer,
-                 register_upstream: Callable[[str, str], None], at: str, index: int,
+                 register_upstream: Callable[[str, str | None], None], at: str, index: int,
                  fanout: int) -> None:
         """`names`: the agent's table, where each relay registers the policy's params key
         (its local address) and its relay key; `register_upstream(key, endpoint)` passes
-        the relay key on to the controller. `index`: the agent's place in the trees."""
+        a relay key on to the controller (endpoint None: unregisters it, a parent's that
+        left). `index`: the agent's place in the trees."""
         self.rejects = RejectCounter()
         self._transport = transport
         self._names = names
@@ -269,6 +330,7 @@ class Relays:
     def _turn(self) -> None:
         now = time.monotonic()
         changed = self._left_out(now)
+        self._keep_registered(now)
         with self._lock:
             if self._changed or changed:
                 views, self._changed = {p: PolicyView(v.root, dict(v.relays))
@@ -310,23 +372,42 @@ class Relays:
         return down is not None
 
     def _left_out(self, now: float) -> bool:
-        """Leave out each parent relay unreachable for SILENT_S; whether any was, or any
-        left out may come back (DOWN_S passed)."""
+        """Leave out each parent relay silent, or lagging its own parent, for SILENT_S,
+        and unregister a silent one's key; whether any was left out, or any left out may
+        come back (DOWN_S passed)."""
         expired = [key for key, (since, _) in self._down.items() if now - since > DOWN_S]
         for key in expired:
             del self._down[key]
         changed = bool(expired)
         for policy, relay in self.relays.items():
-            if relay.target is None or relay.unreachable_for(now) < SILENT_S:
+            silent = relay.silent_for(now) >= SILENT_S
+            if relay.target is None or not (silent or relay.lagging_for(now) >= SILENT_S):
                 continue
             with self._lock:
                 view = self._views.get(policy, PolicyView())
                 parent = next((index for index, endpoint in view.relays.items()
                                if endpoint == relay.target and index != self._index), None)
             if parent is not None and (policy, parent) not in self._down:
-                log.warning("relay of policy %s: its parent (agent %d at %s) unreachable "
-                            "for %.0f s; taking the stream from above it", policy, parent,
-                            relay.target, relay.unreachable_for(now))
+                log.warning("relay of policy %s: its parent (agent %d at %s) %s for %.1f s; "
+                            "taking the stream from above it", policy, parent, relay.target,
+                            "silent" if silent else "behind its own parent",
+                            relay.silent_for(now) if silent else relay.lagging_for(now))
                 self._down[(policy, parent)] = now, relay.target
+                if silent:
+                    self._register_upstream(RELAY.key(policy, parent), None)
                 changed = True
         return changed
+
+    def _keep_registered(self, now: float) -> None:
+        """Register again each relay key missing from the names SILENT_S after it was
+        registered (a child that took this relay for gone unregistered it)."""
+        for policy, relay in self.relays.items():
+            if now - relay.registered_at < SILENT_S:
+                continue
+            with self._lock:
+                listed = self._views.get(policy, PolicyView()).relays.get(self._index)
+            if listed != relay.endpoint:
+                log.warning("relay of policy %s: its key is not in the names; registering "
+                            "it again", policy)
+                self._register_upstream(RELAY.key(policy, self._index), relay.endpoint)
+                relay.registered_at = now
