@@ -5,8 +5,9 @@ backend runs each worker as its own Python process on this machine: a fresh
 interpreter (`python -m srl_jax.worker`) for an actor, a fork of the host's warm
 parent (srl_jax/runtime/hosts/warm_parent.py, which has imported JAX) for the kinds
 forked warm (`WorkerKind.warm`: learners, inference servers, ...); the Ray backend
-(srl_jax/runtime/ray_backend.py) has Ray place a host for each worker on a node, which
-starts it there the same way (forked by that node's warm parent where the kind is warm).
+(srl_jax/runtime/ray_backend.py) places each worker on a node, whose agent (one Ray actor
+a node) starts it there the same way (forked by that node's warm parent where the kind is
+warm).
 `srl_jax.launch` picks one (`--backend`).
 """
 
@@ -54,11 +55,11 @@ class WorkerHandle:
     pid: int
     host: str
     ref: Any
-    """The backend's hold on the process: a Popen, or a Ray host actor and its exit."""
+    """The backend's hold on the process: a Popen, or where a Ray node's agent keeps it."""
     policy: str = DEFAULT_POLICY
     lost: str | None = None
     """Set by `exit_code` where the worker went with its host (its node left the
-    cluster), not by a fault of its own: why."""
+    cluster, or its node's agent died), not by a fault of its own: why."""
 
 
 class LaunchBackend(Protocol):

@@ -1,19 +1,24 @@
-"""The Ray launch backend: Ray places each worker, ZMQ still carries the data.
+"""The Ray launch backend: Ray places one agent per node, ZMQ still carries the data.
 
-For every worker the controller asks Ray for a `WorkerHost` actor with the
-resources the config gives that kind (`ray.actor`, `ray.learner`, ...: CPUs,
-GPUs, TPUs, a node type's custom resource). The host starts the worker on its
-node as the local backend would (`python -m srl_jax.worker`, its own session,
-output appended to `<run_dir>/logs/<worker>.log`) and reports its exit. A
-worker that dies is started again by the controller's usual restart rule, on
-a new host that Ray places, wherever the resources are.
+The controller places each worker itself: on the first node whose resources, as Ray
+lists them (`ray.nodes()`: CPUs, GPUs, TPUs, a node type's custom resource), less what
+this run's workers hold there, have room for those the config gives its kind
+(`ray.actor`, `ray.learner`, ...). That node's `NodeAgent`, a Ray actor pinned to it
+(started with the node's first worker, and by Ray again there when it dies), starts the
+worker as the local backend would (`python -m srl_jax.worker`, its own session, output
+appended to `<run_dir>/logs/<worker>.log`, or a fork of the node's warm parent), keeps
+it, and reports its exit: the controller asks each agent every POLL_S for the exits
+since it last asked, so Ray's actors and calls grow with the nodes, not the workers. A
+worker that asks for GPUs gets device ids of its node's (`CUDA_VISIBLE_DEVICES`). A
+worker that dies is started again by the controller's usual restart rule, wherever a
+node has room.
 
-Placement does not block: `start` asks Ray for the host and returns None until
-Ray has placed it, so the run goes on while a worker waits for a node with
-room (the standing request is also what an autoscaler scales up for). A host
-whose node leaves the cluster ends with its worker (which stops when its
-parent goes); `exit_code` marks that worker `lost`, and the controller places
-it again without counting it against `runtime.max_restarts`.
+Placement does not block: `start` returns None while no node has room (the worker
+waits, and is placed as soon as a node with room joins) or its agent has not answered.
+A node that leaves Ray's list takes its workers (which stop when their agent goes); an
+agent that Ray started again answers as a new one, and the workers of the one before
+stopped with it. Either way `exit_code` marks those workers `lost`, and the controller
+places them again without counting it against `runtime.max_restarts`.
 
 Workers bind their node's address (unless `transport.bind_host` says
 otherwise), so CURVE is on by default. Nodes need not share a filesystem: on a
@@ -33,6 +38,9 @@ one with it turned off is refused unless `transport.allow_unauthenticated` says 
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import itertools
 import logging
 import math
 import os
@@ -41,7 +49,7 @@ import signal
 import socket
 import time
 from collections.abc import Mapping
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,13 +64,12 @@ from srl_jax.dataflow.stream_table import NAMES
 from srl_jax.dataflow.worker_kinds import worker_kind, worker_plan
 from srl_jax.runtime.backends import (
     BackendError,
-    Process,
     WorkerHandle,
-    spawn_worker,
     warm_address,
     worker_args,
 )
 from srl_jax.runtime.hosts.host_agent import HostAgent, agent_address
+from srl_jax.runtime.hosts.node_workers import NodeWorkers
 from srl_jax.runtime.hosts.warm_client import WarmChild, WarmParent
 from srl_jax.runtime.name_server import NAMES_ENV, fixed_endpoint
 from srl_jax.wire.names import FileNameService, NameService, worker_name
@@ -70,8 +77,18 @@ from srl_jax.wire.transport import BIND_HOST_ENV, KEYS_ENV, CurveKeys, Port
 
 log = logging.getLogger(__name__)
 
-AGENT_CHECK_S = 2.0
-"""How often the driver asks each node's host agent which process it is (and logs a new one)."""
+POLL_S = 0.5
+"""How often the driver asks each node's agent for its workers' exits (one call per node):
+as often as the supervisor looks at each worker (`WATCH_ROUND_S`)."""
+NODES_CHECK_S = 1.0
+"""How often the driver asks Ray which nodes are alive (a node gone takes its workers)."""
+PLACE_CHECK_S = 0.25
+"""How often, at most, a worker waiting for room has Ray's list of nodes asked again."""
+LOST = -signal.SIGKILL
+"""The exit code of a worker that went with its node or its node's agent."""
+CUDA_DEVICES_ENV = "CUDA_VISIBLE_DEVICES"
+"""The GPUs a worker that asks for some sees: those its node's share gave it (as Ray
+set it for an actor with `num_gpus`); one that asks none sees what its agent sees."""
 FORWARDED_ENV_PREFIX = "SRL_JAX_"
 """The driver's variables a worker on another node gets too (fault drills, hosts)."""
 TOKEN_ENV, TOKEN_PATH_ENV = "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"
@@ -82,62 +99,55 @@ AUTOSCALER_METRIC_PORT): plain HTTP on every interface, read-only, which `ray.in
 cannot turn off."""
 
 
-class WorkerHost:
-    """One worker process on the node Ray placed this actor on."""
-
-    def __init__(self) -> None:
-        self.process: Process | None = None
-        self.warm: WarmParent | None = None
-
-    def start(self, args: list[str], env: dict[str, str], log_path: str,
-              bind_node: bool, agents: str | None, warm_run: str | None = None
-              ) -> tuple[int, str, str, int | None]:
-        """(pid, node address, node id, warm parent's pid) of the worker started; with
-        `agents` (the run's token) it asks its node's host agent for names, not the
-        controller; with `warm_run` (the run's token, for a kind forked warm) its node's
-        warm parent for the run forks it (started by the first host of the node to ask)."""
-        node = ray.util.get_node_ip_address()
-        node_id = ray.get_runtime_context().get_node_id()
-        env = {**os.environ, **env, **({BIND_HOST_ENV: node} if bind_node else {})}
-        if agents:
-            env[NAMES_ENV] = fixed_endpoint(agent_address(agents, node_id[:16]), NAMES)
-        if warm_run is not None:
-            self.warm = WarmParent(warm_address(f"{warm_run}-{node_id[:16]}"),
-                                   Path(log_path).parent / f"warm_parent-{node_id[:16]}.log",
-                                   os.environ)
-        self.process = process = spawn_worker(args, env, Path(log_path), warm=self.warm)
-        forked = self.warm is not None and isinstance(process, WarmChild)
-        return process.pid, node, node_id, self.warm.pid if self.warm is not None and forked \
-            else None
-
-    @property
-    def _started(self) -> Process:
-        if self.process is None:
-            raise RuntimeError("this host has started no worker")
-        return self.process
-
-    def wait(self) -> int:
-        return self._started.wait()
-
-    def signal(self, sig: int) -> None:
-        if self._started.poll() is None:
-            self._started.send_signal(sig)
-
-
 class NodeAgent:
-    """A node's host agent (srl_jax/runtime/hosts/host_agent.py), as a Ray actor that Ray starts
-    again on the same node when it dies."""
+    """One per node the run uses, as a Ray actor pinned to the node that Ray starts again
+    there when it dies: it starts the node's workers as plain processes and keeps them
+    (srl_jax/runtime/hosts/node_workers.py), reports their exits when the controller asks,
+    and, for workers on the network name service with `runtime.host_agents`, is the node's
+    host agent (srl_jax/runtime/hosts/host_agent.py)."""
 
-    def __init__(self, upstream: str, keys: str, at: str, index: int, fanout: int,
-                 bind_host: str | None) -> None:
-        """`index`: the node's place in the parameter relays' trees (kept when Ray starts
-        the agent again); `bind_host`: where its relays serve other nodes (None: the
-        node's address)."""
-        self.agent = HostAgent(zmq.Context(), upstream, CurveKeys.from_env(keys) if keys else None,
-                               at, index, fanout, bind_host or ray.util.get_node_ip_address())
+    def __init__(self, run: str, index: int, fanout: int, bind_host: str | None,
+                 upstream: str | None, keys: str) -> None:
+        """`run`: the run's token (its host agent's and warm parent's addresses); `index`:
+        the node's place in the parameter relays' trees (kept when Ray starts the agent
+        again); `bind_host`: where its relays serve other nodes (None: the node's address);
+        `upstream`: the controller's name service, for a host agent (None: none)."""
+        self.born = time.time_ns()
+        """Which start of the agent this is: a later one is born later."""
+        self.node = ray.util.get_node_ip_address()
+        self.node_id = ray.get_runtime_context().get_node_id()
+        self.run = run
+        self.workers = NodeWorkers()
+        self.warm: WarmParent | None = None
+        self.agent = None if upstream is None else HostAgent(
+            zmq.Context(), upstream, CurveKeys.from_env(keys) if keys else None,
+            agent_address(run, self.node_id[:16]), index, fanout, bind_host or self.node)
 
-    def pid(self) -> int:
-        return os.getpid()
+    def start(self, serial: int, args: list[str], env: dict[str, str], log_path: str,
+              bind_node: bool, warm: bool) -> tuple[int, int, int | None]:
+        """(this agent's birth, the worker's pid, the warm parent's pid where it forked it):
+        the worker asks this agent for names where it is a host agent, and, for a kind
+        forked warm (`warm`), is forked by the node's warm parent for the run (started by
+        the first such start)."""
+        env = {**os.environ, **env, **({BIND_HOST_ENV: self.node} if bind_node else {})}
+        if self.agent is not None and NAMES_ENV in env:
+            env[NAMES_ENV] = fixed_endpoint(agent_address(self.run, self.node_id[:16]), NAMES)
+        if warm and self.warm is None:
+            self.warm = WarmParent(warm_address(f"{self.run}-{self.node_id[:16]}"),
+                                   Path(log_path).parent / f"warm_parent-{self.node_id[:16]}.log",
+                                   os.environ)
+        process = self.workers.start(serial, args, env, Path(log_path),
+                                     self.warm if warm else None)
+        forked = isinstance(process, WarmChild)
+        return self.born, process.pid, self.warm.pid if forked and self.warm else None
+
+    def exits(self) -> tuple[int, int, dict[int, int]]:
+        """(this agent's birth, its pid, the codes of its workers that ended since the last
+        call, by serial)."""
+        return self.born, os.getpid(), self.workers.exits()
+
+    def signal(self, serial: int, sig: int) -> None:
+        self.workers.signal(serial, sig)
 
 
 def check_reachable(address: str, timeout_s: float = 10.0) -> None:
@@ -187,11 +197,71 @@ def listening(host: str, port: int) -> bool:
     return True
 
 
-def _placement(resources: dict[str, float]) -> dict[str, Any]:
-    """Ray actor options for a resource request ({CPU: 1, GPU: 1, node_a: 1})."""
-    custom = {k: v for k, v in resources.items() if k not in ("CPU", "GPU")}
-    return {"num_cpus": resources.get("CPU", 0.0), "num_gpus": resources.get("GPU", 0.0),
-            **({"resources": custom} if custom else {})}
+def fits(free: Mapping[str, float], wanted: Mapping[str, float]) -> bool:
+    """Whether a node with `free` resources has room for `wanted` ({CPU: 1, actor_node: 1})."""
+    return all(free.get(key, 0.0) >= amount - 1e-9 for key, amount in wanted.items()
+               if amount > 0)
+
+
+def take_gpus(free: list[float], wanted: float) -> list[int] | None:
+    """The device ids of a node's GPUs (`free`: each one's unused share, taken from here)
+    for a worker that asks `wanted` of them, or None where they are not free: whole GPUs
+    for 1 or more, else a share of one (the most used one it fits on, as Ray packs them)."""
+    if wanted <= 0:
+        return []
+    if wanted >= 1:
+        whole = [device for device, share in enumerate(free) if share >= 1.0 - 1e-9]
+        if len(whole) < math.ceil(wanted):
+            return None
+        taken = whole[:math.ceil(wanted)]
+        for device in taken:
+            free[device] = 0.0
+        return taken
+    room = [device for device, share in enumerate(free) if share >= wanted - 1e-9]
+    if not room:
+        return None
+    device = min(room, key=lambda d: free[d])
+    free[device] -= wanted
+    return [device]
+
+
+def give_gpus(free: list[float], taken: list[int], wanted: float) -> None:
+    """Return to `free` the GPUs that `take_gpus` gave a worker that asked `wanted`."""
+    for device in taken:
+        free[device] = min(1.0, free[device] + min(wanted, 1.0))
+
+
+@dataclass
+class RayWorker:
+    """The Ray backend's hold on a worker (`WorkerHandle.ref`): where its agent runs it, under
+    which serial, what it holds there, and its exit code once its agent reported it."""
+
+    node_id: str
+    serial: int
+    resources: dict[str, float]
+    gpus: list[int]
+    born: int = 0
+    """The birth of the agent that started it (`NodeAgent.born`)."""
+    code: int | None = None
+
+
+@dataclass
+class Node:
+    """A node the run started workers on, with its agent."""
+
+    agent: Any
+    index: int
+    address: str
+    used: dict[str, float] = dataclasses.field(default_factory=dict)
+    """What this run's workers hold there."""
+    gpus: list[float] = dataclasses.field(default_factory=list)
+    """The unused share of each of its GPUs, by device id."""
+    born: int = 0
+    """The birth of its agent as last heard: replies from an older one are stale."""
+    asked: Any = None
+    """The ref of the agent's exits asked for and not yet taken."""
+    live: dict[int, WorkerHandle] = dataclasses.field(default_factory=dict)
+    """Its workers not yet seen ended, by serial."""
 
 
 class RayBackend:
@@ -219,24 +289,19 @@ class RayBackend:
                                "(set RAY_AUTH_MODE=token, or transport.allow_unauthenticated)")
         self.node = ray.util.get_node_ip_address()
         self._bind_nodes = config.transport.bind_host == TransportConfig.bind_host
-        self._host = ray.remote(max_concurrency=2, max_restarts=0)(WorkerHost)
         self._agent = ray.remote(num_cpus=0, max_restarts=-1)(NodeAgent)
-        self._agents: dict[str, Any] = {}
-        """The host agent of each node a worker was placed on, by node id."""
-        self._agent_index: dict[str, int] = {}
-        """Each agent's place in the parameter relays' trees: the lowest free one, so that
-        a node that joins fills the place of one that left."""
-        self._agent_pids: dict[str, Any] = {}
-        """The ref of each node's agent's pid, asked every AGENT_CHECK_S."""
-        self._known_pids: dict[str, int] = {}
-        self._agents_checked = 0.0
+        self._nodes: dict[str, Node] = {}
+        """Each node a worker was started on, by node id, with its agent."""
+        self._cluster: dict[str, dict[str, Any]] = {}
+        """The cluster's live nodes as Ray last listed them (`ray.nodes()`), by node id."""
+        self._listed = self._polled = -math.inf
+        self._serials = itertools.count()
         self._run_token = secrets.token_hex(4)
         self._warm_parents: dict[str, int] = {}
         """The pid of the warm parent that last forked a worker, by node address."""
-        self._live: dict[int, Any] = {}
-        self._pending: dict[str, tuple[Any, Any, dict[str, str] | None]] = {}
-        """Each worker waiting to be placed: its host actor, the ref of its start and the
-        environment it was given."""
+        self._pending: dict[str, tuple[WorkerHandle, Any]] = {}
+        """Each worker whose start its agent has not answered yet: its handle to be, and the
+        ref of the start."""
         self._ports = self._ray_ports(local=not address)
         log.info("Ray %s: %s", "cluster" if address else "local instance", ray.cluster_resources())
 
@@ -285,109 +350,185 @@ class RayBackend:
 
     def start(self, kind: str, index: int, policy: str = DEFAULT_POLICY,
               env: dict[str, str] | None = None) -> WorkerHandle | None:
+        """None while no node has room for the worker (this run's workers counted against
+        each node's resources), or its node's agent has not answered the start yet."""
         name = worker_name(kind, index, policy)
         if name not in self._pending:
-            resources = worker_kind(kind).ray_resources(self.config)
-            host = self._host.options(**_placement(resources)).remote()
-            forwarded = {k: v for k, v in os.environ.items()
-                         if k.startswith(FORWARDED_ENV_PREFIX)}
-            agents = self._run_token if self._agents_wanted(env) else None
-            self._pending[name] = host, host.start.remote(
-                worker_args(kind, index, self.run_dir, policy), {**forwarded, **(env or {})},
-                str(self.run_dir / "logs" / f"{name}.log"), self._bind_nodes, agents,
-                self._run_token if self._warm(kind) else None), env
-        host, started, env = self._pending[name]
+            handle = self._place(kind, index, policy, env or {})
+            if handle is None:
+                return None
+        handle, started = self._pending[name]
+        if handle.ref.node_id not in self._nodes:  # its node left before its agent answered
+            del self._pending[name]
+            return None
         if not ray.wait([started], timeout=0)[0]:
             return None
         del self._pending[name]
+        worker = handle.ref
         try:
-            pid, node, node_id, warm_pid = ray.get(started)
-        except ray.exceptions.RayError as error:  # its node left before the worker started
-            log.warning("the host placed for %s died before starting it: %s", name,
+            worker.born, handle.pid, warm_pid = ray.get(started)
+        except ray.exceptions.RayError as error:  # its agent died, or its node left
+            log.warning("the agent of node %s did not start %s: %s", worker.node_id[:16], name,
                         str(error).splitlines()[0])
-            ray.kill(host)
+            self._release(worker)
             return None
-        if env is not None and self._agents_wanted(env):
-            self._start_agent(node_id, env)
         if warm_pid is not None:
-            self._warm_parents[node] = warm_pid
-        handle = WorkerHandle(kind, index, pid, node, (host, host.wait.remote(), node_id),
-                              policy)
-        self._live[id(handle)] = host
+            self._warm_parents[handle.host] = warm_pid
+        self._nodes[worker.node_id].live[worker.serial] = handle
         return handle
+
+    def _place(self, kind: str, index: int, policy: str, env: dict[str, str]
+               ) -> WorkerHandle | None:
+        """Ask the agent of the first node with room for the worker to start it (the
+        node's agent started first where it has none): its handle, pid to come, or None
+        where no node has room."""
+        resources = worker_kind(kind).ray_resources(self.config)
+        fitting = self._fitting(resources)
+        if fitting is None:
+            return None
+        node_id, shares, gpus = fitting
+        node = self._node(node_id, env)
+        node.gpus = shares
+        for key, amount in resources.items():
+            node.used[key] = node.used.get(key, 0.0) + amount
+        worker = RayWorker(node_id, next(self._serials), resources, gpus)
+        forwarded = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIX)}
+        name = worker_name(kind, index, policy)
+        devices = {CUDA_DEVICES_ENV: ",".join(map(str, gpus))} if gpus else {}
+        started = node.agent.start.remote(
+            worker.serial, worker_args(kind, index, self.run_dir, policy),
+            {**forwarded, **env, **devices}, str(self.run_dir / "logs" / f"{name}.log"),
+            self._bind_nodes, self._warm(kind))
+        handle = WorkerHandle(kind, index, 0, node.address, worker, policy)
+        self._pending[name] = handle, started
+        return handle
+
+    def _fitting(self, resources: dict[str, float]
+                 ) -> tuple[str, list[float], list[int]] | None:
+        """The first live node whose resources, less what this run's workers hold there,
+        make room for `resources`: its id, its GPUs' unused shares once the worker has its
+        own, and the device ids the worker gets."""
+        self._list_nodes(force=True)
+        for node_id, listed in self._cluster.items():
+            node = self._nodes.get(node_id)
+            used = node.used if node is not None else {}
+            free = {key: amount - used.get(key, 0.0)
+                    for key, amount in listed["Resources"].items()}
+            shares = list(node.gpus) if node is not None else \
+                [1.0] * int(listed["Resources"].get("GPU", 0))
+            if fits(free, resources) and (
+                    gpus := take_gpus(shares, resources.get("GPU", 0.0))) is not None:
+                return node_id, shares, gpus
+        return None
+
+    def _list_nodes(self, force: bool = False) -> None:
+        """Ray's list of live nodes, asked again at most every NODES_CHECK_S (`force`:
+        every PLACE_CHECK_S, for a worker waiting for room)."""
+        now = time.monotonic()
+        if now - self._listed < (PLACE_CHECK_S if force else NODES_CHECK_S):
+            return
+        self._listed = now
+        self._cluster = {n["NodeID"]: n for n in ray.nodes() if n["Alive"]}
+
+    def _node(self, node_id: str, env: dict[str, str]) -> Node:
+        """The node's state, its agent started where it has none yet (a host agent too
+        where its workers use one: they wait for it, asking again until it answers)."""
+        if node_id in self._nodes:
+            return self._nodes[node_id]
+        index = min(set(range(len(self._nodes) + 1)) - {n.index for n in self._nodes.values()})
+        agent = self._agent.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote(
+            self._run_token, index, self.config.runtime.param_fanout,
+            None if self._bind_nodes else self.config.transport.bind_host,
+            env[NAMES_ENV] if self._agents_wanted(env) else None, env.get(KEYS_ENV, ""))
+        node = self._nodes[node_id] = Node(agent, index,
+                                           self._cluster[node_id]["NodeManagerAddress"])
+        return node
+
+    def _release(self, worker: RayWorker) -> None:
+        """What a worker held on its node, free again (for its successor)."""
+        node = self._nodes.get(worker.node_id)
+        if node is None:
+            return
+        for key, amount in worker.resources.items():
+            node.used[key] = node.used.get(key, 0.0) - amount
+        give_gpus(node.gpus, worker.gpus, worker.resources.get("GPU", 0.0))
 
     def _warm(self, kind: str) -> bool:
         """Whether its node's warm parent forks a worker of `kind` (`runtime.warm_parent`)."""
         return self.config.runtime.warm_parent and worker_kind(kind).warm
 
-    def _agents_wanted(self, env: dict[str, str] | None) -> bool:
+    def _agents_wanted(self, env: dict[str, str]) -> bool:
         """Host agents serve workers that use the network name service (`runtime.host_agents`)."""
-        return self.config.runtime.host_agents and NAMES_ENV in (env or {})
+        return self.config.runtime.host_agents and NAMES_ENV in env
 
-    def _start_agent(self, node_id: str, env: dict[str, str]) -> None:
-        """The node's host agent, where it has none yet: its workers wait for it (their
-        first name request is asked again until it answers)."""
-        if node_id in self._agents:
-            return
-        strategy = NodeAffinitySchedulingStrategy(node_id, soft=False)
-        index = min(set(range(len(self._agents) + 1)) - set(self._agent_index.values()))
-        agent = self._agent.options(scheduling_strategy=strategy).remote(
-            env[NAMES_ENV], env.get(KEYS_ENV, ""), agent_address(self._run_token, node_id[:16]),
-            index, self.config.runtime.param_fanout,
-            None if self._bind_nodes else self.config.transport.bind_host)
-        self._agents[node_id] = agent
-        self._agent_index[node_id] = index
-
-    def _check_agents(self) -> None:
-        """Every AGENT_CHECK_S, ask each node's agent which process it is, and log it
-        where that is new (a first start, or Ray's start of it again after it died)."""
+    def _poll(self) -> None:
+        """At most every POLL_S: take each node's exits where its agent has answered, and
+        ask each for the next (one Ray call per node, whatever its workers). A node gone
+        from Ray's list takes its workers with it, each lost."""
         now = time.monotonic()
-        if now - self._agents_checked < AGENT_CHECK_S:
+        if now - self._polled < POLL_S:
             return
-        self._agents_checked = now
-        for node_id, agent in list(self._agents.items()):
-            pid = self._agent_pids.get(node_id)
-            if pid is None:
-                self._agent_pids[node_id] = agent.pid.remote()
+        self._polled = now
+        self._list_nodes()
+        asked = [node.asked for node in self._nodes.values() if node.asked is not None]
+        ready = set(ray.wait(asked, num_returns=len(asked), timeout=0)[0]) if asked else set()
+        for node_id, node in list(self._nodes.items()):
+            if node_id not in self._cluster:
+                self._node_left(node_id, node)
                 continue
-            if not ray.wait([pid], timeout=0)[0]:
-                continue
-            del self._agent_pids[node_id]
-            try:
-                pid = ray.get(pid)
-            except ray.exceptions.RayError:  # it died while asked: Ray starts it again, or
-                if not any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes()):
-                    del self._agents[node_id]  # its node left (a worker placed there asks anew)
-                    del self._agent_index[node_id]
-                continue
-            if self._known_pids.get(node_id) != pid:
-                self._known_pids[node_id] = pid
-                log.info("host agent of node %s: pid %d", node_id[:16], pid)
+            if node.asked in ready:
+                with contextlib.suppress(ray.exceptions.RayError):  # it died while asked:
+                    self._heard(node_id, node, *ray.get(node.asked))  # Ray starts it again
+                node.asked = None
+            if node.asked is None:
+                node.asked = node.agent.exits.remote()
+
+    def _heard(self, node_id: str, node: Node, born: int, pid: int,
+               codes: dict[int, int]) -> None:
+        """A node's agent's answer: its workers' exits, and, from an agent started since
+        them, that they stopped with the one that started them (each lost, not a fault of
+        its own)."""
+        if born < node.born:  # an answer of the agent before, taken after the new one's
+            return
+        if born > node.born:
+            node.born = born
+            log.info("agent of node %s: pid %d", node_id[:16], pid)
+            for handle in [h for h in node.live.values() if h.ref.born < born]:
+                handle.lost = "its node's agent died, and its workers with it"
+                self._ended(node, handle, LOST)
+        for serial, code in codes.items():
+            if (ended := node.live.get(serial)) is not None:
+                self._ended(node, ended, code)
+
+    def _ended(self, node: Node, handle: WorkerHandle, code: int) -> None:
+        handle.ref.code = code
+        del node.live[handle.ref.serial]
+        self._release(handle.ref)
+
+    def _node_left(self, node_id: str, node: Node) -> None:
+        """A node Ray no longer lists: its workers went with it, its agent too."""
+        log.warning("Ray node %s (%s) left the cluster", node_id[:16], node.address)
+        for handle in list(node.live.values()):
+            handle.lost = f"its Ray node ({handle.host}) left the cluster"
+            self._ended(node, handle, LOST)
+        del self._nodes[node_id]
 
     def exit_code(self, handle: WorkerHandle) -> int | None:
-        self._check_agents()
-        host, exited, node_id = handle.ref
-        if not ray.wait([exited], timeout=0)[0]:
-            return None
-        try:
-            code = ray.get(exited)
-        except ray.exceptions.RayError:  # the host itself died: its worker stops by itself
-            code = -signal.SIGKILL
-            if not any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes()):
-                handle.lost = f"its Ray node ({handle.host}) left the cluster"
-        if self._live.pop(id(handle), None) is not None:
-            ray.kill(host)  # frees the resources for the successor
-        return code
+        """As its node's agent last reported it (asked every POLL_S)."""
+        self._poll()
+        return handle.ref.code
 
     def send_signal(self, handle: WorkerHandle, sig: int) -> None:
-        if id(handle) in self._live:
-            handle.ref[0].signal.remote(sig)
+        node = self._nodes.get(handle.ref.node_id)
+        if handle.ref.code is None and node is not None:
+            node.agent.signal.remote(handle.ref.serial, sig)
 
     def close(self) -> None:
-        for host in [*self._live.values(), *(host for host, _, _ in self._pending.values()),
-                     *self._agents.values()]:
-            ray.kill(host)
-        self._live.clear()
+        """Every worker has been waited for: the agents go (a worker still starting stops
+        with its agent)."""
+        for node in self._nodes.values():
+            ray.kill(node.agent)
+        self._nodes.clear()
         self._pending.clear()
         ray.shutdown()
-

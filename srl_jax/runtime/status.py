@@ -11,7 +11,7 @@ log (faulthandler), which this prints. A stopped process (SIGSTOP) or one gone
 cannot answer; that is said instead. Where workers run on other hosts (every worker of
 a Ray run: its host is its node's address) and the controller runs on this one, the
 controller is sent SIGUSR1 and signals every live worker through its launch backend
-(Ray: the worker's host actor, on its node); with the network name service
+(Ray: the agent of the worker's node); with the network name service
 (`runtime.names`) a worker's log, stacks included, streams into this run directory's
 `logs/`, so the table and the logs are all on the controller's host. Without a
 controller here, a worker on another host is listed with the command that asks it there.
