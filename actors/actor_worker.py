@@ -2,7 +2,9 @@
 
 The core (actors/actor_core.py) steps the ring and decides what to ask and what to
 send; this shell owns the streams' ends (`Worker.connect`: each hides whether ZeroMQ or
-shared memory carries it). Requests are spread over the policy's inference servers;
+shared memory carries it). Requests are spread over `inference.servers_per_actor` of the
+policy's inference servers (srl_jax/dataflow/fan_in.py); where one is lost, the requests
+not yet answered are sent again at once, to the live ones;
 finished chunks go on the stream the algorithm's declared source chooses
 (`srl_jax.dataflow.algorithms.chunk_stream`): to the learner on the samples stream, or to
 the replay servers on the inserts stream.
@@ -70,6 +72,12 @@ def split_seeds(config: ExperimentConfig, actor_index: int,
     return [[incarnation.seed(env_seed(config.seed, actor_index, k))
              for k in range(s * per_split, (s + 1) * per_split)]
             for s in range(config.actors.splits)]
+
+
+def awaiting_reply(policy: str, since: float) -> tuple[str, float]:
+    """What an actor's heartbeat says it waits on: its oldest unanswered request, sent at
+    wall time `since` (bench/simulated/swarm_hosts.py sends the same)."""
+    return f"an inference reply of policy '{policy}'", since
 
 
 class ActorWorker(Worker):
@@ -153,7 +161,8 @@ class ActorWorker(Worker):
             spec = policy_spec(self.config, policy)
             end = self.connect(INFERENCE, request_layout(self.config, spec, policy),
                                reply_layout(self.config, spec, policy), policy,
-                               hwm=self.config.inference.request_queue)
+                               hwm=self.config.inference.request_queue,
+                               peers=self.config.inference.servers_per_actor)
             end.register(self.poller)
             self.inference.append(end)
 
@@ -190,11 +199,24 @@ class ActorWorker(Worker):
                     if reply is None:
                         break
                     self._on_reply(p, reply.meta, reply.arrays)
+        if self.peers_dropped:
+            self._resend_dropped()
         for request, waited in self.core.overdue():
             if waited is not None:
                 self.log.warning("split %d: no reply from policy '%s' for %.1fs; sending again",
                                  request.split, self.policies[request.policy], waited)
             self._send_request(request)
+
+    def _resend_dropped(self) -> None:
+        """Send again every unanswered request of the policies whose sockets lost a server."""
+        for p, end in enumerate(self.inference):
+            if end.socket in self.peers_dropped:
+                requests = self.core.resend(p)
+                self.log.info("sending %d unanswered request(s) of policy '%s' again",
+                              len(requests), self.policies[p])
+                for request in requests:
+                    self._send_request(request)
+        self.peers_dropped.clear()
 
     def _on_reply(self, p: int, meta: dict, arrays: dict[str, np.ndarray]) -> None:
         """Give policy `p`'s reply to the core; send what an answered split gives."""
@@ -248,7 +270,7 @@ class ActorWorker(Worker):
         if pending is None:
             return super().waiting()
         since, p = pending
-        return f"an inference reply of policy '{self.policies[p]}'", since
+        return awaiting_reply(self.policies[p], since)
 
     def counters(self) -> dict[str, float]:
         core = self._core.counters() if self._core is not None else \

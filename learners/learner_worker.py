@@ -85,6 +85,12 @@ def restored_counters(saved: list[dict[str, float]],
             for key in CARRIED}
 
 
+def awaiting_intake(waiting_on: str, last_batch_wall: float) -> tuple[str, float]:
+    """What a learner's heartbeat says it waits on: what its intake waits for, since its
+    last batch (bench/simulated/swarm_hosts.py sends the same)."""
+    return waiting_on, last_batch_wall
+
+
 class LearnerWorker(Worker):
     kind = "learner"
 
@@ -303,7 +309,7 @@ class LearnerWorker(Worker):
     def waiting(self) -> tuple[str, float] | None:
         """What the intake waits for, while no batch is ready."""
         if self._next is None and self._learner is not None:
-            return self.intake.waiting_on(), self._last_batch_wall
+            return awaiting_intake(self.intake.waiting_on(), self._last_batch_wall)
         return super().waiting()
 
     def counters(self) -> dict[str, float]:

@@ -78,6 +78,12 @@ class ReceivedRequest(NamedTuple):
     """A frozen policy's: [rows] the snapshot of its opponent pool each row plays."""
 
 
+def awaiting_requests(last_batch_wall: float) -> tuple[str, float]:
+    """What a serving inference server's heartbeat says it waits on, since its last batch
+    (bench/simulated/swarm_hosts.py sends the same)."""
+    return "requests from actors", last_batch_wall
+
+
 class InferenceServer(Worker):
     kind = "inference"
 
@@ -273,7 +279,7 @@ class InferenceServer(Worker):
             return super().waiting()
         if self.params is not None and not self.params.taken:
             return f"the first parameters of policy '{self.policy}'", self._last_batch_wall
-        return "requests from actors", self._last_batch_wall
+        return awaiting_requests(self._last_batch_wall)
 
     def counters(self) -> dict[str, float]:
         return {

@@ -66,25 +66,41 @@ def learner_cnn(result: dict[str, Any]) -> list[str]:
 
 
 def swarm(result: dict[str, Any]) -> list[str]:
-    """`bench.swarm`'s rows, one per worker count: the controller's cost and its view."""
-    rows = [[f"{r['workers']:,}", f"{r['hosts']:,}", r["simulate"],
-             f"{r['controller_cpu_cores']:.2f}",
-             f"{r['simulator_cpu_cores']:.2f}", f"{r['heartbeat_age_p50_s']:.2f}",
-             f"{r['heartbeat_age_p99_s']:.2f}", f"{r['missed_heartbeats']:,}",
-             f"{r['lookup_p99_ms']:.1f}", f"{r['name_requests_per_s']:.1f}",
-             f"{r['worker_exits']}", f"{r['startup_s']:.0f}", r["commit"]]
-            for r in sorted(result["rows"].values(), key=lambda r: r["workers"])]
+    """`bench.swarm`'s rows, one per worker count: the controller's cost and its view, the
+    churn's toll, and whether the simulator kept time (rows from before it measured
+    itself show `-` where they lack a figure)."""
+    rows = []
+    for r in sorted(result["rows"].values(), key=lambda r: r["workers"]):
+        churn = r.get("churn") or {}
+        rows.append([
+            f"{r['workers']:,}", f"{r['hosts']:,}", r["simulate"],
+            "yes" if r.get("curve") else "no",
+            "-" if "valid" not in r else "yes" if r["valid"] else "**no**",
+            f"{r['controller_cpu_cores']:.2f}", number(r.get("controller_us_per_heartbeat"), ".0f"),
+            f"{r['heartbeat_age_p50_s']:.2f}", f"{r['heartbeat_age_p99_s']:.2f}",
+            f"{r['missed_heartbeats']:,}", number(r.get("lookup_p99_ms"), ".1f"),
+            f"{churn['per_minute']:g}" if churn else "-",
+            f"{churn['workers_killed']}" if churn else "-",
+            number(churn.get("back_to_running_p99_s"), ".1f"),
+            number(r.get("false_kills"), "d"),
+            number(100 * r["simulator_late_fraction"], ".2f")
+            if r.get("simulator_late_fraction") is not None else "-",
+            f"{r['simulator_cpu_cores']:.2f}", f"{r['startup_s']:.0f}", r["commit"]])
     seconds = sorted({f"{r['seconds']:g}" for r in result["rows"].values()})
+    periods = sorted({f"{r['heartbeat_period_s']:g}" for r in result["rows"].values()})
     lines = [f"Simulated workers against the real controller, measured for {'/'.join(seconds)} s "
-             "once every worker runs (`python -m bench.swarm`; a heartbeat every 0.5 s), one "
-             "run each. `workers`: each simulated worker on a socket of its own to its "
-             "host's agent; `agents`: handed to the agent in its process (`--simulate "
-             "agents`, what a 2-core machine can simulate at 10,000; the controller receives "
-             "the same):", ""]
-    lines += table(["workers", "hosts", "heartbeats sent by", "controller cores",
-                    "simulator cores",
-                    "heartbeat age p50 s", "p99 s", "late (> 1.5 s)", "lookup p99 ms",
-                    "name requests/s", "worker exits", "start-up s", "commit"], rows)
+             "once every worker runs (`python -m bench.swarm`; a heartbeat every "
+             f"`runtime.stats_interval_s`, {'/'.join(periods)} s), one run each. `agents`: "
+             "heartbeats handed to the host agent in their process (`--simulate agents`, the "
+             "default); "
+             "`workers`: each simulated worker on a socket of its own to its host's agent (the "
+             "controller receives the same). A row is valid where the simulator sent at most 1% "
+             "of its beats more than a period late:", ""]
+    lines += table(["workers", "hosts", "heartbeats sent by", "CURVE", "valid",
+                    "controller cores", "us a heartbeat", "heartbeat age p50 s", "p99 s",
+                    "late (> 3 periods)", "lookup p99 ms", "churn a minute", "killed",
+                    "back p99 s", "false kills", "simulator late %", "simulator cores",
+                    "start-up s", "commit"], rows)
     return [*lines, "", machine_note(result)]
 
 

@@ -94,7 +94,8 @@ def scaling_model(result: dict[str, Any]) -> list[str]:
         rows = [[f"{p['cores']:,}", str(p["accelerators"]), f"{p['fps']:,.0f}", p["bound_by"],
                  f"{p['bounds']['actor and server CPUs']:,.0f}",
                  f"{p['bounds']['learner accelerators']:,.0f}", f"{p['controller_cores']:.2f}",
-                 str(p["relay_hops"]), f"{p['version_arrival_s']:.2f}",
+                 str(p["relay_hops"]),
+                 f"{p['version_arrival_s']:.2f} / {p['version_arrival_unfavourable_s']:.2f}",
                  f"{p['learner_link_bytes_per_version'] / 1e6:,.1f}",
                  f"{p['unrelayed_bytes_per_version'] / 1e6:,.1f}"]
                 for p in result["curves"][name]]
@@ -102,7 +103,8 @@ def scaling_model(result: dict[str, Any]) -> list[str]:
                   "(modelled):", ""]
         lines += table(["CPU cores", "accelerators", "frames/s", "bound by", "CPUs could feed",
                         "accelerators could take", "controller cores", "relay hops",
-                        "version arrival s", "learner MB a version", "MB without relays"], rows)
+                        "version arrival s (favourable / unfavourable hop)",
+                        "learner MB a version", "MB without relays"], rows)
         lines.append("")
     costs = result["unit_costs"]
     lines += ["Measured inputs (each from its results file): "
@@ -114,13 +116,21 @@ def scaling_model(result: dict[str, Any]) -> list[str]:
                           f"{c['learner_samples_per_accelerator']:,.0f} samples/s an "
                           f"accelerator, parameters {c['param_bytes'] / 1e6:.2f} MB"
                           for name, c in costs.items())
-              + f"; controller {costs['atari']['controller_cores_per_1000']:.3f} cores per "
-              f"1,000 workers; a relay hop {costs['atari']['hop_s'] * 1e3:.0f} ms for 7 MB.", ""]
+              + f"; controller {costs['atari']['controller_cores_per_worker'] * 1e3:.3f} "
+              f"cores per 1,000 workers and {costs['atari']['controller_cores_per_host'] * 1e3:.3f}"
+              " per 1,000 hosts; a relay hop {costs['atari']['hop_s'] * 1e3:.0f} ms for 7 MB "
+              f"({costs['atari']['hop_unfavourable_s'] * 1e3:.0f} ms from the unfavourable "
+              "tree).", ""]
     lines += ["Check against the whole runs on one H200 host: "
               + "; ".join(f"`{c['experiment']}` with {c['actor_processes']} actor processes "
                           f"measured {c['measured_fps']:,.0f} frames/s, the model's actor bound "
                           f"{c['modelled_actor_bound_fps']:,.0f} ({c['ratio']:.2f}x)"
                           for c in result["checks"]) + ".", ""]
+    lines += ["The controller's line (per worker and per host, through the largest valid swarm "
+              "row) against every valid swarm row: " + "; ".join(
+                  f"{c['workers']:,} workers on {c['hosts']} hosts measured "
+                  f"{c['measured_cores']:.3f} cores, modelled {c['modelled_cores']:.3f}"
+                  for c in result.get("controller_checks", [])) + ".", ""]
     srl = result["published_srl"]
     lines += [f"SRL's points: {srl['source']}; x: {srl['x']}; y: {srl['y']}.", "",
               f"*Modelled at commit {result['commit']} on {result['date']}.*"]

@@ -11,7 +11,8 @@ per second, runtime included (scale.json: real processes and sockets, a null env
 learner process's intake of CartPole chunks (scale.json); one env step's cost on a core
 (compare_sampling.json: CartPole, compare_pong.json: ALE Pong); the learner's update
 throughput on one H200 (accelerator.json: the MLP and the Nature-CNN); the controller's
-cores per 1,000 workers (swarm.json, its largest row); the parameter fan-out's copies
+cost per worker (swarm.json, its largest valid row, less its hosts' part) and per host (a
+host agent's batches: controller_heartbeats.json, per message); the parameter fan-out's copies
 and arrival per hop (param_fanout.json); the networks' parameter bytes (the configs'
 networks, counted here).
 
@@ -20,8 +21,8 @@ between the parts), that the learner scales linearly over G accelerators, the CP
 cores split between actors and servers in the ratio that balances them, a Nature-CNN
 forward pass costing a third of an update per sample (inference rows per accelerator),
 a learner's intake of Atari frames bounded by its link (`--link-gbps`), one worker per
-core, 64 cores per host, and the controller's cost growing linearly past the workers
-the swarm measured.
+core, 64 cores per host, and the controller's cost growing linearly in workers and hosts
+past the rows the swarm measured (the other swarm rows check that line: `controller_checks`).
 
 Writes bench/results/scaling_model.json and the curve, docs/img/scaling.svg (beside
 SRL's published scaling, from the paper: PUBLISHED_SRL).
@@ -39,6 +40,7 @@ from typing import Any
 from bench.harness.machine import CONFIGS_DIR, REPO_ROOT, git_commit, write_results
 from bench.report.scaling import atari_step_us
 from bench.swarm import read_results
+from srl_jax.runtime.hosts.host_agent import BATCH_S
 
 CORES = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16000)
 CORES_PER_HOST = 64
@@ -47,10 +49,12 @@ FORWARD_SHARE = 1 / 3
 """A forward pass's share of an update's compute per sample (forward and backward)."""
 FIGURE = REPO_ROOT / "docs" / "img" / "scaling.svg"
 ACCELERATORS = (1, 2, 4, 8, 16, 32)
-FANOUT_ROW = "64-6.7-relays"
-"""The param_fanout run whose arrival gives the time per hop: the issue's setting (larger
-ones on a 2-core machine measure its copying: 256 subscribers on 64 hosts are 320 copies
-of 7 MB a second through 2 cores)."""
+BATCHES_PER_HOST_S = 1 / BATCH_S
+"""The stats_batch messages a host agent sends the controller a second."""
+FANOUT_ROWS = {"favourable": "64-6.7-relays", "unfavourable": "256-6.7-relays"}
+"""The param_fanout runs whose arrivals give the time per hop, both shown: 64 subscribers on
+16 hosts, and 256 on 64 hosts, which on a 2-core machine measures its copying as much as the
+relays (320 copies of 7 MB a second through 2 cores: p99 3.1 s, 94% of versions received)."""
 PUBLISHED_SRL: dict[str, Any] = {
     "source": "github.com/reallyscalablerl/experiments, main-exp/main-result.png (January "
               "2023), Atari panel, read off the plot by eye (about +-5%)",
@@ -76,13 +80,17 @@ class UnitCosts:
     """Samples one accelerator's update takes per second."""
     learner_intake_per_process: float
     """Samples a learner process takes off the wire per second."""
-    controller_cores_per_1000: float
-    """The controller's cores per 1,000 workers."""
+    controller_cores_per_worker: float
+    """The controller's cores per worker, its host's part excepted."""
+    controller_cores_per_host: float
+    """The controller's cores per host: its agent's batches, BATCHES_PER_HOST_S a second."""
     param_bytes: int
     fanout: int
     hop_s: float
     """A version's time per hop of the relay tree (learner to relay, relay to relay or
-    to a subscriber), from its arrival at the measured tree's subscribers."""
+    to a subscriber), from its arrival at the favourable measured tree's subscribers."""
+    hop_unfavourable_s: float
+    """The same from the unfavourable measured tree (FANOUT_ROWS)."""
     accelerator_inference: bool
     """Whether the policy runs on the accelerators (else on CPU server cores)."""
 
@@ -102,7 +110,8 @@ def project(costs: UnitCosts, cores: int, accelerators: int) -> dict[str, Any]:
     """Frames/s of a cluster of `cores` CPU cores and `accelerators` accelerators, each
     part's bound, and which binds first."""
     workers = cores
-    controller = costs.controller_cores_per_1000 * workers / 1000
+    hosts = math.ceil(cores / CORES_PER_HOST)
+    controller = controller_cores(costs, workers, hosts)
     usable = cores - min(controller, 1.0)
     actor_core = costs.actor_core_frames_per_s
     server_core = costs.server_rows_per_core
@@ -120,13 +129,42 @@ def project(costs: UnitCosts, cores: int, accelerators: int) -> dict[str, Any]:
     binding = min(bounds, key=bounds.get)
     if binding == "learner accelerators" and learner == costs.learner_intake_per_process:
         binding = "learner intake"
-    hosts = math.ceil(cores / CORES_PER_HOST)
     hops = relay_hops(hosts, costs.fanout)
     return {"cores": cores, "accelerators": accelerators, "fps": bounds[binding],
             "bound_by": binding, "bounds": bounds, "controller_cores": controller,
             "hosts": hosts, "relay_hops": hops, "version_arrival_s": hops * costs.hop_s,
+            "version_arrival_unfavourable_s": hops * costs.hop_unfavourable_s,
             "learner_link_bytes_per_version": min(costs.fanout, hosts) * costs.param_bytes,
             "unrelayed_bytes_per_version": subscribers(costs, cores) * costs.param_bytes}
+
+
+def controller_cores(costs: UnitCosts, workers: int, hosts: int) -> float:
+    """The controller's cores for `workers` workers on `hosts` hosts: linear in each."""
+    return workers * costs.controller_cores_per_worker + hosts * costs.controller_cores_per_host
+
+
+def controller_costs(swarm: dict[str, Any], heartbeats: dict[str, Any]
+                     ) -> tuple[float, float, dict[str, Any]]:
+    """(cores per worker, cores per host, the largest valid swarm row): a host's part is its
+    agent's batches at the measured cost of a message; a worker's the rest of the largest
+    valid row's controller cores, spread over its workers."""
+    valid = [row for row in swarm["rows"].values() if row.get("valid", True)]
+    if not valid:
+        raise SystemExit("bench.scale.model: bench/results/swarm.json has no valid row")
+    largest = max(valid, key=lambda row: row["workers"])
+    per_host = BATCHES_PER_HOST_S * heartbeats["rows"]["messages"]["us_per_message"] / 1e6
+    per_worker = (largest["controller_cpu_cores"] - largest["hosts"] * per_host) \
+        / largest["workers"]
+    return per_worker, per_host, largest
+
+
+def controller_checks(costs: UnitCosts, swarm: dict[str, Any]) -> list[dict[str, Any]]:
+    """The line through the largest row against every other valid swarm row."""
+    return [{"workers": row["workers"], "hosts": row["hosts"],
+             "measured_cores": row["controller_cpu_cores"],
+             "modelled_cores": controller_cores(costs, row["workers"], row["hosts"])}
+            for row in sorted(swarm["rows"].values(), key=lambda row: row["workers"])
+            if row.get("valid", True)]
 
 
 def subscribers(costs: UnitCosts, cores: int) -> int:
@@ -158,23 +196,26 @@ def param_bytes(experiment: str) -> int:
 def unit_costs(link_gbps: float) -> tuple[dict[str, UnitCosts], dict[str, str]]:
     """Each experiment's costs, and where each measured figure came from."""
     files = {name: read_results(name) for name in (
-        "scale", "compare_sampling", "compare_pong", "accelerator", "swarm", "param_fanout")}
+        "scale", "compare_sampling", "compare_pong", "accelerator", "swarm", "param_fanout",
+        "controller_heartbeats")}
     missing = [name for name, result in files.items() if result is None]
     if missing:
         raise SystemExit(f"bench.scale.model: no bench/results/{', '.join(missing)}.json "
                          "yet; run those benchmarks first")
     scale, swarm, fanout = files["scale"], files["swarm"], files["param_fanout"]
-    largest = max(swarm["rows"].values(), key=lambda row: row["workers"])
-    relayed = fanout["rows"][FANOUT_ROW]
-    hosts = relayed["hosts"]
-    hop_s = relayed["arrival_p50_s"] / relay_hops(hosts, relayed["fanout"])
+    per_worker, per_host, largest = controller_costs(swarm, files["controller_heartbeats"])
+    trees = {case: fanout["rows"][row] for case, row in FANOUT_ROWS.items()}
+    hops = {case: tree["arrival_p50_s"] / relay_hops(tree["hosts"], tree["fanout"])
+            for case, tree in trees.items()}
+    relayed = trees["favourable"]
     learner = {case["case"]: case["samples_per_s"] for case in files["accelerator"]["learner"]}
     pong_bytes = param_bytes(EXPERIMENTS["atari"])
     frame_bytes = 84 * 84 * 4
     shared = {"actor_runtime_us": 1e6 / scale["actor_core_frames_per_s"],
               "server_rows_per_core": scale["server_core_rows_per_s"],
-              "controller_cores_per_1000": 1000 * largest["controller_cpu_cores"]
-              / largest["workers"], "fanout": relayed["fanout"], "hop_s": hop_s}
+              "controller_cores_per_worker": per_worker, "controller_cores_per_host": per_host,
+              "fanout": relayed["fanout"], "hop_s": hops["favourable"],
+              "hop_unfavourable_s": hops["unfavourable"]}
     sampling = files["compare_sampling"]
     costs = {
         "cartpole": UnitCosts(
@@ -190,9 +231,12 @@ def unit_costs(link_gbps: float) -> tuple[dict[str, UnitCosts], dict[str, str]]:
             param_bytes=pong_bytes, accelerator_inference=True, **shared)}
     sources = {name: f"{result['date']}, commit {result.get('commit', 'not recorded')}"
                for name, result in files.items() if "rows" not in result}
-    sources["swarm"] = f"{largest['workers']:,} workers, commit {largest['commit']}"
-    sources["param_fanout"] = (f"{relayed['subscribers']} subscribers on {hosts} hosts, commit "
-                               f"{relayed['commit']}")
+    sources["swarm"] = (f"{largest['workers']:,} workers on {largest['hosts']} hosts, commit "
+                        f"{largest['commit']}")
+    sources["param_fanout"] = " and ".join(
+        f"{tree['subscribers']} subscribers on {tree['hosts']} hosts ({case}: versions received "
+        f"{tree['versions_received_fraction']:.0%}, arrival p99 {tree['arrival_p99_s']:.1f} s), "
+        f"commit {tree['commit']}" for case, tree in trees.items())
     return costs, sources
 
 
@@ -272,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     per_gpu = [project(costs["atari"], gpus * args.cores_per_accelerator, gpus)
                for gpus in ACCELERATORS]
     checked = checks(costs)
+    controller_checked = controller_checks(costs["cartpole"], read_results("swarm") or {})
     for name, points in curves.items():
         print(f"{name}:")
         for p in points:
@@ -281,12 +326,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"check: {check['experiment']} with {check['actor_processes']} actors measured "
               f"{check['measured_fps']:,.0f} frames/s, modelled actor bound "
               f"{check['modelled_actor_bound_fps']:,.0f} ({check['ratio']:.2f}x)")
+    for check in controller_checked:
+        print(f"check: the controller at {check['workers']:,} workers on {check['hosts']} "
+              f"hosts measured {check['measured_cores']:.3f} cores, modelled "
+              f"{check['modelled_cores']:.3f}")
     draw(curves, per_gpu, FIGURE)
     path = write_results("scaling_model", {
         "settings": {"cores_per_accelerator": args.cores_per_accelerator,
                      "link_gbps": args.link_gbps, "cores_per_host": CORES_PER_HOST},
         "unit_costs": {name: asdict(cost) for name, cost in costs.items()},
         "sources": sources, "curves": curves, "per_accelerator": per_gpu, "checks": checked,
+        "controller_checks": controller_checked,
         "published_srl": PUBLISHED_SRL,
         "commit": git_commit()})
     print(f"written to {path} and {FIGURE.relative_to(REPO_ROOT)}")

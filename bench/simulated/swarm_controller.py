@@ -5,8 +5,14 @@ launch backend starts simulated workers (bench/simulated/swarm_hosts.py) in plac
 and the hosts over the host processes it starts (by pid, stopped by pid at the end). A
 worker's pid is made up (unique per start): its heartbeats carry it, as a real worker's
 carry its own, so the controller tells a successor from its predecessor as usual.
+The run is configured as a cluster's is: CURVE on (keys made here, as `srl_jax.launch`
+makes them, handed to the host processes in their environment), the product's
+`runtime.heartbeat_timeout_s` and `runtime.stats_interval_s` unless `--set` says otherwise.
+Start-up alone has STARTUP_TIMEOUT_S: a host process starts its simulated workers one
+after another (a cluster's hosts start theirs at once); once the bench opens its window
+(the window file), the supervisor's config is switched to the run's own timeout.
 Run by bench/swarm.py: `python -m bench.simulated.swarm_controller --run-dir D --hosts H
---processes P [--set key=value ...]`.
+--processes P [--churn F] [--set key=value ...]`.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import secrets
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import msgpack
@@ -26,18 +33,22 @@ import yaml
 import zmq
 
 from bench.harness.machine import CONFIGS_DIR, DEFAULT_EXPERIMENT, REPO_ROOT
-from bench.simulated.swarm_hosts import SOCKETS_PER_WORKER
+from bench.simulated.swarm_hosts import SOCKETS_PER_WORKER, WINDOW_FILE
 from srl_jax.config.loader import config_to_dict, load_config
 from srl_jax.config.schema import DEFAULT_POLICY, ExperimentConfig
 from srl_jax.dataflow.worker_kinds import worker_plan
 from srl_jax.runtime.backends import LocalBackend, WorkerHandle
 from srl_jax.runtime.controller import Controller
 from srl_jax.runtime.name_server import NAMES_ENV
+from srl_jax.runtime.supervisor import Supervisor
 from srl_jax.wire.names import worker_name
+from srl_jax.wire.transport import KEYS_ENV, CurveKeys
 
 EVENTS_S = 0.02
 """How often the backend takes the exits the host processes report."""
 FIRST_PID = 1 << 22
+STARTUP_TIMEOUT_S = 600.0
+"""`runtime.heartbeat_timeout_s` until the window opens (start-up)."""
 """Made-up pids start above any real one (Linux's pid_max is at most 2^22)."""
 
 
@@ -46,9 +57,9 @@ class SwarmBackend(LocalBackend):
     backend's names and run directory)."""
 
     def __init__(self, run_dir: Path, config: ExperimentConfig, hosts: int,
-                 processes: int, simulate: str) -> None:
+                 processes: int, simulate: str, churn: float, keys: CurveKeys | None) -> None:
         super().__init__(run_dir)
-        self.simulate = simulate
+        self.simulate, self.churn, self.keys = simulate, churn, keys
         self.config = config
         self.hosts, self.processes = hosts, processes
         self.context = zmq.Context.instance()
@@ -69,6 +80,9 @@ class SwarmBackend(LocalBackend):
         self.host_of = {name: i % hosts for i, name in enumerate(
             worker_name(kind, index, policy) for kind, index, policy in worker_plan(config))}
         self.children: list[subprocess.Popen] = []
+        self.supervisor: Supervisor | None = None
+        """The controller's, whose config gets the run's own heartbeat timeout once the
+        window opens."""
 
     def _start_hosts(self, names_endpoint: str) -> None:
         """The host processes, once the controller's name service is up."""
@@ -86,9 +100,11 @@ class SwarmBackend(LocalBackend):
                  "--servers", str(self.config.inference.count),
                  "--learners", str(self.config.learner.processes),
                  "--sockets", str(sockets), "--out", str(self.run_dir / f"hosts-{p}.json"),
-                 "--simulate", self.simulate],
+                 "--window", str(self.run_dir / WINDOW_FILE), "--churn", str(self.churn),
+                 "--simulate", self.simulate, *(["--first"] if p == 0 else [])],
                 cwd=REPO_ROOT, stdout=open(self.run_dir / "logs" / f"hosts-{p}.log", "ab"),  # noqa: SIM115
-                stderr=subprocess.STDOUT))
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env={**os.environ, KEYS_ENV: self.keys.to_env() if self.keys else ""}))
 
     def start(self, kind: str, index: int, policy: str = DEFAULT_POLICY,
               env: dict[str, str] | None = None) -> WorkerHandle:
@@ -110,6 +126,9 @@ class SwarmBackend(LocalBackend):
         if now < self._events_at:  # the supervisor asks for every worker in turn
             return self.exits.get(handle.pid)
         self._events_at = now + EVENTS_S
+        if self.supervisor is not None and self.supervisor.config is not self.config \
+                and (self.run_dir / WINDOW_FILE).exists():
+            self.supervisor.config = self.config
         while self.events.poll(0):
             event = msgpack.unpackb(self.events.recv())
             self.exits[event["pid"]] = event["code"]
@@ -144,10 +163,7 @@ def swarm_config(workers: int, hosts: int, overrides: list[str]) -> ExperimentCo
         f"actors.count={actors}", f"inference.count={servers}", "evaluation.every_updates=0",
         "checkpoint.enabled=false", "stop.target_return=null", "stop.wall_time_s=86400",
         "stop.env_frames=0", "runtime.names=network",
-        # A host process starts its simulated workers one after another (a cluster's
-        # hosts start theirs at once): start-up gets 20 minutes before a silent worker
-        # is killed; the window, after every worker runs, counts late heartbeats itself.
-        "runtime.heartbeat_timeout_s=600", *overrides])
+        "transport.curve=true", *overrides])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hosts", type=int, required=True)
     parser.add_argument("--processes", type=int, required=True)
     parser.add_argument("--simulate", choices=("workers", "agents"), default="workers")
+    parser.add_argument("--churn", type=float, default=0.0)
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args(argv)
     config = swarm_config(args.workers, args.hosts, args.overrides)
@@ -165,9 +182,15 @@ def main(argv: list[str] | None = None) -> int:
                                                              sort_keys=False))
     logging.basicConfig(level=logging.WARNING, filename=args.run_dir / "logs" / "controller.log",
                         format="%(asctime)s controller %(levelname)s %(name)s: %(message)s")
-    backend = SwarmBackend(args.run_dir, config, args.hosts, args.processes, args.simulate)
+    keys = CurveKeys.generate() if config.transport.curve else None  # as srl_jax.launch
+    backend = SwarmBackend(args.run_dir, config, args.hosts, args.processes, args.simulate,
+                           args.churn, keys)
     os.environ.pop(NAMES_ENV, None)
-    return Controller(config, args.run_dir, backend, network_names=True).run()
+    timeout = max(STARTUP_TIMEOUT_S, config.runtime.heartbeat_timeout_s)
+    startup = replace(config, runtime=replace(config.runtime, heartbeat_timeout_s=timeout))
+    controller = Controller(startup, args.run_dir, backend, keys=keys, network_names=True)
+    backend.supervisor = controller.supervisor
+    return controller.run()
 
 
 if __name__ == "__main__":

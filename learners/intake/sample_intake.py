@@ -25,6 +25,11 @@ RETURN_WINDOW = 100
 """Training returns averaged to rank checkpoints for `checkpoint.keep_best`."""
 
 
+def samples_waited_on(key: str, queued: int) -> str:
+    """What a sample intake waits for (a learner's heartbeat says it)."""
+    return f"samples on {key} ({queued} chunks queued)"
+
+
 class SampleIntake:
     """Receives, checks and queues chunks; counts frames, episodes and returns."""
 
@@ -97,7 +102,7 @@ class SampleIntake:
         return len(self.queue)
 
     def waiting_on(self) -> str:
-        return f"samples on {self.key} ({len(self.queue)} chunks queued)"
+        return samples_waited_on(self.key, len(self.queue))
 
     def counters(self) -> dict[str, float]:
         """Its run counters (see `srl_jax.dataflow.metrics_table.CARRIED`), all in frames."""

@@ -368,7 +368,7 @@ class HostAgent:
         alive: list[list[Any]] = []
         while not self._stopping.is_set():
             wait = max(0.0, next_batch - time.monotonic())
-            ready = dict(poller.poll(int(wait * 1000)))
+            ready = dict(poller.poll(int(wait * 1000) + 1))  # not 0 ms: no spin at the end
             self.names.serve()
             now = time.monotonic()
             taken = self._take_offered()
