@@ -53,6 +53,10 @@ UNTIL_CTRL_C = ("stop.wall_time_s=600", "checkpoint.every_updates=5",
                 "actors.inference_timeout_s=1")
 """No frame limit: the actors outrun a frozen or restarting learner, and training does
 not wait for the evaluator, so a limit could end the run before a successor works."""
+HEARTBEAT_TIMEOUT_S = 5
+"""A frozen worker is killed after this long (the default 60 s, scaled down): each of the
+run's two freezes waits it out, and ten heartbeats (every 0.5 s, from a helper thread
+through compiles) fit in it; a successor gets twice that for its first."""
 
 
 class FaultyCartPole(gym.Wrapper):
@@ -123,7 +127,8 @@ def test_workers_that_raise_or_freeze_are_replaced_and_lose_nothing_saved(
     faults.mkdir()
     process, run_dir = launch(processes, tmp_path, *SMALL, *UNTIL_CTRL_C,
                               "evaluation.every_updates=5", "evaluation.episodes=2",
-                              "runtime.heartbeat_timeout_s=8", env={FAULTS_ENV: str(faults)})
+                              f"runtime.heartbeat_timeout_s={HEARTBEAT_TIMEOUT_S}",
+                              env={FAULTS_ENV: str(faults)})
     wait_for(lambda: all_running(run_dir), 90, "all workers running")
 
     # An actor raises: restarted, its envs seeded anew, reproducibly.

@@ -112,7 +112,8 @@ class RuntimeConfig:
     stop_grace_s: float = 5.0
     """Seconds workers get to exit after SIGTERM before SIGKILL."""
     compilation_cache_dir: str = "~/.cache/srl_jax/jax"
-    """JAX's persistent compilation cache: later runs skip compiling ('' disables it)."""
+    """JAX's persistent compilation cache: later runs and `srl_jax.evaluate` skip compiling
+    ('' disables it)."""
     warm_parent: bool = True
     """Fork each host's learners, inference servers, evaluators and replay servers from
     one process that has imported JAX (srl_jax/runtime/hosts/warm_parent.py), started

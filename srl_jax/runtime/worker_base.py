@@ -296,7 +296,9 @@ class Worker:
         if stream.connect_immediate:
             socket.setsockopt(zmq.IMMEDIATE, 1)
         every = stream.indexed and index is None
-        count = worker_kind(stream.binder).count(self.config)
+        # counted only where every binder is joined: a controller's stream has one binder,
+        # and the controller is no worker kind
+        count = worker_kind(stream.binder).count(self.config) if every else 1
         if every and peers is not None:
             self._join_peers(socket, [stream.key(policy, binder) for binder in range(count)],
                              servers_per_actor(peers, count))
