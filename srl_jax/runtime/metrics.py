@@ -96,7 +96,11 @@ class MetricsAggregator:
         self.restarts = restarts
         self.learner_restarts = 0
         self._offered: dict[str, _Offered] = {}
-        self._sums: dict[tuple[str, str, str | None], float] | None = None
+        self._sums: dict[tuple[str, str, str | None], float] = defaultdict(float)
+        """Every live counter summed by (kind, key, None) and (kind, key, policy), moved as
+        each worker's counters change (`_set_live`): a row asks for hundreds of totals over
+        thousands of workers, and a pass over all of them each row was most of its cost.
+        Counters of whole numbers (frames, steps) sum exactly, as floats below 2^53 do."""
 
     def aggregate(self, kind: str, key: str) -> Aggregate:
         """How `kind`'s counter `key` adds up (an undeclared one: a sum, said once)."""
@@ -116,14 +120,15 @@ class MetricsAggregator:
         A new learner brings the run counters it restored from a checkpoint;
         the jump is history, not this window's work, so rates skip it.
         """
-        aggregates = {key: self.aggregate(kind, key) for key in counters}
-        carried = [key for key, aggregate in aggregates.items()
-                   if first and aggregate is Aggregate.CARRIED]
+        for key in counters.keys() - self.live.get(worker, {}).keys():
+            self.aggregate(kind, key)  # a counter new to the table is named as it comes
+        carried = [key for key in counters if self.aggregate(kind, key) is Aggregate.CARRIED] \
+            if first else []
         before = {key: self.total(kind, key) for key in carried}
-        self.live[worker] = {k: float(v) for k, v in counters.items()
-                             if isinstance(v, int | float) and math.isfinite(v)}
         self.kinds[worker] = kind
         self.policies[worker] = policy
+        self._set_live(worker, {k: float(v) for k, v in counters.items()
+                                if isinstance(v, int | float) and math.isfinite(v)})
         for key in carried:
             window_key = f"{kind}:{key}"
             self._previous[window_key] = self._previous.get(window_key, 0.0) + \
@@ -174,15 +179,24 @@ class MetricsAggregator:
             elif aggregate is Aggregate.SUM:
                 self.retired[f"{kind}:{key}"] += value
                 self.retired[f"{kind}:{key}:{self.policies[worker]}"] += value
-        self.live[worker] = held
+        self._set_live(worker, held)
+
+    def _set_live(self, worker: str, counters: dict[str, float]) -> None:
+        """`worker`'s live counters now, the running sums moved by what changed."""
+        kind, policy, sums = self.kinds[worker], self.policies[worker], self._sums
+        old = self.live.get(worker, {})
+        for key, value in counters.items():
+            if change := value - old.get(key, 0.0):
+                sums[kind, key, None] += change
+                sums[kind, key, policy] += change
+        for key in old.keys() - counters.keys():
+            sums[kind, key, None] -= old[key]
+            sums[kind, key, policy] -= old[key]
+        self.live[worker] = counters
 
     def total(self, kind: str, key: str, policy: str | None = None) -> float:
         """`key` summed over `kind`'s workers (of `policy`), those retired included."""
-        if self._sums is not None:  # within `row`: summed once for every key
-            live = self._sums.get((kind, key, policy), 0.0)
-        else:
-            live = sum(c.get(key, 0.0) for w, c in self.live.items()
-                       if self.kinds[w] == kind and policy in (None, self.policies[w]))
+        live = self._sums.get((kind, key, policy), 0.0)
         retired = f"{kind}:{key}" if policy is None else f"{kind}:{key}:{policy}"
         return live + self.retired.get(retired, 0.0)
 
@@ -197,22 +211,7 @@ class MetricsAggregator:
         declared rows, the episodes', and the counters every worker sends (the contract's
         keys first, for a reader of metrics.jsonl)."""
         self._take_offers()
-        self._sums = self._live_sums()
-        try:
-            return self._row(elapsed)
-        finally:
-            self._sums = None
-
-    def _live_sums(self) -> dict[tuple[str, str, str | None], float]:
-        """Every live counter summed by (kind, key, None) and (kind, key, policy), in one
-        pass: a row asks for hundreds of totals, over thousands of workers."""
-        sums: dict[tuple[str, str, str | None], float] = defaultdict(float)
-        for worker, counters in self.live.items():
-            kind, policy = self.kinds[worker], self.policies[worker]
-            for key, value in counters.items():
-                sums[kind, key, None] += value
-                sums[kind, key, policy] += value
-        return sums
+        return self._row(elapsed)
 
     def _row(self, elapsed: float) -> dict[str, Any]:
         shown = [kind for kind in SHOWN_ALWAYS if kind in KINDS] + [
