@@ -188,3 +188,14 @@ def test_an_undeclared_counter_adds_up_as_a_sum_and_is_named_once(
     metrics.retire("actor-0")
     assert metrics.total("actor", "frames_skipped") == 1
     assert not any("frames_skipped" in key for key in metrics.row(1.0))
+
+
+def test_a_worker_retired_with_a_counter_at_zero_keeps_the_sums_right() -> None:
+    """A counter a worker reported only as 0 is in no running sum; retiring the worker
+    takes it out all the same."""
+    metrics = MetricsAggregator()
+    metrics.observe("actor-0", "actor", {"env_frames": 5, "auth_refused": 0}, NO_ARRAYS)
+    metrics.observe("actor-1", "actor", {"env_frames": 7, "auth_refused": 0}, NO_ARRAYS)
+    metrics.retire("actor-0")
+    assert metrics.total("actor", "env_frames") == 12
+    assert metrics.total("actor", "auth_refused") == 0

@@ -18,10 +18,12 @@ Run by bench/swarm.py: `python -m bench.simulated.swarm_controller --run-dir D -
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import logging
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -37,7 +39,7 @@ from bench.simulated.swarm_hosts import SOCKETS_PER_WORKER, WINDOW_FILE
 from srl_jax.config.loader import config_to_dict, load_config
 from srl_jax.config.schema import DEFAULT_POLICY, ExperimentConfig
 from srl_jax.dataflow.worker_kinds import worker_plan
-from srl_jax.runtime.backends import LocalBackend, WorkerHandle
+from srl_jax.runtime.backends import BackendError, LocalBackend, WorkerHandle
 from srl_jax.runtime.controller import Controller
 from srl_jax.runtime.name_server import NAMES_ENV
 from srl_jax.runtime.supervisor import Supervisor
@@ -80,6 +82,8 @@ class SwarmBackend(LocalBackend):
         self.host_of = {name: i % hosts for i, name in enumerate(
             worker_name(kind, index, policy) for kind, index, policy in worker_plan(config))}
         self.children: list[subprocess.Popen] = []
+        """The host processes, the p-th simulating hosts p, p + P, p + 2P, ..."""
+        self.host_died = False
         self.supervisor: Supervisor | None = None
         """The controller's, whose config gets the run's own heartbeat timeout once the
         window opens."""
@@ -132,11 +136,19 @@ class SwarmBackend(LocalBackend):
         while self.events.poll(0):
             event = msgpack.unpackb(self.events.recv())
             self.exits[event["pid"]] = event["code"]
+        child = self.children[handle.ref % self.processes]
+        if child.poll() is not None:  # its simulated workers went with it: the run has no figure
+            if not self.host_died:
+                self.host_died = True
+                raise BackendError(f"host process {child.pid} exited with {child.returncode};"
+                                   f" see {self.run_dir / 'logs'}")
+            return self.exits.setdefault(handle.pid, -signal.SIGKILL)
         return self.exits.get(handle.pid)
 
     def send_signal(self, handle: WorkerHandle, sig: int) -> None:
-        self.commands[handle.ref % self.processes].send(msgpack.packb({
-            "op": "signal", "pid": handle.pid, "signal": int(sig)}))
+        with contextlib.suppress(zmq.Again):  # its host process is gone, and its workers
+            self.commands[handle.ref % self.processes].send(msgpack.packb({
+                "op": "signal", "pid": handle.pid, "signal": int(sig)}), zmq.NOBLOCK)
 
     def close(self) -> None:
         for child in self.children:

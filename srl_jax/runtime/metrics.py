@@ -63,6 +63,11 @@ def _rounded(value: float, row: Row) -> float | int:
     return int(value) if row.decimals == 0 else round(value, row.decimals)
 
 
+NUMBERS = (int, float, bool)
+"""The types a counter's value may have (by `type`, cheaper than isinstance per counter of
+every heartbeat)."""
+
+
 @dataclass
 class _Offered:
     """A worker's heartbeats that `MetricsAggregator.offer` keeps for the next row."""
@@ -96,8 +101,8 @@ class MetricsAggregator:
         self.restarts = restarts
         self.learner_restarts = 0
         self._offered: dict[str, _Offered] = {}
-        self._sums: dict[tuple[str, str, str | None], float] = defaultdict(float)
-        """Every live counter summed by (kind, key, None) and (kind, key, policy), moved as
+        self._sums: dict[tuple[str, str | None], dict[str, float]] = defaultdict(dict)
+        """Every live counter summed by (kind, None) and (kind, policy), then key, moved as
         each worker's counters change (`_set_live`): a row asks for hundreds of totals over
         thousands of workers, and a pass over all of them each row was most of its cost.
         Counters of whole numbers (frames, steps) sum exactly, as floats below 2^53 do."""
@@ -128,7 +133,7 @@ class MetricsAggregator:
         self.kinds[worker] = kind
         self.policies[worker] = policy
         self._set_live(worker, {k: float(v) for k, v in counters.items()
-                                if isinstance(v, int | float) and math.isfinite(v)})
+                                if type(v) in NUMBERS and math.isfinite(v)})
         for key in carried:
             window_key = f"{kind}:{key}"
             self._previous[window_key] = self._previous.get(window_key, 0.0) + \
@@ -183,20 +188,21 @@ class MetricsAggregator:
 
     def _set_live(self, worker: str, counters: dict[str, float]) -> None:
         """`worker`'s live counters now, the running sums moved by what changed."""
-        kind, policy, sums = self.kinds[worker], self.policies[worker], self._sums
+        kind, policy = self.kinds[worker], self.policies[worker]
+        by_kind, by_policy = self._sums[kind, None], self._sums[kind, policy]
         old = self.live.get(worker, {})
         for key, value in counters.items():
             if change := value - old.get(key, 0.0):
-                sums[kind, key, None] += change
-                sums[kind, key, policy] += change
+                by_kind[key] = by_kind.get(key, 0.0) + change
+                by_policy[key] = by_policy.get(key, 0.0) + change
         for key in old.keys() - counters.keys():
-            sums[kind, key, None] -= old[key]
-            sums[kind, key, policy] -= old[key]
+            by_kind[key] = by_kind.get(key, 0.0) - old[key]
+            by_policy[key] = by_policy.get(key, 0.0) - old[key]
         self.live[worker] = counters
 
     def total(self, kind: str, key: str, policy: str | None = None) -> float:
         """`key` summed over `kind`'s workers (of `policy`), those retired included."""
-        live = self._sums.get((kind, key, policy), 0.0)
+        live = self._sums[kind, policy].get(key, 0.0)
         retired = f"{kind}:{key}" if policy is None else f"{kind}:{key}:{policy}"
         return live + self.retired.get(retired, 0.0)
 

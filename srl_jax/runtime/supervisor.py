@@ -145,6 +145,7 @@ class Supervisor:
                 if record.handle is not None and record.state in ("starting", "running"):
                     self.backend.send_signal(record.handle, STACKS_SIGNAL)
         now = time.monotonic()
+        timeout = self.config.runtime.heartbeat_timeout_s
         for record in self._this_turn():
             if record.state == "restarting":
                 if now >= (record.restart_at or 0.0):
@@ -159,7 +160,8 @@ class Supervisor:
             if code is not None:
                 self.on_exit(record, code, f"exited with code {code}")
                 continue
-            if self._silent_for(record, now) > self._allowed_silence(record):
+            last = record.last_heartbeat
+            if now - (last or record.started_at) > (timeout if last else 2 * timeout):
                 if self._host_silent(record.handle.host, now):
                     record.handle.lost = f"every worker on {record.handle.host} went silent " \
                                          "(its host agent or its link, not the workers)"

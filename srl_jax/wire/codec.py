@@ -126,9 +126,11 @@ def _check_spec(spec: Any, max_bytes: int) -> tuple[str, np.dtype, tuple[int, ..
     dtype = DTYPES.get(dtype_str) if type(dtype_str) is str else None
     if dtype is None:
         raise WireError(f"array {name!r}: dtype {dtype_str!r} not allowed")
-    if (type(shape) not in (list, tuple) or len(shape) > MAX_DIMS
-            or not all(_is_dim(d, max_bytes) for d in shape)):
+    if type(shape) not in (list, tuple) or len(shape) > MAX_DIMS:
         raise WireError(f"array {name!r}: bad shape {shape!r}")
+    for d in shape:  # a loop, not all(...): heartbeats bring thousands of small arrays
+        if not _is_dim(d, max_bytes):
+            raise WireError(f"array {name!r}: bad shape {shape!r}")
     return name, dtype, tuple(shape)
 
 

@@ -345,6 +345,10 @@ class HostAgent:
                     self._replicate(self.upstream.table())
                 except (TimeoutError, ValueError) as error:
                     log.warning("no snapshot of the names: %s; serving the copy held", error)
+                except zmq.ZMQError:  # closed while it waited for the snapshot: stopping
+                    if not self._stopping.is_set():
+                        raise
+                    return
 
     def _pass_on(self, op: str, key: str, endpoint: str | None) -> None:
         try:
