@@ -118,7 +118,7 @@ def scaling_model(result: dict[str, Any]) -> list[str]:
                           for name, c in costs.items())
               + f"; controller {costs['atari']['controller_cores_per_worker'] * 1e3:.3f} "
               f"cores per 1,000 workers and {costs['atari']['controller_cores_per_host'] * 1e3:.3f}"
-              " per 1,000 hosts; a relay hop {costs['atari']['hop_s'] * 1e3:.0f} ms for 7 MB "
+              f" per 1,000 hosts; a relay hop {costs['atari']['hop_s'] * 1e3:.0f} ms for 7 MB "
               f"({costs['atari']['hop_unfavourable_s'] * 1e3:.0f} ms from the unfavourable "
               "tree).", ""]
     lines += ["Check against the whole runs on one H200 host: "
@@ -126,8 +126,9 @@ def scaling_model(result: dict[str, Any]) -> list[str]:
                           f"measured {c['measured_fps']:,.0f} frames/s, the model's actor bound "
                           f"{c['modelled_actor_bound_fps']:,.0f} ({c['ratio']:.2f}x)"
                           for c in result["checks"]) + ".", ""]
-    lines += ["The controller's line (per worker and per host, through the largest valid swarm "
-              "row) against every valid swarm row: " + "; ".join(
+    lines += [f"The controller's line ({costs['atari']['controller_cores_fixed']:.3f} cores "
+              "fixed, a least-squares fit in workers over the valid swarm rows, plus each host's "
+              "batches at their measured cost) against each valid swarm row: " + "; ".join(
                   f"{c['workers']:,} workers on {c['hosts']} hosts measured "
                   f"{c['measured_cores']:.3f} cores, modelled {c['modelled_cores']:.3f}"
                   for c in result.get("controller_checks", [])) + ".", ""]

@@ -37,6 +37,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from bench.harness.machine import CONFIGS_DIR, REPO_ROOT, git_commit, write_results
 from bench.report.scaling import atari_step_us
 from bench.swarm import read_results
@@ -80,6 +82,8 @@ class UnitCosts:
     """Samples one accelerator's update takes per second."""
     learner_intake_per_process: float
     """Samples a learner process takes off the wire per second."""
+    controller_cores_fixed: float
+    """The controller's cores with no worker (its loop, rows, status)."""
     controller_cores_per_worker: float
     """The controller's cores per worker, its host's part excepted."""
     controller_cores_per_host: float
@@ -140,26 +144,31 @@ def project(costs: UnitCosts, cores: int, accelerators: int) -> dict[str, Any]:
 
 def controller_cores(costs: UnitCosts, workers: int, hosts: int) -> float:
     """The controller's cores for `workers` workers on `hosts` hosts: linear in each."""
-    return workers * costs.controller_cores_per_worker + hosts * costs.controller_cores_per_host
+    return costs.controller_cores_fixed + workers * costs.controller_cores_per_worker \
+        + hosts * costs.controller_cores_per_host
 
 
 def controller_costs(swarm: dict[str, Any], heartbeats: dict[str, Any]
-                     ) -> tuple[float, float, dict[str, Any]]:
-    """(cores per worker, cores per host, the largest valid swarm row): a host's part is its
-    agent's batches at the measured cost of a message; a worker's the rest of the largest
-    valid row's controller cores, spread over its workers."""
+                     ) -> tuple[float, float, float, dict[str, Any]]:
+    """(fixed cores, cores per worker, cores per host, the largest valid swarm row): a host's
+    part is its agent's batches at the measured cost of a message; the rest of each valid
+    row's controller cores is a line in its workers, fitted by least squares (one row: through
+    zero)."""
     valid = [row for row in swarm["rows"].values() if row.get("valid", True)]
     if not valid:
         raise SystemExit("bench.scale.model: bench/results/swarm.json has no valid row")
-    largest = max(valid, key=lambda row: row["workers"])
     per_host = BATCHES_PER_HOST_S * heartbeats["rows"]["messages"]["us_per_message"] / 1e6
-    per_worker = (largest["controller_cpu_cores"] - largest["hosts"] * per_host) \
-        / largest["workers"]
-    return per_worker, per_host, largest
+    workers = [row["workers"] for row in valid]
+    rest = [row["controller_cpu_cores"] - row["hosts"] * per_host for row in valid]
+    if len(valid) > 1:
+        per_worker, fixed = (float(v) for v in np.polyfit(workers, rest, 1))
+    else:
+        per_worker, fixed = rest[0] / workers[0], 0.0
+    return fixed, per_worker, per_host, max(valid, key=lambda row: row["workers"])
 
 
 def controller_checks(costs: UnitCosts, swarm: dict[str, Any]) -> list[dict[str, Any]]:
-    """The line through the largest row against every other valid swarm row."""
+    """The fitted line against every valid swarm row."""
     return [{"workers": row["workers"], "hosts": row["hosts"],
              "measured_cores": row["controller_cpu_cores"],
              "modelled_cores": controller_cores(costs, row["workers"], row["hosts"])}
@@ -203,7 +212,8 @@ def unit_costs(link_gbps: float) -> tuple[dict[str, UnitCosts], dict[str, str]]:
         raise SystemExit(f"bench.scale.model: no bench/results/{', '.join(missing)}.json "
                          "yet; run those benchmarks first")
     scale, swarm, fanout = files["scale"], files["swarm"], files["param_fanout"]
-    per_worker, per_host, largest = controller_costs(swarm, files["controller_heartbeats"])
+    fixed, per_worker, per_host, largest = controller_costs(swarm,
+                                                            files["controller_heartbeats"])
     trees = {case: fanout["rows"][row] for case, row in FANOUT_ROWS.items()}
     hops = {case: tree["arrival_p50_s"] / relay_hops(tree["hosts"], tree["fanout"])
             for case, tree in trees.items()}
@@ -213,7 +223,8 @@ def unit_costs(link_gbps: float) -> tuple[dict[str, UnitCosts], dict[str, str]]:
     frame_bytes = 84 * 84 * 4
     shared = {"actor_runtime_us": 1e6 / scale["actor_core_frames_per_s"],
               "server_rows_per_core": scale["server_core_rows_per_s"],
-              "controller_cores_per_worker": per_worker, "controller_cores_per_host": per_host,
+              "controller_cores_fixed": fixed, "controller_cores_per_worker": per_worker,
+              "controller_cores_per_host": per_host,
               "fanout": relayed["fanout"], "hop_s": hops["favourable"],
               "hop_unfavourable_s": hops["unfavourable"]}
     sampling = files["compare_sampling"]
