@@ -100,32 +100,15 @@ def _spread(values: list[float]) -> str:
     return f"{np.mean(values):.2f} +- {np.std(values):.2f}"
 
 
-def _use_compilation_cache(run_dir: Path) -> None:
-    """The run's persistent compilation cache (`runtime.compilation_cache_dir`), as its
-    workers use it: a second evaluation loads the policy's programs rather than compiling
-    them (a CartPole LSTM's, 5 episodes and a video: 3.3 CPU-s against 5.5). A process that
-    set a cache of its own (a notebook's, the test suite's) keeps it."""
-    import jax
-
-    if jax.config.jax_compilation_cache_dir:
-        return
-    from learners.training.jax_runtime import configure_jax
-    from srl_jax.config.operations import RuntimeConfig
-    from srl_jax.runtime.run_dir import read_run_config
-
-    has_config = (run_dir / "config.yaml").is_file()
-    configure_jax(read_run_config(run_dir).runtime if has_config else RuntimeConfig())
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.episodes < 1:
         print("srl_jax.evaluate: '--episodes' must be at least 1", file=sys.stderr)
         return EXIT_USAGE
-    from policy.export import load_team
+    from policy.export import load_team, use_run_compilation_cache
 
     try:
-        _use_compilation_cache(args.run_dir)
+        use_run_compilation_cache(args.run_dir)
         policies = load_team(args.run_dir, step=args.step, best=args.best, seed=args.seed,
                              checkpoint_dir=args.checkpoint_dir)
         team = list(policies.values())

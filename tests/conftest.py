@@ -28,7 +28,7 @@ from srl_jax.config.schema import ExperimentConfig
 from srl_jax.dataflow.algorithms import resolve_algorithms
 from srl_jax.dataflow.stream_table import STATS
 from srl_jax.runtime.incarnation import Incarnation
-from srl_jax.runtime.run_dir import read_status
+from srl_jax.runtime.run_dir import read_metrics, read_status
 from srl_jax.wire.names import FileNameService
 from srl_jax.wire.streams import make_socket
 from srl_jax.wire.transport import Transport
@@ -216,10 +216,6 @@ def logged_env_seeds(run_dir: Path, actor: int) -> dict[Incarnation, list[list[i
     log = (run_dir / "logs" / f"actor-{actor}.log").read_text()
     return {Incarnation(int(resumes), int(restarts)): json.loads(seeds)
             for resumes, restarts, seeds in SEEDS_LOGGED.findall(log)}
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 CARTPOLE_RANDOM_RETURN = 22.2
