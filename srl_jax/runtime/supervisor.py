@@ -160,35 +160,24 @@ class Supervisor:
             if code is not None:
                 self.on_exit(record, code, f"exited with code {code}")
                 continue
-            last = record.last_heartbeat
-            if now - (last or record.started_at) > (timeout if last else 2 * timeout):
-                if self._host_silent(record.handle.host, now):
+            if overdue(record, now, timeout):
+                if self._host_silent(record.handle.host, now, timeout):
                     record.handle.lost = f"every worker on {record.handle.host} went silent " \
                                          "(its host agent or its link, not the workers)"
                 log.warning("no heartbeat from %s for %.0fs; killing it", record.name,
-                            self._silent_for(record, now))
+                            now - (record.last_heartbeat or record.started_at))
                 self.backend.send_signal(record.handle, signal.SIGKILL)
 
-    @staticmethod
-    def _silent_for(record: WorkerRecord, now: float) -> float:
-        return now - (record.last_heartbeat or record.started_at)
-
-    def _allowed_silence(self, record: WorkerRecord) -> float:
-        """`runtime.heartbeat_timeout_s`; twice that before a process's first heartbeat."""
-        timeout = self.config.runtime.heartbeat_timeout_s
-        return timeout if record.last_heartbeat else 2 * timeout
-
-    def _host_silent(self, host: str, now: float) -> bool:
+    def _host_silent(self, host: str, now: float, timeout: float) -> bool:
         """Whether every live worker on `host` (two at least) is past its allowed silence:
         then the host's agent or its link went, as a Ray node does, and each worker's
         restart is one preemption, not a fault of its own. Found so, the host stays so for
         a heartbeat timeout, while its workers are killed one turn after another."""
-        if now - self._hosts_silent.get(host, -math.inf) < self.config.runtime.heartbeat_timeout_s:
+        if now - self._hosts_silent.get(host, -math.inf) < timeout:
             return True
         live = [r for r in self.workers if r.handle is not None and r.handle.host == host
                 and r.state in ("starting", "running")]
-        if len(live) > 1 and all(self._silent_for(r, now) > self._allowed_silence(r)
-                                 for r in live):
+        if len(live) > 1 and all(overdue(r, now, timeout) for r in live):
             log.warning("every worker on %s went silent: its host agent or its link is down; "
                         "its workers restart as lost with it", host)
             self._hosts_silent[host] = now
@@ -326,3 +315,10 @@ class Supervisor:
             log.warning("no last heartbeat from %s within %.0fs of its exit: the last metrics "
                         "row lacks what it did since its previous one", ", ".join(missing),
                         LAST_HEARTBEAT_S)
+
+
+def overdue(record: WorkerRecord, now: float, timeout: float) -> bool:
+    """Whether `record`'s worker is silent past `timeout` (`runtime.heartbeat_timeout_s`;
+    twice that before its process's first heartbeat)."""
+    last = record.last_heartbeat
+    return now - (last or record.started_at) > (timeout if last else 2 * timeout)
