@@ -43,7 +43,7 @@ from srl_jax.config.schema import (
     member_names,
     policy_names,
 )
-from srl_jax.dataflow.algorithms import chunk_stream
+from srl_jax.dataflow.algorithms import chunk_overlap, chunk_stream
 from srl_jax.dataflow.chunk_spec import run_chunk_layout
 from srl_jax.dataflow.shm_layouts import (
     chunk_slot_layout,
@@ -140,7 +140,7 @@ class ActorWorker(Worker):
             team_returns=multi_agent, returns_per_policy=multi_agent or population,
             prioritize=chunk_prioritizer(config)
             if any(spec.action_values for spec in specs) else None,
-            overlap=config.learner.burn_in)
+            overlap=chunk_overlap(config))
 
     def _chunk_sender(self, policy: str) -> ChunkSender:
         """Where `policy`'s chunks go: the samples stream to its learner, or the inserts

@@ -22,6 +22,7 @@ from learners.training.sample_queue import SampleQueue
 from srl_jax.dataflow.algorithms import (
     algorithm,
     algorithm_config,
+    chunk_overlap,
     chunk_stream,
     replay_of,
     sampled_fields,
@@ -87,7 +88,7 @@ def open_intake(worker: Worker, spec: EnvSpec, local_envs: int, process_index: i
                               hwm=cfg.sample_queue)
         return SampleIntake(samples, SAMPLES.key(worker.policy, worker.index), layout,
                             SampleQueue(cfg.sample_queue, local_envs, cfg.staleness_cap,
-                                        cfg.burn_in),
+                                        chunk_overlap(config)),
                             worker.rejects)
     servers = config.replay.count
     sockets = [worker.socket(REPLAY, index=i) for i in range(servers)]

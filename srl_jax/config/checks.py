@@ -220,13 +220,7 @@ def check_network(config: ExperimentConfig) -> None:
                 "observation to each agent: it needs 'network.critic' global, "
                 "'env.global_state' observations and one policy for every agent "
                 "(no 'env.policies')")
-    burn_in, T = config.learner.burn_in, config.actors.trajectory_length
-    require(burn_in >= 0, "'learner.burn_in' must not be negative")
-    require(burn_in == 0 or network.core != "none",
-            "'learner.burn_in' warms a recurrent state: it needs 'network.core' lstm or gru")
-    require(2 * burn_in <= T, f"'learner.burn_in' ({burn_in}) must be at most half of "
-                              f"'actors.trajectory_length' ({T}): each chunk repeats the last "
-                              "burn_in steps of the one before, which trained on them")
+    require(config.learner.burn_in >= 0, "'learner.burn_in' must not be negative")
 
 
 def check_fixed_cnn_layers(network: NetworkConfig) -> None:

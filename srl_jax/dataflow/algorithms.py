@@ -34,7 +34,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from srl_jax.config.loader import build_dataclass
-from srl_jax.config.schema import ConfigError, ExperimentConfig, LearnerConfig, NetworkConfig
+from srl_jax.config.schema import (
+    ActorConfig,
+    ConfigError,
+    ExperimentConfig,
+    LearnerConfig,
+    NetworkConfig,
+)
 from srl_jax.dataflow.chunk_spec import CHUNK_FIELDS, batch_fields
 from srl_jax.dataflow.env_spec import EnvSpec
 from srl_jax.dataflow.replay_spec import ReplayField, replay_batch_fields, replay_fields
@@ -71,6 +77,9 @@ class Sizes:
     """The policy has a recurrent core (network.core): updates unroll whole columns."""
     burn_in: int = 0
     """Steps at the start of each column that only warm the state (learner.burn_in)."""
+    overlap: int = 0
+    """Steps each chunk repeats of the one before it (`Algorithm.overlap`; else the
+    burn-in): the next chunk starts T - overlap steps after this one did."""
     shared_torso: bool = False
     """Policy and value share parameters (a Nature-CNN torso, a recurrent core): no
     separate critic MLP."""
@@ -157,6 +166,14 @@ class Algorithm:
     """Float fields of its config that may change during a run (population-based
     training): kept in `TrainState.hyper` and read from there by the update, so a new
     value takes effect at the next update without recompiling."""
+    sequence: Callable[[Any], tuple[int, int]] | None = None
+    """(its config) -> (chunk length, burn-in), where its own section sets the sequences it
+    replays (R2D2's burn-in plus trained steps): `resolve_algorithms` writes them into
+    `actors.trajectory_length` and `learner.burn_in`, which every other part reads. None:
+    those keys are the user's."""
+    overlap: Callable[[Any, Sizes], int] | None = None
+    """(its config, sizes) -> steps each chunk repeats of the one before (R2D2's sequence
+    period, MuZero's tail of targets); None: the burn-in, so each step trains once."""
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.live) - {f.name for f in dataclasses.fields(self.config)})
@@ -249,12 +266,41 @@ def sizes(config: ExperimentConfig) -> Sizes:
     """The sizes every algorithm may depend on, from the experiment config."""
     T, B = config.actors.trajectory_length, config.learner.batch_envs
     frames = config.stop.env_frames
-    return Sizes(trajectory_length=T, batch_envs=B,
-                 total_updates=max(1, frames // (T * B)) if frames else 0,
-                 reward_scale=config.learner.reward_scale,
-                 reward_clip=config.learner.reward_clip,
-                 recurrent=config.network.core != "none", burn_in=config.learner.burn_in,
-                 shared_torso=config.network.kind != "mlp" or config.network.core != "none")
+    burn_in = config.learner.burn_in
+    derived = Sizes(trajectory_length=T, batch_envs=B,
+                    total_updates=max(1, frames // (T * B)) if frames else 0,
+                    reward_scale=config.learner.reward_scale,
+                    reward_clip=config.learner.reward_clip,
+                    recurrent=config.network.core != "none", burn_in=burn_in, overlap=burn_in,
+                    shared_torso=config.network.kind != "mlp" or config.network.core != "none")
+    algo = algorithm(config.learner.algorithm)
+    if algo.overlap is None:
+        return derived
+    return dataclasses.replace(derived,
+                               overlap=algo.overlap(_section(config, algo.name), derived))
+
+
+def chunk_overlap(config: ExperimentConfig) -> int:
+    """Steps each of the run's chunks repeats of the one before (`Sizes.overlap`): what the
+    actors copy forward and what a learner does not count as new."""
+    return sizes(config).overlap
+
+
+def check_chunks(algo: Algorithm, config: ExperimentConfig) -> None:
+    """The chunks hold what the algorithm trains on: a burn-in that the previous chunk
+    trained on, and a next chunk that starts after this one did."""
+    derived = sizes(config)
+    T, burn_in, overlap = derived.trajectory_length, derived.burn_in, derived.overlap
+    if burn_in and not derived.recurrent:
+        raise ConfigError("'learner.burn_in' warms a recurrent state: it needs 'network.core' "
+                          "lstm or gru")
+    if algo.overlap is None and 2 * burn_in > T:
+        raise ConfigError(f"'learner.burn_in' ({burn_in}) must be at most half of "
+                          f"'actors.trajectory_length' ({T}): each chunk repeats the last "
+                          "burn_in steps of the one before, which trained on them")
+    if not 0 <= overlap < T:
+        raise ConfigError(f"'{algo.name}' repeats {overlap} steps of each chunk in the next, "
+                          f"which must be fewer than 'actors.trajectory_length' ({T})")
 
 
 def _section(config: ExperimentConfig, name: str) -> Any:
@@ -334,6 +380,7 @@ def check_dataflow(algo: Algorithm, config: ExperimentConfig) -> None:
     network reads it, replay servers exactly when it learns from replay, epsilon only for
     a greedy network."""
     network, replay = network_of(config), config.replay.count
+    check_chunks(algo, config)
     check_network_options(network, config.network)
     if network.check is not None:
         network.check(config)
@@ -389,9 +436,31 @@ def resolve_algorithms(config: ExperimentConfig) -> ExperimentConfig:
                               f"an algorithm (known: {', '.join(known())})")
     chosen = config.learner.algorithm
     resolved = {name: dataclasses.asdict(_section(config, name)) for name in sections}
+    config = with_sequence(config)
     resolved[chosen] = dataclasses.asdict(algorithm_config(config))
     return dataclasses.replace(
         config, learner=dataclasses.replace(config.learner, algorithms=resolved))
+
+
+def with_sequence(config: ExperimentConfig) -> ExperimentConfig:
+    """`config` with the chunk length and burn-in its algorithm's section sets
+    (`Algorithm.sequence`) written into `actors.trajectory_length` and `learner.burn_in`;
+    ConfigError where the user set those keys to something else."""
+    algo = algorithm(config.learner.algorithm)
+    if algo.sequence is None:
+        return config
+    length, burn_in = algo.sequence(_section(config, algo.name))
+    written = {  # (as set, as the section sets it, the schema's default: left unset)
+        "actors.trajectory_length": (config.actors.trajectory_length, length,
+                                     ActorConfig.trajectory_length),
+        "learner.burn_in": (config.learner.burn_in, burn_in, LearnerConfig.burn_in)}
+    for key, (value, wanted, default) in written.items():
+        if value not in (wanted, default):
+            raise ConfigError(f"'{key}' ({value}) is set by 'learner.{algo.name}' for "
+                              f"'{algo.name}' (to {wanted}); leave it unset")
+    return dataclasses.replace(
+        config, actors=dataclasses.replace(config.actors, trajectory_length=length),
+        learner=dataclasses.replace(config.learner, burn_in=burn_in))
 
 
 def reanalyse_fraction(config: ExperimentConfig) -> float:
