@@ -90,6 +90,17 @@ class ReplayBuffer:
         return False
 
     @property
+    def sampled_window(self) -> int | None:
+        """The only window a sample request may ask for; None: any (n-step windows)."""
+        return None
+
+    @property
+    def steps_per_item(self) -> int:
+        """Steps a sampled item stands for in the rate limiter, which counts inserts in
+        steps too: a transition's, a whole sequence's T, a position's one."""
+        return 1
+
+    @property
     def stored_fields(self) -> tuple[str, ...]:
         """The chunk fields kept per step as they are ([T or T + 1] per segment)."""
         return ("actions", "rewards", "terminated", "truncated", "trunc_values",

@@ -3,11 +3,12 @@
 Where the algorithm reanalyses (`Replay.reanalyse` in srl_jax/dataflow/algorithms.py,
 MuZero's `reanalyse_fraction`), the replay worker kind runs this subclass
 (srl_jax/dataflow/worker_kinds.py picks it). It follows the learner's parameter stream as
-an inference server does, and before a sampled batch of sequences leaves, it searches again
-from every observation of a fraction of them with the newest parameters: their root values
-(which the value targets bootstrap from) and search policies (the policy head's targets)
-are replaced in the batch and in storage, so that the learner does not keep fitting what an
-old model thought. The work rides on sampling, so the replay's rate limiter paces it as it
+an inference server does, and before a sampled batch of positions leaves, it searches again
+from every observation of the windows of a random fraction of its rows with the newest
+parameters: their search policies (the policy head's targets) are replaced in the batch
+and in storage, so that the learner does not keep fitting what an old model thought. (The
+value targets bootstrap from the learner's target network, which is fresher than any
+stored search value.) The work rides on sampling, so the replay's rate limiter paces it as it
 paces sampling. The search does not sample at the root: a target is the model's, not a
 draw's.
 
@@ -24,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import zmq
 
+from replay.position_buffer import PositionBuffer
 from replay.replay_worker import ReplayWorker
-from replay.sequence_buffer import SequenceBuffer
 from srl_jax.config.schema import DEFAULT_POLICY, ExperimentConfig
 from srl_jax.dataflow.algorithms import reanalyse_fraction
 from srl_jax.runtime.worker_base import built
@@ -39,14 +40,25 @@ from policy.param_stream import ParamSubscriber, subscribe
 from policy.policy_runner import PolicyRunner, padded_sizes
 
 
-def reanalyse(runner: PolicyRunner, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Search from every observation of sequences `obs` [n, T + 1, ...] with the runner's
-    parameters: (root values [n, T + 1], search policies [n, T, A] of the steps)."""
+def reanalyse(runner: PolicyRunner, obs: np.ndarray,
+              legal: np.ndarray | None = None) -> np.ndarray:
+    """Search from every observation of windows `obs` [n, k, ...], among the `legal`
+    actions [n, k, A] where the env masks them, with the runner's parameters: the search
+    policies [n, k, A]."""
     n, steps = obs.shape[:2]
     rows = obs.reshape(n * steps, *obs.shape[2:])
-    out, _ = runner.run(rows, runner.zero_state(len(rows)))
-    policy = out["search_policy"].reshape(n, steps, -1)[:, :-1]
-    return out["value"].reshape(n, steps), policy
+    mask = None if legal is None else legal.reshape(n * steps, -1)
+    out, _ = runner.run(rows, runner.zero_state(len(rows)), mask)
+    return out["search_policy"].reshape(n, steps, -1)
+
+
+def reanalysed_rows(rows: int, fraction: float, rng: np.random.Generator) -> np.ndarray:
+    """Which of a batch's `rows` to reanalyse: a `fraction` of them (the count rounded at
+    random, so that the fraction holds on average), drawn at random. Not the first ones:
+    the sum tree's stratified draws come back sorted by slot, so the first rows of every
+    batch would be the same part of the buffer."""
+    count = min(rows, int(fraction * rows + rng.random()))
+    return np.sort(rng.choice(rows, count, replace=False))
 
 
 class ReanalysingReplayWorker(ReplayWorker):
@@ -63,12 +75,15 @@ class ReanalysingReplayWorker(ReplayWorker):
     def setup(self) -> None:
         super().setup()
         configure_jax(self.config.runtime)
-        steps = self.buffer.T + 1
+        if not isinstance(self.buffer, PositionBuffer):
+            raise TypeError("reanalysis renews sampled positions, which only a PositionBuffer "
+                            "keeps")
+        steps = self.buffer.window
         most = math.ceil(self.fraction * self.config.learner.batch_envs)
         with self.busy("building the reanalysis search"):
             self.runner = make_runner(self.config, self.spec, self.incarnation.seed(self.index),
                                       steps, most * steps, explore=False)
-        # Whole sequences, padded to powers of two of them, each compiled when first used:
+        # Whole windows, padded to powers of two of them, each compiled when first used:
         # a server mostly sees one count.
         self.runner.sizes = tuple(steps * n for n in padded_sizes(1, most))
         self.params = subscribe(self, self.runner)
@@ -79,22 +94,23 @@ class ReanalysingReplayWorker(ReplayWorker):
         super().run_once()
 
     def outgoing(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """`batch` with the targets of a random `fraction` of its sequences renewed (the
-        count rounded at random, so that the fraction holds on average)."""
-        if not isinstance(self.buffer, SequenceBuffer):
-            raise TypeError("reanalysis renews whole sequences, which only a SequenceBuffer keeps")
-        rows = len(batch["slots"])
-        k = min(rows, int(self.fraction * rows + self.rng.random()))
-        if not k:
+        """`batch` with the search policies of a random `fraction` of its rows renewed, at
+        every step of their windows."""
+        if not isinstance(self.buffer, PositionBuffer):
+            raise TypeError("reanalysis renews sampled positions, which only a PositionBuffer "
+                            "keeps")
+        chosen = reanalysed_rows(len(batch["slots"]), self.fraction, self.rng)
+        if not len(chosen):
             return batch
         start = time.perf_counter()
+        steps = self.buffer.window
+        legal = batch["action_mask"][chosen].astype(bool) if self.spec.action_masked else None
         with self.busy("reanalysing"):  # the first search of a size compiles it
-            values, policy = reanalyse(built(self.runner, "the reanalysis runner"),
-                                       batch["obs"][:k])
-        self.buffer.refresh(batch["slots"][:k], batch["generations"][:k], values, policy)
-        batch["values"][:k] = values
-        batch["search_policy"][:k] = policy
-        self.reanalysed += k * self.buffer.T
+            policy = reanalyse(built(self.runner, "the reanalysis runner"),
+                               batch["obs"][chosen, :steps], legal)
+        self.buffer.refresh(batch["slots"][chosen], batch["generations"][chosen], policy)
+        batch["search_policy"][chosen] = policy
+        self.reanalysed += len(chosen) * steps
         self.time_reanalyse += time.perf_counter() - start
         return batch
 

@@ -35,11 +35,13 @@ import zmq
 from actors.actor_core import MAX_SENT_RETURNS
 from actors.envs import policy_spec
 from replay.buffer import ReplayBuffer
+from replay.position_buffer import PositionBuffer
 from replay.rate_limiter import RateLimiter, error_buffer
 from replay.sequence_buffer import SequenceBuffer
 from srl_jax.config.schema import DEFAULT_POLICY, ExperimentConfig
-from srl_jax.dataflow.algorithms import replay_of
+from srl_jax.dataflow.algorithms import chunk_overlap, replay_of, sampled_window
 from srl_jax.dataflow.chunk_spec import chunk_error, run_chunk_layout
+from srl_jax.dataflow.env_spec import EnvSpec
 from srl_jax.dataflow.shm_layouts import chunk_slot_layout
 from srl_jax.dataflow.stream_table import INSERTS, REPLAY
 from srl_jax.runtime.memory import resident_mib
@@ -80,6 +82,19 @@ def priorities_error(arrays: dict[str, np.ndarray]) -> str | None:
     return None
 
 
+def replay_buffer(config: ExperimentConfig, spec: EnvSpec, T: int, columns: int,
+                  seed: int) -> ReplayBuffer:
+    """The storage the run's algorithm samples (`Replay`): n-step transitions, whole
+    sequences, or positions of sequences stored with a tail."""
+    cfg, sampling = config.replay, replay_of(config)
+    args = (cfg.capacity, T, columns, spec, spec.frame_stack, cfg.priority_exponent,
+            cfg.importance_exponent, seed, sampling.fields)
+    if sampling.positions:
+        return PositionBuffer(*args, positions=T - chunk_overlap(config),
+                              window=sampled_window(config))
+    return (SequenceBuffer if sampling.sequences else ReplayBuffer)(*args)
+
+
 class ReplayWorker(Worker):
     kind = "replay"
 
@@ -90,11 +105,8 @@ class ReplayWorker(Worker):
         self.spec = policy_spec(config, policy)
         self.layout = run_chunk_layout(config, self.spec)
         T, columns = self.layout["actions"][0][:2]
-        sampling = replay_of(config)
-        self.buffer = (SequenceBuffer if sampling.sequences else ReplayBuffer)(
-            cfg.capacity, T, columns, self.spec, self.spec.frame_stack, cfg.priority_exponent,
-            cfg.importance_exponent, config.seed * 1009 + index + self.incarnation.seed(0),
-            sampling.fields)
+        self.buffer = replay_buffer(config, self.spec, T, columns,
+                                    config.seed * 1009 + index + self.incarnation.seed(0))
         self.limiter = RateLimiter(cfg.min_size, cfg.samples_per_insert,
                                    error_buffer(cfg.min_size, cfg.tolerance,
                                                 cfg.samples_per_insert))
@@ -195,7 +207,7 @@ class ReplayWorker(Worker):
         seq, rows, window = (meta.get(k) for k in ("seq", "rows", "window"))
         if not (type(seq) is int and type(rows) is int and type(window) is int
                 and 0 <= rows <= MAX_ROWS and 0 < window <= MAX_WINDOW
-                and (window == self.buffer.T or not isinstance(self.buffer, SequenceBuffer))):
+                and self.buffer.sampled_window in (None, window)):
             self.rejects.reject(ValueError(f"sample_request with seq {seq!r}, rows {rows!r}, "
                                            f"window {window!r}"))
             return
@@ -234,7 +246,7 @@ class ReplayWorker(Worker):
             self.time_sample_wait += now - request.since
             start = time.perf_counter()
             batch = self.outgoing(self.buffer.sample(request.rows, request.window))
-            steps = request.rows * (self.buffer.T // self.buffer.leaves_per_segment)
+            steps = request.rows * self.buffer.steps_per_item
             self.limiter.sampled(steps)  # samples_per_insert counts steps, as inserts do
             self.sampled += steps
             self.time_sample += time.perf_counter() - start

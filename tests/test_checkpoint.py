@@ -30,6 +30,7 @@ from learners.training.checkpoint import (
 )
 from srl_jax.config.checkpoint_location import (
     FORMAT,
+    FORMATS,
     FORMAT_KEY,
     CheckpointFormatError,
     location_problem,
@@ -236,10 +237,15 @@ def test_a_checkpoint_of_another_format_is_refused_in_one_line(tmp_path: Path) -
     assert checkpoint_meta(run_dir, 8)[FORMAT_KEY] == FORMAT, "every save records it"
     root = checkpoint_root(run_dir)
     meta_file = root / "8" / "meta" / "metadata"
-    meta_file.write_text(json.dumps({**json.loads(meta_file.read_text()), FORMAT_KEY: 3}))
+    meta_file.write_text(json.dumps({**json.loads(meta_file.read_text()),
+                                     FORMAT_KEY: FORMAT + 1}))
     with pytest.raises(CheckpointFormatError) as newer:
         Checkpointer(run_dir).restore(live_state())
-    assert str(newer.value) == format_line(root, 8, 3, "written by a newer srl_jax")
+    assert str(newer.value) == format_line(root, 8, FORMAT + 1, "written by a newer srl_jax")
+    meta_file.write_text(json.dumps({**json.loads(meta_file.read_text()), FORMAT_KEY: 2}))
+    with pytest.raises(CheckpointFormatError) as older:  # MuZero's state before its target net
+        Checkpointer(run_dir).restore(live_state())
+    assert str(older.value) == format_line(root, 8, 2, FORMATS[2])
 
     evaluated = evaluated_root(tmp_path)
     save_params(evaluated, 2, live_state().params, {"version": 2})

@@ -8,12 +8,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from learners.algorithms.dqn import make_optimizer as dqn_optimizer
+from learners.algorithms.dqn import init_target
 from learners.algorithms.muzero.acting import make_search_act
 from learners.algorithms.muzero.loss import UnrollTargets, unrolled_loss
 from learners.algorithms.muzero.search import ModelFns, search
 from learners.algorithms.muzero.targets import unroll_targets
-from learners.algorithms.muzero.update import make_update
+from learners.algorithms.muzero.update import make_optimizer, make_update
 from learners.algorithms.muzero_config import MuZeroConfig
 from learners.algorithms.train_state import init_train_state
 from learners.models.muzero_model import LogitFns, MuZeroModel
@@ -127,32 +127,70 @@ def test_unroll_targets_stop_at_the_episode_and_the_sequence() -> None:
     np.testing.assert_allclose(targets.weights, [0.5] * 4)
 
 
-def test_updates_on_sequences_lower_the_loss_and_give_each_sequence_a_priority() -> None:
+def position_case(reward_scale: float = 1.0, reward_clip: float = 0.0) -> tuple:
+    """A MuZero update on B = 4 sampled positions, each with its window of K + n = 5 steps
+    (K = 2, n = 3), and its train state with a target network."""
     config = MuZeroConfig(support_size=10, latent=8, unroll_steps=2, n_step=3, gamma=0.9,
-                          learning_rate=3e-3)
-    sizes = Sizes(trajectory_length=6, batch_envs=4, total_updates=0, reward_scale=1.0,
-                  reward_clip=0.0)
+                          learning_rate=3e-3, target_update_period=1000)
+    sizes = Sizes(trajectory_length=12, batch_envs=4, total_updates=0,
+                  reward_scale=reward_scale, reward_clip=reward_clip)
     model = MuZeroModel(action_dim=2, hidden=(16,), latent=8, support_size=10)
-    B, T = 4, 6
+    B, W = 4, 5
     keys = jax.random.split(jax.random.key(3), 2)
-    actions = jax.random.randint(keys[0], (B, T), 0, 2)
-    batch = {"obs": jax.random.normal(keys[1], (B, T + 1, 4)), "actions": actions,
+    actions = jax.random.randint(keys[0], (B, W), 0, 2)
+    batch = {"obs": jax.random.normal(keys[1], (B, W + 1, 4)), "actions": actions,
              "rewards": actions.astype(jnp.float32),  # the model can learn: reward = action
-             "terminated": jnp.zeros((B, T)).at[0, 3].set(1.0), "truncated": jnp.zeros((B, T)),
-             "trunc_values": jnp.zeros((B, T)), "values": jnp.full((B, T + 1), 2.0),
+             "terminated": jnp.zeros((B, W)).at[0, 3].set(1.0), "truncated": jnp.zeros((B, W)),
+             "trunc_values": jnp.zeros((B, W)), "values": jnp.full((B, W + 1), 2.0),
              "search_policy": jax.nn.one_hot(actions, 2), "weights": jnp.ones(B)}
-    optimizer = dqn_optimizer(config, sizes)
-    state = init_train_state({"net": jax.jit(model.init)(jax.random.key(0),
-                                                         batch["obs"][:, 0])},
-                             optimizer, 0)
+    optimizer = make_optimizer(config, sizes)
+    params = {"net": jax.jit(model.init)(jax.random.key(0), batch["obs"][:, 0])}
+    noise = iter(jax.random.split(jax.random.key(5), 64))  # heads start at 0: any target's
+    params = jax.tree.map(  # cross-entropy against uniform logits is the same
+        lambda x: x + 0.3 * jax.random.normal(next(noise), x.shape), params)
+    state = init_train_state(params, optimizer, 0, lambda p: init_target(p, config))
     update = jax.jit(make_update(muzero_policy(model), optimizer, config, sizes))
+    return update, state, batch
+
+
+def test_updates_on_positions_lower_the_loss_and_give_each_position_a_priority() -> None:
+    update, state, batch = position_case()
     losses = []
     for _ in range(40):
         state, metrics = update(state, batch)
         losses.append(float(metrics["loss"]))
     assert losses[-1] < 0.6 * losses[0], losses
     assert int(state.version) == 40
-    assert metrics["priorities"].shape == (B,) and (metrics["priorities"] > 0).all()
+    assert metrics["priorities"].shape == (4,) and (metrics["priorities"] > 0).all()
+
+
+def test_value_targets_bootstrap_from_the_target_network_not_the_stored_values() -> None:
+    """Stored root values are as old as the search that made them; the targets bootstrap
+    from the target network, so they move with it and ignore what is stored."""
+    update, state, batch = position_case()
+    _, first = update(state, batch)
+    _, stored_changed = update(state, {**batch, "values": batch["values"] * -50.0})
+    np.testing.assert_allclose(stored_changed["loss"], first["loss"], rtol=1e-6)
+    keys = iter(jax.random.split(jax.random.key(9), 64))
+    moved = jax.tree.map(lambda x: x + 0.5 * jax.random.normal(next(keys), x.shape),
+                         state.extra["target"])
+    _, target_changed = update(state._replace(extra={"target": moved}), batch)
+    assert abs(float(target_changed["loss"]) - float(first["loss"])) > 1e-3
+    assert float(target_changed["bootstrap_mean"]) != float(first["bootstrap_mean"])
+
+
+def test_muzero_targets_take_the_rewards_scaled_and_clipped() -> None:
+    update, state, batch = position_case()
+    _, plain = update(state, batch)
+    update_scaled, _, _ = position_case(reward_scale=0.5)
+    _, scaled = update_scaled(state, batch)
+    _, doubled = update(state, {**batch, "rewards": batch["rewards"] * 0.5})
+    np.testing.assert_allclose(scaled["loss"], doubled["loss"], rtol=1e-5)
+    assert abs(float(scaled["loss"]) - float(plain["loss"])) > 1e-4
+    update_clipped, _, _ = position_case(reward_clip=0.25)
+    _, clipped = update_clipped(state, batch)
+    _, quarter = update(state, {**batch, "rewards": jnp.minimum(batch["rewards"], 0.25)})
+    np.testing.assert_allclose(clipped["loss"], quarter["loss"], rtol=1e-5)
 
 
 def test_acting_by_search_packs_the_action_its_policy_and_the_root_value() -> None:

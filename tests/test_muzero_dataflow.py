@@ -14,19 +14,20 @@ from learners.models.networks import init_policy_params, make_policy
 from learners.models.param_codec import params_to_arrays
 from policy.acting import make_runner
 from policy.export import TrainedPolicy
+from replay.position_buffer import PositionBuffer
 from replay.reanalysing_replay import reanalyse
-from replay.sequence_buffer import SequenceBuffer
 from srl_jax.config.loader import load_config
 from srl_jax.config.schema import ConfigError
 from srl_jax.dataflow.algorithms import algorithm_config
 from srl_jax.dataflow.chunk_spec import empty_chunk
-from srl_jax.dataflow.replay_spec import SEQUENCE_FIELDS, replay_layout
+from srl_jax.dataflow.replay_spec import replay_layout
 from srl_jax.launch import check_before_launch
 from tests.conftest import REPO, make_config
 
-T = 4
+T, WINDOW = 8, 4
 SMALL = (f"actors.trajectory_length={T}", "learner.muzero.unroll_steps=2",
-         "learner.muzero.simulations=4", "learner.muzero.latent=8", "network.hidden=[16]")
+         "learner.muzero.n_step=2", "learner.muzero.simulations=4", "learner.muzero.latent=8",
+         "network.hidden=[16]")
 
 
 def muzero_config(*overrides: str):
@@ -39,7 +40,8 @@ def muzero_config(*overrides: str):
     (("learner.normalize_obs=true",), "reads observations as they are"),
     (("network.core=lstm",), "learns its own dynamics"),
     (("learner.muzero.reanalyse_fraction=1.5",), "reanalyse_fraction' must be in"),
-    (("learner.muzero.unroll_steps=9",), "must not exceed 'actors.trajectory_length'"),
+    (("learner.muzero.unroll_steps=7",), "'actors.trajectory_length' \\(8\\) must exceed the "
+                                         "steps each chunk repeats"),
 ])
 def test_a_muzero_config_that_cannot_run_is_refused_in_one_line(overrides, error) -> None:
     with pytest.raises(ConfigError, match=error):
@@ -62,8 +64,9 @@ def test_the_servers_search_and_reply_with_the_search_policy_and_its_depth() -> 
     assert ((out["search_depth"] >= 1) & (out["search_depth"] <= 4)).all()
 
 
-def stored_sequences(spec, columns: int) -> SequenceBuffer:
-    buffer = SequenceBuffer(100, T, columns, spec, 1, 1.0, 0.5, seed=0)
+def stored_positions(spec, columns: int) -> PositionBuffer:
+    buffer = PositionBuffer(100, T, columns, spec, 1, 1.0, 0.5, seed=0,
+                            kept=("action_mask",), positions=T - WINDOW + 1, window=WINDOW)
     chunk = empty_chunk(T, columns, spec)
     chunk["obs"] = np.random.default_rng(0).normal(size=chunk["obs"].shape).astype(np.float32)
     chunk["values"][:] = 7.0
@@ -76,38 +79,43 @@ def stored_sequences(spec, columns: int) -> SequenceBuffer:
 def test_reanalysis_searches_with_the_newest_parameters_and_renews_what_is_stored() -> None:
     config = muzero_config()
     spec = policy_spec(config)
-    buffer = stored_sequences(spec, columns=2)
-    batch = buffer.sample(2, T)
-    assert batch.keys() == replay_layout(2, T, spec, SEQUENCE_FIELDS).keys()
-    np.testing.assert_array_equal(batch["values"], 7.0)
+    buffer = stored_positions(spec, columns=2)
+    batch = buffer.sample(2, WINDOW)
+    assert batch.keys() == replay_layout(2, WINDOW, spec, buffer.fields).keys()
     np.testing.assert_array_equal(batch["search_policy"][..., 0], 1.0)
 
-    runner = make_runner(config, spec, 0, T + 1, 2 * (T + 1), explore=False)
-    first_values, _ = reanalyse(runner, batch["obs"])
+    runner = make_runner(config, spec, 0, WINDOW, 2 * WINDOW, explore=False)
+    obs = batch["obs"][:, :WINDOW]
+    first = reanalyse(runner, obs)
     policy, network = make_policy(config, spec)
     initial = init_policy_params(network, spec.obs_shape, seed=0)
     keys = iter(jax.random.split(jax.random.key(7), 64))
     newer = jax.tree.map(lambda x: x + 0.3 * jax.random.normal(next(keys), x.shape), initial)
     runner.set_params(params_to_arrays(newer), version=3)
-    values, policies = reanalyse(runner, batch["obs"])
-    assert values.shape == (2, T + 1) and policies.shape == (2, T, 2)
-    assert not np.allclose(values, first_values), "the newest parameters, not version 0's"
+    policies = reanalyse(runner, obs)
+    assert policies.shape == (2, WINDOW, 2)
+    assert not np.allclose(policies, first), "the newest parameters, not version 0's"
     settings = algorithm_config(config)
     expected = jax.jit(lambda net, obs: search(
         model_fns(policy.network), net, obs, jax.random.key(0), settings.simulations,
         settings.gamma, settings.considered_actions, gumbel_scale=0.0))(
-        newer["net"], batch["obs"].reshape(2 * (T + 1), 4))
-    np.testing.assert_allclose(values.reshape(-1), expected.root_value, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(policies, np.asarray(expected.policy).reshape(2, T + 1, 2)[:, :T],
+        newer["net"], obs.reshape(2 * WINDOW, 4))
+    np.testing.assert_allclose(policies, np.asarray(expected.policy).reshape(2, WINDOW, 2),
                                rtol=1e-4, atol=1e-5)
+    # Only legal actions where the env masks them: the search's policy gives the rest 0.
+    legal = np.ones((2, WINDOW, 2), bool)
+    legal[:, :, 0] = False
+    np.testing.assert_allclose(reanalyse(runner, obs, legal)[..., 0], 0.0, atol=1e-6)
 
-    # Stored: the next sample of those sequences carries the renewed targets ...
-    assert buffer.refresh(batch["slots"], batch["generations"], values, policies) == 2
-    again = buffer.sample(2, T)
-    order = np.argsort(again["slots"])
-    np.testing.assert_allclose(again["values"][order], values[np.argsort(batch["slots"])])
+    # Stored: the next sample of those positions carries the renewed targets ...
+    assert buffer.refresh(batch["slots"], batch["generations"], policies) == 2
+    again = buffer.sample(2, WINDOW)
+    for row, slot in enumerate(again["slots"]):
+        source = list(batch["slots"]).index(slot) if slot in batch["slots"] else None
+        if source is not None:
+            np.testing.assert_allclose(again["search_policy"][row], policies[source])
     # ... but a sequence overwritten since it was sampled keeps its successor's.
-    assert buffer.refresh(batch["slots"], batch["generations"] - 1, values * 0, policies) == 0
+    assert buffer.refresh(batch["slots"], batch["generations"] - 1, policies * 0) == 0
 
 
 @pytest.mark.slow  # compiles searches: seconds each on a cold cache

@@ -2,9 +2,11 @@
 `learner.muzero` section, and its checks against the sizes.
 
 It imports no JAX. The math is in `learners/algorithms/muzero/`, the model in
-`learners/models/muzero_model.py`. Defaults follow MuZero's Atari settings where they
-are not about scale (the unroll, the n-step, the value loss's weight, the support, h's
-epsilon) and Gumbel MuZero's few simulations.
+`learners/models/muzero_model.py`. Defaults follow MuZero's and MuZero Reanalyze's Atari
+settings where they are not about scale (the unroll, the n-step and the target network,
+the value loss's weight, the support, h's epsilon, L2 of 1e-4) and Gumbel MuZero's few
+simulations. Replay samples single positions (replay/position_buffer.py); MuZero's
+priority and importance exponents of 1 are the configs' `replay` section's.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ class MuZeroConfig:
     """Global gradient-norm clip."""
     gamma: float = 0.997
     """Discount factor (MuZero's Atari: 0.997)."""
-    n_step: int = 10
-    """Steps of reward before a value target bootstraps from the search's root value."""
+    n_step: int = 5
+    """Steps of reward before a value target bootstraps from the target network's value
+    (MuZero Reanalyze: 5)."""
     unroll_steps: int = 5
     """K: steps the dynamics unrolls from each sampled observation (MuZero: 5)."""
     value_coef: float = 0.25
@@ -43,15 +46,18 @@ class MuZeroConfig:
     """Search simulations per acting step (Gumbel MuZero learns with few)."""
     considered_actions: int = 16
     """Actions Gumbel MuZero's root considers (sequential halving among them)."""
-    priority_eta: float = 0.9
-    """A sequence's priority: eta * max + (1 - eta) * mean over its steps of
-    |predicted value - value target| (R2D2's mix)."""
+    target_update_period: int = 100
+    """Updates between copies of the online network into the target network, whose value
+    head the value targets bootstrap from (MuZero Reanalyze)."""
+    weight_decay: float = 1e-4
+    """L2 regularisation: this times the parameters is added to the gradient (MuZero,
+    EfficientZero: 1e-4); 0: none."""
     priority_epsilon: float = 1e-6
-    """Added to a sequence's priority so that none is 0."""
+    """Added to a position's priority |predicted value - value target| so that none is 0."""
     reanalyse_fraction: float = 0.5
-    """Of the sequences the replay servers sample, the fraction whose root values and
-    search policies they renew by searching again with the newest parameters before
-    sending them (MuZero Reanalyze); 0: the acting search's targets only."""
+    """Of the positions the replay servers sample, the fraction whose search policies they
+    renew by searching again with the newest parameters before sending them (MuZero
+    Reanalyze); 0: the acting search's targets only."""
 
     def __post_init__(self) -> None:
         positive = ("learning_rate", "adam_eps", "max_grad_norm", "value_coef",
@@ -59,7 +65,8 @@ class MuZeroConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"'learner.muzero.{name}' must be positive")
-        at_least_one = ("n_step", "unroll_steps", "support_size", "latent", "simulations")
+        at_least_one = ("n_step", "unroll_steps", "support_size", "latent", "simulations",
+                        "target_update_period")
         for name in at_least_one:
             if getattr(self, name) < 1:
                 raise ConfigError(f"'learner.muzero.{name}' must be at least 1")
@@ -67,18 +74,31 @@ class MuZeroConfig:
             raise ConfigError("'learner.muzero.gamma' must be in (0, 1]")
         if self.considered_actions < 2:
             raise ConfigError("'learner.muzero.considered_actions' must be at least 2")
-        if not 0 <= self.priority_eta <= 1:
-            raise ConfigError("'learner.muzero.priority_eta' must be in [0, 1]")
+        if self.weight_decay < 0:
+            raise ConfigError("'learner.muzero.weight_decay' must not be negative")
         if not 0 <= self.reanalyse_fraction <= 1:
             raise ConfigError("'learner.muzero.reanalyse_fraction' must be in [0, 1]")
 
 
+def window(config: MuZeroConfig) -> int:
+    """Steps a sampled position carries: its K-step unroll and the n-step window of the
+    last unrolled step, whose bootstrap is the window's last observation."""
+    return config.unroll_steps + config.n_step
+
+
+def tail(config: MuZeroConfig, sizes: Sizes) -> int:
+    """Steps each chunk repeats of the one before: the window of its last position."""
+    return window(config) - 1
+
+
 def check(config: MuZeroConfig, sizes: Sizes) -> None:
-    """Each sampled sequence holds an unroll (a recurrent core, and with it a burn-in, is
-    refused for the `muzero` head by the network checks)."""
-    if config.unroll_steps > sizes.trajectory_length:
-        raise ConfigError(f"'learner.muzero.unroll_steps' ({config.unroll_steps}) must not "
-                          f"exceed 'actors.trajectory_length' ({sizes.trajectory_length})")
+    """Each chunk holds at least one position besides its tail (a recurrent core, and with
+    it a burn-in, is refused for the `muzero` head by the network checks)."""
+    if tail(config, sizes) >= sizes.trajectory_length:
+        raise ConfigError(f"'actors.trajectory_length' ({sizes.trajectory_length}) must exceed "
+                          f"the steps each chunk repeats for its last position's targets "
+                          f"({tail(config, sizes)}: 'learner.muzero.unroll_steps' + "
+                          "'learner.muzero.n_step' - 1)")
 
 
 def check_model(config: ExperimentConfig) -> None:
@@ -98,11 +118,12 @@ MUZERO = Network(head="muzero", build=lazy("learners.models.networks", "muzero_n
 
 ALGORITHM = Algorithm(
     name="muzero", config=MuZeroConfig,
-    make_optimizer=lazy("learners.algorithms.dqn", "make_optimizer"),  # Adam, clipped
+    make_optimizer=lazy("learners.algorithms.muzero.update", "make_optimizer"),
     make_update=lazy("learners.algorithms.muzero.update", "make_update"),
-    fields=("obs", "actions", "rewards", "terminated", "truncated", "trunc_values", "values",
+    fields=("obs", "actions", "rewards", "terminated", "truncated", "trunc_values",
             "search_policy", "weights"),
     networks=(MUZERO,),
-    replay=Replay(window=lambda config: config.n_step, sequences=True,
+    replay=Replay(window=window, sequences=True, positions=True, fields=("action_mask",),
                   reanalyse=lambda config: config.reanalyse_fraction),
-    check=check, live=("learning_rate",))
+    check=check, init_extra=lazy("learners.algorithms.dqn", "init_target"),
+    overlap=tail, live=("learning_rate",))

@@ -21,11 +21,11 @@ from learners.intake.sample_intake import SampleIntake
 from learners.training.sample_queue import SampleQueue
 from srl_jax.dataflow.algorithms import (
     algorithm,
-    algorithm_config,
     chunk_overlap,
     chunk_stream,
     replay_of,
     sampled_fields,
+    sampled_window,
 )
 from srl_jax.dataflow.chunk_spec import run_chunk_layout
 from srl_jax.dataflow.env_spec import EnvSpec
@@ -95,11 +95,10 @@ def open_intake(worker: Worker, spec: EnvSpec, local_envs: int, process_index: i
     keys = [REPLAY.key(worker.policy, i) for i in range(servers)]
     algo, replay = algorithm(cfg.algorithm), replay_of(config)
     fields = sampled_fields(algo)
-    if replay.sequences:  # whole chunk columns; each step trains once, after burn-in
-        window = config.actors.trajectory_length
-        steps_per_row = window - cfg.burn_in
-    else:
-        window, steps_per_row = replay.window(algorithm_config(config)), 1
+    window = sampled_window(config)
+    # A whole chunk column trains its steps after the burn-in; a transition or a position
+    # one step.
+    steps_per_row = window - cfg.burn_in if replay.sequences and not replay.positions else 1
     return ReplayIntake(sockets, keys, local_envs, window, spec,
                         config.replay.importance_exponent, worker.rejects, process_index,
                         worker.incarnation.seed(config.seed * 7919 + process_index),

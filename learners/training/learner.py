@@ -47,6 +47,7 @@ from srl_jax.dataflow.algorithms import (
     extra_initializer,
     live_values,
     sampled_fields,
+    sampled_window,
     sizes,
 )
 from srl_jax.dataflow.chunk_spec import empty_chunk
@@ -256,9 +257,7 @@ def build_learner(config: ExperimentConfig, spec: EnvSpec, local_envs: int,
     algo_config, derived = algorithm_config(config), sizes(config)
     optimizer = algo.make_optimizer(algo_config, derived)
     if algo.replay is not None:
-        window = (config.actors.trajectory_length if algo.replay.sequences
-                  else algo.replay.window(algo_config))
-        inputs = replay_inputs(local_envs, window, spec, sampled_fields(algo))
+        inputs = replay_inputs(local_envs, sampled_window(config), spec, sampled_fields(algo))
     else:
         inputs = chunk_inputs(config.actors.trajectory_length, local_envs, spec)
     return Learner(spec, network, optimizer,

@@ -55,12 +55,13 @@ order: the service's own variable, then the general one)."""
 S3_REGION_VARIABLES = ("AWS_REGION", "AWS_DEFAULT_REGION")
 COMMIT_FILE = "commit_success.txt"
 """What orbax writes last into a step on a bucket (`orbax.checkpoint` atomicity)."""
-FORMAT = 2
+FORMAT = 3
 """The checkpoint format this srl_jax writes and restores. Raise it, and describe it in
 `FORMATS`, whenever what a step holds changes (the train state's tree, the meta's keys)."""
 FORMATS = {
     1: "written before checkpoints recorded their format",
     2: "the train state with live hyperparameters, its format recorded",
+    3: "MuZero's train state with its target network and L2 optimizer state",
 }
 FORMAT_KEY = "checkpoint_format"
 """Where a step's `meta` records its format."""

@@ -130,6 +130,11 @@ class Replay:
     """Chunk fields (`CHUNK_FIELDS`, one row per step) the replay servers keep for it beside
     the standard ones, sampled at each transition's first step (or along each sequence):
     e.g. `global_state` for a centralized critic, `logp` for an importance weight."""
+    positions: bool = False
+    """With `sequences`: it samples single positions of the stored sequences by their own
+    priorities, each with the `window` steps after it (MuZero; replay/position_buffer.py),
+    not whole sequences. The chunks then need a tail of window - 1 steps
+    (`Algorithm.overlap`)."""
     reanalyse: Callable[[Any], float] | None = None
     """(algorithm config) -> the fraction of the sampled sequences whose search targets
     the replay servers renew with the newest parameters before sending them (MuZero
@@ -280,6 +285,15 @@ def sizes(config: ExperimentConfig) -> Sizes:
                                overlap=algo.overlap(_section(config, algo.name), derived))
 
 
+def sampled_window(config: ExperimentConfig) -> int:
+    """The steps of each row the run's replay servers sample: a whole sequence's T, or the
+    algorithm's window (`Replay.window`) after a transition or a position."""
+    replay = replay_of(config)
+    if replay.sequences and not replay.positions:
+        return config.actors.trajectory_length
+    return replay.window(algorithm_config(config))
+
+
 def chunk_overlap(config: ExperimentConfig) -> int:
     """Steps each of the run's chunks repeats of the one before (`Sizes.overlap`): what the
     actors copy forward and what a learner does not count as new."""
@@ -380,7 +394,6 @@ def check_dataflow(algo: Algorithm, config: ExperimentConfig) -> None:
     network reads it, replay servers exactly when it learns from replay, epsilon only for
     a greedy network."""
     network, replay = network_of(config), config.replay.count
-    check_chunks(algo, config)
     check_network_options(network, config.network)
     if network.check is not None:
         network.check(config)
@@ -420,6 +433,7 @@ def algorithm_config(config: ExperimentConfig) -> Any:
     built = _section(config, algo.name)
     if algo.check is not None:
         algo.check(built, sizes(config))
+    check_chunks(algo, config)  # after the algorithm's own, which name its keys
     return built
 
 
