@@ -16,6 +16,7 @@ of its policy's chunk, so `n` is envs times that policy's agents.
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -158,11 +159,10 @@ class OnePolicy:
 class ChunkBuilder:
     """Fills [T+1, n] trajectory chunks for one split, one step at a time.
 
-    With an `overlap` of K steps (a recurrent learner's `learner.burn_in`), each chunk
-    after the first starts with the last K steps of the one before, and its stored state
-    is the one the policy acted from at the first of them: the learner warms the state on
-    those K steps, which the previous chunk trained on, so every step enters a loss once
-    (R2D2's overlapping sequences)."""
+    With an `overlap` of K steps (`Sizes.overlap`: a recurrent learner's burn-in, which
+    the previous chunk trained on; R2D2's all but its period), each chunk after the first
+    starts with the last K steps of the one before, and its stored state is the one the
+    policy acted from at the first of them (R2D2's overlapping sequences)."""
 
     def __init__(self, length: int, first_obs: np.ndarray, spec: EnvSpec,
                  first_mask: np.ndarray | None = None,
@@ -176,8 +176,9 @@ class ChunkBuilder:
         self.spec = spec
         self._pending_truncated = np.empty(0, np.int64)
         self._mask = first_mask
-        self._overlap_state: np.ndarray | None = None
-        """The state the policy acted from at step T - K: the next chunk's stored state."""
+        self._starts: collections.deque[np.ndarray] = collections.deque()
+        """The states the policy acted from at the steps where later chunks start (every
+        T - K steps; with K > T / 2 several lie ahead), oldest first."""
         self._new_chunk(first_obs, first_state)
 
     def _new_chunk(self, first_obs: np.ndarray, first_state: np.ndarray | None) -> None:
@@ -196,7 +197,7 @@ class ChunkBuilder:
             return
         for name, array in self.arrays.items():
             if name == "state":
-                array[0] = self._overlap_state
+                array[0] = self._starts.popleft()
             elif len(array) == T + 1:
                 array[:K + 1] = finished[name][T - K:]
             elif len(array) == T:
@@ -231,8 +232,8 @@ class ChunkBuilder:
         a = self.arrays
         if self.t == 0:
             a["state"][0] = state
-        if self.overlap and self.t == self.length - self.overlap:
-            self._overlap_state = np.array(state)
+        if self.overlap and self.t % (self.length - self.overlap) == 0 and self.t:
+            self._starts.append(np.array(state))
         if self.spec.action_masked:
             a["action_mask"][self.t] = self._mask
         a["actions"][self.t] = action

@@ -5,14 +5,15 @@ steps with its T + 1 observations, and here also the recurrent state its actor a
 from at the first step (R2D2's stored state). What differs is the unit: a segment is
 one leaf of the sum tree, sampled whole, and its priority is the one the learner
 computed over the sequence (eta * max + (1 - eta) * mean of its TD errors). The
-actors' chunks overlap by `learner.burn_in` steps, so consecutive sequences of a column
-overlap as R2D2's do, and the learner trains each step once, after the burn-in.
+actors' chunks overlap as the algorithm declares (`Sizes.overlap`; R2D2: all but
+`learner.r2d2.period` steps), so consecutive sequences of a column start `period` steps
+apart as R2D2's do, each with its burn-in as a prefix.
 
 A new sequence enters at the largest priority seen so far.
 
 For a policy that searches (MuZero) a segment also keeps what trains it besides the
 steps: the search's root value at each of its T + 1 observations and the search's policy
-at each step. Reanalysis replaces both with a newer search's (`refresh`).
+at each step (MuZero samples positions of them: replay/position_buffer.py).
 """
 
 from __future__ import annotations
@@ -50,6 +51,14 @@ class SequenceBuffer(ReplayBuffer):
     def sequences(self) -> bool:
         return True
 
+    @property
+    def sampled_window(self) -> int | None:
+        return self.T
+
+    @property
+    def steps_per_item(self) -> int:
+        return self.T
+
     def _initial_priorities(self, chunk: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """A sequence is active where any of its steps is; it starts at the largest
         priority seen (a per-step TD error of the actor's does not make a sequence's)."""
@@ -82,13 +91,3 @@ class SequenceBuffer(ReplayBuffer):
         }
         layout = replay_layout(rows, window, self.spec, self.fields)
         return {name: out[name].astype(dtype, copy=False) for name, (_, dtype) in layout.items()}
-
-    def refresh(self, slots: np.ndarray, generations: np.ndarray, values: np.ndarray,
-                search_policy: np.ndarray) -> int:
-        """Replace the root values [n, T + 1] and search policies [n, T, A] of sampled
-        sequences with a newer search's; a sequence overwritten since it was sampled keeps
-        its successor's. Returns how many were replaced."""
-        current = (self.generations[slots] == generations) & self.live[slots]
-        self.values[slots[current]] = values[current]
-        self.search_policy[slots[current]] = search_policy[current]
-        return int(current.sum())

@@ -30,8 +30,8 @@ from learners.training.checkpoint import (
 )
 from srl_jax.config.checkpoint_location import (
     FORMAT,
-    FORMATS,
     FORMAT_KEY,
+    FORMATS,
     CheckpointFormatError,
     location_problem,
     s3_kvstore,

@@ -3,11 +3,12 @@ replayed sequences with stored state, burn-in, n-step targets under value rescal
 and sequence priorities.
 
 A batch is B sequences sampled from the replay servers (`SEQUENCE_FIELDS`): T steps
-of a chunk column, its T + 1 observations and the recurrent state its actor acted
-from at the first step. Both networks unroll from that stored state; the first
-`burn_in` steps only warm the online network's state (no gradient, no loss), and the
-actors overlap their chunks by as many steps, so each step is trained once. For each
-trained step t the target is
+of a chunk column (learner.r2d2's burn_in + trained_length), its T + 1 observations and
+the recurrent state its actor acted from at the first step. Both networks unroll from
+that stored state; the first `burn_in` steps only warm the online network's state (no
+gradient, no loss) and the other `trained_length` train. Consecutive sequences of a
+column start `period` steps apart, so each step trains in trained_length / period of
+them (R2D2: 40, 80, 40; two). For each trained step t the target is
 
     h( sum_k gamma^k r_{t+k}  +  gamma^steps * bootstrap )
 

@@ -211,7 +211,8 @@ class LearnerConfig:
     """Recurrent policies: the first K steps of each chunk column only warm up the
     stored state (no loss, no gradient), R2D2's remedy for stale states. Each chunk then
     starts with the last K steps of the one before (which trained on them), so no step is
-    lost; at most half of `actors.trajectory_length`."""
+    lost; at most half of `actors.trajectory_length`. R2D2 sets it, and the chunk length,
+    from `learner.r2d2` (its burn-in, trained length and period)."""
     algorithms: dict[str, dict[str, Any]] = field(
         default_factory=dict, metadata={SECTIONS: True})
     """Algorithm sections as written, `learner.<name>: {...}` (e.g. `learner.ppo`), by

@@ -1,9 +1,10 @@
 """MuZero's targets from replayed sequences (time-major): each of their first steps t starts
 an unroll of K steps (a sampled position's window: its first step alone), with the
 actions that followed, their rewards, n-step value targets bootstrapped from the values
-given (the target network's), and the search's policies at t..t+K. Past the end of the episode that t belongs to, a termination leaves an
-absorbing state (reward 0, value 0, no policy target) and a time limit leaves nothing
-known (masked), as does the end of the sequence. Pure functions.
+given (the target network's), and the search's policies at t..t+K. Past the end of the
+episode that t belongs to, a termination leaves an absorbing state (reward 0, value 0,
+no policy target) and a time limit leaves nothing known (masked), as does the end of the
+sequence. Pure functions.
 """
 
 from __future__ import annotations
