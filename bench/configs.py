@@ -19,7 +19,12 @@ For every config in ``configs/`` (or those named) it
    own return in a multi-agent env (its `episode_return_mean`). That is the floor a
    config must rise above.
 
-Results merge into ``bench/results/configs.json`` one config at a time (each
+With ``--hold N`` a run is launched without its target stop (keeping its wall-time
+limit) and stopped by the bench (SIGINT to the launcher, by its pid) once N more rows
+with the target's metric followed the first that reached it: whether the return holds
+there or was one lucky row. The run's ``held`` records those N values.
+
+Results merge into ``bench/results/configs.json`` (or ``--out``) one config at a time (each
 entry with its own date and machine), so configs can be measured separately;
 ``python -m bench.report`` writes the README table from that file. Run it alone on the
 machine: the figures are wall-clock times.
@@ -28,6 +33,7 @@ machine: the figures are wall-clock times.
     .venv/bin/python -m bench.configs cartpole_ppo pendulum_ppo --runs 3
     .venv/bin/python -m bench.configs atari_pong_impala --max-minutes 15
     .venv/bin/python -m bench.configs mpe_spread_ppo mpe_spread_mappo --runs 3 --interleave --seeds
+    .venv/bin/python -m bench.configs cartpole_dqn --runs 3 --seeds --hold 5
     .venv/bin/python -m bench.configs atari_breakout_ppo --figure    # its curve, as a PNG
 
 Every process this script starts is stopped by its pid on Ctrl-C or error.
@@ -40,8 +46,10 @@ import json
 import math
 import signal
 import statistics
+import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +63,7 @@ from bench.harness.launcher import (
     in_workdir,
     raise_on_sigterm,
     run_launcher,
+    stop_process,
 )
 from bench.harness.machine import (
     CONFIGS_DIR,
@@ -65,12 +74,14 @@ from bench.harness.machine import (
     git_commit,
     write_results,
 )
-from srl_jax.analysis import CONFIG_PREFIX, RETURN, load_run, summarize
+from srl_jax.analysis import RETURN, load_run, summarize
 from srl_jax.config.env_families import extras_of, family_of
 from srl_jax.config.loader import load_config
 from srl_jax.config.schema import EnvConfig, ExperimentConfig, policy_names
 from srl_jax.dataflow.env_spec import EnvSpec
 from srl_jax.dataflow.metrics_table import agent_mean_returns
+from srl_jax.runtime.run_dir import read_metrics
+from srl_jax.runtime.supervisor import EXIT_INTERRUPTED
 
 FIGURES_DIR = REPO_ROOT / "docs" / "figures"
 EVAL_RETURN = "eval_return_mean"
@@ -83,6 +94,8 @@ CURVE_POINTS = 200
 """Rows of each run's return curve kept in the results (evenly spaced)."""
 START_MARGIN_S = 300.0
 """Allowed on top of a run's wall-time limit (start-up, final save, shutdown)."""
+HOLD_POLL_S = 1.0
+"""How often a `--hold` run's metrics are read."""
 
 
 # ----------------------------------------------------------------- training
@@ -92,20 +105,83 @@ def shipped(name: str) -> ExperimentConfig:
     return load_config(CONFIGS_DIR / f"{name}.yaml")
 
 
-def run_config(name: str, max_s: float, run_dir: Path,
-               seed: int | None = None) -> tuple[int, list[str]]:
+@dataclass(frozen=True)
+class Target:
+    """The return a config's runs are measured by: the metric its target stop reads."""
+
+    metric: str
+    value: float
+
+
+def target_of(config: ExperimentConfig) -> Target | None:
+    """The evaluator's target when the config sets one, else the training return's."""
+    if config.stop.target_eval_return is not None:
+        return Target(EVAL_RETURN, config.stop.target_eval_return)
+    if config.stop.target_return is not None:
+        return Target(RETURN, config.stop.target_return)
+    return None
+
+
+def held_values(rows: list[dict[str, Any]], metric: str, target: float,
+                n: int) -> list[float] | None:
+    """`metric` of the first `n` rows that have it after the first row where it reached
+    `target` (fewer while the run has not written them); None when no row reached it."""
+    values = [float(row[metric]) for row in rows if _number(row.get(metric)) is not None]
+    first = next((k for k, value in enumerate(values) if value >= target), None)
+    return None if first is None else values[first + 1:first + 1 + n]
+
+
+def run_config(name: str, max_s: float, run_dir: Path, seed: int | None = None,
+               hold: int = 0) -> tuple[int, list[str], bool]:
     """One run of config `name` as shipped (with `seed`: that seed), capped at `max_s`;
-    (exit code, the overrides every run of it gets)."""
-    stop = shipped(name).stop
+    with `hold`: without its target stop, stopped `hold` rows after the target
+    (`run_holding`). (Exit code, the overrides every run of it gets, whether the bench
+    stopped it there.)"""
+    config = shipped(name)
+    stop, target = config.stop, target_of(config)
     overrides = []
     if not stop.wall_time_s or stop.wall_time_s > max_s:
         overrides = [f"stop.wall_time_s={max_s:g}"]
+    if hold and target is not None:  # both, should a config set both
+        overrides += [f"stop.{key}=null" for key in ("target_return", "target_eval_return")
+                      if getattr(stop, key) is not None]
     command = [sys.executable, "-m", "srl_jax.launch", name, "--run-dir", str(run_dir), "--quiet"]
     for override in [*overrides, *([f"seed={seed}"] if seed is not None else [])]:
         command += ["--set", override]
     limit = min(stop.wall_time_s or max_s, max_s) + START_MARGIN_S + STOP_GRACE_S
     log_path = run_dir.parent / f"{run_dir.name}.log"
-    return run_launcher(command, run_dir, log_path, limit), overrides
+    if hold and target is not None:
+        code, stopped = run_holding(command, run_dir, log_path, limit, target, hold)
+        return code, overrides, stopped
+    return run_launcher(command, run_dir, log_path, limit), overrides, False
+
+
+def run_holding(command: list[str], run_dir: Path, log_path: Path, timeout_s: float,
+                target: Target, hold: int) -> tuple[int, bool]:
+    """`run_launcher`'s run, watching its metrics.jsonl: once `hold` rows with the target's
+    metric followed the first that reached it, the launcher gets SIGINT (by its pid; it
+    stops cleanly on it). (Exit code, whether it was stopped so.) BenchError past
+    `timeout_s`; the launcher and its workers are stopped by pid either way."""
+    deadline = time.monotonic() + timeout_s
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            while process.poll() is None:
+                if time.monotonic() > deadline:
+                    raise BenchError(f"did not finish within {timeout_s:.0f}s")
+                held = held_values(read_metrics(run_dir), target.metric, target.value, hold)
+                if held is not None and len(held) >= hold:
+                    process.send_signal(signal.SIGINT)
+                    try:
+                        return process.wait(timeout=START_MARGIN_S), True
+                    except subprocess.TimeoutExpired:
+                        raise BenchError(f"did not stop within {START_MARGIN_S:.0f}s of "
+                                         "SIGINT") from None
+                time.sleep(HOLD_POLL_S)
+            return process.returncode, False
+        finally:
+            stop_process(process, run_dir)
 
 
 def _number(value: Any) -> float | None:
@@ -113,21 +189,27 @@ def _number(value: Any) -> float | None:
     return None if missing else float(value)
 
 
-def run_figures(run_dir: Path) -> dict[str, Any]:
-    """The figures of one finished run (see the module docstring)."""
+def run_figures(run_dir: Path, target: Target | None, hold: int = 0) -> dict[str, Any]:
+    """The figures of one finished run of a config with `target` (see the module
+    docstring); with `hold`, `held`: the `hold` values after its first reach (None when
+    it never reached the target)."""
     df = load_run(run_dir).sort_values("time", kind="stable")
     returns = df[RETURN].dropna()
     if returns.empty:
         raise BenchError(f"{run_dir}: no episode returns were recorded")
     summary = summarize(df, last=LAST_ROWS)
-    eval_target = df.get(f"{CONFIG_PREFIX}stop.target_eval_return", pd.Series(dtype=float))
-    eval_target = _number(eval_target.iloc[0]) if len(eval_target) else None
-    if eval_target is not None:  # the run's target is the evaluator's greedy return
-        to_target = summarize(df, target=eval_target, metric=EVAL_RETURN)
+    if target is not None:  # the config's own: a --hold run was launched without it
+        to_target = summarize(df, target=target.value, metric=target.metric)
         summary = {**summary, **{k: to_target[k] for k in (
             "target", "time_to_target", "frames_to_target")}}
+    held: dict[str, Any] | None = None
+    if hold and target is not None and (values := held_values(
+            read_metrics(run_dir), target.metric, target.value, hold)) is not None:
+        held = {"after": hold, "values": values,
+                "mean": statistics.fmean(values) if values else None,
+                "min": min(values, default=None)}
     return {
-        "target_metric": EVAL_RETURN if eval_target is not None else RETURN,
+        "target_metric": target.metric if target is not None else RETURN,
         "first_return": float(returns.head(FIRST_ROWS).mean()),
         "final_return": summary["final"],
         "max_return": summary["max"],
@@ -141,6 +223,7 @@ def run_figures(run_dir: Path) -> dict[str, Any]:
         "stop_reason": summary["stop_reason"],
         "restarts": summary["restarts"],
         "curve": curve(df),
+        **({"held": held} if hold else {}),
     }
 
 
@@ -217,17 +300,25 @@ def train_once(name: str, index: int, args: argparse.Namespace,
     """Run `index` of config `name`: (its figures, the overrides it ran with)."""
     run_dir = workdir / f"{name}-{index}"
     started = time.monotonic()
-    seed = shipped(name).seed + (index if args.seeds else 0)
-    code, overrides = run_config(name, args.max_minutes * 60, run_dir,
-                                 seed if args.seeds else None)
-    if code != 0:
+    config = shipped(name)
+    target = target_of(config)
+    seed = config.seed + (index if args.seeds else 0)
+    code, overrides, stopped = run_config(name, args.max_minutes * 60, run_dir,
+                                          seed if args.seeds else None, args.hold)
+    if code != (EXIT_INTERRUPTED if stopped else 0):
         raise BenchError(f"the run exited with {code} (log: {run_dir}.log)")
-    figures = {**run_figures(run_dir), "seed": seed}
+    figures = {**run_figures(run_dir, target, args.hold), "seed": seed}
+    if stopped and target is not None:
+        figures["stop_reason"] = (f"stopped by bench.configs {args.hold} rows of "
+                                  f"{target.metric} after its target {target.value:g}")
     print(f"{name} run {index}: return {figures['first_return']:.1f} -> "
           f"{figures['final_return']:.1f} (best {figures['max_return']:.1f}) in "
           f"{figures['time_s']:.0f}s, {figures['env_frames']:,} frames "
           f"({figures['stop_reason']}; {time.monotonic() - started:.0f}s with start-up)",
           flush=True)
+    if held := figures.get("held"):
+        print(f"{name} run {index}: the {held['after']} rows after its first reach at "
+              f"{figures['time_to_target_s']:.0f}s: {held['values']}", flush=True)
     return figures, overrides
 
 
@@ -245,6 +336,7 @@ def results_entry(name: str, runs: list[dict[str, Any]], overrides: list[str],
         "config_sha256": config_sha256,
         "machine": describe(),
         "overrides": overrides,
+        "hold": args.hold,
         "runs": runs,
         "random_return_mean": statistics.fmean(returns),
         "random_episodes": len(returns),
@@ -317,6 +409,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="run k with the config's seed + k: the runs then sample the "
                              "seeds' spread, not only the machine's (runs of one seed can "
                              "agree to 0.1 and still say little of another)")
+    parser.add_argument("--hold", type=int, default=0, metavar="N",
+                        help="run past the config's target and stop N rows of its metric "
+                             "after the first that reached it; each run records them as "
+                             "`held` (default: 0, stop at the target as shipped)")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / f"{RESULTS_NAME}.json",
+                        help="the results file to merge into (default: "
+                             "bench/results/configs.json)")
     parser.add_argument("--figure", action="store_true",
                         help="run nothing: draw docs/figures/<config>.png of each named "
                              "config from its curves in the results file")
@@ -328,13 +427,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error(f"unknown config {name!r}; known: {', '.join(known)}")
     if args.runs < 1 or args.max_minutes <= 0 or args.random_episodes < 1:
         parser.error("--runs, --max-minutes and --random-episodes must be positive")
+    if args.hold < 0:
+        parser.error("--hold must not be negative")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, raise_on_sigterm)
-    path = RESULTS_DIR / f"{RESULTS_NAME}.json"
+    path = args.out
     entries = json.loads(path.read_text())["configs"] if path.exists() else {}
     if args.figure:
         missing = [name for name in args.configs if not entries.get(name, {}).get("runs")]
@@ -356,7 +457,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{', '.join(names)}: {error}", flush=True)
                 failed = True
                 continue
-            written = write_results(RESULTS_NAME, {"configs": dict(sorted(entries.items()))})
+            written = write_results(path.stem, {"configs": dict(sorted(entries.items()))},
+                                    path.parent)
             print(f"results: {written}", flush=True)
         return 1 if failed else 0
 

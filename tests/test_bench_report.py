@@ -132,7 +132,7 @@ def test_with_seeds_run_k_launches_with_the_configs_seed_plus_k(tmp_path, monkey
                         lambda command, *_: commands.append(command) or 0)
     figures = {"first_return": -2.0, "final_return": -1.0, "max_return": -1.0, "time_s": 1.0,
                "env_frames": 10, "stop_reason": "wall time"}
-    monkeypatch.setattr(configs, "run_figures", lambda run_dir: dict(figures))
+    monkeypatch.setattr(configs, "run_figures", lambda run_dir, *_: dict(figures))
     shipped_seed = configs.shipped("mpe_spread_ppo").seed
     for seeds in (False, True):
         args = configs.parse_args(["mpe_spread_ppo", "--runs", "2", "--max-minutes", "1"]
@@ -142,3 +142,38 @@ def test_with_seeds_run_k_launches_with_the_configs_seed_plus_k(tmp_path, monkey
             [shipped_seed, shipped_seed + 1 if seeds else shipped_seed]
     seeds_set = [[c for c in command if c.startswith("seed=")] for command in commands]
     assert seeds_set == [[], [], [f"seed={shipped_seed}"], [f"seed={shipped_seed + 1}"]]
+
+
+def test_hold_takes_the_n_rows_of_the_target_metric_after_its_first_reach() -> None:
+    from bench.configs import held_values
+
+    rows = [{"episode_return_mean": 100.0}, {"eval_return_mean": 470.0},
+            {"eval_return_mean": 480.0, "episode_return_mean": 200.0},
+            {"episode_return_mean": 300.0}, {"eval_return_mean": 460.0},
+            {"eval_return_mean": float("nan")}, {"eval_return_mean": 500.0},
+            {"eval_return_mean": 490.0}]
+    assert held_values(rows, "eval_return_mean", 475, 2) == [460.0, 500.0]
+    assert held_values(rows, "eval_return_mean", 475, 5) == [460.0, 500.0, 490.0]  # so far
+    assert held_values(rows, "eval_return_mean", 490, 1) == [490.0]  # after the 500
+    assert held_values(rows, "eval_return_mean", 600, 2) is None
+    assert held_values(rows, "episode_return_mean", 200, 1) == [300.0]
+
+
+def test_with_hold_a_run_goes_past_its_target_and_says_the_bench_stopped_it(
+        tmp_path, monkeypatch) -> None:
+    from bench import configs
+
+    launched = []
+    monkeypatch.setattr(configs, "run_holding", lambda command, run_dir, log, limit, target,
+                        hold: launched.append((command, target, hold)) or (130, True))
+    monkeypatch.setattr(configs, "run_figures", lambda run_dir, target, hold: {
+        "first_return": 20.0, "final_return": 480.0, "max_return": 500.0, "time_s": 90.0,
+        "env_frames": 10, "stop_reason": "interrupted by SIGINT", "time_to_target_s": 80.0,
+        "held": {"after": hold, "values": [480.0] * hold, "mean": 480.0, "min": 480.0}})
+    args = configs.parse_args(["cartpole_dqn", "--hold", "3", "--max-minutes", "1"])
+    figures, overrides = configs.train_once("cartpole_dqn", 0, args, tmp_path)
+    command, target, hold = launched[0]
+    assert overrides == ["stop.wall_time_s=60", "stop.target_eval_return=null"]
+    assert "stop.target_eval_return=null" in command
+    assert (target, hold) == (configs.Target("eval_return_mean", 475), 3)
+    assert figures["stop_reason"].startswith("stopped by bench.configs 3 rows")

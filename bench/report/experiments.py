@@ -25,6 +25,15 @@ def _over(runs: list[dict[str, Any]], key: str, spec: str) -> str:
             f"{format(max(values), spec)})")
 
 
+def _held(entry: dict[str, Any]) -> str:
+    """What the rows after the target said, for runs measured with `bench.configs --hold`."""
+    values = [value for run in entry["runs"] for value in (run.get("held") or {}).get("values", [])]
+    if not values:
+        return ""
+    return (f"; the {entry['hold']} rows after it: mean {statistics.fmean(values):,.1f}, "
+            f"min {min(values):,.1f}")
+
+
 def experiment_row(name: str, entry: dict[str, Any]) -> list[str]:
     """One config's row: what it reached, in what time, against the random policy."""
     from bench.configs import describe_config, shipped  # imports the runtime and gymnasium
@@ -35,14 +44,15 @@ def experiment_row(name: str, entry: dict[str, Any]) -> list[str]:
     if solved and len(solved) == len(runs):
         measure = ("evaluation return" if runs[0].get("target_metric") == "eval_return_mean"
                    else "return")
-        reached = f"{measure} {runs[0]['target']:g} (its target)"
+        reached = f"{measure} {runs[0]['target']:g} (its target)" + _held(entry)
         took = (f"{_over(runs, 'time_to_target_s', '.0f')} s, "
                 f"{_median(runs, 'frames_to_target') / 1e3:,.0f}k frames")
     else:
         reached = (f"return {_over(runs, 'final_return', ',.1f')} (best row "
                    f"{_median(runs, 'max_return'):,.1f})")
         timed_out = all("wall time" in (run["stop_reason"] or "") for run in runs)
-        why = ("the benchmark's cap" if timed_out and entry["overrides"] else
+        capped = any(o.startswith("stop.wall_time_s=") for o in entry["overrides"])
+        why = ("the benchmark's cap" if timed_out and capped else
                "its time limit" if timed_out else "its frame limit")
         took = (f"{_over(runs, 'time_s', '.0f')} s ({why}), "
                 f"{_median(runs, 'env_frames') / 1e3:,.0f}k frames, "
