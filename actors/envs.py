@@ -66,7 +66,7 @@ def policy_spec(config: ExperimentConfig, policy: str = DEFAULT_POLICY) -> EnvSp
     network, sampling = network_of(config), algorithm(config.learner.algorithm).replay
     actor_priorities = (sampling is not None and network.greedy
                         and config.replay.initial_priority == "actor")
-    final_obs = (sampling is not None and not sampling.sequences
+    final_obs = (sampling is not None and (not sampling.sequences or sampling.positions)
                  and spec.frame_stack == 1 and spec.agents == 1)
     return dataclasses.replace(spec, action_values=actor_priorities, final_obs=final_obs,
                                search_policy=network.search_act is not None)

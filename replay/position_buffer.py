@@ -83,6 +83,7 @@ class PositionBuffer(SequenceBuffer):
             "trunc_values": self.trunc_values[at, steps],
             "values": self.values[at, obs_steps],
             "search_policy": self.search_policy[at, steps],
+            "final_obs": self._final_obs(at, steps),
             "state": self.states[segment],
             "weights": (self.items * probabilities) ** -self.beta,
             "probabilities": probabilities,

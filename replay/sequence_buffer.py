@@ -42,6 +42,13 @@ class SequenceBuffer(ReplayBuffer):
     def stored_fields(self) -> tuple[str, ...]:
         return (*super().stored_fields, "values", "search_policy")
 
+    def _final_obs(self, segment: np.ndarray, step: np.ndarray) -> np.ndarray:
+        """The final observations stored at (segment, step), or rows of width 0."""
+        if self.final_obs is None:
+            return np.zeros((*np.broadcast_shapes(segment.shape, step.shape), 0),
+                            self.spec.obs_dtype)
+        return self.final_obs[segment, step]
+
     @property
     def leaves_per_segment(self) -> int:
         """Sampled items per segment: the segment itself."""
@@ -82,6 +89,7 @@ class SequenceBuffer(ReplayBuffer):
             "trunc_values": self.trunc_values[segment],
             "values": self.values[segment],
             "search_policy": self.search_policy[segment],
+            "final_obs": self._final_obs(segment[:, None], np.arange(self.T)[None, :]),
             "state": self.states[segment],
             "weights": (self.items * probabilities) ** -self.beta,
             "probabilities": probabilities,

@@ -140,8 +140,10 @@ def position_case(reward_scale: float = 1.0, reward_clip: float = 0.0) -> tuple:
     actions = jax.random.randint(keys[0], (B, W), 0, 2)
     batch = {"obs": jax.random.normal(keys[1], (B, W + 1, 4)), "actions": actions,
              "rewards": actions.astype(jnp.float32),  # the model can learn: reward = action
-             "terminated": jnp.zeros((B, W)).at[0, 3].set(1.0), "truncated": jnp.zeros((B, W)),
+             "terminated": jnp.zeros((B, W)).at[0, 3].set(1.0),
+             "truncated": jnp.zeros((B, W)).at[1, 1].set(1.0),  # a time limit cuts row 1
              "trunc_values": jnp.zeros((B, W)), "values": jnp.full((B, W + 1), 2.0),
+             "final_obs": jax.random.normal(keys[0], (B, W, 4)),
              "search_policy": jax.nn.one_hot(actions, 2), "weights": jnp.ones(B)}
     optimizer = make_optimizer(config, sizes)
     params = {"net": jax.jit(model.init)(jax.random.key(0), batch["obs"][:, 0])}
@@ -175,8 +177,24 @@ def test_value_targets_bootstrap_from_the_target_network_not_the_stored_values()
     moved = jax.tree.map(lambda x: x + 0.5 * jax.random.normal(next(keys), x.shape),
                          state.extra["target"])
     _, target_changed = update(state._replace(extra={"target": moved}), batch)
-    assert abs(float(target_changed["loss"]) - float(first["loss"])) > 1e-3
+    assert abs(float(target_changed["loss"]) - float(first["loss"])) > 1e-4
     assert float(target_changed["bootstrap_mean"]) != float(first["bootstrap_mean"])
+
+
+def test_a_time_limit_cut_bootstraps_from_the_target_networks_value_of_its_final_obs() -> None:
+    """Where the replay keeps the cut's final observation, the target network values it;
+    the acting search's `trunc_values`, as old as the acting, are not read."""
+    update, state, batch = position_case()
+    _, first = update(state, batch)
+    _, stale = update(state, {**batch, "trunc_values": batch["trunc_values"] + 30.0})
+    np.testing.assert_allclose(stale["loss"], first["loss"], rtol=1e-6)
+    _, moved = update(state, {**batch, "final_obs": batch["final_obs"].at[1, 1].add(3.0)})
+    assert abs(float(moved["loss"]) - float(first["loss"])) > 1e-4
+    # Without final observations (frame stacks, several agents): the acting search's.
+    unkept = {**batch, "final_obs": jnp.zeros((4, 5, 0))}
+    _, acting = update(state, unkept)
+    _, acting_moved = update(state, {**unkept, "trunc_values": batch["trunc_values"] + 30.0})
+    assert abs(float(acting_moved["loss"]) - float(acting["loss"])) > 1e-4
 
 
 def test_muzero_targets_take_the_rewards_scaled_and_clipped() -> None:

@@ -121,7 +121,7 @@ ALGORITHM = Algorithm(
     make_optimizer=lazy("learners.algorithms.muzero.update", "make_optimizer"),
     make_update=lazy("learners.algorithms.muzero.update", "make_update"),
     fields=("obs", "actions", "rewards", "terminated", "truncated", "trunc_values",
-            "search_policy", "weights"),
+            "final_obs", "search_policy", "weights"),
     networks=(MUZERO,),
     replay=Replay(window=window, sequences=True, positions=True, fields=("action_mask",),
                   reanalyse=lambda config: config.reanalyse_fraction),

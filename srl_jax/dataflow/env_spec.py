@@ -54,8 +54,9 @@ class EnvSpec:
     actions, and chunks each step's, which trains the policy head."""
     final_obs: bool = False
     """Chunks carry the final observation of each step a time limit cut (`final_obs`), for
-    a replay learner to bootstrap with its target network (DQN on single-agent envs
-    without frame stacks; elsewhere the acting policy's value of it, `trunc_values`)."""
+    a replay learner to bootstrap with its target network (DQN and MuZero on single-agent
+    envs without frame stacks; elsewhere the acting policy's value of it,
+    `trunc_values`)."""
 
     @property
     def action_shape(self) -> tuple[int, ...]:

@@ -100,6 +100,11 @@ SEQUENCE_FIELDS: tuple[ReplayField, ...] = (
                 lambda s, T: (T, s.action_dim if s.search_policy else 0), _fixed(np.float32),
                 True, "the search's policy at each step (width 0: a policy that does not "
                 "search)"),
+    ReplayField("final_obs",
+                lambda s, T: (T, *(s.obs_shape if s.final_obs else (0,))),
+                lambda s: np.dtype(s.obs_dtype), True,
+                "the final observation of each step a time limit cut, where stored "
+                "(`EnvSpec.final_obs`; width 0 otherwise): a target network's bootstrap"),
     ReplayField("state", lambda s, T: (s.state_size,), _fixed(np.float32), True,
                 "recurrent state the actor acted from at the first step (R2D2's stored "
                 "state)"),

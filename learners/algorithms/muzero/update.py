@@ -2,7 +2,8 @@
 Schrittwieser et al. 2021): each sampled row is a position with the window of steps after
 it (replay/position_buffer.py); the position starts a K-step unroll
 (`targets.unroll_targets`) whose n-step value targets bootstrap from the target network's
-value of the observation that ends each window, the loss is `loss.unrolled_loss` weighted
+value of the observation that ends each window (at a time-limit cut, of its final
+observation where the replay keeps it), the loss is `loss.unrolled_loss` weighted
 by the row's importance weight, and the row's new priority is |predicted value - value
 target| of the position. Rewards are scaled and clipped (`learner.reward_scale`,
 `reward_clip`) before they enter the targets, as the reward head learns them."""
@@ -47,17 +48,22 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation,
     fns = logit_fns(policy.network)
 
     def target_values(target: Any, obs: jax.Array) -> jax.Array:
-        """The target network's value [W + 1, B] of every observation of the windows."""
-        W1, B = obs.shape[:2]
-        _, _, value = fns.initial(target["net"], obs.reshape(W1 * B, *obs.shape[2:]))
+        """The target network's value [steps, B] of observations [steps, B, ...]."""
+        steps, B = obs.shape[:2]
+        _, _, value = fns.initial(target["net"], obs.reshape(steps * B, *obs.shape[2:]))
         values = from_support(value, config.support_size, config.rescaling_epsilon)
-        return jax.lax.stop_gradient(values.reshape(W1, B))
+        return jax.lax.stop_gradient(values.reshape(steps, B))
 
     def update(state: TrainState, batch: dict) -> tuple[TrainState, dict[str, jax.Array]]:
         seqs = time_major(batch, REPLAYED_PER_SEQUENCE)
         seqs["weights"] = seqs["weights"] / jnp.max(seqs["weights"])
         seqs["rewards"] = scale_rewards(seqs["rewards"], sizes.reward_scale, sizes.reward_clip)
-        seqs["values"] = target_values(state.extra["target"], seqs["obs"])
+        target = state.extra["target"]
+        seqs["values"] = target_values(target, seqs["obs"])
+        if seqs["final_obs"].size:  # time-limit cuts: the target network's value of their
+            cut = seqs["truncated"] > 0  # final observation, not the acting search's
+            seqs["trunc_values"] = jnp.where(cut, target_values(target, seqs["final_obs"]),
+                                             seqs["trunc_values"])
         obs, targets = unroll_targets(seqs, config.unroll_steps, config.n_step, config.gamma,
                                       starts=1)
 
