@@ -4,13 +4,13 @@ Where the algorithm reanalyses (`Replay.reanalyse` in srl_jax/dataflow/algorithm
 MuZero's `reanalyse_fraction`), the replay worker kind runs this subclass
 (srl_jax/dataflow/worker_kinds.py picks it). It follows the learner's parameter stream as
 an inference server does, and before a sampled batch of positions leaves, it searches again
-from every observation of the windows of a random fraction of its rows with the newest
-parameters: their search policies (the policy head's targets) are replaced in the batch
-and in storage, so that the learner does not keep fitting what an old model thought. (The
-value targets bootstrap from the learner's target network, which is fresher than any
-stored search value.) The work rides on sampling, so the replay's rate limiter paces it as it
-paces sampling. The search does not sample at the root: a target is the model's, not a
-draw's.
+with the newest parameters from the observations of a random fraction of its rows whose
+policy targets the loss reads (MuZero: the K + 1 of an unroll): their search policies
+(the policy head's targets) are replaced in the batch and in storage, so that the learner
+does not keep fitting what an old model thought. (The value targets bootstrap from the
+learner's target network, fresher than any stored search value.) The work rides on
+sampling, so the replay's rate limiter paces it as it paces sampling. The search does not
+sample at the root: a target is the model's, not a draw's.
 
 Replay servers without reanalysis never import this module, nor JAX.
 """
@@ -28,7 +28,7 @@ import zmq
 from replay.position_buffer import PositionBuffer
 from replay.replay_worker import ReplayWorker
 from srl_jax.config.schema import DEFAULT_POLICY, ExperimentConfig
-from srl_jax.dataflow.algorithms import reanalyse_fraction
+from srl_jax.dataflow.algorithms import reanalyse_fraction, reanalysed_steps
 from srl_jax.runtime.worker_base import built
 from srl_jax.wire.names import NameService
 
@@ -66,6 +66,7 @@ class ReanalysingReplayWorker(ReplayWorker):
                  names: NameService, policy: str = DEFAULT_POLICY) -> None:
         super().__init__(config, index, run_dir, names, policy)
         self.fraction = reanalyse_fraction(config)
+        self.steps = reanalysed_steps(config)
         self.rng = np.random.default_rng(self.incarnation.seed(config.seed + 3000 + index))
         self.runner: PolicyRunner | None = None
         self.params: ParamSubscriber | None = None
@@ -78,7 +79,7 @@ class ReanalysingReplayWorker(ReplayWorker):
         if not isinstance(self.buffer, PositionBuffer):
             raise TypeError("reanalysis renews sampled positions, which only a PositionBuffer "
                             "keeps")
-        steps = self.buffer.window
+        steps = self.steps
         most = math.ceil(self.fraction * self.config.learner.batch_envs)
         with self.busy("building the reanalysis search"):
             self.runner = make_runner(self.config, self.spec, self.incarnation.seed(self.index),
@@ -95,7 +96,7 @@ class ReanalysingReplayWorker(ReplayWorker):
 
     def outgoing(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """`batch` with the search policies of a random `fraction` of its rows renewed, at
-        every step of their windows."""
+        the leading `steps` of their windows (those the loss reads)."""
         if not isinstance(self.buffer, PositionBuffer):
             raise TypeError("reanalysis renews sampled positions, which only a PositionBuffer "
                             "keeps")
@@ -103,13 +104,14 @@ class ReanalysingReplayWorker(ReplayWorker):
         if not len(chosen):
             return batch
         start = time.perf_counter()
-        steps = self.buffer.window
-        legal = batch["action_mask"][chosen].astype(bool) if self.spec.action_masked else None
+        steps = self.steps
+        legal = (batch["action_mask"][chosen, :steps].astype(bool) if self.spec.action_masked
+                 else None)
         with self.busy("reanalysing"):  # the first search of a size compiles it
             policy = reanalyse(built(self.runner, "the reanalysis runner"),
                                batch["obs"][chosen, :steps], legal)
         self.buffer.refresh(batch["slots"][chosen], batch["generations"][chosen], policy)
-        batch["search_policy"][chosen] = policy
+        batch["search_policy"][chosen, :steps] = policy
         self.reanalysed += len(chosen) * steps
         self.time_reanalyse += time.perf_counter() - start
         return batch

@@ -72,6 +72,27 @@ def test_the_search_picks_the_best_action_of_a_known_model() -> None:
     assert (noisy.depth >= 1).all()
 
 
+def test_a_small_difference_in_q_between_two_actions_is_a_small_preference() -> None:
+    """The improved policy scales Q by the range of the whole tree's values (MuZero's
+    min-max statistics): two actions whose rewards differ by 1% of what the tree's values
+    span get a policy that leans, not one that is one-hot (scaled by the two children's
+    own range, any difference was a gap of 0 or 1 and the policy 0.995 on one action)."""
+    def initial(params, obs):
+        rows = obs.shape[0]
+        return jnp.zeros((rows, 1)), jnp.zeros((rows, 2)), jnp.full(rows, 10.0)
+
+    def recurrent(params, latent, action):
+        rows = action.shape[0]
+        return latent, 1.0 + 0.1 * action.astype(jnp.float32), jnp.zeros((rows, 2)), \
+            jnp.zeros(rows)
+
+    out = jax.jit(lambda obs, key: search(ModelFns(initial, recurrent), {}, obs, key, 8, 0.99,
+                                          gumbel_scale=0.0))(jnp.zeros((4, 3)),
+                                                             jax.random.key(0))
+    np.testing.assert_array_equal(out.action, [1] * 4)
+    assert ((out.policy[:, 1] > 0.5) & (out.policy[:, 1] < 0.9)).all(), out.policy
+
+
 def test_the_unrolled_loss_of_a_case_worked_by_hand() -> None:
     """Support -1..1 (3 atoms), 2 actions, K = 2. Every head's distribution is known:
     values and rewards (1/4, 1/2, 1/4), policies uniform. A target of 0 is (0, 1, 0), whose

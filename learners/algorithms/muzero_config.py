@@ -124,6 +124,7 @@ ALGORITHM = Algorithm(
             "final_obs", "search_policy", "weights"),
     networks=(MUZERO,),
     replay=Replay(window=window, sequences=True, positions=True, fields=("action_mask",),
-                  reanalyse=lambda config: config.reanalyse_fraction),
+                  reanalyse=lambda config: config.reanalyse_fraction,
+                  reanalysed_steps=lambda config: config.unroll_steps + 1),
     check=check, init_extra=lazy("learners.algorithms.dqn", "init_target"),
     overlap=tail, live=("learning_rate",))

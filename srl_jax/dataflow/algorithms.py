@@ -135,6 +135,9 @@ class Replay:
     priorities, each with the `window` steps after it (MuZero; replay/position_buffer.py),
     not whole sequences. The chunks then need a tail of window - 1 steps
     (`Algorithm.overlap`)."""
+    reanalysed_steps: Callable[[Any], int] | None = None
+    """(algorithm config) -> the leading steps of each sampled window whose targets
+    reanalysis renews (MuZero: the K + 1 policy targets an unroll reads); None: all."""
     reanalyse: Callable[[Any], float] | None = None
     """(algorithm config) -> the fraction of the sampled sequences whose search targets
     the replay servers renew with the newest parameters before sending them (MuZero
@@ -484,6 +487,15 @@ def reanalyse_fraction(config: ExperimentConfig) -> float:
     if replay is None or replay.reanalyse is None:
         return 0.0
     return replay.reanalyse(algorithm_config(config))
+
+
+def reanalysed_steps(config: ExperimentConfig) -> int:
+    """The leading steps of each sampled window that the run's replay servers reanalyse
+    (`Replay.reanalysed_steps`; else the whole window)."""
+    replay = replay_of(config)
+    if replay.reanalysed_steps is None:
+        return sampled_window(config)
+    return replay.reanalysed_steps(algorithm_config(config))
 
 
 def reanalyses(config: ExperimentConfig) -> bool:

@@ -74,6 +74,26 @@ def tree_depth(tree: mctx.Tree) -> jax.Array:
     return depth.max(1)
 
 
+def tree_scaled_qtransform(tree: mctx.Tree, node_index: jax.Array, *,
+                           value_scale: float = 0.1, maxvisit_init: float = 50.0,
+                           epsilon: float = 1e-8) -> jax.Array:
+    """Gumbel MuZero's completed Q-values (mctx's `qtransform_completed_by_mix_value`),
+    scaled to [0, 1] by the range of every value the search tree holds, as MuZero's
+    min-max statistics do, not by the range of the node's own children: with two actions
+    the children's range turns any difference in Q into a gap of 0 or 1, so that the
+    improved policy, the policy head's target, is one-hot whatever the model thinks."""
+    scaled = mctx.qtransform_completed_by_mix_value(
+        tree, node_index, value_scale=value_scale, maxvisit_init=maxvisit_init,
+        rescale_values=False)
+    scale = (maxvisit_init + jnp.max(tree.children_visits[node_index])) * value_scale
+    completed = scaled / scale
+    visited = tree.node_visits > 0
+    low = jnp.minimum(jnp.min(jnp.where(visited, tree.node_values, jnp.inf)), completed.min())
+    high = jnp.maximum(jnp.max(jnp.where(visited, tree.node_values, -jnp.inf)),
+                       completed.max())
+    return scale * (completed - low) / jnp.maximum(high - low, epsilon)
+
+
 def search(fns: ModelFns, params: Any, obs: jax.Array, key: jax.Array, simulations: int,
            gamma: float, considered_actions: int = 16, gumbel_scale: float = 1.0,
            legal: jax.Array | None = None) -> SearchOutput:
@@ -94,6 +114,6 @@ def search(fns: ModelFns, params: Any, obs: jax.Array, key: jax.Array, simulatio
         params, key, root, recurrent_fn, simulations,
         invalid_actions=None if legal is None else ~legal,
         max_num_considered_actions=min(considered_actions, logits.shape[-1]),
-        gumbel_scale=gumbel_scale)
+        gumbel_scale=gumbel_scale, qtransform=tree_scaled_qtransform)
     return SearchOutput(out.action.astype(jnp.int32), out.action_weights,
                         out.search_tree.summary().value, tree_depth(out.search_tree))
