@@ -46,7 +46,6 @@ import json
 import math
 import signal
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -63,7 +62,6 @@ from bench.harness.launcher import (
     in_workdir,
     raise_on_sigterm,
     run_launcher,
-    stop_process,
 )
 from bench.harness.machine import (
     CONFIGS_DIR,
@@ -94,8 +92,6 @@ CURVE_POINTS = 200
 """Rows of each run's return curve kept in the results (evenly spaced)."""
 START_MARGIN_S = 300.0
 """Allowed on top of a run's wall-time limit (start-up, final save, shutdown)."""
-HOLD_POLL_S = 1.0
-"""How often a `--hold` run's metrics are read."""
 
 
 # ----------------------------------------------------------------- training
@@ -134,8 +130,8 @@ def held_values(rows: list[dict[str, Any]], metric: str, target: float,
 def run_config(name: str, max_s: float, run_dir: Path, seed: int | None = None,
                hold: int = 0) -> tuple[int, list[str], bool]:
     """One run of config `name` as shipped (with `seed`: that seed), capped at `max_s`;
-    with `hold`: without its target stop, stopped `hold` rows after the target
-    (`run_holding`). (Exit code, the overrides every run of it gets, whether the bench
+    with `hold`: without its target stop, stopped by SIGINT `hold` rows after the target.
+    (Exit code, the overrides every run of it gets, whether the bench
     stopped it there.)"""
     config = shipped(name)
     stop, target = config.stop, target_of(config)
@@ -150,38 +146,17 @@ def run_config(name: str, max_s: float, run_dir: Path, seed: int | None = None,
         command += ["--set", override]
     limit = min(stop.wall_time_s or max_s, max_s) + START_MARGIN_S + STOP_GRACE_S
     log_path = run_dir.parent / f"{run_dir.name}.log"
-    if hold and target is not None:
-        code, stopped = run_holding(command, run_dir, log_path, limit, target, hold)
-        return code, overrides, stopped
-    return run_launcher(command, run_dir, log_path, limit), overrides, False
+    if not (hold and target is not None):
+        return run_launcher(command, run_dir, log_path, limit), overrides, False
+    held: list[bool] = []
 
+    def has_held() -> bool:  # the bench stops it `hold` rows after the target
+        values = held_values(read_metrics(run_dir), target.metric, target.value, hold)
+        held.append(values is not None and len(values) >= hold)
+        return held[-1]
 
-def run_holding(command: list[str], run_dir: Path, log_path: Path, timeout_s: float,
-                target: Target, hold: int) -> tuple[int, bool]:
-    """`run_launcher`'s run, watching its metrics.jsonl: once `hold` rows with the target's
-    metric followed the first that reached it, the launcher gets SIGINT (by its pid; it
-    stops cleanly on it). (Exit code, whether it was stopped so.) BenchError past
-    `timeout_s`; the launcher and its workers are stopped by pid either way."""
-    deadline = time.monotonic() + timeout_s
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, start_new_session=True)
-        try:
-            while process.poll() is None:
-                if time.monotonic() > deadline:
-                    raise BenchError(f"did not finish within {timeout_s:.0f}s")
-                held = held_values(read_metrics(run_dir), target.metric, target.value, hold)
-                if held is not None and len(held) >= hold:
-                    process.send_signal(signal.SIGINT)
-                    try:
-                        return process.wait(timeout=START_MARGIN_S), True
-                    except subprocess.TimeoutExpired:
-                        raise BenchError(f"did not stop within {START_MARGIN_S:.0f}s of "
-                                         "SIGINT") from None
-                time.sleep(HOLD_POLL_S)
-            return process.returncode, False
-        finally:
-            stop_process(process, run_dir)
+    code = run_launcher(command, run_dir, log_path, limit, stop_when=has_held)
+    return code, overrides, bool(held) and held[-1]
 
 
 def _number(value: Any) -> float | None:

@@ -164,16 +164,25 @@ def test_with_hold_a_run_goes_past_its_target_and_says_the_bench_stopped_it(
     from bench import configs
 
     launched = []
-    monkeypatch.setattr(configs, "run_holding", lambda command, run_dir, log, limit, target,
-                        hold: launched.append((command, target, hold)) or (130, True))
+
+    def launcher(command, run_dir, log, limit, stop_when=None) -> int:
+        """The run writes its evaluations; the bench's watch says when it has held."""
+        launched.append(command)
+        run_dir.mkdir()
+        for value in (400.0, 480.0, 490.0, 500.0, 470.0):
+            assert not stop_when(), "not before 3 evaluations followed the first 475"
+            with (run_dir / "metrics.jsonl").open("a") as metrics:
+                metrics.write(json.dumps({"time": 1.0, "eval_return_mean": value}) + "\n")
+        assert stop_when()
+        return 130  # SIGINT's
+
+    monkeypatch.setattr(configs, "run_launcher", launcher)
     monkeypatch.setattr(configs, "run_figures", lambda run_dir, target, hold: {
         "first_return": 20.0, "final_return": 480.0, "max_return": 500.0, "time_s": 90.0,
         "env_frames": 10, "stop_reason": "interrupted by SIGINT", "time_to_target_s": 80.0,
         "held": {"after": hold, "values": [480.0] * hold, "mean": 480.0, "min": 480.0}})
     args = configs.parse_args(["cartpole_dqn", "--hold", "3", "--max-minutes", "1"])
     figures, overrides = configs.train_once("cartpole_dqn", 0, args, tmp_path)
-    command, target, hold = launched[0]
     assert overrides == ["stop.wall_time_s=60", "stop.target_eval_return=null"]
-    assert "stop.target_eval_return=null" in command
-    assert (target, hold) == (configs.Target("eval_return_mean", 475), 3)
+    assert "stop.target_eval_return=null" in launched[0]
     assert figures["stop_reason"].startswith("stopped by bench.configs 3 rows")

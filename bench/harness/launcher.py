@@ -20,6 +20,8 @@ from bench.harness.machine import REPO_ROOT, nproc
 from srl_jax.runtime.run_dir import read_status
 
 STOP_GRACE_S = 20.0
+WATCH_S = 1.0
+"""How often `run_launcher` asks its `stop_when` whether to stop the run."""
 """How long the launcher gets to stop its workers after SIGTERM before it is killed."""
 RUN_TIMEOUT_MARGIN_S = 180.0
 """Allowed on top of --seconds for start-up and shutdown before a run counts as hung."""
@@ -93,14 +95,25 @@ def run_experiment(args: argparse.Namespace, run_dir: Path, log_path: Path) -> i
     return run_launcher(command, run_dir, log_path, args.seconds + RUN_TIMEOUT_MARGIN_S)
 
 
-def run_launcher(command: list[str], run_dir: Path, log_path: Path, timeout_s: float) -> int:
+def run_launcher(command: list[str], run_dir: Path, log_path: Path, timeout_s: float,
+                 stop_when: Callable[[], bool] | None = None) -> int:
     """Run a launcher command in its own session, logging to `log_path`; its exit code.
-    BenchError past `timeout_s`; the launcher and its workers are stopped by pid either way."""
+    With `stop_when`, asked every `WATCH_S` while the run goes on: once it says so, the
+    launcher gets SIGINT (by its pid; it stops cleanly on it). BenchError past
+    `timeout_s`; the launcher and its workers are stopped by pid either way."""
+    deadline = time.monotonic() + timeout_s
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, start_new_session=True)
         try:
-            return process.wait(timeout=timeout_s)
+            while stop_when is not None and process.poll() is None:
+                if time.monotonic() > deadline:
+                    raise subprocess.TimeoutExpired(command, timeout_s)
+                if stop_when():
+                    process.send_signal(signal.SIGINT)
+                    break
+                time.sleep(WATCH_S)
+            return process.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             raise BenchError(f"did not finish within {timeout_s:.0f}s") from None
         finally:
