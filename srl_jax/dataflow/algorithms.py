@@ -122,7 +122,8 @@ class Replay:
 
     window: Callable[[Any], int]
     """(algorithm config) -> n: the steps of each sampled n-step window (with `sequences`,
-    of the target's window within each sequence)."""
+    of the target's window within each sequence; with `positions`, the steps each sampled
+    position carries)."""
     sequences: bool = False
     """It samples whole chunk columns with their stored recurrent state (R2D2's sequences,
     `SEQUENCE_FIELDS`), not n-step transitions (`REPLAY_FIELDS`)."""
@@ -139,7 +140,7 @@ class Replay:
     """(algorithm config) -> the leading steps of each sampled window whose targets
     reanalysis renews (MuZero: the K + 1 policy targets an unroll reads); None: all."""
     reanalyse: Callable[[Any], float] | None = None
-    """(algorithm config) -> the fraction of the sampled sequences whose search targets
+    """(algorithm config) -> the fraction of the sampled rows whose search targets
     the replay servers renew with the newest parameters before sending them (MuZero
     Reanalyze; replay/reanalysing_replay.py). None or 0: none."""
 
@@ -481,7 +482,7 @@ def with_sequence(config: ExperimentConfig) -> ExperimentConfig:
 
 
 def reanalyse_fraction(config: ExperimentConfig) -> float:
-    """The fraction of sampled sequences the run's replay servers reanalyse
+    """The fraction of sampled rows the run's replay servers reanalyse
     (`Replay.reanalyse`; 0: none)."""
     replay = algorithm(config.learner.algorithm).replay
     if replay is None or replay.reanalyse is None:

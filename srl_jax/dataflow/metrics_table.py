@@ -276,7 +276,7 @@ REPLAY = (
     Counter("time_insert", "s", _SUM, "time inserting"),
     Counter("time_sample", "s", _SUM, "time sampling"),
     Counter("pending_requests", "requests", _LEVEL, "sample requests waiting"),
-    Counter("reanalysed", "items", _SUM, "steps of sampled sequences whose search targets "
+    Counter("reanalysed", "items", _SUM, "steps of sampled windows whose search targets "
             "were renewed with the newest parameters (MuZero Reanalyze)",
             (Row("replay/reanalysed_per_s", Shown.RATE, optional=True),)),
     Counter("time_reanalyse", "s", _SUM, "time reanalysing",
