@@ -3,6 +3,8 @@ worked by hand, and the model as the search and the loss use it."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -148,6 +150,7 @@ def test_unroll_targets_stop_at_the_episode_and_the_sequence() -> None:
     np.testing.assert_allclose(targets.weights, [0.5] * 4)
 
 
+@functools.cache  # one compile per sizes for every test that reads it
 def position_case(reward_scale: float = 1.0, reward_clip: float = 0.0) -> tuple:
     """A MuZero update on B = 4 sampled positions, each with its window of K + n = 5 steps
     (K = 2, n = 3), and its train state with a target network."""
