@@ -21,7 +21,6 @@ import numpy as np
 
 from replay.sequence_buffer import SequenceBuffer
 from srl_jax.dataflow.env_spec import EnvSpec
-from srl_jax.dataflow.replay_spec import replay_layout
 
 
 class PositionBuffer(SequenceBuffer):
@@ -61,38 +60,6 @@ class PositionBuffer(SequenceBuffer):
         """A position is active where its step is; it starts at the largest priority seen."""
         active = np.swapaxes(chunk["active"][:self.positions], 0, 1).reshape(-1).astype(bool)
         return active, np.full(len(active), self.max_priority)
-
-    def sample(self, rows: int, window: int) -> dict[str, np.ndarray]:
-        """`rows` positions drawn by priority, each with the `window` steps from it."""
-        if window != self.window:
-            raise ValueError(f"positions carry windows of {self.window} steps, not {window}")
-        if not self.live.any():
-            raise ValueError("sample from an empty replay buffer")
-        slots = self.tree.sample(rows, self.rng)
-        segment, start = slots // self.positions, slots % self.positions
-        probabilities = self.tree.values(slots) / self.tree.total
-        steps = start[:, None] + np.arange(window)[None, :]  # [rows, window]
-        at = segment[:, None]
-        obs_steps = start[:, None] + np.arange(window + 1)[None, :]
-        out = {
-            "obs": self._observations(at, obs_steps),
-            "actions": self.actions[at, steps],
-            "rewards": self.rewards[at, steps],
-            "terminated": self.terminated[at, steps],
-            "truncated": self.truncated[at, steps],
-            "trunc_values": self.trunc_values[at, steps],
-            "values": self.values[at, obs_steps],
-            "search_policy": self.search_policy[at, steps],
-            "final_obs": self._final_obs(at, steps),
-            "state": self.states[segment],
-            "weights": (self.items * probabilities) ** -self.beta,
-            "probabilities": probabilities,
-            "slots": slots,
-            "generations": self.generations[segment],
-            **{name: store[at, steps] for name, store in self.kept.items()},
-        }
-        layout = replay_layout(rows, window, self.spec, self.fields)
-        return {name: out[name].astype(dtype, copy=False) for name, (_, dtype) in layout.items()}
 
     def refresh(self, slots: np.ndarray, generations: np.ndarray,
                          search_policy: np.ndarray) -> int:

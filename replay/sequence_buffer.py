@@ -73,29 +73,36 @@ class SequenceBuffer(ReplayBuffer):
         return active, np.full(len(active), self.max_priority)
 
     def sample(self, rows: int, window: int) -> dict[str, np.ndarray]:
-        """`rows` sequences drawn by priority; `window` must be their length T."""
-        if window != self.T:
-            raise ValueError(f"sequences are {self.T} steps, not {window}")
+        """`rows` items drawn by priority, each with the `window` steps from its first (a
+        whole sequence here: its T; `sampled_window` says which a subclass carries)."""
+        if window != self.sampled_window:
+            raise ValueError(f"sampled rows are {self.sampled_window} steps, not {window}")
         if not self.live.any():
             raise ValueError("sample from an empty replay buffer")
-        segment = self.tree.sample(rows, self.rng)
-        probabilities = self.tree.values(segment) / self.tree.total
+        slots = self.tree.sample(rows, self.rng)
+        per = self.leaves_per_segment
+        segment, start = slots // per, slots % per
+        probabilities = self.tree.values(slots) / self.tree.total
+        at = segment[:, None]
+        steps = start[:, None] + np.arange(window)[None, :]
+        obs_steps = start[:, None] + np.arange(window + 1)[None, :]
         out = {
-            "obs": self._observations(segment[:, None], np.arange(self.T + 1)[None, :]),
-            "actions": self.actions[segment],
-            "rewards": self.rewards[segment],
-            "terminated": self.terminated[segment],
-            "truncated": self.truncated[segment],
-            "trunc_values": self.trunc_values[segment],
-            "values": self.values[segment],
-            "search_policy": self.search_policy[segment],
-            "final_obs": self._final_obs(segment[:, None], np.arange(self.T)[None, :]),
+            "obs": self._observations(at, obs_steps),
+            "actions": self.actions[at, steps],
+            "rewards": self.rewards[at, steps],
+            "terminated": self.terminated[at, steps],
+            "truncated": self.truncated[at, steps],
+            "trunc_values": self.trunc_values[at, steps],
+            "values": self.values[at, obs_steps],
+            "search_policy": self.search_policy[at, steps],
+            "final_obs": self._final_obs(at, steps),
             "state": self.states[segment],
             "weights": (self.items * probabilities) ** -self.beta,
             "probabilities": probabilities,
-            "slots": segment,
+            "slots": slots,
             "generations": self.generations[segment],
-            **{name: store[segment] for name, store in self.kept.items()},
+            **{name: store[at, obs_steps if store.shape[1] == self.T + 1 else steps]
+               for name, store in self.kept.items()},
         }
         layout = replay_layout(rows, window, self.spec, self.fields)
         return {name: out[name].astype(dtype, copy=False) for name, (_, dtype) in layout.items()}

@@ -130,6 +130,19 @@ def assert_one_config_error_line(code: int, stdout: str, stderr: str, fragment: 
     assert stdout == ""
 
 
+def assert_launch_refuses(args: list[str], fragment: str, run_dir: Path,
+                          capsys: pytest.CaptureFixture) -> None:
+    """`main` on `args` in this process: exit code 2, one line holding `fragment`, no
+    warning, and nothing started in `run_dir`."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code = launch_main([*args, "--run-dir", str(run_dir)])
+    stdout, stderr = capsys.readouterr()
+    assert_one_config_error_line(code, stdout, stderr, fragment)
+    assert [str(w.message) for w in caught] == []
+    assert not run_dir.exists(), "nothing may start before validation passes"
+
+
 @pytest.mark.parametrize("args, fragment", [
     (["cartpole_ppo", "--set", "actors.cont=3"], "unknown key 'actors.cont'"),
     (["cartpole_ppo", "--set", "learner.ppo.gamma=high"], "'learner.ppo.gamma' must be a number"),
@@ -158,14 +171,8 @@ def test_bad_config_is_one_line_and_exit_code_2(
     start JAX a dozen times): what it returns is the exit code, and neither a warning nor a
     log record may add to the one line a process would print."""
     monkeypatch.chdir(tmp_path)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        code = launch_main([*args, "--run-dir", str(tmp_path / "run")])
-    stdout, stderr = capsys.readouterr()
-    assert_one_config_error_line(code, stdout, stderr, fragment)
-    assert [str(w.message) for w in caught] == []
+    assert_launch_refuses(args, fragment, tmp_path / "run", capsys)
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
-    assert not (tmp_path / "run").exists(), "nothing may start before validation passes"
 
 
 def test_bad_config_exits_2_with_one_line(tmp_path: Path) -> None:

@@ -9,7 +9,6 @@ chunk of one run against a step-by-step unroll of the same parameters done here.
 
 from __future__ import annotations
 
-import warnings
 from collections import defaultdict
 from pathlib import Path
 
@@ -28,13 +27,12 @@ from policy.export import TrainedPolicy
 from policy.policy_runner import PolicyRunner
 from srl_jax.dataflow.algorithms import algorithm, algorithm_config, sizes
 from srl_jax.dataflow.stream_table import PARAMS
-from srl_jax.launch import main as launch_main
 from srl_jax.wire.names import FileNameService
 from srl_jax.wire.streams import make_socket, send
 from srl_jax.wire.transport import Transport
 from tests.conftest import Processes, make_config, wait_for, write_run_dir
 from tests.fakes import FakeServerAndLearner
-from tests.test_config import assert_one_config_error_line
+from tests.test_config import assert_launch_refuses
 from tests.update_checks import single_agent_batch
 
 CORE = ["network.core=lstm", "network.core_size=8", "network.hidden=[16]"]
@@ -399,16 +397,10 @@ def test_recurrent_config_errors_are_one_line(
     """As tests/test_config.py checks the other keys: `main` in this process, exit code 2,
     one line naming the key, nothing started."""
     monkeypatch.chdir(tmp_path)
-    args = ["cartpole_ppo", "--run-dir", str(tmp_path / "run")]
+    args = ["cartpole_ppo"]
     for override in overrides:
         args += ["--set", override]
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        code = launch_main(args)
-    stdout, stderr = capsys.readouterr()
-    assert_one_config_error_line(code, stdout, stderr, fragment)
-    assert [str(w.message) for w in caught] == []
-    assert not (tmp_path / "run").exists()
+    assert_launch_refuses(args, fragment, tmp_path / "run", capsys)
 
 
 @pytest.mark.parametrize("core, width", [("lstm", 16), ("gru", 8)])
