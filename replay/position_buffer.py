@@ -62,7 +62,7 @@ class PositionBuffer(SequenceBuffer):
         return active, np.full(len(active), self.max_priority)
 
     def refresh(self, slots: np.ndarray, generations: np.ndarray,
-                         search_policy: np.ndarray) -> int:
+                search_policy: np.ndarray) -> int:
         """Replace the search policies [n, k, A] of the first k steps of sampled rows'
         windows with a newer search's; a segment overwritten since keeps its successor's.
         Returns how many rows were replaced."""

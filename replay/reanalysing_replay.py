@@ -65,6 +65,11 @@ class ReanalysingReplayWorker(ReplayWorker):
     def __init__(self, config: ExperimentConfig, index: int, run_dir: Path,
                  names: NameService, policy: str = DEFAULT_POLICY) -> None:
         super().__init__(config, index, run_dir, names, policy)
+        if not isinstance(self.buffer, PositionBuffer):
+            raise TypeError("reanalysis renews sampled positions, which only a PositionBuffer "
+                            "keeps")
+        self.positions = self.buffer
+        """The storage, as the position buffer whose targets reanalysis renews."""
         self.fraction = reanalyse_fraction(config)
         self.steps = reanalysed_steps(config)
         self.rng = np.random.default_rng(self.incarnation.seed(config.seed + 3000 + index))
@@ -76,9 +81,6 @@ class ReanalysingReplayWorker(ReplayWorker):
     def setup(self) -> None:
         super().setup()
         configure_jax(self.config.runtime)
-        if not isinstance(self.buffer, PositionBuffer):
-            raise TypeError("reanalysis renews sampled positions, which only a PositionBuffer "
-                            "keeps")
         steps = self.steps
         most = math.ceil(self.fraction * self.config.learner.batch_envs)
         with self.busy("building the reanalysis search"):
@@ -97,9 +99,6 @@ class ReanalysingReplayWorker(ReplayWorker):
     def outgoing(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """`batch` with the search policies of a random `fraction` of its rows renewed, at
         the leading `steps` of their windows (those the loss reads)."""
-        if not isinstance(self.buffer, PositionBuffer):
-            raise TypeError("reanalysis renews sampled positions, which only a PositionBuffer "
-                            "keeps")
         chosen = reanalysed_rows(len(batch["slots"]), self.fraction, self.rng)
         if not len(chosen):
             return batch
@@ -110,7 +109,7 @@ class ReanalysingReplayWorker(ReplayWorker):
         with self.busy("reanalysing"):  # the first search of a size compiles it
             policy = reanalyse(built(self.runner, "the reanalysis runner"),
                                batch["obs"][chosen, :steps], legal)
-        self.buffer.refresh(batch["slots"][chosen], batch["generations"][chosen], policy)
+        self.positions.refresh(batch["slots"][chosen], batch["generations"][chosen], policy)
         batch["search_policy"][chosen, :steps] = policy
         self.reanalysed += len(chosen) * steps
         self.time_reanalyse += time.perf_counter() - start
