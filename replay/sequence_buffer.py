@@ -12,8 +12,9 @@ apart as R2D2's do, each with its burn-in as a prefix.
 A new sequence enters at the largest priority seen so far.
 
 For a policy that searches (MuZero) a segment also keeps what trains it besides the
-steps: the search's root value at each of its T + 1 observations and the search's policy
-at each step (MuZero samples positions of them: replay/position_buffer.py).
+steps: the search's policy at each step, the policy head's target (MuZero samples
+positions of them: replay/position_buffer.py). Its value targets bootstrap from the
+learner's target network, so no search value is stored.
 """
 
 from __future__ import annotations
@@ -31,16 +32,13 @@ class SequenceBuffer(ReplayBuffer):
                  seed: int, kept: tuple[str, ...] = ()) -> None:
         super().__init__(capacity, trajectory_length, columns, spec, frame_stack,
                          priority_exponent, importance_exponent, seed, kept)
-        S, T = self.segments, self.T
-        self.values = np.zeros((S, T + 1), np.float32)
-        """The acting (or the last reanalysing) search's root value at each observation."""
-        self.search_policy = np.zeros((S, T, spec.action_dim if spec.search_policy else 0),
-                                      np.float32)
+        width = spec.action_dim if spec.search_policy else 0
+        self.search_policy = np.zeros((self.segments, self.T, width), np.float32)
         """The search's policy at each step (width 0: a policy that does not search)."""
 
     @property
     def stored_fields(self) -> tuple[str, ...]:
-        return (*super().stored_fields, "values", "search_policy")
+        return (*super().stored_fields, "search_policy")
 
     def _final_obs(self, segment: np.ndarray, step: np.ndarray) -> np.ndarray:
         """The final observations stored at (segment, step), or rows of width 0."""
@@ -93,7 +91,6 @@ class SequenceBuffer(ReplayBuffer):
             "terminated": self.terminated[at, steps],
             "truncated": self.truncated[at, steps],
             "trunc_values": self.trunc_values[at, steps],
-            "values": self.values[at, obs_steps],
             "search_policy": self.search_policy[at, steps],
             "final_obs": self._final_obs(at, steps),
             "state": self.states[segment],

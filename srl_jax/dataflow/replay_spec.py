@@ -93,9 +93,6 @@ SEQUENCE_FIELDS: tuple[ReplayField, ...] = (
                 "1 where the step was cut by a time limit"),
     ReplayField("trunc_values", lambda s, T: (T,), _fixed(np.float32), True,
                 "acting policy's value of the final observation where truncated"),
-    ReplayField("values", lambda s, T: (T + 1,), _fixed(np.float32), True,
-                "the acting policy's value of each observation (a policy that searches: the "
-                "search's root value, which reanalysis renews)"),
     ReplayField("search_policy",
                 lambda s, T: (T, s.action_dim if s.search_policy else 0), _fixed(np.float32),
                 True, "the search's policy at each step (width 0: a policy that does not "
