@@ -76,6 +76,7 @@ def check_policies(config: ExperimentConfig) -> None:
     """ConfigError if a policy's spaces or chunks do not fit the network, the learner's
     batch or the servers' batch (checked before launch)."""
     split_envs = config.actors.envs // config.actors.splits
+    sampling = algorithm(config.learner.algorithm).replay
     for policy in policy_names(config.env):
         spec = env_spec(config.env, policy)
         check_network(config.network.kind, spec, config.env.id)
@@ -89,6 +90,12 @@ def check_policies(config: ExperimentConfig) -> None:
                 f"{step}: policy '{policy}' sends chunks of {columns} columns ({split_envs} "
                 f"envs x {spec.agents} agents) to each of {config.learner.processes} learner "
                 "process(es)")
+        team = spec.agents * config.learner.processes
+        if sampling is not None and sampling.teams and config.learner.batch_envs % team:
+            raise ConfigError(
+                f"'learner.batch_envs' ({config.learner.batch_envs}) must be a multiple of "
+                f"{team}: '{config.learner.algorithm}' samples whole teams of {spec.agents} "
+                f"agents for each of {config.learner.processes} learner process(es)")
         check_request_rows(config, spec.agents, policy)
     for frozen, source in config.selfplay.opponents.items():
         if _acting_spec(config.env, frozen) != _acting_spec(config.env, source):

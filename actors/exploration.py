@@ -29,11 +29,19 @@ def column_epsilons(base: float, alpha: float, actors: int, actor: int, split: i
 
 
 def explore(actions: np.ndarray, epsilons: np.ndarray, action_dim: int,
-            rng: np.random.Generator) -> np.ndarray:
-    """`actions` with each replaced, with its column's probability, by a uniform one."""
+            rng: np.random.Generator, legal: np.ndarray | None = None) -> np.ndarray:
+    """`actions` with each replaced, with its column's probability, by a uniform one: among
+    the legal actions of its row where the env masks them (`legal` [N, A])."""
     random = rng.random(len(actions)) < epsilons
     if not random.any():
         return actions
     out = actions.copy()
-    out[random] = rng.integers(0, action_dim, int(random.sum()), dtype=actions.dtype)
+    if legal is None:
+        out[random] = rng.integers(0, action_dim, int(random.sum()), dtype=actions.dtype)
+        return out
+    allowed = legal[random] | ~legal[random].any(-1, keepdims=True)  # none legal: any
+    # a uniform legal action: the first whose cumulative count passes a uniform draw
+    counts = allowed.cumsum(-1)
+    draws = rng.random(len(counts)) * counts[:, -1]
+    out[random] = (counts > draws[:, None]).argmax(-1).astype(actions.dtype)
     return out

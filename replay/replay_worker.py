@@ -38,6 +38,7 @@ from replay.buffer import ReplayBuffer
 from replay.position_buffer import PositionBuffer
 from replay.rate_limiter import RateLimiter, error_buffer
 from replay.sequence_buffer import SequenceBuffer
+from replay.team_buffer import TeamBuffer
 from srl_jax.config.schema import DEFAULT_POLICY, ExperimentConfig
 from srl_jax.dataflow.algorithms import chunk_overlap, replay_of, sampled_window
 from srl_jax.dataflow.chunk_spec import chunk_error, run_chunk_layout
@@ -85,13 +86,15 @@ def priorities_error(arrays: dict[str, np.ndarray]) -> str | None:
 def replay_buffer(config: ExperimentConfig, spec: EnvSpec, T: int, columns: int,
                   seed: int) -> ReplayBuffer:
     """The storage the run's algorithm samples (`Replay`): n-step transitions, whole
-    sequences, or positions of sequences stored with a tail."""
+    sequences, teams of sequences, or positions of sequences stored with a tail."""
     cfg, sampling = config.replay, replay_of(config)
     args = (cfg.capacity, T, columns, spec, spec.frame_stack, cfg.priority_exponent,
             cfg.importance_exponent, seed, sampling.fields)
     if sampling.positions:
         return PositionBuffer(*args, positions=T - chunk_overlap(config),
                               window=sampled_window(config))
+    if sampling.teams:
+        return TeamBuffer(*args)
     return (SequenceBuffer if sampling.sequences else ReplayBuffer)(*args)
 
 

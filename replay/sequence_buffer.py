@@ -70,6 +70,12 @@ class SequenceBuffer(ReplayBuffer):
         active = np.any(chunk["active"], axis=0)
         return active, np.full(len(active), self.max_priority)
 
+    def _draw(self, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(slots, segments, first steps) of `rows` items drawn by priority."""
+        slots = self.tree.sample(rows, self.rng)
+        per = self.leaves_per_segment
+        return slots, slots // per, slots % per
+
     def sample(self, rows: int, window: int) -> dict[str, np.ndarray]:
         """`rows` items drawn by priority, each with the `window` steps from its first (a
         whole sequence here: its T; `sampled_window` says which a subclass carries)."""
@@ -77,9 +83,7 @@ class SequenceBuffer(ReplayBuffer):
             raise ValueError(f"sampled rows are {self.sampled_window} steps, not {window}")
         if not self.live.any():
             raise ValueError("sample from an empty replay buffer")
-        slots = self.tree.sample(rows, self.rng)
-        per = self.leaves_per_segment
-        segment, start = slots // per, slots % per
+        slots, segment, start = self._draw(rows)
         probabilities = self.tree.values(slots) / self.tree.total
         at = segment[:, None]
         steps = start[:, None] + np.arange(window)[None, :]

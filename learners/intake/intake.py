@@ -102,4 +102,5 @@ def open_intake(worker: Worker, spec: EnvSpec, local_envs: int, process_index: i
     return ReplayIntake(sockets, keys, local_envs, window, spec,
                         config.replay.importance_exponent, worker.rejects, process_index,
                         worker.incarnation.seed(config.seed * 7919 + process_index),
-                        fields, steps_per_row, config.replay.batches_per_request)
+                        fields, steps_per_row, config.replay.batches_per_request,
+                        spec.agents if replay.teams else 1)

@@ -112,15 +112,16 @@ class ReplayIntake:
                  spec: EnvSpec, importance_exponent: float, rejects: RejectCounter,
                  process_index: int, seed: int,
                  fields: tuple[ReplayField, ...] = REPLAY_FIELDS, steps_per_row: int = 1,
-                 batches: int = 1) -> None:
+                 batches: int = 1, team: int = 1) -> None:
         """`rows` per batch, drawn from all servers; `process_index`: this learner
         process's place in a multi-process batch; `fields`: the sampled batch's
         (`srl_jax.dataflow.replay_spec`), each row training `steps_per_row` steps;
-        `batches`: batches per round."""
+        `batches`: batches per round; `team`: rows that come together (`Replay.teams`:
+        a team's agents), which no batch splits."""
         now = time.monotonic()
         self.servers = [_Server(s, k, last_heard=now) for s, k in zip(sockets, keys, strict=True)]
         self.rows, self.window, self.spec = rows, window, spec
-        self.batches = batches
+        self.batches, self.team = batches, team
         self._trained: list[tuple[dict[str, np.ndarray], np.ndarray]] = []
         """Routing and new priorities of updates whose message has not gone yet."""
         self.fields, self.steps_per_row = fields, steps_per_row
@@ -185,7 +186,8 @@ class ReplayIntake:
             live = [i for i, s in enumerate(self.servers) if not s.gone]
             if not live:
                 break
-            counts = allocate(self.rows, [self.servers[i].total for i in live], self.rng)
+            counts = self.team * allocate(self.rows // self.team,
+                                          [self.servers[i].total for i in live], self.rng)
             asked = {}
             for index, rows in zip(live, counts, strict=True):
                 rows = int(rows) * self.batches
@@ -251,7 +253,7 @@ class ReplayIntake:
         self._drop_seqs(round_.asked)
 
     def _assemble(self, round_: _Round) -> list[dict[str, np.ndarray]]:
-        """The round's batches: the j-th takes rows j, j + batches, ... of every part."""
+        """The round's batches: the j-th takes teams j, j + batches, ... of every part."""
         order = sorted(round_.parts)
         rows = [round_.asked[i][1] // self.batches for i in order]
         memory = sum(s.size for s in self.servers if not s.gone)
@@ -259,7 +261,7 @@ class ReplayIntake:
         memory_ids = np.repeat([round_.parts[i][2] for i in order], rows)
         batches = []
         for j in range(self.batches):
-            parts = [{name: a[j::self.batches] for name, a in round_.parts[i][0].items()}
+            parts = [{name: self._every_batch(a, j) for name, a in round_.parts[i][0].items()}
                      for i in order]
             batch = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
             batch["shards"] = np.repeat(order, rows)
@@ -269,6 +271,12 @@ class ReplayIntake:
             self.frames_consumed += len(batch["shards"]) * self.steps_per_row
             batches.append(batch)
         return batches
+
+    def _every_batch(self, rows: np.ndarray, j: int) -> np.ndarray:
+        """Teams j, j + batches, ... of a part's `rows`: batch j's share of it."""
+        teams = rows.reshape(len(rows) // self.team, self.team, *rows.shape[1:])
+        share = teams[j::self.batches]
+        return share.reshape(len(share) * self.team, *rows.shape[1:])
 
     def _forget_silent(self) -> None:
         now = time.monotonic()

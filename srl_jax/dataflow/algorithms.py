@@ -48,7 +48,8 @@ from srl_jax.dataflow.stream_table import INSERTS, REPLAY, SAMPLES, Stream
 
 BUILT_IN = {"ppo": "learners.algorithms.ppo_config", "impala": "learners.algorithms.impala_config",
             "dqn": "learners.algorithms.dqn_config", "r2d2": "learners.algorithms.r2d2_config",
-            "muzero": "learners.algorithms.muzero_config"}
+            "muzero": "learners.algorithms.muzero_config",
+            "qmix": "learners.algorithms.qmix_config"}
 """Name -> module exporting `ALGORITHM` (imported on first use; it imports no JAX)."""
 ACTION_SPACES = ("discrete", "continuous")
 """What a network may act in: a finite set of actions, or vectors of floats."""
@@ -136,6 +137,11 @@ class Replay:
     priorities, each with the `window` steps after it (MuZero; replay/position_buffer.py),
     not whole sequences. The chunks then need a tail of window - 1 steps
     (`Algorithm.overlap`)."""
+    teams: bool = False
+    """With `sequences`: a row is not one column but a team, the columns of one env's agents
+    side by side over the same steps (QMIX's mixer reads them together;
+    replay/team_buffer.py). Sampled batches hold whole teams, `EnvSpec.agents` consecutive
+    rows each, one item of the sum tree."""
     reanalysed_steps: Callable[[Any], int] | None = None
     """(algorithm config) -> the leading steps of each sampled window whose targets
     reanalysis renews (MuZero: the K + 1 policy targets an unroll reads); None: all."""
