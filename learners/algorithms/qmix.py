@@ -67,6 +67,17 @@ def team_rewards(rewards: jax.Array, active: jax.Array) -> jax.Array:
     return jnp.sum(rewards * active, -1) / jnp.maximum(jnp.sum(active, -1), 1.0)
 
 
+def team_targets(rewards: jax.Array, active: jax.Array, terminated: jax.Array,
+                 truncated: jax.Array, cut_values: jax.Array, next_values: jax.Array,
+                 n: int, gamma: float) -> jax.Array:
+    """The teams' n-step targets [T, B] from their agents' rewards, activity and flags
+    [T, B, agents], the bootstrap at each time-limit cut [T, B] and the values of every
+    observation [T + 1, B] (`sequence_targets` on the team's reward and flags)."""
+    ended, cut = team_flags(terminated, truncated)
+    return sequence_targets(team_rewards(rewards, active), ended, cut, cut_values,
+                            next_values, n, gamma)
+
+
 def chosen(q: jax.Array, actions: jax.Array) -> jax.Array:
     """Q [..., A] of `actions` [...]."""
     return jnp.take_along_axis(q, actions[..., None], -1)[..., 0]
@@ -104,15 +115,13 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation, config:
         next_values = mix(target["net"], chosen(q_target, best) * active, states)
         steps = slice(K, T - 1)  # the trained steps: the last one's bootstrap is not here
         q_tot = mix(net, chosen(q[:-1], seqs["actions"][steps]) * active[:-1], states[:-1])
-        terminated, truncated = team_flags(by_team(seqs["terminated"][steps], n),
-                                           by_team(seqs["truncated"][steps], n))
-        rewards = team_rewards(by_team(seqs["rewards"][steps], n),
-                               by_team(seqs["active"][steps], n))
-        rewards = scale_rewards(rewards, sizes.reward_scale, sizes.reward_clip)
+        rewards = scale_rewards(seqs["rewards"][steps], sizes.reward_scale, sizes.reward_clip)
         cut_values = mix(target["net"], seqs["trunc_values"][steps] * active[:-1],
                          seqs["trunc_global_state"][steps])
-        targets = sequence_targets(rewards, terminated, truncated, cut_values, next_values,
-                                   config.n_step, config.gamma)
+        targets = team_targets(
+            by_team(rewards, n), by_team(seqs["active"][steps], n),
+            by_team(seqs["terminated"][steps], n), by_team(seqs["truncated"][steps], n),
+            cut_values, next_values, config.n_step, config.gamma)
         errors = jax.lax.stop_gradient(targets) - q_tot
         weights = seqs["weights"][::n]
         loss = jnp.mean(weights[None, :] / jnp.max(weights) * 0.5 * jnp.square(errors))

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from learners.models.conv import conv_impl
 from learners.models.distributions import GREEDY
 from learners.models.networks import Policy, RecurrentActorCritic, as_policy
+from learners.models.orthogonal import orthogonal
 from srl_jax.config.schema import ExperimentConfig
 from srl_jax.dataflow.env_spec import EnvSpec, core_state_size
 
@@ -28,11 +29,15 @@ from srl_jax.dataflow.env_spec import EnvSpec, core_state_size
 class MonotonicMixer(nn.Module):
     """(agent Qs [N, n], global state [N, G]) -> Q_tot [N]: a hidden layer of `embed`
     ELUs and a linear output whose weights are |hypernetwork(state)|, and biases
-    that are any function of the state (QMIX's two-layer hypernetworks)."""
+    that are any function of the state (QMIX's two-layer hypernetworks). The
+    hypernetworks' output layers start at orthogonal weights of `init_scale`: small, the
+    mixer starts near its state's bias, where unit-scale weights multiply every agent's
+    overestimate into Q_tot and its bootstrapped targets diverge."""
 
     agents: int
     embed: int = 32
     hyper_hidden: int = 64
+    init_scale: float = 1.0
 
     @nn.compact
     def __call__(self, q: jax.Array, state: jax.Array) -> jax.Array:
@@ -40,7 +45,7 @@ class MonotonicMixer(nn.Module):
 
         def hyper(width: int, name: str) -> jax.Array:
             h = nn.relu(nn.Dense(self.hyper_hidden, name=f"{name}_hidden")(state))
-            return nn.Dense(width, name=name)(h)
+            return nn.Dense(width, kernel_init=orthogonal(self.init_scale), name=name)(h)
 
         w1 = jnp.abs(hyper(n * e, "w1")).reshape(-1, n, e)
         b1 = nn.Dense(e, name="b1")(state)
@@ -65,6 +70,7 @@ class QMixNetwork(nn.Module):
     state_width: int
     embed: int
     hyper_hidden: int
+    init_scale: float
     conv: str = "xla"
     frame_shape: tuple[int, ...] = ()
 
@@ -72,7 +78,8 @@ class QMixNetwork(nn.Module):
         self.q = RecurrentActorCritic(self.action_dim, False, self.torso, tuple(self.hidden),
                                       self.activation, self.core, self.size, self.conv,
                                       self.frame_shape, "q")
-        self.mixer = MonotonicMixer(self.agents, self.embed, self.hyper_hidden)
+        self.mixer = MonotonicMixer(self.agents, self.embed, self.hyper_hidden,
+                                    self.init_scale)
 
     @property
     def state_size(self) -> int:
@@ -100,5 +107,5 @@ def qmix_network(config: ExperimentConfig, spec: EnvSpec) -> tuple[Policy, nn.Mo
     module = QMixNetwork(spec.action_dim, network.kind, tuple(network.hidden),
                          network.activation, network.core, network.core_size, spec.agents,
                          spec.global_state_size, mixing.mixer_embed, mixing.hyper_hidden,
-                         conv_impl(network.conv), spec.frame_shape)
+                         mixing.mixer_init_scale, conv_impl(network.conv), spec.frame_shape)
     return as_policy(config, spec, module, GREEDY), module
