@@ -6,7 +6,8 @@ belongs to the concept folder it sits in, and may import its own folder, the fol
 it that its folder names, and no third-party package its folder forbids; a module in a
 folder no entry names is refused, so a new file lands by where it is put. Which modules may
 import JAX is a rule per module: whatever the processes that must start fast load as they
-start (`JAX_FREE`) imports no JAX package, wherever it sits. Imports inside functions count
+start (`JAX_FREE`) imports no JAX package, wherever it sits; of the actor side, only the
+family of JAX-native envs does (`JAX_NATIVE`). Imports inside functions count
 the same as those at the top for the folders and for cycles: a lazy import still ties two
 modules together. Neither modules nor folders may import in a cycle.
 """
@@ -57,7 +58,7 @@ FOLDERS = (
     Folder("actors", "the actor side: actor core and shell, env ring, env families",
            (R, D, C, W), frozenset({"ray"})),
     Folder(M, "networks, torsos, distributions", (D, C), LEARNING_ONLY),
-    Folder(A, "PPO, IMPALA, Ape-X DQN, R2D2, MuZero: pure functions, each beside its "
+    Folder(A, "PPO, IMPALA, Ape-X DQN, R2D2, MuZero, QMIX: pure functions, each beside its "
            "declaration", (M, D, C),
            only_third_party=frozenset({"jax", "flax", "optax", "numpy", "mctx"})),
     Folder(T, "the socket-free learner, mesh, jax.distributed, checkpoints", (A, M, R, D, C, W),
@@ -82,12 +83,18 @@ FOLDERS = (
 
 JAX_FREE = ("srl_jax", "srl_jax.launch", "srl_jax.worker", "srl_jax.wire.*", "srl_jax.config.*",
             "srl_jax.dataflow.*", "srl_jax.runtime.*", "srl_jax.cluster.*", "srl_jax.analysis.*",
-            "actors.actor_worker", "replay.replay_worker", "learners.algorithms.*_config")
+            "actors.actor_worker", "actors.env_families.*", "replay.replay_worker",
+            "learners.algorithms.*_config")
 """Modules (dotted, fnmatch patterns) that import no JAX package, nor does anything they import
 as they load: the launcher and controller, host agents, actors and replay servers start fast
 and fork nothing heavy, and the launcher checks a whole config, the algorithm's section
 included, without JAX. A worker kind whose class imports JAX is named by string
 (srl_jax/dataflow/worker_kinds.py) and imported only in its own process."""
+JAX_NATIVE = ("actors.env_families.jax_envs",)
+"""The exception among them: actors import JAX only for JAX-native envs, whose family steps a
+split as one jitted call (JaxMARL). Every env family is named by string in the family table
+(srl_jax/config/env_families.py) and imported by an actor of its envs alone; nothing JAX-free
+may load this one as it loads."""
 
 def module_files(root: Path) -> dict[str, Path]:
     """Every module of the packages under `root`, by dotted name (package `__init__`s
@@ -153,15 +160,17 @@ def jax_free(modules: dict[str, Path]) -> dict[str, str]:
     """Every module that must import no JAX -> the `JAX_FREE` module that loads it (itself,
     where it is one; else the first, in name order, that reaches it)."""
     roots = sorted(name for name in modules
-                   if any(fnmatch.fnmatchcase(name, pattern) for pattern in JAX_FREE))
+                   if any(fnmatch.fnmatchcase(name, pattern) for pattern in JAX_FREE)
+                   and name not in JAX_NATIVE)
     found = {root: root for root in roots}
-    queue = list(roots)
-    for name in queue:
-        for entry in imports(modules[name]):
-            target = _internal(entry.module, modules)
-            if entry.at_load and target is not None and target not in found:
-                found[target] = found[name]
-                queue.append(target)
+    for root in roots:  # each reaches what it loads before the next root looks
+        queue = [root]
+        for name in queue:
+            for entry in imports(modules[name]):
+                target = _internal(entry.module, modules)
+                if entry.at_load and target is not None and target not in found:
+                    found[target] = root
+                    queue.append(target)
     return found
 
 

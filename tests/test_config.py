@@ -159,7 +159,7 @@ def assert_launch_refuses(args: list[str], fragment: str, run_dir: Path,
      "'CartPole-v1' has observations [4]"),
     (["cartpole_ppo", "--set", "network.kind=resnet"], "'network.kind': unknown 'resnet'"),
     (["cartpole_ppo", "--set", "env.policies={a: ['*']}"],
-     "'env.policies' is for multi-agent environments ('pettingzoo:*')"),
+     "'env.policies' is for multi-agent environments ('pettingzoo:*', 'jaxmarl:*')"),
     (["mpe_spread_ppo", "--set", "learner.batch_envs=32"],
      "'learner.batch_envs' (32) must be a multiple of 24: policy 'default' sends chunks of 24 "
      "columns (8 envs x 3 agents)"),
@@ -286,10 +286,10 @@ def test_the_config_checks_read_the_family_table_without_importing_an_env_packag
 
 def test_only_the_env_families_test_an_ids_namespace() -> None:
     """No module outside `actors/env_families/` and the family table holds a family's id
-    namespace ('ALE/', 'pettingzoo:') in code (docstrings aside): callers ask the table."""
+    namespace ('ALE/', 'pettingzoo:', 'minatar:', 'jaxmarl:') in code (docstrings aside): callers ask the table."""
     namespaces = {pattern[:-1] for family in SHIPPED for pattern in family.ids
                   if pattern.endswith(("/*", ":*"))}
-    assert namespaces == {"ALE/", "pettingzoo:"}
+    assert namespaces == {"ALE/", "pettingzoo:", "minatar:", "jaxmarl:"}
     found = []
     for package in ("srl_jax", "actors", "learners", "replay", "bench"):
         for path in sorted((REPO / package).rglob("*.py")):

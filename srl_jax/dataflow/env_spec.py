@@ -68,6 +68,11 @@ class EnvSpec:
         return np.dtype(np.float32 if self.continuous else np.int32)
 
 
+NATURE_CNN_MIN = 36
+"""The smallest frame side the Nature-CNN's three unpadded convolutions (8 stride 4, 4
+stride 2, 3 stride 1) leave a pixel of."""
+
+
 def check_network(kind: str, spec: EnvSpec, env_id: str) -> None:
     """ConfigError if a network of torso `kind` cannot take `env_id`'s spaces (checked
     before launch; the action spaces each network acts in are its own declaration's,
@@ -78,6 +83,11 @@ def check_network(kind: str, spec: EnvSpec, env_id: str) -> None:
         raise ConfigError(f"'network.kind': 'nature_cnn' needs image observations [H, W, C] and "
                           f"discrete actions; '{env_id}' has observations "
                           f"{list(spec.frame_shape or spec.obs_shape)} and {actions} actions")
+    frame = spec.frame_shape or spec.obs_shape
+    if kind == "nature_cnn" and min(frame[:2]) < NATURE_CNN_MIN:
+        raise ConfigError(f"'network.kind': 'nature_cnn' needs frames of at least "
+                          f"{NATURE_CNN_MIN}x{NATURE_CNN_MIN}; '{env_id}' has {list(frame)} "
+                          "(use 'mlp')")
 
 
 def core_state_size(core: str, size: int) -> int:
