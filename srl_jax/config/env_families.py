@@ -104,6 +104,10 @@ SHIPPED = (
     EnvFamily("pettingzoo", ("pettingzoo:*",),
               {DEFAULT_BACKEND: f"{ACTORS}.pettingzoo_envs:PETTINGZOO"}, multi_agent=True,
               extras=("multiagent",)),
+    EnvFamily("minatar", ("minatar:*",), {DEFAULT_BACKEND: f"{ACTORS}.minatar_envs:MINATAR"},
+              extras=("minatar",)),
+    EnvFamily("jaxmarl", ("jaxmarl:*",), {DEFAULT_BACKEND: f"{ACTORS}.jax_envs:JAXMARL"},
+              multi_agent=True, extras=("jaxmarl",)),
 )
 """The families that come with srl_jax; EnvPool (`actors/env_families/envpool_split.py`)
 is the 'envpool' backend of three of them."""
