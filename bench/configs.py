@@ -90,6 +90,9 @@ LAST_ROWS = 10
 RANDOM_ENVS = 8
 CURVE_POINTS = 200
 """Rows of each run's return curve kept in the results (evenly spaced)."""
+FINAL_METRICS = ("win_rate", EVAL_RETURN, "team_return_mean")
+"""Metrics besides the target's whose final (the mean of the last LAST_ROWS rows that have
+one) each run records as `final_<metric>`: what bench.report.published reads."""
 START_MARGIN_S = 300.0
 """Allowed on top of a run's wall-time limit (start-up, final save, shutdown)."""
 
@@ -187,6 +190,8 @@ def run_figures(run_dir: Path, target: Target | None, hold: int = 0) -> dict[str
         "target_metric": target.metric if target is not None else RETURN,
         "first_return": float(returns.head(FIRST_ROWS).mean()),
         "final_return": summary["final"],
+        **{f"final_{metric}": _number(summarize(df, metric=metric, last=LAST_ROWS)["final"])
+           for metric in FINAL_METRICS if metric in df},
         "max_return": summary["max"],
         "time_s": summary["time"],
         "env_frames": int(summary["env_frames"]),

@@ -98,6 +98,34 @@ def test_cartpole_renders_each_return_window_and_judges_time_goals_by_the_same_w
     assert "last 20 episodes" not in before and "1 s row means): 0.60, met" in before
 
 
+def test_an_equal_frames_case_renders_each_side_its_final_figures_and_the_ratios() -> None:
+    from bench.report.performance import smax
+    from bench.report.readme import SECTIONS
+
+    def system(fps: float, win_rate: float | None, reached: int) -> dict:
+        return {"fps": spread(fps), "startup_s": spread(9.0), "time_to_frames_s": spread(600.0),
+                "frames": spread(1e6), "final_win_rate_last100":
+                spread(win_rate) if win_rate is not None else None,
+                "final_episode_return_mean_last100": spread(1.5), "reached": reached}
+
+    ratios = {"fps_ratio_vs_jaxmarl_mappo": spread(0.5),
+              "final_win_rate_last100_ratio_vs_jaxmarl_mappo": spread(1.25)}
+    result = {"frames": 1_000_000, "rounds": 3, "budget_s": 1200.0, "baseline": "jaxmarl_mappo",
+              "final_keys": ["win_rate_last100", "episode_return_mean_last100"],
+              "baseline_options": ["--no-anneal-lr"], "ratios": ratios, "date": "today",
+              "machine": MACHINE, "srl_jax_config": {"experiment": "smax_3m_mappo"},
+              "systems": {"srl_jax": system(1000.0, 0.95, 3),
+                          "jaxmarl_mappo": system(2000.0, None, 2)}}
+    text = "\n".join(smax(result))
+    assert "**SMAX 3m MAPPO to 1,000,000 env steps**, 3 rounds" in text
+    assert "| srl_jax | 1,000 (1,000-1,000) | 9.0 (9.0-9.0) | 600 (600-600) | " \
+        "0.95 (0.95-0.95) | 1.50 (1.50-1.50) | 3/3 |" in text
+    assert "| jaxmarl_mappo | 2,000 (2,000-2,000) | 9.0 (9.0-9.0) | 600 (600-600) | - |" in text
+    assert "| jaxmarl_mappo | 0.50 (0.50-0.50) | - | 1.25 (1.25-1.25) | - |" in text
+    assert "win rate, last 100 episodes ratio" in text and "`--no-anneal-lr`" in text
+    assert SECTIONS["compare_smax"] is smax and "compare_minatar" in SECTIONS
+
+
 def test_the_scale_projection_takes_the_atari_step_cost_from_the_pong_results() -> None:
     from bench.report.scaling import atari_step_us, scale
 

@@ -25,6 +25,17 @@ Cases (``--cases``, default all):
   ``--sampling-seconds`` each, against the raw env stepping rate on the same
   cores (one stepping process per core, random actions, no sockets, no policy:
   the physical limit for that env on this machine).
+- ``minatar``: MinAtar Breakout PPO to equal env frames (``--minatar-frames``, 3M):
+  srl_jax (``minatar_breakout_ppo``) against the single-process PureJaxRL-style PPO
+  (``bench.peers.purejaxrl_ppo``). Figures: steady env frames/s, start-up, wall time
+  from launch to the frames, and the mean return of the last 100 episodes there.
+- ``smax``: SMAX 3m MAPPO to equal env steps (``--smax-frames``, 1M): srl_jax
+  (``smax_3m_mappo``) against the single-process JaxMARL-style MAPPO
+  (``bench.peers.jaxmarl_mappo``); the figures as for ``minatar``, with the win rate
+  of the last 100 episodes. In both, srl_jax runs its config as shipped (where it
+  anneals the step size, over its own ``stop.env_frames``) and the harness stops it
+  at the frames; the baseline gets the same schedule (``baseline_schedule``) and
+  stops itself there (``--stop-frames``, at the last whole update before them).
 - ``pong``: ALE Pong-v5 sampling through remote batched inference with the
   Nature-CNN (``atari_pong_impala``, samples dropped rather than waited on when
   the CPU learner lags), against raw ALE stepping on the same cores. Needs the
@@ -39,6 +50,7 @@ machine's description; ``python -m bench.report`` turns them into the README tab
     .venv/bin/python -m bench.peers.compare                 # every case, 3 rounds
     .venv/bin/python -m bench.peers.compare --cases cartpole --rounds 5
     .venv/bin/python -m bench.peers.compare --cases dqn
+    .venv/bin/python -m bench.peers.compare --cases minatar smax    # about 3.5 hours
 
 Every process is started in its own session and stopped by its pid (process
 group), never by name; Ctrl-C stops the one running.
@@ -47,6 +59,7 @@ group), never by name; Ctrl-C stops the one running.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import signal
 import sys
 import tempfile
@@ -78,6 +91,8 @@ from bench.peers.systems import (
     srl_jax_config,
     srl_jax_launch,
 )
+from srl_jax.config.loader import load_config
+from srl_jax.dataflow.algorithms import algorithm_config
 
 SAMPLING_OVERRIDES = ("stop.target_return=null", "learner.ppo.epochs=1",
                       "learner.ppo.minibatches=1", "checkpoint.enabled=false")
@@ -254,10 +269,100 @@ def case_pong(args: argparse.Namespace, workdir: Path) -> dict[str, Any] | None:
     return result
 
 
-BUDGETS_S = {"cartpole": 180.0, "dqn": 300.0}
-"""Default --budget per case."""
+EQUAL_FRAMES_OVERRIDES = ("stop.target_return=null",)
+"""srl_jax runs on to the case's frames, where the harness stops it."""
+EQUAL_FRAMES_RATIOS = ("fps", "time_to_frames_s")
+"""The figures of a run to equal frames that have an srl_jax / peer ratio, besides the
+final ones (`final_<key>`)."""
+
+
+def baseline_schedule(experiment: str, frames: int) -> tuple[str, ...]:
+    """The baseline's step-size options, as srl_jax's config anneals it: linearly over its
+    `stop.env_frames` (the runs stop at `frames`, part way), or not at all."""
+    config = load_config(REPO_ROOT / "configs" / f"{experiment}.yaml")
+    if config.stop.env_frames and frames > config.stop.env_frames:
+        raise SystemExit(f"{frames:,} frames: {experiment} stops at its stop.env_frames "
+                         f"({config.stop.env_frames:,})")
+    if algorithm_config(config).anneal_lr:
+        return ("--total-frames", str(config.stop.env_frames))
+    return ("--no-anneal-lr",)
+
+
+def equal_frames_case(args: argparse.Namespace, workdir: Path, case: str, experiment: str,
+                      baseline: str, frames: int, final_keys: tuple[str, ...],
+                      title: str) -> dict[str, Any]:
+    """Rounds of srl_jax's `experiment` and the single-process `baseline` to `frames` env
+    steps (or the case's budget): each side's fps, start-up, time to the frames and
+    `final_keys` there, and srl_jax / baseline ratios of them round by round."""
+    seconds, schedule = budget(args, case), baseline_schedule(experiment, frames)
+    systems = {
+        "srl_jax": lambda d, seed: srl_jax_launch(
+            experiment, d, (f"seed={seed}", *EQUAL_FRAMES_OVERRIDES), seconds, frames=frames,
+            final_keys=final_keys),
+        baseline: lambda d, seed: cleanrl_launch(
+            d, seed, seconds, baseline, target=None, frames=frames, final_keys=final_keys,
+            extra=schedule),
+    }
+    runs = rounds_of(systems, args, workdir, seconds, None)
+    finals = tuple(f"final_{key}" for key in final_keys)
+    summary = {name: {**{figure: spread([r.figure(figure) for r in results]) for figure in
+                         ("fps", "startup_s", "time_to_frames_s", "frames", *finals)},
+                      "reached": sum(r.time_to_frames_s is not None for r in results),
+                      "runs": [r.as_dict() for r in results]}
+               for name, results in runs.items()}
+    ratios = {f"{figure.removesuffix('_s')}_ratio_vs_{baseline}":
+              spread(ratio_rounds(runs, "srl_jax", baseline, figure))
+              for figure in (*EQUAL_FRAMES_RATIOS, *finals)}
+    print_equal_frames(title, frames, args.rounds, summary, finals, ratios)
+    return {"frames": frames, "rounds": args.rounds, "budget_s": seconds,
+            "final_keys": list(final_keys), "baseline": baseline,
+            "baseline_options": list(schedule),
+            "srl_jax_config": srl_jax_config(experiment, EQUAL_FRAMES_OVERRIDES),
+            "systems": summary, "ratios": ratios,
+            **{key: value["median"] if value else None for key, value in ratios.items()}}
+
+
+def print_equal_frames(title: str, frames: int, rounds: int, summary: dict[str, Any],
+                       finals: tuple[str, ...], ratios: dict[str, Any]) -> None:
+    rows = [(name, cell(s["fps"], ",.0f"), cell(s["startup_s"], ".1f"),
+             cell(s["time_to_frames_s"], ".1f"), *(cell(s[f], ".3f") for f in finals),
+             f"{s['reached']}/{rounds}") for name, s in summary.items()]
+    print_table(f"{title} to {frames:,} env steps: median [min-max] over {rounds} rounds", rows,
+                ("system", "env frames/s", "start-up s", "time to the frames s",
+                 *(f.removeprefix("final_") for f in finals), "reached"))
+    print_table("srl_jax / peer, round by round",
+                [(key, cell(value, ".2f")) for key, value in ratios.items()],
+                ("ratio", "median [min-max]"))
+
+
+def needs(*modules: str) -> bool:
+    """Whether the modules a case's systems import are installed (else it says so)."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        print(f"  skipped: needs {', '.join(missing)} (the [minatar] and [jaxmarl] extras)")
+    return not missing
+
+
+def case_minatar(args: argparse.Namespace, workdir: Path) -> dict[str, Any] | None:
+    if not needs("minatar", "gymnax"):
+        return None
+    return equal_frames_case(args, workdir, "minatar", "minatar_breakout_ppo", "purejaxrl_ppo",
+                             args.minatar_frames, ("episode_return_mean_last100",),
+                             "MinAtar Breakout PPO")
+
+
+def case_smax(args: argparse.Namespace, workdir: Path) -> dict[str, Any] | None:
+    if not needs("jaxmarl"):
+        return None
+    return equal_frames_case(args, workdir, "smax", "smax_3m_mappo", "jaxmarl_mappo",
+                             args.smax_frames, ("win_rate_last100", "episode_return_mean_last100"),
+                             "SMAX 3m MAPPO")
+
+
+BUDGETS_S = {"cartpole": 180.0, "dqn": 300.0, "minatar": 900.0, "smax": 1200.0}
+"""Default --budget per case: the issue's bounds for MinAtar (15 minutes) and SMAX (20)."""
 CASES = {"cartpole": case_cartpole, "dqn": case_dqn, "sampling": case_sampling,
-         "pong": case_pong}
+         "pong": case_pong, "minatar": case_minatar, "smax": case_smax}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -266,8 +371,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     parser.add_argument("--rounds", type=int, default=3, help="A B C rounds (at least 3)")
     parser.add_argument("--budget", type=float, default=None,
-                        help="seconds a CartPole run (cartpole, dqn) may take to reach 475 "
-                             "(default: 180 for cartpole; 300 for dqn, its issue's bound)")
+                        help="seconds a run of cartpole, dqn (to 475), minatar or smax (to "
+                             "its frames) may take (default: 180, 300, 900 and 1200)")
+    parser.add_argument("--minatar-frames", type=int, default=3_000_000,
+                        help="env frames of the minatar case's runs")
+    parser.add_argument("--smax-frames", type=int, default=1_000_000,
+                        help="env steps of the smax case's runs")
     parser.add_argument("--sampling-seconds", type=float, default=30.0)
     parser.add_argument("--pong-seconds", type=float, default=60.0)
     parser.add_argument("--raw-seconds", type=float, default=6.0)

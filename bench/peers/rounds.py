@@ -30,13 +30,25 @@ class RunFigures:
     best_return: float | None = None
     windows: dict[str, float | int | None] = field(default_factory=dict)
     """`time_to_target_<window>_s` and `frames_to_target_<window>` of each return window."""
+    time_to_frames_s: float | None = None
+    """From launch to the run's frames (`Launch.frames`; None: not reached)."""
+    final: dict[str, float] = field(default_factory=dict)
+    """Each of `Launch.final_keys` at the run's frames (its last row with the key, up to
+    the row that reached them), where the run reported it."""
+
+    def extra(self) -> dict[str, float | int | None]:
+        """The window figures and the final ones (`final_<key>`), by name."""
+        return {**self.windows, **{f"final_{k}": v for k, v in self.final.items()}}
 
     def figure(self, name: str) -> float | int | None:
-        """A figure by name, a window's included (None where the run has no such figure)."""
-        return self.windows.get(name) if name in self.windows else getattr(self, name, None)
+        """A figure by name, a window's and a final one's included (None where the run has
+        no such figure)."""
+        extra = self.extra()
+        return extra[name] if name in extra else getattr(self, name, None)
 
     def as_dict(self) -> dict[str, Any]:
-        flat = {**{k: v for k, v in vars(self).items() if k != "windows"}, **self.windows}
+        flat = {**{k: v for k, v in vars(self).items() if k not in ("windows", "final")},
+                **self.extra()}
         return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in flat.items()}
 
 
@@ -50,10 +62,16 @@ def all_solved(rows: list[dict[str, Any]], target: float, keys: list[str]) -> bo
     return all(solved_at(rows, target, key) for key in keys)
 
 
+def reached_frames(rows: list[dict[str, Any]], frames: int) -> dict[str, Any] | None:
+    """The first row at `frames`, or that says its system stopped itself there."""
+    return next((r for r in rows if r["env_frames"] >= frames or r.get("done") == "frames"),
+                None)
+
+
 def run_once(launch: Launch, workdir: Path, budget_s: float,
              target: float | None) -> RunFigures:
-    """Start the system, stop it once its return and each window's reached the target or
-    after `budget_s`, and read its figures."""
+    """Start the system, stop it once its return and each window's reached the target, or
+    it reached its frames, or after `budget_s`, and read its figures."""
     workdir.mkdir(parents=True, exist_ok=True)
     launched = time.time()
     with (workdir / "out.log").open("wb") as out:
@@ -62,8 +80,11 @@ def run_once(launch: Launch, workdir: Path, budget_s: float,
                                    env={**os.environ, **launch.env}, start_new_session=True)
     try:
         while process.poll() is None and time.time() - launched < budget_s:
+            rows = launch.read(workdir)
             if target is not None and all_solved(
-                    launch.read(workdir), target, [launch.return_key, *launch.windows.values()]):
+                    rows, target, [launch.return_key, *launch.windows.values()]):
+                break
+            if launch.frames and reached_frames(rows, launch.frames):
                 break
             time.sleep(POLL_S)
     finally:
@@ -72,14 +93,16 @@ def run_once(launch: Launch, workdir: Path, budget_s: float,
         else:
             launch.stop(process, workdir)
     rows = launch.read(workdir)
-    return figures(rows, launched, target, launch.return_key, launch.windows)
+    return figures(rows, launched, target, launch.return_key, launch.windows, launch.frames,
+                   launch.final_keys)
 
 
 def figures(rows: list[dict[str, Any]], launched: float, target: float | None,
-            key: str = "episode_return_mean",
-            windows: dict[str, str] | None = None) -> RunFigures:
+            key: str = "episode_return_mean", windows: dict[str, str] | None = None,
+            frames: int = 0, final_keys: tuple[str, ...] = ()) -> RunFigures:
     """Steady fps from the first row with frames to the last; time to target (a row's
-    `key` >= target) from launch, and so for each window's key."""
+    `key` >= target) from launch, and so for each window's key; time to `frames` and
+    each of `final_keys` there (at the end where the run did not get there)."""
     started = next((r for r in rows if r["env_frames"] > 0), None)
     last = rows[-1] if rows else None
     fps = None
@@ -90,6 +113,15 @@ def figures(rows: list[dict[str, Any]], launched: float, target: float | None,
                         frames=last["env_frames"] if last else 0,
                         wall_s=(last["wall"] - launched) if last else 0.0,
                         best_return=max(returns) if returns else None)
+    at_frames = reached_frames(rows, frames) if frames else None
+    if at_frames is not None:
+        result.time_to_frames_s = at_frames["wall"] - launched
+    upto = rows[:rows.index(at_frames) + 1] if at_frames is not None else rows
+    for final_key in final_keys:
+        value = next((r[final_key] for r in reversed(upto) if r.get(final_key) is not None),
+                     None)
+        if value is not None:
+            result.final[final_key] = value
     if target is None:
         return result
     if hit := solved_at(rows, target, key):
@@ -116,5 +148,7 @@ def rounds_of(systems: dict[str, Callable[[Path, int], Launch]], args: argparse.
                 f", {TARGET_RETURN:g} at {result.time_to_target_s:.1f}s"
                 if result.time_to_target_s is not None else ", target not reached")
             fps = f"{result.fps:,.0f} fps" if result.fps else "no frames"
-            print(f"{fps}{solved}", flush=True)
+            at_frames = "" if result.time_to_frames_s is None else \
+                f", its frames at {result.time_to_frames_s:.1f}s"
+            print(f"{fps}{solved}{at_frames}", flush=True)
     return runs

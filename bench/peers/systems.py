@@ -40,17 +40,27 @@ class Launch:
     windows: dict[str, str] = field(default_factory=dict)
     """Return window ("last20", "last100") -> the row key of the system's mean over it;
     the run goes on until each of them and `return_key` reached the target."""
+    frames: int = 0
+    """The env frames the run is to reach (0: none): the harness stops it at the first row
+    with as many, and its time to them is a figure. A system that stops itself there,
+    short of them by its own granularity (whole updates), says so with a row
+    `{"done": "frames"}`."""
+    final_keys: tuple[str, ...] = ()
+    """Row keys read at the end of the run (at its frames where it has them): the figures
+    of a run to equal frames (`episode_return_mean_last100`, `win_rate_last100`)."""
 
 
 def srl_jax_launch(experiment: str, workdir: Path, overrides: tuple[str, ...],
                    seconds: float, return_key: str = "episode_return_mean",
-                   windows: dict[str, str] | None = None) -> Launch:
+                   windows: dict[str, str] | None = None, frames: int = 0,
+                   final_keys: tuple[str, ...] = ()) -> Launch:
     command = [sys.executable, "-m", "srl_jax.launch", experiment, "--run-dir",
                str(workdir / "run"), "--quiet", "--set", f"stop.wall_time_s={seconds:g}"]
     for override in overrides:
         command += ["--set", override]
     return Launch(command, read_srl_jax, stop=lambda p, d: stop_process(p, d / "run"),
-                  return_key=return_key, windows=windows or {})
+                  return_key=return_key, windows=windows or {}, frames=frames,
+                  final_keys=final_keys)
 
 
 def srl_jax_config(experiment: str, overrides: tuple[str, ...]) -> dict[str, Any]:
@@ -74,15 +84,20 @@ def read_srl_jax(workdir: Path) -> list[dict[str, Any]]:
 def cleanrl_launch(workdir: Path, seed: int, seconds: float, baseline: str = "cleanrl_ppo",
                    return_key: str = "episode_return_mean",
                    windows: dict[str, str] | None = None,
-                   report_interval_s: float = 1.0) -> Launch:
+                   report_interval_s: float = 1.0, target: float | None = TARGET_RETURN,
+                   frames: int = 0, final_keys: tuple[str, ...] = (),
+                   extra: tuple[str, ...] = ()) -> Launch:
     """A single-process baseline, `bench.peers.<baseline>`, which prints JSON lines (one
-    every `report_interval_s`); with `windows` it does not stop itself at the target: the
-    harness stops it once every window got there."""
-    target = "none" if windows else f"{TARGET_RETURN:g}"
+    every `report_interval_s`) and stops itself at `target` (None: never); with `windows`
+    it does not: the harness stops it once every window got there. With `frames` it
+    stops itself there (`--stop-frames`); `extra`: more of its options."""
+    target_arg = "none" if windows or target is None else f"{target:g}"
     command = [sys.executable, "-m", f"bench.peers.{baseline}", "--seed", str(seed),
-               "--target-return", target, "--seconds", f"{seconds:g}",
-               "--report-interval", f"{report_interval_s:g}"]
-    return Launch(command, read_json_lines, return_key=return_key, windows=windows or {})
+               "--target-return", target_arg, "--seconds", f"{seconds:g}",
+               "--report-interval", f"{report_interval_s:g}",
+               *(("--stop-frames", str(frames)) if frames else ()), *extra]
+    return Launch(command, read_json_lines, return_key=return_key, windows=windows or {},
+                  frames=frames, final_keys=final_keys)
 
 
 def read_json_lines(workdir: Path) -> list[dict[str, Any]]:

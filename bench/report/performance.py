@@ -110,6 +110,51 @@ def cartpole_goals(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+FINAL_LABELS = {"episode_return_mean_last100": "return, last 100 episodes",
+                "win_rate_last100": "win rate, last 100 episodes"}
+"""compare.py's final figures of a run to equal frames (`final_<key>`), with their labels."""
+
+
+def equal_frames_tables(result: dict[str, Any], title: str, note: str = "") -> list[str]:
+    """A to-equal-frames case of compare.py: each system's speed, time to the frames and
+    final figures there, then the srl_jax / baseline ratios, and how they ran (`note`:
+    what the case adds to that)."""
+    frames, rounds, peer = result["frames"], result["rounds"], result["baseline"]
+    finals = [(key, FINAL_LABELS.get(key, key)) for key in result["final_keys"]]
+    rows = [[name, spread(s["fps"], ",.0f"), spread(s["startup_s"], ".1f"),
+             spread(s["time_to_frames_s"], ".0f"),
+             *(spread(s[f"final_{key}"], ".2f") for key, _ in finals),
+             f"{s['reached']}/{rounds}"] for name, s in result["systems"].items()]
+    lines = [f"**{title} to {frames:,} env steps**, {rounds} rounds, median (min-max):", ""]
+    lines += table(["system", "env frames/s", "start-up s", "time to the frames s",
+                    *(label for _, label in finals), "reached"], rows)
+    ratios = result["ratios"]
+    columns = [("fps", "frames/s ratio"), ("time_to_frames", "time-to-frames ratio"),
+               *((f"final_{key}", f"{label} ratio") for key, label in finals)]
+    lines += ["", "srl_jax / baseline, round by round, median (min-max):", ""]
+    lines += table(["baseline", *(heading for _, heading in columns)], [
+        [peer, *(spread(ratios.get(f"{key}_ratio_vs_{peer}"), ".2f") for key, _ in columns)]])
+    config = result["srl_jax_config"]
+    return [*lines, "", f"srl_jax `{config['experiment']}` as shipped (its step size annealed "
+            f"over its own `stop.env_frames`), stopped by the harness at the frames; "
+            f"`python -m bench.peers.{peer}` (one process, one jitted program) with "
+            f"{' '.join(f'`{o}`' for o in result['baseline_options'])}, stopping itself at "
+            f"the last whole update before them. Times count from launch (start-up "
+            f"included); each run's budget {result['budget_s']:g} s (`reached`: the runs "
+            f"that got to the frames within it; the figures of the others are at the "
+            f"frames they reached).{note}", "", machine_note(result)]
+
+
+def minatar(result: dict[str, Any]) -> list[str]:
+    return equal_frames_tables(result, "MinAtar Breakout PPO")
+
+
+def smax(result: dict[str, Any]) -> list[str]:
+    return equal_frames_tables(result, "SMAX 3m MAPPO", " An env step is one joint step of "
+                               "the 3 marines, and the return one marine's (SMAX gives each "
+                               "the team's reward), on both sides.")
+
+
 def sampling(result: dict[str, Any]) -> list[str]:
     raw = result["raw_env_steps_per_s"]
     cores = result["machine"]["cores"]

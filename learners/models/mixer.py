@@ -23,6 +23,7 @@ from learners.models.distributions import GREEDY
 from learners.models.networks import Policy, RecurrentActorCritic, as_policy
 from learners.models.orthogonal import orthogonal
 from srl_jax.config.schema import ExperimentConfig
+from srl_jax.dataflow.algorithms import algorithm_config
 from srl_jax.dataflow.env_spec import EnvSpec, core_state_size
 
 
@@ -99,11 +100,7 @@ class QMixNetwork(nn.Module):
 def qmix_network(config: ExperimentConfig, spec: EnvSpec) -> tuple[Policy, nn.Module]:
     """The `qmix` network: the agents' recurrent Q network on the MLP or Nature-CNN torso,
     acting greedily, and the mixer over `spec.agents` agents and the global state."""
-    from learners.algorithms.qmix_config import QMixConfig  # its section sizes the mixer
-    from srl_jax.dataflow.algorithms import algorithm_config
-
-    network, mixing = config.network, algorithm_config(config)
-    assert isinstance(mixing, QMixConfig)
+    network, mixing = config.network, algorithm_config(config)  # learner.qmix sizes the mixer
     module = QMixNetwork(spec.action_dim, network.kind, tuple(network.hidden),
                          network.activation, network.core, network.core_size, spec.agents,
                          spec.global_state_size, mixing.mixer_embed, mixing.hyper_hidden,
