@@ -34,6 +34,7 @@ from actors.exploration import explore
 from actors.opponents import OpponentDraws, ended_envs
 from srl_jax.dataflow.env_spec import EnvSpec
 from srl_jax.dataflow.metrics_table import (
+    EPISODE_WIN,
     OPPONENT_VERSION,
     POLICY_RETURN,
     TEAM_RETURN,
@@ -213,6 +214,7 @@ class ActorCore:
         self._returns: list[float] = []
         self._lengths: list[int] = []
         self._team_returns: list[float] = []
+        self._wins: list[float] = []
         self._policy_returns: list[list[float]] = [[] for _ in policies]
         self._unsent_returns: list[list[float]] = [[] for _ in policies]
 
@@ -318,8 +320,9 @@ class ActorCore:
             action, logp, value, version, new_state, q, search_policy = part.answer
             n = len(state.split.obs[p])
             if len(state.epsilons[p]):
+                legal = None if part.request_mask is None else part.request_mask[:n]
                 action = explore(action[:n], state.epsilons[p], part.spec.action_dim,
-                                 self.explore_rng)
+                                 self.explore_rng, legal)
             if part.chunk is not None:
                 taken = None if q is None else q[np.arange(n), action[:n]]
                 chunk = part.chunk.on_policy(
@@ -364,6 +367,7 @@ class ActorCore:
         else:
             self._returns.extend(step.episode_returns)
         self._lengths.extend(step.episode_lengths)
+        self._wins.extend(step.episode_wins)
         for p, (part, result) in enumerate(zip(state.parts, step.results, strict=True)):
             if part.chunk is not None:  # a frozen policy's are sent nowhere
                 self._unsent_returns[p].extend(result.episode_returns)
@@ -378,6 +382,9 @@ class ActorCore:
         if self.team_returns:
             arrays[TEAM_RETURN] = np.asarray(self._team_returns, np.float32)
             self._team_returns = []
+        if self._wins:  # an env that says who won
+            arrays[EPISODE_WIN] = np.asarray(self._wins, np.float32)
+            self._wins = []
         if self.returns_per_policy:
             for policy, returns in zip(self.policies, self._policy_returns, strict=True):
                 arrays[POLICY_RETURN + policy] = np.asarray(returns, np.float32)

@@ -61,6 +61,9 @@ class RingStep:
     """Returns of the episodes that ended, summed over all agents (the team return)."""
     episode_lengths: list[int]
     """Their lengths in environment steps."""
+    episode_wins: list[float] = field(default_factory=list)
+    """Whether each of them was won (1.0) or not (0.0), where the env says (SMAX); else
+    empty."""
 
 
 class EnvSplit:

@@ -286,7 +286,8 @@ def test_the_config_checks_read_the_family_table_without_importing_an_env_packag
 
 def test_only_the_env_families_test_an_ids_namespace() -> None:
     """No module outside `actors/env_families/` and the family table holds a family's id
-    namespace ('ALE/', 'pettingzoo:', 'minatar:', 'jaxmarl:') in code (docstrings aside): callers ask the table."""
+    namespace ('ALE/', 'pettingzoo:', 'minatar:', 'jaxmarl:') in code (docstrings aside):
+    callers ask the table."""
     namespaces = {pattern[:-1] for family in SHIPPED for pattern in family.ids
                   if pattern.endswith(("/*", ":*"))}
     assert namespaces == {"ALE/", "pettingzoo:", "minatar:", "jaxmarl:"}

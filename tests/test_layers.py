@@ -55,6 +55,19 @@ def test_a_module_the_actor_loads_may_not_import_jax_wherever_it_sits(tmp_path: 
                                 "actors.actor_worker loads)")
 
 
+def test_actors_import_jax_only_for_jax_native_envs(tmp_path: Path) -> None:
+    """An env family that an actor imports by name is free of JAX all the same; the JaxMARL
+    family alone imports it (and nothing JAX-free loads that one as it loads)."""
+    root = _copy_packages(tmp_path)
+    family = root / "actors" / "env_families" / "gymnasium_envs.py"
+    lines = family.read_text().splitlines()
+    family.write_text("\n".join([*lines, "", "def _late() -> None:", "    import jax", ""]))
+    assert "import jax\n" in (root / "actors" / "env_families" / "jax_envs.py").read_text()
+    assert [p for p in violations(root) if "JAX" in p] == [
+        f"actors/env_families/gymnasium_envs.py:{len(lines) + 3}: "
+        "actors.env_families.gymnasium_envs imports jax, but it must stay free of JAX (JAX_FREE)"]
+
+
 def test_an_actor_module_importing_a_learner_module_is_refused(tmp_path: Path) -> None:
     root = _copy_packages(tmp_path)
     ring = root / "actors" / "env_ring.py"

@@ -60,6 +60,10 @@ class EnvConfig:
     an id of a family of `srl_jax.config.env_families` (plugins may add families)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments passed to `gymnasium.make` (or to PettingZoo's `parallel_env`)."""
+    scenario: str = ""
+    """JaxMARL envs ('jaxmarl:<env>'): the SMAX map ('3m', '2s3z', ...), the Overcooked
+    layout ('cramped_room', ...) or the Hanabi table ('2p' .. '5p'). Empty: the env's
+    default (3m, cramped_room, 2p)."""
     atari: AtariConfig = field(default_factory=AtariConfig)
     """Atari preprocessing (used for 'ALE/...' ids)."""
     backend: str = DEFAULT_BACKEND
@@ -172,7 +176,7 @@ class InferenceConfig:
 class LearnerConfig:
     algorithm: str = "ppo"
     """Learning algorithm: a name in the registry of `srl_jax/dataflow/algorithms.py` (built in:
-    'ppo', 'impala', 'dqn', 'r2d2', 'muzero'; more from `plugins`). Its hyperparameters are
+    'ppo', 'impala', 'dqn', 'r2d2', 'muzero', 'qmix'; more from `plugins`). Its hyperparameters are
     `learner.<name>`."""
     batch_envs: int = 32
     """B: env columns per update, a batch of [T+1, B]; for an algorithm that learns from
@@ -262,7 +266,9 @@ class NetworkConfig:
     PPO and IMPALA), 'q' (action values) or 'dueling' (action values as value plus
     advantages, Wang et al. 2016), for DQN and R2D2: a Q head acts greedily, and
     `actors.epsilon` explores; 'muzero': a learned model (representation, dynamics,
-    prediction) that acts by search, for MuZero (learners/models/muzero_model.py)."""
+    prediction) that acts by search, for MuZero (learners/models/muzero_model.py); 'qmix':
+    each agent's recurrent Q network and the monotonic mixer of a team's, for QMIX
+    (learners/models/mixer.py)."""
 
 
 @dataclass

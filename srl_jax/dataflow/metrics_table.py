@@ -320,6 +320,9 @@ pool (self-play): the snapshot version each episode played, one per episode begu
 TEAM_RETURN = "team_return"
 """Heartbeat array of a multi-agent actor: each episode's team return (all agents'
 rewards summed); its `episode_return` holds the same episodes' `agent_mean_returns`."""
+EPISODE_WIN = "episode_win"
+"""Heartbeat array of an actor whose env says who won (SMAX): 1.0 for each episode won,
+0.0 for each one not, in the order the episodes ended."""
 TEAM_EVAL_RETURN = "team_eval_return"
 """The evaluator's counterpart of TEAM_RETURN, beside its `eval_return`."""
 MEMBER_EVAL = "eval_return/"
@@ -341,6 +344,8 @@ OTHER_ROWS = (
       for n in RETURN_WINDOWS),
     OtherRow("team_return_mean", "return", "actor arrays",
              "multi-agent: mean team return (all agents' rewards summed); also `_last<N>`"),
+    OtherRow("win_rate", "fraction", "actor arrays", "envs that say who won (SMAX): the "
+             "share of the episodes finished in the window that were won; also `_last<N>`"),
     OtherRow("eval_return_mean", "return", "evaluator arrays",
              "mean return of the evaluator's deterministic episodes in the window"),
     OtherRow("eval_policy_version", "version", "evaluator", "the version they evaluated"),

@@ -9,8 +9,9 @@ competitive game the sum says who won, not how well each side plays),
 `team_return_mean` the team return (all agents' rewards summed) and
 `policy/<name>/episode_return_mean` the mean return of one of that policy's agents;
 `eval_return_mean`, `team_eval_return_mean` and `policy/<name>/eval_return_mean` are
-the evaluator's counterparts. The row keys are listed in
-`srl_jax.dataflow.metrics_table.OTHER_ROWS`.
+the evaluator's counterparts. Where the env says who won (SMAX), `win_rate` is the share
+of the window's episodes that were won, with rolling means as the returns have. The row
+keys are listed in `srl_jax.dataflow.metrics_table.OTHER_ROWS`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from srl_jax.dataflow.metrics_table import (
+    EPISODE_WIN,
     MEMBER_EVAL,
     OPPONENT_VERSION,
     POLICY_RETURN,
@@ -45,6 +47,7 @@ class EpisodeRows:
         self._returns: list[np.ndarray] = []
         self._lengths: list[np.ndarray] = []
         self._team: list[np.ndarray] = []
+        self._wins: list[np.ndarray] = []
         self._evals: list[np.ndarray] = []
         self._team_evals: list[np.ndarray] = []
         self._policy_returns: dict[str, list[np.ndarray]] = defaultdict(list)
@@ -52,13 +55,15 @@ class EpisodeRows:
         self._member_evals: dict[str, list[np.ndarray]] = defaultdict(list)
         self._recent: deque[float] = deque(maxlen=max(RETURN_WINDOWS))
         self._recent_team: deque[float] = deque(maxlen=max(RETURN_WINDOWS))
+        self._recent_wins: deque[float] = deque(maxlen=max(RETURN_WINDOWS))
 
     def observe(self, arrays: dict[str, np.ndarray]) -> None:
         """Take one heartbeat's arrays (`episode_return` and `episode_length` come together)."""
         if "episode_return" in arrays and "episode_length" in arrays:
             self._returns.append(np.asarray(arrays["episode_return"], np.float64))
             self._lengths.append(np.asarray(arrays["episode_length"], np.float64))
-        for name, into in ((TEAM_RETURN, self._team), ("eval_return", self._evals),
+        for name, into in ((TEAM_RETURN, self._team), (EPISODE_WIN, self._wins),
+                           ("eval_return", self._evals),
                            (TEAM_EVAL_RETURN, self._team_evals)):
             if name in arrays:
                 into.append(np.asarray(arrays[name], np.float64))
@@ -99,8 +104,8 @@ class EpisodeRows:
         self._member_evals.clear()
 
     def _training_rows(self, row: dict[str, Any]) -> None:
-        """`episode_return_mean`, `episode_length_mean`, `episodes`, `team_return_mean`
-        and the rolling means of both."""
+        """`episode_return_mean`, `episode_length_mean`, `episodes`, `team_return_mean`,
+        `win_rate`, and the rolling means of the returns, team returns and wins."""
         if self._returns:
             returns, lengths = np.concatenate(self._returns), np.concatenate(self._lengths)
             if len(returns):
@@ -114,4 +119,8 @@ class EpisodeRows:
             row["team_return_mean"] = round(float(team.mean()), 3)
             self._recent_team.extend(team.tolist())
         row.update(recent_return_means(list(self._recent_team), key="team_return_mean"))
-        self._returns, self._lengths, self._team = [], [], []
+        if (won := _mean(self._wins)) is not None:
+            row["win_rate"] = won
+            self._recent_wins.extend(np.concatenate(self._wins).tolist())
+        row.update(recent_return_means(list(self._recent_wins), key="win_rate"))
+        self._returns, self._lengths, self._team, self._wins = [], [], [], []
