@@ -5,14 +5,14 @@ family (`srl_jax/config/env_families.py` finds it; `actors/env_families/` implem
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Protocol, cast
 
 import numpy as np
 
 from actors.actor_core import RingSplit
 from actors.env_families.implementation import implementation_of
-from actors.env_families.multi_agent import MultiAgentSplit
 from srl_jax.config.checks import check_request_rows
+from srl_jax.config.env_families import family_of
 from srl_jax.config.schema import (
     DEFAULT_POLICY,
     ConfigError,
@@ -37,13 +37,23 @@ def make_split(config: EnvConfig, count: int, seeds: list[int],
     return implementation_of(config).make_split(config, count, seeds, global_state)
 
 
-def make_team_split(config: EnvConfig, seed: int) -> MultiAgentSplit:
+class TeamSplit(RingSplit, Protocol):
+    """A multi-agent split (`MultiAgentSplit`, the JaxMARL family's `JaxSplit`): its
+    policies in column order, and a reset that replays the same starts."""
+
+    policies: list[str]
+
+    def reset(self, seeds: list[int]) -> None: ...
+
+    def render(self) -> Any: ...
+
+
+def make_team_split(config: EnvConfig, seed: int) -> TeamSplit:
     """One environment of `config`'s multi-agent family as a split, seeded with `seed`:
     where a team of policies plays its episodes (`policy.export.play_team_episode`)."""
-    split = make_split(config, 1, [seed])
-    if not isinstance(split, MultiAgentSplit):
+    if not family_of(config).multi_agent:
         raise ValueError(f"'{config.id}' is not a multi-agent environment")
-    return split
+    return cast(TeamSplit, make_split(config, 1, [seed]))
 
 
 def env_spec(config: EnvConfig, policy: str = DEFAULT_POLICY) -> EnvSpec:

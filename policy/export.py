@@ -11,7 +11,7 @@ The policy is rebuilt from the config saved in the checkpoint and takes the
 checkpoint's parameters (with their observation statistics). It acts on one
 observation or a batch, deterministically (the most likely action) by default.
 A multi-agent run's policies load together with `load_team`, and
-`play_team_episode` plays them in their environment (one `MultiAgentSplit` of one
+`play_team_episode` plays them in their environment (one `actors.envs.TeamSplit` of one
 env, made once and reused for every episode).
 """
 
@@ -25,8 +25,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from actors.env_families.multi_agent import MultiAgentSplit
-from actors.envs import policy_spec
+from actors.envs import TeamSplit, policy_spec
 from learners.algorithms.train_state import init_train_state
 from learners.models.distributions import mask_logits
 from learners.models.networks import Policy, init_policy_params, make_policy
@@ -181,7 +180,7 @@ class TeamEpisode:
     """Env steps."""
 
 
-def play_team_episode(policies: Sequence[TrainedPolicy], split: MultiAgentSplit, seed: int,
+def play_team_episode(policies: Sequence[TrainedPolicy], split: TeamSplit, seed: int,
                       deterministic: bool = True, frames: list[np.ndarray] | None = None,
                       on_step: Callable[[], bool] | None = None) -> TeamEpisode:
     """One episode of `split`'s one environment, started anew from `seed`, each of
@@ -196,7 +195,7 @@ def play_team_episode(policies: Sequence[TrainedPolicy], split: MultiAgentSplit,
         policy.reset()
     while True:
         if frames is not None:
-            frames.append(split.envs[0].render())
+            frames.append(split.render())
         actions = [policy.act_batch(obs, deterministic, mask) for policy, obs, mask
                    in zip(policies, split.obs, split.masks, strict=True)]
         step = split.step([list(a) if p.spec.continuous else a.tolist()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -74,7 +75,13 @@ def _jax() -> ModuleType:
             with _one_core():
                 jax.devices()
         import jax
-        import jaxmarl  # noqa: F401
+
+        streams = sys.stdout, sys.stderr
+        try:  # its import prints a note, and sets sys.stdout back to the process's own
+            with contextlib.redirect_stdout(io.StringIO()):
+                import jaxmarl  # noqa: F401
+        finally:
+            sys.stdout, sys.stderr = streams
     except ModuleNotFoundError as error:
         raise ConfigError(f"'env.id': JaxMARL environments need '{error.name}', which is not "
                           f"installed: {INSTALL_HINT}") from None
@@ -327,7 +334,7 @@ class JaxSplit:
                  global_state: bool = False) -> None:
         layout = _layout(config, global_state)
         game = _game(config)
-        self.count = count
+        self.env_id, self.count = config.id, count
         self.agents = {name: [layout.agents[i] for i in members]
                        for name, members in layout.policies.items()}
         """Policy name -> its agents, in column order within one env."""
@@ -423,6 +430,10 @@ class JaxSplit:
         self._returns[finished], self._lengths[finished] = 0.0, 0
         self._env_lengths[finished] = 0
         return step
+
+    def render(self) -> Any:
+        """JaxMARL's envs draw with matplotlib, not into frames: no video of them."""
+        raise ValueError(f"'{self.env_id}' does not render frames")
 
     def close(self) -> None:
         """Nothing to release: the envs are arrays."""

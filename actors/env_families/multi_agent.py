@@ -246,6 +246,10 @@ class MultiAgentSplit:
                 self._lengths[p][i * n:(i + 1) * n] = 0
         return RingStep(results, team_returns, team_lengths)
 
+    def render(self) -> Any:
+        """The first env's frame (its `render_mode`'s: a video's rgb_array)."""
+        return self.envs[0].render()
+
     def close(self) -> None:
         for env in self.envs:
             env.close()

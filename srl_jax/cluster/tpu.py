@@ -36,7 +36,8 @@ from srl_jax.config.schema import ConfigError, ExperimentConfig, run_policies
 
 LOCK = "requirements/cluster.lock"
 """Pinned with hashes: srl-jax's `[cluster]` extra (`CLUSTER_EXTRAS`)."""
-CLUSTER_EXTRAS = ("ray", "tpu", "gcs", "s3", "atari", "mujoco", "multiagent")
+CLUSTER_EXTRAS = ("ray", "tpu", "gcs", "s3", "atari", "mujoco", "multiagent", "minatar",
+                  "jaxmarl")
 """What the lock installs on every host besides the base: Ray, libtpu, buckets, and the
 environment families that run on any host (EnvPool's wheels are x86-only)."""
 SLICE_FIELDS = ("import json, sys; d = json.load(sys.stdin); e = d.get('networkEndpoints') "
