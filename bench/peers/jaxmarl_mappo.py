@@ -62,9 +62,9 @@ from flax.training.train_state import TrainState  # noqa: E402
 from jaxmarl.environments.smax import map_name_to_scenario  # noqa: E402
 from jaxmarl.wrappers.baselines import SMAXLogWrapper  # noqa: E402
 
-from bench.peers.cleanrl_ppo import target_value  # noqa: E402
 from bench.peers.purejaxrl_ppo import (  # noqa: E402
     Progress,
+    add_ppo_arguments,
     gae,
     linear_schedule,
     log_probs,
@@ -85,27 +85,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--map", default="3m", help="an SMAX scenario (3m, 2s3z, ...)")
-    p.add_argument("--total-frames", type=int, default=10_000_000,
-                   help="env steps; also the horizon of the lr annealing")
-    p.add_argument("--stop-frames", type=int, default=None,
-                   help="stop after this many env steps instead, the lr still annealed "
-                        "over --total-frames (a run read part way, as a published curve)")
-    p.add_argument("--seconds", type=float, default=1200.0, help="wall-time limit from start")
-    p.add_argument("--target-return", type=target_value, default=None,
-                   help="stop when a row's win_rate reaches it (default none)")
-    p.add_argument("--report-interval", type=float, default=1.0, help="seconds between rows")
-    p.add_argument("--num-envs", type=int, default=128)
-    p.add_argument("--num-steps", type=int, default=128, help="steps per env per rollout")
-    p.add_argument("--learning-rate", type=float, default=2e-3)
-    p.add_argument("--no-anneal-lr", dest="anneal_lr", action="store_false")
-    p.add_argument("--gamma", type=float, default=0.99)
-    p.add_argument("--gae-lambda", type=float, default=0.95)
-    p.add_argument("--update-epochs", type=int, default=4)
-    p.add_argument("--num-minibatches", type=int, default=4)
-    p.add_argument("--clip-coef", type=float, default=0.2)
-    p.add_argument("--ent-coef", type=float, default=0.0)
-    p.add_argument("--vf-coef", type=float, default=0.5)
-    p.add_argument("--max-grad-norm", type=float, default=0.25)
+    add_ppo_arguments(p, seconds=1200.0, target="win_rate", num_envs=128,
+                      learning_rate=2e-3, minibatches=4, ent_coef=0.0, max_grad_norm=0.25)
     p.add_argument("--hidden", type=int, default=128)
     return p.parse_args(argv)
 

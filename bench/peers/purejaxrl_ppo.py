@@ -90,28 +90,36 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--env-id", default="Breakout-MinAtar", help="a gymnax env id")
     p.add_argument("--sticky-action-prob", type=float, default=0.0,
                    help="0: gymnax's env as PureJaxRL steps it; minatar's default is 0.1")
+    add_ppo_arguments(p, seconds=900.0, target="episode_return_mean", num_envs=64,
+                      learning_rate=5e-3, minibatches=8, ent_coef=0.01, max_grad_norm=0.5)
+    return p.parse_args(argv)
+
+
+def add_ppo_arguments(p: argparse.ArgumentParser, *, seconds: float, target: str,
+                      num_envs: int, learning_rate: float, minibatches: int,
+                      ent_coef: float, max_grad_norm: float) -> None:
+    """The options both single-process PPO baselines take, with each one's defaults."""
     p.add_argument("--total-frames", type=int, default=10_000_000,
                    help="env steps; also the horizon of the lr annealing")
     p.add_argument("--stop-frames", type=int, default=None,
                    help="stop after this many env steps instead, the lr still annealed "
                         "over --total-frames (a run read part way, as a published curve)")
-    p.add_argument("--seconds", type=float, default=900.0, help="wall-time limit from start")
+    p.add_argument("--seconds", type=float, default=seconds, help="wall-time limit from start")
     p.add_argument("--target-return", type=target_value, default=None,
-                   help="stop when a row's episode_return_mean reaches it (default none)")
+                   help=f"stop when a row's {target} reaches it (default none)")
     p.add_argument("--report-interval", type=float, default=1.0, help="seconds between rows")
-    p.add_argument("--num-envs", type=int, default=64)
+    p.add_argument("--num-envs", type=int, default=num_envs)
     p.add_argument("--num-steps", type=int, default=128, help="steps per env per rollout")
-    p.add_argument("--learning-rate", type=float, default=5e-3)
+    p.add_argument("--learning-rate", type=float, default=learning_rate)
     p.add_argument("--no-anneal-lr", dest="anneal_lr", action="store_false")
     p.add_argument("--gamma", type=float, default=0.99)
     p.add_argument("--gae-lambda", type=float, default=0.95)
     p.add_argument("--update-epochs", type=int, default=4)
-    p.add_argument("--num-minibatches", type=int, default=8)
+    p.add_argument("--num-minibatches", type=int, default=minibatches)
     p.add_argument("--clip-coef", type=float, default=0.2)
-    p.add_argument("--ent-coef", type=float, default=0.01)
+    p.add_argument("--ent-coef", type=float, default=ent_coef)
     p.add_argument("--vf-coef", type=float, default=0.5)
-    p.add_argument("--max-grad-norm", type=float, default=0.5)
-    return p.parse_args(argv)
+    p.add_argument("--max-grad-norm", type=float, default=max_grad_norm)
 
 
 class Progress:

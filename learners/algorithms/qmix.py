@@ -33,16 +33,11 @@ import optax
 from learners.algorithms.dqn import q_learning_step
 from learners.algorithms.prepare import scale_rewards
 from learners.algorithms.qmix_config import QMixConfig
-from learners.algorithms.r2d2 import sequence_priorities, sequence_targets
-from learners.algorithms.sequences import (
-    REPLAYED_PER_SEQUENCE,
-    episode_starts,
-    time_major,
-    warm_state,
-)
+from learners.algorithms.r2d2 import sequence_gradients, sequence_priorities, sequence_targets
+from learners.algorithms.sequences import episode_starts, warm_state
 from learners.algorithms.train_state import TrainState
 from learners.models.distributions import mask_logits
-from learners.models.networks import Policy, update_obs_stats
+from learners.models.networks import Policy
 from srl_jax.dataflow.algorithms import Sizes
 
 
@@ -128,14 +123,8 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation, config:
         return loss, (errors, q_tot)
 
     def update(state: TrainState, batch: dict) -> tuple[TrainState, dict[str, jax.Array]]:
-        seqs = time_major(batch, REPLAYED_PER_SEQUENCE)
-        params = state.params
-        if policy.normalize_obs:
-            obs = seqs["obs"]
-            params = update_obs_stats(params, obs.reshape(-1, *obs.shape[2:]))
-        target = {**params, "net": state.extra["target"]["net"]}
-        (loss, (errors, q_tot)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-            params["net"], params, target, seqs)
+        params, loss, (errors, q_tot), grads = sequence_gradients(policy, loss_fn, state,
+                                                                  batch)
         priorities = sequence_priorities(errors, config.priority_eta, config.priority_epsilon)
         return q_learning_step(state, params, grads, optimizer, config, {
             "loss": loss, "q_mean": q_tot.mean(), "td_error_abs": jnp.abs(errors).mean(),

@@ -22,6 +22,7 @@ errors' max and mean (eta).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -92,6 +93,22 @@ def sequence_priorities(errors: jax.Array, eta: float, epsilon: float) -> jax.Ar
     return eta * magnitude.max(0) + (1.0 - eta) * magnitude.mean(0) + epsilon
 
 
+def sequence_gradients(policy: Policy, loss_fn: Callable, state: TrainState,
+                       batch: dict) -> tuple[Any, jax.Array, Any, Any]:
+    """(params, loss, its aux, gradients) of `loss_fn(net, params, target, seqs)` on a
+    replayed sequence batch (R2D2's, QMIX's): time-major, the observation statistics
+    updated, the target network's parameters beside the online ones."""
+    seqs = time_major(batch, REPLAYED_PER_SEQUENCE)
+    params = state.params
+    if policy.normalize_obs:
+        obs = seqs["obs"]
+        params = update_obs_stats(params, obs.reshape(-1, *obs.shape[2:]))
+    target = {**params, "net": state.extra["target"]["net"]}
+    (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        params["net"], params, target, seqs)
+    return params, loss, aux, grads
+
+
 def make_update(policy: Policy, optimizer: optax.GradientTransformation, config: R2D2Config,
                 sizes: Sizes) -> Any:
     """Pure (TrainState, batch) -> (TrainState, metrics); metrics include the sequences'
@@ -122,14 +139,7 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation, config:
         return loss, (errors, taken)
 
     def update(state: TrainState, batch: dict) -> tuple[TrainState, dict[str, jax.Array]]:
-        seqs = time_major(batch, REPLAYED_PER_SEQUENCE)
-        params = state.params
-        if policy.normalize_obs:
-            obs = seqs["obs"]
-            params = update_obs_stats(params, obs.reshape(-1, *obs.shape[2:]))
-        target = {**params, "net": state.extra["target"]["net"]}
-        (loss, (errors, q)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-            params["net"], params, target, seqs)
+        params, loss, (errors, q), grads = sequence_gradients(policy, loss_fn, state, batch)
         return q_learning_step(state, params, grads, optimizer, config, {
             "loss": loss, "q_mean": q.mean(), "td_error_abs": jnp.abs(errors).mean(),
             "priorities": sequence_priorities(errors, config.priority_eta,
