@@ -12,12 +12,14 @@ global state of the step, which gives Q_tot. For each trained step t the target 
 
 with the team's reward (the mean of the rewards of the agents in play), over a window
 of up to n steps that stops at the team's episode end; the bootstrap is 0 after a
-termination (every agent done), the target mixer of the online agents' best legal
-actions scored by the target agents otherwise (double Q), and at a time-limit cut
-the target mixer of the acting agents' values of their final observations with the
-final global state. A chunk's last step is trained by the next chunk (QMIX's
-declaration repeats burn-in + 1 steps): its bootstrap needs the legal actions of the
-observation after it, which arrive with that step. The loss is the importance-weighted
+termination (every agent done), and otherwise the target mixer of the online agents'
+best legal actions scored by the target agents (double Q): at a time-limit cut, at the
+cut step's own observation, whose value stands in for the final one's. The acting
+values of the final observations (`trunc_values`) are maxima over every action, the
+illegal ones too, which no target trains and which may grow without bound. A chunk's
+last step is trained by the next chunk (QMIX's declaration repeats burn-in + 1 steps):
+its bootstrap needs the legal actions of the observation after it, which arrive with
+that step. The loss is the importance-weighted
 squared TD error of Q_tot; a team's priority mixes its errors' max and mean (eta).
 """
 
@@ -111,12 +113,10 @@ def make_update(policy: Policy, optimizer: optax.GradientTransformation, config:
         steps = slice(K, T - 1)  # the trained steps: the last one's bootstrap is not here
         q_tot = mix(net, chosen(q[:-1], seqs["actions"][steps]) * active[:-1], states[:-1])
         rewards = scale_rewards(seqs["rewards"][steps], sizes.reward_scale, sizes.reward_clip)
-        cut_values = mix(target["net"], seqs["trunc_values"][steps] * active[:-1],
-                         seqs["trunc_global_state"][steps])
         targets = team_targets(
             by_team(rewards, n), by_team(seqs["active"][steps], n),
             by_team(seqs["terminated"][steps], n), by_team(seqs["truncated"][steps], n),
-            cut_values, next_values, config.n_step, config.gamma)
+            next_values[:-1], next_values, config.n_step, config.gamma)
         errors = jax.lax.stop_gradient(targets) - q_tot
         weights = seqs["weights"][::n]
         loss = jnp.mean(weights[None, :] / jnp.max(weights) * 0.5 * jnp.square(errors))

@@ -99,10 +99,10 @@ ALGORITHM = Algorithm(
     name="qmix", config=QMixConfig,
     make_optimizer=lazy("learners.algorithms.dqn", "make_optimizer"),  # Adam, clipped
     make_update=lazy("learners.algorithms.qmix", "make_update"),
-    fields=("obs", "actions", "rewards", "terminated", "truncated", "trunc_values", "state",
-            "weights", "global_state", "trunc_global_state", "action_mask", "active"),
+    fields=("obs", "actions", "rewards", "terminated", "truncated", "state", "weights",
+            "global_state", "action_mask", "active"),
     networks=(QMIX,),
     replay=Replay(window=lambda config: config.n_step, sequences=True, teams=True,
-                  fields=("global_state", "trunc_global_state", "action_mask", "active")),
+                  fields=("global_state", "action_mask", "active")),
     check=check, init_extra=lazy("learners.algorithms.dqn", "init_target"),
     live=("learning_rate",), overlap=lambda config, sizes: sizes.burn_in + 1)
