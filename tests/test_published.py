@@ -15,6 +15,7 @@ def test_an_anchor_interpolates_linearly_in_steps_and_says_nothing_outside() -> 
     assert CURVE.at(1e6) == 10.0 and CURVE.at(3e6) == 20.0
     assert CURVE.at(2e6) == pytest.approx(15.0)
     assert CURVE.at(0.5e6) is None and CURVE.at(3.5e6) is None
+    assert CURVE.at(3.02e6) == 20.0, "a run that stops a chunk past the last point reads it"
     final = Anchor("paper", "ref", "win rate", ((1e7, 1.0),), "copied")
     assert final.at(1e7) == 1.0 and final.at(2e6) is None
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import pairwise
 
+OVERSHOOT = 0.01
+"""How far past a curve's last point (a fraction of its steps) a run still reads it."""
 RETURN = "episode_return_mean"
 EVAL_RETURN = "eval_return_mean"
 WIN_RATE = "win_rate"
@@ -38,7 +40,12 @@ class Anchor:
     """How the points were taken off the source, and how far to trust them."""
 
     def at(self, steps: float) -> float | None:
-        """The published value at `steps`, linear in steps between points; None outside."""
+        """The published value at `steps`, linear in steps between points; None outside,
+        but within `OVERSHOOT` past the last point (a run stops on the chunk that passes
+        its frame limit: 10.03M for 10M), which reads the last point."""
+        last_steps, last_value = self.points[-1]
+        if last_steps < steps <= last_steps * (1 + OVERSHOOT):
+            return last_value
         for (x0, y0), (x1, y1) in pairwise(self.points):
             if x0 <= steps <= x1:
                 return y0 + (y1 - y0) * (steps - x0) / (x1 - x0)
