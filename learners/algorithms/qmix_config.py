@@ -43,7 +43,8 @@ class QMixConfig:
     """Units of the hidden layer of each hypernetwork that makes the mixer's weights
     (QMIX: 64)."""
     mixer_init_scale: float = 0.001
-    """Orthogonal scale of the hypernetworks' output layers at the start (JaxMARL: 0.001).
+    """Orthogonal scale of the mixer's output layers (its weights', biases' and V(s)'s) at
+    the start (JaxMARL: 0.001).
     At 1, the mixer starts with weights that amplify the agents' overestimates, and its
     targets diverged on MPE spread (Q_tot rising past +90 where returns are -50)."""
     priority_eta: float = 0.9

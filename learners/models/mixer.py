@@ -30,10 +30,12 @@ from srl_jax.dataflow.env_spec import EnvSpec, core_state_size
 class MonotonicMixer(nn.Module):
     """(agent Qs [N, n], global state [N, G]) -> Q_tot [N]: a hidden layer of `embed`
     ELUs and a linear output whose weights are |hypernetwork(state)|, and biases
-    that are any function of the state (QMIX's two-layer hypernetworks). The
-    hypernetworks' output layers start at orthogonal weights of `init_scale`: small, the
-    mixer starts near its state's bias, where unit-scale weights multiply every agent's
-    overestimate into Q_tot and its bootstrapped targets diverge."""
+    that are any function of the state (QMIX's two-layer hypernetworks). Every layer
+    that makes a weight, a bias or the state's value V(s) starts at orthogonal weights of
+    `init_scale`: small, Q_tot starts near 0. At unit scale the weights multiply every
+    agent's overestimate into Q_tot and its bootstrapped targets diverge, and V(s) of a
+    raw global state (SMAX's positions reach 35) starts at values of several units, which
+    bootstrapping then carries from target to target for thousands of updates."""
 
     agents: int
     embed: int = 32
@@ -44,15 +46,18 @@ class MonotonicMixer(nn.Module):
     def __call__(self, q: jax.Array, state: jax.Array) -> jax.Array:
         n, e = self.agents, self.embed
 
+        def small(width: int, name: str) -> nn.Dense:
+            return nn.Dense(width, kernel_init=orthogonal(self.init_scale), name=name)
+
         def hyper(width: int, name: str) -> jax.Array:
             h = nn.relu(nn.Dense(self.hyper_hidden, name=f"{name}_hidden")(state))
-            return nn.Dense(width, kernel_init=orthogonal(self.init_scale), name=name)(h)
+            return small(width, name)(h)
 
         w1 = jnp.abs(hyper(n * e, "w1")).reshape(-1, n, e)
-        b1 = nn.Dense(e, name="b1")(state)
+        b1 = small(e, "b1")(state)
         hidden = nn.elu(jnp.einsum("bn,bne->be", q, w1) + b1)
         w2 = jnp.abs(hyper(e, "w2"))
-        v = nn.Dense(1, name="v")(nn.relu(nn.Dense(e, name="v_hidden")(state)))[:, 0]
+        v = small(1, "v")(nn.relu(nn.Dense(e, name="v_hidden")(state)))[:, 0]
         return jnp.sum(hidden * w2, -1) + v
 
 
