@@ -225,6 +225,8 @@ def describe_config(config: ExperimentConfig) -> dict[str, str]:
     env, learner = config.env, config.learner
     multi_agent = family_of(env).multi_agent
     shown = env.id.partition(":")[2] if multi_agent else env.id  # the module of 'family:module'
+    if env.scenario:  # the SMAX map, Overcooked layout or Hanabi table
+        shown += f" {env.scenario}"
     what = f"{NAMES.get(learner.algorithm, learner.algorithm.upper())}, {shown}"
     if config.network.kind != "mlp":
         what += f", {config.network.kind}"
