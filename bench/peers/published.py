@@ -129,7 +129,7 @@ JAXMARL_2S3Z_FINALS = (
         reference=("JaxMARL technical report (Rutherford et al. 2023, arXiv 2311.10090), "
                    "recurrent MAPPO's final 2s3z win rate, as Mava plots it "
                    "(instadeepai/Mava docs/images/smax_results/2s3z.png, dashed 'JAXMarl Rec "
-                   "MAPPO' line; docs/smax_benchmark.md), https://github.com/instadeepai/Mava"),
+                   "MAPPO' line; its SMAX benchmark page), https://github.com/instadeepai/Mava"),
         definition="final win rate after 10M env steps (the report's budget)",
         points=((10 * M, 1.0),),
         read=("the dashed line's row read off the PNG's pixels against its grid lines: "
