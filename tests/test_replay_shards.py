@@ -21,6 +21,7 @@ from learners.intake.replay_intake import SILENCE_S, ReplayIntake, allocate
 from replay.replay_worker import ReplayWorker
 from srl_jax.config.loader import config_dirs, load_config, resolve_experiment_path
 from srl_jax.config.schema import ExperimentConfig
+from srl_jax.dataflow.algorithms import algorithm, sampled_fields, sampled_window
 from srl_jax.dataflow.stream_table import REPLAY
 from srl_jax.wire.names import FileNameService
 from srl_jax.wire.streams import RejectCounter
@@ -215,6 +216,44 @@ def test_a_round_of_several_batches_spans_the_memory_in_each_and_sends_prioritie
                 server.run_once()
         assert [s.priority_updates for s in servers] == [1, 1]
         assert all(s.buffer.max_priority == 5.0 for s in servers)
+    finally:
+        for socket in sockets:
+            socket.close(linger=0)
+        for server in servers:
+            server.close()
+
+
+def test_teams_come_whole_from_every_server_and_every_batch_of_a_round(tmp_path: Path) -> None:
+    """QMIX's team replay (`Replay.teams`): rows are allocated between the servers, and
+    dealt out to the batches of a round, in whole teams of an env's 3 agents, in order."""
+    config = load_config(resolve_experiment_path("mpe_spread_qmix", config_dirs()),
+                         ["replay.count=2", "replay.min_size=300",
+                          "replay.samples_per_insert=1000"])
+    names = FileNameService(tmp_path / "names")
+    servers = [ReplayWorker(config, i, tmp_path, names) for i in range(2)]
+    for server in servers:
+        server.setup()
+        n = server.layout["actions"][0][1]
+        for _ in range(4):
+            chunk = {name: np.zeros(shape, dtype)
+                     for name, (shape, dtype) in server.layout.items()}
+            chunk["rewards"][:] = np.arange(n)  # each column says which it is
+            chunk["active"][:] = True
+            server.limiter.inserted(server.buffer.insert(chunk))
+    context = zmq.Context.instance()
+    sockets = connect(context, names, 2)
+    spec = policy_spec(config, "default")
+    intake = ReplayIntake(sockets, [REPLAY.key("default", i) for i in range(2)], 48,
+                          sampled_window(config), spec, 0.0, RejectCounter(), 0, seed=0,
+                          fields=sampled_fields(algorithm("qmix")), batches=2, team=spec.agents)
+    try:
+        for batch in batches(intake, servers, 4):
+            assert len(batch["shards"]) == 48
+            for routing in ("shards", "slots"):
+                teams = batch[routing].reshape(-1, 3)
+                assert (teams == teams[:, :1]).all(), routing
+            columns = batch["rewards"][:, 0].reshape(-1, 3)
+            assert (columns == columns[:, :1] + np.arange(3)).all(), "an env's agents, in order"
     finally:
         for socket in sockets:
             socket.close(linger=0)
