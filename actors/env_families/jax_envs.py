@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from actors.env_families.implementation import EnvFamilyImplementation
-from actors.env_families.parallel_envs import agent_policies
+from actors.env_families.parallel_envs import agent_policies, policy_of
 from actors.env_ring import RingStep, StepResult
 from srl_jax.config.schema import ConfigError, EnvConfig
 from srl_jax.dataflow.env_spec import EnvSpec
@@ -446,11 +446,7 @@ class JaxMARLEnvs(EnvFamilyImplementation):
         _scenario(env)
 
     def spec(self, env: EnvConfig, policy: str) -> EnvSpec:
-        specs = jax_specs(env)
-        if policy not in specs:
-            raise ConfigError(f"'env.policies': '{env.id}' has no policy '{policy}' "
-                              f"(policies: {', '.join(specs)})")
-        return specs[policy]
+        return policy_of(jax_specs(env), env, policy)
 
     def make_split(self, env: EnvConfig, count: int, seeds: list[int],
                    global_state: bool = False) -> JaxSplit:

@@ -186,6 +186,15 @@ def _specs(config: EnvConfig) -> dict[str, EnvSpec]:
         env.close()
 
 
+def policy_of(specs: dict[str, EnvSpec], env: EnvConfig, policy: str) -> EnvSpec:
+    """`policy`'s spec among a multi-agent env's `specs`; ConfigError naming the policies
+    it has otherwise."""
+    if policy not in specs:
+        raise ConfigError(f"'env.policies': '{env.id}' has no policy '{policy}' "
+                          f"(policies: {', '.join(specs)})")
+    return specs[policy]
+
+
 def is_masked_dict(space: Any) -> bool:
     """Whether an observation space is a Dict of `observation` and `action_mask`."""
     return isinstance(space, gym.spaces.Dict) and OBSERVATION in space.spaces \

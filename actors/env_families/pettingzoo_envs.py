@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from actors.env_families.implementation import EnvFamilyImplementation
 from actors.env_families.multi_agent import MultiAgentSplit
-from actors.env_families.parallel_envs import check_pettingzoo_id, multi_agent_specs
-from srl_jax.config.schema import ConfigError, EnvConfig
+from actors.env_families.parallel_envs import check_pettingzoo_id, multi_agent_specs, policy_of
+from srl_jax.config.schema import EnvConfig
 from srl_jax.dataflow.env_spec import EnvSpec
 
 
@@ -17,11 +17,7 @@ class PettingZooEnvs(EnvFamilyImplementation):
         check_pettingzoo_id(env.id)
 
     def spec(self, env: EnvConfig, policy: str) -> EnvSpec:
-        specs = multi_agent_specs(env)
-        if policy not in specs:
-            raise ConfigError(f"'env.policies': '{env.id}' has no policy '{policy}' "
-                              f"(policies: {', '.join(specs)})")
-        return specs[policy]
+        return policy_of(multi_agent_specs(env), env, policy)
 
     def make_split(self, env: EnvConfig, count: int, seeds: list[int],
                    global_state: bool = False) -> MultiAgentSplit:
